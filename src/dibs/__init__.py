@@ -1,0 +1,65 @@
+"""dibs: leases on cache keys, so identical expensive tasks compute once across runs and processes.
+
+>>> import dibs
+>>> reservations = dibs.Reservations("sqlite:///dibs.db")          # doctest: +SKIP
+>>> reservations.run("features-2026-11-25", build_features, day)    # doctest: +SKIP
+
+The first process to ask for a key takes a lease and computes; every other one waits and then gets
+the stored artifact; if the holder dies its lease expires and one waiter takes over. The semantics
+are in docs/contract.md. Importing dibs imports neither a database driver nor an orchestrator.
+"""
+
+from __future__ import annotations
+
+from dibs.client import AsyncReservations, Reservations
+from dibs.errors import (
+    ArtifactCorrupted,
+    ConfigurationError,
+    CorruptRecord,
+    InvalidKey,
+    LeaseLost,
+    ReservationError,
+    SerializationError,
+    StoreUnavailable,
+    TooManyFailures,
+    WaitTimeout,
+)
+from dibs.keys import Key, derive_key, digest
+from dibs.lease import KeepAlive, Lease
+from dibs.outcomes import Acquired, Busy, Hit, RunReport
+from dibs.serializers import BytesSerializer, JSONSerializer, Serializer, SignedPickleSerializer
+from dibs.stores import Store, open_store
+from dibs.waiting import Backoff
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Acquired",
+    "ArtifactCorrupted",
+    "AsyncReservations",
+    "Backoff",
+    "Busy",
+    "BytesSerializer",
+    "ConfigurationError",
+    "CorruptRecord",
+    "Hit",
+    "InvalidKey",
+    "JSONSerializer",
+    "KeepAlive",
+    "Key",
+    "Lease",
+    "LeaseLost",
+    "ReservationError",
+    "RunReport",
+    "SerializationError",
+    "Serializer",
+    "SignedPickleSerializer",
+    "Store",
+    "StoreUnavailable",
+    "TooManyFailures",
+    "WaitTimeout",
+    "__version__",
+    "derive_key",
+    "digest",
+    "open_store",
+]

@@ -1,0 +1,69 @@
+"""Where dibs keeps its state by default, and who a process is when it does not say.
+
+Store resolution, in order: an explicit store or URL, the ``DIBS_STORE_URL`` environment variable,
+then an embedded SQLite database at :func:`default_store_path`:
+
+* ``$DIBS_HOME/dibs.db`` when ``DIBS_HOME`` is set,
+* else ``$XDG_STATE_HOME/dibs/dibs.db`` (``~/.local/state/dibs/dibs.db`` when unset) on Linux/BSD,
+* ``~/Library/Application Support/dibs/dibs.db`` on macOS, ``%LOCALAPPDATA%\\dibs\\dibs.db`` on Windows.
+
+The embedded default coordinates processes of one user on one machine; set ``DIBS_STORE_URL`` to a
+shared store (PostgreSQL, Redis, Azure Blob) to coordinate machines.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+from dibs.errors import ConfigurationError
+
+__all__ = ["STORE_URL_ENV", "default_owner", "default_store_path", "default_store_url", "validate_seconds"]
+
+STORE_URL_ENV = "DIBS_STORE_URL"
+HOME_ENV = "DIBS_HOME"
+
+
+def default_store_path() -> Path:
+    if home := os.environ.get(HOME_ENV):
+        return Path(home).expanduser() / "dibs.db"
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    elif sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    else:
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "dibs" / "dibs.db"
+
+
+def default_store_url() -> str:
+    """``DIBS_STORE_URL`` if set, else the embedded SQLite database (its folder is created)."""
+    if url := os.environ.get(STORE_URL_ENV, "").strip():
+        return url
+    path = default_store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def default_owner() -> str:
+    """A fresh identity for one caller: host, process and 48 random bits (``host:pid:random``)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+
+
+def validate_seconds(name: str, value: object, *, allow_none: bool = False, minimum: float = 0.0) -> float | None:
+    """``value`` as float seconds, or a :class:`ConfigurationError` naming the setting and the rule."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:  # noqa: PLR0124 (NaN)
+        raise ConfigurationError(
+            f"{name} must be a number of seconds{' or None' if allow_none else ''}, got {value!r}",
+            setting=name,
+        )
+    if value <= minimum or value == float("inf"):
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds greater than {minimum:g}, got {value!r}", setting=name
+        )
+    return float(value)

@@ -1,0 +1,215 @@
+"""Keys: what one cacheable computation is called, and how to derive that name from a call.
+
+A key is a *namespace* (dotted simple words, e.g. ``team.features``) plus a *name* (any printable
+string up to 1,024 characters). Stores never use either as a path: they address records by
+:attr:`Key.digest`, a SHA-256 of both, so no key can traverse a directory or a blob prefix.
+
+Derived keys are ``module.qualname@version:digest-of-arguments``; the digest is canonical (argument
+order, keyword vs positional, dict order and default values do not change it), so two processes that
+make the same call agree on the key without talking to each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import hashlib
+import inspect
+import json
+import math
+import pathlib
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dibs.errors import InvalidKey
+
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "MAX_NAMESPACE_LENGTH",
+    "Key",
+    "canonical_json",
+    "derive_key",
+    "digest",
+    "format_key",
+]
+
+MAX_NAME_LENGTH = 1024
+MAX_NAMESPACE_LENGTH = 200
+_NAMESPACE_WORD = r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}"
+_NAMESPACE_RE = re.compile(rf"{_NAMESPACE_WORD}(?:\.{_NAMESPACE_WORD})*")
+
+
+def validate_namespace(namespace: object) -> str:
+    """Return ``namespace`` if it is valid, else raise :class:`InvalidKey` saying what would be right."""
+    if not isinstance(namespace, str):
+        raise InvalidKey(
+            f"namespace must be a string, got {type(namespace).__name__} {namespace!r}",
+            namespace=repr(namespace),
+        )
+    if len(namespace) > MAX_NAMESPACE_LENGTH or not _NAMESPACE_RE.fullmatch(namespace):
+        raise InvalidKey(
+            f"invalid namespace {namespace!r}: use dot-separated words of letters, digits, '_' and '-' "
+            f"(for example 'team.features'), at most {MAX_NAMESPACE_LENGTH} characters",
+            namespace=namespace,
+        )
+    return namespace
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid key name, else raise :class:`InvalidKey`."""
+    if not isinstance(name, str):
+        raise InvalidKey(f"key name must be a string, got {type(name).__name__} {name!r}", name=repr(name))
+    if not name:
+        raise InvalidKey("key name must not be empty", name=name)
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidKey(
+            f"key name is {len(name)} characters long; at most {MAX_NAME_LENGTH} are allowed "
+            f"(digest long inputs with dibs.digest()): {name[:60]!r}...",
+            name=name[:60],
+        )
+    bad = next((ch for ch in name if not ch.isprintable()), None)
+    if bad is not None:
+        raise InvalidKey(
+            f"key name {name!r} contains the non-printable character {bad!r}; "
+            "use printable characters only (digest binary inputs with dibs.digest())",
+            name=name,
+        )
+    return name
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Key:
+    """A validated namespace + name. Construct it directly or with :meth:`parse`."""
+
+    namespace: str
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_namespace(self.namespace)
+        validate_name(self.name)
+
+    @classmethod
+    def parse(cls, key: str | Key, namespace: str = "default") -> Key:
+        """Accept a :class:`Key` as it is, or a bare name in ``namespace``.
+
+        A ``/`` inside a name is just a character (``"s3://bucket/part-0"`` keeps its meaning), so
+        the namespace is never parsed out of the name.
+        """
+        if isinstance(key, Key):
+            return key
+        return cls(namespace, key)
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 hex of namespace and name: the only form in which stores use a key as an address."""
+        return hashlib.sha256(f"{self.namespace}\x00{self.name}".encode()).hexdigest()
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _canonical(value: Any) -> Any:
+    """Map a value onto JSON-able data such that equal inputs give equal output, whatever their order."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return {"__float__": repr(value)}
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"__bytes__": hashlib.sha256(bytes(value)).hexdigest()}
+    if isinstance(value, enum.Enum):
+        return {"__enum__": f"{type(value).__qualname__}.{value.name}"}
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return {"__datetime__": value.isoformat()}
+    if isinstance(value, dt.timedelta):
+        return {"__timedelta__": value.total_seconds()}
+    if isinstance(value, decimal.Decimal | uuid.UUID | pathlib.PurePath):
+        return {f"__{type(value).__name__.lower()}__": str(value)}
+    if isinstance(value, Mapping):
+        items = [(_canonical(k), _canonical(v)) for k, v in value.items()]
+        return {"__map__": sorted(items, key=lambda item: json.dumps(item[0], sort_keys=True))}
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    if isinstance(value, set | frozenset):
+        members = [_canonical(item) for item in value]
+        return {"__set__": sorted(members, key=lambda item: json.dumps(item, sort_keys=True))}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {"__dataclass__": type(value).__qualname__, "fields": _canonical(fields)}
+    model_dump = getattr(value, "model_dump", None)  # pydantic models, without importing pydantic
+    if callable(model_dump):
+        return {"__model__": type(value).__qualname__, "fields": _canonical(model_dump(mode="json"))}
+    raise TypeError(
+        f"cannot derive a stable key from a {type(value).__module__}.{type(value).__qualname__} argument; "
+        "pass JSON-like data (str, numbers, lists, dicts, dates, dataclasses) or give the key explicitly"
+    )
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON text of ``value``: the input to :func:`digest`."""
+    return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(*values: Any, length: int = 32) -> str:
+    """A stable hex digest of ``values`` (canonical JSON, SHA-256), ``length`` characters long."""
+    if not 8 <= length <= 64:
+        raise ValueError(f"digest length must be between 8 and 64 hex characters, got {length}")
+    return hashlib.sha256(canonical_json(list(values)).encode()).hexdigest()[:length]
+
+
+def function_identity(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a callable: the part of a derived key that names the computation."""
+    target = inspect.unwrap(fn)
+    module = getattr(target, "__module__", None) or "unknown"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    return f"{module}.{qualname}".replace("<locals>.", "")
+
+
+def _bound_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+    except (TypeError, ValueError):  # builtins without a signature, or a call that does not bind
+        return {"args": list(args), "kwargs": dict(kwargs)}
+
+
+def format_key(template: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """``template`` with ``{argument}`` fields filled from the call, e.g. ``"features-{day}"``."""
+    arguments = _bound_arguments(fn, args, kwargs)
+    try:
+        return template.format(**arguments)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise InvalidKey(
+            f"key template {template!r} does not fit the call of {function_identity(fn)} ({exc!r}); "
+            f"its fields must name parameters: {', '.join(arguments) or 'none'}",
+            name=template,
+        ) from exc
+
+
+def derive_key(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    version: str | None = None,
+    exclude: tuple[str, ...] = (),
+) -> str:
+    """The default key name of the call ``fn(*args, **kwargs)``.
+
+    Arguments are bound to ``fn``'s signature with defaults applied, so ``f(1)``, ``f(x=1)`` and
+    ``f()`` (when ``x=1`` is the default) share a key. Parameters named in ``exclude`` (clients,
+    loggers, anything that does not change the result) are left out of the digest.
+    """
+    arguments = _bound_arguments(fn, args, kwargs or {})
+    for name in exclude:
+        arguments.pop(name, None)
+    name = function_identity(fn)
+    if version is not None:
+        name = f"{name}@{version}"
+    return f"{name}:{digest(arguments)}"

@@ -1,0 +1,249 @@
+"""A held lease: heartbeat it, complete it with the artifact, or release it with the failure.
+
+A :class:`Lease` is a handle on one store record, identified by its key, owner and token (fence +
+random lease id). It holds no thread or connection of its own, so it can be exported to another
+process (:meth:`Lease.export` / :meth:`dibs.Reservations.resume`): both may heartbeat it without
+coordinating, as in the seeds' orchestrator + remote pairing.
+
+:meth:`Lease.keep_alive` runs heartbeats in a background thread while the work runs. The thread stops
+when the ``with`` block ends (not when the process ends), and if the lease is lost it tells the work
+through :attr:`KeepAlive.lost`, :meth:`KeepAlive.check` and an optional callback.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from dibs.errors import ConfigurationError, LeaseLost, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
+
+if TYPE_CHECKING:
+    from dibs.client import Reservations
+
+__all__ = ["KeepAlive", "Lease"]
+
+log = logging.getLogger("dibs")
+
+_EXPORT_PREFIX = "dibs-lease:"
+
+
+class Lease:
+    """The right to compute one key until ``expires_at`` (store clock). See the module docstring."""
+
+    def __init__(self, client: Reservations, record: LeaseRecord) -> None:
+        self._client = client
+        self._record = record
+        self._ended = False
+
+    # -- what the lease is --------------------------------------------------------------------------
+    @property
+    def key(self) -> Key:
+        return self._record.key
+
+    @property
+    def owner(self) -> str:
+        return self._record.owner
+
+    @property
+    def token(self) -> int:
+        """The fencing token: strictly increases every time the key changes hands."""
+        return self._record.token.fence
+
+    @property
+    def expires_at(self) -> float:
+        return self._record.expires_at
+
+    @property
+    def attempt(self) -> int:
+        return self._record.attempt
+
+    @property
+    def record(self) -> LeaseRecord:
+        return self._record
+
+    def __repr__(self) -> str:
+        return f"Lease(key={str(self.key)!r}, owner={self.owner!r}, token={self.token})"
+
+    # -- the lease's operations -------------------------------------------------------------------
+    def heartbeat(self) -> float:
+        """Extend the lease to store-now + ttl; returns the new expiry. :class:`LeaseLost` if stale."""
+        self._record = self._client.store.heartbeat(self.key, self._record.token, self._client.ttl)
+        return self._record.expires_at
+
+    def complete(self, value: Any) -> ArtifactRecord:
+        """Store ``value`` as the key's artifact and end the lease, fenced by this lease's token."""
+        serializer = self._client.serializer
+        payload = serializer.dumps(value)
+        record = self._client.store.complete(
+            self.key, self._record.token, serializer.name, payload, checksum(payload)
+        )
+        self._ended = True
+        return record
+
+    def release(self, error: BaseException | str | None = None) -> None:
+        """End the lease without an artifact so a waiter takes over now; ``error`` is recorded."""
+        summary = error if isinstance(error, str) or error is None else f"{type(error).__name__}: {error}"
+        self._client.store.release(self.key, self._record.token, summary)
+        self._ended = True
+
+    def verify(self) -> None:
+        """Check with the store that this lease is still the current one; :class:`LeaseLost` if not.
+
+        A process that received the lease from another one calls this before starting work (the seeds'
+        ``LockWasStolenError``): if the lease was taken over meanwhile, it must not run.
+        """
+        from dibs.stores import transitions
+
+        state = self._client.store.read(self.key)
+        if state.artifact is not None or state.lease is None or state.lease.token != self._record.token:
+            raise transitions.explain_lost(state, self._record.token, "resume")
+        if not state.lease.live_at(state.now):
+            self.heartbeat()  # expired but nobody took it: revive it before relying on it
+        else:
+            self._record = state.lease
+
+    def keep_alive(
+        self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
+    ) -> KeepAlive:
+        """A context manager that heartbeats every ``interval`` seconds (default: the client's)."""
+        return KeepAlive(self, interval or self._client.heartbeat_interval, on_lost)
+
+    # -- hand-off -------------------------------------------------------------------------------
+    def export(self) -> str:
+        """An opaque string another process can :meth:`~dibs.Reservations.resume`. It is a secret:
+        whoever has it can complete the key, so pass it like a credential."""
+        doc = {
+            "namespace": self.key.namespace,
+            "name": self.key.name,
+            "owner": self.owner,
+            "fence": self.token,
+            "lease_id": self._record.token.lease_id,
+            "acquired_at": self._record.acquired_at,
+            "expires_at": self._record.expires_at,
+            "ttl": self._record.ttl,
+            "attempt": self._record.attempt,
+            "max_expires_at": self._record.max_expires_at,
+        }
+        return _EXPORT_PREFIX + base64.urlsafe_b64encode(json.dumps(doc).encode()).decode("ascii")
+
+    @staticmethod
+    def parse_export(exported: str) -> LeaseRecord:
+        try:
+            if not exported.startswith(_EXPORT_PREFIX):
+                raise ValueError(f"it does not start with {_EXPORT_PREFIX!r}")
+            doc = json.loads(base64.urlsafe_b64decode(exported.removeprefix(_EXPORT_PREFIX)))
+            return LeaseRecord(
+                key=Key(doc["namespace"], doc["name"]),
+                owner=doc["owner"],
+                token=LeaseToken(int(doc["fence"]), str(doc["lease_id"])),
+                acquired_at=float(doc["acquired_at"]),
+                expires_at=float(doc["expires_at"]),
+                ttl=float(doc["ttl"]),
+                attempt=int(doc["attempt"]),
+                max_expires_at=None if doc["max_expires_at"] is None else float(doc["max_expires_at"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigurationError(
+                f"not an exported dibs lease ({exc}); pass the exact string Lease.export() returned"
+            ) from exc
+
+    # -- context manager: keep alive while the block runs, release on error -------------------------
+    def __enter__(self) -> Self:
+        self._keeper = self.keep_alive()
+        self._keeper.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._keeper.__exit__(exc_type, exc, tb)
+        if not self._ended:
+            try:
+                self.release(exc)
+            except LeaseLost:
+                log.warning("lease on %s was already lost when its block ended", self.key)
+
+
+class KeepAlive:
+    """Background heartbeats for one lease while a block of work runs.
+
+    Transient store errors are retried every ``interval / 4`` until the lease would have expired; only
+    then (or on a definite :class:`LeaseLost`) is the lease declared lost.
+    """
+
+    def __init__(self, lease: Lease, interval: float, on_lost: Callable[[LeaseLost], None] | None) -> None:
+        if interval <= 0:
+            raise ConfigurationError(f"heartbeat interval must be > 0 seconds, got {interval}")
+        self.lease = lease
+        self.interval = interval
+        self.on_lost = on_lost
+        self.lost = threading.Event()
+        self.error: LeaseLost | None = None
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(
+            target=self._run, name=f"dibs-heartbeat-{self.lease.key.name[:40]}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def check(self) -> None:
+        """Raise the :class:`LeaseLost` that stopped the heartbeats, if any: call it between work steps."""
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        last_success = time.monotonic()
+        wait = self.interval
+        while not self._stop.wait(wait):
+            try:
+                self.lease.heartbeat()
+            except LeaseLost as exc:
+                self._declare_lost(exc)
+                return
+            except StoreUnavailable as exc:
+                silent_for = time.monotonic() - last_success
+                if silent_for >= self.lease.record.ttl:
+                    self._declare_lost(
+                        LeaseLost(
+                            f"lost the lease on {self.lease.key}: the store was unreachable for "
+                            f"{silent_for:.1f}s, longer than the ttl ({exc})",
+                            key=str(self.lease.key),
+                            token=self.lease.token,
+                        )
+                    )
+                    return
+                log.warning("heartbeat of %s failed, retrying: %s", self.lease.key, exc)
+                wait = max(self.interval / 4, 0.01)
+                continue
+            last_success = time.monotonic()
+            self.beats += 1
+            wait = self.interval
+
+    def _declare_lost(self, error: LeaseLost) -> None:
+        self.error = error
+        self.lost.set()
+        log.error("%s", error)
+        if self.on_lost is not None:
+            self.on_lost(error)

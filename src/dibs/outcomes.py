@@ -1,0 +1,80 @@
+"""What :meth:`dibs.Reservations.get_or_reserve` answers: exactly one of Hit, Acquired or Busy."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal
+
+from dibs.keys import Key
+from dibs.records import FailureRecord
+
+if TYPE_CHECKING:
+    from dibs.lease import Lease
+
+__all__ = ["Acquired", "Busy", "Hit", "Outcome", "RunReport"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """The key's artifact exists: use ``value`` and run nothing."""
+
+    key: Key
+    value: Any
+    producer: str
+    created_at: float
+    token: int
+    serializer: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Acquired:
+    """You hold the lease: run the work, then ``lease.complete(value)`` or ``lease.release(error)``."""
+
+    lease: Lease
+    took_over_from: str | None = None
+    last_failure: FailureRecord | None = None
+
+    @property
+    def key(self) -> Key:
+        return self.lease.key
+
+
+@dataclasses.dataclass(frozen=True)
+class Busy:
+    """Someone else holds a live lease. Times are on the store's clock; ``remaining`` is a duration."""
+
+    key: Key
+    holder: str
+    since: float
+    expires_at: float
+    attempt: int
+    now: float
+    last_failure: FailureRecord | None = None
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.expires_at - self.now)
+
+
+Outcome = Hit | Acquired | Busy
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """How a :meth:`~dibs.Reservations.compute` call got its value, for logs, XComs and artifacts.
+
+    ``role`` is ``"computed"`` (this call ran the work), ``"waited"`` (another run computed it while
+    this one waited), ``"hit"`` (it was already stored) or ``"unreserved"`` (the store was unreachable
+    and the policy said to run anyway).
+    """
+
+    key: Key
+    value: Any
+    role: Literal["computed", "waited", "hit", "unreserved"]
+    token: int | None
+    producer: str | None
+    waited_seconds: float = 0.0
+    waited_on: str | None = None
+    took_over_from: str | None = None
+    stored: bool = True

@@ -1,0 +1,160 @@
+"""The plain data a store reads and writes: leases, failures, artifacts, and what one key looks like.
+
+These are the store-level records (bytes, store-clock timestamps as Unix seconds). The client wraps
+them into the user-facing outcomes of :mod:`dibs.outcomes`. All times here come from the *store's*
+clock: comparing them with ``time.time()`` of some client would break the contract's Time section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import secrets
+
+from dibs.errors import ArtifactCorrupted
+from dibs.keys import Key
+
+__all__ = [
+    "ArtifactRecord",
+    "FailureRecord",
+    "Granted",
+    "Held",
+    "KeyState",
+    "LeaseRecord",
+    "LeaseToken",
+    "Present",
+    "StoreOutcome",
+    "checksum",
+    "new_lease_id",
+]
+
+
+def new_lease_id() -> str:
+    """128 random bits: the unguessable half of a lease's identity (the fence is the ordered half)."""
+    return secrets.token_hex(16)
+
+
+def checksum(payload: bytes) -> str:
+    return "sha256:" + hashlib.sha256(payload).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseToken:
+    """What a holder proves it holds: the fencing token (strictly increasing per change of hands) and
+    the lease's random id. Stores accept a write only when both match the current record."""
+
+    fence: int
+    lease_id: str
+
+    def __str__(self) -> str:
+        return f"{self.fence}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRecord:
+    """A lease as the store last wrote it. It may be expired: compare ``expires_at`` with a store ``now``."""
+
+    key: Key
+    owner: str
+    token: LeaseToken
+    acquired_at: float
+    expires_at: float
+    ttl: float
+    attempt: int
+    max_expires_at: float | None = None
+
+    def live_at(self, now: float) -> bool:
+        return now < self.expires_at
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureRecord:
+    """Why the last holder released without an artifact, and how many times that has happened."""
+
+    count: int
+    error: str
+    owner: str
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactRecord:
+    """A completed key's stored bytes with the facts needed to trust and decode them."""
+
+    serializer: str
+    payload: bytes
+    size: int
+    checksum: str
+    producer: str
+    fence: int
+    created_at: float
+
+    def verified_payload(self, key: Key) -> bytes:
+        """The payload, after checking its size and checksum: a mismatch is never served as a value."""
+        if len(self.payload) != self.size or checksum(self.payload) != self.checksum:
+            raise ArtifactCorrupted(
+                f"artifact of {key} failed its integrity check (stored size {self.size}, "
+                f"read {len(self.payload)} bytes; checksum {self.checksum}); it is left in place: "
+                f"inspect it with 'dibs show', then 'dibs forget' it to recompute",
+                key=str(key),
+            )
+        return self.payload
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyState:
+    """Everything a store knows about one key, read at one instant of the store's clock (``now``)."""
+
+    key: Key
+    now: float
+    fence: int = 0
+    attempts: int = 0
+    lease: LeaseRecord | None = None
+    artifact: ArtifactRecord | None = None
+    failure: FailureRecord | None = None
+
+    @property
+    def live_lease(self) -> LeaseRecord | None:
+        return self.lease if self.lease is not None and self.lease.live_at(self.now) else None
+
+    @property
+    def status(self) -> str:
+        """One word for people and scripts: ``done``, ``held``, ``expired``, ``failed`` or ``free``."""
+        if self.artifact is not None:
+            return "done"
+        if self.lease is not None:
+            return "held" if self.lease.live_at(self.now) else "expired"
+        if self.failure is not None:
+            return "failed"
+        return "free"
+
+
+# What a store's one-attempt ``acquire`` returns. The client turns these into Hit / Acquired / Busy.
+
+
+@dataclasses.dataclass(frozen=True)
+class Present:
+    """The key has an artifact."""
+
+    artifact: ArtifactRecord
+
+
+@dataclasses.dataclass(frozen=True)
+class Granted:
+    """The caller holds the lease (new, taken over from an expired holder, or its own again)."""
+
+    lease: LeaseRecord
+    failure: FailureRecord | None = None
+    took_over_from: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """Someone else holds a live lease; ``now`` is the store's clock when that was seen."""
+
+    lease: LeaseRecord
+    now: float
+    failure: FailureRecord | None = None
+
+
+StoreOutcome = Present | Granted | Held

@@ -1,0 +1,202 @@
+"""The store interface: a few one-attempt atomic operations, and nothing else.
+
+A store never waits, retries, sleeps or heartbeats: those policies live once, in
+:class:`dibs.Reservations` and :mod:`dibs.waiting`, above every store. Each operation either does its
+one atomic thing against the service or raises; contention is an *answer* (:class:`~dibs.records.Held`),
+not an error. Service errors are translated at this boundary into :class:`~dibs.errors.StoreUnavailable`.
+
+Two families implement it:
+
+* :class:`RecordStore` subclasses read a whole record and replace it with a compare-and-swap
+  (memory, filesystem, Azure blobs); the state machine itself is :mod:`dibs.stores.transitions`.
+* Stores that decide inside the service (SQL, Redis) override the operations directly.
+
+Async callers (Airflow's triggerer) use :class:`dibs.stores.aio.AsyncStore`, which runs these same
+operations off the event loop instead of copying them.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import ClassVar, Self, TypeVar
+
+from dibs.errors import StoreUnavailable
+from dibs.keys import Key
+from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
+from dibs.stores import transitions
+
+__all__ = ["PollingWatch", "RecordStore", "Store", "Watch"]
+
+T = TypeVar("T")
+
+
+class Watch:
+    """Something a waiter can block on until the key *may* have changed.
+
+    The default only sleeps (the waiter polls). Stores that can notify (PostgreSQL LISTEN/NOTIFY,
+    Redis pub/sub) return a watch that wakes as soon as a complete or release is published.
+    """
+
+    def wait(self, timeout: float) -> bool:
+        """Block for up to ``timeout`` seconds; ``True`` when woken by a notification."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what the watch holds (a listening connection); safe to call twice."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class PollingWatch(Watch):
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(0.0, timeout))
+        return False
+
+
+class Store(abc.ABC):
+    """One-attempt atomic operations on reservation records. See the module docstring."""
+
+    #: URL scheme(s) the store registers under, e.g. ``"sqlite"``.
+    scheme: ClassVar[str] = ""
+    #: Whether :meth:`watch` wakes waiters on change (otherwise waiters poll). May be set per instance.
+    notifies: bool = False
+    #: Whose clock judges expiry, for the docs and ``dibs show``.
+    clock: ClassVar[str] = "the store service's clock"
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The store's URL with any secret removed: safe to log."""
+
+    @abc.abstractmethod
+    def read(self, key: Key) -> KeyState:
+        """The key's state at one instant of the store's clock (an empty state if never seen)."""
+
+    @abc.abstractmethod
+    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        """``get_or_reserve`` in one atomic step: :class:`Present`, :class:`Granted` or :class:`Held`."""
+
+    @abc.abstractmethod
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        """Extend the lease to store-now + ``ttl`` (capped by its max age); :class:`LeaseLost` if stale."""
+
+    @abc.abstractmethod
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        """Store the artifact and end the lease atomically, only while ``token`` is current."""
+
+    @abc.abstractmethod
+    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+        """End the lease without an artifact, recording ``error`` as a failure when given."""
+
+    @abc.abstractmethod
+    def force_release(self, key: Key) -> bool:
+        """Drop the lease whoever holds it (operator repair). ``True`` if there was one."""
+
+    @abc.abstractmethod
+    def forget(self, key: Key) -> bool:
+        """Drop the artifact and failure history so the key computes again. ``True`` if any existed."""
+
+    @abc.abstractmethod
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        """Every key the store knows (in ``namespace`` when given), artifacts without payloads."""
+
+    @abc.abstractmethod
+    def reap(self, namespace: str | None = None) -> int:
+        """Clear expired leases nobody took over; returns how many."""
+
+    def watch(self, key: Key) -> Watch:
+        return PollingWatch()
+
+    def close(self) -> None:
+        """Release connections and clients. The store must not be used afterwards."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class RecordStore(Store):
+    """A store that reads one record per key and replaces it with a compare-and-swap.
+
+    Subclasses implement :meth:`_load` (the state plus an opaque version such as an ETag or a file's
+    inode) and :meth:`_swap` (write only if the version is unchanged); every operation is then the
+    transition function applied between the two. A lost swap is retried with a fresh read, because a
+    swap only fails when somebody else *changed* the record, so progress is guaranteed.
+    """
+
+    #: How often a lost compare-and-swap is retried before the store reports contention.
+    max_swap_attempts: ClassVar[int] = 64
+
+    @abc.abstractmethod
+    def _load(self, key: Key) -> tuple[KeyState, object]:
+        """Read the key's state (``now`` on the store's clock) and a version for :meth:`_swap`."""
+
+    @abc.abstractmethod
+    def _swap(self, key: Key, version: object, new: KeyState) -> bool:
+        """Write ``new`` only if the record is still at ``version``; ``False`` if someone changed it."""
+
+    def read(self, key: Key) -> KeyState:
+        return self._load(key)[0]
+
+    def _update(self, key: Key, change: Callable[[KeyState], tuple[T, KeyState | None]]) -> T:
+        for _ in range(self.max_swap_attempts):
+            state, version = self._load(key)
+            result, new_state = change(state)
+            if new_state is None or self._swap(key, version, new_state):
+                return result
+        raise StoreUnavailable(
+            f"{key} changed {self.max_swap_attempts} times while this client tried to update it; "
+            "the store is under heavy contention on this key",
+            key=str(key),
+        )
+
+    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        return self._update(key, lambda state: transitions.acquire(state, owner, ttl, max_lease_age))
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        return self._update(key, lambda state: transitions.heartbeat(state, token, ttl))
+
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        return self._update(
+            key, lambda state: transitions.complete(state, token, serializer, payload, checksum)
+        )
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+        self._update(key, lambda state: (None, transitions.release(state, token, error)))
+
+    def force_release(self, key: Key) -> bool:
+        return self._update(key, lambda state: _changed(transitions.force_release(state)))
+
+    def forget(self, key: Key) -> bool:
+        return self._update(key, lambda state: _changed(transitions.forget(state)))
+
+    def reap(self, namespace: str | None = None) -> int:
+        reaped = 0
+        for state in list(self.list(namespace)):
+            if state.lease is not None and not state.lease.live_at(state.now):
+                reaped += self._update(state.key, lambda s: _changed(transitions.reap(s)))
+        return reaped
+
+
+def _changed(new_state: KeyState | None) -> tuple[bool, KeyState | None]:
+    return new_state is not None, new_state

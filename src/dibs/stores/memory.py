@@ -1,0 +1,73 @@
+"""An in-process store: the reference implementation of the state machine, with an injectable clock.
+
+It serves tests (a fake clock instead of sleeps) and single-process use. ``memory://NAME`` URLs
+name a shared in-process space, so several clients of one process see the same keys. Nothing
+survives the process and nothing is shared with other processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+from dibs.errors import ConfigurationError
+from dibs.keys import Key
+from dibs.records import KeyState
+from dibs.stores.base import RecordStore
+from dibs.stores.transitions import empty
+
+__all__ = ["MemoryStore"]
+
+_SPACES: dict[str, dict[str, KeyState]] = {}
+_SPACES_LOCK = threading.Lock()
+
+
+class MemoryStore(RecordStore):
+    scheme = "memory"
+    clock = "this process's clock (or the injected one)"
+
+    def __init__(self, name: str = "", *, clock: Callable[[], float] = time.time) -> None:
+        self._name = name
+        self._clock = clock
+        with _SPACES_LOCK:
+            self._records = _SPACES.setdefault(name, {}) if name else {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryStore:
+        if not url.startswith("memory://"):
+            raise ConfigurationError(f"not a memory store URL: {url!r}; expected 'memory://' or 'memory://NAME'")
+        return cls(url.removeprefix("memory://"))
+
+    @property
+    def url(self) -> str:
+        return f"memory://{self._name}"
+
+    def _load(self, key: Key) -> tuple[KeyState, object]:
+        with self._lock:
+            current = self._records.get(key.digest)
+            now = self._clock()
+            state = empty(key, now) if current is None else _at(current, now)
+            return state, current
+
+    def _swap(self, key: Key, version: object, new: KeyState) -> bool:
+        with self._lock:
+            if self._records.get(key.digest) is not version:
+                return False
+            self._records[key.digest] = new
+            return True
+
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        with self._lock:
+            now = self._clock()
+            states = [_at(state, now) for state in self._records.values()]
+        for state in sorted(states, key=lambda s: s.key):
+            if namespace is None or state.key.namespace == namespace:
+                yield state
+
+
+def _at(state: KeyState, now: float) -> KeyState:
+    # Records are immutable snapshots; ``now`` is the only thing that differs between reads.
+    return KeyState(state.key, now, state.fence, state.attempts, state.lease, state.artifact, state.failure)

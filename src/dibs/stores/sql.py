@@ -1,0 +1,640 @@
+"""The SQL store (SQLAlchemy 2 Core): SQLite as the embedded default, PostgreSQL for deployments,
+MySQL/MariaDB as well.
+
+One row per key. How each operation stays atomic and cheap:
+
+* ``acquire`` *reads first* (one ``SELECT`` that also returns the database's clock), decides with the
+  shared state machine (:mod:`dibs.stores.transitions`) and writes only when it can win: a waiter that
+  finds a live lease writes nothing, because in PostgreSQL even a losing conditional upsert locks the
+  row, writes WAL and flushes. The write is a single compare-and-swap statement on the row's
+  ``version`` (``INSERT ... ON CONFLICT DO NOTHING`` for a new key), so taking over an expired lease
+  or re-entering one's own is one atomic statement; a lost swap re-reads and decides again.
+* ``heartbeat``, ``complete`` and ``release`` are one token-checked ``UPDATE`` each (fence and random
+  lease id in the ``WHERE``); only when it matches no row is the row read again, to explain who has
+  the key now.
+* Every statement runs in autocommit mode: SQLAlchemy's default transaction would add ``BEGIN`` and
+  ``COMMIT`` round trips to statements that are atomic on their own.
+* Expiry is judged by the database's clock (``clock_timestamp()``, ``julianday('now')``,
+  ``NOW(6)``), never the client's. Times are stored as Unix seconds (double precision).
+* PostgreSQL wakes waiters with ``LISTEN``/``NOTIFY``: a trigger notifies when a lease ends or an
+  artifact appears, so no extra round trip is spent by writers.
+
+SQLite is opened in WAL mode with a busy timeout, by many processes of one machine at once. Its
+durability trade-off: ``synchronous=NORMAL`` (the default here) survives a crash of any process but
+may lose the last transactions on power loss, which costs at worst a recomputation; add
+``?synchronous=FULL`` to the URL to fsync every commit (about 10x slower per acquire, measured).
+
+URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``),
+``schema`` (PostgreSQL/MySQL schema to create the table in), ``synchronous`` and ``busy_timeout``
+(seconds, SQLite).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.sql.elements import ColumnElement
+
+from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import (
+    ArtifactRecord,
+    FailureRecord,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    StoreOutcome,
+)
+from dibs.stores import redact_url, transitions
+from dibs.stores.base import PollingWatch, Store, Watch
+
+__all__ = ["SCHEMA_VERSION", "SQLStore"]
+
+SCHEMA_VERSION = 1
+NOTIFY_CHANNEL = "dibs_changes"
+_OPTIONS = ("table", "schema", "synchronous", "busy_timeout")
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def _tables(name: str, schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table]:
+    metadata = sa.MetaData(schema=schema)
+    payload_type = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+    reservations = sa.Table(
+        name,
+        metadata,
+        sa.Column("key_hash", sa.String(64), primary_key=True),
+        sa.Column("namespace", sa.String(200), nullable=False, index=True),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("version", sa.BigInteger, nullable=False),
+        sa.Column("fence", sa.BigInteger, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        # the lease, when there is one
+        sa.Column("owner", sa.Text),
+        sa.Column("lease_id", sa.String(64)),
+        sa.Column("acquired_at", sa.Double),
+        sa.Column("expires_at", sa.Double),
+        sa.Column("max_expires_at", sa.Double),
+        sa.Column("ttl", sa.Double),
+        sa.Column("attempt", sa.Integer),
+        # the last failure
+        sa.Column("failure_count", sa.Integer, nullable=False),
+        sa.Column("failure_error", sa.Text),
+        sa.Column("failure_owner", sa.Text),
+        sa.Column("failure_at", sa.Double),
+        # the artifact, once completed
+        sa.Column("serializer", sa.String(64)),
+        sa.Column("payload", payload_type),
+        sa.Column("size", sa.BigInteger),
+        sa.Column("checksum", sa.String(100)),
+        sa.Column("producer", sa.Text),
+        sa.Column("artifact_fence", sa.BigInteger),
+        sa.Column("created_at", sa.Double),
+    )
+    meta = sa.Table(
+        f"{name}_meta",
+        metadata,
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("value", sa.String(200), nullable=False),
+    )
+    return metadata, reservations, meta
+
+
+def _now(dialect: str) -> ColumnElement[float]:
+    """The database's clock as Unix seconds: the only clock that judges expiry."""
+    if dialect == "sqlite":
+        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double)
+    if dialect == "postgresql":
+        return sa.literal_column("(extract(epoch from clock_timestamp())::double precision)", sa.Double)
+    if dialect in ("mysql", "mariadb"):
+        return sa.literal_column("(UNIX_TIMESTAMP(NOW(6)) + 0.0)", sa.Double)
+    raise ConfigurationError(
+        f"the SQL store supports sqlite, postgresql and mysql/mariadb, not {dialect!r}"
+    )
+
+
+class SQLStore(Store):
+    """Reservations in one SQL table. See the module docstring for how each operation is atomic."""
+
+    scheme = "sqlite"
+    clock = "the database server's clock"
+
+    def __init__(self, url: str | URL, **engine_kwargs: Any) -> None:
+        sa_url, options = _split_options(url)
+        self._url = sa_url
+        self.dialect = sa_url.get_backend_name()
+        self._now = _now(self.dialect)
+        self.table_name = options.get("table", "dibs_reservations")
+        self.schema = options.get("schema")
+        self.metadata, self.t, self.meta = _tables(self.table_name, self.schema)
+        self.engine = _make_engine(sa_url, options, engine_kwargs)
+        self.notifies = self.dialect == "postgresql"  # LISTEN/NOTIFY
+        _dispose_in_forked_children(self.engine)
+        self._ensure_schema()
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLStore:
+        return cls(url)
+
+    @property
+    def url(self) -> str:
+        return redact_url(self._url.render_as_string(hide_password=True))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        """A pooled autocommit connection; database errors become :class:`StoreUnavailable`."""
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
+            raise self._unavailable(exc) from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise self._unavailable(exc) from exc
+            raise
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        orig = getattr(exc, "orig", None) or exc
+        first_line = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+        return StoreUnavailable(
+            f"SQL store {self.url} failed: {type(orig).__name__}: {first_line[:300]}", store=self.url
+        )
+
+    def _ensure_schema(self) -> None:
+        """Create the tables on first use; racing processes either serialize or retry."""
+        for attempt in range(5):
+            try:
+                with self._connect() as conn:
+                    if self.dialect == "postgresql":
+                        self._create_postgres(conn)
+                    else:
+                        self.metadata.create_all(conn, checkfirst=True)
+                    self._check_schema_version(conn)
+                return
+            except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
+                # Another process created the table between our check and our CREATE (SQLite, MySQL).
+                if attempt == 4:
+                    raise
+
+    def _create_postgres(self, conn: Connection) -> None:
+        # A session-level advisory lock (statements autocommit here) serializes concurrent creators;
+        # CREATE OR REPLACE FUNCTION would otherwise fail with "tuple concurrently updated".
+        conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:name))"), {"name": self.table_name})
+        try:
+            if self.schema:
+                conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+            self.metadata.create_all(conn, checkfirst=True)
+            self._create_notify_trigger(conn)
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
+
+    def _check_schema_version(self, conn: Connection) -> None:
+        found = conn.execute(sa.select(self.meta.c.value).where(self.meta.c.name == "schema_version")).scalar()
+        if found is None:
+            with contextlib.suppress(sa_exc.IntegrityError):
+                conn.execute(sa.insert(self.meta).values(name="schema_version", value=str(SCHEMA_VERSION)))
+            return
+        if not found.isdigit() or int(found) > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"table {self.table_name} in {self.url} has schema version {found!r}, newer than this dibs "
+                f"understands ({SCHEMA_VERSION}); upgrade dibs, or use another table with ?table=NAME"
+            )
+
+    def _create_notify_trigger(self, conn: Connection) -> None:
+        qualified = f'"{self.schema}"."{self.table_name}"' if self.schema else f'"{self.table_name}"'
+        function = f'"{self.schema}".dibs_notify' if self.schema else "dibs_notify"
+        conn.execute(
+            sa.text(
+                f"""
+                CREATE OR REPLACE FUNCTION {function}() RETURNS trigger AS $$
+                BEGIN
+                    IF (OLD.lease_id IS NOT NULL AND NEW.lease_id IS NULL)
+                       OR (NEW.serializer IS DISTINCT FROM OLD.serializer) THEN
+                        PERFORM pg_notify('{NOTIFY_CHANNEL}', NEW.key_hash);
+                    END IF;
+                    RETURN NEW;
+                END $$ LANGUAGE plpgsql
+                """
+            )
+        )
+        trigger = f"{self.table_name}_notify"
+        exists = conn.execute(
+            sa.text("SELECT 1 FROM pg_trigger WHERE tgname = :name AND tgrelid = CAST(:rel AS regclass)"),
+            {"name": trigger, "rel": qualified},
+        ).scalar()
+        if not exists:
+            conn.execute(
+                sa.text(
+                    f'CREATE TRIGGER "{trigger}" AFTER UPDATE ON {qualified} '
+                    f"FOR EACH ROW EXECUTE FUNCTION {function}()"
+                )
+            )
+
+    # -- reading ----------------------------------------------------------------------------------
+    def _select_state(self, key: Key, *, with_payload: bool = True) -> sa.Select[Any]:
+        # A one-row "clock" subquery left-joined to the key's row: the state and the database's
+        # clock in one round trip, even when the key has no row yet.
+        clock = sa.select(self._now.label("now")).subquery("clock")
+        columns = [c for c in self.t.c if with_payload or c.name != "payload"]
+        return sa.select(clock.c.now, *columns).select_from(
+            clock.outerjoin(self.t, self.t.c.key_hash == key.digest)
+        )
+
+    def _read(self, conn: Connection, key: Key) -> tuple[KeyState, int | None]:
+        row = conn.execute(self._select_state(key)).mappings().one()
+        return self._state(key, row), row["version"]
+
+    def _state(self, key: Key, row: Any) -> KeyState:
+        now = float(row["now"])
+        if row["key_hash"] is None:
+            return transitions.empty(key, now)
+        try:
+            if (row["namespace"], row["name"]) != (key.namespace, key.name):
+                raise ValueError(f"it belongs to {row['namespace']}/{row['name']}")
+            return _decode_row(key, row, now)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptRecord(
+                f"the row of {key} in {self.table_name} ({self.url}) is not a valid dibs record ({exc}); "
+                "it was left untouched: fix or delete it by hand",
+                key=str(key),
+            ) from exc
+
+    def read(self, key: Key) -> KeyState:
+        with self._connect() as conn:
+            return self._read(conn, key)[0]
+
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        clock = sa.select(self._now.label("now")).scalar_subquery()
+        columns = [c for c in self.t.c if c.name != "payload"]
+        query = sa.select(clock.label("now"), *columns).order_by(self.t.c.namespace, self.t.c.name)
+        if namespace is not None:
+            query = query.where(self.t.c.namespace == namespace)
+        with self._connect() as conn:
+            rows = conn.execute(query).mappings().all()
+        for row in rows:
+            try:
+                key = Key(row["namespace"], row["name"])
+            except ValueError:
+                continue  # a foreign row: not ours to list
+            yield self._state(key, {**row, "payload": b""})
+
+    # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
+    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        with self._connect() as conn:
+            for _ in range(16):
+                state, version = self._read(conn, key)
+                outcome, new_state = transitions.acquire(state, owner, ttl, max_lease_age)
+                if new_state is None or self._swap(conn, key, version, new_state):
+                    return outcome
+        raise StoreUnavailable(f"{key} kept changing while acquiring it; the store is overloaded", key=str(key))
+
+    def _swap(self, conn: Connection, key: Key, version: int | None, new: KeyState) -> bool:
+        values = _lease_columns(new.lease) | {"fence": new.fence, "attempts": new.attempts}
+        if version is None:
+            row = {
+                "key_hash": key.digest,
+                "namespace": key.namespace,
+                "name": key.name,
+                "version": 1,
+                "failure_count": 0,
+                **values,
+            }
+            return conn.execute(self._insert_if_absent(row)).rowcount == 1
+        statement = (
+            sa.update(self.t)
+            .where(self.t.c.key_hash == key.digest, self.t.c.version == version)
+            .values(version=self.t.c.version + 1, **values)
+        )
+        return conn.execute(statement).rowcount == 1
+
+    def _insert_if_absent(self, row: dict[str, Any]) -> sa.Executable:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(self.t).values(row).on_conflict_do_nothing(index_elements=["key_hash"])
+        if self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            return sqlite_insert(self.t).values(row).on_conflict_do_nothing(index_elements=["key_hash"])
+        return sa.insert(self.t).values(row).prefix_with("IGNORE")
+
+    # -- token-checked single statements ------------------------------------------------------------
+    def _holding(self, key: Key, token: LeaseToken) -> ColumnElement[bool]:
+        return sa.and_(
+            self.t.c.key_hash == key.digest,
+            self.t.c.fence == token.fence,
+            self.t.c.lease_id == token.lease_id,
+            self.t.c.serializer.is_(None),
+        )
+
+    def _lost(self, conn: Connection, key: Key, token: LeaseToken, action: str) -> Exception:
+        return transitions.explain_lost(self._read(conn, key)[0], token, action)
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        now, t = self._now, self.t
+        extended = now + ttl
+        capped = sa.case(
+            (sa.and_(t.c.max_expires_at.is_not(None), t.c.max_expires_at < extended), t.c.max_expires_at),
+            else_=extended,
+        )
+        statement = (
+            sa.update(t)
+            .where(self._holding(key, token), sa.or_(t.c.max_expires_at.is_(None), t.c.max_expires_at > now))
+            .values(expires_at=capped, ttl=ttl, version=t.c.version + 1)
+        )
+        with self._connect() as conn:
+            if conn.execute(statement).rowcount != 1:
+                raise self._lost(conn, key, token, "heartbeat")
+            state = self._read(conn, key)[0]
+        if state.lease is None or state.lease.token != token:  # changed hands right after our update
+            raise transitions.explain_lost(state, token, "heartbeat")
+        return state.lease
+
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        t = self.t
+        statement = (
+            sa.update(t)
+            .where(self._holding(key, token))
+            .values(
+                version=t.c.version + 1,
+                serializer=serializer,
+                payload=payload,
+                size=len(payload),
+                checksum=checksum,
+                producer=t.c.owner,
+                artifact_fence=t.c.fence,
+                created_at=self._now,
+                **_lease_columns(None),
+            )
+        )
+        with self._connect() as conn:
+            if conn.execute(statement).rowcount != 1:
+                raise self._lost(conn, key, token, "complete")
+            state = self._read(conn, key)[0]
+        if state.artifact is None:  # pragma: no cover - only a forget racing this very call
+            raise transitions.explain_lost(state, token, "complete")
+        return state.artifact
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+        t = self.t
+        values: dict[str, Any] = {"version": t.c.version + 1, **_lease_columns(None)}
+        if error is not None:
+            values |= {
+                "failure_count": t.c.failure_count + 1,
+                "failure_error": error[: transitions.MAX_ERROR_LENGTH],
+                "failure_owner": t.c.owner,
+                "failure_at": self._now,
+            }
+        with self._connect() as conn:
+            if conn.execute(sa.update(t).where(self._holding(key, token)).values(values)).rowcount != 1:
+                raise self._lost(conn, key, token, "release")
+
+    # -- repair -----------------------------------------------------------------------------------------
+    def force_release(self, key: Key) -> bool:
+        t = self.t
+        statement = (
+            sa.update(t)
+            .where(t.c.key_hash == key.digest, t.c.lease_id.is_not(None))
+            .values(version=t.c.version + 1, **_lease_columns(None))
+        )
+        with self._connect() as conn:
+            return conn.execute(statement).rowcount == 1
+
+    def forget(self, key: Key) -> bool:
+        t = self.t
+        statement = (
+            sa.update(t)
+            .where(t.c.key_hash == key.digest, sa.or_(t.c.serializer.is_not(None), t.c.failure_count > 0))
+            .values(
+                version=t.c.version + 1,
+                serializer=None,
+                payload=None,
+                size=None,
+                checksum=None,
+                producer=None,
+                artifact_fence=None,
+                created_at=None,
+                failure_count=0,
+                failure_error=None,
+                failure_owner=None,
+                failure_at=None,
+            )
+        )
+        with self._connect() as conn:
+            return conn.execute(statement).rowcount == 1
+
+    def reap(self, namespace: str | None = None) -> int:
+        t = self.t
+        statement = (
+            sa.update(t)
+            .where(t.c.lease_id.is_not(None), t.c.expires_at <= self._now)
+            .values(version=t.c.version + 1, **_lease_columns(None))
+        )
+        if namespace is not None:
+            statement = statement.where(t.c.namespace == namespace)
+        with self._connect() as conn:
+            return int(conn.execute(statement).rowcount)
+
+    # -- notifications ---------------------------------------------------------------------------------
+    def watch(self, key: Key) -> Watch:
+        if self.dialect != "postgresql":
+            return PollingWatch()
+        return _PostgresWatch(self._url, key.digest, self)
+
+
+class _PostgresWatch(Watch):
+    """``LISTEN`` on a dedicated connection, opened before the waiter's first read so no ``NOTIFY``
+    between that read and the wait is missed."""
+
+    def __init__(self, url: URL, key_hash: str, store: SQLStore) -> None:
+        import psycopg
+
+        self._key_hash = key_hash
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        try:
+            self._conn: psycopg.Connection[Any] | None = psycopg.connect(conninfo, autocommit=True)
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except psycopg.Error as exc:
+            raise store._unavailable(exc) from exc
+
+    def wait(self, timeout: float) -> bool:
+        import psycopg
+
+        if self._conn is None or timeout <= 0:
+            return False
+        try:
+            for notify in self._conn.notifies(timeout=timeout):
+                if notify.payload == self._key_hash:
+                    return True
+        except psycopg.Error:
+            return False  # the caller polls; a broken listener must not break waiting
+        return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError as exc:
+        raise ConfigurationError(
+            f"cannot parse SQL store URL {redact_url(str(url))!r}; expected e.g. 'sqlite:///path/dibs.db' "
+            "or 'postgresql+psycopg://user:password@host:5432/db'"
+        ) from exc
+    options = {name: str(parsed.query[name]) for name in _OPTIONS if name in parsed.query}
+    parsed = parsed.difference_update_query(_OPTIONS)
+    if parsed.get_backend_name() == "postgres":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("", "psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise ConfigurationError(
+            f"SQLite store URL {str(url)!r} names no file; an in-memory SQLite database cannot be shared "
+            "between processes. Use e.g. 'sqlite:////var/lib/dibs/dibs.db' (or memory:// for one process)"
+        )
+    synchronous = options.get("synchronous", "NORMAL").upper()
+    if synchronous not in _SYNCHRONOUS:
+        raise ConfigurationError(
+            f"synchronous={options['synchronous']!r} is not a SQLite synchronous mode; use one of {_SYNCHRONOUS}"
+        )
+    options["synchronous"] = synchronous
+    for name in ("table", "schema"):
+        value = options.get(name)
+        if value is not None and not value.replace("_", "").isalnum():
+            raise ConfigurationError(f"{name}={value!r} must be letters, digits and '_' only")
+    return parsed, options
+
+
+def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any]) -> Engine:
+    kwargs: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", **engine_kwargs}
+    backend = url.get_backend_name()
+    try:
+        if backend == "sqlite":
+            try:
+                busy_seconds = float(options.get("busy_timeout", "30"))
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"busy_timeout={options['busy_timeout']!r} must be a number of seconds"
+                ) from exc
+            assert url.database is not None
+            directory = os.path.dirname(os.path.abspath(url.database))
+            if not os.path.isdir(directory):
+                raise ConfigurationError(
+                    f"the folder of the SQLite store {url.database!r} does not exist; create {directory!r} first"
+                )
+            kwargs.setdefault("connect_args", {"timeout": busy_seconds, "check_same_thread": False})
+            engine = sa.create_engine(url, **kwargs)
+            _configure_sqlite(engine, int(busy_seconds * 1000), options["synchronous"])
+            return engine
+        kwargs.setdefault("pool_size", 5)
+        kwargs.setdefault("max_overflow", 20)
+        kwargs.setdefault("pool_recycle", 1800)
+        return sa.create_engine(url, **kwargs)
+    except ImportError as exc:
+        extra = "postgres" if backend == "postgresql" else "mysql"
+        raise ConfigurationError(
+            f"the {backend} store needs its driver ({exc.name}); install it with: pip install 'dibs[{extra}]'"
+        ) from exc
+    except sa_exc.NoSuchModuleError as exc:
+        raise ConfigurationError(f"unknown SQL dialect in {redact_url(str(url))!r}: {exc}") from exc
+
+
+def _configure_sqlite(engine: Engine, busy_ms: int, synchronous: str) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")  # first: the WAL switch may have to wait
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA synchronous = {synchronous}")
+        finally:
+            cursor.close()
+
+
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _dispose_in_forked_children(engine: Engine) -> None:
+    """A forked child must not reuse its parent's pooled connections (they share one socket/file)."""
+    if not _ENGINES:
+        os.register_at_fork(after_in_child=lambda: [e.dispose(close=False) for e in list(_ENGINES)])
+    _ENGINES.add(engine)
+
+
+def _lease_columns(lease: LeaseRecord | None) -> dict[str, Any]:
+    if lease is None:
+        return dict.fromkeys(
+            ("owner", "lease_id", "acquired_at", "expires_at", "max_expires_at", "ttl", "attempt")
+        )
+    return {
+        "owner": lease.owner,
+        "lease_id": lease.token.lease_id,
+        "acquired_at": lease.acquired_at,
+        "expires_at": lease.expires_at,
+        "max_expires_at": lease.max_expires_at,
+        "ttl": lease.ttl,
+        "attempt": lease.attempt,
+    }
+
+
+def _decode_row(key: Key, row: Any, now: float) -> KeyState:
+    lease = None
+    if row["lease_id"] is not None:
+        lease = LeaseRecord(
+            key=key,
+            owner=str(row["owner"]),
+            token=LeaseToken(int(row["fence"]), str(row["lease_id"])),
+            acquired_at=float(row["acquired_at"]),
+            expires_at=float(row["expires_at"]),
+            ttl=float(row["ttl"]),
+            attempt=int(row["attempt"]),
+            max_expires_at=None if row["max_expires_at"] is None else float(row["max_expires_at"]),
+        )
+    failure = None
+    if row["failure_count"]:
+        failure = FailureRecord(
+            count=int(row["failure_count"]),
+            error=str(row["failure_error"]),
+            owner=str(row["failure_owner"]),
+            at=float(row["failure_at"]),
+        )
+    artifact = None
+    if row["serializer"] is not None:
+        artifact = ArtifactRecord(
+            serializer=str(row["serializer"]),
+            payload=bytes(row["payload"] or b""),
+            size=int(row["size"]),
+            checksum=str(row["checksum"]),
+            producer=str(row["producer"]),
+            fence=int(row["artifact_fence"]),
+            created_at=float(row["created_at"]),
+        )
+    return KeyState(
+        key=key,
+        now=now,
+        fence=int(row["fence"]),
+        attempts=int(row["attempts"]),
+        lease=lease,
+        artifact=artifact,
+        failure=failure,
+    )

@@ -1,0 +1,175 @@
+"""The reservation state machine, written once as pure functions over :class:`~dibs.records.KeyState`.
+
+Stores that read a whole record and replace it conditionally (memory, filesystem, Azure blobs) apply
+these functions between their read and their compare-and-swap. Stores that decide inside the
+service (SQL statements, Redis Lua) implement the same rules natively, and the shared contract suite
+holds every store to the behaviour written here. The rules are the contract's:
+
+* ``acquire``: an artifact wins; a live lease of another owner is *held*; the same owner re-enters
+  its own lease (same fence, expiry extended); otherwise the key changes hands and the fence goes up.
+* ``heartbeat``/``complete``/``release`` are accepted only while the caller's token (fence + lease
+  id) is the current one; an expired lease that nobody took over is still current.
+* A maximum lease age caps every extension, including re-entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from dibs.errors import LeaseLost
+from dibs.keys import Key
+from dibs.records import (
+    ArtifactRecord,
+    FailureRecord,
+    Granted,
+    Held,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    Present,
+    StoreOutcome,
+    new_lease_id,
+)
+
+__all__ = [
+    "acquire",
+    "complete",
+    "explain_lost",
+    "forget",
+    "force_release",
+    "heartbeat",
+    "reap",
+    "release",
+]
+
+MAX_ERROR_LENGTH = 2000
+
+
+def _capped_expiry(now: float, ttl: float, max_expires_at: float | None) -> float:
+    expires = now + ttl
+    return expires if max_expires_at is None else min(expires, max_expires_at)
+
+
+def acquire(
+    state: KeyState,
+    owner: str,
+    ttl: float,
+    max_lease_age: float | None,
+    make_lease_id: Callable[[], str] = new_lease_id,
+) -> tuple[StoreOutcome, KeyState | None]:
+    """Decide one ``get_or_reserve``: the outcome, and the new state to write (``None``: write nothing)."""
+    now = state.now
+    if state.artifact is not None:
+        return Present(state.artifact), None
+    lease = state.lease
+    if lease is not None and lease.owner == owner and (lease.max_expires_at is None or now < lease.max_expires_at):
+        renewed = dataclasses.replace(
+            lease, expires_at=_capped_expiry(now, ttl, lease.max_expires_at), ttl=ttl
+        )
+        return Granted(renewed, state.failure), dataclasses.replace(state, lease=renewed)
+    if lease is not None and lease.live_at(now):
+        return Held(lease, now, state.failure), None
+    max_expires_at = None if max_lease_age is None else now + max_lease_age
+    fresh = LeaseRecord(
+        key=state.key,
+        owner=owner,
+        token=LeaseToken(state.fence + 1, make_lease_id()),
+        acquired_at=now,
+        expires_at=_capped_expiry(now, ttl, max_expires_at),
+        ttl=ttl,
+        attempt=state.attempts + 1,
+        max_expires_at=max_expires_at,
+    )
+    new_state = dataclasses.replace(state, fence=fresh.token.fence, attempts=fresh.attempt, lease=fresh)
+    took_over_from = lease.owner if lease is not None else None
+    return Granted(fresh, state.failure, took_over_from), new_state
+
+
+def explain_lost(state: KeyState, token: LeaseToken, action: str) -> LeaseLost:
+    """The :class:`LeaseLost` for a write with a stale ``token``: says who has the key now, if anyone."""
+    key = state.key
+    if state.artifact is not None:
+        why = f"the key was already completed by {state.artifact.producer!r} (token {state.artifact.fence})"
+    elif state.lease is not None and state.lease.token != token:
+        why = (
+            f"it was taken over by {state.lease.owner!r} with token {state.lease.token.fence} "
+            f"(attempt {state.lease.attempt})"
+        )
+    elif state.lease is not None:
+        why = "the lease reached its maximum age"
+    else:
+        why = "the lease was released (by its holder, an operator, or the reaper)"
+    return LeaseLost(
+        f"cannot {action} {key}: token {token.fence} is no longer current: {why}",
+        key=str(key),
+        token=token.fence,
+        holder=state.lease.owner if state.lease is not None else None,
+    )
+
+
+def _current(state: KeyState, token: LeaseToken) -> LeaseRecord | None:
+    lease = state.lease
+    if state.artifact is None and lease is not None and lease.token == token:
+        return lease
+    return None
+
+
+def heartbeat(state: KeyState, token: LeaseToken, ttl: float) -> tuple[LeaseRecord, KeyState]:
+    lease = _current(state, token)
+    if lease is None or (lease.max_expires_at is not None and state.now >= lease.max_expires_at):
+        raise explain_lost(state, token, "heartbeat")
+    renewed = dataclasses.replace(lease, expires_at=_capped_expiry(state.now, ttl, lease.max_expires_at), ttl=ttl)
+    return renewed, dataclasses.replace(state, lease=renewed)
+
+
+def complete(
+    state: KeyState, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+) -> tuple[ArtifactRecord, KeyState]:
+    lease = _current(state, token)
+    if lease is None:
+        raise explain_lost(state, token, "complete")
+    artifact = ArtifactRecord(
+        serializer=serializer,
+        payload=payload,
+        size=len(payload),
+        checksum=checksum,
+        producer=lease.owner,
+        fence=token.fence,
+        created_at=state.now,
+    )
+    return artifact, dataclasses.replace(state, lease=None, artifact=artifact)
+
+
+def release(state: KeyState, token: LeaseToken, error: str | None) -> KeyState:
+    lease = _current(state, token)
+    if lease is None:
+        raise explain_lost(state, token, "release")
+    failure = state.failure
+    if error is not None:
+        count = (failure.count if failure is not None else 0) + 1
+        failure = FailureRecord(count=count, error=error[:MAX_ERROR_LENGTH], owner=lease.owner, at=state.now)
+    return dataclasses.replace(state, lease=None, failure=failure)
+
+
+def force_release(state: KeyState) -> KeyState | None:
+    """Drop the lease whoever holds it (an operator's repair); ``None`` when there is none."""
+    return None if state.lease is None else dataclasses.replace(state, lease=None)
+
+
+def forget(state: KeyState) -> KeyState | None:
+    """Drop the artifact and the failure history so the key computes again; the fence is kept."""
+    if state.artifact is None and state.failure is None:
+        return None
+    return dataclasses.replace(state, artifact=None, failure=None)
+
+
+def reap(state: KeyState) -> KeyState | None:
+    """Clear an expired lease nobody took over; ``None`` when there is nothing to reap."""
+    if state.lease is None or state.lease.live_at(state.now):
+        return None
+    return dataclasses.replace(state, lease=None)
+
+
+def empty(key: Key, now: float) -> KeyState:
+    return KeyState(key=key, now=now)

@@ -1,0 +1,12 @@
+"""One module per store, each giving an isolated store URL for a test.
+
+A backend module defines ``isolated_url(tmp_path) -> contextmanager[str]``: a URL naming a fresh,
+empty space on that store (a new SQLite file, a new PostgreSQL schema, a new Redis key prefix, a new
+blob container) that is removed afterwards, so reruns against long-lived servers never collide.
+Adding a store to every contract and multi-process test is: write its module, add its name here.
+"""
+
+BACKENDS = ["memory", "sqlite", "postgres", "mysql", "file", "redis", "azure"]
+
+#: Backends whose space is shared across OS processes (``memory`` is one process only).
+PROCESS_BACKENDS = [name for name in BACKENDS if name != "memory"]

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dibs.stores import Store, open_store
+from tests.backends import BACKENDS, PROCESS_BACKENDS
+
+
+def _isolated(name: str, tmp_path: Path) -> Iterator[str]:
+    try:
+        module = importlib.import_module(f"tests.backends.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"tests.backends.{name}":
+            pytest.skip(f"no test backend module for the {name!r} store yet")
+        raise
+    with module.isolated_url(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An isolated URL on every store (the contract suite runs once per store)."""
+    yield from _isolated(request.param, tmp_path)
+
+
+@pytest.fixture(params=PROCESS_BACKENDS)
+def process_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An isolated URL on every store that several OS processes can share."""
+    yield from _isolated(request.param, tmp_path)
+
+
+@pytest.fixture
+def open_isolated_store(store_url: str) -> Iterator[Callable[[], Store]]:
+    """Opens stores on one isolated space; all are closed after the test."""
+    opened: list[Store] = []
+
+    def opener() -> Store:
+        store = open_store(store_url)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_isolated_store: Callable[[], Store]) -> Store:
+    return open_isolated_store()
