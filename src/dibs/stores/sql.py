@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -136,7 +137,8 @@ class SQLStore(Store):
         self.schema = options.get("schema")
         self.metadata, self.t, self.meta = _tables(self.table_name, self.schema)
         self.engine = _make_engine(sa_url, options, engine_kwargs)
-        self.notifies = self.dialect == "postgresql"  # LISTEN/NOTIFY
+        # PostgreSQL: LISTEN/NOTIFY; SQLite: a shared-memory change counter (see _SQLiteWatch).
+        self.notifies = self.dialect in ("postgresql", "sqlite")
         _dispose_in_forked_children(self.engine)
         self._ensure_schema()
 
@@ -366,19 +368,20 @@ class SQLStore(Store):
         self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
     ) -> ArtifactRecord:
         t = self.t
+        # MySQL applies SET assignments left to right: read ``owner`` before the lease columns clear it.
         statement = (
             sa.update(t)
             .where(self._holding(key, token))
-            .values(
-                version=t.c.version + 1,
-                serializer=serializer,
-                payload=payload,
-                size=len(payload),
-                checksum=checksum,
-                producer=t.c.owner,
-                artifact_fence=t.c.fence,
-                created_at=self._now,
-                **_lease_columns(None),
+            .ordered_values(
+                (t.c.producer, t.c.owner),
+                (t.c.artifact_fence, t.c.fence),
+                (t.c.version, t.c.version + 1),
+                (t.c.serializer, serializer),
+                (t.c.payload, payload),
+                (t.c.size, len(payload)),
+                (t.c.checksum, checksum),
+                (t.c.created_at, self._now),
+                *self._cleared_lease(),
             )
         )
         with self._connect() as conn:
@@ -391,17 +394,25 @@ class SQLStore(Store):
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
         t = self.t
-        values: dict[str, Any] = {"version": t.c.version + 1, **_lease_columns(None)}
-        if error is not None:
-            values |= {
-                "failure_count": t.c.failure_count + 1,
-                "failure_error": error[: transitions.MAX_ERROR_LENGTH],
-                "failure_owner": t.c.owner,
-                "failure_at": self._now,
-            }
+        failure: list[tuple[Any, Any]] = []
+        if error is not None:  # before the lease columns are cleared (MySQL assigns left to right)
+            failure = [
+                (t.c.failure_count, t.c.failure_count + 1),
+                (t.c.failure_error, error[: transitions.MAX_ERROR_LENGTH]),
+                (t.c.failure_owner, t.c.owner),
+                (t.c.failure_at, self._now),
+            ]
+        statement = (
+            sa.update(t)
+            .where(self._holding(key, token))
+            .ordered_values(*failure, (t.c.version, t.c.version + 1), *self._cleared_lease())
+        )
         with self._connect() as conn:
-            if conn.execute(sa.update(t).where(self._holding(key, token)).values(values)).rowcount != 1:
+            if conn.execute(statement).rowcount != 1:
                 raise self._lost(conn, key, token, "release")
+
+    def _cleared_lease(self) -> list[tuple[Any, None]]:
+        return [(self.t.c[name], None) for name in _lease_columns(None)]
 
     # -- repair -----------------------------------------------------------------------------------------
     def force_release(self, key: Key) -> bool:
@@ -451,9 +462,58 @@ class SQLStore(Store):
 
     # -- notifications ---------------------------------------------------------------------------------
     def watch(self, key: Key) -> Watch:
-        if self.dialect != "postgresql":
-            return PollingWatch()
-        return _PostgresWatch(self._url, key.digest, self)
+        if self.dialect == "postgresql":
+            return _PostgresWatch(self._url, key.digest, self)
+        if self.dialect == "sqlite":
+            return _SQLiteWatch(self)
+        return PollingWatch()
+
+
+class _SQLiteWatch(Watch):
+    """Wakes when any other connection commits, by polling ``PRAGMA data_version``.
+
+    SQLite has no notifications, but in WAL mode ``data_version`` is read from shared memory without
+    touching the disk, so checking it every few milliseconds costs next to nothing and turns a
+    waiter's hand-off latency from its backoff interval into a few milliseconds. A commit to any key
+    wakes every waiter; each then re-reads its own key once.
+    """
+
+    POLL_SECONDS = 0.004
+
+    def __init__(self, store: SQLStore) -> None:
+        self._store = store
+        self._conn: Any = None
+        try:
+            self._conn = store.engine.raw_connection()
+            self._version = self._data_version()
+        except sa_exc.DBAPIError as exc:
+            raise store._unavailable(exc) from exc
+
+    def _data_version(self) -> int:
+        cursor = self._conn.cursor()
+        try:
+            cursor.execute("PRAGMA data_version")
+            return int(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                time.sleep(min(self.POLL_SECONDS, remaining))
+                version = self._data_version()
+                if version != self._version:
+                    self._version = version
+                    return True
+        except Exception:  # noqa: BLE001 - a broken watch only means the caller polls instead
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()  # back to the pool
+            self._conn = None
 
 
 class _PostgresWatch(Watch):

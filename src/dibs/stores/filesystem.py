@@ -1,0 +1,537 @@
+"""A store in a directory: ``file:///abs/dir``, shared by the processes of one machine (or a shared POSIX fs).
+
+Layout (created on first use; every name below the root is derived from :attr:`Key.digest`, never from
+the key itself, so no key can traverse a directory)::
+
+    <root>/dibs-store.json                       marks the directory as a dibs store (layout format)
+    <root>/records/ab/<digest>.json              one record per key (:mod:`dibs.stores.codec`)
+    <root>/artifacts/ab/<digest>-<fence>.bin     the payload of the artifact written under <fence>
+    <root>/locks/ab/<digest>.lock                empty; flocked while the key's record is replaced
+
+How a change is made atomic (see :meth:`FileStore._swap`):
+
+* Readers take no lock. Every file is written to a temporary name, fsynced and renamed into place,
+  so a reader sees a whole old record or a whole new one, and a crashed or paused writer can never
+  block a reader or a waiter (the common operations: hits and "busy" answers write nothing).
+* A writer prepares its files outside any lock, then takes an exclusive ``flock`` on the key's lock
+  file, checks that the record still has the exact bytes it decided from (the compare of the
+  compare-and-swap), renames the payload and then the record into place, and unlocks. ``flock``
+  rather than POSIX ``fcntl`` locks because it belongs to the open file, so threads of one process
+  exclude each other too, and the kernel drops it when the holder dies: a killed process never
+  leaves a key locked.
+* A payload file is renamed in before the record that references it, and its name carries the
+  artifact's fence. Fences never repeat for a key, so a stale payload file can never be mistaken for
+  a newer artifact, and a fenced writer can never replace the payload of a stored artifact.
+
+Limits (the contract's Time section assumes a store with its own clock; a directory has none):
+
+* Expiry is judged by ``time.time()`` of whichever process asks. On one machine every process shares
+  that clock. Processes on several machines sharing one directory must keep their clocks
+  synchronized (NTP) to well within the shortest ttl, or exclusion breaks.
+* On NFS, ``flock`` is emulated with byte-range locks (NFSv4, or NFSv3 with lockd); without working
+  locks, or with aggressive attribute caching, exclusion is not guaranteed. Renames are atomic on the
+  server. Prefer a database store across machines; use this one on NFS only after testing your mount.
+* Record files and lock files are never deleted (the record keeps the fence so that it keeps rising
+  after ``forget``; deleting a lock file while processes run would let two of them lock different
+  inodes). Deleting the whole directory while no process uses it resets the store.
+* Processes of several users can share a store only if every file and directory it creates is
+  writable by all of them: give them a common group and a umask of 002 (or a setgid directory with
+  default ACLs).
+* A write waits (briefly sleeping) for another process's critical section, at most ``lock_timeout``
+  seconds; this is the one wait inside this store, the equivalent of a database's row lock.
+* A crash can leave hidden ``.*.tmp`` files or a payload file no record references; they are harmless
+  (never read) and can be removed while the store is idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+from dibs.errors import ConfigurationError, CorruptRecord, InvalidKey, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import KeyState
+from dibs.stores import codec, redact_url
+from dibs.stores.base import RecordStore, Watch
+from dibs.stores.transitions import empty
+
+if sys.platform != "win32":
+    import fcntl
+
+__all__ = ["FileStore"]
+
+log = logging.getLogger(__name__)
+
+#: The format of the marker file; a future layout would bump it instead of misreading an old store.
+LAYOUT_FORMAT = "dibs.filestore/1"
+MARKER = "dibs-store.json"
+_RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json")
+_EXAMPLE = "'file:///var/lib/dibs' (three slashes, then an absolute path)"
+_URL_OPTIONS = ("lock_timeout", "watch_interval")
+#: Default seconds a write waits for another process's critical section (a few renames).
+LOCK_TIMEOUT = 30.0
+#: Default seconds between two looks of a watch at a record file.
+WATCH_INTERVAL = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class _Version:
+    """What :meth:`FileStore._load` saw: the record's exact bytes (``None``: no record yet) and the
+    fence of the artifact it referenced, so :meth:`FileStore._swap` knows which payload file to add or
+    drop."""
+
+    raw: bytes | None
+    artifact_fence: int | None = None
+
+
+class FileStore(RecordStore):
+    """Records in a directory. See the module docstring for the layout, the locking and the limits."""
+
+    scheme = "file"
+    notifies = True
+    clock = "this machine's clock (time.time()); processes on several machines must keep theirs in sync"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        lock_timeout: float = LOCK_TIMEOUT,
+        watch_interval: float = WATCH_INTERVAL,
+    ) -> None:
+        """Open (creating on first use) the store in ``root``.
+
+        ``lock_timeout`` bounds how long a write waits for another process's critical section (a few
+        renames) before reporting :class:`StoreUnavailable`: only a stopped (not killed) process or a
+        hung file system holds it that long. ``watch_interval`` is how often :meth:`watch` looks at
+        the record.
+        """
+        if sys.platform == "win32":  # pragma: no cover - the module relies on flock
+            raise ConfigurationError(
+                "the file store needs POSIX flock (Linux, macOS); on Windows use 'sqlite:///C:/path/dibs.db'"
+            )
+        self._root = Path(root)
+        if not self._root.is_absolute():
+            raise ConfigurationError(
+                f"file store directory {str(root)!r} is not absolute; use an absolute path such as "
+                "'/var/lib/dibs', so that every process names the same directory"
+            )
+        if not lock_timeout >= 0:  # also refuses NaN
+            raise ConfigurationError(f"lock_timeout must be a number of seconds >= 0, got {lock_timeout!r}")
+        if not watch_interval > 0:
+            raise ConfigurationError(
+                f"watch_interval must be a number of seconds > 0, got {watch_interval!r}"
+            )
+        self._lock_timeout = float(lock_timeout)
+        self._watch_interval = float(watch_interval)
+        self._create_layout()
+
+    # -- URLs -------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str) -> FileStore:
+        """``file:///abs/dir`` (or ``file://localhost/abs/dir``), options as ``?lock_timeout=SECONDS``."""
+        shown = redact_url(url)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme.lower() != "file":
+            raise ConfigurationError(f"not a file store URL: {shown!r}; expected e.g. {_EXAMPLE}")
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigurationError(
+                f"file store URL {shown!r} names the host {parts.hostname or parts.netloc!r}; the file "
+                f"store is a local or mounted directory, so the host must be empty or 'localhost': "
+                f"use e.g. {_EXAMPLE}; for the directory /{parts.hostname}{parts.path} write "
+                f"'file:///{parts.hostname}{parts.path}'"
+            )
+        path = urllib.parse.unquote(parts.path)
+        if not path:
+            raise ConfigurationError(f"file store URL {shown!r} names no directory; use e.g. {_EXAMPLE}")
+        if not path.startswith("/"):
+            raise ConfigurationError(
+                f"file store URL {shown!r} has the relative path {path!r}; "
+                f"use an absolute one, e.g. {_EXAMPLE}"
+            )
+        if parts.fragment:
+            raise ConfigurationError(f"file store URL {shown!r} has a '#' fragment; use e.g. {_EXAMPLE}")
+        return cls(path, **_options(parts.query, shown))
+
+    @property
+    def url(self) -> str:
+        query = {}
+        if self._lock_timeout != LOCK_TIMEOUT:
+            query["lock_timeout"] = f"{self._lock_timeout:g}"
+        if self._watch_interval != WATCH_INTERVAL:
+            query["watch_interval"] = f"{self._watch_interval:g}"
+        suffix = "?" + urllib.parse.urlencode(query) if query else ""
+        return "file://" + urllib.parse.quote(str(self._root)) + suffix
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    # -- Where things are (public so that operators and tests can look) -----------------------------
+
+    def record_path(self, key: Key) -> Path:
+        return self._root / "records" / key.digest[:2] / f"{key.digest}.json"
+
+    def artifact_path(self, key: Key, fence: int) -> Path:
+        return self._root / "artifacts" / key.digest[:2] / f"{key.digest}-{fence}.bin"
+
+    def lock_path(self, key: Key) -> Path:
+        return self._root / "locks" / key.digest[:2] / f"{key.digest}.lock"
+
+    # -- The compare-and-swap ---------------------------------------------------------------------
+
+    def _load(self, key: Key) -> tuple[KeyState, object]:
+        """The record as one atomic snapshot, with its artifact's payload, read without any lock.
+
+        A payload file can vanish between reading the record and opening it (``forget`` ran), so a
+        missing payload is only believed when the record still references it afterwards; then the
+        artifact is returned with an empty payload, which its integrity check reports, and ``forget``
+        can still repair the key.
+        """
+        path = self.record_path(key)
+        raw = self._read_record(path)
+        for _ in range(self.max_swap_attempts):
+            now = time.time()
+            if raw is None:
+                return empty(key, now), _Version(None)
+            state = codec.decode(raw, key, now, where=str(path))
+            if state.artifact is None:
+                return state, _Version(raw)
+            version = _Version(raw, state.artifact.fence)
+            payload_path = self.artifact_path(key, state.artifact.fence)
+            payload = self._read_payload(payload_path)
+            if payload is not None:
+                artifact = dataclasses.replace(state.artifact, payload=payload)
+                return dataclasses.replace(state, artifact=artifact), version
+            again = self._read_record(path)
+            if again == raw:
+                log.warning("the payload of %s is missing (%s); its record was kept", key, payload_path)
+                return state, version
+            raw = again
+        raise StoreUnavailable(
+            f"{key} changed {self.max_swap_attempts} times while this client read it ({path})",
+            key=str(key),
+            path=str(path),
+        )
+
+    def _swap(self, key: Key, version: object, new: KeyState) -> bool:
+        """Write ``new`` if the record still holds the bytes :meth:`_load` saw.
+
+        The slow part (writing and fsyncing the temporary files) happens before the lock; under it are
+        only a small read and one or two renames. The payload is renamed in before the record, so a
+        record never references a payload that is not there.
+        """
+        assert isinstance(version, _Version)
+        record = self.record_path(key)
+        artifact = new.artifact
+        publish = artifact if artifact is not None and artifact.fence != version.artifact_fence else None
+        drop = version.artifact_fence is not None and (
+            artifact is None or artifact.fence != version.artifact_fence
+        )
+        payload_target = None if publish is None else self.artifact_path(key, publish.fence)
+        staged: list[Path] = []
+        try:
+            with _translating("write", record):
+                if publish is not None and payload_target is not None:
+                    staged.append(self._stage(payload_target, publish.payload))
+                staged.append(self._stage(record, codec.encode(new)))
+            with self._locked(key):
+                if self._read_record(record) != version.raw:
+                    return False
+                with _translating("publish", record):
+                    if payload_target is not None:
+                        os.replace(staged[0], payload_target)
+                        _fsync_dir(payload_target.parent)
+                    os.replace(staged[-1], record)
+                staged.clear()
+        finally:
+            for leftover in staged:
+                leftover.unlink(missing_ok=True)
+        with _translating("publish", record):
+            _fsync_dir(record.parent)
+            if drop:
+                assert version.artifact_fence is not None
+                self.artifact_path(key, version.artifact_fence).unlink(missing_ok=True)
+        return True
+
+    # -- Listing and watching ---------------------------------------------------------------------
+
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        """Every readable record (artifacts without payloads), sorted by key.
+
+        A damaged or foreign file is logged and skipped rather than raised: one bad file must not stop
+        ``dibs list`` or the reaper from seeing every other key. Reading that key directly reports it.
+        """
+        states = []
+        for path in self._record_files():
+            state = self._list_one(path)
+            if state is not None and (namespace is None or state.key.namespace == namespace):
+                states.append(state)
+        yield from sorted(states, key=lambda s: s.key)
+
+    def watch(self, key: Key) -> Watch:
+        """A watch that looks at the record file every ``watch_interval`` seconds: no lock, no thread."""
+        return _RecordWatch(self.record_path(key), self._watch_interval)
+
+    def close(self) -> None:
+        """Nothing to release: no file is held open between operations."""
+
+    # -- Files ------------------------------------------------------------------------------------
+
+    def _create_layout(self) -> None:
+        """Create the root (its parent must exist), the top directories and the marker, race-free.
+
+        Only the root itself is created, never its parents: a mistyped mount point must fail here
+        instead of silently becoming a directory private to this machine.
+        """
+        root = self._root
+        with _translating("open", root, config=True):
+            if not root.parent.is_dir():
+                raise ConfigurationError(
+                    f"cannot create the file store {root}: its parent directory {root.parent} does not "
+                    "exist (or is not a directory); create it, or mount the shared directory, first",
+                    path=str(root),
+                )
+            if root.exists() and not root.is_dir():
+                raise ConfigurationError(
+                    f"the file store path {root} exists and is not a directory; point the URL at a directory",
+                    path=str(root),
+                )
+            for directory in (root, root / "records", root / "artifacts", root / "locks"):
+                with contextlib.suppress(FileExistsError):
+                    directory.mkdir()
+            self._write_marker(root / MARKER)
+
+    def _write_marker(self, marker: Path) -> None:
+        """Write the marker with ``link`` so that of several racing creators one wins, whole, and the
+        others read its complete content."""
+        if not marker.exists():
+            temp = self._stage(marker, json.dumps({"format": LAYOUT_FORMAT}).encode())
+            try:
+                os.link(temp, marker)
+            except FileExistsError:
+                pass
+            finally:
+                temp.unlink()
+        try:
+            found = json.loads(marker.read_bytes()).get("format")
+        except (ValueError, AttributeError):
+            found = None
+        if found != LAYOUT_FORMAT:
+            raise ConfigurationError(
+                f"{self._root} is not a dibs file store of this version: {marker} says format {found!r}, "
+                f"expected {LAYOUT_FORMAT!r}; use another directory",
+                path=str(self._root),
+            )
+
+    @staticmethod
+    def _stage(target: Path, data: bytes) -> Path:
+        """Write ``data`` to a new hidden file beside ``target`` and fsync it; the caller renames it.
+
+        The name is random and created with ``O_EXCL``, so racing writers never share a temporary file.
+        """
+        with contextlib.suppress(FileExistsError):
+            target.parent.mkdir()
+        temp = target.parent / f".{target.name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            with open(fd, "wb", closefd=False) as file:
+                file.write(data)  # a large payload is written from the caller's bytes, not copied
+            os.fsync(fd)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        return temp
+
+    @staticmethod
+    def _read_record(path: Path) -> bytes | None:
+        with _translating("read", path):
+            try:
+                return path.read_bytes()
+            except FileNotFoundError:
+                return None
+
+    @staticmethod
+    def _read_payload(path: Path) -> bytes | None:
+        with _translating("read", path):
+            try:
+                with open(path, "rb") as file:
+                    return file.read()
+            except FileNotFoundError:
+                return None
+
+    @contextlib.contextmanager
+    def _locked(self, key: Key) -> Iterator[None]:
+        """Hold the key's exclusive flock. ``LOCK_UN`` before closing, so that a descriptor inherited
+        by a forked child cannot keep the lock alive."""
+        path = self.lock_path(key)
+        with _translating("lock", path):
+            with contextlib.suppress(FileExistsError):
+                path.parent.mkdir()
+            # O_RDONLY is enough for flock, so read-only access to an existing lock file suffices.
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            self._flock(fd, path)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def _flock(self, fd: int, path: Path) -> None:
+        """Take the flock, retrying with short sleeps until ``lock_timeout`` (0: try once)."""
+        deadline = time.monotonic() + self._lock_timeout
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise StoreUnavailable(
+                    f"cannot lock {path}: {exc.strerror}; the file system must support flock",
+                    path=str(path),
+                ) from exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StoreUnavailable(
+                    f"{path} stayed locked for {self._lock_timeout:g}s; another process is stuck inside a "
+                    "write (stopped, or on a hung file system). A killed process releases it at once",
+                    path=str(path),
+                )
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.05)
+
+    def _record_files(self) -> Iterator[Path]:
+        records = self._root / "records"
+        with _translating("list", records):
+            shards = sorted(records.iterdir())
+        for shard in shards:
+            with _translating("list", shard):
+                names = sorted(shard.iterdir()) if shard.is_dir() else []
+            yield from (path for path in names if _RECORD_NAME.fullmatch(path.name))
+
+    def _list_one(self, path: Path) -> KeyState | None:
+        raw = self._read_record(path)
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw)
+            key = Key(doc["namespace"], doc["name"])
+        except (ValueError, KeyError, TypeError, InvalidKey):
+            log.warning("skipping %s: not a dibs record; inspect or delete it by hand", path)
+            return None
+        if f"{key.digest}.json" != path.name:
+            log.warning("skipping %s: it holds the record of %s, which belongs elsewhere", path, key)
+            return None
+        try:
+            return codec.decode(raw, key, time.time(), where=str(path))
+        except CorruptRecord as exc:
+            log.warning("skipping %s", exc)
+            return None
+
+
+class _RecordWatch(Watch):
+    """Wakes when the record file is replaced (a new inode, time or size), by looking every interval.
+
+    Every write renames a new file into place, so any change gives the path a different inode.
+    """
+
+    def __init__(self, path: Path, interval: float) -> None:
+        self._path = path
+        self._interval = interval
+        self._seen = _signature(path)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            current = _signature(self._path)
+            if current != self._seen:
+                self._seen = current
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(self._interval, remaining))
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _options(query: str, shown: str) -> dict[str, float]:
+    """The URL's query as keyword arguments; anything unknown or unparsable is a configuration error."""
+    options: dict[str, float] = {}
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if name not in _URL_OPTIONS:
+            raise ConfigurationError(
+                f"unknown option {name!r} in file store URL {shown!r}; known: {', '.join(_URL_OPTIONS)} "
+                "(e.g. 'file:///var/lib/dibs?lock_timeout=30')"
+            )
+        try:
+            options[name] = float(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"option {name}={value!r} in file store URL {shown!r} is not a number of seconds"
+            ) from None
+    return options
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable. Some file systems cannot fsync a directory; they are
+    then as durable as they can be, and atomicity (the rename) does not depend on it."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _translating(action: str, path: Path, *, config: bool = False) -> Iterator[None]:
+    """Turn an ``OSError`` into the dibs error the caller can act on, naming the path.
+
+    Permission errors are configuration (they will not pass by retrying); anything else (a full disk,
+    a vanished directory, an I/O error) is the store being unavailable. ``config`` makes every error
+    a configuration error, for opening the store.
+    """
+    try:
+        yield
+    except PermissionError as exc:
+        raise ConfigurationError(
+            f"permission denied: cannot {action} {path}; every process using the file store needs read and "
+            "write access to its whole directory",
+            path=str(path),
+        ) from exc
+    except FileNotFoundError as exc:
+        error = ConfigurationError if config else StoreUnavailable
+        raise error(
+            f"cannot {action} {path}: it or its directory is missing (was the store directory removed "
+            "or unmounted while in use?)",
+            path=str(path),
+        ) from exc
+    except OSError as exc:
+        error = ConfigurationError if config else StoreUnavailable
+        raise error(f"cannot {action} {path}: {exc.strerror or exc}", path=str(path)) from exc

@@ -1,0 +1,864 @@
+"""The Redis store: every operation is one Lua script, so Redis itself decides each step atomically.
+
+URL: ``redis://[user:password@]host[:port][/db][?prefix=dibs:&socket_timeout=10]`` (``rediss://`` for
+TLS). ``prefix`` (default ``dibs:``) starts every Redis key dibs writes, so several applications or
+test runs can share one database; any other query option is handed to redis-py's connection pool.
+
+Layout, per key (``digest`` is :attr:`dibs.keys.Key.digest`, never the key's own text):
+
+* ``{prefix}rec:{digest}`` is a hash holding the whole record: format, namespace and name, the fence
+  and attempt counters, the lease, the last failure and the artifact with its payload. The hash
+  outlives releases and ``forget`` so the fence keeps increasing for the life of the key.
+* ``{prefix}chan:{digest}`` is the pub/sub channel that complete, release, force-release, forget and
+  reap publish on, so that waiters (:meth:`RedisStore.watch`) wake at once instead of polling.
+
+Why scripts rather than ``WATCH``/``MULTI`` compare-and-swap: a script runs to completion before any
+other command, reads the Redis server's clock (``TIME``) in the same step, and costs one round trip
+with no retry loop under contention. The scripts implement the rules of
+:mod:`dibs.stores.transitions` (the contract suite holds both to the same behaviour); a rejected
+write returns the record as it is, and :func:`~dibs.stores.transitions.explain_lost` words the error.
+
+Times are the Redis server's ``TIME`` as Unix seconds, formatted with 17 significant digits so that
+Python reads back exactly the double that Lua compared. Limits that come with Redis:
+
+* Fencing is only as durable as the data: a server that restarts without persistence (or a replica
+  promoted before it received the last write) forgets leases and fences. Use AOF persistence, and a
+  ``maxmemory-policy`` that never evicts these keys (``noeviction`` or a ``volatile-*`` policy; dibs
+  sets no expiry on its keys).
+* Redis Cluster is not supported: records and channels are plain keys, not hash-tagged.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import math
+import re
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import redis
+import redis.client
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import (
+    ArtifactRecord,
+    FailureRecord,
+    Granted,
+    Held,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    Present,
+    StoreOutcome,
+    new_lease_id,
+)
+from dibs.stores import redact_url
+from dibs.stores.base import Store, Watch
+from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
+
+__all__ = ["RedisStore"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "dibs.redis/1"
+DEFAULT_PREFIX = "dibs:"
+# Only characters that mean nothing to SCAN's glob MATCH, so a prefix can never select foreign keys.
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:/|-]{1,100}")
+# Connection defaults; the URL's query options override them (redis-py lets the URL win).
+_DEFAULTS: dict[str, Any] = {
+    "socket_connect_timeout": 5.0,
+    "socket_timeout": 10.0,
+    # A PING before reusing a connection idle this long finds dead sockets before a script is sent.
+    "health_check_interval": 30,
+    # No transparent retries: a script whose reply was lost may have run, and running complete or
+    # release twice would turn a success into a LeaseLost. The caller's policy retries instead.
+    "retry": Retry(NoBackoff(), 0),
+}
+_SCAN_BATCH = 500
+
+#: What a script returns: ``{status, now, extra, FIELDS...[, payload]}`` or ``{"corrupt", why}``.
+_Reply = list[Any]
+
+# The hash fields of a record, in the order the scripts return them. The Lua side is generated from
+# these tuples so the two cannot drift apart.
+_LEASE_FIELDS = (
+    "lease_owner",
+    "lease_fence",
+    "lease_id",
+    "lease_acquired_at",
+    "lease_expires_at",
+    "lease_ttl",
+    "lease_attempt",
+)
+_FAILURE_FIELDS = ("failure_count", "failure_error", "failure_owner", "failure_at")
+_ARTIFACT_FIELDS = (
+    "artifact_serializer",
+    "artifact_size",
+    "artifact_checksum",
+    "artifact_producer",
+    "artifact_fence",
+    "artifact_created_at",
+)
+_FIELDS = (
+    "format",
+    "namespace",
+    "name",
+    "fence",
+    "attempts",
+    *_LEASE_FIELDS,
+    "lease_max_expires_at",
+    *_FAILURE_FIELDS,
+    *_ARTIFACT_FIELDS,
+)
+_NUMERIC = (
+    "fence",
+    "attempts",
+    "lease_fence",
+    "lease_acquired_at",
+    "lease_expires_at",
+    "lease_ttl",
+    "lease_attempt",
+    "lease_max_expires_at",
+    "failure_count",
+    "failure_at",
+    "artifact_size",
+    "artifact_fence",
+    "artifact_created_at",
+)
+
+
+def _lua_list(names: Sequence[str]) -> str:
+    return "{" + ", ".join(f"'{name}'" for name in names) + "}"
+
+
+# Shared by every script. Nothing is written before ``load_record`` has accepted the record, so a
+# foreign or damaged value at a dibs key is reported (as {'corrupt', why}) and never changed.
+_LUA_PRELUDE = f"""
+local FORMAT = '{FORMAT}'
+local FIELDS = {_lua_list(_FIELDS)}
+local GROUPS = {{
+  lease = {_lua_list(_LEASE_FIELDS)},
+  failure = {_lua_list(_FAILURE_FIELDS)},
+  artifact = {_lua_list(_ARTIFACT_FIELDS)},
+}}
+local NUMERIC = {{}}
+for _, field in ipairs({_lua_list(_NUMERIC)}) do NUMERIC[field] = true end
+
+-- 17 significant digits: Python parses back exactly the double compared here.
+local function num(x)
+  return string.format('%.17g', x)
+end
+
+-- The Redis server's clock, in Unix seconds: the only clock that judges expiry.
+local function store_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- The record as a table of field -> string; nil when the key has no record; false and why when the
+-- value at the key is not a dibs record. An empty namespace skips the identity check (listing).
+local function load_record(key, namespace, name)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then
+    return nil
+  end
+  if kind ~= 'hash' then
+    return false, 'it is a Redis ' .. kind .. ', not a hash'
+  end
+  local values = redis.call('HMGET', key, unpack(FIELDS))
+  local rec = {{}}
+  for i, field in ipairs(FIELDS) do
+    local value = values[i]
+    if value then
+      if NUMERIC[field] and tonumber(value) == nil then
+        return false, 'its field ' .. field .. ' is not a number'
+      end
+      rec[field] = value
+    end
+  end
+  if rec.format ~= FORMAT then
+    return false, 'its format is ' .. tostring(rec.format or 'missing') .. ', expected ' .. FORMAT
+  end
+  if not (rec.namespace and rec.name and rec.fence and rec.attempts) then
+    return false, 'its namespace, name, fence or attempts field is missing'
+  end
+  if namespace ~= '' and (rec.namespace ~= namespace or rec.name ~= name) then
+    return false, 'it belongs to key ' .. rec.namespace .. '/' .. rec.name
+  end
+  for group, fields in pairs(GROUPS) do
+    local present = 0
+    for _, field in ipairs(fields) do
+      if rec[field] then
+        present = present + 1
+      end
+    end
+    if present ~= 0 and present ~= #fields then
+      return false, 'its ' .. group .. ' is incomplete'
+    end
+  end
+  if rec.artifact_fence and redis.call('HEXISTS', key, 'artifact_payload') == 0 then
+    return false, 'its artifact has no payload'
+  end
+  return rec
+end
+
+-- Whether (fence, lease id) is the current token: a lease, not yet completed, with both parts equal.
+local function is_current(rec, fence, lease_id)
+  return rec ~= nil and not rec.artifact_fence and rec.lease_id == lease_id
+    and tonumber(rec.lease_fence) == tonumber(fence)
+end
+
+local function capped_expiry(now, ttl, max_expires)
+  local expires = now + ttl
+  if max_expires ~= nil and max_expires < expires then
+    return max_expires
+  end
+  return expires
+end
+
+local function drop_lease(key)
+  redis.call('HDEL', key, 'lease_max_expires_at', unpack(GROUPS.lease))
+end
+
+-- {{status, now, extra, FIELDS...[, payload]}}, read after this script's writes.
+local function reply(status, now, key, extra, with_payload)
+  local out = {{status, num(now), extra or false}}
+  local values = redis.call('HMGET', key, unpack(FIELDS))
+  for i = 1, #FIELDS do
+    out[i + 3] = values[i]
+  end
+  if with_payload then
+    out[#FIELDS + 4] = redis.call('HGET', key, 'artifact_payload')
+  end
+  return out
+end
+"""
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password, also when the password holds characters the shared regex misses."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if "@" in parts.netloc:
+            userinfo, _, hostport = parts.netloc.rpartition("@")
+            user, has_password, _ = userinfo.partition(":")
+            if has_password:
+                url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
+    except ValueError:
+        return url.split("://", 1)[0] + "://***"
+    return redact_url(url)
+
+
+def _seconds(value: float, what: str) -> str:
+    """A finite number of seconds as the text Lua's ``tonumber`` reads back to the same double."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(
+            f"{what} must be a finite number of seconds, got {value!r}", value=repr(value)
+        )
+    return repr(float(value))
+
+
+class RedisStore(Store):
+    """Reservation records in Redis, each operation one atomic Lua script judged on Redis's clock.
+
+    See the module docstring for the URL, the layout and Redis's limits.
+    """
+
+    scheme = "redis"
+    notifies = True
+    clock = "the Redis server's clock (TIME)"
+
+    # KEYS[1]: the key's record hash
+    # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: owner, ARGV[4]: ttl in seconds,
+    # ARGV[5]: maximum lease age in seconds, or '' for none, ARGV[6]: lease id for a new lease
+    # Returns {'corrupt', why} or {'present'|'granted'|'held', now, took_over_from, FIELDS...}; a
+    # 'present' reply ends with the artifact payload.
+    LUA_ACQUIRE_SCRIPT = (
+        _LUA_PRELUDE
+        + """
+local now = store_now()
+local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
+if rec == false then
+  return {'corrupt', why}
+end
+if rec == nil then
+  rec = {fence = '0', attempts = '0'}
+  redis.call('HSET', KEYS[1], 'format', FORMAT, 'namespace', ARGV[1], 'name', ARGV[2],
+    'fence', '0', 'attempts', '0')
+end
+if rec.artifact_fence then
+  return reply('present', now, KEYS[1], false, true)
+end
+local ttl = tonumber(ARGV[4])
+local max_expires = tonumber(rec.lease_max_expires_at)
+if rec.lease_id and rec.lease_owner == ARGV[3] and (max_expires == nil or now < max_expires) then
+  -- The same owner again: its own lease, same token, expiry extended.
+  redis.call('HSET', KEYS[1], 'lease_expires_at', num(capped_expiry(now, ttl, max_expires)),
+    'lease_ttl', ARGV[4])
+  return reply('granted', now, KEYS[1], false, false)
+end
+if rec.lease_id and now < tonumber(rec.lease_expires_at) then
+  return reply('held', now, KEYS[1], false, false)
+end
+-- Free, released or expired: the key changes hands and the fence goes up.
+local fence = tonumber(rec.fence) + 1
+local attempt = tonumber(rec.attempts) + 1
+local new_max = nil
+if ARGV[5] ~= '' then
+  new_max = now + tonumber(ARGV[5])
+end
+redis.call('HSET', KEYS[1], 'fence', num(fence), 'attempts', num(attempt),
+  'lease_owner', ARGV[3], 'lease_fence', num(fence), 'lease_id', ARGV[6],
+  'lease_acquired_at', num(now), 'lease_expires_at', num(capped_expiry(now, ttl, new_max)),
+  'lease_ttl', ARGV[4], 'lease_attempt', num(attempt))
+if new_max then
+  redis.call('HSET', KEYS[1], 'lease_max_expires_at', num(new_max))
+else
+  redis.call('HDEL', KEYS[1], 'lease_max_expires_at')
+end
+return reply('granted', now, KEYS[1], rec.lease_owner or false, false)
+"""
+    )
+
+    # KEYS[1]: the key's record hash
+    # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id, ARGV[5]: ttl in seconds
+    # Returns {'corrupt', why} or {'ok'|'lost', now, false, FIELDS...}
+    LUA_HEARTBEAT_SCRIPT = (
+        _LUA_PRELUDE
+        + """
+local now = store_now()
+local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
+if rec == false then
+  return {'corrupt', why}
+end
+if not is_current(rec, ARGV[3], ARGV[4]) then
+  return reply('lost', now, KEYS[1], false, false)
+end
+local max_expires = tonumber(rec.lease_max_expires_at)
+if max_expires ~= nil and now >= max_expires then
+  return reply('lost', now, KEYS[1], false, false)
+end
+redis.call('HSET', KEYS[1], 'lease_expires_at',
+  num(capped_expiry(now, tonumber(ARGV[5]), max_expires)), 'lease_ttl', ARGV[5])
+return reply('ok', now, KEYS[1], false, false)
+"""
+    )
+
+    # KEYS[1]: the key's record hash
+    # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id, ARGV[5]: serializer,
+    # ARGV[6]: payload, ARGV[7]: checksum, ARGV[8]: the key's notification channel
+    # Returns {'corrupt', why} or {'ok'|'lost', now, false, FIELDS...} (without the payload)
+    LUA_COMPLETE_SCRIPT = (
+        _LUA_PRELUDE
+        + """
+local now = store_now()
+local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
+if rec == false then
+  return {'corrupt', why}
+end
+if not is_current(rec, ARGV[3], ARGV[4]) then
+  return reply('lost', now, KEYS[1], false, false)
+end
+redis.call('HSET', KEYS[1], 'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
+  'artifact_size', num(string.len(ARGV[6])), 'artifact_checksum', ARGV[7],
+  'artifact_producer', rec.lease_owner, 'artifact_fence', num(tonumber(ARGV[3])),
+  'artifact_created_at', num(now))
+drop_lease(KEYS[1])
+redis.call('PUBLISH', ARGV[8], 'complete')
+return reply('ok', now, KEYS[1], false, false)
+"""
+    )
+
+    # KEYS[1]: the key's record hash
+    # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id,
+    # ARGV[5]: '1' to record a failure, else '0', ARGV[6]: the error text (already truncated),
+    # ARGV[7]: the key's notification channel
+    # Returns {'corrupt', why} or {'ok'|'lost', now, false, FIELDS...}
+    LUA_RELEASE_SCRIPT = (
+        _LUA_PRELUDE
+        + """
+local now = store_now()
+local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
+if rec == false then
+  return {'corrupt', why}
+end
+if not is_current(rec, ARGV[3], ARGV[4]) then
+  return reply('lost', now, KEYS[1], false, false)
+end
+if ARGV[5] == '1' then
+  local count = (tonumber(rec.failure_count) or 0) + 1
+  redis.call('HSET', KEYS[1], 'failure_count', num(count), 'failure_error', ARGV[6],
+    'failure_owner', rec.lease_owner, 'failure_at', num(now))
+end
+drop_lease(KEYS[1])
+redis.call('PUBLISH', ARGV[7], 'release')
+return reply('ok', now, KEYS[1], false, false)
+"""
+    )
+
+    # KEYS[1]: the key's record hash
+    # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: the key's notification channel,
+    # ARGV[4]: what to drop: 'lease' (force release), 'expired' (reap) or 'result' (forget)
+    # Returns {'corrupt', why}, {'changed'} or {'unchanged'}
+    LUA_DROP_SCRIPT = (
+        _LUA_PRELUDE
+        + """
+local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
+if rec == false then
+  return {'corrupt', why}
+end
+if rec == nil then
+  return {'unchanged'}
+end
+if ARGV[4] == 'result' then
+  if not (rec.artifact_fence or rec.failure_count) then
+    return {'unchanged'}
+  end
+  redis.call('HDEL', KEYS[1], 'artifact_payload', unpack(GROUPS.artifact))
+  redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
+else
+  if not rec.lease_id then
+    return {'unchanged'}
+  end
+  if ARGV[4] == 'expired' and store_now() < tonumber(rec.lease_expires_at) then
+    return {'unchanged'}
+  end
+  drop_lease(KEYS[1])
+end
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return {'changed'}
+"""
+    )
+
+    # KEYS[1]: the key's record hash
+    # ARGV[1]: namespace, or '' when listing (the caller checks the identity against the digest),
+    # ARGV[2]: name, ARGV[3]: '1' to include the artifact payload, else '0'
+    # Returns {'corrupt', why} or {'ok', now, false, FIELDS...[, payload]}
+    LUA_READ_SCRIPT = (
+        _LUA_PRELUDE
+        + """
+local now = store_now()
+local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
+if rec == false then
+  return {'corrupt', why}
+end
+return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
+"""
+    )
+
+    def __init__(self, url: str) -> None:
+        self._url = _redact(url)
+        client_url, self._prefix = _parse_url(url, self._url)
+        try:
+            self._client = redis.Redis.from_url(client_url, **_DEFAULTS)
+            # The pool creates connections lazily; building one (without connecting) now turns an
+            # unknown or malformed query option into a configuration error instead of a failure on
+            # the first operation.
+            pool = self._client.connection_pool
+            pool.connection_class(**pool.connection_kwargs)
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"invalid Redis store URL {self._url!r}: {exc}; expected "
+                "'redis://[user:password@]host[:port][/db][?prefix=dibs:]' with redis-py connection "
+                "options (socket_timeout, ssl_cert_reqs, ...) as further query parameters",
+                url=self._url,
+            ) from exc
+        self._acquire = self._client.register_script(self.LUA_ACQUIRE_SCRIPT)
+        self._heartbeat = self._client.register_script(self.LUA_HEARTBEAT_SCRIPT)
+        self._complete = self._client.register_script(self.LUA_COMPLETE_SCRIPT)
+        self._release = self._client.register_script(self.LUA_RELEASE_SCRIPT)
+        self._drop = self._client.register_script(self.LUA_DROP_SCRIPT)
+        self._read = self._client.register_script(self.LUA_READ_SCRIPT)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        return cls(url)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def prefix(self) -> str:
+        """What every Redis key of this store starts with."""
+        return self._prefix
+
+    def record_key(self, key: Key) -> str:
+        """The Redis key of ``key``'s record hash (for operators and tests)."""
+        return f"{self._prefix}rec:{key.digest}"
+
+    def channel(self, key: Key) -> str:
+        """The pub/sub channel on which changes to ``key`` that can end a wait are published."""
+        return f"{self._prefix}chan:{key.digest}"
+
+    # -- operations ---------------------------------------------------------------------------------
+
+    def read(self, key: Key) -> KeyState:
+        reply = self._run(self._read, key, "read", key.namespace, key.name, "1")
+        return self._state(key, reply, with_payload=True)
+
+    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        reply = self._run(
+            self._acquire,
+            key,
+            "reserve",
+            key.namespace,
+            key.name,
+            owner,
+            _seconds(ttl, "ttl"),
+            "" if max_lease_age is None else _seconds(max_lease_age, "max_lease_age"),
+            new_lease_id(),
+        )
+        status = reply[0]
+        state = self._state(key, reply, with_payload=status == b"present")
+        if status == b"present":
+            assert state.artifact is not None
+            return Present(state.artifact)
+        assert state.lease is not None
+        if status == b"held":
+            return Held(state.lease, state.now, state.failure)
+        took_over_from = None if reply[2] is None else str(reply[2].decode("utf-8"))
+        return Granted(state.lease, state.failure, took_over_from)
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        reply = self._run(
+            self._heartbeat,
+            key,
+            "heartbeat",
+            key.namespace,
+            key.name,
+            token.fence,
+            token.lease_id,
+            _seconds(ttl, "ttl"),
+        )
+        state = self._state(key, reply)
+        if reply[0] == b"lost":
+            raise explain_lost(state, token, "heartbeat")
+        assert state.lease is not None
+        return state.lease
+
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        reply = self._run(
+            self._complete,
+            key,
+            "complete",
+            key.namespace,
+            key.name,
+            token.fence,
+            token.lease_id,
+            serializer,
+            payload,
+            checksum,
+            self.channel(key),
+        )
+        state = self._state(key, reply)
+        if reply[0] == b"lost":
+            raise explain_lost(state, token, "complete")
+        assert state.artifact is not None
+        # The reply leaves the payload out (no need to send it back): it is the one just written.
+        return ArtifactRecord(
+            serializer=state.artifact.serializer,
+            payload=payload,
+            size=state.artifact.size,
+            checksum=state.artifact.checksum,
+            producer=state.artifact.producer,
+            fence=state.artifact.fence,
+            created_at=state.artifact.created_at,
+        )
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+        reply = self._run(
+            self._release,
+            key,
+            "release",
+            key.namespace,
+            key.name,
+            token.fence,
+            token.lease_id,
+            "0" if error is None else "1",
+            "" if error is None else error[:MAX_ERROR_LENGTH],
+            self.channel(key),
+        )
+        if reply[0] == b"lost":
+            raise explain_lost(self._state(key, reply), token, "release")
+
+    def force_release(self, key: Key) -> bool:
+        return self._drop_part(key, "lease", "force-release")
+
+    def forget(self, key: Key) -> bool:
+        return self._drop_part(key, "result", "forget")
+
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        """Every record under the prefix, sorted by key, without payloads.
+
+        One SCAN over ``{prefix}rec:*`` plus one pipelined read script per record: dibs keeps no
+        index, so nothing can fall out of step with the records. A value under the prefix that is
+        not a dibs record raises :class:`CorruptRecord` naming its Redis key.
+        """
+        states: builtins.list[KeyState] = []
+        for batch in self._scan_batches():
+            with self._service("list keys", None):
+                pipe = self._client.pipeline(transaction=False)
+                for record_key in batch:
+                    self._read(keys=[record_key], args=["", "", "0"], client=pipe)
+                replies = pipe.execute()
+            for record_key, reply in zip(batch, replies, strict=True):
+                state = self._listed_state(record_key, cast(_Reply, reply))
+                if state is not None and (namespace is None or state.key.namespace == namespace):
+                    states.append(state)
+        yield from sorted(states, key=lambda s: s.key)
+
+    def reap(self, namespace: str | None = None) -> int:
+        reaped = 0
+        for state in self.list(namespace):
+            if state.lease is not None and not state.lease.live_at(state.now):
+                # The script checks expiry again on the server's clock: a holder may have renewed.
+                reaped += self._drop_part(state.key, "expired", "reap")
+        return reaped
+
+    def watch(self, key: Key) -> Watch:
+        """A watch subscribed to ``key``'s channel before this returns.
+
+        The subscription is confirmed by the server before the caller's next read, so a complete or
+        release that happens between that read and :meth:`Watch.wait` is still delivered.
+        """
+        with self._service("watch", key):
+            pubsub: redis.client.PubSub = self._client.pubsub()  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(self.channel(key))
+                deadline = time.monotonic() + float(_DEFAULTS["socket_timeout"])
+                while True:
+                    message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+                    if message is not None and message["type"] == "subscribe":
+                        break
+                    if time.monotonic() >= deadline:
+                        raise redis.exceptions.TimeoutError("no confirmation of the subscription")
+            except BaseException:
+                pubsub.close()
+                raise
+        return _PubSubWatch(pubsub, f"{key} on {self._url}")
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _service(self, action: str, key: Key | None) -> Iterator[None]:
+        """Translate redis-py's errors into dibs errors; messages name the redacted URL, never secrets."""
+        what = f"{action} {key}" if key is not None else action
+        try:
+            yield
+        except (redis.exceptions.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+            raise ConfigurationError(
+                f"Redis at {self._url} refused to {what}: {exc}; check the user and password in the "
+                "store URL and that the user may run EVALSHA, SCRIPT, SCAN, PUBLISH and SUBSCRIBE "
+                "on keys and channels starting with the prefix",
+                url=self._url,
+            ) from exc
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise StoreUnavailable(
+                f"could not {what}: Redis at {self._url} did not answer ({type(exc).__name__}: {exc})",
+                url=self._url,
+                key=None if key is None else str(key),
+            ) from exc
+        except redis.exceptions.RedisError as exc:
+            raise StoreUnavailable(
+                f"could not {what}: Redis at {self._url} answered an error ({type(exc).__name__}: {exc})",
+                url=self._url,
+                key=None if key is None else str(key),
+            ) from exc
+
+    def _run(self, script: Script, key: Key, action: str, *args: str | bytes | int) -> _Reply:
+        """Run one script on ``key``'s record; a foreign or damaged record raises :class:`CorruptRecord`."""
+        with self._service(action, key):
+            reply = cast(_Reply, script(keys=[self.record_key(key)], args=args))
+        if reply[0] == b"corrupt":
+            raise self._corrupt(key, self.record_key(key), reply[1].decode("utf-8", "replace"))
+        return reply
+
+    def _drop_part(self, key: Key, part: str, action: str) -> bool:
+        reply = self._run(self._drop, key, action, key.namespace, key.name, self.channel(key), part)
+        return bool(reply[0] == b"changed")
+
+    def _corrupt(self, key: Key | None, record_key: str, why: str) -> CorruptRecord:
+        return CorruptRecord(
+            f"the value at Redis key {record_key!r} on {self._url}"
+            + ("" if key is None else f" (the record of {key})")
+            + f" is not a dibs record ({why}); it was left untouched: inspect or delete it by hand",
+            key=None if key is None else str(key),
+            record=record_key,
+        )
+
+    def _scan_batches(self) -> Iterator[Sequence[str]]:
+        with self._service("list keys", None):
+            batch: builtins.list[str] = []
+            for raw in self._client.scan_iter(match=f"{self._prefix}rec:*", count=_SCAN_BATCH):
+                batch.append(raw.decode("utf-8", "surrogateescape"))
+                if len(batch) >= _SCAN_BATCH:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+    def _listed_state(self, record_key: str, reply: _Reply) -> KeyState | None:
+        """A listed record's state, after checking it is the record its Redis key says it is."""
+        if reply[0] == b"corrupt":
+            raise self._corrupt(None, record_key, reply[1].decode("utf-8", "replace"))
+        fields = dict(zip(_FIELDS, reply[3 : 3 + len(_FIELDS)], strict=True))
+        if fields["format"] is None:
+            return None  # deleted between SCAN and the read
+        try:
+            key = Key(fields["namespace"].decode("utf-8"), fields["name"].decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise self._corrupt(None, record_key, f"its namespace or name is invalid: {exc}") from exc
+        if record_key != self.record_key(key):
+            raise self._corrupt(None, record_key, f"it names key {key}, whose digest differs")
+        return self._state(key, reply)
+
+    def _state(self, key: Key, reply: _Reply, *, with_payload: bool = False) -> KeyState:
+        """Build the :class:`KeyState` a script returned (``{status, now, extra, FIELDS...[, payload]}``)."""
+        fields: dict[str, Any] = dict(zip(_FIELDS, reply[3 : 3 + len(_FIELDS)], strict=True))
+        try:
+            now = float(reply[1])
+            if fields["format"] is None:
+                return KeyState(key=key, now=now)
+            text = {name: value.decode("utf-8") for name, value in fields.items() if value is not None}
+            lease = None
+            if "lease_id" in text:
+                max_expires_at = text.get("lease_max_expires_at")
+                lease = LeaseRecord(
+                    key=key,
+                    owner=text["lease_owner"],
+                    token=LeaseToken(int(text["lease_fence"]), text["lease_id"]),
+                    acquired_at=float(text["lease_acquired_at"]),
+                    expires_at=float(text["lease_expires_at"]),
+                    ttl=float(text["lease_ttl"]),
+                    attempt=int(text["lease_attempt"]),
+                    max_expires_at=None if max_expires_at is None else float(max_expires_at),
+                )
+            failure = None
+            if "failure_count" in text:
+                failure = FailureRecord(
+                    count=int(text["failure_count"]),
+                    error=text["failure_error"],
+                    owner=text["failure_owner"],
+                    at=float(text["failure_at"]),
+                )
+            artifact = None
+            if "artifact_fence" in text:
+                payload = reply[3 + len(_FIELDS)] if with_payload else b""
+                artifact = ArtifactRecord(
+                    serializer=text["artifact_serializer"],
+                    payload=bytes(payload),
+                    size=int(text["artifact_size"]),
+                    checksum=text["artifact_checksum"],
+                    producer=text["artifact_producer"],
+                    fence=int(text["artifact_fence"]),
+                    created_at=float(text["artifact_created_at"]),
+                )
+            return KeyState(
+                key=key,
+                now=now,
+                fence=int(text["fence"]),
+                attempts=int(text["attempts"]),
+                lease=lease,
+                artifact=artifact,
+                failure=failure,
+            )
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise self._corrupt(key, self.record_key(key), f"{type(exc).__name__}: {exc}") from exc
+
+
+class _PubSubWatch(Watch):
+    """Blocks on a pub/sub subscription to one key's channel; owns one pooled connection until closed."""
+
+    def __init__(self, pubsub: redis.client.PubSub, what: str) -> None:
+        self._pubsub = pubsub
+        self._what = what
+        self._closed = False
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self._closed:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                message = self._pubsub.get_message(timeout=remaining)
+                if message is not None and message["type"] == "message":
+                    self._drain()
+                    return True
+            except (redis.exceptions.RedisError, OSError, ValueError) as exc:
+                if self._closed:
+                    break
+                # A lost notification connection must not fail the wait: the caller re-reads after
+                # every wait, so sleeping out the timeout degrades this watch to plain polling.
+                # redis-py reconnects and subscribes again on the next call.
+                logger.debug("watch on %s lost its connection (%s); polling instead", self._what, exc)
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return False
+            if remaining <= 0:
+                break
+        return False
+
+    def _drain(self) -> None:
+        # Several changes may be queued; the caller's next read sees them all, so one wake is enough.
+        for _ in range(1000):
+            message = self._pubsub.get_message(timeout=0.0)
+            if message is None:
+                return
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                self._pubsub.close()
+
+
+def _parse_url(url: str, redacted: str) -> tuple[str, str]:
+    """Split the store URL into the URL redis-py gets and the key prefix, checking what dibs can."""
+
+    def bad(problem: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"invalid Redis store URL {redacted!r}: {problem}; expected "
+            "'redis://[user:password@]host[:port][/db][?prefix=dibs:]' or 'rediss://...' for TLS",
+            url=redacted,
+        )
+
+    if not isinstance(url, str):
+        raise bad(f"a URL must be a string, got {type(url).__name__}")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 -- urllib checks the port only when asked
+    except ValueError as exc:
+        raise bad(str(exc)) from exc
+    if parts.scheme.lower() not in {"redis", "rediss"}:
+        raise bad(f"the scheme is {parts.scheme!r}, not 'redis' or 'rediss'")
+    if parts.path not in {"", "/"} and not re.fullmatch(r"/\d+", parts.path):
+        raise bad(f"the database {parts.path.lstrip('/')!r} is not a number (use e.g. '/0')")
+    kept, prefixes = [], []
+    for item in parts.query.split("&") if parts.query else []:
+        name, _, value = item.partition("=")
+        if urllib.parse.unquote(name) == "prefix":
+            prefixes.append(urllib.parse.unquote(value))
+        else:
+            kept.append(item)  # handed on byte for byte: redis-py unquotes the values itself
+    if len(prefixes) > 1:
+        raise bad(f"'prefix' is given {len(prefixes)} times")
+    prefix = prefixes[0] if prefixes else DEFAULT_PREFIX
+    if not _PREFIX_RE.fullmatch(prefix):
+        raise bad(
+            f"the prefix {prefix!r} is not 1 to 100 of letters, digits and '_.:/|-' (e.g. 'dibs:' or "
+            "'team-a:dibs:')"
+        )
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), prefix

@@ -1,0 +1,239 @@
+"""The store contract: every store runs these tests (the ``store`` fixture is parametrized over
+``tests/backends``). They speak only the :class:`dibs.stores.Store` interface, so a new store joins
+by adding its backend module. Expiry is reached by polling the store's own clock, never by sleeping
+a fixed time and hoping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from dibs.errors import LeaseLost
+from dibs.keys import Key
+from dibs.records import Granted, Held, LeaseRecord, Present, checksum
+from dibs.stores import Store
+
+KEY = Key("contract.tests", "features/2026-11-25 ✓")
+
+
+def _complete(store: Store, lease: LeaseRecord, payload: bytes) -> None:
+    store.complete(lease.key, lease.token, "bytes", payload, checksum(payload))
+
+
+def _granted(outcome: object) -> LeaseRecord:
+    assert isinstance(outcome, Granted), outcome
+    return outcome.lease
+
+
+def _wait_until_expired(store: Store, lease: LeaseRecord, timeout: float = 30.0) -> None:
+    """Poll the store's clock until ``lease`` has expired on it."""
+    deadline = time.monotonic() + timeout
+    while store.read(lease.key).now < lease.expires_at:
+        assert time.monotonic() < deadline, "the store's clock never passed the lease's expiry"
+        time.sleep(0.05)
+
+
+def test_unknown_key_reads_as_free(store: Store) -> None:
+    state = store.read(KEY)
+    assert (state.status, state.fence, state.lease, state.artifact) == ("free", 0, None, None)
+    assert state.now > 1_600_000_000  # Unix seconds from the store's clock
+
+
+def test_first_caller_is_granted_others_see_the_holder(store: Store) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 30, None))
+    assert (lease.owner, lease.token.fence, lease.attempt) == ("alice", 1, 1)
+    assert lease.expires_at - lease.acquired_at == pytest.approx(30, abs=0.5)
+
+    held = store.acquire(KEY, "bob", 30, None)
+    assert isinstance(held, Held)
+    assert held.lease.owner == "alice" and held.lease.token == lease.token
+    assert held.now < held.lease.expires_at
+    assert store.read(KEY).status == "held"
+
+
+def test_same_owner_reenters_with_the_same_token_and_a_later_expiry(store: Store) -> None:
+    first = _granted(store.acquire(KEY, "alice", 5, None))
+    again = _granted(store.acquire(KEY, "alice", 30, None))
+    assert again.token == first.token
+    assert again.expires_at > first.expires_at
+
+
+def test_complete_stores_the_artifact_once_for_everyone(open_isolated_store: Callable[[], Store]) -> None:
+    writer, reader = open_isolated_store(), open_isolated_store()
+    lease = _granted(writer.acquire(KEY, "alice", 30, None))
+    stored = writer.complete(KEY, lease.token, "bytes", b"value", checksum(b"value"))
+    assert (stored.producer, stored.fence, stored.size) == ("alice", 1, 5)
+
+    seen = reader.acquire(KEY, "bob", 30, None)
+    assert isinstance(seen, Present)
+    assert seen.artifact.verified_payload(KEY) == b"value"
+    assert seen.artifact.producer == "alice"
+    assert reader.read(KEY).status == "done"
+
+
+def test_heartbeat_extends_and_is_refused_with_a_stale_token(store: Store) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 1, None))
+    extended = store.heartbeat(KEY, lease.token, 60)
+    assert extended.expires_at > lease.expires_at
+    assert extended.token == lease.token
+    _complete(store, lease, b"done")
+    with pytest.raises(LeaseLost, match="already completed by 'alice'"):
+        store.heartbeat(KEY, lease.token, 60)
+
+
+def test_expired_lease_is_taken_over_with_a_higher_fence(store: Store) -> None:
+    old = _granted(store.acquire(KEY, "alice", 0.3, None))
+    _wait_until_expired(store, old)
+    outcome = store.acquire(KEY, "bob", 30, None)
+    new = _granted(outcome)
+    assert isinstance(outcome, Granted) and outcome.took_over_from == "alice"
+    assert new.token.fence == old.token.fence + 1 and new.attempt == 2
+    assert new.token.lease_id != old.token.lease_id
+    # Exclusion on the store's clock: the new lease starts after the old one ended.
+    assert new.acquired_at >= old.expires_at
+
+
+def test_fenced_holder_cannot_overwrite_the_new_holders_artifact(store: Store) -> None:
+    old = _granted(store.acquire(KEY, "alice", 0.3, None))
+    _wait_until_expired(store, old)
+    new = _granted(store.acquire(KEY, "bob", 30, None))
+    with pytest.raises(LeaseLost, match="taken over by 'bob'"):
+        store.heartbeat(KEY, old.token, 30)
+    _complete(store, new, b"bob's")
+    with pytest.raises(LeaseLost):
+        _complete(store, old, b"alice's")
+    with pytest.raises(LeaseLost):
+        store.release(KEY, old.token, "late failure")
+    artifact = store.read(KEY).artifact
+    assert artifact is not None and artifact.verified_payload(KEY) == b"bob's" and artifact.producer == "bob"
+
+
+def test_expired_lease_nobody_took_is_still_current(store: Store) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 0.3, None))
+    _wait_until_expired(store, lease)
+    assert store.read(KEY).status == "expired"
+    _complete(store, lease, b"late but fine")
+    assert store.read(KEY).status == "done"
+
+
+def test_release_with_failure_frees_the_key_at_once_and_records_why(store: Store) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    store.release(KEY, lease.token, "ValueError: bad partition")
+    state = store.read(KEY)
+    assert state.status == "failed" and state.failure is not None
+    assert (state.failure.count, state.failure.owner) == (1, "alice")
+    assert "bad partition" in state.failure.error
+
+    outcome = store.acquire(KEY, "bob", 60, None)
+    assert isinstance(outcome, Granted) and outcome.failure is not None and outcome.failure.count == 1
+    assert outcome.lease.token.fence == 2
+    store.release(KEY, outcome.lease.token, "again")
+    failure = store.read(KEY).failure
+    assert failure is not None and failure.count == 2
+
+
+def test_release_without_error_records_no_failure(store: Store) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    store.release(KEY, lease.token)
+    state = store.read(KEY)
+    assert state.status == "free" and state.failure is None and state.fence == 1
+
+
+def test_force_release_fences_the_holder_out(store: Store) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    assert store.force_release(KEY) is True
+    assert store.force_release(KEY) is False
+    with pytest.raises(LeaseLost, match="released"):
+        _complete(store, lease, b"x")
+    assert _granted(store.acquire(KEY, "bob", 60, None)).token.fence == 2
+
+
+def test_forget_drops_the_artifact_and_the_fence_keeps_rising(store: Store) -> None:
+    first = _granted(store.acquire(KEY, "alice", 60, None))
+    _complete(store, first, b"v1")
+    assert store.forget(KEY) is True
+    assert store.forget(KEY) is False
+    assert store.read(KEY).artifact is None
+    second = _granted(store.acquire(KEY, "bob", 60, None))
+    assert second.token.fence == first.token.fence + 1
+    with pytest.raises(LeaseLost):
+        _complete(store, first, b"stale")
+    _complete(store, second, b"v2")
+    artifact = store.read(KEY).artifact
+    assert artifact is not None and artifact.verified_payload(KEY) == b"v2"
+
+
+def test_max_lease_age_caps_every_extension(store: Store) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 0.4, 0.8))
+    assert lease.max_expires_at == pytest.approx(lease.acquired_at + 0.8, abs=0.05)
+    deadline = time.monotonic() + 30
+    while True:  # heartbeat until the cap refuses us
+        try:
+            renewed = store.heartbeat(KEY, lease.token, 0.4)
+        except LeaseLost as exc:
+            assert "maximum age" in str(exc)
+            break
+        assert lease.max_expires_at is not None and renewed.expires_at <= lease.max_expires_at + 1e-6
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # Re-entry by the same owner does not reset the age either: the key is free for others now.
+    _wait_until_expired(store, lease)
+    assert _granted(store.acquire(KEY, "bob", 5, None)).owner == "bob"
+
+
+def test_list_filters_by_namespace_and_reap_clears_expired_leases(store: Store) -> None:
+    a, b, other = Key("contract.list", "a"), Key("contract.list", "b"), Key("contract.elsewhere", "a")
+    done = _granted(store.acquire(a, "alice", 60, None))
+    _complete(store, done, b"1")
+    short = _granted(store.acquire(b, "alice", 0.3, None))
+    store.acquire(other, "alice", 60, None)
+
+    listed = {state.key: state for state in store.list("contract.list")}
+    assert set(listed) == {a, b}
+    assert listed[a].status == "done"
+    assert {s.key for s in store.list()} >= {a, b, other}
+
+    _wait_until_expired(store, short)
+    assert store.reap("contract.list") == 1
+    assert store.read(b).status == "free"
+    assert store.read(other).status == "held"  # other namespace, live lease: untouched
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["x", "a/b/../../etc/passwd", "s3://bucket/part-0000.parquet", "naïve ✓ 特征", "n" * 1024, "   spaced  "],
+)
+def test_any_valid_name_round_trips(store: Store, name: str) -> None:
+    key = Key("contract.names", name)
+    lease = _granted(store.acquire(key, "alice", 60, None))
+    _complete(store, lease, name.encode())
+    artifact = store.read(key).artifact
+    assert artifact is not None and artifact.verified_payload(key) == name.encode()
+    assert key in {s.key for s in store.list("contract.names")}
+
+
+def test_large_and_empty_payloads_round_trip(store: Store) -> None:
+    big_key, empty_key = Key("contract.size", "big"), Key("contract.size", "empty")
+    big = bytes(range(256)) * (6 * 4096)  # 6 MiB
+    _complete(store, _granted(store.acquire(big_key, "alice", 60, None)), big)
+    _complete(store, _granted(store.acquire(empty_key, "alice", 60, None)), b"")
+    stored_big, stored_empty = store.read(big_key).artifact, store.read(empty_key).artifact
+    assert stored_big is not None and stored_big.verified_payload(big_key) == big
+    assert stored_empty is not None and stored_empty.verified_payload(empty_key) == b""
+
+
+def test_watch_is_woken_by_a_release_exactly_when_the_store_notifies(
+    open_isolated_store: Callable[[], Store],
+) -> None:
+    store, other = open_isolated_store(), open_isolated_store()
+    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    with other.watch(KEY) as watch:
+        releaser = threading.Timer(0.1, store.release, args=(KEY, lease.token, None))
+        releaser.start()
+        woke = watch.wait(60 if other.notifies else 0.3)
+        releaser.join()
+    assert woke is other.notifies

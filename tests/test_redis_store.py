@@ -1,0 +1,486 @@
+"""What is specific to the Redis store; the shared behaviour is in ``tests/contract``.
+
+Covered here: the Lua scripts are atomic when real OS processes race on one key, they follow the
+pure state machine of :mod:`dibs.stores.transitions` step for step, pub/sub wakes waiters, an
+unreachable server or a bad URL gives a clear error without secrets, and a foreign value at a dibs
+key is reported and left byte for byte as it was. Needs ``DIBS_TEST_REDIS_URL`` (skips otherwise).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import random
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import (
+    ArtifactRecord,
+    FailureRecord,
+    Granted,
+    Held,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    Present,
+    checksum,
+)
+from dibs.stores import open_store
+from dibs.stores.base import Store
+from dibs.stores.memory import MemoryStore
+from tests.backends.redis import isolated_url
+
+redis = pytest.importorskip("redis")
+from dibs.stores.redis import RedisStore  # noqa: E402 -- only once redis-py is known to be there
+
+SPAWN = multiprocessing.get_context("spawn")
+KEY = Key("redis.tests", "the key")
+GENEROUS = 60.0  # seconds; a healthy run never comes near it
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    with isolated_url(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def open_redis(redis_url: str) -> Iterator[Callable[[], RedisStore]]:
+    opened: list[RedisStore] = []
+
+    def opener() -> RedisStore:
+        store = RedisStore.from_url(redis_url)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_redis: Callable[[], RedisStore]) -> RedisStore:
+    return open_redis()
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[Any]:
+    """A plain redis-py client on the test's server, to look under the store."""
+    client = redis.Redis.from_url(redis_url.split("?", 1)[0])
+    yield client
+    client.close()
+
+
+def _granted(outcome: object) -> LeaseRecord:
+    assert isinstance(outcome, Granted), outcome
+    return outcome.lease
+
+
+def _complete(store: Store, lease: LeaseRecord, payload: bytes = b"value") -> ArtifactRecord:
+    return store.complete(lease.key, lease.token, "bytes", payload, checksum(payload))
+
+
+# -- real processes racing --------------------------------------------------------------------------
+
+
+def _race_worker(url: str, names: list[str], owner: str, ttl: float, rounds: int, start: Any, out: Any) -> None:
+    """Runs in a spawned child: acquire every name ``rounds`` times as soon as all children are ready."""
+    store = open_store(url)
+    try:
+        start.wait(GENEROUS)
+        seen = []
+        for round_ in range(rounds):
+            for name in names:
+                outcome = store.acquire(Key("redis.race", name), f"{owner}-{round_}", ttl, None)
+                kind = type(outcome).__name__
+                lease = outcome.lease if isinstance(outcome, Granted | Held) else None
+                seen.append((name, kind, None if lease is None else lease.token.fence, lease and lease.owner))
+        out.put((owner, seen))
+    except BaseException as exc:  # report instead of dying silently
+        out.put((owner, repr(exc)))
+    finally:
+        store.close()
+
+
+def _race(url: str, workers: int, names: list[str], ttl: float, rounds: int) -> list[tuple[str, str, int, str]]:
+    start, out = SPAWN.Barrier(workers), SPAWN.Queue()
+    children = [
+        SPAWN.Process(
+            target=_race_worker,
+            # each child walks the keys in its own order so that they collide all along the way
+            args=(url, names[w:] + names[:w], f"worker{w}", ttl, rounds, start, out),
+        )
+        for w in range(workers)
+    ]
+    for child in children:
+        child.start()
+    try:
+        reports = [out.get(timeout=GENEROUS * 2) for _ in children]
+    finally:
+        for child in children:
+            child.join(GENEROUS)
+    failed = [report for report in reports if isinstance(report[1], str)]
+    assert not failed, failed
+    return [entry for _, seen in reports for entry in seen]
+
+
+def test_racing_processes_get_exactly_one_grant_per_key(redis_url: str) -> None:
+    names = [f"k{i:02d}" for i in range(40)]
+    seen = _race(redis_url, workers=8, names=names, ttl=GENEROUS * 10, rounds=1)
+    grants = Counter(name for name, kind, _, _ in seen if kind == "Granted")
+    assert grants == Counter(names), "some key was granted more than once, or never"
+    winners = {name: owner for name, kind, _, owner in seen if kind == "Granted"}
+    for name, kind, fence, owner in seen:
+        assert fence == 1
+        if kind == "Held":
+            assert owner == winners[name]  # everybody else was told who holds it
+
+
+def test_racing_takeovers_hand_out_every_fence_exactly_once(redis_url: str) -> None:
+    # ttl=0: each lease is expired at once, so every acquire takes the key over and must get the next
+    # fence. A read-then-write race would hand one fence out twice or skip one.
+    workers, rounds = 6, 25
+    seen = _race(redis_url, workers=workers, names=["hot"], ttl=0, rounds=rounds)
+    assert {kind for _, kind, _, _ in seen} == {"Granted"}
+    assert sorted(fence for _, _, fence, _ in seen) == list(range(1, workers * rounds + 1))
+
+
+# -- the scripts follow transitions.py step for step ---------------------------------------------
+
+
+def _lease(lease: LeaseRecord | None) -> object:
+    if lease is None:
+        return None
+    return (lease.owner, lease.token.fence, lease.attempt, lease.ttl, lease.max_expires_at is not None)
+
+
+def _failure(failure: FailureRecord | None) -> object:
+    return None if failure is None else (failure.count, failure.error, failure.owner)
+
+
+def _artifact(artifact: ArtifactRecord | None) -> object:
+    if artifact is None:
+        return None
+    return (artifact.serializer, artifact.size, artifact.checksum, artifact.producer, artifact.fence)
+
+
+def _state(state: KeyState) -> object:
+    return (
+        state.status,
+        state.fence,
+        state.attempts,
+        _lease(state.lease),
+        _artifact(state.artifact),
+        _failure(state.failure),
+    )
+
+
+def _step(store: Store, tokens: list[LeaseToken], action: str, pick: random.Random) -> object:
+    """Do one random operation; return what it did in a form two stores can be compared by."""
+    owner = pick.choice(["alice", "bob", "carol"])
+    # ttl 0 (expired at once) or long (live for the whole test): outcomes never depend on timing.
+    ttl = pick.choice([0, GENEROUS * 10])
+    token = pick.choice(tokens) if tokens else LeaseToken(1, "never-granted")
+    try:
+        if action == "acquire":
+            outcome = store.acquire(KEY, owner, ttl, pick.choice([None, 0, GENEROUS * 10]))
+            if isinstance(outcome, Granted):
+                tokens.append(outcome.lease.token)
+                return ("granted", _lease(outcome.lease), _failure(outcome.failure), outcome.took_over_from)
+            if isinstance(outcome, Held):
+                return ("held", _lease(outcome.lease), _failure(outcome.failure))
+            assert isinstance(outcome, Present)
+            return ("present", _artifact(outcome.artifact), outcome.artifact.payload)
+        if action == "heartbeat":
+            return ("renewed", _lease(store.heartbeat(KEY, token, ttl)))
+        if action == "complete":
+            payload = pick.choice([b"", b"v", bytes(range(256))])
+            return ("completed", _artifact(store.complete(KEY, token, "bytes", payload, checksum(payload))))
+        if action == "release":
+            store.release(KEY, token, pick.choice([None, "boom", "x" * 5000]))
+            return ("released",)
+        if action == "force_release":
+            return ("forced", store.force_release(KEY))
+        if action == "forget":
+            return ("forgot", store.forget(KEY))
+        assert action == "reap"
+        return ("reaped", store.reap(KEY.namespace))
+    except LeaseLost as exc:
+        return ("lost", str(exc), exc.fields)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_scripts_match_the_reference_state_machine(store: RedisStore, seed: int) -> None:
+    reference = MemoryStore()  # transitions.py applied by the reference store
+    pick_redis, pick_reference = random.Random(seed), random.Random(seed)
+    tokens_redis: list[LeaseToken] = []
+    tokens_reference: list[LeaseToken] = []
+    actions = ["acquire"] * 4 + ["heartbeat", "complete", "release", "force_release", "forget", "reap"]
+    for number in range(120):
+        action = pick_redis.choice(actions)
+        assert pick_reference.choice(actions) == action
+        got = _step(store, tokens_redis, action, pick_redis)
+        expected = _step(reference, tokens_reference, action, pick_reference)
+        assert got == expected, f"step {number} ({action}) of seed {seed}"
+        assert _state(store.read(KEY)) == _state(reference.read(KEY)), f"after step {number} ({action})"
+
+
+def test_store_time_is_the_redis_servers_clock(store: RedisStore, raw: Any) -> None:
+    def server_now() -> float:
+        seconds, micros = raw.time()
+        return float(seconds) + micros / 1_000_000
+
+    before = server_now()
+    lease = _granted(store.acquire(KEY, "alice", 30, None))
+    after = server_now()
+    assert before <= lease.acquired_at <= after
+    assert lease.expires_at == lease.acquired_at + 30
+
+
+def test_scripts_survive_a_flushed_script_cache(store: RedisStore, raw: Any) -> None:
+    lease = _granted(store.acquire(KEY, "alice", 30, None))
+    raw.script_flush()  # a restart or failover forgets loaded scripts; redis-py loads them again
+    assert store.heartbeat(KEY, lease.token, 30).token == lease.token
+    _complete(store, lease)
+    assert store.read(KEY).status == "done"
+
+
+# -- pub/sub ----------------------------------------------------------------------------------------
+
+
+def _end_the_lease(store: RedisStore, lease: LeaseRecord, how: str) -> None:
+    if how == "complete":
+        _complete(store, lease)
+    elif how == "release":
+        store.release(KEY, lease.token)
+    elif how == "release with failure":
+        store.release(KEY, lease.token, "boom")
+    elif how == "force_release":
+        assert store.force_release(KEY)
+    else:
+        assert how == "complete, then forget"
+        _complete(store, lease)
+        assert store.forget(KEY)
+
+
+ENDINGS = ["complete", "release", "release with failure", "force_release", "complete, then forget"]
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+def test_a_change_between_the_read_and_the_wait_is_not_lost(
+    open_redis: Callable[[], RedisStore], how: str
+) -> None:
+    holder, waiter = open_redis(), open_redis()
+    assert waiter.notifies
+    lease = _granted(holder.acquire(KEY, "alice", 60, None))
+    with waiter.watch(KEY) as watch:
+        assert isinstance(waiter.acquire(KEY, "bob", 60, None), Held)
+        _end_the_lease(holder, lease, how)  # before the waiter gets to wait
+        assert watch.wait(GENEROUS) is True
+    assert not isinstance(waiter.acquire(KEY, "bob", 60, None), Held)
+
+
+@pytest.mark.parametrize("how", ["complete", "release"])
+def test_a_blocked_waiter_is_woken(open_redis: Callable[[], RedisStore], how: str) -> None:
+    holder, waiter = open_redis(), open_redis()
+    lease = _granted(holder.acquire(KEY, "alice", 60, None))
+    result: queue.Queue[bool] = queue.Queue()
+    with waiter.watch(KEY) as watch:
+        thread = threading.Thread(target=lambda: result.put(watch.wait(GENEROUS)))
+        thread.start()
+        _end_the_lease(holder, lease, how)
+        assert result.get(timeout=GENEROUS * 2) is True
+        thread.join(GENEROUS)
+
+
+def test_a_wake_drains_queued_changes_and_other_keys_do_not_wake(store: RedisStore) -> None:
+    other = Key("redis.tests", "another key")
+    with store.watch(KEY) as watch, store.watch(other) as other_watch:
+        for name in ("first", "second"):
+            _complete(store, _granted(store.acquire(Key(KEY.namespace, name), "alice", 60, None)))
+            store.forget(Key(KEY.namespace, name))
+        _complete(store, _granted(store.acquire(other, "alice", 60, None)))
+        assert other_watch.wait(GENEROUS) is True  # the publish reached the server's subscribers
+        lease = _granted(store.acquire(KEY, "alice", 60, None))
+        store.release(KEY, lease.token)
+        lease = _granted(store.acquire(KEY, "alice", 60, None))
+        store.release(KEY, lease.token)
+        assert watch.wait(GENEROUS) is True
+        # Both releases were seen by that one wake; nothing is left to wake on (a zero timeout only
+        # looks at what has already arrived).
+        assert other_watch.wait(0) is False
+    watch.close()  # closing twice is fine, and a closed watch does not block
+    assert watch.wait(GENEROUS) is False
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_unreachable_server_is_store_unavailable_without_the_password() -> None:
+    store = RedisStore.from_url(f"redis://dibs:s3cret-pw@127.0.0.1:{_closed_port()}/0?prefix=t:")
+    token = LeaseToken(1, "x")
+    calls: list[Callable[[], object]] = [
+        lambda: store.read(KEY),
+        lambda: store.acquire(KEY, "alice", 30, None),
+        lambda: store.heartbeat(KEY, token, 30),
+        lambda: store.complete(KEY, token, "bytes", b"", checksum(b"")),
+        lambda: store.release(KEY, token, "boom"),
+        lambda: store.force_release(KEY),
+        lambda: store.forget(KEY),
+        lambda: list(store.list()),
+        lambda: store.reap(),
+        lambda: store.watch(KEY),
+    ]
+    for call in calls:
+        with pytest.raises(StoreUnavailable) as caught:
+            call()
+        message = str(caught.value)
+        assert "s3cret" not in message and "s3cret" not in repr(caught.value.fields)
+        assert "redis://dibs:***@127.0.0.1" in message
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("redis://localhost:port/0", "Port could not be cast"),
+        ("redis://localhost/zero", "'zero' is not a number"),
+        ("redis://localhost/0?prefix=a*", "prefix 'a*'"),
+        ("redis://localhost/0?prefix=", "prefix ''"),
+        ("redis://localhost/0?prefix=a:&prefix=b:", "'prefix' is given 2 times"),
+        ("redis://localhost/0?no_such_option=1", "no_such_option"),
+        ("redis://localhost/0?socket_timeout=soon", "socket_timeout"),
+        ("memcached://localhost/0", "'memcached'"),
+    ],
+)
+def test_bad_urls_name_what_is_wrong(url: str, named: str) -> None:
+    with pytest.raises(ConfigurationError, match="expected 'redis://") as caught:
+        RedisStore.from_url(url)
+    assert named in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://dibs:s3cret@localhost:6379/0?prefix=p:",
+        "redis://:s3cret@localhost:6379/0",
+        "rediss://dibs:s3cret@localhost:6380/0",
+        "redis://dibs:s3c@ret@localhost:6379/0",  # an unescaped '@' inside the password
+        "redis://localhost:6379/0?password=s3cret",
+        "redis://dibs:s3cret@localhost:6379/0?no_such_option=1",  # the error's message, too
+    ],
+)
+def test_urls_and_errors_never_show_the_password(url: str) -> None:
+    try:
+        store = open_store(url)
+    except ConfigurationError as exc:
+        shown = str(exc)
+    else:
+        assert isinstance(store, RedisStore)
+        shown = f"{store.url} {store!r}"
+        store.close()
+    assert "s3c" not in shown and "ret@" not in shown
+    assert "***" in shown
+
+
+def test_invalid_ttls_are_configuration_errors(store: RedisStore) -> None:
+    for ttl in (float("nan"), float("inf"), "30"):
+        with pytest.raises(ConfigurationError, match="ttl"):
+            store.acquire(KEY, "alice", ttl, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="max_lease_age"):
+        store.acquire(KEY, "alice", 30, float("inf"))
+    assert store.read(KEY).status == "free"
+
+
+# -- corrupted and foreign data ---------------------------------------------------------------------
+
+
+def _plant(raw: Any, redis_key: str, kind: str) -> None:
+    """Write something that is not a dibs record of KEY at its Redis key."""
+    good = {"format": "dibs.redis/1", "namespace": KEY.namespace, "name": KEY.name, "fence": "3", "attempts": "3"}
+    if kind == "a string":
+        raw.set(redis_key, b"\x00\xffnot a record")
+    elif kind == "a list":
+        raw.rpush(redis_key, "a", "b")
+    elif kind == "a foreign hash":
+        raw.hset(redis_key, mapping={"user": "someone else's", "visits": "12"})
+    elif kind == "a newer format":
+        raw.hset(redis_key, mapping={**good, "format": "dibs.redis/99"})
+    elif kind == "a damaged number":
+        raw.hset(redis_key, mapping={**good, "fence": "three"})
+    elif kind == "another key's record":
+        raw.hset(redis_key, mapping={**good, "name": "some other key"})
+    elif kind == "half a lease":
+        raw.hset(redis_key, mapping={**good, "lease_owner": "alice", "lease_fence": "3"})
+    else:
+        assert kind == "an artifact without payload"
+        artifact = {
+            "artifact_serializer": "bytes",
+            "artifact_size": "1",
+            "artifact_checksum": checksum(b"x"),
+            "artifact_producer": "alice",
+            "artifact_fence": "3",
+            "artifact_created_at": "1700000000",
+        }
+        raw.hset(redis_key, mapping={**good, **artifact})
+
+
+def _snapshot(raw: Any, redis_key: str) -> object:
+    # Not DUMP: a hash's serialized field order changes when Redis rehashes it, content does not.
+    kind = raw.type(redis_key)
+    content = {b"string": raw.get, b"list": lambda k: raw.lrange(k, 0, -1), b"hash": raw.hgetall}[kind]
+    return kind, content(redis_key), raw.pttl(redis_key)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "a string",
+        "a list",
+        "a foreign hash",
+        "a newer format",
+        "a damaged number",
+        "another key's record",
+        "half a lease",
+        "an artifact without payload",
+    ],
+)
+def test_foreign_or_damaged_records_are_reported_and_left_untouched(
+    store: RedisStore, raw: Any, kind: str
+) -> None:
+    redis_key = store.record_key(KEY)
+    _plant(raw, redis_key, kind)
+    before = _snapshot(raw, redis_key)
+    token = LeaseToken(3, "x")
+    calls: list[Callable[[], object]] = [
+        lambda: store.read(KEY),
+        lambda: store.acquire(KEY, "alice", 30, None),
+        lambda: store.heartbeat(KEY, token, 30),
+        lambda: store.complete(KEY, token, "bytes", b"x", checksum(b"x")),
+        lambda: store.release(KEY, token, "boom"),
+        lambda: store.force_release(KEY),
+        lambda: store.forget(KEY),
+        lambda: list(store.list()),
+        lambda: store.reap(),
+    ]
+    for call in calls:
+        with pytest.raises(CorruptRecord, match="left untouched") as caught:
+            call()
+        assert redis_key in str(caught.value)
+    assert _snapshot(raw, redis_key) == before
+    # Other keys are not affected by one bad record.
+    _complete(store, _granted(store.acquire(Key("redis.tests", "fine"), "alice", 30, None)))

@@ -1,0 +1,87 @@
+"""Code that runs in child OS processes of the multi-process tests (importable under ``spawn``).
+
+Children report through files in a folder the test owns, so the parent never depends on a child
+living long enough to send something back through a pipe (some of them are killed on purpose).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import dibs
+
+
+def _append(path: Path, line: dict[str, Any]) -> None:
+    # O_APPEND writes of one short line are atomic on POSIX: racing children never interleave.
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def race_keys(url: str, keys: list[str], folder: str, worker: int, start_at: float) -> None:
+    """Compute every key through ``run``; log each execution and each value obtained."""
+    out = Path(folder)
+    client = dibs.Reservations(url, namespace="race", ttl=30)
+    while time.time() < start_at:  # line the racers up so they really collide
+        time.sleep(0.001)
+
+    def compute(key: str) -> str:
+        _append(out / "executions.jsonl", {"key": key, "worker": worker})
+        return f"value-of-{key}"
+
+    results = {key: client.run(key, compute, key) for key in keys}
+    _append(out / f"results-{worker}.jsonl", {"results": results})
+    client.close()
+
+
+def hold_forever(url: str, key: str, folder: str, ttl: float) -> None:
+    """Acquire ``key``, keep it alive with heartbeats, announce it, and never finish (to be killed)."""
+    client = dibs.Reservations(url, namespace="faults", ttl=ttl)
+    outcome = client.get_or_reserve(key, owner=f"holder-{os.getpid()}")
+    assert isinstance(outcome, dibs.Acquired), outcome
+    with outcome.lease.keep_alive():
+        _append(Path(folder) / "holder.jsonl", {"pid": os.getpid(), "lease": outcome.lease.export()})
+        while True:
+            time.sleep(0.05)
+
+
+def hold_then_finish_on_signal(url: str, key: str, folder: str, ttl: float) -> None:
+    """Acquire ``key`` with heartbeats, announce it, then (once ``go`` exists) try to finish it.
+
+    The test pauses this process with SIGSTOP past its ttl, lets another holder complete, resumes
+    it with SIGCONT and creates ``go``: the stale heartbeat and complete must both be refused.
+    """
+    out = Path(folder)
+    client = dibs.Reservations(url, namespace="faults", ttl=ttl)
+    outcome = client.get_or_reserve(key, owner=f"paused-{os.getpid()}")
+    assert isinstance(outcome, dibs.Acquired), outcome
+    lease = outcome.lease
+    _append(out / "holder.jsonl", {"pid": os.getpid(), "token": lease.token})
+    while not (out / "go").exists():
+        time.sleep(0.01)
+    report: dict[str, Any] = {}
+    for action, call in (("heartbeat", lease.heartbeat), ("complete", lambda: lease.complete("stale value"))):
+        try:
+            call()
+            report[action] = "accepted"
+        except dibs.LeaseLost as exc:
+            report[action] = f"LeaseLost: {exc}"
+    _append(out / "paused-report.jsonl", report)
+
+
+def acquire_and_exit(url: str, key: str, owner: str, folder: str) -> None:
+    """Take a lease as ``owner`` and exit without releasing it (a crash before any cleanup)."""
+    client = dibs.Reservations(url, namespace="faults", ttl=60)
+    outcome = client.get_or_reserve(key, owner=owner)
+    assert isinstance(outcome, dibs.Acquired), outcome
+    _append(Path(folder) / "first.jsonl", {"token": outcome.lease.token})
+    os._exit(0)
