@@ -273,6 +273,9 @@ class Reservations:
                 raise
         try:
             lease.complete(value)
+        except SerializationError as exc:
+            _release_quietly(lease, exc)  # the value cannot be stored: free the key for a waiter
+            raise
         except LeaseLost as exc:
             # Fenced out: someone else owns the key now. Our value is still right for our own caller.
             log.warning("%s: computed, but not stored: %s", k, exc)

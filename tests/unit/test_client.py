@@ -1,0 +1,239 @@
+"""Client policy over the in-memory store: outcomes, run/compute, failures, hand-off, settings."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+import dibs
+from dibs.stores.memory import MemoryStore
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def client(clock: FakeClock) -> dibs.Reservations:
+    return dibs.Reservations(MemoryStore(clock=clock), namespace="unit", ttl=30)
+
+
+def test_get_or_reserve_answers_hit_acquired_busy(client: dibs.Reservations) -> None:
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired) and got.lease.owner == "alice" and got.lease.token == 1
+    busy = client.get_or_reserve("k", owner="bob")
+    assert isinstance(busy, dibs.Busy)
+    assert (busy.holder, busy.attempt, busy.remaining) == ("alice", 1, 30)
+    got.lease.complete({"rows": 3})
+    hit = client.get_or_reserve("k", owner="bob")
+    assert isinstance(hit, dibs.Hit)
+    assert (hit.value, hit.producer, hit.token, hit.serializer) == ({"rows": 3}, "alice", 1, "json")
+
+
+def test_expiry_follows_the_store_clock_not_sleeps(client: dibs.Reservations, clock: FakeClock) -> None:
+    first = client.get_or_reserve("k", owner="alice")
+    assert isinstance(first, dibs.Acquired)
+    clock.now += 29.9
+    assert isinstance(client.get_or_reserve("k", owner="bob"), dibs.Busy)
+    clock.now += 0.2
+    second = client.get_or_reserve("k", owner="bob")
+    assert isinstance(second, dibs.Acquired) and second.took_over_from == "alice" and second.lease.token == 2
+    with pytest.raises(dibs.LeaseLost, match="taken over by 'bob' with token 2"):
+        first.lease.complete("stale")
+
+
+def test_run_computes_once_and_returns_the_stored_value_after(client: dibs.Reservations) -> None:
+    calls: list[int] = []
+
+    def work(x: int) -> int:
+        calls.append(x)
+        return x * 2
+
+    assert client.run("double", work, 21) == 42
+    assert client.run("double", work, 99) == 42  # same key: the artifact, not a new computation
+    assert calls == [21]
+    report = client.compute("double", work, args=(1,))
+    assert (report.role, report.value, report.producer) == ("hit", 42, report.producer)
+
+
+def test_run_releases_with_the_failure_and_reraises(client: dibs.Reservations) -> None:
+    def fail() -> None:
+        raise KeyError("partition 7")
+
+    with pytest.raises(KeyError):
+        client.run("flaky", fail)
+    state = client.status("flaky")
+    assert state.status == "failed" and state.failure is not None and "partition 7" in state.failure.error
+    assert client.run("flaky", lambda: "second try") == "second try"
+
+
+def test_max_failures_stops_a_thundering_retry_until_forgotten(clock: FakeClock) -> None:
+    client = dibs.Reservations(MemoryStore(clock=clock), ttl=30, max_failures=2)
+
+    def fail() -> None:
+        raise RuntimeError("bad input")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            client.run("k", fail)
+    with pytest.raises(dibs.TooManyFailures, match="failed 2 times.*bad input.*dibs forget"):
+        client.run("k", fail)
+    assert client.status("k").lease is None  # refusing did not leave a lease behind
+    client.forget("k")
+    assert client.run("k", lambda: "ok") == "ok"
+
+
+def test_a_value_that_cannot_be_stored_releases_the_lease(client: dibs.Reservations) -> None:
+    with pytest.raises(dibs.SerializationError, match="as JSON"):
+        client.run("k", lambda: {1, 2})
+    assert client.status("k").lease is None
+
+
+def test_reserved_decorator_derives_keys_from_arguments(client: dibs.Reservations) -> None:
+    calls: list[tuple[str, int]] = []
+
+    @client.reserved(version="1")
+    def features(day: str, limit: int = 10) -> list[str]:
+        calls.append((day, limit))
+        return [day] * 2
+
+    assert features("2026-11-25") == ["2026-11-25"] * 2
+    assert features(day="2026-11-25", limit=10) == ["2026-11-25"] * 2
+    assert features("2026-11-26") == ["2026-11-26"] * 2
+    assert calls == [("2026-11-25", 10), ("2026-11-26", 10)]
+    names = {s.key.name for s in client.list()}
+    assert len(names) == 2 and all("features@1:" in n for n in names)
+
+
+def test_reserved_decorator_with_a_key_template(client: dibs.Reservations) -> None:
+    @client.reserved(key="daily-{day}")
+    def daily(day: str) -> str:
+        return day.upper()
+
+    assert daily("mon") == "MON"
+    assert client.status("daily-mon").status == "done"
+
+
+def test_exported_lease_resumes_in_another_client_and_refuses_when_stolen(
+    client: dibs.Reservations, clock: FakeClock
+) -> None:
+    got = client.get_or_reserve("handoff", owner="orchestrator")
+    assert isinstance(got, dibs.Acquired)
+    exported = got.lease.export()
+    remote = dibs.Reservations(client.store, namespace="unit", ttl=30)
+    resumed = remote.resume(exported)
+    assert resumed.token == got.lease.token
+    resumed.heartbeat()  # both sides may keep it alive
+    got.lease.heartbeat()
+
+    clock.now += 31
+    assert isinstance(client.get_or_reserve("handoff", owner="usurper"), dibs.Acquired)
+    with pytest.raises(dibs.LeaseLost, match="cannot resume.*usurper"):
+        remote.resume(exported)
+    with pytest.raises(dibs.ConfigurationError, match="not an exported dibs lease"):
+        remote.resume("garbage")
+
+
+def test_keep_alive_reports_a_lost_lease_to_the_work(client: dibs.Reservations) -> None:
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired)
+    told = threading.Event()
+    with got.lease.keep_alive(interval=0.01, on_lost=lambda _: told.set()) as keeper:
+        client.force_release("k")
+        assert told.wait(30)
+        with pytest.raises(dibs.LeaseLost, match="released"):
+            keeper.check()
+
+
+def test_wait_times_out_naming_the_holder(client: dibs.Reservations) -> None:
+    client.get_or_reserve("k", owner="slowpoke")
+    with pytest.raises(dibs.WaitTimeout, match="held by 'slowpoke'"):
+        client.acquire("k", owner="me", timeout=0.05)
+    with pytest.raises(dibs.WaitTimeout, match="slowpoke"):
+        client.wait("k", timeout=0.05)
+    assert client.wait("free-key", timeout=0.05) is None
+    with pytest.raises(dibs.WaitTimeout, match="not computed yet"):
+        client.wait("free-key", timeout=0.05, for_artifact=True)
+
+
+def test_async_face_uses_the_same_store(client: dibs.Reservations) -> None:
+    async def scenario() -> tuple[object, object]:
+        aio = client.aio()
+        got = await aio.get_or_reserve("a", owner="x")
+        assert isinstance(got, dibs.Acquired)
+        got.lease.complete(5)
+        return await aio.acquire("a"), await aio.wait("a")
+
+    acquired, waited = asyncio.run(scenario())
+    assert isinstance(acquired, dibs.Hit) and acquired.value == 5
+    assert isinstance(waited, dibs.Hit) and waited.value == 5
+
+
+def test_pickle_artifacts_need_the_signing_key_to_be_read(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    writer = dibs.Reservations(store, serializer="pickle", signing_key="s" * 32)
+    assert writer.run("p", lambda: {3, 4}) == {3, 4}
+    with pytest.raises(dibs.SerializationError, match="cannot read safely"):
+        dibs.Reservations(store).get_or_reserve("p")
+    reader = dibs.Reservations(store, signing_key="s" * 32)
+    hit = reader.get_or_reserve("p")
+    assert isinstance(hit, dibs.Hit) and hit.value == {3, 4}
+
+
+def test_store_unavailable_policy_run_computes_unreserved(clock: FakeClock) -> None:
+    class Down(MemoryStore):
+        def acquire(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            raise dibs.StoreUnavailable("store down")
+
+    failing = dibs.Reservations(Down(clock=clock))
+    with pytest.raises(dibs.StoreUnavailable):
+        failing.run("k", lambda: 1)
+    lenient = dibs.Reservations(Down(clock=clock), on_store_unavailable="run")
+    report = lenient.compute("k", lambda: 7)
+    assert (report.role, report.value, report.stored) == ("unreserved", 7, False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ttl": 0}, "ttl must be a finite number of seconds greater than 0, got 0"),
+        ({"ttl": "60"}, "ttl must be a number of seconds, got '60'"),
+        ({"ttl": float("nan")}, "ttl must be a number"),
+        ({"ttl": 10, "heartbeat_interval": 10}, "must be shorter than ttl"),
+        ({"ttl": 10, "max_lease_age": 5}, "must be at least the ttl"),
+        ({"namespace": "bad name"}, "invalid namespace 'bad name'"),
+        ({"max_failures": 0}, "max_failures must be a positive integer"),
+        ({"on_store_unavailable": "ignore"}, "must be 'fail' or 'run'"),
+    ],
+)
+def test_bad_settings_are_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(dibs.ConfigurationError, match=message.replace("(", r"\(")):
+        dibs.Reservations("memory://settings", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("not a url", "is not a URL"),
+        ("ftp://host/x", "unknown store scheme 'ftp'"),
+        ("sqlite://", "names no file"),
+        ("sqlite:////nonexistent-dir/sub/dibs.db", "does not exist"),
+        ("sqlite:///x.db?synchronous=SOMETIMES", "synchronous='SOMETIMES'"),
+        ("postgresql://u:hunter2@127.0.0.1:1/db", "127.0.0.1"),
+    ],
+)
+def test_bad_store_urls_get_clear_errors_without_secrets(url: str, message: str) -> None:
+    with pytest.raises(dibs.ReservationError, match=message) as info:
+        dibs.Reservations(url)
+    assert "hunter2" not in str(info.value)

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from dibs import InvalidKey, Key
+from dibs.keys import MAX_NAME_LENGTH, canonical_json, derive_key, digest, format_key
+
+
+@pytest.mark.parametrize("namespace", ["default", "team.features", "a-b_c.d9", "X"])
+def test_valid_namespaces(namespace: str) -> None:
+    assert Key(namespace, "k").namespace == namespace
+
+
+@pytest.mark.parametrize(
+    "namespace", ["", ".", "a..b", "a.", ".a", "a/b", "../etc", "has space", "é", "x" * 201, "-lead"]
+)
+def test_invalid_namespaces_name_the_value_and_the_rule(namespace: str) -> None:
+    with pytest.raises(InvalidKey, match="namespace") as info:
+        Key(namespace, "k")
+    assert repr(namespace)[:20] in str(info.value) or len(namespace) > 60
+
+
+@pytest.mark.parametrize("name", ["", "\x00", "line\nbreak", "tab\there", "x" * (MAX_NAME_LENGTH + 1)])
+def test_invalid_names(name: str) -> None:
+    with pytest.raises(InvalidKey):
+        Key("default", name)
+
+
+def test_non_string_parts_are_refused_clearly() -> None:
+    with pytest.raises(InvalidKey, match="must be a string, got int"):
+        Key("default", 42)  # type: ignore[arg-type]
+
+
+def test_digest_addresses_differ_for_namespace_and_name_boundaries() -> None:
+    assert Key("a.b", "c").digest != Key("a", "b.c").digest
+    assert len(Key("a", "b").digest) == 64
+
+
+def test_canonical_digest_ignores_order_and_representation() -> None:
+    assert digest({"b": 1, "a": [1, 2]}) == digest({"a": [1, 2], "b": 1})
+    assert digest({1, 2, 3}) == digest({3, 2, 1})
+    assert digest((1, 2)) == digest([1, 2])
+    assert digest({"a": 1}) != digest({"a": 2})
+    assert digest(dt.date(2026, 11, 25)) != digest("2026-11-25")
+    assert canonical_json(float("nan")) == canonical_json(float("nan"))
+
+
+def test_digest_of_dataclasses_and_unsupported_types() -> None:
+    @dataclasses.dataclass
+    class Window:
+        start: str
+        days: int
+
+    assert digest(Window("2026-11-01", 7)) == digest(Window("2026-11-01", 7))
+    assert digest(Window("2026-11-01", 7)) != digest(Window("2026-11-01", 8))
+    with pytest.raises(TypeError, match="give the key explicitly"):
+        digest(object())
+
+
+def build(day: str, region: str = "eu", *, verbose: bool = False) -> str:
+    return f"{day}-{region}"
+
+
+def test_derived_keys_bind_arguments_to_the_signature() -> None:
+    a = derive_key(build, ("2026-11-25",), {})
+    b = derive_key(build, (), {"day": "2026-11-25", "region": "eu"})
+    assert a == b
+    assert a.startswith("tests.unit.test_keys.build:")
+    assert derive_key(build, ("2026-11-26",), {}) != a
+    assert derive_key(build, ("2026-11-25",), {}, version="2") != a
+    assert "@2:" in derive_key(build, ("2026-11-25",), {}, version="2")
+    quiet = derive_key(build, ("d",), {}, exclude=("verbose",))
+    assert derive_key(build, ("d",), {"verbose": True}, exclude=("verbose",)) == quiet
+    assert derive_key(build, ("d",), {"verbose": True}) != derive_key(build, ("d",), {})
+
+
+def test_key_templates_are_filled_from_the_call() -> None:
+    assert format_key("features-{day}-{region}", build, ("2026-11-25",), {}) == "features-2026-11-25-eu"
+    with pytest.raises(InvalidKey, match="must name parameters: day, region, verbose"):
+        format_key("features-{missing}", build, ("x",), {})
