@@ -14,7 +14,9 @@ DIBS = [sys.executable, "-m", "dibs"]
 
 def dibs(*args: str, store: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     command, *rest = args
-    result = subprocess.run([*DIBS, command, "--store", store, *rest], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*DIBS, command, "--store", store, *rest], capture_output=True, text=True, timeout=120, check=False
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"dibs {' '.join(args)} exited {result.returncode}: {result.stderr}")
     return result
@@ -25,15 +27,30 @@ def store(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'cli.db'}"
 
 
-def test_concurrent_runs_execute_the_command_once_and_all_print_its_output(store: str, tmp_path: Path) -> None:
+def test_concurrent_runs_execute_the_command_once_and_all_print_its_output(
+    store: str, tmp_path: Path
+) -> None:
     log = tmp_path / "executions.log"
     script = (
         "import pathlib, time; "
         f"pathlib.Path({str(log)!r}).open('a').write('ran\\n'); "
         "time.sleep(1.5); print('features: 1234 rows'); print('checksum: abc')"
     )
-    command = [*DIBS, "run", "--store", store, "--key", "features-2026-11-25", "--", sys.executable, "-c", script]
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(5)]
+    command = [
+        *DIBS,
+        "run",
+        "--store",
+        store,
+        "--key",
+        "features-2026-11-25",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+    ]
+    runs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(5)
+    ]
     outputs = [run.communicate(timeout=120) for run in runs]
     assert [run.returncode for run in runs] == [0] * 5, [err for _, err in outputs]
     assert log.read_text() == "ran\n"
@@ -44,7 +61,9 @@ def test_concurrent_runs_execute_the_command_once_and_all_print_its_output(store
 
 
 def test_a_failing_command_keeps_its_status_and_frees_the_key(store: str) -> None:
-    failed = dibs("run", "--key", "k", "--", sys.executable, "-c", "import sys; sys.exit(3)", store=store, check=False)
+    failed = dibs(
+        "run", "--key", "k", "--", sys.executable, "-c", "import sys; sys.exit(3)", store=store, check=False
+    )
     assert failed.returncode == 3
     shown = json.loads(dibs("show", "k", "--json", store=store).stdout)
     assert shown["status"] == "failed" and shown["failures"] == 1 and "status 3" in shown["last_error"]

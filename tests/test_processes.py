@@ -57,12 +57,15 @@ def test_racing_processes_compute_each_key_exactly_once(process_store_url: str, 
     for worker in range(processes):
         (report,) = workers.read_lines(tmp_path / f"results-{worker}.jsonl")
         assert report["results"] == {key: f"value-of-{key}" for key in keys}
-    print(f"\n{processes} processes x {key_count} keys on {process_store_url.split(':')[0]}: {elapsed:.2f}s")
+    store = process_store_url.split(":", maxsplit=1)[0]
+    print(f"\n{processes} processes x {key_count} keys on {store}: {elapsed:.2f}s")
 
 
 def test_a_killed_holder_is_taken_over_after_its_ttl(process_store_url: str, tmp_path: Path) -> None:
     ttl = 1.5
-    holder = SPAWN.Process(target=workers.hold_forever, args=(process_store_url, "killed", str(tmp_path), ttl))
+    holder = SPAWN.Process(
+        target=workers.hold_forever, args=(process_store_url, "killed", str(tmp_path), ttl)
+    )
     holder.start()
     try:
         (announced,) = _wait_for(tmp_path / "holder.jsonl")
@@ -83,7 +86,8 @@ def test_a_killed_holder_is_taken_over_after_its_ttl(process_store_url: str, tmp
     assert got.took_over_from == last.owner
     assert got.lease.token == last.token.fence + 1
     assert got.lease.record.acquired_at >= last.expires_at  # exclusion, on the store's clock
-    print(f"\ntakeover after SIGKILL on {process_store_url.split(':')[0]}: {takeover:.2f}s (ttl {ttl}s)")
+    store = process_store_url.split(":", maxsplit=1)[0]
+    print(f"\ntakeover after SIGKILL on {store}: {takeover:.2f}s (ttl {ttl}s)")
     got.lease.complete("recovered")
     assert client.run("killed", lambda: "never runs") == "recovered"
 
@@ -110,15 +114,21 @@ def test_a_paused_holder_is_fenced_out_when_it_resumes(process_store_url: str, t
             os.kill(paused.pid or 0, signal.SIGCONT)
             paused.kill()
     assert got.lease.token > announced["token"]
-    assert str(report["heartbeat"]).startswith("LeaseLost") and "already completed" in str(report["heartbeat"])
+    assert str(report["heartbeat"]).startswith("LeaseLost") and "already completed" in str(
+        report["heartbeat"]
+    )
     assert str(report["complete"]).startswith("LeaseLost")
     hit = client.get_or_reserve("paused")
     assert isinstance(hit, dibs.Hit) and hit.value == "fresh value" and hit.producer == "successor"
 
 
-def test_the_same_logical_owner_reenters_after_its_process_died(process_store_url: str, tmp_path: Path) -> None:
+def test_the_same_logical_owner_reenters_after_its_process_died(
+    process_store_url: str, tmp_path: Path
+) -> None:
     owner = "dag=features/run=2026-11-25/task=build/map=-1"
-    first = SPAWN.Process(target=workers.acquire_and_exit, args=(process_store_url, "retry", owner, str(tmp_path)))
+    first = SPAWN.Process(
+        target=workers.acquire_and_exit, args=(process_store_url, "retry", owner, str(tmp_path))
+    )
     first.start()
     first.join(timeout=60)
     (line,) = workers.read_lines(tmp_path / "first.jsonl")

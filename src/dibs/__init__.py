@@ -50,6 +50,7 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "ReservationError",
+    "Reservations",
     "RunReport",
     "SerializationError",
     "Serializer",

@@ -32,7 +32,9 @@ EXIT_ERROR = 2
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", metavar="URL", help=f"store URL (default: ${STORE_URL_ENV}, else the embedded SQLite)")
+    common.add_argument(
+        "--store", metavar="URL", help=f"store URL (default: ${STORE_URL_ENV}, else the embedded SQLite)"
+    )
     common.add_argument("--namespace", "-n", default="default", help="key namespace (default: %(default)s)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -164,7 +166,9 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         return 0
     if args.command == "ls":
         states = list(client.list(all_namespaces=args.all))
-        _emit(args, [_summary(s) for s in states], ["namespace", "key", "status", "holder", "token", "detail"])
+        _emit(
+            args, [_summary(s) for s in states], ["namespace", "key", "status", "holder", "token", "detail"]
+        )
         return 0
     if args.command == "show":
         state = client.status(args.key)

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, Self, TypeVar, overload
+from typing import Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
 
 from dibs import keys
 from dibs.config import default_owner, default_store_url, validate_seconds
@@ -41,6 +41,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 StoreUnavailablePolicy = Literal["fail", "run"]
+
+
+class _Decorator(Protocol):
+    def __call__(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 
 class Reservations:
@@ -81,7 +85,8 @@ class Reservations:
         self.heartbeat_interval = interval if interval is not None else self.ttl / 3
         if self.heartbeat_interval >= self.ttl:
             raise ConfigurationError(
-                f"heartbeat_interval ({self.heartbeat_interval:g}s) must be shorter than ttl ({self.ttl:g}s), "
+                f"heartbeat_interval ({self.heartbeat_interval:g}s) must be shorter than "
+                f"ttl ({self.ttl:g}s), "
                 "or the lease expires between heartbeats; a third of the ttl is a good choice",
                 setting="heartbeat_interval",
             )
@@ -191,7 +196,9 @@ class Reservations:
         outcome = self.store.acquire(k, owner or default_owner(), self.ttl, self.max_lease_age)
         return self._to_outcome(k, outcome)
 
-    def acquire(self, key: str | Key, owner: str | None = None, *, timeout: float | None = None) -> Hit | Acquired:
+    def acquire(
+        self, key: str | Key, owner: str | None = None, *, timeout: float | None = None
+    ) -> Hit | Acquired:
         """Wait (backing off, or woken by the store) until the key is done or yours.
 
         :raises WaitTimeout: after ``timeout`` seconds of someone else holding the key.
@@ -200,7 +207,9 @@ class Reservations:
         ask = AskAcquire(k, owner or default_owner(), self.ttl, self.max_lease_age)
         deadline = Deadline(timeout)
         with self.store.watch(k) as watch:
-            outcome, _ = drive(acquire_until(ask, deadline, self.backoff, notifies=self.store.notifies), self.store, watch)
+            outcome, _ = drive(
+                acquire_until(ask, deadline, self.backoff, notifies=self.store.notifies), self.store, watch
+            )
         result = self._to_outcome(k, outcome)
         if isinstance(result, Busy):
             raise _wait_timeout(result, deadline)
@@ -264,7 +273,9 @@ class Reservations:
             return RunReport(k, got.value, role, got.token, got.producer, waited_seconds=waited)
         lease = got.lease
         if got.took_over_from:
-            log.warning("%s: took over the expired lease of %s (token %s)", k, got.took_over_from, lease.token)
+            log.warning(
+                "%s: took over the expired lease of %s (token %s)", k, got.took_over_from, lease.token
+            )
         with lease.keep_alive():
             try:
                 value = fn(*args, **(kwargs or {}))
@@ -294,18 +305,24 @@ class Reservations:
 
     @overload
     def reserved(
-        self, *, key: str | None = None, version: str | None = None, exclude: tuple[str, ...] = ()
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-    def reserved(
         self,
-        fn: Callable[P, R] | None = None,
+        fn: None = None,
         /,
         *,
         key: str | None = None,
         version: str | None = None,
         exclude: tuple[str, ...] = (),
-    ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+    ) -> _Decorator: ...
+
+    def reserved(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        key: str | None = None,
+        version: str | None = None,
+        exclude: tuple[str, ...] = (),
+    ) -> Any:
         """Decorator: each distinct call computes once; the key is the function's identity, ``version``
         and a canonical digest of its arguments (or ``key``, formatted with the arguments)."""
 
@@ -369,12 +386,18 @@ class AsyncReservations:
         outcome = await self.store.acquire(k, owner or default_owner(), c.ttl, c.max_lease_age)
         return c._to_outcome(k, outcome)
 
-    async def acquire(self, key: str | Key, owner: str | None = None, *, timeout: float | None = None) -> Hit | Acquired:
+    async def acquire(
+        self, key: str | Key, owner: str | None = None, *, timeout: float | None = None
+    ) -> Hit | Acquired:
         c = self.client
         k = c.key(key)
         deadline = Deadline(timeout)
-        loop = acquire_until(AskAcquire(k, owner or default_owner(), c.ttl, c.max_lease_age), deadline, c.backoff,
-                             notifies=c.store.notifies)
+        loop = acquire_until(
+            AskAcquire(k, owner or default_owner(), c.ttl, c.max_lease_age),
+            deadline,
+            c.backoff,
+            notifies=c.store.notifies,
+        )
         watch = await self.store.watch(k)
         try:
             outcome, _ = await adrive(loop, self.store, watch)
@@ -385,7 +408,9 @@ class AsyncReservations:
             raise _wait_timeout(result, deadline)
         return result
 
-    async def wait(self, key: str | Key, *, timeout: float | None = None, for_artifact: bool = False) -> Hit | None:
+    async def wait(
+        self, key: str | Key, *, timeout: float | None = None, for_artifact: bool = False
+    ) -> Hit | None:
         c = self.client
         k = c.key(key)
         deadline = Deadline(timeout)

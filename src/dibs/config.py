@@ -53,7 +53,9 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
 
 
-def validate_seconds(name: str, value: object, *, allow_none: bool = False, minimum: float = 0.0) -> float | None:
+def validate_seconds(
+    name: str, value: object, *, allow_none: bool = False, minimum: float = 0.0
+) -> float | None:
     """``value`` as float seconds, or a :class:`ConfigurationError` naming the setting and the rule."""
     if value is None and allow_none:
         return None

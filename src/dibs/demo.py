@@ -70,14 +70,17 @@ def _work(url: str, key: str, name: str, work_seconds: float, events: Queue[tupl
             say("done", f"stored with token {lease.token}", value)
             return
         assert isinstance(outcome, Busy)
-        say("waiting", f"on {outcome.holder} (token attempt {outcome.attempt}, lease {outcome.remaining:.1f}s left)")
+        say(
+            "waiting",
+            f"on {outcome.holder} (token attempt {outcome.attempt}, lease {outcome.remaining:.1f}s left)",
+        )
         hit = client.wait(key)  # returns on completion, or when the lease is released or expires
         if hit is not None:
             say("hit", f"artifact by {hit.producer}", hit.value)
             return
 
 
-def _act(
+def _act(  # noqa: PLR0917 - a private helper called twice, each argument named at the call
     title: str, url: str, key: str, workers: int, work_seconds: float, kill_after: float | None
 ) -> dict[str, _Worker]:
     print(f"\n== {title}\n")
@@ -110,13 +113,18 @@ def _act(
                 worker.finished, worker.value = at, value
             print(f"  t+{at - t0:5.2f}s  {name:<9} {kind:<10} {detail}")
         if kill_after is not None and killed is None:
-            computing = [n for n, w in state.items() if w.role == "computing" and last_progress.get(n) == "50%"]
+            computing = [
+                n for n, w in state.items() if w.role == "computing" and last_progress.get(n) == "50%"
+            ]
             if computing:
                 killed = computing[0]
                 os.kill(procs[killed].pid or 0, signal.SIGKILL)
                 state[killed].role = "killed"
                 state[killed].detail = "SIGKILL at 50%"
-                print(f"  t+{time.time() - t0:5.2f}s  {killed:<9} {'KILLED':<10} SIGKILL halfway (its lease expires in {TTL:g}s)")
+                print(
+                    f"  t+{time.time() - t0:5.2f}s  {killed:<9} {'KILLED':<10} "
+                    f"SIGKILL halfway (its lease expires in {TTL:g}s)"
+                )
     for proc in procs.values():
         proc.join()
     return state
@@ -134,13 +142,17 @@ def _summary(state: dict[str, _Worker]) -> None:
         handoff = ""
         if role == "waited" and completed_at is not None and worker.finished is not None:
             handoff = f"{(worker.finished - completed_at) * 1000:.0f} ms"
-        rows.append({"worker": worker.name, "role": role, "took": took, "hand-off": handoff, "detail": worker.detail})
+        rows.append(
+            {"worker": worker.name, "role": role, "took": took, "hand-off": handoff, "detail": worker.detail}
+        )
     print()
     print_table(rows, ["worker", "role", "took", "hand-off", "detail"])
     computed = sum(1 for w in state.values() if w.role == "done")
     values = {json.dumps(w.value, sort_keys=True) for w in state.values() if w.finished is not None}
-    print(f"\n  computed {computed}x; {len(values)} distinct value(s) returned to "
-          f"{sum(1 for w in state.values() if w.finished)} worker(s)")
+    print(
+        f"\n  computed {computed}x; {len(values)} distinct value(s) returned to "
+        f"{sum(1 for w in state.values() if w.finished)} worker(s)"
+    )
 
 
 def run_demo(workers: int = 4, work_seconds: float = 3.0) -> int:
@@ -151,17 +163,32 @@ def run_demo(workers: int = 4, work_seconds: float = 3.0) -> int:
         url = f"sqlite:///{Path(folder) / 'dibs.db'}"
         print(f"dibs demo: {workers} processes, one slow computation ({work_seconds:g}s), store {url}")
         Reservations(url).close()  # create the tables once, before the race
-        first = _act("Act 1: everyone needs the same model", url, "train:churn:2026-11-25",
-                     workers, work_seconds, kill_after=None)
+        first = _act(
+            "Act 1: everyone needs the same model",
+            url,
+            "train:churn:2026-11-25",
+            workers,
+            work_seconds,
+            kill_after=None,
+        )
         _summary(first)
-        second = _act(f"Act 2: the computing process is killed halfway (ttl {TTL:g}s)", url,
-                      "train:churn:2026-11-26", workers, work_seconds, kill_after=0.5)
+        second = _act(
+            f"Act 2: the computing process is killed halfway (ttl {TTL:g}s)",
+            url,
+            "train:churn:2026-11-26",
+            workers,
+            work_seconds,
+            kill_after=0.5,
+        )
         _summary(second)
     ok = all(w.finished is not None for w in first.values())
     ok = ok and sum(1 for w in first.values() if w.role == "done") == 1
     ok = ok and all(w.finished is not None for w in second.values() if w.role != "killed")
-    print("\nEach act computed once per live holder; every surviving worker got the artifact." if ok
-          else "\nSomething went wrong: see above.")
+    print(
+        "\nEach act computed once per live holder; every surviving worker got the artifact."
+        if ok
+        else "\nSomething went wrong: see above."
+    )
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     return 0 if ok else 1

@@ -28,8 +28,8 @@ from typing import Any
 from dibs.errors import InvalidKey
 
 __all__ = [
-    "MAX_NAME_LENGTH",
     "MAX_NAMESPACE_LENGTH",
+    "MAX_NAME_LENGTH",
     "Key",
     "canonical_json",
     "derive_key",
@@ -170,7 +170,9 @@ def function_identity(fn: Callable[..., Any]) -> str:
     return f"{module}.{qualname}".replace("<locals>.", "")
 
 
-def _bound_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def _bound_arguments(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
         bound.apply_defaults()
@@ -179,7 +181,9 @@ def _bound_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapp
         return {"args": list(args), "kwargs": dict(kwargs)}
 
 
-def format_key(template: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+def format_key(
+    template: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> str:
     """``template`` with ``{argument}`` fields filled from the call, e.g. ``"features-{day}"``."""
     arguments = _bound_arguments(fn, args, kwargs)
     try:

@@ -109,10 +109,12 @@ class SignedPickleSerializer:
                 "pickled artifact has no valid signature for this signing key; it was NOT unpickled "
                 "(the writer used another key, or the payload was tampered with)"
             )
-        return pickle.loads(body)  # noqa: S301 - signature verified above
+        return pickle.loads(body)
 
 
-def resolve_serializer(serializer: Serializer | str | None, *, signing_key: bytes | str | None = None) -> Serializer:
+def resolve_serializer(
+    serializer: Serializer | str | None, *, signing_key: bytes | str | None = None
+) -> Serializer:
     """A serializer from an object, a name (``"json"``, ``"bytes"``, ``"pickle"``), or ``None`` (JSON)."""
     if serializer is None or serializer == "json":
         return JSONSerializer()
@@ -132,6 +134,7 @@ def resolve_serializer(serializer: Serializer | str | None, *, signing_key: byte
         )
     if not isinstance(serializer, Serializer):
         raise ConfigurationError(
-            f"serializer {serializer!r} lacks name/dumps/loads; pass 'json', 'bytes', 'pickle' or such an object"
+            f"serializer {serializer!r} lacks name/dumps/loads; "
+            "pass 'json', 'bytes', 'pickle' or such an object"
         )
     return serializer

@@ -72,7 +72,9 @@ class Deadline:
 
     def __post_init__(self) -> None:
         if self.timeout is not None and self.timeout < 0:
-            raise ConfigurationError(f"timeout must be >= 0 seconds or None (wait forever), got {self.timeout}")
+            raise ConfigurationError(
+                f"timeout must be >= 0 seconds or None (wait forever), got {self.timeout}"
+            )
         self.started = self.clock()
 
     @property
@@ -112,7 +114,9 @@ Request = AskAcquire | AskRead | Pause
 Loop = Generator[Request, object, T]
 
 
-def _pause_for(backoff: Backoff, attempt: int, notifies: bool, holder_remaining: float, deadline: Deadline) -> float:
+def _pause_for(
+    backoff: Backoff, attempt: int, notifies: bool, holder_remaining: float, deadline: Deadline
+) -> float:
     delay = backoff.delay(attempt, notifies=notifies)
     # Re-ask right after the holder's expiry: that moment can change the answer without any notification.
     delay = min(delay, holder_remaining + backoff.initial)

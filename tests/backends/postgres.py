@@ -14,7 +14,9 @@ URL_ENV = "DIBS_TEST_POSTGRES_URL"
 def server_url() -> str:
     url = os.environ.get(URL_ENV)
     if not url:
-        unavailable(f"PostgreSQL tests need {URL_ENV}, e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test")
+        unavailable(
+            f"PostgreSQL tests need {URL_ENV}, e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test"
+        )
     try:
         import psycopg
     except ImportError:

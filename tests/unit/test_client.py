@@ -87,7 +87,7 @@ def test_max_failures_stops_a_thundering_retry_until_forgotten(clock: FakeClock)
     for _ in range(2):
         with pytest.raises(RuntimeError):
             client.run("k", fail)
-    with pytest.raises(dibs.TooManyFailures, match="failed 2 times.*bad input.*dibs forget"):
+    with pytest.raises(dibs.TooManyFailures, match=r"failed 2 times.*bad input.*dibs forget"):
         client.run("k", fail)
     assert client.status("k").lease is None  # refusing did not leave a lease behind
     client.forget("k")
@@ -139,7 +139,7 @@ def test_exported_lease_resumes_in_another_client_and_refuses_when_stolen(
 
     clock.now += 31
     assert isinstance(client.get_or_reserve("handoff", owner="usurper"), dibs.Acquired)
-    with pytest.raises(dibs.LeaseLost, match="cannot resume.*usurper"):
+    with pytest.raises(dibs.LeaseLost, match=r"cannot resume.*usurper"):
         remote.resume(exported)
     with pytest.raises(dibs.ConfigurationError, match="not an exported dibs lease"):
         remote.resume("garbage")

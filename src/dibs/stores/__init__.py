@@ -38,8 +38,15 @@ STORE_SCHEMES: dict[str, str] = {
     "memory": "dibs.stores.memory:MemoryStore",
 }
 
-_EXTRAS = {"postgresql": "postgres", "postgres": "postgres", "mysql": "mysql", "mariadb": "mysql",
-           "redis": "redis", "rediss": "redis", "azure": "azure"}
+_EXTRAS = {
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+    "redis": "redis",
+    "rediss": "redis",
+    "azure": "azure",
+}
 
 
 class _FromURL(Protocol):

@@ -118,7 +118,7 @@ class Store(abc.ABC):
     def watch(self, key: Key) -> Watch:
         return PollingWatch()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - stores without connections have nothing to close
         """Release connections and clients. The store must not be used afterwards."""
 
     def __enter__(self) -> Self:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import ClassVar
 
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
@@ -38,7 +37,9 @@ class MemoryStore(RecordStore):
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
         if not url.startswith("memory://"):
-            raise ConfigurationError(f"not a memory store URL: {url!r}; expected 'memory://' or 'memory://NAME'")
+            raise ConfigurationError(
+                f"not a memory store URL: {url!r}; expected 'memory://' or 'memory://NAME'"
+            )
         return cls(url.removeprefix("memory://"))
 
     @property

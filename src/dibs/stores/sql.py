@@ -117,9 +117,7 @@ def _now(dialect: str) -> ColumnElement[float]:
         return sa.literal_column("(extract(epoch from clock_timestamp())::double precision)", sa.Double)
     if dialect in ("mysql", "mariadb"):
         return sa.literal_column("(UNIX_TIMESTAMP(NOW(6)) + 0.0)", sa.Double)
-    raise ConfigurationError(
-        f"the SQL store supports sqlite, postgresql and mysql/mariadb, not {dialect!r}"
-    )
+    raise ConfigurationError(f"the SQL store supports sqlite, postgresql and mysql/mariadb, not {dialect!r}")
 
 
 class SQLStore(Store):
@@ -203,7 +201,9 @@ class SQLStore(Store):
             conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
 
     def _check_schema_version(self, conn: Connection) -> None:
-        found = conn.execute(sa.select(self.meta.c.value).where(self.meta.c.name == "schema_version")).scalar()
+        found = conn.execute(
+            sa.select(self.meta.c.value).where(self.meta.c.name == "schema_version")
+        ).scalar()
         if found is None:
             with contextlib.suppress(sa_exc.IntegrityError):
                 conn.execute(sa.insert(self.meta).values(name="schema_version", value=str(SCHEMA_VERSION)))
@@ -300,7 +300,9 @@ class SQLStore(Store):
                 outcome, new_state = transitions.acquire(state, owner, ttl, max_lease_age)
                 if new_state is None or self._swap(conn, key, version, new_state):
                     return outcome
-        raise StoreUnavailable(f"{key} kept changing while acquiring it; the store is overloaded", key=str(key))
+        raise StoreUnavailable(
+            f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
+        )
 
     def _swap(self, conn: Connection, key: Key, version: int | None, new: KeyState) -> bool:
         values = _lease_columns(new.lease) | {"fence": new.fence, "attempts": new.attempts}
@@ -411,8 +413,8 @@ class SQLStore(Store):
             if conn.execute(statement).rowcount != 1:
                 raise self._lost(conn, key, token, "release")
 
-    def _cleared_lease(self) -> list[tuple[Any, None]]:
-        return [(self.t.c[name], None) for name in _lease_columns(None)]
+    def _cleared_lease(self) -> tuple[tuple[Any, None], ...]:
+        return tuple((self.t.c[name], None) for name in _lease_columns(None))
 
     # -- repair -----------------------------------------------------------------------------------------
     def force_release(self, key: Key) -> bool:
@@ -506,7 +508,7 @@ class _SQLiteWatch(Watch):
                 if version != self._version:
                     self._version = version
                     return True
-        except Exception:  # noqa: BLE001 - a broken watch only means the caller polls instead
+        except Exception:
             time.sleep(max(0.0, deadline - time.monotonic()))
         return False
 
@@ -575,7 +577,8 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
     synchronous = options.get("synchronous", "NORMAL").upper()
     if synchronous not in _SYNCHRONOUS:
         raise ConfigurationError(
-            f"synchronous={options['synchronous']!r} is not a SQLite synchronous mode; use one of {_SYNCHRONOUS}"
+            f"synchronous={options['synchronous']!r} is not a SQLite synchronous mode; "
+            f"use one of {_SYNCHRONOUS}"
         )
     options["synchronous"] = synchronous
     for name in ("table", "schema"):
@@ -600,7 +603,8 @@ def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any
             directory = os.path.dirname(os.path.abspath(url.database))
             if not os.path.isdir(directory):
                 raise ConfigurationError(
-                    f"the folder of the SQLite store {url.database!r} does not exist; create {directory!r} first"
+                    f"the folder of the SQLite store {url.database!r} does not exist; "
+                    f"create {directory!r} first"
                 )
             kwargs.setdefault("connect_args", {"timeout": busy_seconds, "check_same_thread": False})
             engine = sa.create_engine(url, **kwargs)
@@ -637,8 +641,13 @@ _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 def _dispose_in_forked_children(engine: Engine) -> None:
     """A forked child must not reuse its parent's pooled connections (they share one socket/file)."""
     if not _ENGINES:
-        os.register_at_fork(after_in_child=lambda: [e.dispose(close=False) for e in list(_ENGINES)])
+        os.register_at_fork(after_in_child=_dispose_all_in_child)
     _ENGINES.add(engine)
+
+
+def _dispose_all_in_child() -> None:
+    for engine in list(_ENGINES):
+        engine.dispose(close=False)
 
 
 def _lease_columns(lease: LeaseRecord | None) -> dict[str, Any]:

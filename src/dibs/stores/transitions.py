@@ -36,8 +36,8 @@ __all__ = [
     "acquire",
     "complete",
     "explain_lost",
-    "forget",
     "force_release",
+    "forget",
     "heartbeat",
     "reap",
     "release",
@@ -63,7 +63,11 @@ def acquire(
     if state.artifact is not None:
         return Present(state.artifact), None
     lease = state.lease
-    if lease is not None and lease.owner == owner and (lease.max_expires_at is None or now < lease.max_expires_at):
+    if (
+        lease is not None
+        and lease.owner == owner
+        and (lease.max_expires_at is None or now < lease.max_expires_at)
+    ):
         renewed = dataclasses.replace(
             lease, expires_at=_capped_expiry(now, ttl, lease.max_expires_at), ttl=ttl
         )
@@ -119,7 +123,9 @@ def heartbeat(state: KeyState, token: LeaseToken, ttl: float) -> tuple[LeaseReco
     lease = _current(state, token)
     if lease is None or (lease.max_expires_at is not None and state.now >= lease.max_expires_at):
         raise explain_lost(state, token, "heartbeat")
-    renewed = dataclasses.replace(lease, expires_at=_capped_expiry(state.now, ttl, lease.max_expires_at), ttl=ttl)
+    renewed = dataclasses.replace(
+        lease, expires_at=_capped_expiry(state.now, ttl, lease.max_expires_at), ttl=ttl
+    )
     return renewed, dataclasses.replace(state, lease=renewed)
 
 
