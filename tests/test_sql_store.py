@@ -1,0 +1,123 @@
+"""What is specific to the SQL store: damaged rows, tampered artifacts, schema versions, URL options,
+and many processes creating the tables at once. Runs on SQLite, and on PostgreSQL/MySQL when set."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from dibs.keys import Key
+from dibs.stores.sql import SQLStore
+from tests.backends import mysql, postgres, sqlite
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    backend = {"sqlite": sqlite, "postgres": postgres, "mysql": mysql}[request.param]
+    with backend.isolated_url(tmp_path) as url:
+        yield url
+
+
+def _raw_update(store: SQLStore, key: Key, **values: object) -> None:
+    with store.engine.connect() as conn:
+        conn.execute(sa.update(store.t).where(store.t.c.key_hash == key.digest).values(**values))
+
+
+def test_a_damaged_row_is_reported_and_left_untouched(sql_url: str) -> None:
+    client = dibs.Reservations(sql_url, namespace="damage")
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired)
+    store = client.store
+    assert isinstance(store, SQLStore)
+    key = client.key("k")
+    _raw_update(store, key, expires_at=None)  # a lease without an expiry: not something dibs writes
+
+    with pytest.raises(dibs.CorruptRecord, match=r"row of damage/k .* left untouched"):
+        client.get_or_reserve("k", owner="bob")
+    with store.engine.connect() as conn:
+        row = conn.execute(sa.select(store.t).where(store.t.c.key_hash == key.digest)).mappings().one()
+    assert (row["owner"], row["expires_at"], row["serializer"]) == ("alice", None, None)
+    # The holder's own token (fence and random id) is intact, so its fenced complete is accepted
+    # and turns the row back into a valid record.
+    got.lease.complete("value")
+    hit = client.get_or_reserve("k", owner="bob")
+    assert isinstance(hit, dibs.Hit) and hit.value == "value"
+
+
+def test_a_row_claiming_another_key_is_refused(sql_url: str) -> None:
+    client = dibs.Reservations(sql_url, namespace="damage")
+    client.run("real", lambda: 1)
+    assert isinstance(client.store, SQLStore)
+    _raw_update(client.store, client.key("real"), name="impostor")
+    with pytest.raises(dibs.CorruptRecord, match="belongs to damage/impostor"):
+        client.status("real")
+
+
+def test_a_tampered_artifact_is_never_served(sql_url: str) -> None:
+    client = dibs.Reservations(sql_url, namespace="damage")
+    assert client.run("k", lambda: {"rows": 10}) == {"rows": 10}
+    assert isinstance(client.store, SQLStore)
+    _raw_update(client.store, client.key("k"), payload=b'{"rows":99}')
+    with pytest.raises(dibs.ArtifactCorrupted, match="failed its integrity check"):
+        client.run("k", lambda: {"rows": 0})
+    state = client.status("k")
+    assert state.artifact is not None and state.artifact.payload == b'{"rows":99}'  # kept for inspection
+    assert client.forget("k")
+    assert client.run("k", lambda: {"rows": 11}) == {"rows": 11}
+
+
+def test_a_newer_schema_version_is_refused_before_anything_is_written(sql_url: str) -> None:
+    store = SQLStore(sql_url)
+    with store.engine.connect() as conn:
+        conn.execute(sa.update(store.meta).values(value="99"))
+    store.close()
+    with pytest.raises(dibs.ConfigurationError, match="schema version '99', newer than this dibs"):
+        SQLStore(sql_url)
+
+
+def _open(url: str) -> None:
+    dibs.Reservations(url).run("first-use", lambda: "made")
+
+
+def test_processes_creating_the_tables_at_once_all_succeed(sql_url: str) -> None:
+    children = [SPAWN.Process(target=_open, args=(sql_url,)) for _ in range(6)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=120)
+    assert [child.exitcode for child in children] == [0] * 6
+    hit = dibs.Reservations(sql_url).get_or_reserve("first-use")
+    assert isinstance(hit, dibs.Hit) and hit.value == "made"
+
+
+def test_table_option_keeps_separate_tables_apart(tmp_path: Path) -> None:
+    base = f"sqlite:///{tmp_path / 'shared.db'}"
+    a = dibs.Reservations(f"{base}?table=team_a")
+    b = dibs.Reservations(f"{base}?table=team_b")
+    a.run("k", lambda: "a")
+    assert b.run("k", lambda: "b") == "b"
+    with pytest.raises(dibs.ConfigurationError, match="letters, digits and '_' only"):
+        dibs.Reservations(f"{base}?table=x;drop")
+
+
+def test_sqlite_durability_option_is_applied(tmp_path: Path) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'full.db'}?synchronous=FULL")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    default = SQLStore(f"sqlite:///{tmp_path / 'normal.db'}")
+    with default.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+
+
+def test_unreachable_server_is_store_unavailable_without_the_password() -> None:
+    with pytest.raises(dibs.StoreUnavailable) as info:
+        SQLStore("postgresql+psycopg://dibs:s3cret-pw@127.0.0.1:1/nowhere?connect_timeout=2")
+    assert "s3cret-pw" not in str(info.value) and "127.0.0.1" in str(info.value)
