@@ -13,6 +13,7 @@ import queue
 import random
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,7 +92,9 @@ def _complete(store: Store, lease: LeaseRecord, payload: bytes = b"value") -> Ar
 # -- real processes racing --------------------------------------------------------------------------
 
 
-def _race_worker(url: str, names: list[str], owner: str, ttl: float, rounds: int, start: Any, out: Any) -> None:
+def _race_worker(
+    url: str, names: list[str], owner: str, *, ttl: float, rounds: int, start: Any, out: Any
+) -> None:
     """Runs in a spawned child: acquire every name ``rounds`` times as soon as all children are ready."""
     store = open_store(url)
     try:
@@ -110,13 +113,16 @@ def _race_worker(url: str, names: list[str], owner: str, ttl: float, rounds: int
         store.close()
 
 
-def _race(url: str, workers: int, names: list[str], ttl: float, rounds: int) -> list[tuple[str, str, int, str]]:
+def _race(
+    url: str, workers: int, names: list[str], ttl: float, rounds: int
+) -> list[tuple[str, str, int, str]]:
     start, out = SPAWN.Barrier(workers), SPAWN.Queue()
     children = [
         SPAWN.Process(
             target=_race_worker,
             # each child walks the keys in its own order so that they collide all along the way
-            args=(url, names[w:] + names[:w], f"worker{w}", ttl, rounds, start, out),
+            args=(url, names[w:] + names[:w], f"worker{w}"),
+            kwargs={"ttl": ttl, "rounds": rounds, "start": start, "out": out},
         )
         for w in range(workers)
     ]
@@ -188,7 +194,11 @@ def _step(store: Store, tokens: list[LeaseToken], action: str, pick: random.Rand
     owner = pick.choice(["alice", "bob", "carol"])
     # ttl 0 (expired at once) or long (live for the whole test): outcomes never depend on timing.
     ttl = pick.choice([0, GENEROUS * 10])
-    token = pick.choice(tokens) if tokens else LeaseToken(1, "never-granted")
+    # Mostly the newest token (writes that succeed), sometimes an older one (writes that are fenced).
+    if not tokens:
+        token = LeaseToken(1, "never-granted")
+    else:
+        token = tokens[-1] if pick.random() < 0.6 else pick.choice(tokens)
     try:
         if action == "acquire":
             outcome = store.acquire(KEY, owner, ttl, pick.choice([None, 0, GENEROUS * 10]))
@@ -236,7 +246,7 @@ def test_scripts_match_the_reference_state_machine(store: RedisStore, seed: int)
 def test_store_time_is_the_redis_servers_clock(store: RedisStore, raw: Any) -> None:
     def server_now() -> float:
         seconds, micros = raw.time()
-        return float(seconds) + micros / 1_000_000
+        return float(seconds) + float(micros) / 1_000_000
 
     before = server_now()
     lease = _granted(store.acquire(KEY, "alice", 30, None))
@@ -301,24 +311,77 @@ def test_a_blocked_waiter_is_woken(open_redis: Callable[[], RedisStore], how: st
         thread.join(GENEROUS)
 
 
-def test_a_wake_drains_queued_changes_and_other_keys_do_not_wake(store: RedisStore) -> None:
-    other = Key("redis.tests", "another key")
-    with store.watch(KEY) as watch, store.watch(other) as other_watch:
-        for name in ("first", "second"):
-            _complete(store, _granted(store.acquire(Key(KEY.namespace, name), "alice", 60, None)))
-            store.forget(Key(KEY.namespace, name))
-        _complete(store, _granted(store.acquire(other, "alice", 60, None)))
-        assert other_watch.wait(GENEROUS) is True  # the publish reached the server's subscribers
-        lease = _granted(store.acquire(KEY, "alice", 60, None))
-        store.release(KEY, lease.token)
-        lease = _granted(store.acquire(KEY, "alice", 60, None))
-        store.release(KEY, lease.token)
-        assert watch.wait(GENEROUS) is True
-        # Both releases were seen by that one wake; nothing is left to wake on (a zero timeout only
-        # looks at what has already arrived).
-        assert other_watch.wait(0) is False
-    watch.close()  # closing twice is fine, and a closed watch does not block
-    assert watch.wait(GENEROUS) is False
+def test_each_key_has_its_own_channel_and_only_waitable_changes_publish(store: RedisStore, raw: Any) -> None:
+    a, b = Key("redis.tests", "a"), Key("redis.tests", "b")
+    listener = raw.pubsub()
+    listener.psubscribe(f"{store.prefix}chan:*")
+    assert _next_message(listener)["type"] == "psubscribe"
+
+    done = _granted(store.acquire(a, "alice", 60, None))
+    store.heartbeat(a, done.token, 60)
+    _complete(store, done)
+    failing = _granted(store.acquire(b, "alice", 60, None))
+    store.release(b, failing.token, "boom")
+    assert store.forget(a)
+    _granted(store.acquire(b, "bob", 60, None))
+    assert store.force_release(b)
+    short = _granted(store.acquire(a, "alice", 0, None))
+    assert store.reap(a.namespace) == 1 and short.expires_at == short.acquired_at
+    # One connection delivers in publish order: a stray publish (say, by acquire) would show up here.
+    seen = [_next_message(listener) for _ in range(5)]
+    assert [(m["channel"].decode(), m["data"]) for m in seen] == [
+        (store.channel(a), b"complete"),
+        (store.channel(b), b"release"),
+        (store.channel(a), b"result"),
+        (store.channel(b), b"lease"),
+        (store.channel(a), b"expired"),
+    ]
+    listener.close()
+
+
+def _next_message(listener: Any) -> dict[str, Any]:
+    message = listener.get_message(timeout=GENEROUS)
+    assert message is not None, "nothing was published"
+    return dict(message)
+
+
+def test_a_watch_holds_one_subscription_until_closed(store: RedisStore, raw: Any) -> None:
+    channel = store.channel(KEY)
+    watch = store.watch(KEY)
+    assert raw.pubsub_numsub(channel) == [(channel.encode(), 1)]
+    watch.close()
+    watch.close()  # twice is fine
+    assert watch.wait(GENEROUS) is False  # a closed watch does not block
+    deadline = time.monotonic() + GENEROUS  # the server notices the closed connection on its own
+    while raw.pubsub_numsub(channel) != [(channel.encode(), 0)]:
+        assert time.monotonic() < deadline, "the watch's subscription outlived close()"
+        time.sleep(0.01)
+
+
+def test_a_reused_watch_connection_serves_only_its_new_key(store: RedisStore, raw: Any) -> None:
+    a, b = Key("redis.tests", "a"), Key("redis.tests", "b")
+    first = store.watch(a)
+    _complete(store, _granted(store.acquire(a, "alice", 60, None)))  # queued on first, never waited for
+    first.close()
+    with store.watch(b) as second:  # takes over first's connection
+        assert raw.pubsub_numsub(store.channel(a)) == [(store.channel(a).encode(), 0)]
+        assert second.wait(0) is False  # a's queued change is not b's
+        _complete(store, _granted(store.acquire(b, "alice", 60, None)))
+        assert second.wait(GENEROUS) is True
+
+
+def test_closing_a_watch_ends_a_wait_running_in_another_thread(store: RedisStore) -> None:
+    # What a cancelled async waiter does: its thread still waits while the event loop closes the watch.
+    watch = store.watch(KEY)
+    result: queue.Queue[bool] = queue.Queue()
+    thread = threading.Thread(target=lambda: result.put(watch.wait(3600)))
+    thread.start()
+    watch.close()
+    assert result.get(timeout=GENEROUS) is False
+    thread.join(GENEROUS)
+    with store.watch(KEY) as fresh:  # the store still hands out working watches
+        _complete(store, _granted(store.acquire(KEY, "alice", 60, None)))
+        assert fresh.wait(GENEROUS) is True
 
 
 # -- errors -----------------------------------------------------------------------------------------
@@ -342,7 +405,7 @@ def test_an_unreachable_server_is_store_unavailable_without_the_password() -> No
         lambda: store.force_release(KEY),
         lambda: store.forget(KEY),
         lambda: list(store.list()),
-        lambda: store.reap(),
+        store.reap,
         lambda: store.watch(KEY),
     ]
     for call in calls:
@@ -411,7 +474,13 @@ def test_invalid_ttls_are_configuration_errors(store: RedisStore) -> None:
 
 def _plant(raw: Any, redis_key: str, kind: str) -> None:
     """Write something that is not a dibs record of KEY at its Redis key."""
-    good = {"format": "dibs.redis/1", "namespace": KEY.namespace, "name": KEY.name, "fence": "3", "attempts": "3"}
+    good = {
+        "format": "dibs.redis/1",
+        "namespace": KEY.namespace,
+        "name": KEY.name,
+        "fence": "3",
+        "attempts": "3",
+    }
     if kind == "a string":
         raw.set(redis_key, b"\x00\xffnot a record")
     elif kind == "a list":
@@ -422,6 +491,8 @@ def _plant(raw: Any, redis_key: str, kind: str) -> None:
         raw.hset(redis_key, mapping={**good, "format": "dibs.redis/99"})
     elif kind == "a damaged number":
         raw.hset(redis_key, mapping={**good, "fence": "three"})
+    elif kind == "a number dibs never writes":
+        raw.hset(redis_key, mapping={**good, "fence": "0x10"})  # Lua would read it, Python would not
     elif kind == "another key's record":
         raw.hset(redis_key, mapping={**good, "name": "some other key"})
     elif kind == "half a lease":
@@ -454,6 +525,7 @@ def _snapshot(raw: Any, redis_key: str) -> object:
         "a foreign hash",
         "a newer format",
         "a damaged number",
+        "a number dibs never writes",
         "another key's record",
         "half a lease",
         "an artifact without payload",
@@ -475,7 +547,7 @@ def test_foreign_or_damaged_records_are_reported_and_left_untouched(
         lambda: store.force_release(KEY),
         lambda: store.forget(KEY),
         lambda: list(store.list()),
-        lambda: store.reap(),
+        store.reap,
     ]
     for call in calls:
         with pytest.raises(CorruptRecord, match="left untouched") as caught:
@@ -484,3 +556,19 @@ def test_foreign_or_damaged_records_are_reported_and_left_untouched(
     assert _snapshot(raw, redis_key) == before
     # Other keys are not affected by one bad record.
     _complete(store, _granted(store.acquire(Key("redis.tests", "fine"), "alice", 30, None)))
+
+
+@pytest.mark.parametrize("suffix", [b"not-a-digest", b"\xff\xfe", b"0" * 64])
+def test_listing_reports_what_is_not_a_record_under_the_prefix(
+    store: RedisStore, raw: Any, suffix: bytes
+) -> None:
+    _complete(store, _granted(store.acquire(KEY, "alice", 30, None)))
+    foreign = store.prefix.encode() + b"rec:" + suffix
+    # A true record of KEY, copied to a Redis key that is not KEY's: its digest gives it away.
+    raw.hset(foreign, mapping=raw.hgetall(store.record_key(KEY)))
+    before = raw.hgetall(foreign)
+    with pytest.raises(CorruptRecord, match="digest differs"):
+        list(store.list())
+    assert raw.hgetall(foreign) == before
+    raw.delete(foreign)
+    assert [state.key for state in store.list()] == [KEY]

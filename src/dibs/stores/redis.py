@@ -19,7 +19,8 @@ with no retry loop under contention. The scripts implement the rules of
 write returns the record as it is, and :func:`~dibs.stores.transitions.explain_lost` words the error.
 
 Times are the Redis server's ``TIME`` as Unix seconds, formatted with 17 significant digits so that
-Python reads back exactly the double that Lua compared. Limits that come with Redis:
+Python reads back exactly the double that Lua compared. Redis 5 or later is needed: it replicates a
+script by its effects, so a script may read ``TIME`` and then write. Limits that come with Redis:
 
 * Fencing is only as durable as the data: a server that restarts without persistence (or a replica
   promoted before it received the last write) forgets leases and fences. Use AOF persistence, and a
@@ -34,10 +35,12 @@ import builtins
 import contextlib
 import logging
 import math
+import os
 import re
+import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import redis
@@ -84,6 +87,8 @@ _DEFAULTS: dict[str, Any] = {
     "retry": Retry(NoBackoff(), 0),
 }
 _SCAN_BATCH = 500
+# Connections of closed watches kept for the next watch (each stays open to Redis).
+_IDLE_WATCHES = 16
 
 #: What a script returns: ``{status, now, extra, FIELDS...[, payload]}`` or ``{"corrupt", why}``.
 _Reply = list[Any]
@@ -119,19 +124,21 @@ _FIELDS = (
     *_FAILURE_FIELDS,
     *_ARTIFACT_FIELDS,
 )
-_NUMERIC = (
+_INTEGERS = (
     "fence",
     "attempts",
     "lease_fence",
+    "lease_attempt",
+    "failure_count",
+    "artifact_size",
+    "artifact_fence",
+)
+_SECONDS = (
     "lease_acquired_at",
     "lease_expires_at",
     "lease_ttl",
-    "lease_attempt",
     "lease_max_expires_at",
-    "failure_count",
     "failure_at",
-    "artifact_size",
-    "artifact_fence",
     "artifact_created_at",
 )
 
@@ -150,8 +157,25 @@ local GROUPS = {{
   failure = {_lua_list(_FAILURE_FIELDS)},
   artifact = {_lua_list(_ARTIFACT_FIELDS)},
 }}
-local NUMERIC = {{}}
-for _, field in ipairs({_lua_list(_NUMERIC)}) do NUMERIC[field] = true end
+-- Numbers exactly as these scripts and Python write them, so Lua and Python read the same value.
+local PATTERNS = {{}}
+for _, field in ipairs({_lua_list(_INTEGERS)}) do PATTERNS[field] = {{'^%d+$'}} end
+for _, field in ipairs({_lua_list(_SECONDS)}) do
+  PATTERNS[field] = {{'^%-?%d+%.?%d*$', '^%-?%d+%.?%d*e[-+]%d+$'}}
+end
+
+local function well_formed(field, value)
+  local patterns = PATTERNS[field]
+  if patterns == nil then
+    return true
+  end
+  for _, pattern in ipairs(patterns) do
+    if string.find(value, pattern) then
+      return true
+    end
+  end
+  return false
+end
 
 -- 17 significant digits: Python parses back exactly the double compared here.
 local function num(x)
@@ -179,8 +203,8 @@ local function load_record(key, namespace, name)
   for i, field in ipairs(FIELDS) do
     local value = values[i]
     if value then
-      if NUMERIC[field] and tonumber(value) == nil then
-        return false, 'its field ' .. field .. ' is not a number'
+      if not well_formed(field, value) then
+        return false, 'its field ' .. field .. ' is not a number dibs wrote'
       end
       rec[field] = value
     end
@@ -457,6 +481,9 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
 
     def __init__(self, url: str) -> None:
         self._url = _redact(url)
+        self._closed = False
+        self._idle: builtins.list[tuple[int, redis.client.PubSub]] = []
+        self._idle_lock = threading.Lock()
         client_url, self._prefix = _parse_url(url, self._url)
         try:
             self._client = redis.Redis.from_url(client_url, **_DEFAULTS)
@@ -630,26 +657,37 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
     def watch(self, key: Key) -> Watch:
         """A watch subscribed to ``key``'s channel before this returns.
 
-        The subscription is confirmed by the server before the caller's next read, so a complete or
-        release that happens between that read and :meth:`Watch.wait` is still delivered.
+        The server has confirmed the subscription before the caller's next read, so a complete or
+        release that happens between that read and :meth:`Watch.wait` is still delivered. Closed
+        watches leave their connection subscribed to nothing and keep it for the next watch: the
+        client opens a watch for every wait, and a fresh connection (a TLS handshake, perhaps) each
+        time would cost more than the wait it serves.
         """
+        channel = self.channel(key).encode()
+        what = f"{key} on {self._url}"
         with self._service("watch", key):
+            reused = self._take_idle()
+            if reused is not None:
+                try:
+                    self._subscribe(reused, channel)
+                    return _PubSubWatch(reused, channel, what, self._give_back)
+                except (redis.exceptions.RedisError, OSError):
+                    reused.close()  # its connection died while idle: start afresh below
             pubsub: redis.client.PubSub = self._client.pubsub()  # type: ignore[no-untyped-call]
             try:
-                pubsub.subscribe(self.channel(key))
-                deadline = time.monotonic() + float(_DEFAULTS["socket_timeout"])
-                while True:
-                    message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-                    if message is not None and message["type"] == "subscribe":
-                        break
-                    if time.monotonic() >= deadline:
-                        raise redis.exceptions.TimeoutError("no confirmation of the subscription")
+                self._subscribe(pubsub, channel)
             except BaseException:
                 pubsub.close()
                 raise
-        return _PubSubWatch(pubsub, f"{key} on {self._url}")
+            return _PubSubWatch(pubsub, channel, what, self._give_back)
 
     def close(self) -> None:
+        with self._idle_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for _, pubsub in idle:
+            with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                pubsub.close()
         self._client.close()
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -701,19 +739,60 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             record=record_key,
         )
 
-    def _scan_batches(self) -> Iterator[Sequence[str]]:
+    def _subscribe(self, pubsub: redis.client.PubSub, channel: bytes) -> None:
+        """Subscribe and wait for the server's confirmation (what a reused connection still had
+        queued for its previous channel, read on the way, is dropped)."""
+        pubsub.subscribe(channel)
+        configured = self._client.connection_pool.connection_kwargs.get("socket_timeout")
+        deadline = time.monotonic() + float(configured or _DEFAULTS["socket_timeout"])
+        while True:
+            message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            if message is not None and message["type"] == "subscribe" and message["channel"] == channel:
+                return
+            if time.monotonic() >= deadline:
+                raise redis.exceptions.TimeoutError("the server did not confirm the subscription")
+
+    def _take_idle(self) -> redis.client.PubSub | None:
+        with self._idle_lock:
+            while self._idle:
+                pid, pubsub = self._idle.pop()
+                # After a fork the parent's sockets are not ours: drop them unused and unclosed.
+                if pid == os.getpid():
+                    return pubsub
+        return None
+
+    def _give_back(self, pubsub: redis.client.PubSub, channel: bytes) -> None:
+        """Keep a closed watch's connection for the next watch, unsubscribed; close it if unneeded."""
+        with self._idle_lock:
+            keep = not self._closed and len(self._idle) < _IDLE_WATCHES
+        if keep:
+            try:
+                pubsub.unsubscribe(channel)  # type: ignore[no-untyped-call]  # confirmed by the next watch's reads
+            except (redis.exceptions.RedisError, OSError):
+                keep = False
+        if keep:
+            with self._idle_lock:
+                if not self._closed:
+                    self._idle.append((os.getpid(), pubsub))
+                    return
+        with contextlib.suppress(redis.exceptions.RedisError, OSError):
+            pubsub.close()
+
+    def _scan_batches(self) -> Iterator[Sequence[bytes]]:
+        # Keys stay bytes: a foreign key under the prefix need not be UTF-8, and must still be reported.
         with self._service("list keys", None):
-            batch: builtins.list[str] = []
+            batch: builtins.list[bytes] = []
             for raw in self._client.scan_iter(match=f"{self._prefix}rec:*", count=_SCAN_BATCH):
-                batch.append(raw.decode("utf-8", "surrogateescape"))
+                batch.append(raw)
                 if len(batch) >= _SCAN_BATCH:
                     yield batch
                     batch = []
             if batch:
                 yield batch
 
-    def _listed_state(self, record_key: str, reply: _Reply) -> KeyState | None:
+    def _listed_state(self, raw_key: bytes, reply: _Reply) -> KeyState | None:
         """A listed record's state, after checking it is the record its Redis key says it is."""
+        record_key = raw_key.decode("utf-8", "backslashreplace")
         if reply[0] == b"corrupt":
             raise self._corrupt(None, record_key, reply[1].decode("utf-8", "replace"))
         fields = dict(zip(_FIELDS, reply[3 : 3 + len(_FIELDS)], strict=True))
@@ -782,28 +861,51 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
 
 
 class _PubSubWatch(Watch):
-    """Blocks on a pub/sub subscription to one key's channel; owns one pooled connection until closed."""
+    """Blocks on a pub/sub subscription to one key's channel; holds one connection until closed."""
 
-    def __init__(self, pubsub: redis.client.PubSub, what: str) -> None:
+    def __init__(
+        self,
+        pubsub: redis.client.PubSub,
+        channel: bytes,
+        what: str,
+        give_back: Callable[[redis.client.PubSub, bytes], None],
+    ) -> None:
         self._pubsub = pubsub
+        self._channel = channel
         self._what = what
+        self._give_back = give_back
         self._closed = False
+        self._broken = False
+        self._waiting = False
+        self._lock = threading.Lock()
 
     def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout)
+        with self._lock:
+            if self._closed or self._waiting:
+                return False
+            self._waiting = True
+        try:
+            return self._wait(time.monotonic() + max(0.0, timeout))
+        finally:
+            with self._lock:
+                self._waiting = False
+
+    def _wait(self, deadline: float) -> bool:
         while not self._closed:
             remaining = max(0.0, deadline - time.monotonic())
             try:
                 message = self._pubsub.get_message(timeout=remaining)
-                if message is not None and message["type"] == "message":
+                if self._is_ours(message):
                     self._drain()
                     return True
-            except (redis.exceptions.RedisError, OSError, ValueError) as exc:
-                if self._closed:
-                    break
-                # A lost notification connection must not fail the wait: the caller re-reads after
-                # every wait, so sleeping out the timeout degrades this watch to plain polling.
-                # redis-py reconnects and subscribes again on the next call.
+            except Exception as exc:
+                if self._closed:  # closed from another thread while this one waited
+                    return False
+                if not isinstance(exc, redis.exceptions.RedisError | OSError):
+                    raise
+                # A lost notification connection must not fail the wait: the caller reads again
+                # after every wait, so sleeping out the timeout degrades this watch to polling.
+                self._broken = True
                 logger.debug("watch on %s lost its connection (%s); polling instead", self._what, exc)
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 return False
@@ -811,16 +913,26 @@ class _PubSubWatch(Watch):
                 break
         return False
 
+    def _is_ours(self, message: dict[str, Any] | None) -> bool:
+        return message is not None and message["type"] == "message" and message["channel"] == self._channel
+
     def _drain(self) -> None:
         # Several changes may be queued; the caller's next read sees them all, so one wake is enough.
         for _ in range(1000):
-            message = self._pubsub.get_message(timeout=0.0)
-            if message is None:
+            if self._pubsub.get_message(timeout=0.0) is None:
                 return
 
     def close(self) -> None:
-        if not self._closed:
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
+            # A wait still running in another thread (a cancelled async waiter) owns the socket's
+            # reading side: such a connection is closed, never handed to the next watch.
+            reusable = not (self._waiting or self._broken)
+        if reusable:
+            self._give_back(self._pubsub, self._channel)
+        else:
             with contextlib.suppress(redis.exceptions.RedisError, OSError):
                 self._pubsub.close()
 
