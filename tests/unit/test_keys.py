@@ -81,3 +81,22 @@ def test_key_templates_are_filled_from_the_call() -> None:
     assert format_key("features-{day}-{region}", build, ("2026-11-25",), {}) == "features-2026-11-25-eu"
     with pytest.raises(InvalidKey, match="must name parameters: day, region, verbose"):
         format_key("features-{missing}", build, ("x",), {})
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("redis://u:p@ss@h:6379/0", "p@ss"),
+        ("postgresql+psycopg://dibs:a/b:c@host/db", "a/b:c"),
+        ("azure://c/p?account_url=https://a&account_key=XYZ==&x=1", "XYZ=="),
+        ("azure://c/p?connection_string=AccountKey%3Dabc", "AccountKey"),
+        ("redis://:hunter2@h", "hunter2"),
+        ("redis://h/0?password=pw2", "pw2"),
+    ],
+)
+def test_redact_url_hides_passwords_and_secret_parameters(url: str, secret: str) -> None:
+    from dibs.stores import redact_url
+
+    redacted = redact_url(url)
+    assert secret not in redacted and "***" in redacted
+    assert redacted.split("://")[0] == url.split("://")[0]

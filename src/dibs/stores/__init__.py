@@ -17,6 +17,7 @@ URL                          store
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Protocol, cast
 
 from dibs.errors import ConfigurationError
@@ -53,17 +54,31 @@ class _FromURL(Protocol):
     def from_url(self, url: str) -> Store: ...
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password and secret-looking query values replaced by ``***``, for logs."""
-    import re
+_SECRET_QUERY = re.compile(
+    r"((?:password|secret|key|token|sas|sig|credential|connection_string)[^=&]*=)[^&]*", re.IGNORECASE
+)
 
-    url = re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
-    return re.sub(
-        r"((?:password|secret|key|token|sas|sig|credential|connection_string)[^=&]*=)[^&]*",
-        r"\1***",
-        url,
-        flags=re.IGNORECASE,
-    )
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and secret-looking query values replaced by ``***``, for logs.
+
+    The user part ends at the *last* ``@`` before the query, so a password containing ``@``, ``:``
+    or ``/`` is hidden whole.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _SECRET_QUERY.sub(_hide, url)
+    query_at = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
+    at = rest.rfind("@", 0, query_at)
+    if at != -1 and not rest.startswith("/"):
+        userinfo, rest = rest[:at], rest[at + 1 :]
+        user, has_password, _ = userinfo.partition(":")
+        rest = f"{user}:***@{rest}" if has_password else f"{user}@{rest}"
+    return f"{scheme}://{_SECRET_QUERY.sub(_hide, rest)}"
+
+
+def _hide(match: re.Match[str]) -> str:
+    return f"{match.group(1)}***"
 
 
 def open_store(url: str) -> Store:
