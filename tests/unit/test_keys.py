@@ -99,4 +99,4 @@ def test_redact_url_hides_passwords_and_secret_parameters(url: str, secret: str)
 
     redacted = redact_url(url)
     assert secret not in redacted and "***" in redacted
-    assert redacted.split("://")[0] == url.split("://")[0]
+    assert redacted.partition("://")[0] == url.partition("://")[0]
