@@ -1,0 +1,386 @@
+"""The ``dibs`` connection type, turned into a :class:`dibs.Reservations` client.
+
+The hook is a thin adapter: it reads a connection, checks every field once with a message that names
+the field and what would be right, and hands the result to the core client. Stores, credentials of
+the stores themselves, waiting and heartbeats all live in :mod:`dibs`; nothing here talks to a store
+directly, and nothing here touches Airflow's metadata database (connections come through the Task
+SDK, i.e. secrets backends and the execution API).
+
+A ``dibs`` connection keeps everything in its extra, so it can be written as JSON::
+
+    AIRFLOW_CONN_DIBS_DEFAULT='{"conn_type": "dibs", "password": "s3cret",
+        "extra": {"store_url": "postgresql+psycopg://dibs@db/dibs", "namespace": "team.features"}}'
+
+=====================  ======================================================================
+field                  meaning
+=====================  ======================================================================
+``store_url`` (extra)  the store (see :mod:`dibs.stores`); empty: ``DIBS_STORE_URL``, then the
+                       embedded SQLite default
+password               the store's password, inserted into ``store_url``'s ``user@host`` part,
+                       so the secret stays in Airflow's masked password field
+``namespace`` (extra)  key namespace (default ``default``)
+``ttl`` (extra)        lease ttl in seconds (the core's default when empty)
+``heartbeat_interval`` seconds between heartbeats (default a third of the ttl)
+``wait_timeout``       seconds a task waits for another run's lease (empty: as long as it lives)
+=====================  ======================================================================
+
+Without a ``dibs_default`` connection the hook falls back to ``DIBS_STORE_URL`` and then to the
+embedded default, and logs which one it used. A connection id that was asked for explicitly and
+does not exist is an error instead: silently using another store would make reservations miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from airflow.sdk import BaseHook, Connection
+from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.log import mask_secret
+
+from dibs import AsyncReservations, ConfigurationError, Reservations
+from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
+from dibs.keys import validate_namespace
+from dibs.stores import STORE_SCHEMES, redact_url
+
+__all__ = ["DEFAULT_CONN_ID", "DibsHook", "DibsSettings", "settings_from_connection"]
+
+DEFAULT_CONN_ID = "dibs_default"
+CONN_TYPE = "dibs"
+
+#: Extra fields a ``dibs`` connection understands (also accepted with the ``extra__dibs__`` prefix
+#: that older connection forms wrote).
+EXTRA_FIELDS = ("store_url", "namespace", "ttl", "heartbeat_interval", "wait_timeout")
+
+# Stores addressed by a local path or a process name: there is no server to send a password to.
+_PATH_SCHEMES = frozenset({"sqlite", "file", "memory"})
+
+
+@dataclasses.dataclass(frozen=True)
+class DibsSettings:
+    """A checked ``dibs`` connection: what the client is built from.
+
+    ``store_url`` may contain the password (it is what the store connects with), so ``repr`` shows
+    only :attr:`display_url`; ``source`` says where the settings came from, for logs.
+    """
+
+    store_url: str = dataclasses.field(repr=False)
+    source: str
+    namespace: str = "default"
+    ttl: float | None = None
+    heartbeat_interval: float | None = None
+    wait_timeout: float | None = None
+
+    @property
+    def display_url(self) -> str:
+        """The store URL with secrets replaced by ``***``: the only form that goes into logs."""
+        return redact_url(self.store_url)
+
+    def __repr__(self) -> str:
+        return (
+            f"DibsSettings(store={self.display_url!r}, source={self.source!r}, namespace={self.namespace!r}, "
+            f"ttl={self.ttl}, heartbeat_interval={self.heartbeat_interval}, wait_timeout={self.wait_timeout})"
+        )
+
+    def client(self, *, namespace: str | None = None, ttl: float | None = None) -> Reservations:
+        """A core client for these settings; ``namespace`` and ``ttl`` override the connection's."""
+        options: dict[str, Any] = {"namespace": namespace or self.namespace}
+        effective_ttl = ttl if ttl is not None else self.ttl
+        if effective_ttl is not None:
+            options["ttl"] = effective_ttl
+        if self.heartbeat_interval is not None:
+            options["heartbeat_interval"] = self.heartbeat_interval
+        try:
+            return Reservations(self.store_url, **options)
+        except ConfigurationError as exc:
+            # The core names the setting (e.g. heartbeat_interval >= ttl); add where it came from.
+            raise ConfigurationError(f"{self.source}: {exc.message}", **exc.fields) from exc
+
+
+def _bad(conn_id: str, field: str, problem: str) -> ConfigurationError:
+    return ConfigurationError(f"dibs connection {conn_id!r}: {field} {problem}", conn_id=conn_id, field=field)
+
+
+def _seconds(conn_id: str, extra: dict[str, Any], name: str) -> float | None:
+    value = extra.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):  # URI-style connections carry every extra as text
+        try:
+            value = float(value)
+        except ValueError:
+            raise _bad(
+                conn_id, f"extra {name!r}", f"must be a number of seconds (e.g. 60), got {value!r}"
+            ) from None
+    try:
+        return validate_seconds(name, value)
+    except ConfigurationError as exc:
+        raise _bad(conn_id, f"extra {name!r}", exc.message.removeprefix(f"{name} ")) from exc
+
+
+def _extras(conn_id: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The known extra fields, prefix-normalised; unknown ones are an error (they are typos)."""
+    extra: dict[str, Any] = {}
+    unknown = []
+    for field, value in raw.items():
+        name = field.removeprefix(f"extra__{CONN_TYPE}__")
+        if name in EXTRA_FIELDS:
+            extra[name] = value
+        else:
+            unknown.append(field)
+    if unknown:
+        raise _bad(
+            conn_id,
+            "extra",
+            f"has unknown field(s) {', '.join(map(repr, sorted(unknown)))}; a dibs connection understands "
+            f"{', '.join(EXTRA_FIELDS)} (the store's password goes in the Password field)",
+        )
+    return extra
+
+
+def _store_url(conn_id: str, value: object) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str) or "://" not in value:
+        raise _bad(
+            conn_id,
+            "extra 'store_url'",
+            "must be a store URL such as 'postgresql+psycopg://dibs@db/dibs' or "
+            f"'sqlite:////shared/dibs.db', got {redact_url(str(value))!r}",
+        )
+    scheme = value.split("://", 1)[0].split("+", 1)[0].lower()
+    if scheme not in STORE_SCHEMES:
+        raise _bad(
+            conn_id,
+            "extra 'store_url'",
+            f"has unknown scheme {scheme!r} ({redact_url(value)!r}); known schemes: "
+            + ", ".join(sorted(STORE_SCHEMES)),
+        )
+    return value.strip()
+
+
+def _with_password(conn_id: str, url: str, password: str) -> str:
+    """``url`` with ``password`` in its ``user@host`` part, percent-encoded like any URL password."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0].lower()
+    if scheme in _PATH_SCHEMES or scheme == "azure":
+        raise _bad(
+            conn_id,
+            "password",
+            f"is set, but a {scheme!r} store has no server password to send it to; leave the Password "
+            "field empty (the Password field is for postgresql, mysql and redis stores)",
+        )
+    if not parts.hostname:
+        raise _bad(
+            conn_id, "password", f"is set, but store_url {redact_url(url)!r} names no host to log in to"
+        )
+    if parts.password is not None:
+        raise _bad(
+            conn_id,
+            "password",
+            "is set and store_url contains a password too; keep the password only in the Password field "
+            "(where Airflow masks it) and write store_url as scheme://user@host/...",
+        )
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    encoded = quote(password, safe="")
+    if encoded != password:
+        mask_secret(encoded)  # Airflow masks the raw password; the URL carries this form of it
+    netloc = f"{userinfo}:{encoded}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def settings_from_connection(conn: Connection) -> DibsSettings:
+    """Check a ``dibs`` connection and turn it into :class:`DibsSettings`, or a clear error.
+
+    Every problem is a :class:`dibs.ConfigurationError` naming the connection, the field and what would be
+    right; the password never appears in it.
+    """
+    conn_id = conn.conn_id
+    if conn.conn_type not in (None, "", CONN_TYPE):
+        raise _bad(
+            conn_id,
+            "conn_type",
+            f"is {conn.conn_type!r}; use conn_type 'dibs' with the store URL in extra 'store_url' "
+            "(e.g. {'conn_type': 'dibs', 'extra': {'store_url': 'postgresql+psycopg://dibs@db/dibs'}})",
+        )
+    for field in ("host", "login", "schema", "port"):
+        value = getattr(conn, field, None)
+        if value not in (None, ""):
+            raise _bad(
+                conn_id,
+                field,
+                f"is set ({value!r}) but a dibs connection does not use it; put the whole store URL, "
+                "user and host included, in extra 'store_url' and the password in the Password field",
+            )
+    extra = _extras(conn_id, conn.extra_dejson)
+    url = _store_url(conn_id, extra.get("store_url"))
+    source = f"connection {conn_id!r}"
+    if url is None:
+        url, fallback = _fallback_url()
+        source = f"{source} (store_url empty: {fallback})"
+    if conn.password:
+        url = _with_password(conn_id, url, conn.password)
+    namespace = extra.get("namespace") or "default"
+    try:
+        validate_namespace(namespace)
+    except ConfigurationError as exc:
+        raise _bad(conn_id, "extra 'namespace'", exc.message.removeprefix("invalid namespace ")) from exc
+    ttl = _seconds(conn_id, extra, "ttl")
+    interval = _seconds(conn_id, extra, "heartbeat_interval")
+    if interval is not None and ttl is not None and interval >= ttl:
+        # Without a ttl here the core checks against its own default when the client is built.
+        raise _bad(
+            conn_id,
+            "extra 'heartbeat_interval'",
+            f"({interval:g}s) must be shorter than the ttl ({ttl:g}s), or the lease expires between "
+            "heartbeats; a third of the ttl is a good choice",
+        )
+    return DibsSettings(
+        store_url=url,
+        source=source,
+        namespace=namespace,
+        ttl=ttl,
+        heartbeat_interval=interval,
+        wait_timeout=_seconds(conn_id, extra, "wait_timeout"),
+    )
+
+
+def _fallback_url() -> tuple[str, str]:
+    if os.environ.get(STORE_URL_ENV, "").strip():
+        return default_store_url(), f"${STORE_URL_ENV}"
+    return default_store_url(), "the embedded default store"
+
+
+def fallback_settings(conn_id: str) -> DibsSettings:
+    """Settings when no ``dibs_default`` connection exists: ``DIBS_STORE_URL``, then the embedded store."""
+    url, source = _fallback_url()
+    return DibsSettings(store_url=url, source=f"{source} (no connection {conn_id!r})")
+
+
+class DibsHook(BaseHook):
+    """Build :class:`dibs.Reservations` clients from a ``dibs`` connection.
+
+    :param dibs_conn_id: the connection (default ``dibs_default``; if that one does not exist,
+        ``DIBS_STORE_URL`` and then the embedded default store are used).
+    :param namespace: overrides the connection's namespace.
+    :param ttl: overrides the connection's lease ttl.
+
+    Sync callers (tasks) use :meth:`get_client`; the triggerer uses :meth:`aget_client`, which fetches
+    the connection and opens the store off the event loop.
+    """
+
+    conn_name_attr = "dibs_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = CONN_TYPE
+    hook_name = "dibs (task reservations)"
+
+    #: Connection form for Airflow < 3.2, which does not read ``conn-fields`` from provider info.
+    _UI_FIELD_BEHAVIOUR: ClassVar[dict[str, Any]] = {
+        "hidden_fields": ["host", "port", "login", "schema"],
+        "relabeling": {"password": "Store password or secret"},
+        "placeholders": {
+            "extra": '{"store_url": "postgresql+psycopg://dibs@db/dibs", "namespace": "default", "ttl": 60}',
+            "password": "optional; inserted into the store URL",
+        },
+    }
+
+    def __init__(
+        self,
+        dibs_conn_id: str = DEFAULT_CONN_ID,
+        *,
+        namespace: str | None = None,
+        ttl: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dibs_conn_id = dibs_conn_id
+        self.namespace = namespace
+        self.ttl = ttl
+        self._settings: DibsSettings | None = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return dict(cls._UI_FIELD_BEHAVIOUR)
+
+    # -- settings ---------------------------------------------------------------------------------
+    def _settings_from(self, conn: Connection | None) -> DibsSettings:
+        settings = (
+            settings_from_connection(conn) if conn is not None else fallback_settings(self.dibs_conn_id)
+        )
+        self.log.info("dibs store %s (from %s)", settings.display_url, settings.source)
+        self._settings = settings
+        return settings
+
+    def _missing(self, exc: AirflowNotFoundException) -> None:
+        if self.dibs_conn_id != DEFAULT_CONN_ID:
+            raise ConfigurationError(
+                f"dibs connection {self.dibs_conn_id!r} is not defined; create it (conn_type 'dibs', "
+                f"store URL in extra 'store_url') or leave the connection id at {DEFAULT_CONN_ID!r} to "
+                f"use ${STORE_URL_ENV} or the embedded default store",
+                conn_id=self.dibs_conn_id,
+                field="conn_id",
+            ) from exc
+
+    def get_settings(self) -> DibsSettings:
+        """The checked connection (read once per hook)."""
+        if self._settings is not None:
+            return self._settings
+        try:
+            conn: Connection | None = self.get_connection(self.dibs_conn_id)
+        except AirflowNotFoundException as exc:
+            self._missing(exc)
+            conn = None
+        return self._settings_from(conn)
+
+    async def aget_settings(self) -> DibsSettings:
+        """:meth:`get_settings` for the event loop: the connection is fetched with the async SDK call.
+
+        Parsing runs in a worker thread: reading a connection's extra registers its values with the
+        secrets masker through a *blocking* call to the supervisor, which must not run on the loop.
+        """
+        if self._settings is not None:
+            return self._settings
+        try:
+            conn: Connection | None = await self.aget_connection(self.dibs_conn_id)
+        except AirflowNotFoundException as exc:
+            self._missing(exc)
+            conn = None
+        return await asyncio.to_thread(self._settings_from, conn)
+
+    @property
+    def wait_timeout(self) -> float | None:
+        """The connection's wait timeout (``None``: wait as long as the holder's lease lives)."""
+        return self.get_settings().wait_timeout
+
+    # -- clients ----------------------------------------------------------------------------------
+    def get_client(self) -> Reservations:
+        """A new client; close it (or use it as a context manager) when done."""
+        return self.get_settings().client(namespace=self.namespace, ttl=self.ttl)
+
+    def get_conn(self) -> Reservations:
+        """Airflow's conventional name for :meth:`get_client`."""
+        return self.get_client()
+
+    async def aget_client(self) -> AsyncReservations:
+        """An async client for the triggerer. Opening a store may block (it connects and checks the
+        schema), so that runs in a worker thread; close it with ``await hook.aclose(client)``."""
+        settings = await self.aget_settings()
+        client = await asyncio.to_thread(settings.client, namespace=self.namespace, ttl=self.ttl)
+        return client.aio()
+
+    @staticmethod
+    async def aclose(client: AsyncReservations) -> None:
+        await asyncio.to_thread(client.client.close)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Open the store and read one key: what ``airflow connections test`` and the UI call."""
+        try:
+            settings = self.get_settings()
+            with settings.client(namespace=self.namespace, ttl=self.ttl) as client:
+                client.status("dibs-connection-test")
+        except Exception as exc:  # the UI shows the message; it must never be a traceback
+            return False, f"{type(exc).__name__}: {exc}"
+        return True, f"dibs store {settings.display_url} is reachable (namespace {settings.namespace!r})"

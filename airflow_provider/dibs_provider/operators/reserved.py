@@ -1,0 +1,550 @@
+"""Reserved operators: the work of a task runs once per key across DAG runs, DAGs and retries.
+
+Every reserved task asks the store one atomic question before it works
+(:meth:`dibs.Reservations.get_or_reserve`):
+
+* **hit**: the key's artifact exists. Nothing runs; the artifact is the task's return value (its XCom)
+  and the log names the run that made it.
+* **acquired**: this task holds the lease. The wrapped operator's ``execute`` runs while a background
+  thread heartbeats the lease; its result is stored as the artifact and returned. If it raises, the
+  lease is released with the failure recorded (so a waiting run takes over at once) and the task
+  fails as it normally would.
+* **busy**: another run holds the lease. The task *defers* to :class:`ReservationTrigger`, so no
+  worker slot is held while it waits, and resumes in :meth:`ReservedOperatorMixin.execute_complete`
+  when the artifact exists (it returns it) or the key is free again (it asks again, and may run the
+  work or defer again). With ``reservation_deferrable=False`` it waits in the worker instead.
+
+The owner of a lease is the *logical* task, ``dag_id/run_id/task_id/map_index`` (no try number), so a
+retry of a task whose worker died re-enters its own lease instead of waiting for it to expire.
+
+Each task also pushes an XCom ``dibs_outcome`` saying how it got its value (``computed``, ``waited`` or
+``hit``), with the key, token, producer, holder waited on and wait time.
+
+Three ways in, one implementation (:class:`ReservedOperatorMixin`):
+
+* ``@task.reserved`` (see :mod:`dibs_provider.decorators.reserved`),
+* :class:`ReservedPythonOperator` for classic DAGs,
+* :func:`reserved_operator` (or subclassing the mixin) for any existing operator, e.g.
+  ``reserved_operator(BashOperator)``: its ``execute`` result becomes the artifact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import time
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+
+from dibs import Acquired, Busy, Hit, Reservations
+from dibs.errors import (
+    ConfigurationError,
+    InvalidKey,
+    LeaseLost,
+    SerializationError,
+    StoreUnavailable,
+    WaitTimeout,
+)
+from dibs.keys import canonical_json, derive_key, digest
+from dibs.lease import Lease
+from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
+from dibs_provider.triggers.reservation import (
+    ReservationEvent,
+    ReservationTrigger,
+    error_from_event,
+    parse_event,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = [
+    "OUTCOME_XCOM_KEY",
+    "ReservedOperatorMixin",
+    "ReservedPythonOperator",
+    "reserved_operator",
+    "task_owner",
+]
+
+#: The XCom key under which every reserved task records how it got its value.
+OUTCOME_XCOM_KEY = "dibs_outcome"
+
+Role = Literal["computed", "waited", "hit"]
+OperatorT = TypeVar("OperatorT", bound=BaseOperator)
+
+
+def task_owner(context: Context) -> str:
+    """The lease owner of a task: the logical task, without the try number, so retries re-enter."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Waiting:
+    """What this task has waited so far: carried through deferrals by the trigger's event.
+
+    ``started`` is Unix time on whichever worker first found the key busy, and a later resume may run
+    on another host. That is fine for what it serves, the waiter's *own* timeout and the logs: clock
+    skew shifts when a timeout fires, never who holds the lease (the store's clock decides that).
+    """
+
+    started: float | None = None  # Unix time the key was first found busy; None: never waited
+    deferrals: int = 0
+    holder: str | None = None
+    waited_seconds: float = 0.0
+
+    @classmethod
+    def from_event(cls, event: ReservationEvent) -> _Waiting:
+        started = float(event["wait_started"])
+        return cls(started, int(event["deferrals"]), event.get("holder"), max(0.0, time.time() - started))
+
+    def remaining(self, timeout: float | None) -> float | None:
+        if timeout is None:
+            return None
+        elapsed = 0.0 if self.started is None else time.time() - self.started
+        return max(0.0, timeout - elapsed)
+
+
+class ReservedOperatorMixin(BaseOperator):
+    """Reserve the work of an operator: put this class *before* the operator in the bases.
+
+    ::
+
+        class ReservedBashOperator(ReservedOperatorMixin, BashOperator):
+            template_fields = (*BashOperator.template_fields, "reservation_key")
+
+    (which is what :func:`reserved_operator` does for you). The operator's ``execute`` runs only when
+    this task acquires the key; its return value is stored as the artifact (JSON by default, so it must
+    be JSON-serializable) and returned to every run that shares the key.
+
+    :param reservation_key: the key name (templated, e.g. ``"features-{{ ds }}"``). Default: the
+        operator's class, ``reservation_version`` and a canonical digest of its rendered template
+        fields (see :meth:`default_reservation_key`).
+    :param dibs_conn_id: the ``dibs`` connection (default ``dibs_default``).
+    :param reservation_namespace: overrides the connection's namespace.
+    :param reservation_ttl: lease ttl in seconds; overrides the connection's.
+    :param reservation_version: part of the default key: bump it when the work's code changes.
+    :param reservation_wait_timeout: seconds to wait for another run's lease before failing with
+        :class:`dibs.WaitTimeout`; default: the connection's, else as long as the holder's lease lives.
+    :param reservation_deferrable: defer while another run holds the key (default); ``False`` waits in
+        the worker.
+
+    Parameter names carry a ``reservation_`` prefix so they never collide with the wrapped operator's
+    own (many operators have a ``key`` or a ``deferrable``).
+    """
+
+    template_fields: Sequence[str] = ("reservation_key",)
+
+    def __init__(
+        self,
+        *,
+        reservation_key: str | None = None,
+        dibs_conn_id: str = DEFAULT_CONN_ID,
+        reservation_namespace: str | None = None,
+        reservation_ttl: float | None = None,
+        reservation_version: str | None = None,
+        reservation_wait_timeout: float | None = None,
+        reservation_deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.reservation_key = reservation_key
+        self.dibs_conn_id = dibs_conn_id
+        self.reservation_namespace = reservation_namespace
+        self.reservation_ttl = reservation_ttl
+        self.reservation_version = reservation_version
+        self.reservation_wait_timeout = reservation_wait_timeout
+        self.reservation_deferrable = reservation_deferrable
+
+    # -- the key --------------------------------------------------------------------------------------
+    def default_reservation_key(self, context: Context) -> str:
+        """The key when none is given: ``operator-class@version:digest-of-rendered-template-fields``.
+
+        Template fields are what Airflow itself treats as an operator's per-run inputs, and they are
+        rendered by now, so identical tasks in different DAG runs and DAGs agree on the key. If other
+        arguments change the result, set ``reservation_version`` or ``reservation_key``.
+        """
+        fields = {
+            name: getattr(self, name, None) for name in self.template_fields if name != "reservation_key"
+        }
+        identity = _operator_identity(type(self))
+        try:
+            inputs = digest(fields)
+        except TypeError as exc:
+            raise InvalidKey(
+                f"{self.task_id}: cannot derive a reservation key from the template fields of {identity} "
+                f"({exc}); pass reservation_key='...' (templated) instead",
+                name=identity,
+            ) from exc
+        name = f"{identity}@{self.reservation_version}" if self.reservation_version else identity
+        return f"{name}:{inputs}"
+
+    def resolve_reservation_key(self, context: Context) -> str:
+        key = self.reservation_key
+        if key is None:
+            return self.default_reservation_key(context)
+        if not isinstance(key, str) or not key.strip():
+            raise InvalidKey(
+                f"{self.task_id}: reservation_key rendered to {key!r}; it must be a non-empty string "
+                "(e.g. 'features-{{ ds }}'), or None for the derived key",
+                name=repr(key),
+            )
+        return key
+
+    # -- what runs when the key is ours ---------------------------------------------------------------
+    def execute_reserved(self, context: Context) -> Any:
+        """The work: the wrapped operator's ``execute``. Runs only while this task holds the lease."""
+        return super().execute(context)
+
+    # -- Airflow entry points -------------------------------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        return self._reserve(context, _Waiting())
+
+    def execute_complete(self, context: Context, event: object = None, **_: Any) -> Any:
+        """Resume after :class:`ReservationTrigger` fired: return the artifact, or try to reserve again.
+
+        Only ``event`` is used: defer kwargs do not reach this method on every code path.
+        """
+        ev = parse_event(event)
+        waiting = _Waiting.from_event(ev)
+        if ev["status"] == "timeout":
+            raise error_from_event(ev)
+        if ev["status"] == "error":
+            error = error_from_event(ev)
+            if not isinstance(error, StoreUnavailable):
+                raise error
+            # A store hiccup in the triggerer: the task itself asks once more before failing.
+            self.log.warning("dibs: watching %s failed (%s); asking the store again", ev["key"], error)
+        elif ev["status"] == "done":
+            self.log.info(
+                "dibs: %s was completed by %s (token %s) while this task waited %.1fs (%d deferral(s))",
+                ev["key"],
+                ev.get("producer"),
+                ev.get("token"),
+                waiting.waited_seconds,
+                waiting.deferrals,
+            )
+        else:
+            failure = ev.get("last_failure")
+            self.log.info(
+                "dibs: %s is free again (%s%s) after %.1fs; asking for the lease",
+                ev["key"],
+                ev.get("state"),
+                f": last holder failed with {failure}" if failure else "",
+                waiting.waited_seconds,
+            )
+        return self._reserve(context, waiting)
+
+    # -- the decision -------------------------------------------------------------------------------
+    def _hook(self) -> DibsHook:
+        return DibsHook(self.dibs_conn_id, namespace=self.reservation_namespace, ttl=self.reservation_ttl)
+
+    def _reserve(self, context: Context, waiting: _Waiting) -> Any:
+        name = self.resolve_reservation_key(context)
+        owner = task_owner(context)
+        hook = self._hook()
+        timeout = (
+            self.reservation_wait_timeout if self.reservation_wait_timeout is not None else hook.wait_timeout
+        )
+        with hook.get_client() as client:
+            outcome = client.get_or_reserve(name, owner)
+            if isinstance(outcome, Busy):
+                outcome, waiting = self._wait(client, outcome, owner, waiting, timeout)
+            if isinstance(outcome, Hit):
+                return self._use_artifact(context, outcome, owner, waiting)
+            return self._run_work(context, outcome, owner, waiting)
+
+    def _wait(
+        self, client: Reservations, busy: Busy, owner: str, waiting: _Waiting, timeout: float | None
+    ) -> tuple[Hit | Acquired, _Waiting]:
+        started = waiting.started if waiting.started is not None else time.time()
+        waiting = dataclasses.replace(waiting, started=started, holder=busy.holder)
+        remaining = waiting.remaining(timeout)
+        if remaining is not None and remaining <= 0:
+            raise WaitTimeout(
+                f"gave up on {busy.key} after {time.time() - started:.1f}s (wait timeout {timeout:g}s): "
+                f"held by {busy.holder!r} (attempt {busy.attempt}, {busy.remaining:.1f}s left on its lease)",
+                key=str(busy.key),
+                holder=busy.holder,
+            )
+        failure = f"; previous attempt failed: {busy.last_failure.error}" if busy.last_failure else ""
+        if self.reservation_deferrable:
+            self.log.info(
+                "dibs: %s is held by %s (attempt %d, lease expires in %.1fs)%s; deferring until it is done "
+                "or free, without holding a worker slot",
+                busy.key,
+                busy.holder,
+                busy.attempt,
+                busy.remaining,
+                failure,
+            )
+            self.defer(
+                trigger=ReservationTrigger(
+                    busy.key.name,
+                    namespace=busy.key.namespace,
+                    dibs_conn_id=self.dibs_conn_id,
+                    timeout=remaining,
+                    holder=busy.holder,
+                    wait_started=started,
+                    deferrals=waiting.deferrals + 1,
+                ),
+                method_name="execute_complete",
+            )
+        self.log.info(
+            "dibs: %s is held by %s (attempt %d, lease expires in %.1fs)%s; waiting in the worker",
+            busy.key,
+            busy.holder,
+            busy.attempt,
+            busy.remaining,
+            failure,
+        )
+        got = client.acquire(busy.key, owner, timeout=remaining)
+        return got, dataclasses.replace(waiting, waited_seconds=time.time() - started)
+
+    def _use_artifact(self, context: Context, hit: Hit, owner: str, waiting: _Waiting) -> Any:
+        role: Role = "hit" if waiting.started is None else "waited"
+        if role == "hit":
+            self.log.info(
+                "dibs: %s was already computed by %s (token %s); returning its artifact, running nothing",
+                hit.key,
+                hit.producer,
+                hit.token,
+            )
+        else:
+            self.log.info(
+                "dibs: using the artifact of %s stored by %s (token %s) after waiting %.1fs on %s",
+                hit.key,
+                hit.producer,
+                hit.token,
+                waiting.waited_seconds,
+                waiting.holder,
+            )
+        self._push_outcome(
+            context, role, str(hit.key), owner, waiting, token=hit.token, producer=hit.producer, stored=True
+        )
+        return hit.value
+
+    def _run_work(self, context: Context, acquired: Acquired, owner: str, waiting: _Waiting) -> Any:
+        lease = acquired.lease
+        if acquired.took_over_from:
+            self.log.warning(
+                "dibs: took over %s from %s, whose lease expired without a heartbeat (token %s)",
+                lease.key,
+                acquired.took_over_from,
+                lease.token,
+            )
+        if acquired.last_failure is not None:
+            self.log.info(
+                "dibs: %s failed %d time(s) before; last error from %s: %s",
+                lease.key,
+                acquired.last_failure.count,
+                acquired.last_failure.owner,
+                acquired.last_failure.error,
+            )
+        self.log.info("dibs: acquired %s as %s (token %s); running the work", lease.key, owner, lease.token)
+        with lease.keep_alive():
+            try:
+                value = self.execute_reserved(context)
+            except TaskDeferred:
+                _release(self, lease, "the reserved operator deferred while holding the lease")
+                raise ConfigurationError(
+                    f"{self.task_id}: the wrapped operator deferred while holding the lease on {lease.key}; "
+                    "a reserved operator must finish its work in execute(): turn its own deferrable mode "
+                    "off (e.g. deferrable=False)",
+                    key=str(lease.key),
+                ) from None
+            except AirflowSkipException:
+                _release(self, lease, None)  # skipping is not a failure: do not count it
+                raise
+            except BaseException as exc:
+                _release(self, lease, exc)
+                raise
+        stored = True
+        try:
+            lease.complete(value)
+        except LeaseLost as exc:
+            # Fenced out: another run owns the key now. Our value is still right for this run.
+            self.log.warning("dibs: computed %s but did not store it: %s", lease.key, exc)
+            stored = False
+        except SerializationError as exc:
+            _release(self, lease, exc)
+            raise SerializationError(
+                f"{self.task_id}: the result of {lease.key} cannot be stored as an artifact ({exc.message}); "
+                "return JSON-serializable data (or configure a serializer that can write it)",
+                key=str(lease.key),
+            ) from exc
+        if stored:
+            self.log.info("dibs: stored the artifact of %s (token %s)", lease.key, lease.token)
+        self._push_outcome(
+            context,
+            "computed",
+            str(lease.key),
+            owner,
+            waiting,
+            token=lease.token,
+            producer=owner,
+            stored=stored,
+            took_over_from=acquired.took_over_from,
+        )
+        return value
+
+    def _push_outcome(
+        self,
+        context: Context,
+        role: Role,
+        key: str,
+        owner: str,
+        waiting: _Waiting,
+        **details: Any,
+    ) -> None:
+        outcome = {
+            "role": role,
+            "key": key,
+            "owner": owner,
+            "waited_on": waiting.holder,
+            "waited_seconds": round(waiting.waited_seconds, 3),
+            "deferrals": waiting.deferrals,
+            **details,
+        }
+        context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=outcome)
+
+
+def _release(task: BaseOperator, lease: Lease, error: BaseException | str | None) -> None:
+    """Release so that waiters take over now; a store problem here must not hide the task's own error."""
+    try:
+        lease.release(error)
+    except (LeaseLost, StoreUnavailable) as exc:
+        task.log.warning("dibs: could not release %s (%s); it will expire after its ttl", lease.key, exc)
+
+
+def _operator_identity(cls: type) -> str:
+    """The class a reserved operator wraps (``airflow.providers.standard.operators.bash.BashOperator``)."""
+    for base in cls.__mro__:
+        if not issubclass(base, ReservedOperatorMixin):
+            return f"{base.__module__}.{base.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"  # pragma: no cover - the mixin alone
+
+
+# Context entries that are handles to the running task, not inputs to its work: never part of a key.
+_CONTEXT_HANDLES = frozenset(
+    {
+        "ti",
+        "task_instance",
+        "dag_run",
+        "dag",
+        "task",
+        "conf",
+        "macros",
+        "var",
+        "conn",
+        "inlets",
+        "outlets",
+        "inlet_events",
+        "outlet_events",
+        "triggering_asset_events",
+        "task_state_store",
+        "asset_state_store",
+        "test_mode",
+    }
+)
+
+
+def _is_data(name: str, value: Any) -> bool:
+    if name in _CONTEXT_HANDLES:
+        return False
+    try:
+        canonical_json(value)
+    except Exception:  # TypeError for foreign objects; pydantic models can fail in their own ways
+        return False
+    return True
+
+
+class ReservedPythonOperator(ReservedOperatorMixin, PythonOperator):
+    """A :class:`PythonOperator` whose callable runs once per key (see :class:`ReservedOperatorMixin`).
+
+    The default key is the callable's identity, ``reservation_version`` and a canonical digest of its
+    arguments (:func:`dibs.keys.derive_key`): ``op_args``, ``op_kwargs`` and the context values the
+    callable declares as parameters when they are data (``ds``, ``logical_date``, ``params``,
+    ``templates_dict``...). Handles such as ``ti`` or ``dag_run`` are not inputs and are left out, as are
+    the names in ``reservation_exclude``. A callable taking ``**context`` gets only its explicit arguments
+    digested.
+
+    :param reservation_exclude: parameter names to leave out of the default key (clients, loggers, run ids).
+    """
+
+    template_fields: Sequence[str] = (*PythonOperator.template_fields, "reservation_key")
+
+    def __init__(self, *, reservation_exclude: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reservation_exclude = tuple(reservation_exclude)
+
+    def default_reservation_key(self, context: Context) -> str:
+        fn: Callable[..., Any] = self.python_callable
+        kwargs = dict(self.op_kwargs)
+        exclude = list(self.reservation_exclude)
+        try:
+            parameters = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # builtins without a signature
+            parameters = {}  # type: ignore[assignment]
+        positional = list(parameters)[: len(self.op_args)]
+        available: Mapping[str, Any] = {**context, "templates_dict": self.templates_dict}
+        for name, parameter in parameters.items():
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            if name in kwargs or name in positional:
+                continue
+            if name not in KNOWN_CONTEXT_KEYS and name != "templates_dict":
+                continue
+            value = available.get(name)
+            dump = getattr(value, "dump", None)  # ParamsDict: its resolved values, not Param objects
+            if callable(dump):
+                value = dump()
+            if _is_data(name, value):
+                kwargs[name] = value
+            else:
+                kwargs[name] = None  # a handle (ti, dag_run...): bound for the signature, then excluded
+                exclude.append(name)
+        try:
+            return derive_key(
+                fn, tuple(self.op_args), kwargs, version=self.reservation_version, exclude=tuple(exclude)
+            )
+        except TypeError as exc:
+            raise InvalidKey(
+                f"{self.task_id}: cannot derive a reservation key from the arguments of "
+                f"{getattr(fn, '__qualname__', fn)!r} ({exc}); pass JSON-like arguments, list the "
+                "offending parameter in reservation_exclude, or give the key explicitly",
+                name=getattr(fn, "__qualname__", repr(fn)),
+            ) from exc
+
+
+@functools.cache
+def reserved_operator(operator_class: type[OperatorT]) -> type[ReservedOperatorMixin]:
+    """The reserved variant of any operator class: ``reserved_operator(BashOperator)(task_id=..., ...)``.
+
+    The new class takes the operator's own arguments plus the ``reservation_*`` ones of
+    :class:`ReservedOperatorMixin`, and ``reservation_key`` is templated alongside the operator's fields.
+    The same class is returned for the same operator, so DAG files can call this freely.
+    """
+    if not (isinstance(operator_class, type) and issubclass(operator_class, BaseOperator)):
+        raise ConfigurationError(f"reserved_operator() takes an operator class, got {operator_class!r}")
+    if issubclass(operator_class, ReservedOperatorMixin):
+        return operator_class
+    name = f"Reserved{operator_class.__name__}"
+    namespace = {
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": f"{operator_class.__name__}, reserved with dibs (see ReservedOperatorMixin).",
+        "template_fields": (*operator_class.template_fields, "reservation_key"),
+    }
+    # new_class picks Airflow's operator metaclass from the bases, as a class statement would.
+    reserved = types.new_class(
+        name, (ReservedOperatorMixin, operator_class), exec_body=lambda ns: ns.update(namespace)
+    )
+    return cast("type[ReservedOperatorMixin]", reserved)

@@ -1,0 +1,114 @@
+"""Wait for a key's artifact without ever computing it.
+
+:class:`ReservationSensor` is for tasks that need another DAG's reserved result but must not produce it
+themselves (a report that waits for the nightly features). It pokes the store once; if the artifact is
+not there it defers to :class:`ReservationTrigger` with ``for_artifact=True`` (a freed or expired lease
+does not end the wait: only an artifact does), so no worker slot is held. When the artifact exists,
+its value becomes the sensor's return value (XCom).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSensorTimeout
+
+from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
+from dibs_provider.triggers.reservation import ReservationTrigger, error_from_event, parse_event
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["ReservationSensor"]
+
+
+class ReservationSensor(BaseSensorOperator):
+    """Succeed once ``key`` has an artifact; return the artifact's value.
+
+    :param key: the key name (templated), e.g. ``"features-{{ ds }}"``: the ``key=`` the producing
+        reserved task uses.
+    :param namespace: the key's namespace (templated); default: the connection's.
+    :param dibs_conn_id: the ``dibs`` connection (default ``dibs_default``).
+    :param deferrable: poke once, then defer (default); ``False`` uses the classic poke/reschedule modes.
+
+    ``timeout``, ``soft_fail``, ``poke_interval`` and ``mode`` are the usual sensor arguments.
+    """
+
+    template_fields: Sequence[str] = ("key", "namespace")
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        namespace: str | None = None,
+        dibs_conn_id: str = DEFAULT_CONN_ID,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.key = key
+        self.namespace = namespace
+        self.dibs_conn_id = dibs_conn_id
+        self.deferrable = deferrable
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        hook = DibsHook(self.dibs_conn_id, namespace=self.namespace)
+        with hook.get_client() as client:
+            state = client.status(self.key)
+            if state.artifact is None:
+                lease = state.live_lease
+                self.log.info(
+                    "dibs: %s has no artifact yet (%s%s)",
+                    state.key,
+                    state.status,
+                    f", held by {lease.owner}" if lease is not None else "",
+                )
+                return False
+            value = client.decode(state.key, state.artifact)
+        self.log.info(
+            "dibs: %s was computed by %s (token %s)", state.key, state.artifact.producer, state.artifact.fence
+        )
+        return PokeReturnValue(is_done=True, xcom_value=value)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        return self._poke_or_defer(context, wait_started=time.time(), deferrals=0)
+
+    def _poke_or_defer(self, context: Context, *, wait_started: float, deferrals: int) -> Any:
+        poked = self.poke(context)
+        if isinstance(poked, PokeReturnValue):
+            return poked.xcom_value
+        remaining = max(0.0, self.timeout - (time.time() - wait_started))
+        if remaining <= 0:
+            raise AirflowSensorTimeout(f"{self.key}: no artifact after {self.timeout:g}s")
+        self.defer(
+            trigger=ReservationTrigger(
+                self.key,
+                namespace=self.namespace,
+                dibs_conn_id=self.dibs_conn_id,
+                for_artifact=True,
+                timeout=remaining,
+                wait_started=wait_started,
+                deferrals=deferrals + 1,
+            ),
+            method_name="execute_complete",
+            # Airflow's own deadline, a backstop for a triggerer that cannot reach the store at all.
+            timeout=timedelta(seconds=remaining),
+        )
+
+    def execute_complete(self, context: Context, event: object = None, **_: Any) -> Any:
+        ev = parse_event(event)
+        if ev["status"] == "timeout":
+            # AirflowSensorTimeout (not WaitTimeout) so that soft_fail / never_fail apply as for any sensor.
+            raise AirflowSensorTimeout(error_from_event(ev).message)
+        if ev["status"] == "error":
+            raise error_from_event(ev)
+        # "done": read the artifact now. If it vanished meanwhile (someone ran `dibs forget`), wait again.
+        return self._poke_or_defer(
+            context, wait_started=float(ev["wait_started"]), deferrals=int(ev["deferrals"])
+        )

@@ -1,0 +1,141 @@
+"""The ``dibs`` connection: parsing, fallbacks, credentials, and clear errors for bad connections."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from airflow.sdk import Connection
+
+from dibs import ConfigurationError
+from dibs_provider.hooks.dibs import DibsHook, settings_from_connection
+
+
+def conn(extra: dict[str, Any] | None = None, **fields: Any) -> Connection:
+    fields.setdefault("conn_type", "dibs")
+    return Connection(conn_id="dibs_test", extra=json.dumps(extra) if extra is not None else None, **fields)
+
+
+def env_conn(monkeypatch: pytest.MonkeyPatch, conn_id: str, value: dict[str, Any] | str) -> None:
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", value if isinstance(value, str) else json.dumps(value)
+    )
+
+
+def test_full_connection_is_parsed() -> None:
+    settings = settings_from_connection(
+        conn(
+            {"store_url": "postgresql+psycopg://dibs@db:5432/dibs", "namespace": "team.features", "ttl": 90},
+            password="p@ss/word",
+        )
+    )
+    assert settings.store_url == "postgresql+psycopg://dibs:p%40ss%2Fword@db:5432/dibs"
+    assert "p%40ss" not in repr(settings) and "***" in settings.display_url
+    assert (settings.namespace, settings.ttl, settings.heartbeat_interval) == ("team.features", 90.0, None)
+
+
+def test_uri_style_extras_are_text_and_still_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    env_conn(
+        monkeypatch, "dibs_uri", "dibs://?store_url=sqlite%3A%2F%2F%2F%2Ftmp%2Fx.db&ttl=20&wait_timeout=5"
+    )
+    settings = DibsHook("dibs_uri").get_settings()
+    assert (settings.store_url, settings.ttl, settings.wait_timeout) == ("sqlite:////tmp/x.db", 20.0, 5.0)
+
+
+def test_prefixed_extras_from_older_forms_are_accepted() -> None:
+    settings = settings_from_connection(conn({"extra__dibs__store_url": "sqlite:////tmp/y.db"}))
+    assert settings.store_url == "sqlite:////tmp/y.db"
+
+
+def test_default_connection_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'from-conn.db'}"
+    env_conn(monkeypatch, "dibs_default", {"conn_type": "dibs", "extra": {"store_url": url}})
+    hook = DibsHook()
+    assert hook.get_settings().store_url == url
+    with hook.get_client() as client:
+        assert client.store.url == url
+
+
+def test_without_connection_falls_back_to_dibs_store_url(store_url: str) -> None:
+    settings = DibsHook().get_settings()
+    assert settings.store_url == store_url
+    assert "DIBS_STORE_URL" in settings.source
+
+
+def test_without_connection_or_env_uses_the_embedded_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DIBS_STORE_URL", raising=False)
+    settings = DibsHook().get_settings()
+    assert settings.store_url.startswith("sqlite:///") and "embedded default" in settings.source
+
+
+def test_empty_store_url_in_connection_falls_back_too(store_url: str) -> None:
+    settings = settings_from_connection(conn({"namespace": "x"}))
+    assert settings.store_url == store_url and "store_url empty" in settings.source
+
+
+def test_an_explicit_connection_that_does_not_exist_is_an_error(store_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="'dibs_missing' is not defined"):
+        DibsHook("dibs_missing").get_settings()
+
+
+def test_async_settings_read_the_same_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    env_conn(monkeypatch, "dibs_async", {"conn_type": "dibs", "extra": {"store_url": "sqlite:////tmp/a.db"}})
+    settings = asyncio.run(DibsHook("dibs_async").aget_settings())
+    assert settings.store_url == "sqlite:////tmp/a.db"
+
+
+@pytest.mark.parametrize(
+    ("connection", "field", "hint"),
+    [
+        (conn({"store_url": "not a url"}), "extra 'store_url'", "postgresql+psycopg://"),
+        (conn({"store_url": "ftp://x/y"}), "extra 'store_url'", "known schemes"),
+        (conn({"store_url": "sqlite:////x.db", "ttl": "soon"}), "extra 'ttl'", "number of seconds"),
+        (conn({"store_url": "sqlite:////x.db", "ttl": -1}), "extra 'ttl'", "greater than 0"),
+        (
+            conn({"store_url": "sqlite:////x.db", "ttl": 10, "heartbeat_interval": 10}),
+            "heartbeat_interval",
+            "shorter",
+        ),
+        (conn({"store_url": "sqlite:////x.db", "namespace": "a b"}), "extra 'namespace'", "dot-separated"),
+        (conn({"store_url": "sqlite:////x.db", "storeurl": "x"}), "extra", "understands store_url"),
+        (conn({"store_url": "sqlite:////x.db"}, host="db"), "host", "extra 'store_url'"),
+        (conn({"store_url": "sqlite:////x.db"}, password="secret-pw"), "password", "no server password"),
+        (
+            conn({"store_url": "postgresql://u:old@db/x"}, password="secret-pw"),
+            "password",
+            "only in the Password",
+        ),
+        (conn({"store_url": "sqlite:////x.db"}, conn_type="postgres"), "conn_type", "use conn_type 'dibs'"),
+    ],
+)
+def test_bad_connections_name_the_field_and_the_fix(connection: Connection, field: str, hint: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        settings_from_connection(connection)
+    message = str(info.value)
+    assert "dibs connection 'dibs_test'" in message and field in message and hint in message
+    assert "secret-pw" not in message
+
+
+def test_core_rules_checked_at_client_time_still_name_the_connection() -> None:
+    # heartbeat_interval without a ttl is checked against the core's default ttl when the client is built
+    settings = settings_from_connection(conn({"store_url": "sqlite:////tmp/z.db", "heartbeat_interval": 600}))
+    with pytest.raises(ConfigurationError, match=r"connection 'dibs_test'.*heartbeat_interval"):
+        settings.client()
+
+
+def test_test_connection_reports_success_and_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    env_conn(
+        monkeypatch, "dibs_ok", {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/ok.db"}}
+    )
+    ok, message = DibsHook("dibs_ok").test_connection()
+    assert ok and "reachable" in message
+    env_conn(
+        monkeypatch, "dibs_bad", {"conn_type": "dibs", "extra": {"store_url": "sqlite:////x.db", "ttl": "x"}}
+    )
+    ok, message = DibsHook("dibs_bad").test_connection()
+    assert not ok and "ConfigurationError" in message and "'ttl'" in message

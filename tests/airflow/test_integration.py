@@ -1,0 +1,181 @@
+"""Real Airflow, real processes: ``dag.test()`` runs in spawned processes sharing one SQLite store.
+
+Each process has its own Airflow home and metadata database (copied from one migrated template); only
+the dibs store is shared. Waits are bounded polls for a condition, never sleeps followed by asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from tests.airflow._child import run_dags
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+AIRFLOW = Path(sys.executable).with_name("airflow")
+BOUND = 150.0  # seconds: only ever reached when something is broken
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One migrated Airflow metadata database that every child process copies."""
+    home = tmp_path_factory.mktemp("airflow-template")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+    }
+    done = subprocess.run(
+        [str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return home / "airflow.db"
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def wait_until(condition: Callable[[], bool], processes: list[BaseProcess], what: str, logs: Path) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+        assert not failed, f"a child process failed (exit codes {failed}) before {what}\n{child_logs(logs)}"
+        assert time.monotonic() < deadline, f"gave up waiting for {what}\n{child_logs(logs)}"
+        time.sleep(0.05)
+
+
+def child_logs(tmp_path: Path) -> str:
+    return "\n".join(
+        f"--- {log.parent.name}\n" + log.read_text()[-4000:]
+        for log in sorted(tmp_path.glob("home*/child.log"))
+    )
+
+
+def start(
+    tmp_path: Path, template_db: Path, dags: Path, env: dict[str, str], runs: list[list[tuple[str, str]]]
+) -> list[BaseProcess]:
+    """One spawned process per entry of ``runs`` (fresh interpreters: Airflow configures itself on import)."""
+    context = multiprocessing.get_context("spawn")
+    processes: list[BaseProcess] = [
+        context.Process(
+            target=run_dags,
+            kwargs={
+                "home": str(tmp_path / f"home{i}"),
+                "template_db": str(template_db),
+                "dags_folder": str(dags),
+                "env": env,
+                "runs": child_runs,
+                "results": str(tmp_path / "runs.jsonl"),
+            },
+        )
+        for i, child_runs in enumerate(runs)
+    ]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template_db: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}", "DIBS_IT_DIR": str(work)}
+    started = time.monotonic()
+    runs = [[("dibs_integration", f"2024-01-0{i}")] for i in (1, 2, 3)]  # three runs: three owners
+    processes = start(tmp_path, template_db, HERE / "dags", env, runs)
+    try:
+        # The run that acquired the key holds it until the two others have found it busy and deferred.
+        wait_until(
+            lambda: len(lines(work / "executions.txt")) >= 1 and len(lines(work / "deferrals.txt")) >= 2,
+            processes,
+            "one execution and two deferrals",
+            tmp_path,
+        )
+        (work / "go").touch()
+        for process in processes:
+            process.join(BOUND)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+    elapsed = time.monotonic() - started
+    print(f"three-process integration scenario took {elapsed:.1f}s")
+    assert [p.exitcode for p in processes] == [0, 0, 0], child_logs(tmp_path)
+
+    assert len(lines(work / "executions.txt")) == 1
+    assert len(lines(work / "deferrals.txt")) == 2
+    done = [json.loads(line) for line in lines(tmp_path / "runs.jsonl")]
+    assert len(done) == 3 and all(run["state"] == "success" for run in done)
+    outcomes = [run["outcomes"]["build_features[-1]"] for run in done]
+    assert sorted(o["role"] for o in outcomes) == ["computed", "waited", "waited"]
+    computed = next(o for o in outcomes if o["role"] == "computed")
+    for outcome in outcomes:
+        assert outcome["key"] == computed["key"] and outcome["token"] == computed["token"]
+        assert outcome["producer"] == computed["owner"]
+        if outcome["role"] == "waited":
+            assert outcome["waited_on"] == computed["owner"] and outcome["deferrals"] == 1
+    values = [run["values"]["build_features[-1]"] for run in done]
+    assert values[0] == values[1] == values[2] and values[0]["rows"] == 42
+    # downstream tasks of every run received the same artifact through XCom
+    received = [json.loads(line)["value"] for line in lines(work / "results.jsonl")]
+    assert len(received) == 3 and all(value == values[0] for value in received)
+
+
+def test_mapped_partitions_are_reserved_one_by_one(tmp_path: Path, template_db: Path) -> None:
+    env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}"}
+    days = [("dibs_mapped_partitions", "2026-02-01"), ("dibs_mapped_partitions", "2026-02-02")]
+    (process,) = start(tmp_path, template_db, REPO / "example_dags", env, [days])
+    process.join(BOUND)
+    if process.is_alive():
+        process.kill()
+    assert process.exitcode == 0, child_logs(tmp_path)
+    first, second = (json.loads(line) for line in lines(tmp_path / "runs.jsonl"))
+    for task_id in ("process", "validate"):
+        names = [f"{task_id}[{i}]" for i in range(3)]
+        assert len({first["outcomes"][n]["key"] for n in names}) == 3  # one key per partition
+        assert [first["outcomes"][n]["role"] for n in names] == ["computed"] * 3
+        assert [second["outcomes"][n]["role"] for n in names] == ["hit"] * 3
+        assert [second["outcomes"][n]["key"] for n in names] == [first["outcomes"][n]["key"] for n in names]
+    assert first["values"]["combine[-1]"] == second["values"]["combine[-1]"] == 333
+
+
+def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copyfile(template_db, home / "airflow.db")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+        "AIRFLOW_CONN_DIBS_BAD": json.dumps({"conn_type": "dibs", "extra": {"ttl": 0}}),
+    }
+
+    def airflow(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(AIRFLOW), *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    extra = json.dumps({"store_url": f"sqlite:///{tmp_path / 'cli.db'}", "namespace": "team.cli", "ttl": 45})
+    added = airflow("connections", "add", "dibs_cli", "--conn-type", "dibs", "--conn-extra", extra)
+    assert added.returncode == 0, added.stdout + added.stderr
+    good = airflow("connections", "test", "dibs_cli")
+    assert good.returncode == 0 and "Connection success" in good.stdout, good.stdout + good.stderr
+    bad = airflow("connections", "test", "dibs_bad")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "dibs connection 'dibs_bad': extra 'ttl' must be a finite number" in bad.stdout

@@ -1,0 +1,342 @@
+"""Reserved operators, called directly with a minimal context against a real SQLite store.
+
+Deferral is exercised end to end without a triggerer: the ``TaskDeferred`` an operator raises carries
+the trigger, the test runs that trigger with asyncio, and feeds its event to ``execute_complete``, as
+Airflow would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+
+import dibs
+from dibs_provider.operators.reserved import (
+    OUTCOME_XCOM_KEY,
+    ReservedPythonOperator,
+    reserved_operator,
+    task_owner,
+)
+from dibs_provider.triggers.reservation import ReservationTrigger
+
+KEY = "features"
+
+
+class Work:
+    """A callable that counts its calls (the thing that must run once)."""
+
+    def __init__(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.calls = 0
+        self.result = {"rows": 3} if result is None else result
+        self.error = error
+
+    def __call__(self, day: str = "2024-01-01") -> Any:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def operator(work: Callable[..., Any], task_id: str = "t", **kwargs: Any) -> ReservedPythonOperator:
+    kwargs.setdefault("reservation_key", KEY)
+    return ReservedPythonOperator(task_id=task_id, python_callable=work, **kwargs)
+
+
+def outcome(context: dict[str, Any]) -> dict[str, Any]:
+    value: dict[str, Any] = context["ti"].xcoms[OUTCOME_XCOM_KEY]
+    return value
+
+
+def run_trigger(trigger: ReservationTrigger) -> dict[str, Any]:
+    async def first() -> dict[str, Any]:
+        payload: dict[str, Any] = (await anext(trigger.run())).payload
+        return payload
+
+    return asyncio.run(first())
+
+
+def event(status: str, **fields: Any) -> dict[str, Any]:
+    """A trigger event as ReservationTrigger would fire it (for paths a real trigger rarely takes)."""
+    base = {"status": status, "key": "default/features", "holder": "holder", "waited_seconds": 1.0}
+    return {**base, "wait_started": time.time(), "deferrals": 1, **fields}
+
+
+def deferred(op: BaseOperator, context: dict[str, Any], event: Any = None) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as info:
+        if event is None:
+            op.execute(context)
+        else:
+            op.execute_complete(context, event=event)  # type: ignore[attr-defined]
+    return info.value
+
+
+# -- the three answers ------------------------------------------------------------------------------------
+def test_acquired_runs_the_work_stores_and_returns(client: dibs.Reservations, make_context: Any) -> None:
+    work, context = Work(), make_context(run_id="run_1")
+    assert operator(work).execute(context) == {"rows": 3}
+    assert work.calls == 1
+    state = client.status(KEY)
+    assert state.artifact is not None and state.artifact.producer == "dag/run_1/t/-1"
+    assert outcome(context) == {
+        "role": "computed",
+        "key": "default/features",
+        "owner": "dag/run_1/t/-1",
+        "waited_on": None,
+        "waited_seconds": 0.0,
+        "deferrals": 0,
+        "token": state.artifact.fence,
+        "producer": "dag/run_1/t/-1",
+        "stored": True,
+        "took_over_from": None,
+    }
+
+
+def test_hit_returns_the_artifact_and_runs_nothing(client: dibs.Reservations, make_context: Any) -> None:
+    first, second = Work(), Work(result={"other": True})
+    operator(first).execute(make_context(dag_id="daily", run_id="r1"))
+    context = make_context(dag_id="hourly", run_id="r7")
+    assert operator(second, task_id="other").execute(context) == {"rows": 3}
+    assert second.calls == 0
+    assert outcome(context)["role"] == "hit" and outcome(context)["producer"] == "daily/r1/t/-1"
+
+
+def test_busy_defers_to_a_trigger_without_running(client: dibs.Reservations, make_context: Any) -> None:
+    client.get_or_reserve(KEY, owner="other/run/t/-1")
+    work, context = Work(), make_context()
+    deferral = deferred(operator(work, dibs_conn_id="dibs_default"), context)
+    assert work.calls == 0 and deferral.method_name == "execute_complete"
+    classpath, kwargs = deferral.trigger.serialize()
+    assert classpath.endswith("ReservationTrigger")
+    assert kwargs["key"] == KEY and kwargs["namespace"] == "default" and kwargs["holder"] == "other/run/t/-1"
+    assert kwargs["deferrals"] == 1 and kwargs["timeout"] is None and kwargs["for_artifact"] is False
+
+
+# -- every way back from a deferral ---------------------------------------------------------------------
+def test_resume_done_returns_the_artifact(client: dibs.Reservations, make_context: Any) -> None:
+    lease = client.get_or_reserve(KEY, owner="holder").lease  # type: ignore[union-attr]
+    work, context = Work(), make_context()
+    op = operator(work)
+    trigger = deferred(op, context).trigger
+    lease.complete({"rows": 99})
+    assert op.execute_complete(context, event=run_trigger(trigger)) == {"rows": 99}
+    assert work.calls == 0
+    assert outcome(context)["role"] == "waited" and outcome(context)["waited_on"] == "holder"
+    assert outcome(context)["deferrals"] == 1 and outcome(context)["producer"] == "holder"
+
+
+def test_resume_free_after_a_failure_runs_the_work(client: dibs.Reservations, make_context: Any) -> None:
+    lease = client.get_or_reserve(KEY, owner="holder").lease  # type: ignore[union-attr]
+    work, context = Work(), make_context()
+    op = operator(work)
+    trigger = deferred(op, context).trigger
+    lease.release(RuntimeError("holder crashed"))
+    event = run_trigger(trigger)
+    assert event["status"] == "free"
+    assert op.execute_complete(context, event=event) == {"rows": 3}
+    assert work.calls == 1
+    assert outcome(context)["role"] == "computed" and outcome(context)["waited_on"] == "holder"
+    assert client.status(KEY).artifact is not None
+
+
+def test_resume_free_but_another_run_won_defers_again(client: dibs.Reservations, make_context: Any) -> None:
+    lease = client.get_or_reserve(KEY, owner="holder").lease  # type: ignore[union-attr]
+    work, context = Work(), make_context()
+    op = operator(work)
+    first = deferred(op, context).trigger
+    lease.release("gave up")
+    event = run_trigger(first)
+    client.get_or_reserve(KEY, owner="faster-run")  # someone else takes the key before this task resumes
+    again = deferred(op, context, event=event).trigger.serialize()[1]
+    assert work.calls == 0
+    assert again["holder"] == "faster-run" and again["deferrals"] == 2
+    assert again["wait_started"] == first.serialize()[1]["wait_started"]  # the wait keeps its start
+
+
+def test_resume_timeout_raises_wait_timeout_naming_the_holder(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    client.get_or_reserve(KEY, owner="slow-holder")
+    op = operator(Work(), reservation_wait_timeout=0.2)
+    trigger = deferred(op, make_context()).trigger
+    assert 0 < trigger.serialize()[1]["timeout"] <= 0.2  # what is left of the wait timeout
+    with pytest.raises(dibs.WaitTimeout, match="slow-holder"):
+        op.execute_complete(make_context(), event=run_trigger(trigger))
+
+
+def test_wait_timeout_counts_the_whole_wait_across_deferrals(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    client.get_or_reserve(KEY, owner="holder")
+    ev = event("free", wait_started=time.time() - 100, deferrals=3, state="expired", last_failure=None)
+    with pytest.raises(dibs.WaitTimeout, match="holder"):
+        operator(Work(), reservation_wait_timeout=50).execute_complete(make_context(), event=ev)
+
+
+def test_resume_error_raises_the_dibs_error(store_url: str, make_context: Any) -> None:
+    ev = event("error", error_type="CorruptRecord", message="record is damaged", fields={"key": "default/k"})
+    with pytest.raises(dibs.CorruptRecord, match="damaged"):
+        operator(Work()).execute_complete(make_context(), event=ev)
+
+
+def test_resume_after_a_store_hiccup_asks_again(client: dibs.Reservations, make_context: Any) -> None:
+    client.get_or_reserve(KEY, owner="holder").lease.complete("done")  # type: ignore[union-attr]
+    ev = event("error", error_type="StoreUnavailable", message="connection reset", fields={})
+    context = make_context()
+    assert operator(Work()).execute_complete(context, event=ev) == "done"
+    assert outcome(context)["role"] == "waited"
+
+
+def test_resume_with_a_foreign_event_fails_clearly(store_url: str, make_context: Any) -> None:
+    with pytest.raises(dibs.ReservationError, match="did not fire"):
+        operator(Work()).execute_complete(make_context(), event={"status": "success"})
+
+
+def test_not_deferrable_waits_in_the_worker(
+    client: dibs.Reservations, make_context: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = client.get_or_reserve(KEY, owner="holder").lease  # type: ignore[union-attr]
+    waiting = threading.Event()
+    real_acquire = dibs.Reservations.acquire
+
+    def acquire(self: dibs.Reservations, *args: Any, **kwargs: Any) -> Any:
+        waiting.set()  # the task found the key busy and is about to wait for it
+        return real_acquire(self, *args, **kwargs)
+
+    monkeypatch.setattr(dibs.Reservations, "acquire", acquire)
+    work, context, result = Work(), make_context(), []
+    op = operator(work, reservation_deferrable=False)
+    worker = threading.Thread(target=lambda: result.append(op.execute(context)))
+    worker.start()
+    assert waiting.wait(30)
+    lease.complete({"rows": 5})
+    worker.join(30)
+    assert result == [{"rows": 5}] and work.calls == 0
+    assert outcome(context)["role"] == "waited" and outcome(context)["waited_on"] == "holder"
+
+
+# -- holding the lease ----------------------------------------------------------------------------------
+def test_failure_releases_with_the_error_recorded(client: dibs.Reservations, make_context: Any) -> None:
+    with pytest.raises(ValueError, match="bad day"):
+        operator(Work(error=ValueError("bad day"))).execute(make_context())
+    state = client.status(KEY)
+    assert state.live_lease is None and state.artifact is None
+    assert state.failure is not None and "ValueError: bad day" in state.failure.error
+    # a waiter takes over at once instead of after the ttl
+    assert isinstance(client.get_or_reserve(KEY, owner="next-run"), dibs.Acquired)
+
+
+def test_skip_releases_without_counting_a_failure(client: dibs.Reservations, make_context: Any) -> None:
+    with pytest.raises(AirflowSkipException):
+        operator(Work(error=AirflowSkipException("nothing to do"))).execute(make_context())
+    state = client.status(KEY)
+    assert state.live_lease is None and state.failure is None
+
+
+def test_a_retry_re_enters_its_own_lease(client: dibs.Reservations, make_context: Any) -> None:
+    context = make_context(run_id="r1")
+    client.get_or_reserve(KEY, owner=task_owner(context))  # try 1 took the lease, then its worker died
+    work = Work()
+    assert operator(work).execute(context) == {"rows": 3}  # try 2: same logical task, not busy
+    assert work.calls == 1 and outcome(context)["role"] == "computed"
+
+
+def test_a_fenced_out_holder_still_returns_its_value(client: dibs.Reservations, make_context: Any) -> None:
+    def work() -> str:
+        client.force_release(KEY)  # our lease is lost while we work...
+        client.get_or_reserve(KEY, owner="new-holder")  # ...and someone else takes the key
+        return "mine"
+
+    context = make_context()
+    assert operator(work).execute(context) == "mine"
+    assert outcome(context)["stored"] is False
+    assert client.status(KEY).lease.owner == "new-holder"  # type: ignore[union-attr]
+
+
+def test_an_unstorable_result_fails_clearly_and_frees_the_key(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    with pytest.raises(dibs.SerializationError, match="JSON-serializable"):
+        operator(Work(result={1, 2})).execute(make_context())
+    assert client.status(KEY).live_lease is None
+
+
+# -- keys ---------------------------------------------------------------------------------------------------
+def build(day: str, region: str = "eu", ds: str | None = None, ti: Any = None) -> str:
+    return f"{day}-{region}"
+
+
+def derived(make_context: Any, op_kwargs: dict[str, Any], context: Any = None, **kwargs: Any) -> str:
+    kwargs.setdefault("task_id", "t")
+    op = ReservedPythonOperator(python_callable=build, op_kwargs=op_kwargs, **kwargs)
+    return op.resolve_reservation_key(make_context(**(context or {})))
+
+
+def test_derived_keys_are_shared_by_identical_calls_only(make_context: Any) -> None:
+    base = derived(make_context, {"day": "2024-01-01"})
+    assert base.startswith(f"{__name__}.build:")
+    assert derived(make_context, {"day": "2024-01-01", "region": "eu"}, task_id="other") == base  # defaults
+    assert derived(make_context, {"day": "2024-01-01"}, context={"dag_id": "other", "run_id": "x"}) == base
+    assert derived(make_context, {"day": "2024-01-02"}) != base
+    assert (
+        derived(make_context, {"day": "2024-01-01"}, context={"ds": "2024-02-02"}) != base
+    )  # ds is an input
+    assert derived(make_context, {"day": "2024-01-01"}, reservation_version="2") != base
+    assert derived(make_context, {"day": "2024-01-01"}, reservation_exclude=["ds"]) == derived(
+        make_context, {"day": "2024-01-01"}, reservation_exclude=["ds"], context={"ds": "2030-01-01"}
+    )
+
+
+def test_an_underivable_argument_asks_for_an_explicit_key(make_context: Any) -> None:
+    with pytest.raises(dibs.InvalidKey, match="give the key explicitly"):
+        derived(make_context, {"day": object()})
+
+
+def test_the_key_is_templated(make_context: Any) -> None:
+    op = operator(Work(), reservation_key="features-{{ ds }}")
+    context = make_context(ds="2024-03-04")
+    op.render_template_fields(context)  # type: ignore[arg-type]
+    assert op.resolve_reservation_key(context) == "features-2024-03-04"
+
+
+# -- any operator ---------------------------------------------------------------------------------------
+def test_reserved_operator_wraps_an_existing_operator(
+    client: dibs.Reservations, make_context: Any, tmp_path: Path
+) -> None:
+    ReservedBash = reserved_operator(BashOperator)
+    assert (
+        reserved_operator(BashOperator) is ReservedBash and "reservation_key" in ReservedBash.template_fields
+    )
+    runs = tmp_path / "runs.txt"
+    command = f"echo ran >> {runs}; echo artifact-value"
+    first, second = make_context(run_id="r1"), make_context(dag_id="other", run_id="r2")
+    assert ReservedBash(task_id="a", bash_command=command).execute(first) == "artifact-value"
+    assert ReservedBash(task_id="b", bash_command=command).execute(second) == "artifact-value"
+    assert runs.read_text().splitlines() == ["ran"]
+    assert outcome(first)["key"].startswith("default/airflow.providers.standard.operators.bash.BashOperator:")
+    assert outcome(second)["role"] == "hit"
+
+
+class _DeferringOperator(BaseOperator):
+    def execute(self, context: Any) -> None:
+        self.defer(trigger=ReservationTrigger("elsewhere"), method_name="execute")
+
+
+def test_a_wrapped_operator_that_defers_is_refused_and_the_key_freed(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    op = reserved_operator(_DeferringOperator)(task_id="d", reservation_key=KEY)
+    with pytest.raises(dibs.ConfigurationError, match="deferrable=False"):
+        op.execute(make_context())
+    assert client.status(KEY).live_lease is None

@@ -1,0 +1,130 @@
+"""The provider as Airflow sees it: discovery, the connection form, ``@task.reserved``, example DAGs, CLI."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from airflow.sdk import DAG, task
+
+from dibs.keys import derive_key
+from dibs_provider.decorators.reserved import reserved_task
+from dibs_provider.get_provider_info import get_provider_info
+from dibs_provider.operators.reserved import OUTCOME_XCOM_KEY
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_provider_info_is_valid_and_names_the_distribution() -> None:
+    import jsonschema
+
+    from airflow import providers_manager
+
+    schema = json.loads((Path(providers_manager.__file__).parent / "provider_info.schema.json").read_text())
+    info = get_provider_info()
+    jsonschema.validate(info, schema)
+    (entry_point,) = [
+        ep for ep in metadata.entry_points(group="apache_airflow_provider") if ep.dist.name == "dibs"
+    ]  # type: ignore[union-attr]
+    assert info["package-name"] == entry_point.dist.name == "dibs"  # type: ignore[union-attr]
+
+
+def test_providers_manager_discovers_connection_type_form_and_decorator() -> None:
+    from airflow.providers_manager import ProvidersManager
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    manager, runtime = ProvidersManager(), ProvidersManagerTaskRuntime()
+    assert "dibs" in manager.providers
+    hook = runtime.hooks["dibs"]
+    assert hook is not None and hook.hook_class_name == "dibs_provider.hooks.dibs.DibsHook"
+    assert hook.connection_id_attribute_name == "dibs_conn_id"
+    assert {"extra__dibs__store_url", "extra__dibs__ttl", "extra__dibs__namespace"} <= set(
+        manager.connection_form_widgets
+    )
+    assert "host" in manager.field_behaviours["dibs"]["hidden_fields"]
+    assert runtime.taskflow_decorators["reserved"] is reserved_task
+    assert task.reserved is reserved_task  # type: ignore[attr-defined]
+
+
+def test_decorator_maps_its_short_arguments_to_the_operator() -> None:
+    with DAG("d", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+
+        @task.reserved(  # type: ignore[attr-defined,misc]
+            key="k-{{ ds }}",
+            conn_id="dibs_x",
+            namespace="team.x",
+            ttl=5,
+            version="2",
+            exclude=["client"],
+            wait_timeout=30,
+            deferrable=False,
+            retries=3,
+        )
+        def build(day: str) -> str:
+            return day
+
+        build("2024-01-01")
+        build.override(task_id="other", key="explicit")("2024-01-02")
+
+    op = dag.task_dict["build"]
+    assert (op.reservation_key, op.dibs_conn_id, op.reservation_namespace, op.reservation_ttl) == (
+        "k-{{ ds }}",
+        "dibs_x",
+        "team.x",
+        5,
+    )
+    assert (op.reservation_version, op.reservation_exclude, op.reservation_wait_timeout) == (
+        "2",
+        ("client",),
+        30,
+    )
+    assert op.reservation_deferrable is False and op.retries == 3
+    assert "reservation_key" in op.template_fields and "op_kwargs" in op.template_fields
+    assert dag.task_dict["other"].reservation_key == "explicit"
+
+
+def shared(day: str, region: str = "eu") -> dict[str, str]:
+    return {"day": day, "region": region}
+
+
+def test_decorated_task_runs_reserved_and_shares_the_core_key(store_url: str, make_context: Any) -> None:
+    with DAG("d", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        reserved_task(shared, version="3")("2024-01-01")
+    context = make_context()
+    assert dag.task_dict["shared"].execute(context) == {"day": "2024-01-01", "region": "eu"}
+    outcome = context["ti"].xcoms[OUTCOME_XCOM_KEY]
+    assert outcome["role"] == "computed"
+    # the same key as the core's own decorator / derive_key: plain Python and Airflow share results
+    assert outcome["key"] == "default/" + derive_key(shared, ("2024-01-01",), {}, version="3")
+
+
+def test_mapped_decorated_task_keeps_its_reservation_arguments() -> None:
+    with DAG("d", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+
+        @task.reserved(version="1", ttl=7)  # type: ignore[attr-defined,misc]
+        def process(partition: str) -> str:
+            return partition
+
+        process.expand(partition=["a", "b"])
+    mapped = dag.task_dict["process"]
+    assert mapped.partial_kwargs["version"] == "1" and mapped.partial_kwargs["ttl"] == 7  # type: ignore[attr-defined]
+
+
+def test_example_dags_parse_and_serialize() -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = DagBag(str(REPO / "example_dags"))
+    assert bag.import_errors == {}
+    assert {"dibs_daily_training", "dibs_six_hourly_report", "dibs_mapped_partitions"} <= set(bag.dag_ids)
+    for dag in bag.dags.values():
+        DagSerialization.serialize_dag(dag)  # what the DAG processor stores for the scheduler
+    report = bag.dags["dibs_six_hourly_report"]
+    assert {"build_features", "export_day", "wait_for_model"} <= set(report.task_dict)

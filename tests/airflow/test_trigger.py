@@ -1,0 +1,154 @@
+"""ReservationTrigger: serialization, and run() against a real SQLite store, driven with asyncio.
+
+Every scenario has one possible event whatever the interleaving (a key completed before or after the
+trigger starts watching is ``done`` either way), so nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from airflow.sdk.module_loading import import_string
+
+import dibs
+from dibs import errors
+from dibs_provider.triggers.reservation import (
+    ReservationTrigger,
+    error_from_event,
+    parse_event,
+)
+
+
+def event(status: str, **fields: Any) -> dict[str, Any]:
+    """A payload shaped like the trigger's, for the mapping and validation tests."""
+    base = {"status": status, "key": "default/k", "holder": None, "waited_seconds": 0.0}
+    return {**base, "wait_started": 1.0, "deferrals": 1, **fields}
+
+
+def first_event(trigger: ReservationTrigger, while_waiting: Any = None) -> dict[str, Any]:
+    """Run the trigger to its first event, doing ``while_waiting()`` (in a thread) meanwhile."""
+
+    async def scenario() -> dict[str, Any]:
+        watching = asyncio.ensure_future(anext(trigger.run()))
+        if while_waiting is not None:
+            await asyncio.to_thread(while_waiting)
+        event = await watching
+        payload: dict[str, Any] = event.payload
+        return payload
+
+    return asyncio.run(scenario())
+
+
+def test_serialize_round_trips_through_the_class_path() -> None:
+    trigger = ReservationTrigger(
+        "features-2024-01-01",
+        namespace="team.x",
+        dibs_conn_id="dibs_other",
+        for_artifact=True,
+        timeout=12.5,
+        holder="dag/run/t/-1",
+        wait_started=1700000000.0,
+        deferrals=2,
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "dibs_provider.triggers.reservation.ReservationTrigger"
+    rebuilt = import_string(classpath)(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert pickle.loads(pickle.dumps(kwargs)) == kwargs  # plain data only: it is stored in Airflow's DB
+
+
+def test_fires_done_when_the_artifact_already_exists(client: dibs.Reservations) -> None:
+    lease = client.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+    lease.complete({"v": 1})
+    fired = first_event(ReservationTrigger("k", holder="producer", wait_started=100.0, deferrals=1))
+    assert fired["status"] == "done"
+    assert (fired["producer"], fired["token"], fired["key"]) == ("producer", lease.token, "default/k")
+    assert (fired["wait_started"], fired["deferrals"], fired["holder"]) == (100.0, 1, "producer")
+    assert "value" not in fired  # the artifact is read by the task, never carried in the event
+
+
+def test_fires_done_when_the_holder_completes_while_it_watches(client: dibs.Reservations) -> None:
+    lease = client.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+    fired = first_event(ReservationTrigger("k"), while_waiting=lambda: lease.complete([1, 2]))
+    assert fired["status"] == "done" and fired["token"] == lease.token
+
+
+def test_fires_free_with_the_failure_when_the_holder_releases(client: dibs.Reservations) -> None:
+    lease = client.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+    fired = first_event(
+        ReservationTrigger("k", holder="producer"),
+        while_waiting=lambda: lease.release(ValueError("bad input")),
+    )
+    assert fired["status"] == "free" and fired["state"] == "failed"
+    assert "ValueError: bad input" in fired["last_failure"]
+
+
+def test_fires_free_when_the_holder_lease_expires(store_url: str) -> None:
+    # A holder that never heartbeats: its short lease expires on the store's clock and the key is free.
+    with dibs.Reservations(store_url, ttl=0.3) as short:
+        assert isinstance(short.get_or_reserve("k", owner="crashed"), dibs.Acquired)
+        fired = first_event(ReservationTrigger("k", holder="crashed"))
+    assert fired["status"] == "free" and fired["state"] == "expired" and fired["last_failure"] is None
+
+
+def test_fires_timeout_naming_the_holder(client: dibs.Reservations) -> None:
+    client.get_or_reserve("k", owner="slow-holder")
+    fired = first_event(ReservationTrigger("k", timeout=0.2))
+    assert fired["status"] == "timeout" and fired["error_type"] == "WaitTimeout"
+    assert fired["fields"]["holder"] == "slow-holder"
+    error = error_from_event(parse_event(fired))
+    assert isinstance(error, dibs.WaitTimeout) and error.holder == "slow-holder"  # type: ignore[attr-defined]
+    assert "slow-holder" in str(error)
+
+
+def test_for_artifact_ignores_a_free_key(client: dibs.Reservations) -> None:
+    # Nobody holds the key: a task would run it, but a sensor waits for an artifact only.
+    fired = first_event(ReservationTrigger("k", for_artifact=True, timeout=0.2))
+    assert fired["status"] == "timeout"
+
+
+def test_fires_typed_error_for_an_invalid_key(store_url: str) -> None:
+    fired = first_event(ReservationTrigger("bad\x00key"))
+    assert fired["status"] == "error" and fired["error_type"] == "InvalidKey"
+    assert isinstance(error_from_event(parse_event(fired)), errors.InvalidKey)
+
+
+def test_fires_typed_error_for_a_bad_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_DIBS_BROKEN", '{"conn_type": "dibs", "extra": {"ttl": "never"}}')
+    fired = first_event(ReservationTrigger("k", dibs_conn_id="dibs_broken"))
+    assert fired["status"] == "error" and fired["error_type"] == "ConfigurationError"
+    error = error_from_event(parse_event(fired))
+    assert isinstance(error, dibs.ConfigurationError) and "'ttl'" in str(error)
+
+
+@pytest.mark.parametrize("name", errors.__all__)
+def test_every_dibs_error_maps_back_to_its_class(name: str) -> None:
+    error = error_from_event(parse_event(event("error", error_type=name, message="m", fields={})))
+    assert type(error) is getattr(errors, name) and str(error) == "m"
+
+
+def test_unknown_error_types_map_to_the_base_class() -> None:
+    parsed = parse_event(event("error", error_type="os.system", message="m"))
+    assert type(error_from_event(parsed)) is errors.ReservationError
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        "done",
+        {"status": "done"},
+        event("maybe"),
+        event("done", deferrals="1"),
+        event("free", wait_started=None),
+    ],
+)
+def test_malformed_events_are_rejected_clearly(payload: Any) -> None:
+    with pytest.raises(errors.ReservationError, match="ReservationTrigger did not fire"):
+        parse_event(payload)
