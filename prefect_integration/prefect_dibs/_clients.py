@@ -1,0 +1,148 @@
+"""Turning what a user passes as ``store=`` into a :class:`dibs.Reservations` client, once per process.
+
+``store`` may be a store URL, a :class:`~prefect_dibs.blocks.DibsStore` block, the name of a saved
+``DibsStore`` block, a ready :class:`dibs.Reservations` client, or ``None`` (``DIBS_STORE_URL``, then
+the embedded SQLite default). Resolution is lazy (at the first task call, not at import or
+decoration time) because loading a block needs the Prefect API, and a decorated task is imported by
+processes that never run it.
+
+Clients are cached per process and per settings: a SQLAlchemy engine (or a Redis pool) per task call
+would cost far more than the reservation itself, and every call of one task should share one pool.
+The cache holds only what a process opened itself; a client passed in by the user is used as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from dibs import Reservations
+from dibs.errors import ConfigurationError
+from dibs.serializers import Serializer
+from dibs.waiting import Backoff
+
+if TYPE_CHECKING:
+    from prefect_dibs.blocks import DibsStore
+
+__all__ = ["ClientSettings", "StoreSpec", "is_url", "resolve_client", "spec_identity"]
+
+#: What ``store=`` accepts: a URL, a ``DibsStore`` block or its saved name, a client, or ``None``.
+StoreSpec: TypeAlias = "str | DibsStore | Reservations | None"
+
+_CACHE: dict[tuple[Any, ...], Reservations] = {}
+_BLOCKS: dict[str, DibsStore] = {}  # saved blocks by name: loaded once per process
+_CACHE_LOCK = threading.Lock()
+
+
+def is_url(value: str) -> bool:
+    """A store URL has a scheme; anything else given as a string is a block name."""
+    return "://" in value
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSettings:
+    """Client settings that the integration lets a caller override; ``None`` keeps the default.
+
+    For a block, the default is the block's field; for a URL or ``None``, the core's default.
+    """
+
+    namespace: str | None = None
+    ttl: float | None = None
+    heartbeat_interval: float | None = None
+    serializer: str | Serializer | None = None
+    backoff: Backoff | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+
+def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()) -> Reservations:
+    """The client for ``store`` with ``settings`` applied (see the module docstring). Blocking: it may
+    load a block from the Prefect API and open a database; async callers run it in a thread."""
+    from prefect_dibs.blocks import DibsStore
+
+    overrides = settings.overrides()
+    if isinstance(store, Reservations):
+        if overrides:
+            raise ConfigurationError(
+                f"store= is a ready dibs.Reservations client, so {', '.join(sorted(overrides))} cannot be "
+                "applied to it; configure the client itself, or pass a URL or a DibsStore block instead"
+            )
+        return store
+    if isinstance(store, str) and not is_url(store):
+        store = _load_block(store)
+    if isinstance(store, DibsStore):
+        options = store.client_options()
+        options.update(overrides)
+        url = store.store_url()
+    elif store is None or isinstance(store, str):
+        options = overrides
+        url = store
+    else:
+        raise ConfigurationError(
+            f"store= must be a store URL, a DibsStore block or its name, a dibs.Reservations client or "
+            f"None, got {type(store).__name__}"
+        )
+    cache_key = (url, tuple(sorted((name, _hashable(value)) for name, value in options.items())))
+    with _CACHE_LOCK:
+        client = _CACHE.get(cache_key)
+        if client is None:
+            client = _CACHE[cache_key] = Reservations(url, **options)
+        return client
+
+
+def _load_block(name: str) -> DibsStore:
+    from prefect_dibs.blocks import DibsStore
+
+    with _CACHE_LOCK:
+        cached = _BLOCKS.get(name)
+    if cached is not None:
+        return cached
+    # ``load`` dispatches on "am I in async code?", which a worker thread of an async task (where the
+    # run context was copied) answers yes: ask for the sync implementation explicitly.
+    block = DibsStore.load(name, _sync=True)  # type: ignore[call-arg]  # async_dispatch's switch
+    if not isinstance(block, DibsStore):  # pragma: no cover - defensive: Prefect changed load()
+        raise ConfigurationError(f"could not load the DibsStore block {name!r}")
+    with _CACHE_LOCK:
+        _BLOCKS[name] = block
+    return block
+
+
+def _hashable(value: Any) -> Any:
+    """Settings as a cache key: serializers and backoffs by identity of their configuration."""
+    if isinstance(value, Backoff):
+        return ("backoff", dataclasses.astuple(value))
+    if isinstance(value, str | int | float | bool | bytes) or value is None:
+        return value
+    return ("object", id(value))
+
+
+def spec_identity(store: StoreSpec) -> Any:
+    """A hashable identity of a store spec, for equality of objects configured with it.
+
+    Two lock managers on the same URL and namespace are interchangeable, so Prefect's cache-policy
+    arithmetic (which refuses to combine two *different* lock managers) must see them as equal.
+    """
+    from prefect_dibs.blocks import DibsStore
+
+    if isinstance(store, DibsStore):
+        return ("block", store.store_url(), tuple(sorted(store.client_options().items(), key=lambda i: i[0])))
+    if isinstance(store, Reservations):
+        return ("client", id(store))
+    return ("spec", store)
+
+
+def clear_cache() -> None:
+    """Close and forget every client this process opened (tests; long-lived processes after a change
+    of block documents, which are otherwise read once per process)."""
+    with _CACHE_LOCK:
+        clients = list(_CACHE.values())
+        _CACHE.clear()
+        _BLOCKS.clear()
+    for client in clients:
+        client.close()

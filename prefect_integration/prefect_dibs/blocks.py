@@ -1,0 +1,180 @@
+"""The ``DibsStore`` block: where dibs keeps leases and artifacts, saved once in Prefect.
+
+A block lets a team point every flow (and every worker) at one shared store without copying URLs
+and passwords into code. Credentials live in :class:`~pydantic.SecretStr` fields, so Prefect stores
+them encrypted and never shows them in the UI, in ``repr`` or in logs; the URL field itself must be
+free of secrets (it is shown in the UI), which the validator enforces.
+
+Register the block type with ``prefect block register -m prefect_dibs``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from prefect.blocks.core import Block
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from dibs import Reservations
+from dibs.stores import redact_url
+
+if TYPE_CHECKING:
+    from prefect_dibs.locking import DibsLockManager
+
+__all__ = ["DibsStore"]
+
+
+class DibsStore(Block):
+    """A dibs store shared by flows: leases on cache keys and the artifacts they produce.
+
+    Tasks decorated with :func:`prefect_dibs.reserved` and :class:`prefect_dibs.DibsLockManager` take
+    their store, namespace and timings from it.
+
+    Example:
+        ```python
+        from prefect_dibs import DibsStore
+
+        DibsStore(url="postgresql+psycopg://dibs@db.internal/dibs", password="...").save("shared")
+
+        @reserved("shared")          # the block's name
+        @task
+        def build_features(day: str) -> dict: ...
+        ```
+    """
+
+    _block_type_name = "Dibs Store"
+    _block_type_slug = "dibs-store"
+    _logo_url = None
+    _documentation_url = "https://github.com/dibs-dev/dibs/blob/main/docs/prefect.md"  # type: ignore[assignment]
+    _description = (
+        "A dibs store: leases on cache keys so identical expensive tasks compute once across flow runs, "
+        "processes and machines, and the artifacts they produce."
+    )
+
+    # A URL typed with its password must not be echoed back by the validation error that refuses it.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    url: str | None = Field(
+        default=None,
+        title="Store URL",
+        description=(
+            "Where leases and artifacts live, without secrets, e.g. 'postgresql+psycopg://dibs@db/dibs', "
+            "'redis://cache:6379/0', 'sqlite:////shared/dibs.db'. Empty: the DIBS_STORE_URL environment "
+            "variable of the process running the task, then an embedded SQLite file (one machine only)."
+        ),
+        examples=["postgresql+psycopg://dibs@db.internal/dibs"],
+    )
+    password: SecretStr | None = Field(
+        default=None,
+        description="Password inserted into the URL (PostgreSQL, MySQL, Redis); stored encrypted.",
+    )
+    namespace: str = Field(
+        default="default",
+        description="Key namespace (dotted words). Airflow and Prefect share artifacts within one namespace.",
+    )
+    ttl: float = Field(
+        default=60.0,
+        gt=0,
+        title="Lease TTL (seconds)",
+        description="A crashed holder's lease is taken over this long after its last heartbeat.",
+    )
+    heartbeat_interval: float | None = Field(
+        default=None, gt=0, title="Heartbeat interval (seconds)", description="Default: a third of the TTL."
+    )
+    max_lease_age: float | None = Field(
+        default=None,
+        gt=0,
+        title="Maximum lease age (seconds)",
+        description="If set, no lease lives longer than this, however often it heartbeats.",
+    )
+    wait_timeout: float | None = Field(
+        default=None,
+        ge=0,
+        title="Wait timeout (seconds)",
+        description="How long a reserved task waits for another holder before failing. Empty: forever.",
+    )
+    serializer: Literal["json", "bytes", "pickle"] = Field(
+        default="json",
+        description="Artifact format. 'pickle' needs a signing key, so readers never run forged data.",
+    )
+    signing_key: SecretStr | None = Field(
+        default=None, description="HMAC key for the 'pickle' serializer; stored encrypted."
+    )
+    max_failures: int | None = Field(
+        default=None,
+        ge=1,
+        description="Refuse a key after this many recorded failures (until 'dibs forget'). Empty: never.",
+    )
+    on_store_unavailable: Literal["fail", "run"] = Field(
+        default="fail",
+        description="When the store cannot be reached: 'fail' the task, or 'run' it unreserved (logged).",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url_without_secrets(cls, url: str | None) -> str | None:
+        # The URL is a plain field, shown in the UI and in logs: a password typed into it would leak.
+        if url is None or not url.strip():
+            return None
+        url = url.strip()
+        if "://" not in url:
+            raise ValueError(f"{url!r} is not a store URL; expected e.g. 'sqlite:////abs/path/dibs.db'")
+        if redact_url(url) != url:
+            raise ValueError(
+                "the store URL contains a secret; put the password in the 'password' field (stored "
+                f"encrypted) and leave it out of the URL: {redact_url(url)}"
+            )
+        return url
+
+    @model_validator(mode="after")
+    def _pickle_needs_a_key(self) -> DibsStore:
+        if self.serializer == "pickle" and self.signing_key is None:
+            raise ValueError(
+                "serializer 'pickle' needs a signing_key, so that nobody can make readers run code"
+            )
+        return self
+
+    def store_url(self) -> str | None:
+        """The URL with the password inserted. It is a secret: never log it (log :attr:`url`)."""
+        if self.url is None or self.password is None:
+            return self.url
+        parts = urlsplit(self.url)
+        netloc = parts.netloc
+        userinfo, _, hostport = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0] if userinfo else ""
+        secret = quote(self.password.get_secret_value(), safe="")
+        return urlunsplit(parts._replace(netloc=f"{user}:{secret}@{hostport}"))
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`dibs.Reservations` that this block sets (secrets included)."""
+        options: dict[str, Any] = {
+            "namespace": self.namespace,
+            "ttl": self.ttl,
+            "serializer": self.serializer,
+            "on_store_unavailable": self.on_store_unavailable,
+        }
+        if self.heartbeat_interval is not None:
+            options["heartbeat_interval"] = self.heartbeat_interval
+        if self.max_lease_age is not None:
+            options["max_lease_age"] = self.max_lease_age
+        if self.max_failures is not None:
+            options["max_failures"] = self.max_failures
+        if self.signing_key is not None:
+            options["signing_key"] = self.signing_key.get_secret_value()
+        return options
+
+    def get_client(self, **overrides: Any) -> Reservations:
+        """A new :class:`dibs.Reservations` client on this store (close it when done).
+
+        ``overrides`` replace the block's settings for this client, e.g. ``ttl=10``.
+        """
+        options = self.client_options()
+        options.update(overrides)
+        return Reservations(self.store_url(), **options)
+
+    def lock_manager(self, **overrides: Any) -> DibsLockManager:
+        """A :class:`~prefect_dibs.DibsLockManager` on this store, for Prefect's SERIALIZABLE caching."""
+        from prefect_dibs.locking import DibsLockManager
+
+        return DibsLockManager(self, **overrides)
