@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -19,6 +20,7 @@ from dibs.config import default_owner, default_store_url, validate_seconds
 from dibs.errors import (
     ConfigurationError,
     LeaseLost,
+    ReservationError,
     SerializationError,
     StoreUnavailable,
     TooManyFailures,
@@ -27,10 +29,19 @@ from dibs.errors import (
 from dibs.keys import Key
 from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
-from dibs.records import ArtifactRecord, Granted, KeyState, Present, StoreOutcome
+from dibs.records import (
+    ArtifactRecord,
+    Granted,
+    Held,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    Present,
+    StoreOutcome,
+)
 from dibs.serializers import Serializer, SignedPickleSerializer, resolve_serializer
-from dibs.stores import Store, open_store
-from dibs.stores.aio import AsyncStore
+from dibs.stores import Store, open_store, redact_url
+from dibs.stores.base import Watch
 from dibs.waiting import AskAcquire, Backoff, Deadline, acquire_until, adrive, drive, read_until
 
 __all__ = ["AsyncReservations", "Reservations"]
@@ -108,9 +119,23 @@ class Reservations:
         self._signing_key = signing_key
         self.backoff = backoff or Backoff()
         self._owns_store = not isinstance(store, Store)
-        self.store: Store = store if isinstance(store, Store) else open_store(store or default_store_url())
+        self.store: Store = store if isinstance(store, Store) else self._open(store or default_store_url())
 
     # -- plumbing --------------------------------------------------------------------------------
+    def _open(self, url: str) -> Store:
+        """The store at ``url``. If it is unreachable right now, policy ``"fail"`` raises at once;
+        policy ``"run"`` must still run the work, so the store is opened on first use instead."""
+        try:
+            return open_store(url)
+        except StoreUnavailable as exc:
+            if self.on_store_unavailable == "fail":
+                log.error("store %s is unavailable (policy 'fail'): %s", redact_url(url), exc)
+                raise
+            log.warning(
+                "store %s is unavailable; opening it on first use (policy 'run'): %s", redact_url(url), exc
+            )
+            return _OpenLater(url)
+
     def key(self, key: str | Key) -> Key:
         """``key`` as a :class:`Key` in this client's namespace (validated)."""
         return Key.parse(key, self.namespace)
@@ -133,7 +158,20 @@ class Reservations:
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
         """The value of a stored artifact, after its integrity check."""
         payload = artifact.verified_payload(key)
-        return self._reader_for(key, artifact.serializer).loads(payload)
+        reader = self._reader_for(key, artifact.serializer)
+        try:
+            return reader.loads(payload)
+        except ReservationError as exc:
+            if str(key) in str(exc):
+                raise
+            # A serializer does not know which key it reads: a refused signature must still say where.
+            raise type(exc)(f"artifact of {key}: {exc}", **{**exc.fields, "key": str(key)}) from exc
+        except Exception as exc:
+            raise SerializationError(
+                f"artifact of {key} could not be read by serializer {artifact.serializer!r}: "
+                f"{type(exc).__name__}: {exc}",
+                key=str(key),
+            ) from exc
 
     def _reader_for(self, key: Key, name: str) -> Serializer:
         # An artifact is read with the serializer that wrote it, but never with one that would be
@@ -206,10 +244,14 @@ class Reservations:
         k = self.key(key)
         ask = AskAcquire(k, owner or default_owner(), self.ttl, self.max_lease_age)
         deadline = Deadline(timeout)
-        with self.store.watch(k) as watch:
-            outcome, _ = drive(
-                acquire_until(ask, deadline, self.backoff, notifies=self.store.notifies), self.store, watch
-            )
+        # Most calls are answered at once (a hit, or a free key), so ask before opening a watch,
+        # which can cost a connection (PostgreSQL LISTEN) or a subscription (Redis). Only a busy key
+        # opens one, and the loop then asks again before it waits, so no wake-up is missed.
+        outcome = self.store.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age)
+        if isinstance(outcome, Held) and not deadline.expired:
+            loop = acquire_until(ask, deadline, self.backoff, notifies=self.store.notifies)
+            with self.store.watch(k) as watch:
+                outcome, _ = drive(loop, self.store, watch)
         result = self._to_outcome(k, outcome)
         if isinstance(result, Busy):
             raise _wait_timeout(result, deadline)
@@ -222,9 +264,12 @@ class Reservations:
         """
         k = self.key(key)
         deadline = Deadline(timeout)
-        loop = read_until(k, deadline, self.backoff, notifies=self.store.notifies, for_artifact=for_artifact)
-        with self.store.watch(k) as watch:
-            state = drive(loop, self.store, watch)
+        state = self.store.read(k)  # as in acquire: a watch only once the key turns out to be busy
+        if not _wait_is_over(state, for_artifact) and not deadline.expired:
+            notifies = self.store.notifies
+            loop = read_until(k, deadline, self.backoff, notifies=notifies, for_artifact=for_artifact)
+            with self.store.watch(k) as watch:
+                state = drive(loop, self.store, watch)
         return self._settled(state, deadline, for_artifact)
 
     def _settled(self, state: KeyState, deadline: Deadline, for_artifact: bool) -> Hit | None:
@@ -262,6 +307,7 @@ class Reservations:
             got = self.acquire(k, owner, timeout=timeout)
         except StoreUnavailable as exc:
             if self.on_store_unavailable == "fail":
+                log.error("store unavailable for %s, not running it (policy 'fail'): %s", k, exc)
                 raise
             log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", k, exc)
             value = fn(*args, **(kwargs or {}))
@@ -290,6 +336,13 @@ class Reservations:
         except LeaseLost as exc:
             # Fenced out: someone else owns the key now. Our value is still right for our own caller.
             log.warning("%s: computed, but not stored: %s", k, exc)
+            return RunReport(k, value, "computed", lease.token, owner, waited_seconds=waited, stored=False)
+        except StoreUnavailable as exc:
+            # Lease.complete already re-read the key for a whole ttl: the store stayed unreachable.
+            if self.on_store_unavailable == "fail":
+                log.error("%s: computed, but the store failed while storing it (policy 'fail'): %s", k, exc)
+                raise
+            log.warning("%s: computed, but not stored: the store is unavailable (policy 'run'): %s", k, exc)
             return RunReport(k, value, "computed", lease.token, owner, waited_seconds=waited, stored=False)
         return RunReport(
             k, value, "computed", lease.token, owner, waited_seconds=waited, took_over_from=got.took_over_from
@@ -378,6 +431,8 @@ class AsyncReservations:
 
     def __init__(self, client: Reservations) -> None:
         self.client = client
+        from dibs.stores.aio import AsyncStore  # here, so that `import dibs` does not import asyncio
+
         self.store = AsyncStore(client.store)
 
     async def get_or_reserve(self, key: str | Key, owner: str | None = None) -> Outcome:
@@ -392,17 +447,16 @@ class AsyncReservations:
         c = self.client
         k = c.key(key)
         deadline = Deadline(timeout)
-        loop = acquire_until(
-            AskAcquire(k, owner or default_owner(), c.ttl, c.max_lease_age),
-            deadline,
-            c.backoff,
-            notifies=c.store.notifies,
-        )
-        watch = await self.store.watch(k)
-        try:
-            outcome, _ = await adrive(loop, self.store, watch)
-        finally:
-            await watch.close()
+        ask = AskAcquire(k, owner or default_owner(), c.ttl, c.max_lease_age)
+        # As in Reservations.acquire: a watch only once the key turns out to be busy.
+        outcome = await self.store.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age)
+        if isinstance(outcome, Held) and not deadline.expired:
+            loop = acquire_until(ask, deadline, c.backoff, notifies=c.store.notifies)
+            watch = await self.store.watch(k)
+            try:
+                outcome, _ = await adrive(loop, self.store, watch)
+            finally:
+                await watch.close()
         result = c._to_outcome(k, outcome)
         if isinstance(result, Busy):
             raise _wait_timeout(result, deadline)
@@ -414,16 +468,81 @@ class AsyncReservations:
         c = self.client
         k = c.key(key)
         deadline = Deadline(timeout)
-        loop = read_until(k, deadline, c.backoff, notifies=c.store.notifies, for_artifact=for_artifact)
-        watch = await self.store.watch(k)
-        try:
-            state = await adrive(loop, self.store, watch)
-        finally:
-            await watch.close()
+        state = await self.store.read(k)  # as in Reservations.wait
+        if not _wait_is_over(state, for_artifact) and not deadline.expired:
+            loop = read_until(k, deadline, c.backoff, notifies=c.store.notifies, for_artifact=for_artifact)
+            watch = await self.store.watch(k)
+            try:
+                state = await adrive(loop, self.store, watch)
+            finally:
+                await watch.close()
         return c._settled(state, deadline, for_artifact)
 
     async def status(self, key: str | Key) -> KeyState:
         return await self.store.read(self.client.key(key))
+
+
+def _wait_is_over(state: KeyState, for_artifact: bool) -> bool:
+    """What ends a wait at once (the rule :func:`dibs.waiting.read_until` applies to every read)."""
+    return state.artifact is not None or (not for_artifact and state.live_lease is None)
+
+
+class _OpenLater(Store):
+    """A store that could not be opened yet: each operation tries to open it again, and raises
+    :class:`StoreUnavailable` while it cannot, so the client's policy decides call by call."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._store: Store | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self._store.url if self._store is not None else redact_url(self._url)
+
+    def _opened(self) -> Store:
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(self._url)
+                self.notifies = self._store.notifies
+            return self._store
+
+    def read(self, key: Key) -> KeyState:
+        return self._opened().read(key)
+
+    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        return self._opened().acquire(key, owner, ttl, max_lease_age)
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        return self._opened().heartbeat(key, token, ttl)
+
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        return self._opened().complete(key, token, serializer, payload, checksum)
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+        self._opened().release(key, token, error)
+
+    def force_release(self, key: Key) -> bool:
+        return self._opened().force_release(key)
+
+    def forget(self, key: Key) -> bool:
+        return self._opened().forget(key)
+
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        return self._opened().list(namespace)
+
+    def reap(self, namespace: str | None = None) -> int:
+        return self._opened().reap(namespace)
+
+    def watch(self, key: Key) -> Watch:
+        return self._opened().watch(key)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
 
 
 def _wait_timeout(busy: Busy, deadline: Deadline) -> WaitTimeout:

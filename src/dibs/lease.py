@@ -7,7 +7,9 @@ coordinating, as in the seeds' orchestrator + remote pairing.
 
 :meth:`Lease.keep_alive` runs heartbeats in a background thread while the work runs. The thread stops
 when the ``with`` block ends (not when the process ends), and if the lease is lost it tells the work
-through :attr:`KeepAlive.lost`, :meth:`KeepAlive.check` and an optional callback.
+through :attr:`KeepAlive.lost`, :meth:`KeepAlive.check` and an optional callback. The thread is only
+started when the first heartbeat is due (see :class:`_Launcher`), so work that ends within one
+interval costs no thread at all.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -79,14 +82,72 @@ class Lease:
         return self._record.expires_at
 
     def complete(self, value: Any) -> ArtifactRecord:
-        """Store ``value`` as the key's artifact and end the lease, fenced by this lease's token."""
+        """Store ``value`` as the key's artifact and end the lease, fenced by this lease's token.
+
+        When the store fails during the write (:class:`StoreUnavailable`), the outcome is unknown: the
+        connection may have dropped after the store had already stored the artifact. The key is then
+        read again (see :meth:`_settle_complete`) instead of reporting a failure that may be false.
+        """
         serializer = self._client.serializer
         payload = serializer.dumps(value)
-        record = self._client.store.complete(
-            self.key, self._record.token, serializer.name, payload, checksum(payload)
-        )
+        digest = checksum(payload)
+        try:
+            record = self._client.store.complete(
+                self.key, self._record.token, serializer.name, payload, digest
+            )
+        except StoreUnavailable as exc:
+            record = self._settle_complete(serializer.name, payload, digest, exc)
         self._ended = True
         return record
+
+    def _settle_complete(
+        self, serializer: str, payload: bytes, digest: str, error: StoreUnavailable
+    ) -> ArtifactRecord:
+        """Resolve a complete whose outcome is unknown by reading the key again, for up to one ttl.
+
+        Our own artifact (this token's fence and this payload's checksum) means the write landed;
+        another artifact, or a lease that is no longer ours, means :class:`LeaseLost`; a lease that is
+        still ours means the write never landed, and it is sent again (safe: it is fenced by the
+        token, and a duplicate of a write that did land is refused, then recognised on the next read).
+        Only a store that stays unreachable for the whole ttl gets :class:`StoreUnavailable`, saying
+        that whether the artifact was stored is unknown.
+        """
+        from dibs.stores import transitions
+
+        store, token = self._client.store, self._record.token
+        started = time.monotonic()
+        deadline = started + max(self._record.ttl, 1.0)
+        delay = 0.05
+        log.warning(
+            "completing %s failed (%s); reading the key to find out whether it was stored", self.key, error
+        )
+        while (remaining := deadline - time.monotonic()) > 0:
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 1.0)
+            try:
+                state = store.read(self.key)
+            except StoreUnavailable as exc:
+                error = exc
+                continue
+            artifact = state.artifact
+            if artifact is not None and artifact.fence == token.fence and artifact.checksum == digest:
+                log.info("%s was stored by the complete whose reply was lost (token %s)", self.key, token)
+                return artifact
+            if artifact is not None or state.lease is None or state.lease.token != token:
+                raise transitions.explain_lost(state, token, "complete")
+            try:
+                return store.complete(self.key, token, serializer, payload, digest)
+            except StoreUnavailable as exc:
+                error = exc
+            except LeaseLost:
+                pass  # our earlier write may have landed since the read: the next read tells
+        raise StoreUnavailable(
+            f"could not complete {self.key}: the store failed and stayed unreachable for "
+            f"{time.monotonic() - started:.1f}s, so whether the artifact was stored is unknown "
+            f"(a later read will tell; if it was not, the lease expires and a waiter takes over): {error}",
+            key=str(self.key),
+            token=token.fence,
+        )
 
     def release(self, error: BaseException | str | None = None) -> None:
         """End the lease without an artifact so a waiter takes over now; ``error`` is recorded."""
@@ -189,14 +250,24 @@ class KeepAlive:
         self.error: LeaseLost | None = None
         self.beats = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._entered = 0.0
 
     def __enter__(self) -> Self:
-        self._thread = threading.Thread(
-            target=self._run, name=f"dibs-heartbeat-{self.lease.key.name[:40]}", daemon=True
-        )
-        self._thread.start()
+        self._entered = time.monotonic()
+        _LAUNCHER.add(self, self._entered + self.interval)
         return self
+
+    def _launch(self) -> None:
+        """Start the heartbeat thread (the first heartbeat is due now), unless the block has ended."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._thread = threading.Thread(
+                target=self._run, name=f"dibs-heartbeat-{self.lease.key.name[:40]}", daemon=True
+            )
+            self._thread.start()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -204,9 +275,12 @@ class KeepAlive:
         self.stop()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        _LAUNCHER.remove(self)
+        with self._lock:
+            self._stop.set()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def check(self) -> None:
         """Raise the :class:`LeaseLost` that stopped the heartbeats, if any: call it between work steps."""
@@ -214,8 +288,8 @@ class KeepAlive:
             raise self.error
 
     def _run(self) -> None:
-        last_success = time.monotonic()
-        wait = self.interval
+        last_success = self._entered
+        wait = max(0.0, self._entered + self.interval - time.monotonic())
         while not self._stop.wait(wait):
             try:
                 self.lease.heartbeat()
@@ -247,3 +321,58 @@ class KeepAlive:
         log.error("%s", error)
         if self.on_lost is not None:
             self.on_lost(error)
+
+
+class _Launcher:
+    """Starts each :class:`KeepAlive`'s heartbeat thread when its first heartbeat is due.
+
+    Most blocks of work end well within one heartbeat interval (a third of the ttl by default), and
+    then no thread is ever started for them: starting and joining a thread costs about as much as a
+    whole reserve-and-complete on a fast store (see ``benchmarks/``). One daemon thread per process
+    sleeps until the earliest first heartbeat of the blocks still running; a block still running then
+    gets its own thread, which heartbeats exactly as it would have from the start.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # A forked child has no threads: it starts its own launcher when it first needs one, and
+        # (as with plain threads) the blocks its parent was running are not kept alive in the child.
+        self._condition = threading.Condition(threading.Lock())
+        self._due: dict[KeepAlive, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, keeper: KeepAlive, due: float) -> None:
+        with self._condition:
+            self._due[keeper] = due
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dibs-heartbeat-launcher", daemon=True)
+                self._thread.start()
+            else:
+                self._condition.notify()
+
+    def remove(self, keeper: KeepAlive) -> None:
+        with self._condition:
+            self._due.pop(keeper, None)  # waking up early for it later is harmless
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while True:
+                    now = time.monotonic()
+                    due = [keeper for keeper, at in self._due.items() if at <= now]
+                    if due:
+                        for keeper in due:
+                            del self._due[keeper]
+                        break
+                    self._condition.wait(min(self._due.values()) - now if self._due else None)
+            for keeper in due:
+                try:
+                    keeper._launch()
+                except RuntimeError as exc:  # "can't start new thread": the lease then expires
+                    log.error("could not start the heartbeat thread of %s: %s", keeper.lease.key, exc)
+
+
+_LAUNCHER = _Launcher()

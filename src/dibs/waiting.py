@@ -17,13 +17,15 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Generator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import Held, KeyState, StoreOutcome
-from dibs.stores.aio import AsyncStore, AsyncWatch
 from dibs.stores.base import Store, Watch
+
+if TYPE_CHECKING:  # asyncio costs ~10 ms to import: only async callers pay for it
+    from dibs.stores.aio import AsyncStore, AsyncWatch
 
 __all__ = ["Backoff", "Deadline", "acquire_until", "adrive", "drive", "read_until"]
 

@@ -13,9 +13,20 @@ One row per key. How each operation stays atomic and cheap:
   lease id in the ``WHERE``); only when it matches no row is the row read again, to explain who has
   the key now.
 * Every statement runs in autocommit mode: SQLAlchemy's default transaction would add ``BEGIN`` and
-  ``COMMIT`` round trips to statements that are atomic on their own.
+  ``COMMIT`` round trips to statements that are atomic on their own (and, with PyMySQL, a
+  ``ROLLBACK`` when the connection goes back to the pool, so the pool does not reset connections).
+* The hot operations (``read``, ``acquire``, ``heartbeat``, ``complete``, ``release``) build and
+  compile their SQLAlchemy statements once per store and then run the compiled SQL on a pooled
+  DBAPI cursor: building, caching and executing a Core statement costs 40 to 150 microseconds of
+  Python per call, several times an SQLite statement or a PostgreSQL round trip (measured in
+  ``benchmarks/``). Where the database has ``UPDATE ... RETURNING`` (PostgreSQL, SQLite 3.35+),
+  ``complete`` returns the stored artifact in the same statement instead of reading it back.
 * Expiry is judged by the database's clock (``clock_timestamp()``, ``julianday('now')``,
-  ``NOW(6)``), never the client's. Times are stored as Unix seconds (double precision).
+  ``NOW(6)``), never the client's. Times are stored as Unix seconds (double precision). SQLite is
+  the exception that proves the rule: it runs inside each calling process, so ``julianday('now')``
+  is that process's clock. All processes of one machine share it, but a process whose clock is
+  shifted (as the reliability suite does with libfaketime) judges expiry wrongly, exactly like the
+  file store; ``RELIABILITY.md`` shows it.
 * PostgreSQL wakes waiters with ``LISTEN``/``NOTIFY``: a trigger notifies when a lease ends or an
   artifact appears, so no extra round trip is spent by writers.
 
@@ -32,17 +43,19 @@ URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import threading
 import time
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Dialect, Engine, make_url
 from sqlalchemy.engine.url import URL
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
@@ -60,15 +73,21 @@ from dibs.stores.base import PollingWatch, Store, Watch
 
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "dibs_changes"
 _OPTIONS = ("table", "schema", "synchronous", "busy_timeout")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-def _tables(name: str, schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table]:
+def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
     metadata = sa.MetaData(schema=schema)
-    payload_type = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+    payload_type: Any = sa.LargeBinary()
+    if dialect in ("mysql", "mariadb"):  # imported only here: the MySQL dialect takes ~50 ms to import
+        from sqlalchemy.dialects import mysql
+
+        payload_type = payload_type.with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
     reservations = sa.Table(
         name,
         metadata,
@@ -133,12 +152,14 @@ class SQLStore(Store):
         self._now = _now(self.dialect)
         self.table_name = options.get("table", "dibs_reservations")
         self.schema = options.get("schema")
-        self.metadata, self.t, self.meta = _tables(self.table_name, self.schema)
+        self.metadata, self.t, self.meta = _tables(self.table_name, self.schema, self.dialect)
         self.engine = _make_engine(sa_url, options, engine_kwargs)
+        self._listeners = _Listeners(self)
         # PostgreSQL: LISTEN/NOTIFY; SQLite: a shared-memory change counter (see _SQLiteWatch).
         self.notifies = self.dialect in ("postgresql", "sqlite")
         _dispose_in_forked_children(self.engine)
         self._ensure_schema()
+        self._prepare_statements()
 
     @classmethod
     def from_url(cls, url: str) -> SQLStore:
@@ -150,13 +171,31 @@ class SQLStore(Store):
 
     def close(self) -> None:
         self.engine.dispose()
+        self._listeners.close()
 
     # -- plumbing ---------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _connect(self) -> Iterator[Connection]:
         """A pooled autocommit connection; database errors become :class:`StoreUnavailable`."""
         try:
-            with self.engine.connect() as conn:
+            connection = self.engine.connect()
+        except (sa_exc.ProgrammingError, sa_exc.ArgumentError, TypeError) as exc:
+            # Raised before anything reached the server: the driver refused an option of the URL
+            # (psycopg: ProgrammingError, PyMySQL: TypeError). Not chained: it may quote the URL.
+            orig = getattr(exc, "orig", None) or exc
+            raise ConfigurationError(
+                f"the SQL store URL {self.url!r} has an option the {self.dialect} driver does not accept "
+                f"({type(orig).__name__}: {str(orig).strip().splitlines()[0][:200]}); remove it",
+                store=self.url,
+            ) from None
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
+            raise self._unavailable(exc) from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise self._unavailable(exc) from exc
+            raise
+        try:
+            with connection as conn:
                 yield conn
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
             raise self._unavailable(exc) from exc
@@ -164,6 +203,37 @@ class SQLStore(Store):
             if exc.connection_invalidated:
                 raise self._unavailable(exc) from exc
             raise
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        """A DBAPI cursor on a pooled autocommit connection, for the prepared statements.
+
+        Errors are translated as :meth:`_connect` does: an operational error or a lost connection
+        (which is invalidated, so the pool replaces it) is :class:`StoreUnavailable`; any other
+        database error is raised as SQLAlchemy's exception for it.
+        """
+        dbapi = self.engine.dialect.loaded_dbapi
+        try:
+            connection = self.engine.raw_connection()
+        except dbapi.Error as exc:
+            raise self._unavailable(exc) from exc
+        cursor = None
+        try:
+            cursor = connection.cursor()
+            yield cursor
+        except dbapi.Error as exc:
+            lost = self.engine.dialect.is_disconnect(exc, connection, cursor)
+            if lost:
+                connection.invalidate(exc)
+            if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
+                raise self._unavailable(exc) from exc
+            dialect = self.engine.dialect
+            raise sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect) from exc
+        finally:
+            if cursor is not None:
+                with contextlib.suppress(dbapi.Error):
+                    cursor.close()
+            connection.close()
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         orig = getattr(exc, "orig", None) or exc
@@ -198,7 +268,10 @@ class SQLStore(Store):
             self.metadata.create_all(conn, checkfirst=True)
             self._create_notify_trigger(conn)
         finally:
-            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
+            # A dropped connection took the lock with its session; unlocking on it would only replace
+            # the real error (a StoreUnavailable) with SQLAlchemy's PendingRollbackError.
+            if not conn.invalidated:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
 
     def _check_schema_version(self, conn: Connection) -> None:
         found = conn.execute(
@@ -244,18 +317,99 @@ class SQLStore(Store):
                 )
             )
 
-    # -- reading ----------------------------------------------------------------------------------
-    def _select_state(self, key: Key, *, with_payload: bool = True) -> sa.Select[Any]:
+    # -- the hot statements, built and compiled once -------------------------------------------------
+    def _prepare_statements(self) -> None:
+        """Compile the statements of read/acquire/heartbeat/complete/release for this database.
+
+        Every value that changes between calls is a ``p_*`` bind parameter; see :class:`_Prepared`.
+        """
+        t, now, dialect, p = self.t, self._now, self.engine.dialect, sa.bindparam
         # A one-row "clock" subquery left-joined to the key's row: the state and the database's
         # clock in one round trip, even when the key has no row yet.
-        clock = sa.select(self._now.label("now")).subquery("clock")
-        columns = [c for c in self.t.c if with_payload or c.name != "payload"]
-        return sa.select(clock.c.now, *columns).select_from(
-            clock.outerjoin(self.t, self.t.c.key_hash == key.digest)
+        clock = sa.select(now.label("now")).subquery("clock")
+        read = sa.select(clock.c.now, *t.c).select_from(clock.outerjoin(t, t.c.key_hash == p("p_key_hash")))
+        self._read_state = _Prepared(read, dialect, ("now", *(c.name for c in t.c)))
+
+        swapped: dict[str, Any] = {name: p(f"p_{name}") for name in (*_LEASE_COLUMNS, "fence", "attempts")}
+        new_row: dict[str, Any] = {name: p(f"p_{name}") for name in ("key_hash", "namespace", "name")}
+        insert = self._insert_if_absent({**new_row, "version": 1, "failure_count": 0, **swapped})
+        self._insert_new = _Prepared(insert, dialect)
+        swap = (
+            sa.update(t)
+            .where(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
+            .values(version=t.c.version + 1, **swapped)
+        )
+        self._swap_row = _Prepared(swap, dialect)
+
+        # Besides the token: the row must still be this key's (a write never lands in a row that
+        # claims another key), and it must have the owner that complete and release copy into the
+        # artifact or the failure (else the write would turn a damaged lease into a damaged
+        # artifact). A refused write is explained by a read, which reports the row as corrupt.
+        holding = sa.and_(
+            t.c.key_hash == p("p_key_hash"),
+            t.c.fence == p("p_fence"),
+            t.c.lease_id == p("p_lease_id"),
+            t.c.serializer.is_(None),
+            t.c.namespace == p("p_namespace"),
+            t.c.name == p("p_name"),
+            t.c.owner.is_not(None),
+        )
+        extended = now + p("p_ttl", type_=sa.Double)
+        capped = sa.case(
+            (sa.and_(t.c.max_expires_at.is_not(None), t.c.max_expires_at < extended), t.c.max_expires_at),
+            else_=extended,
+        )
+        heartbeat = (
+            sa.update(t)
+            .where(holding, sa.or_(t.c.max_expires_at.is_(None), t.c.max_expires_at > now))
+            .values(expires_at=capped, ttl=p("p_ttl", type_=sa.Double), version=t.c.version + 1)
+        )
+        self._heartbeat = _Prepared(heartbeat, dialect)
+
+        cleared = tuple((t.c[name], None) for name in _LEASE_COLUMNS)
+        # MySQL applies SET assignments left to right: read ``owner`` before the lease columns clear it.
+        complete = (
+            sa.update(t)
+            .where(holding)
+            .ordered_values(
+                (t.c.producer, t.c.owner),
+                (t.c.artifact_fence, t.c.fence),
+                (t.c.version, t.c.version + 1),
+                (t.c.serializer, p("p_serializer")),
+                (t.c.payload, p("p_payload")),
+                (t.c.size, p("p_size")),
+                (t.c.checksum, p("p_checksum")),
+                (t.c.created_at, now),
+                *cleared,
+            )
+        )
+        stored = ("serializer", "size", "checksum", "producer", "artifact_fence", "created_at")
+        if dialect.update_returning:
+            complete = complete.returning(*(t.c[name] for name in stored))
+            self._complete = _Prepared(complete, dialect, stored)
+        else:
+            self._complete = _Prepared(complete, dialect)
+        # Without RETURNING (MySQL/MariaDB), what complete stored is read back without the payload,
+        # which the caller has: re-reading a large artifact just written would double its transfer.
+        read_stored = sa.select(*(t.c[name] for name in stored)).where(t.c.key_hash == p("p_key_hash"))
+        self._read_stored = _Prepared(read_stored, dialect, stored)
+
+        released = (t.c.version, t.c.version + 1)
+        self._release = _Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
+        # The failure is recorded before the lease columns are cleared (MySQL assigns left to right).
+        failure: tuple[tuple[Any, Any], ...] = (
+            (t.c.failure_count, t.c.failure_count + 1),
+            (t.c.failure_error, p("p_error")),
+            (t.c.failure_owner, t.c.owner),
+            (t.c.failure_at, now),
+        )
+        self._release_failed = _Prepared(
+            sa.update(t).where(holding).ordered_values(*failure, released, *cleared), dialect
         )
 
-    def _read(self, conn: Connection, key: Key) -> tuple[KeyState, int | None]:
-        row = conn.execute(self._select_state(key)).mappings().one()
+    # -- reading ----------------------------------------------------------------------------------
+    def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
+        row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
         return self._state(key, row), row["version"]
 
     def _state(self, key: Key, row: Any) -> KeyState:
@@ -274,8 +428,8 @@ class SQLStore(Store):
             ) from exc
 
     def read(self, key: Key) -> KeyState:
-        with self._connect() as conn:
-            return self._read(conn, key)[0]
+        with self._cursor() as cursor:
+            return self._read(cursor, key)[0]
 
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         clock = sa.select(self._now.label("now")).scalar_subquery()
@@ -294,36 +448,26 @@ class SQLStore(Store):
 
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
-        with self._connect() as conn:
+        with self._cursor() as cursor:
             for _ in range(16):
-                state, version = self._read(conn, key)
+                state, version = self._read(cursor, key)
                 outcome, new_state = transitions.acquire(state, owner, ttl, max_lease_age)
-                if new_state is None or self._swap(conn, key, version, new_state):
+                if new_state is None or self._swap(cursor, key, version, new_state):
                     return outcome
         raise StoreUnavailable(
             f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
         )
 
-    def _swap(self, conn: Connection, key: Key, version: int | None, new: KeyState) -> bool:
-        values = _lease_columns(new.lease) | {"fence": new.fence, "attempts": new.attempts}
+    def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
+        values = {f"p_{name}": value for name, value in _lease_columns(new.lease).items()}
+        values.update(p_key_hash=key.digest, p_fence=new.fence, p_attempts=new.attempts)
         if version is None:
-            row = {
-                "key_hash": key.digest,
-                "namespace": key.namespace,
-                "name": key.name,
-                "version": 1,
-                "failure_count": 0,
-                **values,
-            }
-            return conn.execute(self._insert_if_absent(row)).rowcount == 1
-        statement = (
-            sa.update(self.t)
-            .where(self.t.c.key_hash == key.digest, self.t.c.version == version)
-            .values(version=self.t.c.version + 1, **values)
-        )
-        return conn.execute(statement).rowcount == 1
+            values.update(p_namespace=key.namespace, p_name=key.name)
+            return self._insert_new.execute(cursor, values) == 1
+        values["p_version"] = version
+        return self._swap_row.execute(cursor, values) == 1
 
-    def _insert_if_absent(self, row: dict[str, Any]) -> sa.Executable:
+    def _insert_if_absent(self, row: dict[str, Any]) -> sa.ClauseElement:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -335,33 +479,24 @@ class SQLStore(Store):
         return sa.insert(self.t).values(row).prefix_with("IGNORE")
 
     # -- token-checked single statements ------------------------------------------------------------
-    def _holding(self, key: Key, token: LeaseToken) -> ColumnElement[bool]:
-        return sa.and_(
-            self.t.c.key_hash == key.digest,
-            self.t.c.fence == token.fence,
-            self.t.c.lease_id == token.lease_id,
-            self.t.c.serializer.is_(None),
-        )
+    @staticmethod
+    def _holding(key: Key, token: LeaseToken) -> dict[str, Any]:
+        return {
+            "p_key_hash": key.digest,
+            "p_fence": token.fence,
+            "p_lease_id": token.lease_id,
+            "p_namespace": key.namespace,
+            "p_name": key.name,
+        }
 
-    def _lost(self, conn: Connection, key: Key, token: LeaseToken, action: str) -> Exception:
-        return transitions.explain_lost(self._read(conn, key)[0], token, action)
+    def _lost(self, cursor: Any, key: Key, token: LeaseToken, action: str) -> Exception:
+        return transitions.explain_lost(self._read(cursor, key)[0], token, action)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
-        now, t = self._now, self.t
-        extended = now + ttl
-        capped = sa.case(
-            (sa.and_(t.c.max_expires_at.is_not(None), t.c.max_expires_at < extended), t.c.max_expires_at),
-            else_=extended,
-        )
-        statement = (
-            sa.update(t)
-            .where(self._holding(key, token), sa.or_(t.c.max_expires_at.is_(None), t.c.max_expires_at > now))
-            .values(expires_at=capped, ttl=ttl, version=t.c.version + 1)
-        )
-        with self._connect() as conn:
-            if conn.execute(statement).rowcount != 1:
-                raise self._lost(conn, key, token, "heartbeat")
-            state = self._read(conn, key)[0]
+        with self._cursor() as cursor:
+            if self._heartbeat.execute(cursor, {**self._holding(key, token), "p_ttl": ttl}) != 1:
+                raise self._lost(cursor, key, token, "heartbeat")
+            state = self._read(cursor, key)[0]
         if state.lease is None or state.lease.token != token:  # changed hands right after our update
             raise transitions.explain_lost(state, token, "heartbeat")
         return state.lease
@@ -369,52 +504,39 @@ class SQLStore(Store):
     def complete(
         self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
     ) -> ArtifactRecord:
-        t = self.t
-        # MySQL applies SET assignments left to right: read ``owner`` before the lease columns clear it.
-        statement = (
-            sa.update(t)
-            .where(self._holding(key, token))
-            .ordered_values(
-                (t.c.producer, t.c.owner),
-                (t.c.artifact_fence, t.c.fence),
-                (t.c.version, t.c.version + 1),
-                (t.c.serializer, serializer),
-                (t.c.payload, payload),
-                (t.c.size, len(payload)),
-                (t.c.checksum, checksum),
-                (t.c.created_at, self._now),
-                *self._cleared_lease(),
-            )
-        )
-        with self._connect() as conn:
-            if conn.execute(statement).rowcount != 1:
-                raise self._lost(conn, key, token, "complete")
-            state = self._read(conn, key)[0]
-        if state.artifact is None:  # pragma: no cover - only a forget racing this very call
+        values = {
+            **self._holding(key, token),
+            "p_serializer": serializer,
+            "p_payload": payload,
+            "p_size": len(payload),
+            "p_checksum": checksum,
+        }
+        statement = self._complete
+        with self._cursor() as cursor:
+            if statement.columns:  # UPDATE ... RETURNING: the stored artifact, in the same statement
+                rows = statement.fetch_all(cursor, values)
+                if len(rows) != 1:
+                    raise self._lost(cursor, key, token, "complete")
+                return _stored_artifact(rows[0], payload)
+            if statement.execute(cursor, values) != 1:
+                raise self._lost(cursor, key, token, "complete")
+            rows = self._read_stored.fetch_all(cursor, {"p_key_hash": key.digest})
+            if len(rows) == 1 and rows[0]["artifact_fence"] == token.fence:
+                return _stored_artifact(rows[0], payload)
+            state = self._read(cursor, key)[0]  # pragma: no cover - only a forget racing this very call
+        if state.artifact is None:  # pragma: no cover
             raise transitions.explain_lost(state, token, "complete")
-        return state.artifact
+        return state.artifact  # pragma: no cover
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
-        t = self.t
-        failure: list[tuple[Any, Any]] = []
-        if error is not None:  # before the lease columns are cleared (MySQL assigns left to right)
-            failure = [
-                (t.c.failure_count, t.c.failure_count + 1),
-                (t.c.failure_error, error[: transitions.MAX_ERROR_LENGTH]),
-                (t.c.failure_owner, t.c.owner),
-                (t.c.failure_at, self._now),
-            ]
-        statement = (
-            sa.update(t)
-            .where(self._holding(key, token))
-            .ordered_values(*failure, (t.c.version, t.c.version + 1), *self._cleared_lease())
-        )
-        with self._connect() as conn:
-            if conn.execute(statement).rowcount != 1:
-                raise self._lost(conn, key, token, "release")
-
-    def _cleared_lease(self) -> tuple[tuple[Any, None], ...]:
-        return tuple((self.t.c[name], None) for name in _lease_columns(None))
+        values = self._holding(key, token)
+        statement = self._release
+        if error is not None:
+            statement = self._release_failed
+            values["p_error"] = error[: transitions.MAX_ERROR_LENGTH]
+        with self._cursor() as cursor:
+            if statement.execute(cursor, values) != 1:
+                raise self._lost(cursor, key, token, "release")
 
     # -- repair -----------------------------------------------------------------------------------------
     def force_release(self, key: Key) -> bool:
@@ -465,10 +587,57 @@ class SQLStore(Store):
     # -- notifications ---------------------------------------------------------------------------------
     def watch(self, key: Key) -> Watch:
         if self.dialect == "postgresql":
-            return _PostgresWatch(self._url, key.digest, self)
+            try:
+                return _PostgresWatch(self._url, key.digest, self)
+            except StoreUnavailable as exc:
+                # A watch only saves polls: without a listening connection (the server refuses more
+                # clients, say) the waiter polls with backoff instead of failing its call.
+                log.warning("waiting on %s by polling: cannot open a listening connection (%s)", key, exc)
+                return PollingWatch()
         if self.dialect == "sqlite":
             return _SQLiteWatch(self)
         return PollingWatch()
+
+
+class _Prepared:
+    """One statement compiled once for a dialect, then run as plain SQL on a DBAPI cursor.
+
+    Bind parameters named ``p_*`` take the values given at each call; every other bind parameter
+    (the literals inside the statement, such as ``version + 1``) keeps the value compiled in. Values
+    are handed to the driver as they are: every ``p_*`` value is a ``str``, ``int``, ``float``,
+    ``bytes`` or ``None``, which every supported driver takes natively. ``columns`` names the
+    returned columns, in order.
+    """
+
+    def __init__(self, statement: sa.ClauseElement, dialect: Dialect, columns: Sequence[str] = ()) -> None:
+        compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
+        self.sql = compiled.string
+        self.columns = tuple(columns)
+        binds = compiled.bind_names.items()
+        self._fixed = {name: bind.effective_value for bind, name in binds if not name.startswith("p_")}
+        self._positions = tuple(compiled.positiontup or ()) if compiled.positional else None
+
+    def parameters(self, values: Mapping[str, Any]) -> Any:
+        merged = {**self._fixed, **values} if self._fixed else values
+        if self._positions is None:
+            return merged
+        return tuple(merged[name] for name in self._positions)
+
+    def execute(self, cursor: Any, values: Mapping[str, Any]) -> int:
+        """Run the statement; the number of rows it matched."""
+        cursor.execute(self.sql, self.parameters(values))
+        return int(cursor.rowcount)
+
+    def fetch_all(self, cursor: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+        cursor.execute(self.sql, self.parameters(values))
+        return [dict(zip(self.columns, row, strict=True)) for row in cursor.fetchall()]
+
+    def fetch_one(self, cursor: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The one row the statement returns (a read of a key always returns exactly one)."""
+        rows = self.fetch_all(cursor, values)
+        if len(rows) != 1:
+            raise sa_exc.MultipleResultsFound(f"expected one row, got {len(rows)}: {self.sql}")
+        return rows[0]
 
 
 class _SQLiteWatch(Watch):
@@ -520,36 +689,113 @@ class _SQLiteWatch(Watch):
 
 class _PostgresWatch(Watch):
     """``LISTEN`` on a dedicated connection, opened before the waiter's first read so no ``NOTIFY``
-    between that read and the wait is missed."""
+    between that read and the wait is missed. The connection comes from, and goes back to, the
+    store's :class:`_Listeners`."""
 
     def __init__(self, url: URL, key_hash: str, store: SQLStore) -> None:
-        import psycopg
-
         self._key_hash = key_hash
-        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        try:
-            self._conn: psycopg.Connection[Any] | None = psycopg.connect(conninfo, autocommit=True)
-            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        except psycopg.Error as exc:
-            raise store._unavailable(exc) from exc
+        self._listeners = store._listeners
+        self._conn: Any = self._listeners.take()
 
     def wait(self, timeout: float) -> bool:
         import psycopg
 
-        if self._conn is None or timeout <= 0:
+        if timeout <= 0:
             return False
+        if self._conn is None:  # it broke during an earlier wait: poll
+            time.sleep(timeout)
+            return False
+        deadline = time.monotonic() + timeout
         try:
             for notify in self._conn.notifies(timeout=timeout):
                 if notify.payload == self._key_hash:
                     return True
         except psycopg.Error:
-            return False  # the caller polls; a broken listener must not break waiting
+            # The listening connection broke (a restart, a cut): the caller polls from now on. Sleep
+            # out this wait, or every later wait would return at once and the waiter would spin.
+            broken, self._conn = self._conn, None
+            with contextlib.suppress(psycopg.Error):
+                broken.close()
+            time.sleep(max(0.0, deadline - time.monotonic()))
         return False
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            self._listeners.give_back(self._conn)
             self._conn = None
+
+
+class _Listeners:
+    """Connections for :class:`_PostgresWatch`, kept between watches.
+
+    Opening a connection costs milliseconds (TCP, authentication, backend start), a ``LISTEN`` tens
+    of microseconds, and under contention every busy key opens a watch. So a closed watch's
+    connection is ``UNLISTEN``-ed (an idle connection must not collect notifications) and kept for
+    the next one, up to :attr:`KEEP` per store. A kept connection that broke meanwhile is replaced.
+    A forked child never uses (or closes) its parent's: psycopg only ever closes a connection in the
+    process that opened it.
+    """
+
+    KEEP = 4
+
+    def __init__(self, store: SQLStore) -> None:
+        self._store = store
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conninfo = self._store._url.set(drivername="postgresql").render_as_string(hide_password=False)
+        return psycopg.connect(conninfo, autocommit=True)
+
+    def take(self) -> Any:
+        import psycopg
+
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle, self._pid = [], os.getpid()
+            kept = self._idle.pop() if self._idle else None
+        if kept is not None:
+            try:
+                kept.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                return kept
+            except psycopg.Error:
+                with contextlib.suppress(psycopg.Error):
+                    kept.close()
+        try:
+            conn = self._connect()
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except psycopg.Error as exc:
+            raise self._store._unavailable(exc) from exc
+        return conn
+
+    def give_back(self, conn: Any) -> None:
+        import psycopg
+
+        try:
+            conn.execute(f"UNLISTEN {NOTIFY_CHANNEL}")
+        except psycopg.Error:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+            return
+        with self._lock:
+            if not self._closed and self._pid == os.getpid() and len(self._idle) < self.KEEP:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._closed = self._pid == os.getpid()
+            if not self._closed:
+                return
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -558,11 +804,14 @@ class _PostgresWatch(Watch):
 def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
     try:
         parsed = make_url(url)
-    except sa_exc.ArgumentError as exc:
+    except (sa_exc.ArgumentError, ValueError) as exc:
+        # Not chained: SQLAlchemy's message quotes the whole URL, password included. A bad port is
+        # a ValueError whose message names the port ("invalid literal for int() ...: 'x'").
+        why = f" ({exc})" if isinstance(exc, ValueError) and not isinstance(exc, sa_exc.ArgumentError) else ""
         raise ConfigurationError(
-            f"cannot parse SQL store URL {redact_url(str(url))!r}; expected e.g. 'sqlite:///path/dibs.db' "
-            "or 'postgresql+psycopg://user:password@host:5432/db'"
-        ) from exc
+            f"cannot parse SQL store URL {redact_url(str(url))!r}{why}; expected e.g. "
+            "'sqlite:///path/dibs.db' or 'postgresql+psycopg://user:password@host:5432/db'"
+        ) from None
     options = {name: str(parsed.query[name]) for name in _OPTIONS if name in parsed.query}
     parsed = parsed.difference_update_query(_OPTIONS)
     if parsed.get_backend_name() == "postgres":
@@ -590,6 +839,10 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
 
 def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any]) -> Engine:
     kwargs: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", **engine_kwargs}
+    if kwargs["isolation_level"] == "AUTOCOMMIT":
+        # No transaction is ever left open, so there is nothing to reset when a connection goes back
+        # to the pool; the default reset would cost PyMySQL a ROLLBACK round trip per operation.
+        kwargs.setdefault("pool_reset_on_return", None)
     backend = url.get_backend_name()
     try:
         if backend == "sqlite":
@@ -650,11 +903,12 @@ def _dispose_all_in_child() -> None:
         engine.dispose(close=False)
 
 
+_LEASE_COLUMNS = ("owner", "lease_id", "acquired_at", "expires_at", "max_expires_at", "ttl", "attempt")
+
+
 def _lease_columns(lease: LeaseRecord | None) -> dict[str, Any]:
     if lease is None:
-        return dict.fromkeys(
-            ("owner", "lease_id", "acquired_at", "expires_at", "max_expires_at", "ttl", "attempt")
-        )
+        return dict.fromkeys(_LEASE_COLUMNS)
     return {
         "owner": lease.owner,
         "lease_id": lease.token.lease_id,
@@ -666,12 +920,33 @@ def _lease_columns(lease: LeaseRecord | None) -> dict[str, Any]:
     }
 
 
+def _text(row: Any, column: str) -> str:
+    """A text column that must be set: ``str(None)`` would silently turn a damaged row into "None"."""
+    value = row[column]
+    if value is None:
+        raise ValueError(f"its {column} is missing")
+    return str(value)
+
+
+def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
+    """The artifact ``complete`` just stored: the row's facts, and the payload the caller passed."""
+    return ArtifactRecord(
+        serializer=str(row["serializer"]),
+        payload=bytes(payload),
+        size=int(row["size"]),
+        checksum=str(row["checksum"]),
+        producer=str(row["producer"]),
+        fence=int(row["artifact_fence"]),
+        created_at=float(row["created_at"]),
+    )
+
+
 def _decode_row(key: Key, row: Any, now: float) -> KeyState:
     lease = None
     if row["lease_id"] is not None:
         lease = LeaseRecord(
             key=key,
-            owner=str(row["owner"]),
+            owner=_text(row, "owner"),
             token=LeaseToken(int(row["fence"]), str(row["lease_id"])),
             acquired_at=float(row["acquired_at"]),
             expires_at=float(row["expires_at"]),
@@ -683,8 +958,8 @@ def _decode_row(key: Key, row: Any, now: float) -> KeyState:
     if row["failure_count"]:
         failure = FailureRecord(
             count=int(row["failure_count"]),
-            error=str(row["failure_error"]),
-            owner=str(row["failure_owner"]),
+            error=_text(row, "failure_error"),
+            owner=_text(row, "failure_owner"),
             at=float(row["failure_at"]),
         )
     artifact = None
@@ -693,8 +968,8 @@ def _decode_row(key: Key, row: Any, now: float) -> KeyState:
             serializer=str(row["serializer"]),
             payload=bytes(row["payload"] or b""),
             size=int(row["size"]),
-            checksum=str(row["checksum"]),
-            producer=str(row["producer"]),
+            checksum=_text(row, "checksum"),
+            producer=_text(row, "producer"),
             fence=int(row["artifact_fence"]),
             created_at=float(row["created_at"]),
         )

@@ -1,0 +1,149 @@
+"""Store wrappers: force polling (no push wake-up), and count every call a waiter makes.
+
+Both are real :class:`dibs.stores.Store` subclasses, so :class:`dibs.Reservations` uses them exactly
+like the store they wrap.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterator
+
+from dibs.keys import Key
+from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
+from dibs.stores.base import PollingWatch, Store, Watch
+
+__all__ = ["CountingStore", "DelegatingStore", "PollingStore"]
+
+
+class DelegatingStore(Store):
+    """Forwards every operation to ``inner``."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.notifies = inner.notifies
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def read(self, key: Key) -> KeyState:
+        return self.inner.read(key)
+
+    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        return self.inner.acquire(key, owner, ttl, max_lease_age)
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        return self.inner.heartbeat(key, token, ttl)
+
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        return self.inner.complete(key, token, serializer, payload, checksum)
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+        self.inner.release(key, token, error)
+
+    def force_release(self, key: Key) -> bool:
+        return self.inner.force_release(key)
+
+    def forget(self, key: Key) -> bool:
+        return self.inner.forget(key)
+
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        return self.inner.list(namespace)
+
+    def reap(self, namespace: str | None = None) -> int:
+        return self.inner.reap(namespace)
+
+    def watch(self, key: Key) -> Watch:
+        return self.inner.watch(key)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class PollingStore(DelegatingStore):
+    """The same store with its push wake-up switched off: waiters only poll (capped backoff)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.notifies = False
+
+    def watch(self, key: Key) -> Watch:
+        return PollingWatch()
+
+
+class _CountingWatch(Watch):
+    def __init__(self, inner: Watch, owner: CountingStore) -> None:
+        self._inner = inner
+        self._owner = owner
+
+    def wait(self, timeout: float) -> bool:
+        woken = self._inner.wait(timeout)
+        self._owner.record("watch.wake" if woken else "watch.timeout")
+        return woken
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class CountingStore(DelegatingStore):
+    """Records the time of every call that reaches the store (``acquire``, ``read``, ``watch``...)."""
+
+    #: Calls that are a request to the store service (a query, a script, an HTTP request, a file read).
+    QUERIES = frozenset(
+        {"read", "acquire", "heartbeat", "complete", "release", "force_release", "forget", "list", "reap"}
+    )
+
+    def __init__(self, inner: Store, *, polling: bool = False) -> None:
+        super().__init__(inner)
+        self._polling = polling
+        if polling:
+            self.notifies = False
+        self._lock = threading.Lock()
+        self.calls: dict[str, list[float]] = collections.defaultdict(list)
+
+    def record(self, name: str) -> None:
+        with self._lock:
+            self.calls[name].append(time.monotonic())
+
+    def query_times(self, start: float, end: float) -> list[float]:
+        """When the requests to the store between ``start`` and ``end`` were made, in order."""
+        with self._lock:
+            return sorted(
+                t
+                for name, times in self.calls.items()
+                if name in self.QUERIES
+                for t in times
+                if start <= t < end
+            )
+
+    def read(self, key: Key) -> KeyState:
+        self.record("read")
+        return super().read(key)
+
+    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        self.record("acquire")
+        return super().acquire(key, owner, ttl, max_lease_age)
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        self.record("heartbeat")
+        return super().heartbeat(key, token, ttl)
+
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        self.record("complete")
+        return super().complete(key, token, serializer, payload, checksum)
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+        self.record("release")
+        super().release(key, token, error)
+
+    def watch(self, key: Key) -> Watch:
+        self.record("watch.open")
+        inner = PollingWatch() if self._polling else super().watch(key)
+        return _CountingWatch(inner, self)

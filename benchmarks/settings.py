@@ -1,0 +1,77 @@
+"""How big each benchmark is in the full run and in the smoke run (CI's, under a minute)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["FULL", "SMOKE", "Settings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    name: str
+    #: 1. uncontended overhead: rounds x keys per (kind, store), kinds interleaved round by round
+    overhead_rounds: int
+    overhead_batch: int
+    overhead_warmup: int
+    #: 2. hand-off: waiter process counts, and rounds per count (each round: one key, N waiters)
+    handoff_waiters: tuple[int, ...]
+    handoff_rounds: dict[int, int]
+    handoff_hold: tuple[float, float]
+    #: waiter counts for the Prefect anchor (Prefect takes seconds to import in each worker)
+    prefect_waiters: tuple[int, ...]
+    #: 3. contention: P processes x K keys, repeated (dibs and raw interleaved)
+    contention_processes: int
+    contention_keys: int
+    #: fewer keys for stores too slow for K in reasonable time (Azurite: one Node process, ~10 keys/s)
+    contention_keys_by_store: dict[str, int]
+    contention_repeats: int
+    contention_lockstep: bool
+    #: 4. takeover after SIGKILL: ttl and repetitions
+    takeover_ttl: float
+    takeover_repeats: int
+    #: 5. waiter load: how long each waiter waits
+    waiter_seconds: float
+    #: 6. start-up: subprocess runs per command
+    startup_runs: int
+
+
+FULL = Settings(
+    name="full",
+    overhead_rounds=12,
+    overhead_batch=100,
+    overhead_warmup=10,
+    handoff_waiters=(1, 4, 16),
+    handoff_rounds={1: 40, 4: 16, 16: 8},
+    handoff_hold=(0.05, 0.25),
+    prefect_waiters=(1, 4, 16),
+    contention_processes=8,
+    contention_keys=1000,
+    contention_keys_by_store={"azure": 200},
+    contention_repeats=3,
+    contention_lockstep=True,
+    takeover_ttl=1.0,
+    takeover_repeats=8,
+    waiter_seconds=40.0,
+    startup_runs=30,
+)
+
+SMOKE = Settings(
+    name="smoke",
+    overhead_rounds=1,
+    overhead_batch=10,
+    overhead_warmup=2,
+    handoff_waiters=(1, 2),
+    handoff_rounds={1: 2, 2: 1},
+    handoff_hold=(0.03, 0.06),
+    prefect_waiters=(1,),
+    contention_processes=2,
+    contention_keys=20,
+    contention_keys_by_store={},
+    contention_repeats=1,
+    contention_lockstep=False,
+    takeover_ttl=0.5,
+    takeover_repeats=1,
+    waiter_seconds=2.0,
+    startup_runs=2,
+)

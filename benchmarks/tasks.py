@@ -1,0 +1,160 @@
+"""What the worker processes run (see :mod:`benchmarks.pool`); importable under ``spawn``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.connection
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import dibs
+from benchmarks.pool import WorkerContext
+from benchmarks.proxies import PollingStore
+from benchmarks.raw import RawPrimitive, open_raw
+from dibs.stores import open_store
+
+_CLIENTS: dict[tuple[str, str, str], dibs.Reservations] = {}
+_RAWS: dict[tuple[str, str], RawPrimitive] = {}
+_PREFECT: dict[str, Any] = {}
+
+
+def client_for(url: str, mode: str, namespace: str, ttl: float = 60.0) -> dibs.Reservations:
+    """A cached client; ``mode`` ``"push"`` uses the store as configured, ``"poll"`` forces polling."""
+    cache_key = (url, mode, namespace)
+    client = _CLIENTS.get(cache_key)
+    if client is None:
+        store = open_store(url)
+        client = dibs.Reservations(
+            PollingStore(store) if mode == "poll" else store, namespace=namespace, ttl=ttl
+        )
+        _CLIENTS[cache_key] = client
+    return client
+
+
+def close_all() -> None:
+    for client in _CLIENTS.values():
+        client.store.close()
+    _CLIENTS.clear()
+    for raw in _RAWS.values():
+        raw.close()
+    _RAWS.clear()
+
+
+def warm(ctx: WorkerContext, *, url: str, mode: str, namespace: str, store: str | None = None) -> int:
+    """Open (and cache) the client, and the raw baseline of ``store`` if given, so that the first
+    measured round pays no connection set-up or lazy import."""
+    client = client_for(url, mode, namespace)
+    client.status(f"warm-{os.getpid()}")
+    if store is not None:
+        raw_for(store, url)
+    return os.getpid()
+
+
+def raw_for(store: str, url: str) -> RawPrimitive:
+    raw = _RAWS.get((store, url))
+    if raw is None:
+        raw = _RAWS[(store, url)] = open_raw(store, url)
+    return raw
+
+
+def handoff_wait(
+    ctx: WorkerContext, *, url: str, mode: str, namespace: str, key: str, expected: str
+) -> float:
+    """Wait for ``key`` (held by the parent) to complete; the monotonic time the artifact arrived."""
+    client = client_for(url, mode, namespace)
+    ctx.ready()
+    got = client.acquire(key, owner=f"waiter-{os.getpid()}", timeout=120)
+    arrived = time.monotonic()
+    if not isinstance(got, dibs.Hit) or got.value != expected:
+        raise AssertionError(f"waiter expected the artifact {expected!r}, got {got!r}")
+    return arrived
+
+
+def prefect_wait(ctx: WorkerContext, *, lock_dir: str, result_dir: str, key: str, expected: str) -> float:
+    """Prefect's FileSystemLockManager: ``wait_for_lock``, then read the result file."""
+    manager = _PREFECT.get(lock_dir)
+    if manager is None:
+        from prefect.locking.filesystem import FileSystemLockManager
+
+        manager = _PREFECT[lock_dir] = FileSystemLockManager(Path(lock_dir))
+    ctx.ready()
+    if not manager.wait_for_lock(key, timeout=120):
+        raise AssertionError(f"Prefect lock {key} was not released in time")
+    value = json.loads((Path(result_dir) / f"{key}.json").read_text())
+    arrived = time.monotonic()
+    if value != expected:
+        raise AssertionError(f"Prefect waiter expected {expected!r}, got {value!r}")
+    return arrived
+
+
+def prefect_warm(ctx: WorkerContext) -> int:
+    from prefect.locking.filesystem import FileSystemLockManager  # noqa: F401 - the import is the point
+
+    return os.getpid()
+
+
+def race(
+    ctx: WorkerContext, *, url: str, mode: str, namespace: str, keys: list[str], start_at: float
+) -> dict[str, Any]:
+    """``client.run`` every key; which keys this process computed, and when it finished."""
+    client = client_for(url, mode, namespace)
+    computed: list[str] = []
+
+    def work(key: str) -> str:
+        computed.append(key)
+        return f"value-of-{key}"
+
+    while time.monotonic() < start_at:
+        time.sleep(0.0005)
+    wrong = 0
+    for key in keys:
+        if client.run(key, work, key) != f"value-of-{key}":
+            wrong += 1
+    return {"computed": computed, "wrong": wrong, "finished": time.monotonic()}
+
+
+def raw_race(ctx: WorkerContext, *, store: str, url: str, keys: list[str], start_at: float) -> dict[str, Any]:
+    """The raw primitive's conditional insert on every key; which this process won, and when it finished."""
+    raw = raw_for(store, url)
+    owner = f"raw-{os.getpid()}"
+    won: list[str] = []
+    while time.monotonic() < start_at:
+        time.sleep(0.0005)
+    for key in keys:
+        if raw.claim(key, owner, 60.0) is not None:
+            won.append(key)
+    return {"computed": won, "wrong": 0, "finished": time.monotonic()}
+
+
+def takeover_wait(ctx: WorkerContext, *, url: str, namespace: str, key: str) -> dict[str, Any]:
+    """Wait to acquire ``key`` from a holder the parent is about to kill; when, and from whom."""
+    client = client_for(url, "push", namespace)
+    ctx.ready()
+    got = client.acquire(key, owner=f"successor-{os.getpid()}", timeout=120)
+    acquired = time.monotonic()
+    if not isinstance(got, dibs.Acquired):
+        raise AssertionError(f"expected to take the lease over, got {got!r}")
+    got.lease.release()
+    return {"acquired": acquired, "took_over_from": got.took_over_from, "token": got.lease.token}
+
+
+def hold_forever(
+    url: str, namespace: str, key: str, ttl: float, conn: multiprocessing.connection.Connection
+) -> None:
+    """(A plain ``Process`` target.) Hold ``key`` with heartbeats until killed."""
+    client = dibs.Reservations(url, namespace=namespace, ttl=ttl)
+    outcome = client.get_or_reserve(key, owner=f"doomed-{os.getpid()}")
+    if not isinstance(outcome, dibs.Acquired):
+        conn.send(("error", repr(outcome)))
+        return
+    with outcome.lease.keep_alive():
+        conn.send(("holding", time.monotonic()))
+        while True:
+            time.sleep(1)
+
+
+def ping(ctx: WorkerContext) -> int:
+    """Nothing: a started worker proves it runs (and has imported dibs)."""
+    return os.getpid()
