@@ -82,7 +82,7 @@ _URL_OPTIONS = ("lock_timeout", "watch_interval")
 #: Default seconds a write waits for another process's critical section (a few renames).
 LOCK_TIMEOUT = 30.0
 #: Default seconds between two looks of a watch at a record file.
-WATCH_INTERVAL = 0.05
+WATCH_INTERVAL = 0.005  # one stat() per 5 ms per waiter: a hand-off within ~5 ms (benchmarks)
 
 
 @dataclasses.dataclass(frozen=True)
