@@ -729,3 +729,13 @@ def test_a_record_survives_a_round_trip_through_the_codec(
     assert document["format"] == "dibs.record/1" and document["lease"]["fence"] == lease.token.fence
     state = store.read(KEY)
     assert state.lease is not None and dataclasses.replace(state.lease, key=KEY) == lease
+
+
+@pytest.mark.parametrize(
+    "url", ["azure://user:s3cr3t-pw-7f3a@account/container", "azure://u:s3cr3t-pw-7f3a@127.0.0.1:1/"]
+)
+def test_credentials_in_the_container_position_are_refused_without_echoing_them(url: str) -> None:
+    # Found by the reliability suite's hostile-input scenario: the container-name error quoted them.
+    with pytest.raises(ConfigurationError, match="credentials do not belong") as info:
+        open_store(url)
+    assert "s3cr3t-pw-7f3a" not in str(info.value)

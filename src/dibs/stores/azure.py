@@ -181,6 +181,24 @@ def _bad_url(url: str, problem: str) -> ConfigurationError:
     )
 
 
+def _parse_container(url: str, container: str) -> str:
+    if not container:
+        raise _bad_url(url, "the container name is missing")
+    if "@" in container:  # user:password@...: never echo it, and say where credentials go
+        raise _bad_url(
+            url,
+            "credentials do not belong before the container name; pass connection_string=, "
+            "account_key= or sas_token= as parameters (or use DefaultAzureCredential)",
+        )
+    if not _CONTAINER_RE.fullmatch(container):
+        raise _bad_url(
+            url,
+            f"{container!r} is not a valid container name (3 to 63 lowercase letters, digits and single "
+            "hyphens, starting and ending with a letter or digit)",
+        )
+    return container
+
+
 def parse_url(url: str) -> AzureSettings:
     """Validate an ``azure://`` URL into :class:`AzureSettings`; :class:`ConfigurationError` if it is wrong.
 
@@ -194,15 +212,7 @@ def parse_url(url: str) -> AzureSettings:
         raise _bad_url(url, f"it cannot be parsed ({exc})") from None
     if parts.fragment:
         raise _bad_url(url, "it contains '#': percent-encode it as %23 inside parameter values")
-    container = parts.netloc
-    if not container:
-        raise _bad_url(url, "the container name is missing")
-    if not _CONTAINER_RE.fullmatch(container):
-        raise _bad_url(
-            url,
-            f"{container!r} is not a valid container name (3 to 63 lowercase letters, digits and single "
-            "hyphens, starting and ending with a letter or digit)",
-        )
+    container = _parse_container(url, parts.netloc)
     prefix = _parse_prefix(url, parts.path)
 
     # '+' is literal here (account keys and connection strings are base64 and contain it), not a space.
