@@ -58,6 +58,8 @@ _SECRET_QUERY = re.compile(
     r"((?:password|secret|key|token|sas|sig|credential|connection_string)[^=&]*=)[^&]*", re.IGNORECASE
 )
 
+_NESTED_USERINFO = re.compile(r"(//[^/@:?&#]*:)[^@/?&#]*@")
+
 
 def redact_url(url: str) -> str:
     """``url`` with its password and secret-looking query values replaced by ``***``, for logs.
@@ -74,6 +76,8 @@ def redact_url(url: str) -> str:
         userinfo, rest = rest[:at], rest[at + 1 :]
         user, has_password, _ = userinfo.partition(":")
         rest = f"{user}:***@{rest}" if has_password else f"{user}@{rest}"
+    # A URL inside a query value (``account_url=https://user:pw@host``) may carry a password too.
+    rest = _NESTED_USERINFO.sub(r"\1***@", rest)
     return f"{scheme}://{_SECRET_QUERY.sub(_hide, rest)}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 from typing import Any
 
 from dibs.errors import CorruptRecord
@@ -70,41 +71,46 @@ def decode(data: bytes, key: Key, now: float, *, where: str) -> KeyState:
             raise ValueError(f"it belongs to key {doc['namespace']}/{doc['name']}")
         lease = None
         if doc["lease"] is not None:
-            raw = doc["lease"]
+            raw = _section(doc, "lease")
             lease = LeaseRecord(
                 key=key,
-                owner=str(raw["owner"]),
-                token=LeaseToken(int(raw["fence"]), str(raw["lease_id"])),
-                acquired_at=float(raw["acquired_at"]),
-                expires_at=float(raw["expires_at"]),
-                ttl=float(raw["ttl"]),
-                attempt=int(raw["attempt"]),
-                max_expires_at=None if raw["max_expires_at"] is None else float(raw["max_expires_at"]),
+                owner=_str(raw, "owner"),
+                token=LeaseToken(_int(raw, "fence"), _str(raw, "lease_id")),
+                acquired_at=_seconds(raw, "acquired_at"),
+                expires_at=_seconds(raw, "expires_at"),
+                ttl=_seconds(raw, "ttl"),
+                attempt=_int(raw, "attempt"),
+                max_expires_at=None if raw["max_expires_at"] is None else _seconds(raw, "max_expires_at"),
             )
         failure = None
         if doc["failure"] is not None:
-            raw = doc["failure"]
+            raw = _section(doc, "failure")
             failure = FailureRecord(
-                count=int(raw["count"]), error=str(raw["error"]), owner=str(raw["owner"]), at=float(raw["at"])
+                count=_int(raw, "count"),
+                error=_str(raw, "error"),
+                owner=_str(raw, "owner"),
+                at=_seconds(raw, "at"),
             )
         artifact = None
         if doc["artifact"] is not None:
-            raw = doc["artifact"]
-            payload = base64.b64decode(raw["payload_b64"], validate=True) if "payload_b64" in raw else b""
+            raw = _section(doc, "artifact")
+            payload = (
+                base64.b64decode(_str(raw, "payload_b64"), validate=True) if "payload_b64" in raw else b""
+            )
             artifact = ArtifactRecord(
-                serializer=str(raw["serializer"]),
+                serializer=_str(raw, "serializer"),
                 payload=payload,
-                size=int(raw["size"]),
-                checksum=str(raw["checksum"]),
-                producer=str(raw["producer"]),
-                fence=int(raw["fence"]),
-                created_at=float(raw["created_at"]),
+                size=_int(raw, "size"),
+                checksum=_str(raw, "checksum"),
+                producer=_str(raw, "producer"),
+                fence=_int(raw, "fence"),
+                created_at=_seconds(raw, "created_at"),
             )
         return KeyState(
             key=key,
             now=now,
-            fence=int(doc["fence"]),
-            attempts=int(doc["attempts"]),
+            fence=_int(doc, "fence"),
+            attempts=_int(doc, "attempts"),
             lease=lease,
             artifact=artifact,
             failure=failure,
@@ -115,3 +121,36 @@ def decode(data: bytes, key: Key, now: float, *, where: str) -> KeyState:
             "inspect or delete it by hand",
             key=str(key),
         ) from exc
+
+
+# Strict field readers: ``str(None)`` or ``int(1.5)`` would turn a damaged or foreign record into a
+# plausible one (a lease owned by "None", a fence rounded down), which dibs would then act on and
+# overwrite. A field of the wrong type makes the whole record corrupt instead.
+
+
+def _section(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    value = doc[name]
+    if not isinstance(value, dict):
+        raise TypeError(f"its {name} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _str(doc: dict[str, Any], name: str) -> str:
+    value = doc[name]
+    if not isinstance(value, str):
+        raise TypeError(f"its {name} is {value!r}, not a string")
+    return value
+
+
+def _int(doc: dict[str, Any], name: str) -> int:
+    value = doc[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"its {name} is {value!r}, not an integer")
+    return value
+
+
+def _seconds(doc: dict[str, Any], name: str) -> float:
+    value = doc[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"its {name} is {value!r}, not a finite number of seconds")
+    return float(value)

@@ -690,7 +690,8 @@ class _SQLiteWatch(Watch):
 class _PostgresWatch(Watch):
     """``LISTEN`` on a dedicated connection, opened before the waiter's first read so no ``NOTIFY``
     between that read and the wait is missed. The connection comes from, and goes back to, the
-    store's :class:`_Listeners`."""
+    store's :class:`_Listeners`; when none is free (or it breaks), the watch just sleeps, so the
+    waiter polls with backoff."""
 
     def __init__(self, url: URL, key_hash: str, store: SQLStore) -> None:
         self._key_hash = key_hash
@@ -702,7 +703,7 @@ class _PostgresWatch(Watch):
 
         if timeout <= 0:
             return False
-        if self._conn is None:  # it broke during an earlier wait: poll
+        if self._conn is None:  # none was free, or it broke during an earlier wait: poll
             time.sleep(timeout)
             return False
         deadline = time.monotonic() + timeout
@@ -714,8 +715,7 @@ class _PostgresWatch(Watch):
             # The listening connection broke (a restart, a cut): the caller polls from now on. Sleep
             # out this wait, or every later wait would return at once and the waiter would spin.
             broken, self._conn = self._conn, None
-            with contextlib.suppress(psycopg.Error):
-                broken.close()
+            self._listeners.discard(broken)
             time.sleep(max(0.0, deadline - time.monotonic()))
         return False
 
@@ -734,9 +734,15 @@ class _Listeners:
     the next one, up to :attr:`KEEP` per store. A kept connection that broke meanwhile is replaced.
     A forked child never uses (or closes) its parent's: psycopg only ever closes a connection in the
     process that opened it.
+
+    At most :attr:`MAX_OPEN` connections are handed out at once; a further watch gets none and its
+    waiter polls with backoff. Without that bound every waiting thread held a connection of its own,
+    and a few processes waiting on many keys (a triggerer, a pool of workers) exhausted the server's
+    ``max_connections``, failing every client of that database (found by the reliability suite).
     """
 
     KEEP = 4
+    MAX_OPEN = 4
 
     def __init__(self, store: SQLStore) -> None:
         self._store = store
@@ -744,6 +750,7 @@ class _Listeners:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._closed = False
+        self._open = 0  # handed out and not yet given back
 
     def _connect(self) -> Any:
         import psycopg
@@ -751,12 +758,16 @@ class _Listeners:
         conninfo = self._store._url.set(drivername="postgresql").render_as_string(hide_password=False)
         return psycopg.connect(conninfo, autocommit=True)
 
-    def take(self) -> Any:
+    def take(self) -> Any | None:
+        """A listening connection, or ``None`` when :attr:`MAX_OPEN` are out (the waiter polls)."""
         import psycopg
 
         with self._lock:
             if self._pid != os.getpid():
-                self._idle, self._pid = [], os.getpid()
+                self._idle, self._pid, self._open = [], os.getpid(), 0
+            if self._open >= self.MAX_OPEN:
+                return None
+            self._open += 1
             kept = self._idle.pop() if self._idle else None
         if kept is not None:
             try:
@@ -769,12 +780,27 @@ class _Listeners:
             conn = self._connect()
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         except psycopg.Error as exc:
+            self._returned()
             raise self._store._unavailable(exc) from exc
         return conn
+
+    def _returned(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                self._open = max(0, self._open - 1)
+
+    def discard(self, conn: Any) -> None:
+        """Close a connection that broke while it was handed out."""
+        import psycopg
+
+        self._returned()
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
 
     def give_back(self, conn: Any) -> None:
         import psycopg
 
+        self._returned()
         try:
             conn.execute(f"UNLISTEN {NOTIFY_CHANNEL}")
         except psycopg.Error:

@@ -1,0 +1,764 @@
+"""Scenario 6: hostile and bad input. Every case must end in a clear dibs error, lose nothing, run nothing.
+
+The contract's Bad input and Trust sections, checked case by case on one store:
+
+* **fuzzed keys and namespaces** (hypothesis): a key is either rejected with
+  :class:`~dibs.InvalidKey` naming the value, or it round-trips through the store (computed once,
+  read back equal) without colliding with another key and without becoming a path outside the
+  store (the file store's directory and the Azure container are walked afterwards);
+* **malformed URLs and connection strings** (a curated list plus fuzzed ones): a
+  :class:`~dibs.ReservationError` whose message names what is wrong and never contains a secret
+  (also not in the chained cause a traceback would print), and no hang;
+* **corrupted and foreign records** planted natively: every operation on the key raises an error
+  naming it, runs no work, and leaves the record byte-for-byte as it was;
+* **tampered artifacts**: :class:`~dibs.ArtifactCorrupted` naming the key, no work run, the
+  payload left in place for inspection;
+* **unsigned, mis-signed and foreign pickles**: refused before unpickling (a canary directory
+  that the payload would create must not appear), with an error naming the key;
+* **forged lease tokens and exports**: refused, the stored artifact untouched;
+* **bad settings**: :class:`~dibs.ConfigurationError` naming the value.
+
+Witness keys computed first must read back unchanged at the end: nothing stored is lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import os
+import pickle
+import re
+import secrets
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import dibs
+from dibs.keys import Key
+from dibs.stores import Store, open_store
+from reliability.history import Violation
+from reliability.workers import expected_value
+
+if TYPE_CHECKING:
+    from reliability.scenarios import Run
+
+__all__ = ["run_all"]
+
+SECRET = "s3cr3t-pw-7f3a"
+SIGNING_KEY = b"reliability-signing-key-0123456789"
+_URL_TIMEOUT = 30.0
+
+
+class _Evil:
+    """A pickle that creates a directory when unpickled: proof of code execution if it ever runs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+class _HostileSerializer:
+    """What an attacker with write access controls: any serializer name, any payload bytes."""
+
+    def __init__(self, name: str, payload: bytes) -> None:
+        self.name = name
+        self._payload = payload
+
+    def dumps(self, value: Any) -> bytes:
+        return self._payload
+
+    def loads(self, payload: bytes) -> Any:
+        return payload
+
+
+class Cases:
+    """Runs cases and turns each wrong outcome into a :class:`Violation`."""
+
+    def __init__(self, run: Run, store: Store) -> None:
+        self.run = run
+        self.store = store
+        self.count = 0
+        self.executions = 0
+
+    def violation(self, invariant: str, key: str | None, detail: str) -> None:
+        self.run.result.violations.append(Violation(invariant, key, detail))
+
+    def client(self, namespace: str = "rel.hostile", **options: Any) -> dibs.Reservations:
+        return dibs.Reservations(self.store, namespace=namespace, ttl=options.pop("ttl", 30.0), **options)
+
+    def work(self, value: Any) -> Callable[[], Any]:
+        def fn() -> Any:
+            self.executions += 1
+            return value
+
+        return fn
+
+    def expect_error(
+        self,
+        case: str,
+        call: Callable[[], Any],
+        *,
+        kinds: tuple[type[BaseException], ...] = (dibs.ReservationError,),
+        names: tuple[str, ...] = (),
+        key: str | None = None,
+        secret: str | None = None,
+    ) -> BaseException | None:
+        """Run ``call``: it must raise one of ``kinds``, mention one of ``names``, and never ``secret``."""
+        self.count += 1
+        try:
+            call()
+        except BaseException as exc:  # judged below
+            message = str(exc)
+            if not isinstance(exc, kinds):
+                self.violation(
+                    "clear errors",
+                    key,
+                    f"{case}: raised {type(exc).__name__} ({message[:200]}), "
+                    f"not {' or '.join(k.__name__ for k in kinds)}",
+                )
+            elif names and not any(fragment and fragment in message for fragment in names):
+                self.violation(
+                    "clear errors", key, f"{case}: the message does not name {names[0]!r}: {message[:300]}"
+                )
+            if secret is not None:
+                self._no_leak(case, exc, secret, key)
+            return exc
+        self.violation("clear errors", key, f"{case}: accepted without an error")
+        return None
+
+    def _no_leak(self, case: str, exc: BaseException, secret: str, key: str | None) -> None:
+        seen: BaseException | None = exc
+        depth = 0
+        while seen is not None and depth < 10:
+            fields = getattr(seen, "fields", {})
+            text = f"{seen!s} {seen!r} {fields!r}"
+            if secret in text:
+                self.violation(
+                    "no secret in errors",
+                    key,
+                    f"{case}: {type(seen).__name__} shows the secret: {text[:300]}",
+                )
+                return
+            seen = seen.__cause__ or seen.__context__
+            depth += 1
+
+
+def run_all(run: Run) -> None:
+    store = run.target.open()
+    cases = Cases(run, store)
+    counts: dict[str, int] = {}
+    try:
+        witnesses = _witnesses(cases)
+        for name, part in (
+            ("bad settings", _bad_settings),
+            ("fuzzed keys", _fuzzed_keys),
+            ("malformed URLs", _bad_urls),
+            ("corrupted records", _corrupted_records),
+            ("tampered artifacts", _tampered_artifacts),
+            ("hostile pickles", _hostile_pickles),
+            ("forged leases", _forged_leases),
+        ):
+            before = cases.count
+            part(cases)
+            counts[name] = cases.count - before
+        _check_witnesses(cases, witnesses)
+        _no_paths_outside(cases)
+    finally:
+        store.close()
+    run.result.trials = cases.count
+    run.result.trial_unit = "hostile or malformed inputs"
+    run.result.faults.update(counts)
+    run.result.figures["cases"] = counts
+
+
+# -- witnesses ---------------------------------------------------------------------------------------
+
+
+def _witnesses(cases: Cases) -> dict[str, Any]:
+    client = cases.client("rel.witness")
+    values = {f"witness-{i}": expected_value(f"witness-{i}") for i in range(5)}
+    for name, value in values.items():
+        client.run(name, cases.work(value))
+    return values
+
+
+def _check_witnesses(cases: Cases, values: dict[str, Any]) -> None:
+    client = cases.client("rel.witness")
+    before = cases.executions
+    for name, value in values.items():
+        try:
+            got = client.run(name, cases.work("recomputed"))
+        except dibs.ReservationError as exc:
+            cases.violation("nothing stored lost", name, f"the witness cannot be read back: {exc}")
+            continue
+        if got != value:
+            cases.violation("nothing stored lost", name, f"the witness now reads {got!r}")
+    if cases.executions != before:
+        cases.violation("nothing stored lost", None, "a witness key was computed again")
+
+
+# -- bad settings ------------------------------------------------------------------------------------
+
+
+def _bad_settings(cases: Cases) -> None:
+    store = cases.store
+    for value in (0, -1, float("nan"), float("inf"), "10", True, None, [1]):
+        cases.expect_error(
+            f"ttl={value!r}",
+            lambda v=value: dibs.Reservations(store, ttl=v),
+            kinds=(dibs.ConfigurationError,),
+            names=(repr(value), str(value)),
+        )
+    settings: list[tuple[str, dict[str, Any], str]] = [
+        ("heartbeat_interval >= ttl", {"ttl": 10, "heartbeat_interval": 10}, "heartbeat_interval"),
+        ("max_lease_age < ttl", {"ttl": 10, "max_lease_age": 5}, "max_lease_age"),
+        ("max_failures=0", {"max_failures": 0}, "0"),
+        ("max_failures='3'", {"max_failures": "3"}, "'3'"),
+        ("on_store_unavailable='maybe'", {"on_store_unavailable": "maybe"}, "maybe"),
+        ("serializer='yaml'", {"serializer": "yaml"}, "yaml"),
+        ("pickle without a signing key", {"serializer": "pickle"}, "signing_key"),
+        ("short signing key", {"serializer": "pickle", "signing_key": "short"}, "16 bytes"),
+        ("serializer=42", {"serializer": 42}, "42"),
+        ("namespace='../etc'", {"namespace": "../etc"}, "'../etc'"),
+        ("namespace=''", {"namespace": ""}, "''"),
+        ("namespace=None", {"namespace": None}, "None"),
+    ]
+    for case, options, fragment in settings:
+        cases.expect_error(
+            case,
+            lambda o=options: dibs.Reservations(store, **o),
+            kinds=(dibs.ConfigurationError,),
+            names=(fragment,),
+        )
+    client = cases.client()
+    cases.expect_error(
+        "timeout=-1",
+        lambda: client.compute("t", cases.work(1), timeout=-1),
+        kinds=(dibs.ConfigurationError,),
+        names=("-1",),
+    )
+    cases.expect_error(
+        "Backoff(initial=0)",
+        lambda: dibs.Backoff(initial=0),
+        kinds=(dibs.ConfigurationError,),
+        names=("initial=0",),
+    )
+
+
+# -- fuzzed keys ---------------------------------------------------------------------------------------
+
+TRICKY_NAMES = [
+    "../../etc/passwd",
+    "..",
+    ".",
+    "/",
+    "a/../../b",
+    "%2e%2e%2f",
+    "..\\..\\windows",
+    "CON",
+    "nul",
+    " ",
+    "  x  ",
+    "ключ",
+    "🔑 key",
+    "*",
+    "?",
+    "[a-z]",
+    "rec:*",
+    "{x}",
+    "'; DROP TABLE dibs_reservations; --",
+    "\u202eevil",
+    "\ud800",
+    "\x00",
+    "a\nb",
+    "\t",
+    "x" * 1024,
+    "x" * 1025,
+    "s3://bucket/part-0",
+    "C:\\path",
+    "records/ab/..",
+    "dibs-store.json",
+    "%00",
+    "\u3000",
+    "\uff46\uff55\uff4c\uff4c",
+    "e\u0301",
+    "é",
+]
+TRICKY_NAMESPACES = [
+    "default",
+    "team.features",
+    "a.b-c_d",
+    "x" * 200,
+    "x" * 201,
+    "..",
+    ".a",
+    "a.",
+    "-a",
+    "a b",
+    "ns/evil",
+    "a..b",
+    "ключ",
+    "a\x00",
+    "",
+    "a.-b",
+    "_",
+    "0",
+]
+
+
+def _fuzzed_keys(cases: Cases) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as fixed_seed
+    from hypothesis import strategies as st
+
+    names = st.one_of(
+        st.sampled_from(TRICKY_NAMES),
+        st.text(max_size=40),
+        st.text(alphabet="ab./\\%:*?", min_size=1, max_size=30),
+        st.text(min_size=1020, max_size=1030, alphabet="ab/."),
+    )
+    namespaces = st.one_of(
+        st.sampled_from(TRICKY_NAMESPACES),
+        st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,8}(\.[A-Za-z0-9_-]{1,6}){0,3}", fullmatch=True),
+        st.text(max_size=20),
+    )
+    digests: dict[str, tuple[str, str]] = {}
+    clients: dict[str, dibs.Reservations] = {}
+
+    def one(namespace: Any, name: Any) -> None:
+        cases.count += 1
+        try:
+            key = Key(namespace, name)
+        except dibs.InvalidKey as exc:
+            shown = [repr(name)[:20], repr(namespace)[:20]]
+            if "" in (name, namespace):  # an empty value is named by saying so
+                shown.append("empty")
+            if not any(fragment and fragment in str(exc) for fragment in shown):
+                cases.violation(
+                    "clear errors", None, f"InvalidKey for {namespace!r}/{name!r:.60} does not name it: {exc}"
+                )
+            return
+        except Exception as exc:  # anything but InvalidKey is a finding
+            cases.violation(
+                "clear errors", None, f"Key({namespace!r}, {name!r:.60}) raised {type(exc).__name__}: {exc}"
+            )
+            return
+        other = digests.setdefault(key.digest, (namespace, name))
+        if other != (namespace, name):
+            cases.violation("key isolation", str(key), f"same digest as {other!r}")
+        client = clients.get(namespace) or clients.setdefault(namespace, cases.client(namespace))
+        value = expected_value(f"{namespace}/{name}")
+        try:
+            first = client.run(name, cases.work(value))
+            before = cases.executions
+            again = client.run(name, cases.work("recomputed"))
+        except dibs.ReservationError as exc:
+            cases.violation(
+                "clear errors", str(key)[:80], f"a valid key failed on the store: {type(exc).__name__}: {exc}"
+            )
+            return
+        except Exception as exc:
+            cases.violation(
+                "clear errors", str(key)[:80], f"a valid key crashed the store: {type(exc).__name__}: {exc}"
+            )
+            return
+        if first != value or again != value or cases.executions != before:
+            cases.violation("key isolation", str(key)[:80], f"round trip gave {first!r} then {again!r}")
+
+    fuzz = settings(
+        max_examples=cases.run.sizes.fuzz_examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )(fixed_seed(cases.run.seed)(given(namespace=namespaces, name=names)(one)))
+    fuzz()
+    for name in TRICKY_NAMES:  # every curated value at least once, whatever hypothesis drew
+        one("rel.fuzz", name)
+    for namespace in TRICKY_NAMESPACES:
+        one(namespace, "a")
+
+
+def _no_paths_outside(cases: Cases) -> None:
+    """Keys never become paths: the file store's folder and the Azure container hold only digests."""
+    target = cases.run.target
+    digest_names = re.compile(
+        r"(dibs-store\.json|records|artifacts|locks|[0-9a-f]{2}|[0-9a-f]{64}(\.json|\.lock|-\d+\.bin))"
+    )
+    if target.name == "file":
+        folder: Path = target.folder  # type: ignore[attr-defined]
+        for path in folder.rglob("*"):
+            relative = path.relative_to(folder)
+            if relative.parts[0] != "store" or not all(digest_names.fullmatch(p) for p in relative.parts[1:]):
+                cases.violation("no path traversal", None, f"unexpected file in the store folder: {relative}")
+    if target.name == "azure":
+        container = cases.store._container  # type: ignore[attr-defined]
+        pattern = re.compile(r"rel/(records/[0-9a-f]{64}|artifacts/[0-9a-f]{64}-\d+-[0-9a-f]{32})")
+        for props in container.list_blobs():
+            if not pattern.fullmatch(props.name):
+                cases.violation("no path traversal", None, f"unexpected blob name: {props.name}")
+
+
+# -- malformed URLs -----------------------------------------------------------------------------------
+
+
+#: The URL schemes whose parsing each store's run checks ("" and unknown schemes: no store at all).
+URL_SCHEMES = {
+    "sqlite": ("sqlite", "", "nonsense", "ftp", "memory", "x"),
+    "postgres": ("postgresql+psycopg", "postgres", "postgresql", "postgresql+nodriver"),
+    "mysql": ("mysql+pymysql", "mysql", "mariadb"),
+    "redis": ("redis", "rediss"),
+    "file": ("file",),
+    "azure": ("azure",),
+}
+
+
+def _url_cases(scratch: Path) -> list[tuple[str, tuple[str, ...], str | None]]:
+    """(url, fragments of which the message must name one, secret that must not appear)."""
+    s = SECRET
+    quoted = urllib.parse.quote
+    return [
+        ("", ("''",), None),
+        ("nonsense", ("nonsense",), None),
+        ("ftp://host/path", ("ftp",), None),
+        ("sqlite://", ("sqlite",), None),
+        ("sqlite:///:memory:", ("memory",), None),
+        ("sqlite:////nonexistent-dibs-folder/sub/dibs.db", ("nonexistent-dibs-folder",), None),
+        (f"sqlite:///{scratch}/a.db?synchronous=SOMETIMES", ("SOMETIMES",), None),
+        (f"sqlite:///{scratch}/a.db?busy_timeout=soon", ("soon",), None),
+        (f"sqlite:///{scratch}/a.db?table=bad;name", ("bad;name",), None),
+        (f"postgresql+psycopg://user:{s}@127.0.0.1:1/db", ("127.0.0.1", "user"), s),
+        (f"postgresql+nodriver://user:{s}@127.0.0.1:1/db", ("nodriver",), s),
+        (f"postgresql+psycopg://user:{s}@127.0.0.1:1/db?schema=bad-schema!", ("bad-schema!",), s),
+        (f"postgresql+psycopg://user:{s}@127.0.0.1:notaport/db", ("notaport",), s),
+        (f"mysql+pymysql://root:{s}@127.0.0.1:1/test", ("127.0.0.1", "root"), s),
+        (f"mysql+pymysql://root:{s}@127.0.0.1:1/test?table=x%00y", ("table",), s),
+        (f"redis://:{s}@127.0.0.1:6379/0?prefix=bad prefix*", ("prefix",), s),
+        (f"redis://user:{s}@127.0.0.1:6379/notanumber", ("notanumber",), s),
+        (f"redis://:{s}@127.0.0.1:6379/0?socket_timeout=soon", ("soon", "socket_timeout"), s),
+        (f"redis://:{s}@127.0.0.1:99999/0", ("99999",), s),
+        (f"redis://:{s}@127.0.0.1:6379/0?unknown_option=1", ("unknown_option",), s),
+        ("file://relative/path", ("relative",), None),
+        ("file:///nonexistent-dibs-folder/store", ("nonexistent-dibs-folder",), None),
+        (f"file://{scratch}/store?lock_timeout=-1", ("lock_timeout",), None),
+        (f"file://{scratch}/store?unknown=1", ("unknown",), None),
+        ("azure://UPPER?account_url=https://a.blob.core.windows.net", ("UPPER",), None),
+        (f"azure://user:{s}@account/container", ("container",), s),
+        (
+            f"azure://container?account_url=https://a.blob.core.windows.net&account_key={s}!!",
+            ("account_key",),
+            s,
+        ),
+        (
+            "azure://container?connection_string="
+            + quoted(f"AccountName=a;AccountKey={s};BlobEndpoint=garbage", safe=""),
+            ("connection_string", "container"),
+            s,
+        ),
+        (
+            f"azure://container?account_url=https://a.blob.core.windows.net&sv=2020-01-01&sig={s}",
+            ("sig", "SAS"),
+            s,
+        ),
+        ("azure://container/../escape?account_url=https://a.blob.core.windows.net", ("..",), None),
+        (f"azure://container?account_url=https://user:{s}@a.blob.core.windows.net", ("account_url",), s),
+    ]
+
+
+def _open_and_use(url: str) -> None:
+    """Open the store and read one key: some stores only contact the service on first use."""
+    store = open_store(url)
+    try:
+        store.read(Key("rel.urls", "probe"))
+    finally:
+        store.close()
+
+
+def _bad_urls(cases: Cases) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as fixed_seed
+    from hypothesis import strategies as st
+
+    scratch = cases.run.folder / "urls"
+    scratch.mkdir(parents=True, exist_ok=True)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+
+    def attempt(case: str, url: str, names: tuple[str, ...], secret: str | None, must_fail: bool) -> None:
+        future = pool.submit(_open_and_use, url)
+
+        def wait() -> None:
+            try:
+                future.result(timeout=_URL_TIMEOUT)
+            except concurrent.futures.TimeoutError:
+                cases.violation(
+                    "no hang", None, f"{case}: opening the store did not return in {_URL_TIMEOUT:g}s"
+                )
+
+        if must_fail:
+            cases.expect_error(case, wait, names=names, secret=secret)
+            return
+        cases.count += 1
+        try:
+            wait()
+        except dibs.ReservationError as exc:
+            if secret:
+                cases._no_leak(case, exc, secret, None)
+        except Exception as exc:
+            cases.violation("clear errors", None, f"{case}: raised {type(exc).__name__}: {str(exc)[:200]}")
+
+    # Each store's run checks its own URL schemes (the SQLite run, the default store, also the URLs
+    # that name no store at all), so a finding is reported once, against the store it concerns.
+    own = URL_SCHEMES[cases.run.target.name]
+    for url, names, secret in _url_cases(scratch):
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme in own or (scheme.split("+")[0] in own):
+            attempt(f"URL {url[:90]!r}", url, names, secret, must_fail=True)
+
+    schemes = st.sampled_from(own)
+    # Only addresses where nothing listens: a fuzzed URL must never reach (or create tables in) a real
+    # service, nor wait for a DNS lookup.
+    hosts = st.sampled_from(
+        [
+            "127.0.0.1:1",
+            f"user:{SECRET}@127.0.0.1:1",
+            "[::1]:1",
+            "127.0.0.1:x",
+            "127.0.0.1:99999",
+            "u@127.0.0.1:1",
+        ]
+    )
+    rests = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=30)
+
+    def fuzzed(scheme: str, host: str, rest: str) -> None:
+        if scheme in ("sqlite", "file"):  # never let a fuzzed path land outside the scratch folder
+            url = f"{scheme}://{scratch}/{rest.replace('/', '_').replace('.', '_')}"
+        else:
+            url = f"{scheme}://{host}/{rest}"
+        attempt(f"fuzzed URL {url[:90]!r}", url, (), SECRET, must_fail=False)
+
+    settings(
+        max_examples=cases.run.sizes.fuzz_examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )(fixed_seed(cases.run.seed)(given(scheme=schemes, host=hosts, rest=rests)(fuzzed)))()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- corrupted and foreign records ---------------------------------------------------------------------
+
+
+def _names_key(key: Key) -> tuple[str, ...]:
+    return (str(key), key.name, key.digest)
+
+
+def _corrupted_records(cases: Cases) -> None:
+    target, store = cases.run.target, cases.store
+    client = cases.client("rel.corrupt", ttl=300.0)
+    for i, (kind, corrupt) in enumerate(target.corruptions().items()):
+        key = Key("rel.corrupt", f"victim-{i}")
+        got = client.get_or_reserve(key)
+        assert isinstance(got, dibs.Acquired), got
+        lease = got.lease
+        corrupt(store, key)
+        planted = target.snapshot(store, key)
+        before = cases.executions
+        names = _names_key(key)
+        what = f"record with {kind}"
+        cases.expect_error(f"read of a {what}", lambda k=key: client.status(k), names=names, key=str(key))
+        cases.expect_error(
+            f"reserve on a {what}",
+            lambda k=key: client.get_or_reserve(k, owner="other"),
+            names=names,
+            key=str(key),
+        )
+        cases.expect_error(
+            f"re-entry on a {what}",
+            lambda k=key, o=lease.owner: client.get_or_reserve(k, owner=o),
+            names=names,
+            key=str(key),
+        )
+        cases.expect_error(
+            f"compute on a {what}",
+            lambda k=key: client.compute(k, cases.work("x"), timeout=5),
+            names=names,
+            key=str(key),
+        )
+        cases.count += 1
+        try:
+            list(client.list())
+        except dibs.ReservationError:
+            pass
+        except Exception as exc:
+            cases.violation(
+                "clear errors", str(key), f"list() with a {what} crashed: {type(exc).__name__}: {exc}"
+            )
+        if target.snapshot(store, key) != planted:
+            cases.violation("nothing overwritten", str(key), f"the {what} was changed by another client")
+        # The holder's own fenced writes: refused (record untouched), or, where the store lets the
+        # token repair its own damaged row, accepted only if they leave a valid record behind.
+        for action, write in (
+            ("heartbeat", lease.heartbeat),
+            ("complete", lambda held=lease: held.complete("overwrite")),
+            ("release", lambda held=lease: held.release("overwrite")),
+        ):
+            if kind in target.repairable:
+                cases.count += 1
+                try:
+                    write()
+                except dibs.ReservationError:
+                    continue
+                try:
+                    client.status(key)
+                except dibs.ReservationError as exc:
+                    cases.violation(
+                        "nothing overwritten", str(key), f"the holder's {action} left a corrupt record: {exc}"
+                    )
+            else:
+                cases.expect_error(f"{action} on a {what}", write, names=names, key=str(key))
+        if kind not in target.repairable and target.snapshot(store, key) != planted:
+            cases.violation("nothing overwritten", str(key), f"the {what} was changed by dibs")
+        if cases.executions != before:
+            cases.violation("nothing run", str(key), f"work ran on a key whose record has {kind}")
+
+
+def _tampered_artifacts(cases: Cases) -> None:
+    target, store = cases.run.target, cases.store
+    client = cases.client("rel.tamper")
+    key = Key("rel.tamper", "tampered")
+    client.run(key, cases.work(expected_value("tampered")))
+    target.tamper(store, key)
+    tampered = target.snapshot(store, key)
+    before = cases.executions
+    names = _names_key(key)
+    cases.expect_error(
+        "compute on a tampered artifact",
+        lambda: client.compute(key, cases.work("x")),
+        kinds=(dibs.ArtifactCorrupted,),
+        names=names,
+        key=str(key),
+    )
+    cases.expect_error(
+        "reserve on a tampered artifact",
+        lambda: client.get_or_reserve(key),
+        kinds=(dibs.ArtifactCorrupted,),
+        names=names,
+        key=str(key),
+    )
+    cases.expect_error(
+        "wait on a tampered artifact",
+        lambda: client.wait(key, timeout=5),
+        kinds=(dibs.ArtifactCorrupted,),
+        names=names,
+        key=str(key),
+    )
+    if cases.executions != before:
+        cases.violation("nothing run", str(key), "work ran although the key has a (tampered) artifact")
+    if target.snapshot(store, key) != tampered:
+        cases.violation(
+            "nothing overwritten", str(key), "the tampered artifact was changed: it must stay for inspection"
+        )
+
+
+# -- hostile pickles -----------------------------------------------------------------------------------
+
+
+def _hostile_pickles(cases: Cases) -> None:
+    canary = cases.run.folder / "canary-code-ran"
+    body = pickle.dumps(_Evil(str(canary)))
+    attacker_key = b"attacker-key-not-the-readers-0123"
+    payloads = {
+        "unsigned pickle under the signed name": ("pickle-hmac-sha256", b"\x00" * 32 + body),
+        "pickle signed with another key": (
+            "pickle-hmac-sha256",
+            hmac.new(attacker_key, body, hashlib.sha256).digest() + body,
+        ),
+        "raw pickle": ("pickle", body),
+        "short signed payload": ("pickle-hmac-sha256", b"\x01\x02"),
+    }
+    plain = cases.client("rel.pickle")
+    signed = cases.client("rel.pickle", serializer="pickle", signing_key=SIGNING_KEY)
+    for i, (case, (name, payload)) in enumerate(payloads.items()):
+        key = Key("rel.pickle", f"hostile-{i}")
+        writer = cases.client("rel.pickle", serializer=_HostileSerializer(name, payload))
+        writer.run(key, lambda: None)
+        before = cases.executions
+        names = _names_key(key)
+        cases.expect_error(
+            f"{case}, read without a signing key",
+            lambda k=key: plain.compute(k, cases.work("x")),
+            kinds=(dibs.SerializationError, dibs.ArtifactCorrupted),
+            names=names,
+            key=str(key),
+        )
+        cases.expect_error(
+            f"{case}, read with the signing key",
+            lambda k=key: signed.compute(k, cases.work("x")),
+            kinds=(dibs.SerializationError, dibs.ArtifactCorrupted),
+            names=names,
+            key=str(key),
+        )
+        if cases.executions != before:
+            cases.violation("nothing run", str(key), f"{case}: work ran although the key has an artifact")
+    if canary.exists():
+        cases.violation(
+            "no code executed", None, "a hostile pickle was unpickled: the canary directory exists"
+        )
+
+
+# -- forged leases -------------------------------------------------------------------------------------
+
+
+def _forged_leases(cases: Cases) -> None:
+    client = cases.client("rel.forged", ttl=120.0)
+    for garbage in (
+        "",
+        "dibs-lease:",
+        "dibs-lease:!!!",
+        "dibs-lease:" + base64.urlsafe_b64encode(b"[1, 2]").decode(),
+        "not-a-lease",
+        "dibs-lease:" + base64.urlsafe_b64encode(b'{"namespace": "x"}').decode(),
+    ):
+        cases.expect_error(
+            f"resume({garbage[:30]!r})",
+            lambda g=garbage: client.resume(g),
+            kinds=(dibs.ConfigurationError,),
+            names=("exported",),
+        )
+    key = Key("rel.forged", "forged")
+    got = client.get_or_reserve(key)
+    assert isinstance(got, dibs.Acquired)
+    real = got.lease
+    doc = json.loads(base64.urlsafe_b64decode(real.export().removeprefix("dibs-lease:")))
+    forgeries = {
+        "a guessed lease id": {**doc, "lease_id": secrets.token_hex(16)},
+        "the next fence": {**doc, "fence": doc["fence"] + 1},
+        "another owner": {**doc, "owner": "attacker"},
+    }
+    for case, forged in forgeries.items():
+        exported = "dibs-lease:" + base64.urlsafe_b64encode(json.dumps(forged).encode()).decode()
+        if case == "another owner":  # the owner is not part of the token: this one *is* the lease
+            continue
+        cases.expect_error(
+            f"resume with {case}",
+            lambda e=exported: client.resume(e),
+            kinds=(dibs.LeaseLost,),
+            names=_names_key(key),
+            key=str(key),
+        )
+        fake = client.resume(exported, verify=False)
+        cases.expect_error(
+            f"complete with {case}",
+            lambda f=fake: f.complete("forged value"),
+            kinds=(dibs.LeaseLost,),
+            names=_names_key(key),
+            key=str(key),
+        )
+    real.complete(expected_value("forged"))
+    if client.run(key, cases.work("recomputed")) != expected_value("forged"):
+        cases.violation("nothing overwritten", str(key), "a forged token changed the artifact")

@@ -1,0 +1,525 @@
+"""``RELIABILITY.md``: what the full run did to each store, and what it found.
+
+The numbers are generated; the list of findings fixed in the core (:data:`FIXED`) is kept here by
+hand, because it is history: the run that found a violation is, by definition, not the run that
+shows zero.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+from reliability.scenarios import SKEW_SECONDS, SPIN_ASKS_PER_SECOND, ScenarioResult, Sizes
+
+__all__ = ["FIXED", "one_line", "render"]
+
+_T = "tests/test_fault_regressions.py::"
+
+#: Violations this suite found in the core, how they were fixed, and the regression test of each.
+FIXED: list[tuple[str, str, str]] = [
+    (
+        "Store faults (reply reset after the store acted; PostgreSQL, MySQL, Redis): a `complete` that had "
+        'stored the artifact reported `StoreUnavailable`; under `on_store_unavailable="run"` '
+        "`Reservations.compute` raised it, and the work ran again once the lease expired.",
+        "`Lease.complete` settles an unknown outcome by reading the key again for up to one ttl (its own "
+        "artifact: stored; the lease still its own: sent again, fenced; anything else: `LeaseLost`). "
+        "`compute` applies the policy if the store stays unreachable (`run`: returns the value with "
+        "`stored=False`; `fail`: raises), and logs either way.",
+        f"{_T}test_a_complete_whose_reply_was_lost_is_recognised_as_stored, "
+        f"{_T}test_a_complete_that_never_reached_the_store_is_sent_again, "
+        f"{_T}test_a_complete_that_cannot_be_settled_follows_the_unavailable_policy",
+    ),
+    (
+        "Store down: policy `fail` raised `StoreUnavailable` without logging it.",
+        "`compute` logs the decision (error) before raising, as it already did (warning) for `run`.",
+        f"{_T}test_policy_fail_is_logged_when_the_store_is_unavailable",
+    ),
+    (
+        "Store down as a client starts: opening a SQL store contacts the database, so "
+        '`Reservations(url, on_store_unavailable="run")` raised and the policy never applied.',
+        "Under policy `run` the client opens the store on first use instead (each call retries, and the "
+        "policy decides per call); policy `fail` still raises at once.",
+        f"{_T}test_policy_run_is_kept_when_the_store_is_down_as_the_client_starts",
+    ),
+    (
+        "Connection cut while PostgreSQL tables are created: the advisory unlock in a `finally` ran on the "
+        "dropped connection and SQLAlchemy's `PendingRollbackError` escaped instead of `StoreUnavailable`.",
+        "The unlock is skipped on an invalidated connection (the lock died with the session).",
+        f"{_T}test_a_connection_dropped_while_creating_the_postgres_schema_is_store_unavailable",
+    ),
+    (
+        "Foreign SQL row (another key's namespace/name at this key's hash): reads refused it, but the "
+        "holder's `complete` wrote its artifact into it.",
+        "The token-checked UPDATEs also require the row's namespace and name (and an owner).",
+        f"{_T}test_a_holder_cannot_complete_into_a_row_that_claims_another_key",
+    ),
+    (
+        'SQL row with a NULL lease owner was read as a lease owned by `"None"` (waiters waited on a '
+        "phantom), and the holder's `complete` turned it into an artifact without a producer.",
+        "Required text columns are checked (`CorruptRecord`, row untouched).",
+        f"{_T}test_a_lease_row_without_owner_is_corrupt_not_owned_by_none",
+    ),
+    (
+        "Record documents (file and Azure stores) with fields of the wrong type were coerced "
+        "(`str(None)`, `str(12345)`, `int(1.5)`) into plausible leases, acted on and rewritten.",
+        "`dibs.stores.codec.decode` checks every field's type; a wrong one makes the record corrupt.",
+        f"{_T}test_a_record_document_with_a_field_of_the_wrong_type_is_corrupt",
+    ),
+    (
+        "A refused pickle signature did not name the key; a custom serializer's own exception escaped as is.",
+        "`Reservations.decode` adds the key to serializer errors and wraps foreign exceptions in "
+        "`SerializationError`.",
+        f"{_T}test_a_refused_pickle_signature_names_the_key, "
+        f"{_T}test_a_serializer_that_fails_with_its_own_error_gives_a_serialization_error_naming_the_key",
+    ),
+    (
+        "PostgreSQL watch whose listening connection broke (connections cut while waiting): every later "
+        "wait returned at once, so the waiter asked the database again and again without backoff.",
+        "A broken watch sleeps out its wait and the waiter polls with backoff from then on.",
+        f"{_T}test_a_postgres_watch_whose_connection_broke_still_waits",
+    ),
+    (
+        "Full-size contention on PostgreSQL: with the server out of connection slots (`too many "
+        "clients`), opening a waiter's listening connection raised `StoreUnavailable` and failed the "
+        "call, although the store itself still answered.",
+        "`SQLStore.watch` falls back to polling (logged) when no listening connection can be opened.",
+        f"{_T}test_a_waiter_polls_when_no_listening_connection_can_be_opened",
+    ),
+    (
+        "Full-size SIGKILL trials on PostgreSQL: every waiting thread held a listening connection of its "
+        "own (plus up to four idle ones per process), so two processes waiting on ten keys each ran the "
+        "server out of connections and waiters failed with `StoreUnavailable` (`too many clients`).",
+        "At most four listening connections per store and process; further waiters poll with backoff.",
+        f"{_T}test_many_waiting_threads_share_a_bounded_number_of_listening_connections",
+    ),
+    (
+        "SQL URL with a query option the driver rejects (fuzzed URLs): psycopg's `ProgrammingError` and "
+        "PyMySQL's `TypeError` escaped.",
+        "`ConfigurationError` naming the option (not chained, never the password).",
+        f"{_T}test_an_option_the_sql_driver_rejects_is_a_configuration_error",
+    ),
+    (
+        "SQL URL with a non-numeric port: SQLAlchemy's `ValueError` escaped (not a `ReservationError`).",
+        "`ConfigurationError` naming the port, not chained (SQLAlchemy's messages quote the password).",
+        f"{_T}test_a_bad_port_in_a_sql_url_is_a_configuration_error_naming_it",
+    ),
+    (
+        "`redact_url` left a password inside a URL in the query (`account_url=https://user:pw@host`), "
+        "which an Azure configuration error then showed.",
+        "Userinfo inside query values is redacted too.",
+        f"{_T}test_a_password_inside_a_url_in_the_query_is_redacted",
+    ),
+]
+
+#: Violations found in stores maintained separately (reported to their maintainers, fixed by them).
+REPORTED: list[tuple[str, str]] = [
+    (
+        "azure",
+        "`azure://user:PASSWORD@host/` (credentials written where the container belongs) gave a "
+        "`ConfigurationError` that quoted the netloc, password included, as an invalid container "
+        "name (found by the fuzzed URLs). Fixed by the Azure store's maintainers: such URLs are now "
+        "refused without echoing the credentials; the hostile-input scenario keeps checking it.",
+    ),
+]
+
+_SCENARIO_TITLES = {
+    "contention": "1. contention",
+    "kill": "2. SIGKILL holder",
+    "pause": "3. SIGSTOP holder",
+    "faults": "4. store faults",
+    "skew": "5. clock skew +-10 min",
+    "hostile": "6. hostile input",
+}
+
+
+def one_line(result: ScenarioResult) -> str:
+    """A progress line for the terminal."""
+    if result.skipped:
+        return f"{result.store:<8} {result.scenario:<10} skipped: {result.skipped}"
+    faults = sum(result.faults.values())
+    expected = f" (+{len(result.expected)} expected)" if result.expected else ""
+    return (
+        f"{result.store:<8} {result.scenario:<10} {result.trials:>6} {result.trial_unit.split(' (')[0]:<32} "
+        f"{faults:>5} faults  {len(result.unexpected)} violations{expected}  {result.seconds:5.0f}s"
+    )
+
+
+def _faults(result: ScenarioResult) -> str:
+    if not result.faults:
+        return "none"
+    return ", ".join(f"{count} {name}" for name, count in sorted(result.faults.items()) if count)
+
+
+def _latency(figures: dict[str, Any]) -> tuple[str, ...]:
+    lat = figures.get("takeover_seconds") or {}
+    if not lat:
+        return ("-",) * 5
+    return (
+        str(lat["n"]),
+        f"{lat['min']:.2f}",
+        f"{lat['median']:.2f}",
+        f"{lat['p95']:.2f}",
+        f"{lat['max']:.2f}",
+    )
+
+
+def render(
+    results: list[ScenarioResult],
+    unavailable: dict[str, str],
+    *,
+    sizes: Sizes,
+    full: bool,
+    seed: int,
+    seconds: float,
+) -> str:
+    by_store: dict[str, dict[str, ScenarioResult]] = defaultdict(dict)
+    for result in results:
+        by_store[result.store][result.scenario] = result
+    total_unexpected = sum(len(r.unexpected) for r in results)
+    total_expected = sum(len(r.expected) for r in results)
+    total_trials = sum(r.trials for r in results)
+    total_faults = sum(sum(r.faults.values()) for r in results)
+    lines: list[str] = []
+    add = lines.append
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    add("# Reliability")
+    add("")
+    add(
+        "How dibs behaves when things go wrong, measured: real processes race on every store while faults "
+        "are injected, every store operation is recorded, and the recorded history is checked against the "
+        "safety invariants of [the reservation contract](docs/contract.md). The method follows the "
+        "etcd robustness tests and Jepsen's lock analyses: inject failures, record what every client "
+        "saw, check the history against a model, and report what breaks, including what is *expected* "
+        "to break."
+    )
+    add("")
+    add(
+        f"*Generated by `reliability/run` ({'full size' if full else 'reduced (--ci) size'}) on {when}, "
+        f"seed {seed}, {os.cpu_count()} CPU cores, Python {platform.python_version()} on {sys.platform}; "
+        f"{seconds / 60:.1f} minutes.* Rerun it with `reliability/run`; `reliability/run --ci` is the "
+        "reduced version that `tests/test_reliability.py` runs under pytest."
+    )
+    add("")
+    add(
+        f"**{total_trials} trials, {total_faults} injected faults, {total_unexpected} violations** "
+        f"({total_expected} expected violations: documented limits, shown below, not hidden)."
+    )
+    add("")
+    _checked_section(add)
+    _results_section(add, by_store, unavailable, sizes)
+    _takeover_section(add, by_store)
+    _pause_section(add, by_store)
+    _faults_section(add, by_store)
+    _skew_section(add, by_store)
+    _hostile_section(add, by_store)
+    _violations_section(add, results)
+    _limits_section(add)
+    return "\n".join(lines)
+
+
+def _checked_section(add: Any) -> None:
+    add("## What is checked")
+    add("")
+    add("Over the merged history of every process (`reliability/history.py`):")
+    add("")
+    add(
+        "- **Exclusion, on the store's clock**: the intervals `[acquired_at, expires_at)` that the store "
+        "reported for granted or heartbeated leases with different tokens never overlap (a lease ends "
+        "early only when its holder completed or released it before the next grant)."
+    )
+    add(
+        "- **Exclusion, in real time** (no clock but the machine's monotonic one): when the store "
+        "extended lease A inside `[t0, t1]` and granted lease B after that call returned, B's grant may "
+        "not return sooner than A's ttl after A's extension was sent. This catches clients that judge "
+        "expiry by a wrong clock even when each of them reports consistent timestamps."
+    )
+    add(
+        "- **Fencing**: tokens strictly increase between grants; no heartbeat, complete or release is "
+        "accepted with a token that a newer grant or a stored artifact made stale."
+    )
+    add(
+        "- **One artifact per key**: every observation of a key's artifact (hits, reads, the final read) "
+        "names the same one; the first completion wins and is never replaced."
+    )
+    add(
+        "- **Every waiter returns** with the right value (or its own timeout where the scenario allows); "
+        "nobody hangs; work runs once per key where nothing ended a lease early."
+    )
+    add(
+        "- **Faults**: no corruption, every key completes after the faults end, an ambiguous outcome "
+        "(the reply lost after the store acted) is resolved by re-reading, lost leases are logged, and "
+        "the `on_store_unavailable` policy (`fail` raises, `run` runs unreserved) is honoured and logged."
+    )
+    add("")
+
+
+def _results_section(
+    add: Any, by_store: dict[str, dict[str, ScenarioResult]], unavailable: dict[str, str], sizes: Sizes
+) -> None:
+    add("## Results")
+    add("")
+    add("| store | scenario | trials | faults injected | violations | expected | time |")
+    add("| --- | --- | ---: | --- | ---: | ---: | ---: |")
+    for store, scenarios_of in by_store.items():
+        for name, result in scenarios_of.items():
+            title = _SCENARIO_TITLES.get(name, name)
+            if result.skipped:
+                add(f"| {store} | {title} | - | skipped: {result.skipped} | - | - | - |")
+                continue
+            add(
+                f"| {store} | {title} | {result.trials} {result.trial_unit} | {_faults(result)} | "
+                f"**{len(result.unexpected)}** | {len(result.expected)} | {result.seconds:.0f}s |"
+            )
+    for store, why in unavailable.items():
+        add(f"| {store} | all | - | unavailable: {why} | - | - | - |")
+    add("")
+    if sizes:
+        add(
+            f"Sizes: contention {sizes.contention_procs} processes x {sizes.contention_keys} keys; "
+            f"{sizes.kill_trials} SIGKILL trials per store (in batches of {sizes.kill_batch}); "
+            f"{sizes.pause_trials} SIGSTOP trials; store faults for {sizes.fault_seconds:g}s with "
+            f"{sizes.fault_procs} proxied processes and one direct bystander over {sizes.fault_keys} keys; "
+            f"clock skew with {sizes.skew_procs} processes x {sizes.skew_keys} keys plus {sizes.skew_kills} "
+            f"skewed SIGKILL trials; {sizes.fuzz_examples} fuzzed keys and as many fuzzed URLs per store."
+        )
+        add("")
+
+
+def _violations_section(add: Any, results: list[ScenarioResult]) -> None:
+    add("## Violations")
+    add("")
+    unexpected = [(r, v) for r in results for v in r.unexpected]
+    if unexpected:
+        # Fuzzing finds one bug many times: group by where and which invariant, show one example.
+        groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+        for result, violation in unexpected:
+            groups[(result.store, result.scenario, violation.invariant)].append(str(violation))
+        add(f"This run found **{len(unexpected)}** unexpected violation(s):")
+        add("")
+        for (store, scenario, invariant), found in groups.items():
+            example = found[0].replace("\n", " ")[:600]
+            add(f"- **{store} / {scenario} / {invariant}** ({len(found)}x), e.g. {example}")
+        add("")
+        if REPORTED:
+            add(
+                "Those in stores maintained separately are also listed under *Found in stores "
+                "maintained separately* below."
+            )
+    else:
+        add("This run found none.")
+    add("")
+    add("### Found by this suite and fixed in the core")
+    add("")
+    if FIXED:
+        add("| violation | fix | regression test |")
+        add("| --- | --- | --- |")
+        for found, fix, tests in FIXED:
+            names = "<br>".join(f"`{name}`" for name in tests.split(", "))
+            add(f"| {found} | {fix} | {names} |")
+    else:
+        add("None.")
+    add("")
+    if REPORTED:
+        add("### Found in stores maintained separately (reported, and fixed there)")
+        add("")
+        for store, text in REPORTED:
+            add(f"- **{store}**: {text}")
+        add("")
+
+
+def _limits_section(add: Any) -> None:
+    add("## Limits of this suite")
+    add("")
+    add(
+        "- PostgreSQL, MySQL and Redis are shared services here, so they are not restarted; a restart is "
+        "simulated from the client's side by cutting every connection at once (the proxy's `cut`). "
+        "Azurite, which this suite starts itself, is really stopped and started under load."
+    )
+    add(
+        "- Partitions are stalls of the proxied traffic that heal (up to 1.6 x ttl). A peer that "
+        "stays silent forever is not injected: the SQL drivers have no client-side read timeout, so "
+        "such a call would wait until TCP gives up."
+    )
+    add(
+        "- Takeover latencies are wall-clock figures on a shared machine; pytest asserts only the "
+        "invariants (and liveness with generous timeouts), never a latency."
+    )
+    add("")
+
+
+def _takeover_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -> None:
+    add("## Takeover after SIGKILL (measured)")
+    add("")
+    add(
+        "Time from the SIGKILL of a holder that held the lease to the moment a waiter's grant of the key "
+        "returned. The lease outlives its holder by at most the ttl (its last heartbeat was at most one "
+        "heartbeat interval before the kill), and waiters ask again right after the expiry they were "
+        "told, so the bound is ttl + one heartbeat interval. *Closest* is the other side: over every "
+        "takeover in the store's histories, the least time by which the new grant came after the ttl "
+        "had run out since the old holder's last extension was sent (real time; negative is early)."
+    )
+    add("")
+    add(
+        "| store | ttl | bound | takeovers | min | median | p95 | max | within bound | closest | "
+        "kill outcomes |"
+    )
+    add("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for store, scenarios_of in by_store.items():
+        result = scenarios_of.get("kill")
+        if result is None or result.skipped:
+            continue
+        figures = result.figures
+        n, low, median, p95, high = _latency(figures)
+        outcomes = ", ".join(
+            f"{count} {what}" for what, count in sorted(figures.get("kill outcomes", {}).items())
+        )
+        closest = result.summary.closest_takeover
+        add(
+            f"| {store} | {figures.get('ttl', '-')}s | {figures.get('takeover_bound_seconds', '-')}s | {n} | "
+            f"{low} | {median} | {p95} | {high} | {figures.get('takeovers_within_bound', '-')}/{n} | "
+            f"{'-' if closest is None else f'{closest:+.3f}s'} | {outcomes} |"
+        )
+    add("")
+    add(
+        "Azure reads the service's clock from the `Date` header, which has one-second resolution (the "
+        "store refines it with the client's monotonic clock, within that second). A takeover can "
+        "therefore come up to a second before the ttl has run out in real time; the exclusion checks "
+        "allow exactly that one second on Azure and nothing anywhere else. Use ttls well above a "
+        "second there (the default is 60 s)."
+    )
+    add("")
+
+
+def _pause_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -> None:
+    add("## SIGSTOP past the ttl (fencing)")
+    add("")
+    add(
+        "The holder is stopped right after a heartbeat, a successor waits out the ttl, takes over and "
+        "completes; then the holder is resumed. Its next heartbeat and its complete must be rejected "
+        "(`LeaseLost`), the successor's artifact must stay, and the resumed `Reservations.compute` must "
+        "still return its own, correct value with `stored=False`."
+    )
+    add("")
+    add("| store | trials | fenced out correctly | paused (median) |")
+    add("| --- | ---: | ---: | ---: |")
+    for store, scenarios_of in by_store.items():
+        result = scenarios_of.get("pause")
+        if result is None or result.skipped:
+            continue
+        paused = result.figures.get("paused_seconds") or {}
+        add(
+            f"| {store} | {result.trials} | {result.figures.get('fenced_out', 0)} | "
+            f"{paused.get('median', '-')}s |"
+        )
+    add("")
+
+
+def _faults_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -> None:
+    add("## Store faults")
+    add("")
+    add(
+        "A fault-injecting TCP proxy (`reliability/faults.py`) sits between the clients and the store. "
+        "Every few hundred milliseconds it cuts every connection (RST), resets connections in the middle "
+        "of a reply (the store already acted: the ambiguous case) or of a request, adds latency, or stalls "
+        "all traffic, sometimes longer than the ttl so that proxied holders lose their leases to a "
+        "bystander outside the partition. Then the store is made unreachable (every connection refused) "
+        'for one process with `on_store_unavailable="fail"` and one with `"run"`. Azurite, owned by '
+        "the suite, is also stopped and restarted under load."
+    )
+    add("")
+    add(
+        "| store | compute calls | faults | unavailable raised | unreserved runs | unstored results "
+        "| leases lost | asks/s while waiting, connections cut |"
+    )
+    add("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for store, scenarios_of in by_store.items():
+        result = scenarios_of.get("faults")
+        if result is None:
+            continue
+        if result.skipped:
+            add(f"| {store} | - | n/a: {result.skipped} | - | - | - | - | - |")
+            continue
+        s = result.summary
+        spin = result.figures.get("most asks per second while waiting (connections cut)", "-")
+        add(
+            f"| {store} | {result.trials} | {_faults(result)} | {s.unavailable} | {s.unreserved_runs} | "
+            f"{s.unstored_results} | {result.figures.get('leases lost and reported', 0)} | {spin} |"
+        )
+    add("")
+    add(
+        "*Unavailable raised*: calls under policy `fail` that got `StoreUnavailable` (each logged); "
+        "*unreserved runs*: calls under policy `run` that ran the work without a lease (each logged); "
+        "*unstored results*: calls whose lease was lost while they worked (fenced out, logged) and that "
+        "returned their own value with `stored=False`. The last column is the most times one waiter "
+        "asked within a second while its connections, the listening ones included, were being cut; "
+        f"more than {SPIN_ASKS_PER_SECOND} is a violation (it would be spinning instead of backing off)."
+    )
+    add("")
+
+
+def _skew_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -> None:
+    add("## Client clock skew")
+    add("")
+    add(
+        f"Some worker processes run with their wall clock {SKEW_SECONDS // 60} minutes ahead or behind "
+        "(libfaketime: `LD_PRELOAD` and `FAKETIME`, monotonic clock untouched; each worker's skew is "
+        "verified). They race on the same keys, and skewed holders are killed while skewed waiters "
+        "(one ahead, one behind) wait. Stores that judge expiry by the service's clock must not notice. "
+        "The file store and the embedded SQLite store judge it by each calling process's clock: on one "
+        "machine all processes share that clock, so the limit is documented rather than fixed; here it "
+        "shows as expected violations."
+    )
+    add("")
+    add("| store | clock that judges expiry | trials | violations | expected violations | example |")
+    add("| --- | --- | ---: | ---: | ---: | --- |")
+    for store, scenarios_of in by_store.items():
+        result = scenarios_of.get("skew")
+        if result is None:
+            continue
+        if result.skipped:
+            add(f"| {store} | - | - | skipped: {result.skipped} | - | - |")
+            continue
+        clock = "each process's own" if result.expected or store in ("file", "sqlite") else "the service's"
+        example = str(result.expected[0]).replace("|", "\\|")[:220] if result.expected else ""
+        kinds = Counter(v.invariant for v in result.expected)
+        summary = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        add(
+            f"| {store} | {clock} | {result.trials} | **{len(result.unexpected)}** | "
+            f"{len(result.expected)}{f' ({summary})' if summary else ''} | {example} |"
+        )
+    add("")
+
+
+def _hostile_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -> None:
+    add("## Hostile and bad input")
+    add("")
+    add(
+        "Every case must end in a `dibs.ReservationError` subclass whose message names the bad value "
+        "(the key, the URL part, the setting), never shows a secret (also not in the chained cause), "
+        "runs no work, executes no code, and leaves what was stored byte-for-byte as it was "
+        "(`reliability/hostile.py`)."
+    )
+    add("")
+    categories: list[str] = []
+    for scenarios_of in by_store.values():
+        result = scenarios_of.get("hostile")
+        if result is not None:
+            for name in result.figures.get("cases", {}):
+                if name not in categories:
+                    categories.append(name)
+    if not categories:
+        return
+    add("| store | " + " | ".join(categories) + " | violations |")
+    add("| --- | " + " | ".join("---:" for _ in categories) + " | ---: |")
+    for store, scenarios_of in by_store.items():
+        result = scenarios_of.get("hostile")
+        if result is None or result.skipped:
+            continue
+        cells = [str(result.figures.get("cases", {}).get(name, 0)) for name in categories]
+        add(f"| {store} | " + " | ".join(cells) + f" | **{len(result.unexpected)}** |")
+    add("")

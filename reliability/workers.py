@@ -1,0 +1,233 @@
+"""What the child processes of the reliability scenarios run.
+
+A worker gets one JSON-able ``spec`` (its role, the store URL, the keys, the timings) and reports
+nothing through pipes: everything it does is recorded in its own history file (see
+:mod:`reliability.history`), because many workers are killed or paused on purpose and the parent
+must not depend on them living long enough to answer.
+
+Workers start either from a fork server (fast, for the hundreds of short-lived holders the kill
+trials need) or as ``python -m reliability.workers SPEC`` (so that libfaketime can be preloaded
+into the interpreter for the clock-skew scenario).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import select
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, SupportsIndex
+
+import dibs
+from dibs.waiting import Backoff
+from reliability.history import LogCapture, Recorder, RecordingStore, now
+
+__all__ = ["expected_value", "main", "run"]
+
+
+def expected_value(key: str) -> dict[str, str]:
+    """The value every computation of ``key`` must produce (and every reader must get)."""
+    return {"key": key, "value": f"computed:{key}"}
+
+
+class Worker:
+    """One process's client, recorder and the compute-and-record loop shared by every role."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.proc = str(spec["proc"])
+        self.recorder = Recorder(Path(spec["history"]) / f"{self.proc}.jsonl", self.proc)
+        self.recorder.emit("clock", t0=now(), wall=time.time(), skew=spec.get("skew", 0))
+        logger = logging.getLogger("dibs")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(LogCapture(self.recorder))
+        self.rng = random.Random(spec.get("seed", os.getpid()))
+        self.open_error: Exception | None = None
+        self.client: dibs.Reservations | None = None
+        self._open()
+        self.policy = spec.get("policy", "fail")
+        self.go_file = Path(spec["go_file"]) if spec.get("go_file") else None
+
+    def _open(self) -> None:
+        """Create the client. With policy "fail" and the store down this raises; the worker then
+        fails its calls and tries again on the next one, as a restarted task would."""
+        spec, ttl = self.spec, float(self.spec["ttl"])
+        try:
+            client = dibs.Reservations(
+                spec["url"],
+                namespace=spec["namespace"],
+                ttl=ttl,
+                heartbeat_interval=spec.get("interval"),
+                on_store_unavailable=spec.get("policy", "fail"),
+                backoff=Backoff(initial=0.01, maximum=min(0.5, ttl / 4)),
+            )
+        except dibs.StoreUnavailable as exc:
+            self.open_error = exc
+            return
+        client.store = RecordingStore(client.store, self.recorder)
+        self.client, self.open_error = client, None
+
+    def work(self, key: str, owner: str) -> dict[str, str]:
+        """The "expensive task": recorded when it starts (so a kill mid-work still shows it ran)."""
+        self.recorder.emit("exec", phase="start", key=key, owner=owner, t0=now())
+        if self.go_file is not None:
+            deadline = time.monotonic() + float(self.spec.get("go_timeout", 120))
+            while not self.go_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            low, high = self.spec.get("work", (0.002, 0.02))
+            time.sleep(self.rng.uniform(low, high))
+        self.recorder.emit("exec", phase="end", key=key, owner=owner, t0=now())
+        return expected_value(key)
+
+    def compute(self, key: str, attempt: int = 0) -> bool:
+        """One recorded ``Reservations.compute`` call; ``True`` when it returned a value."""
+        owner = f"{self.proc}/{key}/{attempt}"
+        timeout = float(self.spec.get("timeout", 120))
+        self.recorder.emit("compute", phase="invoke", key=key, owner=owner, t0=now(), policy=self.policy)
+        if self.client is None:
+            self._open()
+        opened = self.client is not None
+        try:
+            if self.client is None:
+                assert self.open_error is not None
+                raise self.open_error
+            report = self.client.compute(key, self.work, args=(key, owner), owner=owner, timeout=timeout)
+        except Exception as exc:  # every outcome is recorded, then judged by the checker
+            self.recorder.emit(
+                "compute",
+                phase="return",
+                key=key,
+                owner=owner,
+                t1=now(),
+                policy=self.policy,
+                result=f"raised:{type(exc).__name__}",
+                error=str(exc)[:500],
+                opened=opened,
+            )
+            return False
+        ok = report.value == expected_value(key)
+        self.recorder.emit(
+            "compute",
+            phase="return",
+            key=key,
+            owner=owner,
+            t1=now(),
+            policy=self.policy,
+            result=report.role,
+            stored=report.stored,
+            token=report.token,
+            value_ok=ok,
+            value=None if ok else repr(report.value)[:200],
+        )
+        return True
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.recorder.close()
+
+
+def _wait_until(start_mono: float | None) -> None:
+    # CLOCK_MONOTONIC is shared by every process on the machine and libfaketime leaves it alone, so
+    # it lines up skewed and unskewed workers alike.
+    if start_mono is not None:
+        while time.monotonic() < start_mono:
+            time.sleep(0.002)
+
+
+def _race(worker: Worker) -> None:
+    _wait_until(worker.spec.get("start_mono"))
+    for key in worker.spec["keys"]:
+        worker.compute(key)
+
+
+def _threads(worker: Worker) -> None:
+    """One thread per key: a waiter process waiting on several keys at once."""
+    _wait_until(worker.spec.get("start_mono"))
+    threads = [
+        threading.Thread(target=worker.compute, args=(key,), daemon=True) for key in worker.spec["keys"]
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _until_done(worker: Worker) -> None:
+    """Walk the keys (skipping some at random, so that workers drift apart) until ``stop_mono``, then
+    retry every key that failed until it returns a value or ``duration`` runs out: a caller that got
+    ``StoreUnavailable`` tries the key again later, as a scheduler's retry would."""
+    _wait_until(worker.spec.get("start_mono"))
+    stop = float(worker.spec.get("stop_mono", float("inf")))
+    deadline = time.monotonic() + float(worker.spec.get("duration", 60))
+    skip = float(worker.spec.get("skip", 0.0))
+    pending = []
+    for key in worker.spec["keys"]:
+        if time.monotonic() >= stop:
+            break
+        if worker.rng.random() >= skip and not worker.compute(key):
+            pending.append(key)
+    attempt = 1
+    while pending and time.monotonic() < deadline:
+        time.sleep(worker.rng.uniform(0.05, 0.3))
+        pending = [key for key in pending if not worker.compute(key, attempt)]
+        attempt += 1
+
+
+ROLES = {"race": _race, "threads": _threads, "until_done": _until_done}
+
+
+def run(spec: dict[str, Any]) -> None:
+    """The entry point of every worker (fork-server children call it directly)."""
+    try:
+        worker = Worker(spec)
+    except BaseException as exc:
+        _crashed(spec, exc)
+        raise
+    try:
+        ROLES[spec["role"]](worker)
+    except BaseException as exc:
+        _crashed(spec, exc)
+        raise
+    finally:
+        worker.recorder.emit("exit", t0=now())
+        worker.close()
+
+
+def _crashed(spec: dict[str, Any], exc: BaseException) -> None:
+    """Record an exception that escaped the worker: dibs must raise only its own, clear errors."""
+    recorder = Recorder(Path(spec["history"]) / f"{spec['proc']}.jsonl", str(spec["proc"]))
+    recorder.emit(
+        "crash",
+        t0=now(),
+        result=f"{type(exc).__module__}.{type(exc).__name__}",
+        error=str(exc)[:500],
+        traceback=traceback.format_exc(limit=8)[-3000:],
+    )
+    recorder.close()
+
+
+def _select_sleep(seconds: float | SupportsIndex) -> None:
+    select.select([], [], [], max(0.0, float(seconds)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The entry point of workers started as ``python -m reliability.workers SPEC`` (with libfaketime)."""
+    if "FAKETIME" in os.environ:
+        # libfaketime 0.9.10 makes clock_nanosleep fail with EINVAL when the monotonic clock is left
+        # unfaked (FAKETIME_DONT_FAKE_MONOTONIC=1), so time.sleep raises OSError; select() sleeps on
+        # the same monotonic clock and is unaffected. Only this test process is patched, never dibs.
+        time.sleep = _select_sleep
+    args = sys.argv[1:] if argv is None else argv
+    run(json.loads(args[0]))
+
+
+if __name__ == "__main__":
+    main()
