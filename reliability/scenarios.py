@@ -249,6 +249,9 @@ class Run:
         self.result = ScenarioResult(name, target.name)
         self._offsets: dict[str, int] = {}
         self._seen: dict[str, list[Event]] = {}
+        # Watcher threads (kill_holders) and the main thread read the same files: one reader at a time,
+        # or two of them advance the offset past each other's half-read line.
+        self._read_lock = threading.Lock()
 
     def spec(self, proc: str, role: str, keys: list[str], **fields: Any) -> dict[str, Any]:
         return {
@@ -265,16 +268,17 @@ class Run:
     def events_of(self, proc: str) -> list[Event]:
         """The events ``proc`` has written so far (read incrementally)."""
         path = self.history / f"{proc}.jsonl"
-        seen = self._seen.setdefault(proc, [])
-        if not path.exists():
-            return seen
-        with open(path, "rb") as handle:
-            handle.seek(self._offsets.get(proc, 0))
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offsets[proc] = self._offsets.get(proc, 0) + len(complete)
-        seen.extend(json.loads(line) for line in complete.splitlines() if line.strip())
-        return seen
+        with self._read_lock:
+            seen = self._seen.setdefault(proc, [])
+            if not path.exists():
+                return list(seen)
+            with open(path, "rb") as handle:
+                handle.seek(self._offsets.get(proc, 0))
+                data = handle.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            self._offsets[proc] = self._offsets.get(proc, 0) + len(complete)
+            seen.extend(json.loads(line) for line in complete.splitlines() if line.strip())
+            return list(seen)
 
     def wait_for(
         self, proc: str, predicate: Callable[[Event], bool], timeout: float, child: Child | None = None
