@@ -1,4 +1,4 @@
-"""Store wrappers: force polling (no push wake-up), and count every call a waiter makes.
+"""Store wrappers: force polling (no watch hub), and count every call a waiter makes.
 
 Both are real :class:`dibs.stores.Store` subclasses, so :class:`dibs.Reservations` uses them exactly
 like the store they wrap.
@@ -9,11 +9,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
-from dibs.stores.base import PollingWatch, Store, Watch
+from dibs.stores.base import Store
+from dibs.stores.feeds import ChangeFeed
 
 __all__ = ["CountingStore", "DelegatingStore", "PollingStore"]
 
@@ -23,7 +24,6 @@ class DelegatingStore(Store):
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
-        self.notifies = inner.notifies
 
     @property
     def url(self) -> str:
@@ -58,51 +58,50 @@ class DelegatingStore(Store):
     def reap(self, namespace: str | None = None) -> int:
         return self.inner.reap(namespace)
 
-    def watch(self, key: Key) -> Watch:
-        return self.inner.watch(key)
+    def read_many(self, keys: Sequence[Key]) -> list[KeyState]:
+        return self.inner.read_many(keys)
+
+    def change_feed(self) -> ChangeFeed | None:
+        return self.inner.change_feed()
 
     def close(self) -> None:
+        super().close()
         self.inner.close()
 
 
 class PollingStore(DelegatingStore):
-    """The same store with its push wake-up switched off: waiters only poll (capped backoff)."""
+    """The same store without a watch hub: every waiter polls on its own (capped backoff)."""
 
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.notifies = False
-
-    def watch(self, key: Key) -> Watch:
-        return PollingWatch()
-
-
-class _CountingWatch(Watch):
-    def __init__(self, inner: Watch, owner: CountingStore) -> None:
-        self._inner = inner
-        self._owner = owner
-
-    def wait(self, timeout: float) -> bool:
-        woken = self._inner.wait(timeout)
-        self._owner.record("watch.wake" if woken else "watch.timeout")
-        return woken
-
-    def close(self) -> None:
-        self._inner.close()
+    def change_feed(self) -> ChangeFeed | None:
+        return None
 
 
 class CountingStore(DelegatingStore):
-    """Records the time of every call that reaches the store (``acquire``, ``read``, ``watch``...)."""
+    """Records the time of every call that reaches the store (``acquire``, ``read``, the hub's reads...).
+
+    The hub's own cheap questions to its feed (a versions query, ``stat``, ``data_version``) are not
+    counted here: they are one per process, not one per waiter.
+    """
 
     #: Calls that are a request to the store service (a query, a script, an HTTP request, a file read).
     QUERIES = frozenset(
-        {"read", "acquire", "heartbeat", "complete", "release", "force_release", "forget", "list", "reap"}
+        {
+            "read",
+            "read_many",
+            "acquire",
+            "heartbeat",
+            "complete",
+            "release",
+            "force_release",
+            "forget",
+            "list",
+            "reap",
+        }
     )
 
     def __init__(self, inner: Store, *, polling: bool = False) -> None:
         super().__init__(inner)
         self._polling = polling
-        if polling:
-            self.notifies = False
         self._lock = threading.Lock()
         self.calls: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -143,7 +142,9 @@ class CountingStore(DelegatingStore):
         self.record("release")
         super().release(key, token, error)
 
-    def watch(self, key: Key) -> Watch:
-        self.record("watch.open")
-        inner = PollingWatch() if self._polling else super().watch(key)
-        return _CountingWatch(inner, self)
+    def read_many(self, keys: Sequence[Key]) -> list[KeyState]:
+        self.record("read_many")
+        return super().read_many(keys)
+
+    def change_feed(self) -> ChangeFeed | None:
+        return None if self._polling else super().change_feed()

@@ -41,10 +41,12 @@ _LABELS = {
     "file": "Filesystem (local disk)",
 }
 _PUSH = {
-    "sqlite": "data_version probe every 4 ms",
-    "postgres": "LISTEN/NOTIFY",
-    "redis": "pub/sub",
-    "file": "stat() of the record",
+    "sqlite": "watch hub: data_version probe every 4 ms",
+    "postgres": "watch hub: one LISTEN connection",
+    "mysql": "watch hub: one versions query per look (50 ms to 1 s)",
+    "redis": "watch hub: one pattern subscription",
+    "azure": "watch hub: ETags of the watched records (50 ms to 1 s)",
+    "file": "watch hub: stat() of the watched records",
 }
 
 
@@ -212,7 +214,7 @@ def _self_check(url: str) -> bool:
         store.complete(key, outcome.lease.token, "json", b"1", checksum(b"1"))
         state = store.read(key)
         assert state.artifact is not None and state.artifact.payload == b"1", state
-        return bool(store.notifies)
+        return store.change_feed() is not None  # the process's watch hub can follow it
     finally:
         store.close()
 

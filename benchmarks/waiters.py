@@ -42,14 +42,14 @@ def _counting_probes() -> Iterator[collections.Counter[str]]:
     try:
         from dibs.stores import sql
 
-        original_probe = sql._SQLiteWatch._data_version
+        original_probe = sql._DataVersionFeed._data_version
 
         def counted_probe(self: Any) -> int:
             probes[f"sqlite:{id(self._store)}"] += 1
             return int(original_probe(self))
 
-        patches.append((sql._SQLiteWatch, "_data_version", original_probe))
-        sql._SQLiteWatch._data_version = counted_probe  # type: ignore[method-assign]
+        patches.append((sql._DataVersionFeed, "_data_version", original_probe))
+        sql._DataVersionFeed._data_version = counted_probe  # type: ignore[method-assign]
     except (ImportError, AttributeError):
         pass
     try:
@@ -131,8 +131,7 @@ def run(targets: list[Target], settings: Settings, log: Callable[[str], None]) -
                 "queries": total,
                 "queries_per_s": total / seconds,
                 "steady_queries_per_s": steady_rate,
-                "watch_opened": len(store.calls.get("watch.open", [])),
-                "wakeups": len(store.calls.get("watch.wake", [])),
+                "hub_reads": len(store.calls.get("read_many", [])),
                 "local_probes_per_s": local / seconds,
                 "sql_statements_via_sqlalchemy": statements.get("statements", 0),
             }

@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,8 @@ from dibs.records import (
     Present,
     StoreOutcome,
 )
-from dibs.stores.base import Store, Watch
+from dibs.stores.base import Store
+from dibs.stores.feeds import ChangeFeed
 
 __all__ = [
     "Event",
@@ -155,7 +156,6 @@ class RecordingStore(Store):
     def __init__(self, inner: Store, recorder: Recorder) -> None:
         self.inner = inner
         self.recorder = recorder
-        self.notifies = inner.notifies
 
     @property
     def url(self) -> str:
@@ -285,15 +285,20 @@ class RecordingStore(Store):
     def reap(self, namespace: str | None = None) -> int:
         return self.inner.reap(namespace)
 
-    def watch(self, key: Key) -> Watch:
+    def read_many(self, keys: Sequence[Key]) -> list[KeyState]:
+        """The watch hub's reads, recorded like reads: a waiter may return what the hub read for it."""
         t0 = now()
-        try:
-            return self.inner.watch(key)
-        except Exception as exc:
-            self._failed("watch", key, t0, exc)
-            raise
+        states = self.inner.read_many(keys)
+        t1 = now()
+        for state in states:
+            self.recorder.emit("read", key=state.key.name, t0=t0, t1=t1, result="ok", **_state_fields(state))
+        return states
+
+    def change_feed(self) -> ChangeFeed | None:
+        return self.inner.change_feed()
 
     def close(self) -> None:
+        super().close()
         self.inner.close()
 
 

@@ -80,22 +80,24 @@ FIXED: list[tuple[str, str, str]] = [
     (
         "PostgreSQL watch whose listening connection broke (connections cut while waiting): every later "
         "wait returned at once, so the waiter asked the database again and again without backoff.",
-        "A broken watch sleeps out its wait and the waiter polls with backoff from then on.",
-        f"{_T}test_a_postgres_watch_whose_connection_broke_still_waits",
+        "The process's watch hub notices, lets waiters poll meanwhile, listens again on a new connection "
+        "and reads every watched key once more.",
+        f"{_T}test_the_hub_listens_again_after_its_connection_is_cut",
     ),
     (
         "Full-size contention on PostgreSQL: with the server out of connection slots (`too many "
         "clients`), opening a waiter's listening connection raised `StoreUnavailable` and failed the "
         "call, although the store itself still answered.",
-        "`SQLStore.watch` falls back to polling (logged) when no listening connection can be opened.",
+        "The watch hub says it is not following (logged) and waiters poll until it can listen again.",
         f"{_T}test_a_waiter_polls_when_no_listening_connection_can_be_opened",
     ),
     (
         "Full-size SIGKILL trials on PostgreSQL: every waiting thread held a listening connection of its "
         "own (plus up to four idle ones per process), so two processes waiting on ten keys each ran the "
         "server out of connections and waiters failed with `StoreUnavailable` (`too many clients`).",
-        "At most four listening connections per store and process; further waiters poll with backoff.",
-        f"{_T}test_many_waiting_threads_share_a_bounded_number_of_listening_connections",
+        "One store, pool and watch hub per process (`dibs.runtime`): at most four connections to the "
+        "server however many waiters (500 triggers, 200 threads, counted in `pg_stat_activity`).",
+        "tests/airflow/test_trigger_scale.py, tests/test_waiting_scale.py",
     ),
     (
         "SQL URL with a query option the driver rejects (fuzzed URLs): psycopg's `ProgrammingError` and "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, SupportsIndex
 
 import dibs
-from dibs.waiting import Backoff
+from dibs.backoff import Backoff
 from reliability.history import LogCapture, Recorder, RecordingStore, now
 
 __all__ = ["expected_value", "main", "run"]

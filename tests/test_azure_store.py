@@ -35,11 +35,11 @@ from azure.core.exceptions import ResourceExistsError, ServiceResponseError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient
 
+from dibs import Reservations
 from dibs.errors import ArtifactCorrupted, ConfigurationError, CorruptRecord, LeaseLost, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import Granted, Held, LeaseRecord, Present, checksum
 from dibs.stores import open_store
-from dibs.stores.aio import AsyncStore
 from dibs.stores.azure import (
     CONNECTION_STRING_ENV,
     AzureBlobStore,
@@ -641,13 +641,15 @@ def test_a_container_that_cannot_be_created_is_unavailable_not_a_loop(
         store.acquire(KEY, "alice", 60, None)
 
 
-def test_the_async_adapter_runs_the_same_store(store: AzureBlobStore) -> None:
+def test_the_async_client_runs_the_same_store(store: AzureBlobStore) -> None:
+    async def work() -> str:
+        return "async"
+
     async def scenario() -> None:
-        wrapped = AsyncStore(store)
-        lease = _granted(await wrapped.acquire(KEY, "alice", 60, None))
-        await wrapped.complete(KEY, lease.token, "bytes", b"async", checksum(b"async"))
-        state = await wrapped.read(KEY)
-        assert state.artifact is not None and state.artifact.verified_payload(KEY) == b"async"
+        client = Reservations(store, namespace=KEY.namespace, ttl=60).aio()
+        assert await client.run(KEY.name, work) == "async"
+        hit = await client.wait(KEY.name)
+        assert hit is not None and hit.value == "async"
 
     asyncio.run(scenario())
 

@@ -129,7 +129,7 @@ def test_policy_run_is_kept_when_the_store_is_down_as_the_client_starts(
     assert "pw" not in client.store.url
     assert any("policy 'run'" in r.getMessage() for r in caplog.records)
     with pytest.raises(dibs.StoreUnavailable):
-        dibs.Reservations(closed_postgres_url)  # policy "fail" still fails at once
+        dibs.Reservations(closed_postgres_url).status("k")  # policy "fail" fails at the first call
 
 
 def test_a_connection_dropped_while_creating_the_postgres_schema_is_store_unavailable(
@@ -152,7 +152,7 @@ def test_a_connection_dropped_while_creating_the_postgres_schema_is_store_unavai
     with postgres.isolated_url(tmp_path) as url:
         monkeypatch.setattr(SQLStore, "_create_notify_trigger", dropped)
         with pytest.raises(dibs.StoreUnavailable, match="server closed the connection"):
-            SQLStore(url)
+            SQLStore(url).read(Key("k", "k"))  # the schema is created before the first operation
 
 
 # -- hostile and bad input ---------------------------------------------------------------------------
@@ -295,31 +295,46 @@ def test_a_password_inside_a_url_in_the_query_is_redacted() -> None:
 # -- PostgreSQL listening connections ------------------------------------------------------------------
 
 
-def test_a_postgres_watch_whose_connection_broke_still_waits(tmp_path: Path) -> None:
-    # Found while measuring waits under connection cuts: a broken LISTEN connection made every
-    # wait return at once, so a waiter asked the database again and again without any backoff.
+def test_the_hub_listens_again_after_its_connection_is_cut(tmp_path: Path) -> None:
+    # Found while measuring waits under connection cuts: a broken LISTEN connection made every wait
+    # return at once. Now the hub notices, says it is not following (waiters poll meanwhile), opens a
+    # new listening connection, reads every watched key again, and waiters are woken as before.
     import time
 
     import psycopg
 
-    from dibs.stores.sql import SQLStore
+    from dibs.runtime import runtime
     from tests.backends import postgres
 
     with postgres.isolated_url(tmp_path) as url:
-        store = SQLStore(url)
-        try:
-            watch = store.watch(Key("w", "k"))
-            backend = watch._conn.info.backend_pid  # type: ignore[attr-defined]
+        client = dibs.Reservations(url, namespace="cut", ttl=60)
+        lease = client.get_or_reserve("k", owner="holder")
+        assert isinstance(lease, dibs.Acquired)
+        hub = runtime().hub(client.store)
+        assert hub is not None
+        with hub.subscribe(client.key("k")) as subscription:
+            deadline = time.monotonic() + 30
+            while not hub.following:
+                assert time.monotonic() < deadline, "the hub never started listening"
+                time.sleep(0.01)
+            first = hub._feed._conn.info.backend_pid  # type: ignore[attr-defined]
             server = url.replace("postgresql+psycopg://", "postgresql://").split("?")[0]
             with psycopg.connect(server) as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
-            for _ in range(3):
-                started = time.monotonic()
-                assert watch.wait(0.3) is False
-                assert time.monotonic() - started >= 0.25
-            watch.close()
-        finally:
-            store.close()
+                admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+
+            def listening_again() -> bool:
+                conn = hub._feed._conn  # type: ignore[attr-defined]
+                return hub.following and conn is not None and conn.info.backend_pid != first
+
+            while not listening_again():
+                assert time.monotonic() < deadline, "the hub never listened again"
+                time.sleep(0.01)
+            lease.lease.complete("after the cut")
+            state = None
+            while state is None or state.artifact is None:
+                assert time.monotonic() < deadline, "the completion never reached the waiter"
+                state = subscription.wait(1.0) or state
+        client.close()
 
 
 def test_a_waiter_polls_when_no_listening_connection_can_be_opened(
@@ -327,22 +342,23 @@ def test_a_waiter_polls_when_no_listening_connection_can_be_opened(
 ) -> None:
     # Found by the full-size contention run: with the server out of connection slots, opening the
     # watch raised StoreUnavailable and failed the waiter's call, although the store itself answered.
-    import psycopg
-
-    from dibs.stores.sql import SQLStore, _Listeners
+    from dibs.stores.sql import _ListenFeed
     from tests.backends import postgres
 
-    def refused(self: Any) -> Any:
-        raise psycopg.OperationalError("FATAL:  sorry, too many clients already")
+    def refused(self: Any) -> None:
+        raise dibs.StoreUnavailable("FATAL:  sorry, too many clients already")
 
     with postgres.isolated_url(tmp_path) as url:
+        monkeypatch.setattr(_ListenFeed, "open", refused)
         holder = dibs.Reservations(url, namespace="slots", ttl=30)
-        assert isinstance(holder.get_or_reserve("k", owner="holder"), dibs.Acquired)
-        monkeypatch.setattr(_Listeners, "_connect", refused)
+        got = holder.get_or_reserve("k", owner="holder")
+        assert isinstance(got, dibs.Acquired)
         waiter = dibs.Reservations(url, namespace="slots", ttl=30)
-        assert isinstance(waiter.store, SQLStore)
         with pytest.raises(dibs.WaitTimeout):  # polled until its own timeout: not StoreUnavailable
             waiter.acquire("k", owner="waiter", timeout=0.5)
+        got.lease.complete("polled")
+        hit = waiter.acquire("k", owner="waiter", timeout=30)  # found by polling, without the hub
+        assert isinstance(hit, dibs.Hit) and hit.value == "polled"
 
 
 @pytest.mark.parametrize(
@@ -356,32 +372,5 @@ def test_an_option_the_sql_driver_rejects_is_a_configuration_error(url: str) -> 
     # Found by the fuzzed URLs: psycopg's ProgrammingError and PyMySQL's TypeError escaped.
     pytest.importorskip("psycopg" if url.startswith("postgresql") else "pymysql")
     with pytest.raises(dibs.ConfigurationError, match="bogus_option") as caught:
-        dibs.Reservations(url)
+        dibs.Reservations(url).status("k")
     assert "s3cret" not in str(caught.value)
-
-
-def test_many_waiting_threads_share_a_bounded_number_of_listening_connections(tmp_path: Path) -> None:
-    # Found by the full-size SIGKILL trials: two processes with ten waiting threads each held a
-    # listening connection per thread, and the server ran out of connections ("too many clients")
-    # for every client, failing waiters with StoreUnavailable.
-    import time
-
-    from dibs.stores.sql import SQLStore, _Listeners
-    from tests.backends import postgres
-
-    with postgres.isolated_url(tmp_path) as url:
-        store = SQLStore(url)
-        try:
-            watches = [store.watch(Key("w", f"k{i}")) for i in range(3 * _Listeners.MAX_OPEN)]
-            listening = [w for w in watches if w._conn is not None]  # type: ignore[attr-defined]
-            assert len(listening) == _Listeners.MAX_OPEN
-            started = time.monotonic()
-            assert watches[-1].wait(0.2) is False  # no connection: it sleeps, so its waiter polls
-            assert time.monotonic() - started >= 0.15
-            for watch in watches:
-                watch.close()
-            again = store.watch(Key("w", "again"))  # connections were given back
-            assert again._conn is not None  # type: ignore[attr-defined]
-            again.close()
-        finally:
-            store.close()

@@ -11,6 +11,7 @@ import multiprocessing
 import re
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
@@ -253,12 +254,15 @@ def test_a_fenced_writer_leaves_no_file_behind(store: FileStore) -> None:
     assert not any(path.name.endswith(".tmp") for path in store.root.rglob("*"))
 
 
-def test_watch_wakes_when_the_record_changes(store: FileStore) -> None:
-    with store.watch(KEY) as watch:
-        assert watch.wait(0) is False
-        store.acquire(KEY, "someone", 60, None)
-        assert watch.wait(START_TIMEOUT) is True
-        assert watch.wait(0) is False
+def test_the_feed_reports_a_record_that_changes(store: FileStore) -> None:
+    feed = store.change_feed()
+    watched = {KEY.digest: KEY}
+    assert feed.changes(watched, 0) == {KEY.digest}  # a newly watched key is reported once
+    assert not feed.changes(watched, 0.05)  # nothing happened since
+    store.acquire(KEY, "someone", 60, None)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not feed.changes(watched, 0.1):
+        assert time.monotonic() < deadline, "the feed never saw the new record"
 
 
 def test_the_lock_excludes_other_opens_in_the_same_process(store: FileStore) -> None:

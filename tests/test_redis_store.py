@@ -34,6 +34,7 @@ from dibs.records import (
     Present,
     checksum,
 )
+from dibs.runtime import runtime
 from dibs.stores import open_store
 from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
@@ -289,12 +290,15 @@ def test_a_change_between_the_read_and_the_wait_is_not_lost(
     open_redis: Callable[[], RedisStore], how: str
 ) -> None:
     holder, waiter = open_redis(), open_redis()
-    assert waiter.notifies
     lease = _granted(holder.acquire(KEY, "alice", 60, None))
-    with waiter.watch(KEY) as watch:
+    feed = waiter.change_feed()
+    feed.open()  # confirmed by the server before it returns
+    try:
         assert isinstance(waiter.acquire(KEY, "bob", 60, None), Held)
         _end_the_lease(holder, lease, how)  # before the waiter gets to wait
-        assert watch.wait(GENEROUS) is True
+        assert KEY.digest in feed.changes({KEY.digest: KEY}, GENEROUS)
+    finally:
+        feed.close()
     assert not isinstance(waiter.acquire(KEY, "bob", 60, None), Held)
 
 
@@ -302,13 +306,21 @@ def test_a_change_between_the_read_and_the_wait_is_not_lost(
 def test_a_blocked_waiter_is_woken(open_redis: Callable[[], RedisStore], how: str) -> None:
     holder, waiter = open_redis(), open_redis()
     lease = _granted(holder.acquire(KEY, "alice", 60, None))
-    result: queue.Queue[bool] = queue.Queue()
-    with waiter.watch(KEY) as watch:
-        thread = threading.Thread(target=lambda: result.put(watch.wait(GENEROUS)))
+    result: queue.Queue[KeyState | None] = queue.Queue()
+    with runtime().subscribe(waiter, KEY) as subscription:
+
+        def wait_for_the_end() -> None:
+            state = subscription.wait(GENEROUS)
+            while state is not None and state.lease is not None:  # the hub's first read: still held
+                state = subscription.wait(GENEROUS)
+            result.put(state)
+
+        thread = threading.Thread(target=wait_for_the_end)
         thread.start()
         _end_the_lease(holder, lease, how)
-        assert result.get(timeout=GENEROUS * 2) is True
+        state = result.get(timeout=GENEROUS * 2)
         thread.join(GENEROUS)
+    assert state is not None and state.lease is None
 
 
 def test_each_key_has_its_own_channel_and_only_waitable_changes_publish(store: RedisStore, raw: Any) -> None:
@@ -345,43 +357,29 @@ def _next_message(listener: Any) -> dict[str, Any]:
     return dict(message)
 
 
-def test_a_watch_holds_one_subscription_until_closed(store: RedisStore, raw: Any) -> None:
-    channel = store.channel(KEY)
-    watch = store.watch(KEY)
-    assert raw.pubsub_numsub(channel) == [(channel.encode(), 1)]
-    watch.close()
-    watch.close()  # twice is fine
-    assert watch.wait(GENEROUS) is False  # a closed watch does not block
+def test_the_feed_holds_one_pattern_subscription_until_closed(store: RedisStore, raw: Any) -> None:
+    before = raw.pubsub_numpat()
+    feed = store.change_feed()
+    feed.open()
+    assert raw.pubsub_numpat() == before + 1  # one pattern for every key of the process
+    feed.close()
+    feed.close()  # twice is fine
     deadline = time.monotonic() + GENEROUS  # the server notices the closed connection on its own
-    while raw.pubsub_numsub(channel) != [(channel.encode(), 0)]:
-        assert time.monotonic() < deadline, "the watch's subscription outlived close()"
+    while raw.pubsub_numpat() != before:
+        assert time.monotonic() < deadline, "the feed's subscription outlived close()"
         time.sleep(0.01)
 
 
-def test_a_reused_watch_connection_serves_only_its_new_key(store: RedisStore, raw: Any) -> None:
-    a, b = Key("redis.tests", "a"), Key("redis.tests", "b")
-    first = store.watch(a)
-    _complete(store, _granted(store.acquire(a, "alice", 60, None)))  # queued on first, never waited for
-    first.close()
-    with store.watch(b) as second:  # takes over first's connection
-        assert raw.pubsub_numsub(store.channel(a)) == [(store.channel(a).encode(), 0)]
-        assert second.wait(0) is False  # a's queued change is not b's
-        _complete(store, _granted(store.acquire(b, "alice", 60, None)))
-        assert second.wait(GENEROUS) is True
-
-
-def test_closing_a_watch_ends_a_wait_running_in_another_thread(store: RedisStore) -> None:
-    # What a cancelled async waiter does: its thread still waits while the event loop closes the watch.
-    watch = store.watch(KEY)
-    result: queue.Queue[bool] = queue.Queue()
-    thread = threading.Thread(target=lambda: result.put(watch.wait(3600)))
-    thread.start()
-    watch.close()
-    assert result.get(timeout=GENEROUS) is False
-    thread.join(GENEROUS)
-    with store.watch(KEY) as fresh:  # the store still hands out working watches
-        _complete(store, _granted(store.acquire(KEY, "alice", 60, None)))
-        assert fresh.wait(GENEROUS) is True
+def test_the_feed_reports_only_this_prefix(open_redis: Callable[[], RedisStore], raw: Any) -> None:
+    store = open_redis()
+    feed = store.change_feed()
+    feed.open()
+    try:
+        raw.publish(f"another-{store.prefix}chan:{KEY.digest}", b"complete")  # a foreign prefix
+        raw.publish(f"{store.prefix}chan:{KEY.digest}", b"complete")
+        assert feed.changes({KEY.digest: KEY}, GENEROUS) == {KEY.digest}
+    finally:
+        feed.close()
 
 
 # -- errors -----------------------------------------------------------------------------------------
@@ -406,7 +404,7 @@ def test_an_unreachable_server_is_store_unavailable_without_the_password() -> No
         lambda: store.forget(KEY),
         lambda: list(store.list()),
         store.reap,
-        lambda: store.watch(KEY),
+        lambda: store.change_feed().open(),
     ]
     for call in calls:
         with pytest.raises(StoreUnavailable) as caught:

@@ -12,10 +12,13 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.keys import Key
+from dibs.stores import sql as sql_module
 from dibs.stores.sql import SQLStore
 from tests.backends import mysql, postgres, sqlite
 
 SPAWN = multiprocessing.get_context("spawn")
+
+KEY = Key("sql.tests", "k")
 
 
 @pytest.fixture(params=["sqlite", "postgres", "mysql"])
@@ -73,13 +76,21 @@ def test_a_tampered_artifact_is_never_served(sql_url: str) -> None:
     assert client.run("k", lambda: {"rows": 11}) == {"rows": 11}
 
 
-def test_a_newer_schema_version_is_refused_before_anything_is_written(sql_url: str) -> None:
+def test_a_newer_schema_version_is_refused_before_anything_is_written(
+    sql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = SQLStore(sql_url)
+    store.read(KEY)  # creates the schema
     with store.engine.connect() as conn:
         conn.execute(sa.update(store.meta).values(value="99"))
     store.close()
+    # A process checks a schema once; a new process (no verified schemas yet) finds the new version.
+    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", set())
+    newer = SQLStore(sql_url)
     with pytest.raises(dibs.ConfigurationError, match="schema version '99', newer than this dibs"):
-        SQLStore(sql_url)
+        newer.acquire(KEY, "alice", 30, None)
+    with newer.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(newer.t)).scalar() == 0
 
 
 def _open(url: str) -> None:
@@ -119,5 +130,5 @@ def test_sqlite_durability_option_is_applied(tmp_path: Path) -> None:
 
 def test_unreachable_server_is_store_unavailable_without_the_password() -> None:
     with pytest.raises(dibs.StoreUnavailable) as info:
-        SQLStore("postgresql+psycopg://dibs:s3cret-pw@127.0.0.1:1/nowhere?connect_timeout=2")
+        SQLStore("postgresql+psycopg://dibs:s3cret-pw@127.0.0.1:1/nowhere?connect_timeout=2").read(KEY)
     assert "s3cret-pw" not in str(info.value) and "127.0.0.1" in str(info.value)

@@ -89,6 +89,24 @@ def get_provider_info() -> dict[str, Any]:
                         "empty waits as long as the holder keeps its lease alive.",
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
+                    "max_lease_age": {
+                        "label": "Maximum lease age (seconds)",
+                        "description": "No lease lives longer than this, however often it heartbeats; "
+                        "empty: no limit.",
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    },
+                    "max_failures": {
+                        "label": "Maximum failures",
+                        "description": "After this many recorded failures a key is refused until "
+                        "'dibs forget'; empty: try forever.",
+                        "schema": {"type": ["integer", "null"], "minimum": 1},
+                    },
+                    "on_store_unavailable": {
+                        "label": "When the store is unreachable",
+                        "description": "'fail' (default) fails the task; 'run' runs the work unreserved "
+                        "and logs it.",
+                        "schema": {"type": ["string", "null"], "enum": ["fail", "run", None]},
+                    },
                 },
                 "ui-field-behaviour": {
                     "hidden-fields": ["host", "port", "login", "schema", "extra"],

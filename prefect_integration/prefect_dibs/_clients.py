@@ -6,9 +6,9 @@ the embedded SQLite default). Resolution is lazy (at the first task call, not at
 decoration time) because loading a block needs the Prefect API, and a decorated task is imported by
 processes that never run it.
 
-Clients are cached per process and per settings: a SQLAlchemy engine (or a Redis pool) per task call
-would cost far more than the reservation itself, and every call of one task should share one pool.
-The cache holds only what a process opened itself; a client passed in by the user is used as it is.
+Clients are cached per process and per (URL, settings); the store behind them is shared by every
+client of the process anyway (:mod:`dibs.runtime`: one pool, one schema check, one watch hub), so
+the cache only saves building the client object. A client passed in by the user is used as it is.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from dibs import Reservations
+from dibs import Reservations, Settings
+from dibs.backoff import Backoff
 from dibs.errors import ConfigurationError
 from dibs.serializers import Serializer
-from dibs.waiting import Backoff
 
 if TYPE_CHECKING:
     from prefect_dibs.blocks import DibsStore
@@ -30,7 +30,7 @@ __all__ = ["ClientSettings", "StoreSpec", "is_url", "resolve_client", "spec_iden
 #: What ``store=`` accepts: a URL, a ``DibsStore`` block or its saved name, a client, or ``None``.
 StoreSpec: TypeAlias = "str | DibsStore | Reservations | None"
 
-_CACHE: dict[tuple[Any, ...], Reservations] = {}
+_CACHE: dict[tuple[str | None, Settings], Reservations] = {}
 _BLOCKS: dict[str, DibsStore] = {}  # saved blocks by name: loaded once per process
 _CACHE_LOCK = threading.Lock()
 
@@ -77,22 +77,20 @@ def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()
     if isinstance(store, str) and not is_url(store):
         store = _load_block(store)
     if isinstance(store, DibsStore):
-        options = store.client_options()
-        options.update(overrides)
+        client_settings = store.settings(**overrides)
         url = store.store_url()
     elif store is None or isinstance(store, str):
-        options = overrides
+        client_settings = Settings().replace(**overrides)
         url = store
     else:
         raise ConfigurationError(
             f"store= must be a store URL, a DibsStore block or its name, a dibs.Reservations client or "
             f"None, got {type(store).__name__}"
         )
-    cache_key = (url, tuple(sorted((name, _hashable(value)) for name, value in options.items())))
     with _CACHE_LOCK:
-        client = _CACHE.get(cache_key)
+        client = _CACHE.get((url, client_settings))
         if client is None:
-            client = _CACHE[cache_key] = Reservations(url, **options)
+            client = _CACHE[url, client_settings] = Reservations(url, settings=client_settings)
         return client
 
 
@@ -113,15 +111,6 @@ def _load_block(name: str) -> DibsStore:
     return block
 
 
-def _hashable(value: Any) -> Any:
-    """Settings as a cache key: serializers and backoffs by identity of their configuration."""
-    if isinstance(value, Backoff):
-        return ("backoff", dataclasses.astuple(value))
-    if isinstance(value, str | int | float | bool | bytes) or value is None:
-        return value
-    return ("object", id(value))
-
-
 def spec_identity(store: StoreSpec) -> Any:
     """A hashable identity of a store spec, for equality of objects configured with it.
 
@@ -131,7 +120,7 @@ def spec_identity(store: StoreSpec) -> Any:
     from prefect_dibs.blocks import DibsStore
 
     if isinstance(store, DibsStore):
-        return ("block", store.store_url(), tuple(sorted(store.client_options().items(), key=lambda i: i[0])))
+        return ("block", store.store_url(), store.settings())
     if isinstance(store, Reservations):
         return ("client", id(store))
     return ("spec", store)

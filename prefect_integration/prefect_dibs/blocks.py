@@ -16,7 +16,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from dibs import Reservations
+from dibs import Reservations, Settings
 from dibs.stores import redact_url
 
 if TYPE_CHECKING:
@@ -146,32 +146,24 @@ class DibsStore(Block):
         secret = quote(self.password.get_secret_value(), safe="")
         return urlunsplit(parts._replace(netloc=f"{user}:{secret}@{hostport}"))
 
-    def client_options(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`dibs.Reservations` that this block sets (secrets included)."""
-        options: dict[str, Any] = {
-            "namespace": self.namespace,
-            "ttl": self.ttl,
-            "serializer": self.serializer,
-            "on_store_unavailable": self.on_store_unavailable,
-        }
-        if self.heartbeat_interval is not None:
-            options["heartbeat_interval"] = self.heartbeat_interval
-        if self.max_lease_age is not None:
-            options["max_lease_age"] = self.max_lease_age
-        if self.max_failures is not None:
-            options["max_failures"] = self.max_failures
-        if self.signing_key is not None:
-            options["signing_key"] = self.signing_key.get_secret_value()
-        return options
+    def settings(self, **overrides: Any) -> Settings:
+        """The :class:`dibs.Settings` this block describes (signing key included), checked by the core's
+        rules; ``overrides`` replace fields for one use, e.g. ``ttl=10``."""
+        return Settings(
+            namespace=self.namespace,
+            ttl=self.ttl,
+            heartbeat_interval=self.heartbeat_interval,
+            max_lease_age=self.max_lease_age,
+            max_failures=self.max_failures,
+            on_store_unavailable=self.on_store_unavailable,
+            serializer=self.serializer,
+            signing_key=None if self.signing_key is None else self.signing_key.get_secret_value(),
+        ).replace(**overrides)
 
     def get_client(self, **overrides: Any) -> Reservations:
-        """A new :class:`dibs.Reservations` client on this store (close it when done).
-
-        ``overrides`` replace the block's settings for this client, e.g. ``ttl=10``.
-        """
-        options = self.client_options()
-        options.update(overrides)
-        return Reservations(self.store_url(), **options)
+        """A :class:`dibs.Reservations` client on this store (cheap: every client of a process shares
+        the store; close it when done). ``overrides`` replace the block's settings, e.g. ``ttl=10``."""
+        return Reservations(self.store_url(), settings=self.settings(**overrides))
 
     def lock_manager(self, **overrides: Any) -> DibsLockManager:
         """A :class:`~prefect_dibs.DibsLockManager` on this store, for Prefect's SERIALIZABLE caching."""

@@ -25,7 +25,6 @@ judged by the store, not by this object: ``is_locked``/``is_lock_holder`` read t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -36,12 +35,14 @@ from typing import Any
 from prefect.locking.protocol import LockManager
 
 from dibs import Reservations
+from dibs.backoff import Backoff
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, WaitTimeout
 from dibs.keys import Key, validate_namespace
 from dibs.lease import KeepAlive, Lease
-from dibs.records import Granted, Held, Present, StoreOutcome
-from dibs.waiting import AskAcquire, Backoff, Deadline, acquire_until, adrive, drive
+from dibs.outcomes import Acquired, Busy, Hit, Outcome
+from dibs.runtime import runtime
+from dibs.settings import validate_timings
 from prefect_dibs import _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, resolve_client, spec_identity
 
@@ -110,17 +111,9 @@ class DibsLockManager(LockManager):
     ) -> None:
         self.store = store
         self.namespace = validate_namespace(namespace)
-        self.ttl = validate_seconds("ttl", ttl, allow_none=True)
-        self.heartbeat_interval = validate_seconds("heartbeat_interval", heartbeat_interval, allow_none=True)
-        if (
-            self.ttl is not None
-            and self.heartbeat_interval is not None
-            and self.heartbeat_interval >= self.ttl
-        ):
-            raise ConfigurationError(
-                f"heartbeat_interval ({self.heartbeat_interval:g}s) must be shorter than ttl ({self.ttl:g}s)",
-                setting="heartbeat_interval",
-            )
+        self.ttl, self.heartbeat_interval, _ = validate_timings(
+            ttl=ttl, heartbeat_interval=heartbeat_interval
+        )
         self.backoff = backoff or DEFAULT_LOCK_BACKOFF
         self._init_runtime()
 
@@ -178,22 +171,25 @@ class DibsLockManager(LockManager):
         if isinstance(self.store, Reservations):
             given = self.store
             ttl = self.ttl or given.ttl
-            interval = self.heartbeat_interval or (given.heartbeat_interval if ttl == given.ttl else None)
+            interval = self.heartbeat_interval or (
+                given.settings.heartbeat_interval if ttl == given.ttl else None
+            )
             # Same store object (and connections), our namespace and timings.
-            return Reservations(
-                given.store,
+            ours = dataclasses.replace(
+                given.settings,
                 namespace=self.namespace,
                 ttl=ttl,
                 heartbeat_interval=interval,
                 backoff=self.backoff,
             )
-        settings = ClientSettings(
+            return Reservations(given.store, settings=ours)
+        overrides = ClientSettings(
             namespace=self.namespace,
             ttl=self.ttl,
             heartbeat_interval=self.heartbeat_interval,
             backoff=self.backoff,
         )
-        return resolve_client(self.store, settings)
+        return resolve_client(self.store, overrides)
 
     def _key(self, key: str) -> Key:
         """Prefect's lock key as a dibs key; keys dibs cannot take as names (too long, binary) are hashed."""
@@ -204,12 +200,14 @@ class DibsLockManager(LockManager):
                 self.namespace, "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
             )
 
-    def _ask(self, key: Key, holder: str, hold_timeout: float | None) -> AskAcquire:
-        client = self.client
+    def _terms(self, hold_timeout: float | None) -> tuple[float | None, float | None]:
+        """The ttl and maximum age of one lock: Prefect's ``hold_timeout`` is the lock's maximum age,
+        and a lock shorter than the ttl lives only that long (``None``: the client's)."""
         if hold_timeout is None:
-            return AskAcquire(key, holder, client.ttl, client.max_lease_age)
-        hold = validate_seconds("hold_timeout", hold_timeout) or client.ttl
-        return AskAcquire(key, holder, min(client.ttl, hold), hold)
+            return None, None
+        hold = validate_seconds("hold_timeout", hold_timeout)
+        assert hold is not None
+        return min(self.client.ttl, hold), hold
 
     # -- acquiring -----------------------------------------------------------------------------------
     def acquire_lock(
@@ -223,17 +221,16 @@ class DibsLockManager(LockManager):
         as long as it takes, ``0``: one attempt). Re-entrant for the same holder. A lock whose holder
         stopped heartbeating is taken over once it expires."""
         k = self._key(key)
-        ask = self._ask(k, holder, hold_timeout)
-        store = self.client.store
-        outcome = store.acquire(k, holder, ask.ttl, ask.max_lease_age)
+        ttl, max_age = self._terms(hold_timeout)
+        client = self.client
+        got = client.get_or_reserve(k, holder, ttl=ttl, max_lease_age=max_age)
         ctx = None
-        if isinstance(outcome, Held) and acquire_timeout != 0:
-            ctx = self._announce_wait(k, outcome)
-            deadline = Deadline(acquire_timeout)
-            loop = acquire_until(ask, deadline, self.client.backoff, notifies=store.notifies)
-            with store.watch(k) as watch:
-                outcome, _ = drive(loop, store, watch)
-        return self._settle(k, outcome, hold_timeout, ctx)
+        if isinstance(got, Busy) and acquire_timeout != 0:
+            ctx = self._announce_wait(k, got)
+            got = client.acquire(
+                k, holder, timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age, raise_on_timeout=False
+            )
+        return self._settle(k, got, hold_timeout, ctx)
 
     async def aacquire_lock(
         self,
@@ -244,30 +241,27 @@ class DibsLockManager(LockManager):
     ) -> bool:
         """:meth:`acquire_lock` for event loops: the waiting never blocks the loop."""
         k = self._key(key)
-        ask = self._ask(k, holder, hold_timeout)
-        astore = self.client.aio().store
-        outcome = await astore.acquire(k, holder, ask.ttl, ask.max_lease_age)
+        client = await runtime().io(lambda: self.client)  # may load a block: not on the loop
+        ttl, max_age = self._terms(hold_timeout)
+        aclient = client.aio()
+        got = await aclient.get_or_reserve(k, holder, ttl=ttl, max_lease_age=max_age)
         ctx = None
-        if isinstance(outcome, Held) and acquire_timeout != 0:
-            ctx = self._announce_wait(k, outcome)
-            deadline = Deadline(acquire_timeout)
-            loop = acquire_until(ask, deadline, self.client.backoff, notifies=astore.store.notifies)
-            watch = await astore.watch(k)
-            try:
-                outcome, _ = await adrive(loop, astore, watch)
-            finally:
-                await watch.close()
+        if isinstance(got, Busy) and acquire_timeout != 0:
+            ctx = self._announce_wait(k, got)
+            got = await aclient.acquire(
+                k, holder, timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age, raise_on_timeout=False
+            )
         # Settling may stop a stale heartbeat thread (a join): keep it off the loop.
-        return await asyncio.to_thread(self._settle, k, outcome, hold_timeout, ctx)
+        return await runtime().io(self._settle, k, got, hold_timeout, ctx)
 
-    def _announce_wait(self, key: Key, held: Held) -> Any:
+    def _announce_wait(self, key: Key, busy: Busy) -> Any:
         """Say in the waiting task run's logs and state that it waits for a lock, and on whom.
 
         Prefect takes the lock inside the task run (``Transaction.begin``), so the run context is there.
         """
         ctx = _runs.task_run_context()
-        remaining = max(0.0, held.lease.expires_at - held.now)
-        message = f"waiting for the cache lock {key.name!r} held by {held.lease.owner!r}"
+        remaining = busy.remaining
+        message = f"waiting for the cache lock {key.name!r} held by {busy.holder!r}"
         if ctx is not None:
             _runs.run_logger(ctx).info(
                 "%s (its lease runs %.1fs more unless renewed; if its holder dies, this run takes it over)",
@@ -279,17 +273,16 @@ class DibsLockManager(LockManager):
             log.debug("%s", message)
         return ctx
 
-    def _settle(self, key: Key, outcome: StoreOutcome, hold_timeout: float | None, ctx: Any) -> bool:
-        if isinstance(outcome, Held):
+    def _settle(self, key: Key, outcome: Outcome, hold_timeout: float | None, ctx: Any) -> bool:
+        if isinstance(outcome, Busy):
             if ctx is not None:
                 _runs.mark_state(ctx, "Running", f"gave up waiting for the cache lock {key.name!r}")
             return False
-        if isinstance(outcome, Present):
+        if isinstance(outcome, Hit):
             raise ConfigurationError(
                 f"{key} has an artifact: the lock namespace {self.namespace!r} is shared with reserved "
                 "tasks; give the DibsLockManager a namespace of its own"
             )
-        assert isinstance(outcome, Granted)
         if ctx is not None:
             _runs.mark_state(ctx, "Running", f"holding the cache lock {key.name!r}")
         if outcome.took_over_from is not None:
@@ -298,7 +291,7 @@ class DibsLockManager(LockManager):
                 key.name,
                 outcome.took_over_from,
             )
-        lease = Lease(self.client, outcome.lease)
+        lease = outcome.lease
         with self._held_lock:
             current = self._held.get(key)
             if current is not None and current.alive_with(lease):
@@ -350,8 +343,8 @@ class DibsLockManager(LockManager):
                 # The lease ran out (a pause longer than the ttl, or hold_timeout): judge by the store.
                 log.warning("the lock %r was no longer held by %r when released: %s", k.name, holder, exc)
                 lost_here = True
-        store = self.client.store
-        live = store.read(k).live_lease
+        client = self.client
+        live = client.status(k).live_lease
         if live is None:
             return
         if live.owner != holder:
@@ -364,10 +357,10 @@ class DibsLockManager(LockManager):
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
         # Held by this holder through another process or copy: re-entering returns the current lease
         # (and its token) atomically, so the release is fenced like any other.
-        outcome = store.acquire(k, holder, self.client.ttl, None)
-        if isinstance(outcome, Granted):
-            store.release(k, outcome.lease.token)
-        elif isinstance(outcome, Held):
+        outcome = client.get_or_reserve(k, holder)
+        if isinstance(outcome, Acquired):
+            outcome.lease.release()
+        elif isinstance(outcome, Busy):
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
 
     def release_all(self) -> None:
@@ -383,11 +376,11 @@ class DibsLockManager(LockManager):
     # -- inspecting and waiting ------------------------------------------------------------------------
     def is_locked(self, key: str) -> bool:
         """Whether anyone holds a live lock on ``key`` (by the store's clock)."""
-        return self.client.store.read(self._key(key)).live_lease is not None
+        return self.client.status(self._key(key)).live_lease is not None
 
     def is_lock_holder(self, key: str, holder: str) -> bool:
         """Whether ``holder`` holds a live lock on ``key`` (by the store, so from any process)."""
-        live = self.client.store.read(self._key(key)).live_lease
+        live = self.client.status(self._key(key)).live_lease
         return live is not None and live.owner == holder
 
     def wait_for_lock(self, key: str, timeout: float | None = None) -> bool:
@@ -400,8 +393,9 @@ class DibsLockManager(LockManager):
 
     async def await_for_lock(self, key: str, timeout: float | None = None) -> bool:
         """:meth:`wait_for_lock` for event loops."""
+        client = await runtime().io(lambda: self.client)  # may load a block: not on the loop
         try:
-            await self.client.aio().wait(self._key(key), timeout=timeout)
+            await client.aio().wait(self._key(key), timeout=timeout)
         except WaitTimeout:
             return False
         return True

@@ -31,8 +31,8 @@ part for users who want to keep Prefect's cache; ``@reserved`` also shares the r
 
 from __future__ import annotations
 
-import asyncio
 import copy
+import dataclasses
 import functools
 import inspect
 import time
@@ -40,13 +40,14 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 
 from dibs import Reservations, keys
+from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, validate_seconds
-from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable, WaitTimeout
+from dibs.errors import ConfigurationError, StoreUnavailable
 from dibs.keys import Key
-from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.runtime import runtime
 from dibs.serializers import Serializer
-from dibs.waiting import Backoff
+from dibs.settings import validate_timings
 from prefect_dibs import _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, is_url, resolve_client
 
@@ -134,18 +135,9 @@ def reserved(
         )
     if key is not None and not (isinstance(key, str) or callable(key)):
         raise ConfigurationError(f"key= must be a template string or a callable, got {type(key).__name__}")
-    for name, seconds in (("ttl", ttl), ("heartbeat_interval", heartbeat_interval)):
-        validate_seconds(name, seconds, allow_none=True)
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
-    ):
-        raise ConfigurationError(f"timeout must be >= 0 seconds or None (wait forever), got {timeout!r}")
+    validate_timings(ttl=ttl, heartbeat_interval=heartbeat_interval)  # the core's rules, said now
+    Deadline(timeout)  # >= 0 seconds or None, as every dibs wait timeout
     validate_seconds("progress_interval", progress_interval)
-    if ttl is not None and heartbeat_interval is not None and heartbeat_interval >= ttl:
-        raise ConfigurationError(
-            f"heartbeat_interval ({heartbeat_interval:g}s) must be shorter than ttl ({ttl:g}s)",
-            setting="heartbeat_interval",
-        )
     settings = ClientSettings(
         namespace=keys.validate_namespace(namespace) if namespace is not None else None,
         ttl=ttl,
@@ -278,30 +270,29 @@ class _Reservation:
             )
         _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
 
-    def wait_step(self, started: float, timeout: float | None, holder: str, key: Key) -> float:
+    def wait_step(self, started: float, timeout: float | None, busy: Busy) -> float:
         """The length of the next wait chunk; raises :class:`WaitTimeout` once ``timeout`` has passed."""
         elapsed = time.monotonic() - started
         if timeout is None:
             return self.progress_interval
         remaining = timeout - elapsed
         if remaining <= 0:
-            raise WaitTimeout(
-                f"gave up on {key} after waiting {elapsed:.1f}s (timeout {timeout:g}s): "
-                f"still held by {holder!r}",
-                key=str(key),
-                holder=holder,
-            )
+            raise busy.timed_out(elapsed)
         return min(self.progress_interval, remaining)
 
     @staticmethod
-    def still_waiting(logger: Logger, key: Key, exc: WaitTimeout, holder: str, started: float) -> str:
-        current = getattr(exc, "holder", None) or holder
-        if current != holder:
-            logger.info("%s changed hands: now held by %s", key, _runs.holder_link(current))
+    def still_waiting(ctx: Any, logger: Logger, busy: Busy, holder: str, started: float) -> str:
+        """Log that this run still waits; when the key changed hands, say so in the logs and the state."""
+        if busy.holder != holder:
+            logger.info("%s changed hands: now held by %s", busy.key, _runs.holder_link(busy.holder))
+            _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
         logger.info(
-            "still waiting for %s: held by %r, %.0fs so far", key, current, time.monotonic() - started
+            "still waiting for %s: held by %r, %.0fs so far",
+            busy.key,
+            busy.holder,
+            time.monotonic() - started,
         )
-        return current
+        return busy.holder
 
     def announce_acquired(self, ctx: Any, logger: Logger, got: Acquired, waited_on: str | None) -> None:
         if got.took_over_from is not None:
@@ -328,15 +319,6 @@ class _Reservation:
             _runs.mark_state(ctx, "Running", f"computing {got.key}")
 
     @staticmethod
-    def on_lost(logger: Logger) -> Callable[[LeaseLost], None]:
-        def lost(error: LeaseLost) -> None:
-            logger.warning(
-                "%s; another run may compute the same key meanwhile (this run's value stays correct)", error
-            )
-
-        return lost
-
-    @staticmethod
     def hit_report(got: Hit, waited: float, waited_on: str | None, logger: Logger) -> RunReport:
         role: Literal["waited", "hit"] = "waited" if waited_on is not None else "hit"
         if role == "waited":
@@ -352,32 +334,6 @@ class _Reservation:
                 "%s: already computed by %r; using its artifact (token %d)", got.key, got.producer, got.token
             )
         return RunReport(got.key, got.value, role, got.token, got.producer, waited, waited_on)
-
-    @staticmethod
-    def complete(lease: Lease, value: Any, logger: Logger) -> bool:
-        """Store ``value`` as the artifact; ``False`` if it could not be. Never raises: the value is
-        right whatever happens to the reservation (the contract's guarantee 5)."""
-        try:
-            lease.complete(value)
-            return True
-        except LeaseLost as exc:
-            logger.warning("%s: computed, but not stored: %s", lease.key, exc)
-        except SerializationError as exc:
-            logger.error(
-                "%s: computed, but the value cannot be stored with this serializer (%s); the lease is "
-                "released so waiters compute it themselves. Return JSON-able data, or use "
-                "serializer='bytes' or a DibsStore with serializer='pickle' and a signing key",
-                lease.key,
-                exc,
-            )
-            _release_quietly(lease, exc, logger)
-        except StoreUnavailable as exc:
-            logger.warning(
-                "%s: computed, but the store was unreachable to store it (%s); the lease will expire",
-                lease.key,
-                exc,
-            )
-        return False
 
     def unreserved(
         self,
@@ -401,7 +357,7 @@ class _Reservation:
         )
         return key
 
-    # -- sync --------------------------------------------------------------------------------------
+    # -- sync ----------------------------------------------------------------------------------------
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
@@ -412,38 +368,29 @@ class _Reservation:
         try:
             client, timeout = self.resolve()
             key = client.key(self.key_name(args, kwargs))
-            outcome: Outcome = client.get_or_reserve(key, owner)
-            if isinstance(outcome, Busy):
-                waited_on = outcome.holder
-                self.announce_wait(ctx, logger, outcome)
-                while True:
-                    chunk = self.wait_step(started, timeout, waited_on, key)
-                    try:
-                        outcome = client.acquire(key, owner, timeout=chunk)
-                        break
-                    except WaitTimeout as exc:
-                        waited_on = self.still_waiting(logger, key, exc, waited_on, started)
+            got: Outcome = client.get_or_reserve(key, owner)
+            if isinstance(got, Busy):
+                waited_on = got.holder
+                self.announce_wait(ctx, logger, got)
+            while isinstance(got, Busy):
+                chunk = self.wait_step(started, timeout, got)
+                got = client.acquire(key, owner, timeout=chunk, raise_on_timeout=False)
+                if isinstance(got, Busy):
+                    waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
         except StoreUnavailable as exc:
             report_key = self.unreserved(client, logger, args, kwargs, exc)
             value = self.fn(*args, **kwargs)
             self.publish(ctx, RunReport(report_key, value, "unreserved", None, owner, stored=False), logger)
             return value
         waited = time.monotonic() - started
-        if isinstance(outcome, Hit):
-            report = self.hit_report(outcome, waited, waited_on, logger)
-            self.publish(ctx, report, logger)
-            return outcome.value
-        self.announce_acquired(ctx, logger, outcome, waited_on)
-        lease = outcome.lease
-        with lease.keep_alive(on_lost=self.on_lost(logger)):
-            try:
-                value = self.fn(*args, **kwargs)
-            except BaseException as exc:
-                _release_quietly(lease, exc, logger)
-                raise
-        stored = self.complete(lease, value, logger)
-        self.publish(ctx, _computed(outcome, value, owner, waited, waited_on, stored=stored), logger)
-        return value
+        if isinstance(got, Hit):
+            report = self.hit_report(got, waited, waited_on, logger)
+        else:
+            self.announce_acquired(ctx, logger, got, waited_on)
+            held = client.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
+            report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+        self.publish(ctx, report, logger)
+        return report.value
 
     def publish(self, ctx: Any, report: RunReport, logger: Logger) -> None:
         if not self.artifact or ctx is None:
@@ -455,8 +402,9 @@ class _Reservation:
         except Exception as exc:  # a summary must never fail the task
             logger.debug("could not publish the dibs summary artifact: %s", exc)
 
-    # -- async -------------------------------------------------------------------------------------
+    # -- async ---------------------------------------------------------------------------------------
     async def arun(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """:meth:`run` for coroutine tasks: the same steps, awaited; the task's loop is never blocked."""
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
         owner = _runs.task_run_owner(ctx) if ctx is not None else default_owner()
@@ -464,21 +412,18 @@ class _Reservation:
         waited_on: str | None = None
         client: Reservations | None = None
         try:
-            resolved, timeout = await asyncio.to_thread(self.resolve)
-            client = resolved
-            aclient = resolved.aio()
+            resolved, timeout = await runtime().io(self.resolve)
+            client, aclient = resolved, resolved.aio()
             key = resolved.key(self.key_name(args, kwargs))
-            outcome: Outcome = await aclient.get_or_reserve(key, owner)
-            if isinstance(outcome, Busy):
-                waited_on = outcome.holder
-                self.announce_wait(ctx, logger, outcome)
-                while True:
-                    chunk = self.wait_step(started, timeout, waited_on, key)
-                    try:
-                        outcome = await aclient.acquire(key, owner, timeout=chunk)
-                        break
-                    except WaitTimeout as exc:
-                        waited_on = self.still_waiting(logger, key, exc, waited_on, started)
+            got: Outcome = await aclient.get_or_reserve(key, owner)
+            if isinstance(got, Busy):
+                waited_on = got.holder
+                self.announce_wait(ctx, logger, got)
+            while isinstance(got, Busy):
+                chunk = self.wait_step(started, timeout, got)
+                got = await aclient.acquire(key, owner, timeout=chunk, raise_on_timeout=False)
+                if isinstance(got, Busy):
+                    waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
         except StoreUnavailable as exc:
             report_key = self.unreserved(client, logger, args, kwargs, exc)
             value = await self.fn(*args, **kwargs)
@@ -487,25 +432,14 @@ class _Reservation:
             )
             return value
         waited = time.monotonic() - started
-        if isinstance(outcome, Hit):
-            report = self.hit_report(outcome, waited, waited_on, logger)
-            await self.apublish(ctx, report, logger)
-            return outcome.value
-        self.announce_acquired(ctx, logger, outcome, waited_on)
-        lease = outcome.lease
-        # Heartbeats run in their own thread whatever the caller's world: they must go on even while
-        # the work hogs the event loop.
-        with lease.keep_alive(on_lost=self.on_lost(logger)):
-            try:
-                value = await self.fn(*args, **kwargs)
-            except BaseException as exc:
-                # Synchronously, on purpose: a cancelled task cannot await anything more, and a
-                # release that does not happen leaves waiters idle until the lease expires.
-                _release_quietly(lease, exc, logger)
-                raise
-        stored = await asyncio.to_thread(self.complete, lease, value, logger)
-        await self.apublish(ctx, _computed(outcome, value, owner, waited, waited_on, stored=stored), logger)
-        return value
+        if isinstance(got, Hit):
+            report = self.hit_report(got, waited, waited_on, logger)
+        else:
+            self.announce_acquired(ctx, logger, got, waited_on)
+            held = await aclient.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
+            report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+        await self.apublish(ctx, report, logger)
+        return report.value
 
     async def apublish(self, ctx: Any, report: RunReport, logger: Logger) -> None:
         if not self.artifact or ctx is None:
@@ -518,22 +452,6 @@ class _Reservation:
             )
         except Exception as exc:  # a summary must never fail the task
             logger.debug("could not publish the dibs summary artifact: %s", exc)
-
-
-def _computed(
-    got: Acquired, value: Any, owner: str, waited: float, waited_on: str | None, *, stored: bool
-) -> RunReport:
-    return RunReport(
-        got.key,
-        value,
-        "computed",
-        got.lease.token,
-        owner,
-        waited_seconds=waited,
-        waited_on=waited_on,
-        took_over_from=got.took_over_from,
-        stored=stored,
-    )
 
 
 def _block_wait_timeout(store: StoreSpec) -> float | None:
@@ -554,17 +472,6 @@ def _unreachable_policy(store: StoreSpec) -> str:
     if isinstance(store, str) and not is_url(store):
         store = _clients._load_block(store)
     return store.on_store_unavailable if isinstance(store, DibsStore) else "fail"
-
-
-def _release_quietly(lease: Lease, error: BaseException, logger: Logger) -> None:
-    try:
-        lease.release(error)
-    except LeaseLost as lost:
-        logger.warning(
-            "%s: the work failed after the lease was lost (%s); nothing to release", lease.key, lost
-        )
-    except StoreUnavailable as unreachable:
-        logger.warning("%s: could not record the failure (%s); the lease will expire", lease.key, unreachable)
 
 
 _ROLE_WORDS = {

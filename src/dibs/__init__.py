@@ -11,6 +11,7 @@ are in docs/contract.md. Importing dibs imports neither a database driver nor an
 
 from __future__ import annotations
 
+from dibs.backoff import Backoff
 from dibs.client import AsyncReservations, Reservations
 from dibs.errors import (
     ArtifactCorrupted,
@@ -28,8 +29,8 @@ from dibs.keys import Key, derive_key, digest
 from dibs.lease import KeepAlive, Lease
 from dibs.outcomes import Acquired, Busy, Hit, RunReport
 from dibs.serializers import BytesSerializer, JSONSerializer, Serializer, SignedPickleSerializer
+from dibs.settings import Settings
 from dibs.stores import Store, open_store
-from dibs.waiting import Backoff
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "RunReport",
     "SerializationError",
     "Serializer",
+    "Settings",
     "SignedPickleSerializer",
     "Store",
     "StoreUnavailable",

@@ -114,27 +114,40 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(got, Hit):
             _write_artifact(got.value)
             return 0
-        return _run_holding(got, command)
+        return _run_holding(client, got, command)
 
 
-def _run_holding(got: Acquired, command: list[str]) -> int:
-    """Run ``command`` under the lease, streaming its stdout through while keeping a copy."""
-    lease = got.lease
-    logging.getLogger("dibs").info("%s: computing with token %s", lease.key, lease.token)
-    with lease.keep_alive():
+class _CommandFailed(Exception):
+    """The command under the lease exited with a non-zero status (recorded as the key's failure)."""
+
+    def __init__(self, command: list[str], status: int) -> None:
+        super().__init__(f"command {' '.join(command)!r} exited with status {status}")
+        self.status = status
+
+
+def _run_holding(client: Reservations, got: Acquired, command: list[str]) -> int:
+    """Run ``command`` under the lease (the core's hold loop), streaming its stdout through while
+    keeping a copy: the copy becomes the artifact."""
+    logging.getLogger("dibs").info("%s: computing with token %s", got.key, got.lease.token)
+
+    def work() -> bytes:
         try:
             process = subprocess.Popen(command, stdout=subprocess.PIPE)
         except OSError as exc:
-            lease.release(exc)
-            print(f"dibs run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
-            return 127
+            raise _CommandFailed(command, 127) from exc
         assert process.stdout is not None
         captured = _tee(process.stdout, sys.stdout.buffer)
         status = process.wait()
-    if status != 0:
-        lease.release(f"command {' '.join(command)!r} exited with status {status}")
-        return status
-    lease.complete(captured)
+        if status != 0:
+            raise _CommandFailed(command, status)
+        return captured
+
+    try:
+        client.hold(got, work)
+    except _CommandFailed as failed:
+        if failed.status == 127 and failed.__cause__ is not None:
+            print(f"dibs run: cannot start {command[0]!r}: {failed.__cause__}", file=sys.stderr)
+        return failed.status
     return 0
 
 

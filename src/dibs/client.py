@@ -1,25 +1,30 @@
 """The client: :class:`Reservations` turns the store's one-attempt operations into compute-once calls.
 
-Everything that is policy lives here, once, above every store: owners, ttl and heartbeats, waiting
-and backoff (through :mod:`dibs.waiting`), serialization and integrity checks, the maximum number of
-recorded failures, and what to do when the store is unreachable.
+Policy lives here, once, above every store: owners, ttl and heartbeats, waiting (through the watch
+hub and :mod:`dibs._waiting`), serialization and integrity checks, the maximum number of recorded
+failures, and what to do when the store is unreachable (through :mod:`dibs.holding`).
+
+Clients are cheap: every client of a process built for one store URL shares one store object, one
+connection pool and one watch hub (:mod:`dibs.runtime`), so building one per task, per request or per
+deferred trigger costs nothing but the object.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
 
-from dibs import keys
-from dibs.config import default_owner, default_store_url, validate_seconds
+from dibs import holding, keys
+from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
+from dibs.backoff import Backoff, Deadline
+from dibs.config import default_owner, default_store_url
 from dibs.errors import (
     ConfigurationError,
-    LeaseLost,
     ReservationError,
     SerializationError,
     StoreUnavailable,
@@ -29,29 +34,25 @@ from dibs.errors import (
 from dibs.keys import Key
 from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
-from dibs.records import (
-    ArtifactRecord,
-    Granted,
-    Held,
-    KeyState,
-    LeaseRecord,
-    LeaseToken,
-    Present,
-    StoreOutcome,
-)
+from dibs.records import ArtifactRecord, FailureRecord, Granted, Held, KeyState, Present, StoreOutcome
+from dibs.runtime import runtime
 from dibs.serializers import Serializer, SignedPickleSerializer, resolve_serializer
-from dibs.stores import Store, open_store, redact_url
-from dibs.stores.base import Watch
-from dibs.waiting import AskAcquire, Backoff, Deadline, acquire_until, adrive, drive, read_until
+from dibs.settings import Settings, StoreUnavailablePolicy, validate_timings
+from dibs.stores import Store
 
 __all__ = ["AsyncReservations", "Reservations"]
 
 log = logging.getLogger("dibs")
 
+#: The settings of a client built without any (their values are the constructor's defaults).
+DEFAULTS = Settings()
+
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
-StoreUnavailablePolicy = Literal["fail", "run"]
+#: Artifacts larger than this are decoded in the I/O executor by async callers, never on their loop.
+_DECODE_ON_LOOP_BYTES = 64 * 1024
 
 
 class _Decorator(Protocol):
@@ -62,87 +63,99 @@ class Reservations:
     """Compute each key once across every process that shares the store.
 
     :param store: a :class:`~dibs.stores.Store`, a store URL, or ``None`` for ``DIBS_STORE_URL`` and
-        then the embedded SQLite default (see :mod:`dibs.config`).
-    :param namespace: the namespace of keys given as plain strings.
-    :param ttl: seconds a lease lives without a heartbeat; a crashed holder is taken over this long
-        after its last heartbeat.
-    :param heartbeat_interval: seconds between heartbeats (default ``ttl / 3``).
-    :param max_lease_age: if set, no lease lives longer than this, however often it heartbeats
-        (the seeds' "malicious eternal extension").
-    :param serializer: ``"json"`` (default), ``"bytes"``, ``"pickle"`` (needs ``signing_key``) or an object.
-    :param max_failures: after this many recorded failures of a key, :class:`TooManyFailures` is raised
-        instead of trying again, until someone runs ``dibs forget``. ``None``: try forever.
-    :param on_store_unavailable: ``"fail"`` raises :class:`StoreUnavailable`; ``"run"`` makes
-        :meth:`compute` run the work unreserved (and log it): the lock never changes a result.
+        then the embedded SQLite default (see :mod:`dibs.config`). A URL is shared with every other
+        client of the process (:mod:`dibs.runtime`); nothing is sent to the store before the first call.
+    :param settings: a ready :class:`~dibs.settings.Settings`, or the same settings one by one:
+        ``namespace``, ``ttl``, ``heartbeat_interval``, ``max_lease_age``, ``max_failures``,
+        ``on_store_unavailable``, ``serializer``, ``signing_key``, ``backoff`` (see :class:`Settings`).
     """
 
     def __init__(
         self,
         store: Store | str | None = None,
         *,
-        namespace: str = "default",
-        ttl: float = 60.0,
+        namespace: str = DEFAULTS.namespace,
+        ttl: float = DEFAULTS.ttl,
         heartbeat_interval: float | None = None,
         max_lease_age: float | None = None,
         serializer: Serializer | str | None = None,
         signing_key: bytes | str | None = None,
         backoff: Backoff | None = None,
         max_failures: int | None = None,
-        on_store_unavailable: StoreUnavailablePolicy = "fail",
+        on_store_unavailable: StoreUnavailablePolicy = DEFAULTS.on_store_unavailable,
+        settings: Settings | None = None,
     ) -> None:
-        self.namespace = keys.validate_namespace(namespace)
-        self.ttl = validate_seconds("ttl", ttl) or 0.0
-        interval = validate_seconds("heartbeat_interval", heartbeat_interval, allow_none=True)
-        self.heartbeat_interval = interval if interval is not None else self.ttl / 3
-        if self.heartbeat_interval >= self.ttl:
-            raise ConfigurationError(
-                f"heartbeat_interval ({self.heartbeat_interval:g}s) must be shorter than "
-                f"ttl ({self.ttl:g}s), "
-                "or the lease expires between heartbeats; a third of the ttl is a good choice",
-                setting="heartbeat_interval",
-            )
-        self.max_lease_age = validate_seconds("max_lease_age", max_lease_age, allow_none=True)
-        if self.max_lease_age is not None and self.max_lease_age < self.ttl:
-            raise ConfigurationError(
-                f"max_lease_age ({self.max_lease_age:g}s) must be at least the ttl ({self.ttl:g}s)",
-                setting="max_lease_age",
-            )
-        if max_failures is not None and (not isinstance(max_failures, int) or max_failures < 1):
-            raise ConfigurationError(f"max_failures must be a positive integer or None, got {max_failures!r}")
-        self.max_failures = max_failures
-        if on_store_unavailable not in ("fail", "run"):
-            raise ConfigurationError(
-                f"on_store_unavailable must be 'fail' or 'run', got {on_store_unavailable!r}"
-            )
-        self.on_store_unavailable: StoreUnavailablePolicy = on_store_unavailable
-        self.serializer = resolve_serializer(serializer, signing_key=signing_key)
-        self._signing_key = signing_key
-        self.backoff = backoff or Backoff()
-        self._owns_store = not isinstance(store, Store)
-        self.store: Store = store if isinstance(store, Store) else self._open(store or default_store_url())
+        chosen: dict[str, Any] = {
+            "namespace": namespace,
+            "ttl": ttl,
+            "heartbeat_interval": heartbeat_interval,
+            "max_lease_age": max_lease_age,
+            "serializer": DEFAULTS.serializer if serializer is None else serializer,
+            "signing_key": signing_key,
+            "backoff": DEFAULTS.backoff if backoff is None else backoff,
+            "max_failures": max_failures,
+            "on_store_unavailable": on_store_unavailable,
+        }
+        if settings is not None:
+            changed = sorted(name for name, value in chosen.items() if value != getattr(DEFAULTS, name))
+            if changed:
+                raise ConfigurationError(
+                    f"pass either settings= or individual settings ({', '.join(changed)}), not both; "
+                    "use settings.replace(...) to change some of them"
+                )
+        self.settings = settings if settings is not None else Settings(**chosen)
+        self.serializer = self.settings.make_serializer()
+        if isinstance(store, Store):
+            self.store, self._shared = store, False
+        else:
+            url = store if store is not None else default_store_url()
+            if not isinstance(url, str):
+                raise ConfigurationError(
+                    f"store must be a store URL, a dibs Store or None, got {type(store).__name__}"
+                )
+            self.store, self._shared = runtime().share_store(url), True
+        self._closed = False
 
-    # -- plumbing --------------------------------------------------------------------------------
-    def _open(self, url: str) -> Store:
-        """The store at ``url``. If it is unreachable right now, policy ``"fail"`` raises at once;
-        policy ``"run"`` must still run the work, so the store is opened on first use instead."""
-        try:
-            return open_store(url)
-        except StoreUnavailable as exc:
-            if self.on_store_unavailable == "fail":
-                log.error("store %s is unavailable (policy 'fail'): %s", redact_url(url), exc)
-                raise
-            log.warning(
-                "store %s is unavailable; opening it on first use (policy 'run'): %s", redact_url(url), exc
-            )
-            return _OpenLater(url)
+    # -- settings, for reading ----------------------------------------------------------------------
+    @property
+    def namespace(self) -> str:
+        return self.settings.namespace
 
+    @property
+    def ttl(self) -> float:
+        return self.settings.ttl
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.settings.heartbeat_every
+
+    @property
+    def max_lease_age(self) -> float | None:
+        return self.settings.max_lease_age
+
+    @property
+    def max_failures(self) -> int | None:
+        return self.settings.max_failures
+
+    @property
+    def on_store_unavailable(self) -> StoreUnavailablePolicy:
+        return self.settings.on_store_unavailable
+
+    @property
+    def backoff(self) -> Backoff:
+        return self.settings.backoff
+
+    # -- plumbing ---------------------------------------------------------------------------------
     def key(self, key: str | Key) -> Key:
         """``key`` as a :class:`Key` in this client's namespace (validated)."""
         return Key.parse(key, self.namespace)
 
     def close(self) -> None:
-        if self._owns_store:
-            self.store.close()
+        """Give this client's share of the store back (the store stays open for other clients of the
+        process; a store passed in as an object is left to its owner)."""
+        if self._shared and not self._closed:
+            self._closed = True
+            runtime().return_store(self.store)
 
     def __enter__(self) -> Self:
         return self
@@ -154,6 +167,17 @@ class Reservations:
 
     def __repr__(self) -> str:
         return f"Reservations({self.store.url!r}, namespace={self.namespace!r}, ttl={self.ttl:g})"
+
+    def _terms(self, ttl: float | None, max_lease_age: float | None) -> tuple[float, float | None]:
+        """The ttl and maximum age of one lease: the call's, else the client's; checked together."""
+        ttl = self.ttl if ttl is None else ttl
+        max_lease_age = self.max_lease_age if max_lease_age is None else max_lease_age
+        checked_ttl, _, checked_age = validate_timings(ttl=ttl, max_lease_age=max_lease_age)
+        assert checked_ttl is not None
+        return checked_ttl, checked_age
+
+    def _ask(self, key: Key, owner: str | None, ttl: float | None, max_lease_age: float | None) -> AskAcquire:
+        return AskAcquire(key, owner or default_owner(), *self._terms(ttl, max_lease_age))
 
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
         """The value of a stored artifact, after its integrity check."""
@@ -180,8 +204,8 @@ class Reservations:
             return self.serializer
         if name in {"json", "bytes"}:
             return resolve_serializer(name)
-        if name == SignedPickleSerializer.name and self._signing_key is not None:
-            return SignedPickleSerializer(self._signing_key)
+        if name == SignedPickleSerializer.name and self.settings.signing_key is not None:
+            return SignedPickleSerializer(self.settings.signing_key)
         raise SerializationError(
             f"artifact of {key} was written with serializer {name!r}, which this client (serializer "
             f"{self.serializer.name!r}) cannot read safely; configure the writer's serializer "
@@ -200,13 +224,21 @@ class Reservations:
             size=artifact.size,
         )
 
+    def _refused(self, outcome: StoreOutcome) -> FailureRecord | None:
+        """The failure record that makes ``max_failures`` refuse a granted lease, if it does."""
+        if isinstance(outcome, Granted) and self.max_failures is not None:
+            failure = outcome.failure
+            if failure is not None and failure.count >= self.max_failures:
+                return failure
+        return None
+
     def _to_outcome(self, key: Key, outcome: StoreOutcome) -> Outcome:
         if isinstance(outcome, Present):
             return self._hit(key, outcome.artifact)
         if isinstance(outcome, Granted):
             lease = Lease(self, outcome.lease)
-            failure = outcome.failure
-            if self.max_failures is not None and failure is not None and failure.count >= self.max_failures:
+            failure = self._refused(outcome)
+            if failure is not None:
                 lease.release()  # not a new failure: we refuse to run, we did not fail
                 raise TooManyFailures(
                     f"{lease.key} failed {failure.count} times (max_failures={self.max_failures}); last "
@@ -215,7 +247,7 @@ class Reservations:
                     key=str(lease.key),
                     failures=failure.count,
                 )
-            return Acquired(lease, outcome.took_over_from, failure)
+            return Acquired(lease, outcome.took_over_from, outcome.failure)
         held = outcome.lease
         return Busy(
             key=held.key,
@@ -228,33 +260,76 @@ class Reservations:
         )
 
     # -- the contract's calls -------------------------------------------------------------------
-    def get_or_reserve(self, key: str | Key, owner: str | None = None) -> Outcome:
-        """One atomic call: :class:`Hit`, :class:`Acquired` or :class:`Busy` (see the contract)."""
-        k = self.key(key)
-        outcome = self.store.acquire(k, owner or default_owner(), self.ttl, self.max_lease_age)
-        return self._to_outcome(k, outcome)
+    def get_or_reserve(
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+    ) -> Outcome:
+        """One atomic call: :class:`Hit`, :class:`Acquired` or :class:`Busy` (see the contract).
+
+        ``ttl`` and ``max_lease_age`` override the client's for this lease.
+        """
+        ask = self._ask(self.key(key), owner, ttl, max_lease_age)
+        return self._to_outcome(ask.key, self.store.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age))
+
+    @overload
+    def acquire(
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        raise_on_timeout: Literal[True] = True,
+    ) -> Hit | Acquired: ...
+
+    @overload
+    def acquire(
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        raise_on_timeout: Literal[False],
+    ) -> Hit | Acquired | Busy: ...
 
     def acquire(
-        self, key: str | Key, owner: str | None = None, *, timeout: float | None = None
-    ) -> Hit | Acquired:
-        """Wait (backing off, or woken by the store) until the key is done or yours.
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        raise_on_timeout: bool = True,
+    ) -> Hit | Acquired | Busy:
+        """Wait (woken by the process's watch hub, asking now and then as a backstop) until the key is
+        done or yours.
 
-        :raises WaitTimeout: after ``timeout`` seconds of someone else holding the key.
+        :param timeout: seconds to wait while someone else holds the key (``None``: as long as it takes).
+        :param ttl: this lease's ttl (default: the client's); ``max_lease_age`` likewise.
+        :param raise_on_timeout: ``True`` raises :class:`WaitTimeout` naming the holder when ``timeout``
+            passes; ``False`` returns the last :class:`Busy` instead.
         """
-        k = self.key(key)
-        ask = AskAcquire(k, owner or default_owner(), self.ttl, self.max_lease_age)
+        ask = self._ask(self.key(key), owner, ttl, max_lease_age)
+        holding.not_held_here(self.store, ask.key)
         deadline = Deadline(timeout)
-        # Most calls are answered at once (a hit, or a free key), so ask before opening a watch,
-        # which can cost a connection (PostgreSQL LISTEN) or a subscription (Redis). Only a busy key
-        # opens one, and the loop then asks again before it waits, so no wake-up is missed.
+        # Most calls are answered at once (a hit, or a free key), so ask before subscribing; a busy
+        # key subscribes, and the loop asks again before it waits, so no change is missed.
         outcome = self.store.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age)
         if isinstance(outcome, Held) and not deadline.expired:
-            loop = acquire_until(ask, deadline, self.backoff, notifies=self.store.notifies)
-            with self.store.watch(k) as watch:
-                outcome, _ = drive(loop, self.store, watch)
-        result = self._to_outcome(k, outcome)
-        if isinstance(result, Busy):
-            raise _wait_timeout(result, deadline)
+            with runtime().subscribe(self.store, ask.key) as subscription:
+                loop = acquire_until(ask, deadline, self.backoff, lambda: subscription.following)
+                outcome = drive(loop, self.store, subscription)
+        result = self._to_outcome(ask.key, outcome)
+        if isinstance(result, Busy) and raise_on_timeout:
+            raise _gave_up(result.key, deadline, busy=result)
         return result
 
     def wait(self, key: str | Key, *, timeout: float | None = None, for_artifact: bool = False) -> Hit | None:
@@ -263,27 +338,51 @@ class Reservations:
         With ``for_artifact=True`` only an artifact ends the wait (what a sensor wants).
         """
         k = self.key(key)
+        holding.not_held_here(self.store, k)
         deadline = Deadline(timeout)
-        state = self.store.read(k)  # as in acquire: a watch only once the key turns out to be busy
-        if not _wait_is_over(state, for_artifact) and not deadline.expired:
-            notifies = self.store.notifies
-            loop = read_until(k, deadline, self.backoff, notifies=notifies, for_artifact=for_artifact)
-            with self.store.watch(k) as watch:
-                state = drive(loop, self.store, watch)
+        state = self.store.read(k)  # as in acquire: subscribe only once the key turns out to be busy
+        if not is_settled(state, for_artifact) and not deadline.expired:
+            with runtime().subscribe(self.store, k) as subscription:
+                loop = read_until(
+                    k, deadline, self.backoff, lambda: subscription.following, for_artifact=for_artifact
+                )
+                state = drive(loop, self.store, subscription)
         return self._settled(state, deadline, for_artifact)
 
     def _settled(self, state: KeyState, deadline: Deadline, for_artifact: bool) -> Hit | None:
         if state.artifact is not None:
             return self._hit(state.key, state.artifact)
-        lease = state.live_lease
-        if lease is not None or for_artifact:
-            holder = f"held by {lease.owner!r} until {lease.expires_at:.3f}" if lease else "not computed yet"
-            raise WaitTimeout(
-                f"gave up on {state.key} after {deadline.elapsed:.1f}s: {holder}",
-                key=str(state.key),
-                holder=lease.owner if lease else None,
-            )
+        if state.live_lease is not None or for_artifact:
+            raise _gave_up(state.key, deadline, state=state)
         return None
+
+    def hold(
+        self,
+        got: Acquired | Lease,
+        work: Callable[[], T],
+        *,
+        failure_of: holding.FailureOf | None = None,
+        logger: holding.Logger | None = None,
+    ) -> RunReport:
+        """Run ``work()`` while holding the lease: heartbeats, then complete or release (see
+        :mod:`dibs.holding` for every decision). Returns how it went; ``report.value`` is the value.
+
+        :param failure_of: how a failure of ``work`` is recorded (``None``: not as a failure);
+            default ``Type: message``.
+        :param logger: where the decisions are logged (an orchestrator's task logger, say).
+        """
+        lease = got.lease if isinstance(got, Acquired) else got
+        took_over_from = got.took_over_from if isinstance(got, Acquired) else None
+        logger = logger or log
+        with holding.holding(self.store, lease.key), lease.keep_alive(on_lost=holding.lost_reporter(logger)):
+            try:
+                value = work()
+            except BaseException as exc:
+                holding.release_after(lease, exc, failure_of, logger)
+                raise
+        return holding.store_value(
+            lease, value, took_over_from=took_over_from, policy=self.on_store_unavailable, logger=logger
+        )
 
     def compute(
         self,
@@ -297,8 +396,8 @@ class Reservations:
     ) -> RunReport:
         """Get the key's value, computing it with ``fn(*args, **kwargs)`` only if nobody else does.
 
-        The work runs with background heartbeats; success stores the value, failure releases the lease
-        with the error recorded (so a waiter takes over at once) and re-raises.
+        Says how the value was obtained: ``computed``, ``waited``, ``hit``, or ``unreserved`` (the
+        store was unreachable and ``on_store_unavailable="run"``).
         """
         k = self.key(key)
         owner = owner or default_owner()
@@ -310,43 +409,28 @@ class Reservations:
                 log.error("store unavailable for %s, not running it (policy 'fail'): %s", k, exc)
                 raise
             log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", k, exc)
-            value = fn(*args, **(kwargs or {}))
-            return RunReport(k, value, "unreserved", None, owner, stored=False)
+            return RunReport(k, fn(*args, **(kwargs or {})), "unreserved", None, owner, stored=False)
         waited = time.monotonic() - started
         if isinstance(got, Hit):
-            role: Literal["waited", "hit"] = "waited" if waited > self.backoff.initial else "hit"
-            log.info("%s: using the artifact stored by %s (token %s)", k, got.producer, got.token)
-            return RunReport(k, got.value, role, got.token, got.producer, waited_seconds=waited)
-        lease = got.lease
+            return self._hit_report(got, waited)
+        self._log_acquired(got)
+        report = self.hold(got, lambda: fn(*args, **(kwargs or {})))
+        return dataclasses.replace(report, waited_seconds=waited)
+
+    def _hit_report(self, got: Hit, waited: float) -> RunReport:
+        role: Literal["waited", "hit"] = "waited" if waited > self.backoff.initial else "hit"
+        log.info("%s: using the artifact stored by %s (token %s)", got.key, got.producer, got.token)
+        return RunReport(got.key, got.value, role, got.token, got.producer, waited_seconds=waited)
+
+    @staticmethod
+    def _log_acquired(got: Acquired) -> None:
         if got.took_over_from:
             log.warning(
-                "%s: took over the expired lease of %s (token %s)", k, got.took_over_from, lease.token
+                "%s: took over the expired lease of %s (token %s)",
+                got.key,
+                got.took_over_from,
+                got.lease.token,
             )
-        with lease.keep_alive():
-            try:
-                value = fn(*args, **(kwargs or {}))
-            except BaseException as exc:
-                _release_quietly(lease, exc)
-                raise
-        try:
-            lease.complete(value)
-        except SerializationError as exc:
-            _release_quietly(lease, exc)  # the value cannot be stored: free the key for a waiter
-            raise
-        except LeaseLost as exc:
-            # Fenced out: someone else owns the key now. Our value is still right for our own caller.
-            log.warning("%s: computed, but not stored: %s", k, exc)
-            return RunReport(k, value, "computed", lease.token, owner, waited_seconds=waited, stored=False)
-        except StoreUnavailable as exc:
-            # Lease.complete already re-read the key for a whole ttl: the store stayed unreachable.
-            if self.on_store_unavailable == "fail":
-                log.error("%s: computed, but the store failed while storing it (policy 'fail'): %s", k, exc)
-                raise
-            log.warning("%s: computed, but not stored: the store is unavailable (policy 'run'): %s", k, exc)
-            return RunReport(k, value, "computed", lease.token, owner, waited_seconds=waited, stored=False)
-        return RunReport(
-            k, value, "computed", lease.token, owner, waited_seconds=waited, took_over_from=got.took_over_from
-        )
 
     def run(self, key: str | Key, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)``, computed once across every process racing on ``key``."""
@@ -423,141 +507,231 @@ class Reservations:
 
 
 class AsyncReservations:
-    """Awaitable ``get_or_reserve``, ``acquire`` and ``wait`` for event loops (Airflow's triggerer).
+    """The same calls for event loops (Airflow's triggerer, async Prefect tasks, services).
 
-    It drives the same waiting loops as :class:`Reservations` (see :mod:`dibs.waiting`) and runs the
-    store's operations off the event loop, so nothing here blocks the loop.
+    Waiting awaits the watch hub (a future on the caller's loop, no thread per waiter), and every store
+    operation runs in the runtime's small I/O executor (:mod:`dibs.runtime`), never on the loop and
+    never in the loop's default executor. The decisions are the sync client's: the same waiting loops
+    and the same hold decisions, only awaited.
     """
 
     def __init__(self, client: Reservations) -> None:
         self.client = client
-        from dibs.stores.aio import AsyncStore  # here, so that `import dibs` does not import asyncio
 
-        self.store = AsyncStore(client.store)
-
-    async def get_or_reserve(self, key: str | Key, owner: str | None = None) -> Outcome:
-        k = self.client.key(key)
+    async def _outcome(self, key: Key, outcome: StoreOutcome) -> Outcome:
+        """The sync client's outcome, built off the loop when that costs I/O or a large decode."""
         c = self.client
-        outcome = await self.store.acquire(k, owner or default_owner(), c.ttl, c.max_lease_age)
-        return c._to_outcome(k, outcome)
+        large = isinstance(outcome, Present) and outcome.artifact.size > _DECODE_ON_LOOP_BYTES
+        if large or c._refused(outcome) is not None:
+            return await runtime().io(c._to_outcome, key, outcome)
+        return c._to_outcome(key, outcome)
+
+    async def get_or_reserve(
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+    ) -> Outcome:
+        c = self.client
+        ask = c._ask(c.key(key), owner, ttl, max_lease_age)
+        outcome = await runtime().io(c.store.acquire, ask.key, ask.owner, ask.ttl, ask.max_lease_age)
+        return await self._outcome(ask.key, outcome)
+
+    @overload
+    async def acquire(
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        raise_on_timeout: Literal[True] = True,
+    ) -> Hit | Acquired: ...
+
+    @overload
+    async def acquire(
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        raise_on_timeout: Literal[False],
+    ) -> Hit | Acquired | Busy: ...
 
     async def acquire(
-        self, key: str | Key, owner: str | None = None, *, timeout: float | None = None
-    ) -> Hit | Acquired:
+        self,
+        key: str | Key,
+        owner: str | None = None,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        raise_on_timeout: bool = True,
+    ) -> Hit | Acquired | Busy:
+        """:meth:`Reservations.acquire`, awaited."""
         c = self.client
-        k = c.key(key)
+        ask = c._ask(c.key(key), owner, ttl, max_lease_age)
+        holding.not_held_here(c.store, ask.key)
         deadline = Deadline(timeout)
-        ask = AskAcquire(k, owner or default_owner(), c.ttl, c.max_lease_age)
-        # As in Reservations.acquire: a watch only once the key turns out to be busy.
-        outcome = await self.store.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age)
+        io = _AsyncStoreIO(c.store)
+        outcome = await io.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age)
         if isinstance(outcome, Held) and not deadline.expired:
-            loop = acquire_until(ask, deadline, c.backoff, notifies=c.store.notifies)
-            watch = await self.store.watch(k)
-            try:
-                outcome, _ = await adrive(loop, self.store, watch)
-            finally:
-                await watch.close()
-        result = c._to_outcome(k, outcome)
-        if isinstance(result, Busy):
-            raise _wait_timeout(result, deadline)
+            with runtime().subscribe(c.store, ask.key) as subscription:
+                loop = acquire_until(ask, deadline, c.backoff, lambda: subscription.following)
+                outcome = await adrive(loop, io, subscription)
+        result = await self._outcome(ask.key, outcome)
+        if isinstance(result, Busy) and raise_on_timeout:
+            raise _gave_up(result.key, deadline, busy=result)
         return result
 
     async def wait(
         self, key: str | Key, *, timeout: float | None = None, for_artifact: bool = False
     ) -> Hit | None:
+        """:meth:`Reservations.wait`, awaited."""
         c = self.client
         k = c.key(key)
+        holding.not_held_here(c.store, k)
         deadline = Deadline(timeout)
-        state = await self.store.read(k)  # as in Reservations.wait
-        if not _wait_is_over(state, for_artifact) and not deadline.expired:
-            loop = read_until(k, deadline, c.backoff, notifies=c.store.notifies, for_artifact=for_artifact)
-            watch = await self.store.watch(k)
-            try:
-                state = await adrive(loop, self.store, watch)
-            finally:
-                await watch.close()
+        io = _AsyncStoreIO(c.store)
+        state = await io.read(k)
+        if not is_settled(state, for_artifact) and not deadline.expired:
+            with runtime().subscribe(c.store, k) as subscription:
+                loop = read_until(
+                    k, deadline, c.backoff, lambda: subscription.following, for_artifact=for_artifact
+                )
+                state = await adrive(loop, io, subscription)
+        if state.artifact is not None and state.artifact.size > _DECODE_ON_LOOP_BYTES:
+            return await runtime().io(c._settled, state, deadline, for_artifact)
         return c._settled(state, deadline, for_artifact)
 
     async def status(self, key: str | Key) -> KeyState:
-        return await self.store.read(self.client.key(key))
+        return await runtime().io(self.client.status, key)
+
+    async def hold(
+        self,
+        got: Acquired | Lease,
+        work: Callable[[], Awaitable[T]],
+        *,
+        failure_of: holding.FailureOf | None = None,
+        logger: holding.Logger | None = None,
+    ) -> RunReport:
+        """:meth:`Reservations.hold` for a coroutine: the same decisions, with the store's part in the
+        I/O executor. Heartbeats run in their own thread, so they go on even while the work hogs the loop.
+        A cancelled work releases its lease (recorded as stopped) even if it is cancelled again meanwhile.
+        """
+        import asyncio
+
+        c = self.client
+        lease = got.lease if isinstance(got, Acquired) else got
+        took_over_from = got.took_over_from if isinstance(got, Acquired) else None
+        logger = logger or log
+        rt = runtime()
+        with holding.holding(c.store, lease.key):
+            keeper = lease.keep_alive(on_lost=holding.lost_reporter(logger))
+            keeper.__enter__()
+            try:
+                value = await work()
+            except BaseException as exc:
+                # Shielded: a second cancellation must not stop the release that frees the key.
+                await asyncio.shield(rt.io(_stop_and_release, keeper, lease, exc, failure_of, logger))
+                raise
+            await rt.io(keeper.stop)  # it may join a heartbeat in flight: not on the loop
+        return await rt.io(
+            holding.store_value,
+            lease,
+            value,
+            took_over_from=took_over_from,
+            policy=c.on_store_unavailable,
+            logger=logger,
+        )
+
+    async def compute(
+        self,
+        key: str | Key,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        owner: str | None = None,
+        timeout: float | None = None,
+    ) -> RunReport:
+        """:meth:`Reservations.compute` for a coroutine function."""
+        c = self.client
+        k = c.key(key)
+        owner = owner or default_owner()
+        started = time.monotonic()
+        try:
+            got = await self.acquire(k, owner, timeout=timeout)
+        except StoreUnavailable as exc:
+            if c.on_store_unavailable == "fail":
+                log.error("store unavailable for %s, not running it (policy 'fail'): %s", k, exc)
+                raise
+            log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", k, exc)
+            value = await fn(*args, **(kwargs or {}))
+            return RunReport(k, value, "unreserved", None, owner, stored=False)
+        waited = time.monotonic() - started
+        if isinstance(got, Hit):
+            return c._hit_report(got, waited)
+        c._log_acquired(got)
+        report = await self.hold(got, lambda: fn(*args, **(kwargs or {})))
+        return dataclasses.replace(report, waited_seconds=waited)
+
+    async def run(
+        self, key: str | Key, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """``await fn(*args, **kwargs)``, computed once across every process racing on ``key``."""
+        value: R = (await self.compute(key, fn, args=args, kwargs=kwargs)).value
+        return value
 
 
-def _wait_is_over(state: KeyState, for_artifact: bool) -> bool:
-    """What ends a wait at once (the rule :func:`dibs.waiting.read_until` applies to every read)."""
-    return state.artifact is not None or (not for_artifact and state.live_lease is None)
+class _AsyncStoreIO:
+    """A store's reads and asks for :func:`dibs._waiting.adrive`, each run in the runtime's I/O executor."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        return await runtime().io(self._store.acquire, key, owner, ttl, max_lease_age)
+
+    async def read(self, key: Key) -> KeyState:
+        return await runtime().io(self._store.read, key)
 
 
-class _OpenLater(Store):
-    """A store that could not be opened yet: each operation tries to open it again, and raises
-    :class:`StoreUnavailable` while it cannot, so the client's policy decides call by call."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._store: Store | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return self._store.url if self._store is not None else redact_url(self._url)
-
-    def _opened(self) -> Store:
-        with self._lock:
-            if self._store is None:
-                self._store = open_store(self._url)
-                self.notifies = self._store.notifies
-            return self._store
-
-    def read(self, key: Key) -> KeyState:
-        return self._opened().read(key)
-
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
-        return self._opened().acquire(key, owner, ttl, max_lease_age)
-
-    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
-        return self._opened().heartbeat(key, token, ttl)
-
-    def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
-    ) -> ArtifactRecord:
-        return self._opened().complete(key, token, serializer, payload, checksum)
-
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
-        self._opened().release(key, token, error)
-
-    def force_release(self, key: Key) -> bool:
-        return self._opened().force_release(key)
-
-    def forget(self, key: Key) -> bool:
-        return self._opened().forget(key)
-
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
-        return self._opened().list(namespace)
-
-    def reap(self, namespace: str | None = None) -> int:
-        return self._opened().reap(namespace)
-
-    def watch(self, key: Key) -> Watch:
-        return self._opened().watch(key)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
+def _stop_and_release(
+    keeper: Any,
+    lease: Lease,
+    exc: BaseException,
+    failure_of: holding.FailureOf | None,
+    logger: holding.Logger,
+) -> None:
+    keeper.stop()
+    holding.release_after(lease, exc, failure_of, logger)
 
 
-def _wait_timeout(busy: Busy, deadline: Deadline) -> WaitTimeout:
+def _gave_up(
+    key: Key, deadline: Deadline, *, busy: Busy | None = None, state: KeyState | None = None
+) -> WaitTimeout:
+    """The one wording of every wait that timed out: who holds the key, or why nobody does."""
+    if busy is None and state is not None and state.live_lease is not None:
+        lease = state.live_lease
+        busy = Busy(
+            key, lease.owner, lease.acquired_at, lease.expires_at, lease.attempt, state.now, state.failure
+        )
+    if busy is not None:
+        return busy.timed_out(deadline.elapsed)
+    if state is not None and state.failure is not None:
+        failure = state.failure
+        why = (
+            f"not computed: its last attempt failed ({failure.count} failure(s); last by {failure.owner!r}: "
+            f"{failure.error})"
+        )
+    else:
+        why = "not computed yet, and nobody is computing it"
     return WaitTimeout(
-        f"gave up on {busy.key} after {deadline.elapsed:.1f}s: held by {busy.holder!r} "
-        f"(attempt {busy.attempt}, {busy.remaining:.1f}s left on its lease)",
-        key=str(busy.key),
-        holder=busy.holder,
+        f"gave up waiting for {key} after {deadline.elapsed:.1f}s: {why}", key=str(key), holder=None
     )
-
-
-def _release_quietly(lease: Lease, error: BaseException) -> None:
-    try:
-        lease.release(error)
-    except LeaseLost as lost:
-        log.warning("%s: work failed after the lease was lost (%s); nothing to release", lease.key, lost)
-    except StoreUnavailable as unreachable:
-        log.warning("%s: could not record the failure (%s); the lease will expire", lease.key, unreachable)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from dibs.errors import ConfigurationError, LeaseLost, StoreUnavailable
+from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
 
@@ -78,7 +78,7 @@ class Lease:
     # -- the lease's operations -------------------------------------------------------------------
     def heartbeat(self) -> float:
         """Extend the lease to store-now + ttl; returns the new expiry. :class:`LeaseLost` if stale."""
-        self._record = self._client.store.heartbeat(self.key, self._record.token, self._client.ttl)
+        self._record = self._client.store.heartbeat(self.key, self._record.token, self._record.ttl)
         return self._record.expires_at
 
     def complete(self, value: Any) -> ArtifactRecord:
@@ -89,7 +89,17 @@ class Lease:
         read again (see :meth:`_settle_complete`) instead of reporting a failure that may be false.
         """
         serializer = self._client.serializer
-        payload = serializer.dumps(value)
+        try:
+            payload = serializer.dumps(value)
+        except SerializationError:
+            raise
+        except Exception as exc:  # a serializer of the user's, or a value nested too deep (RecursionError)
+            raise SerializationError(
+                f"serializer {serializer.name!r} cannot store a {type(value).__name__} for {self.key}: "
+                f"{type(exc).__name__}: {exc}",
+                key=str(self.key),
+                value_type=type(value).__name__,
+            ) from exc
         digest = checksum(payload)
         try:
             record = self._client.store.complete(
@@ -174,8 +184,9 @@ class Lease:
     def keep_alive(
         self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
     ) -> KeepAlive:
-        """A context manager that heartbeats every ``interval`` seconds (default: the client's)."""
-        return KeepAlive(self, interval or self._client.heartbeat_interval, on_lost)
+        """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
+        for this lease's ttl)."""
+        return KeepAlive(self, interval or self._client.settings.heartbeat_for(self._record.ttl), on_lost)
 
     # -- hand-off -------------------------------------------------------------------------------
     def export(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Literal
 
+from dibs.errors import WaitTimeout
 from dibs.keys import Key
 from dibs.records import FailureRecord
 
@@ -55,6 +56,16 @@ class Busy:
     @property
     def remaining(self) -> float:
         return max(0.0, self.expires_at - self.now)
+
+    def timed_out(self, waited: float) -> WaitTimeout:
+        """The error of a waiter that gave up on this holder after ``waited`` seconds: the one wording
+        every dibs caller uses."""
+        return WaitTimeout(
+            f"gave up waiting for {self.key} after {waited:.1f}s: still held by {self.holder!r} (attempt "
+            f"{self.attempt}; its lease runs {self.remaining:.1f}s more unless renewed)",
+            key=str(self.key),
+            holder=self.holder,
+        )
 
 
 Outcome = Hit | Acquired | Busy

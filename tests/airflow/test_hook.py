@@ -36,7 +36,8 @@ def test_full_connection_is_parsed() -> None:
     )
     assert settings.store_url == "postgresql+psycopg://dibs:p%40ss%2Fword@db:5432/dibs"
     assert "p%40ss" not in repr(settings) and "***" in settings.display_url
-    assert (settings.namespace, settings.ttl, settings.heartbeat_interval) == ("team.features", 90.0, None)
+    assert (settings.namespace, settings.ttl) == ("team.features", 90.0)
+    assert settings.settings.heartbeat_interval is None
 
 
 def test_uri_style_extras_are_text_and_still_parse(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,11 +122,13 @@ def test_bad_connections_name_the_field_and_the_fix(connection: Connection, fiel
     assert "secret-pw" not in message
 
 
-def test_core_rules_checked_at_client_time_still_name_the_connection() -> None:
-    # heartbeat_interval without a ttl is checked against the core's default ttl when the client is built
-    settings = settings_from_connection(conn({"store_url": "sqlite:////tmp/z.db", "heartbeat_interval": 600}))
+def test_core_rules_name_the_connection_and_the_field() -> None:
+    # heartbeat_interval without a ttl is checked against the core's default ttl, by the core's rule
+    with pytest.raises(ConfigurationError, match=r"connection 'dibs_test'.*heartbeat_interval.*60s"):
+        settings_from_connection(conn({"store_url": "sqlite:////tmp/z.db", "heartbeat_interval": 600}))
+    settings = settings_from_connection(conn({"store_url": "sqlite:////tmp/z.db", "heartbeat_interval": 20}))
     with pytest.raises(ConfigurationError, match=r"connection 'dibs_test'.*heartbeat_interval"):
-        settings.client()
+        settings.client(ttl=10)  # an operator's own ttl, shorter than the connection's heartbeat
 
 
 def test_test_connection_reports_success_and_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

@@ -264,12 +264,15 @@ def test_a_fenced_out_holder_still_returns_its_value(client: dibs.Reservations, 
     assert client.status(KEY).lease.owner == "new-holder"  # type: ignore[union-attr]
 
 
-def test_an_unstorable_result_fails_clearly_and_frees_the_key(
+def test_an_unstorable_result_is_returned_unshared_and_frees_the_key(
     client: dibs.Reservations, make_context: Any
 ) -> None:
-    with pytest.raises(dibs.SerializationError, match="JSON-serializable"):
-        operator(Work(result={1, 2})).execute(make_context())
-    assert client.status(KEY).live_lease is None
+    context = make_context()
+    assert operator(Work(result={1, 2})).execute(context) == {1, 2}  # the task's own result stands
+    state = client.status(KEY)
+    assert state.live_lease is None and state.artifact is None
+    assert state.failure is not None and "SerializationError" in state.failure.error
+    assert context["ti"].xcoms["dibs_outcome"]["stored"] is False
 
 
 # -- keys ---------------------------------------------------------------------------------------------------

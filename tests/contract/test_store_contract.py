@@ -6,7 +6,6 @@ a fixed time and hoping.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -15,7 +14,9 @@ import pytest
 from dibs.errors import LeaseLost
 from dibs.keys import Key
 from dibs.records import Granted, Held, LeaseRecord, Present, checksum
+from dibs.runtime import runtime
 from dibs.stores import Store
+from dibs.stores.feeds import ChangeFeed
 
 KEY = Key("contract.tests", "features/2026-11-25 ✓")
 
@@ -226,14 +227,61 @@ def test_large_and_empty_payloads_round_trip(store: Store) -> None:
     assert stored_empty is not None and stored_empty.verified_payload(empty_key) == b""
 
 
-def test_watch_is_woken_by_a_release_exactly_when_the_store_notifies(
+def _reported(feed: ChangeFeed, key: Key, timeout: float = 30.0) -> bool:
+    """Ask the feed until it reports ``key`` (or ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if key.digest in feed.changes({key.digest: key}, 0.5):
+            return True
+    return False
+
+
+def test_the_change_feed_reports_a_key_another_client_completes(
     open_isolated_store: Callable[[], Store],
 ) -> None:
     store, other = open_isolated_store(), open_isolated_store()
     lease = _granted(store.acquire(KEY, "alice", 60, None))
-    with other.watch(KEY) as watch:
-        releaser = threading.Timer(0.1, store.release, args=(KEY, lease.token, None))
-        releaser.start()
-        woke = watch.wait(60 if other.notifies else 0.3)
-        releaser.join()
-    assert woke is other.notifies
+    feed = other.change_feed()
+    assert feed is not None
+    feed.open()
+    try:
+        feed.changes({KEY.digest: KEY}, 0.0)  # a polling feed reports a newly watched key once
+        _complete(store, lease, b"done")
+        assert _reported(feed, KEY), "the feed never reported the completed key"
+    finally:
+        feed.close()
+
+
+def test_read_many_reads_what_read_reads(store: Store) -> None:
+    keys = [Key("contract.many", f"k{i}") for i in range(5)]
+    _complete(store, _granted(store.acquire(keys[0], "alice", 60, None)), b"zero")
+    store.acquire(keys[1], "bob", 60, None)
+    states = {state.key: state for state in store.read_many(keys)}
+    for key in keys[:2]:
+        alone = store.read(key)
+        assert (states[key].status, states[key].fence, states[key].artifact) == (
+            alone.status,
+            alone.fence,
+            alone.artifact,
+        )
+    assert all(states.get(key) is None or states[key].status == "free" for key in keys[2:])
+
+
+def test_the_watch_hub_hands_every_waiter_the_completed_state(
+    open_isolated_store: Callable[[], Store],
+) -> None:
+    store, other = open_isolated_store(), open_isolated_store()
+    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    subscriptions = [runtime().subscribe(other, KEY) for _ in range(20)]
+    try:
+        _complete(store, lease, b"for everyone")
+        for subscription in subscriptions:
+            state = None
+            deadline = time.monotonic() + 30
+            while (state is None or state.artifact is None) and time.monotonic() < deadline:
+                state = subscription.wait(1.0) or state
+            assert state is not None and state.artifact is not None, "a waiter was never woken"
+            assert state.artifact.verified_payload(KEY) == b"for everyone"
+    finally:
+        for subscription in subscriptions:
+            subscription.close()

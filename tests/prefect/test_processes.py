@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("prefect")
 
 import dibs
+from dibs.backoff import Backoff
 from dibs.records import LeaseRecord
-from dibs.waiting import Backoff
 from tests.prefect.support import PYTHON, ROOT, wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")

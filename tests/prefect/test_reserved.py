@@ -136,7 +136,8 @@ def test_concurrent_runs_compute_once_and_the_waiter_says_so(dibs_url: str) -> N
                     state=TaskRunFilterState(type=None, name=TaskRunFilterStateName(any_=["Waiting"]))
                 )
             )
-        return [run for run in runs if run.name.startswith("slow-")]
+        # The server records the state name and the state itself in steps: wait for both.
+        return [run for run in runs if run.name.startswith("slow-") and run.state is not None]
 
     (waiting,) = wait_until(waiting_run, what="the waiter's Waiting state in the API")
     assert waiting.state.type.value == "RUNNING"
@@ -250,7 +251,7 @@ def test_a_retry_after_a_crash_reenters_its_own_live_lease(
 ) -> None:
     """If an attempt dies without releasing (a crash), the retry is the same owner: it re-enters the
     lease at once instead of waiting for it to expire (ttl 60, but the wait timeout is 30 s)."""
-    monkeypatch.setattr(prefect_dibs.tasks, "_release_quietly", lambda *args: None)  # the "crash"
+    monkeypatch.setattr(dibs.holding, "release_after", lambda *args: None)  # the "crash"
     attempts: list[int] = []
 
     @reserved(dibs_url, key="crashy", timeout=30)

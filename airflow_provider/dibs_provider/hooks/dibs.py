@@ -22,7 +22,18 @@ password               the store's password, inserted into ``store_url``'s ``use
 ``ttl`` (extra)        lease ttl in seconds (the core's default when empty)
 ``heartbeat_interval`` seconds between heartbeats (default a third of the ttl)
 ``wait_timeout``       seconds a task waits for another run's lease (empty: as long as it lives)
+``max_lease_age``      no lease lives longer than this, however often it heartbeats (empty: none)
+``max_failures``       after this many recorded failures a key is refused until ``dibs forget``
+``on_store_unavailable`` ``fail`` (default) or ``run``: run the work unreserved when the store is
+                       unreachable (logged), so the store never changes a result
 =====================  ======================================================================
+
+All of them but ``store_url`` and ``wait_timeout`` become one :class:`dibs.Settings`, checked by the
+core's own rules (a heartbeat interval shorter than the ttl, say), with the connection and field named
+in every error.
+
+Clients are cheap: every client of a process for one store shares the store object, its connection
+pool and its watch hub (:mod:`dibs.runtime`), so a hook may build one per task or per trigger.
 
 Without a ``dibs_default`` connection the hook falls back to ``DIBS_STORE_URL`` and then to the
 embedded default, and logs which one it used. A connection id that was asked for explicitly and
@@ -31,7 +42,6 @@ does not exist is an error instead: silently using another store would make rese
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 from typing import Any, ClassVar
@@ -41,9 +51,10 @@ from airflow.sdk import BaseHook, Connection
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
 
-from dibs import AsyncReservations, ConfigurationError, Reservations
+from dibs import AsyncReservations, ConfigurationError, Reservations, Settings
 from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
 from dibs.keys import validate_namespace
+from dibs.runtime import runtime
 from dibs.stores import STORE_SCHEMES, redact_url
 
 __all__ = ["DEFAULT_CONN_ID", "DibsHook", "DibsSettings", "settings_from_connection"]
@@ -53,7 +64,16 @@ CONN_TYPE = "dibs"
 
 #: Extra fields a ``dibs`` connection understands (also accepted with the ``extra__dibs__`` prefix
 #: that older connection forms wrote).
-EXTRA_FIELDS = ("store_url", "namespace", "ttl", "heartbeat_interval", "wait_timeout")
+EXTRA_FIELDS = (
+    "store_url",
+    "namespace",
+    "ttl",
+    "heartbeat_interval",
+    "wait_timeout",
+    "max_lease_age",
+    "max_failures",
+    "on_store_unavailable",
+)
 
 # Stores addressed by a local path or a process name: there is no server to send a password to.
 _PATH_SCHEMES = frozenset({"sqlite", "file", "memory"})
@@ -69,9 +89,7 @@ class DibsSettings:
 
     store_url: str = dataclasses.field(repr=False)
     source: str
-    namespace: str = "default"
-    ttl: float | None = None
-    heartbeat_interval: float | None = None
+    settings: Settings = dataclasses.field(default_factory=Settings)
     wait_timeout: float | None = None
 
     @property
@@ -79,25 +97,28 @@ class DibsSettings:
         """The store URL with secrets replaced by ``***``: the only form that goes into logs."""
         return redact_url(self.store_url)
 
+    @property
+    def namespace(self) -> str:
+        return self.settings.namespace
+
+    @property
+    def ttl(self) -> float:
+        return self.settings.ttl
+
     def __repr__(self) -> str:
         return (
-            f"DibsSettings(store={self.display_url!r}, source={self.source!r}, namespace={self.namespace!r}, "
-            f"ttl={self.ttl}, heartbeat_interval={self.heartbeat_interval}, wait_timeout={self.wait_timeout})"
+            f"DibsSettings(store={self.display_url!r}, source={self.source!r}, settings={self.settings!r}, "
+            f"wait_timeout={self.wait_timeout})"
         )
 
     def client(self, *, namespace: str | None = None, ttl: float | None = None) -> Reservations:
         """A core client for these settings; ``namespace`` and ``ttl`` override the connection's."""
-        options: dict[str, Any] = {"namespace": namespace or self.namespace}
-        effective_ttl = ttl if ttl is not None else self.ttl
-        if effective_ttl is not None:
-            options["ttl"] = effective_ttl
-        if self.heartbeat_interval is not None:
-            options["heartbeat_interval"] = self.heartbeat_interval
         try:
-            return Reservations(self.store_url, **options)
+            settings = self.settings.replace(namespace=namespace, ttl=ttl)
         except ConfigurationError as exc:
             # The core names the setting (e.g. heartbeat_interval >= ttl); add where it came from.
             raise ConfigurationError(f"{self.source}: {exc.message}", **exc.fields) from exc
+        return Reservations(self.store_url, settings=settings)
 
 
 def _bad(conn_id: str, field: str, problem: str) -> ConfigurationError:
@@ -228,24 +249,46 @@ def settings_from_connection(conn: Connection) -> DibsSettings:
         validate_namespace(namespace)
     except ConfigurationError as exc:
         raise _bad(conn_id, "extra 'namespace'", exc.message.removeprefix("invalid namespace ")) from exc
-    ttl = _seconds(conn_id, extra, "ttl")
-    interval = _seconds(conn_id, extra, "heartbeat_interval")
-    if interval is not None and ttl is not None and interval >= ttl:
-        # Without a ttl here the core checks against its own default when the client is built.
-        raise _bad(
-            conn_id,
-            "extra 'heartbeat_interval'",
-            f"({interval:g}s) must be shorter than the ttl ({ttl:g}s), or the lease expires between "
-            "heartbeats; a third of the ttl is a good choice",
-        )
+    chosen: dict[str, Any] = {
+        "namespace": namespace,
+        "ttl": _seconds(conn_id, extra, "ttl"),
+        "heartbeat_interval": _seconds(conn_id, extra, "heartbeat_interval"),
+        "max_lease_age": _seconds(conn_id, extra, "max_lease_age"),
+        "max_failures": _count(conn_id, extra, "max_failures"),
+        "on_store_unavailable": _choice(conn_id, extra, "on_store_unavailable", ("fail", "run")),
+    }
+    try:
+        settings = Settings().replace(**chosen)
+    except ConfigurationError as exc:  # the core's rules (heartbeat < ttl, ...), said per field
+        field = exc.fields.get("setting", "extra")
+        raise _bad(conn_id, f"extra {field!r}", exc.message.removeprefix(f"{field} ")) from exc
     return DibsSettings(
-        store_url=url,
-        source=source,
-        namespace=namespace,
-        ttl=ttl,
-        heartbeat_interval=interval,
-        wait_timeout=_seconds(conn_id, extra, "wait_timeout"),
+        store_url=url, source=source, settings=settings, wait_timeout=_seconds(conn_id, extra, "wait_timeout")
     )
+
+
+def _count(conn_id: str, extra: dict[str, Any], name: str) -> int | None:
+    value = extra.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        number = int(value) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise _bad(conn_id, f"extra {name!r}", f"must be a positive whole number (e.g. 3), got {value!r}")
+    return number
+
+
+def _choice(conn_id: str, extra: dict[str, Any], name: str, choices: tuple[str, ...]) -> Any:
+    value = extra.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if value not in choices:
+        raise _bad(
+            conn_id, f"extra {name!r}", f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        )
+    return value
 
 
 def _fallback_url() -> tuple[str, str]:
@@ -338,8 +381,9 @@ class DibsHook(BaseHook):
     async def aget_settings(self) -> DibsSettings:
         """:meth:`get_settings` for the event loop: the connection is fetched with the async SDK call.
 
-        Parsing runs in a worker thread: reading a connection's extra registers its values with the
-        secrets masker through a *blocking* call to the supervisor, which must not run on the loop.
+        Parsing runs in dibs's I/O executor: reading a connection's extra registers its values with the
+        secrets masker through a *blocking* call to the supervisor, which must not run on the loop (and
+        the loop's default executor is the triggerer's own).
         """
         if self._settings is not None:
             return self._settings
@@ -348,7 +392,7 @@ class DibsHook(BaseHook):
         except AirflowNotFoundException as exc:
             self._missing(exc)
             conn = None
-        return await asyncio.to_thread(self._settings_from, conn)
+        return await runtime().io(self._settings_from, conn)
 
     @property
     def wait_timeout(self) -> float | None:
@@ -357,7 +401,7 @@ class DibsHook(BaseHook):
 
     # -- clients ----------------------------------------------------------------------------------
     def get_client(self) -> Reservations:
-        """A new client; close it (or use it as a context manager) when done."""
+        """A client (cheap: it shares the process's store); close it, or use it as a context manager."""
         return self.get_settings().client(namespace=self.namespace, ttl=self.ttl)
 
     def get_conn(self) -> Reservations:
@@ -365,15 +409,18 @@ class DibsHook(BaseHook):
         return self.get_client()
 
     async def aget_client(self) -> AsyncReservations:
-        """An async client for the triggerer. Opening a store may block (it connects and checks the
-        schema), so that runs in a worker thread; close it with ``await hook.aclose(client)``."""
+        """An async client for the triggerer; close it with ``await hook.aclose(client)``.
+
+        The process's first client of a store imports its driver and builds its pool: that runs in
+        dibs's I/O executor, never on the loop. Every later one shares them (:mod:`dibs.runtime`).
+        """
         settings = await self.aget_settings()
-        client = await asyncio.to_thread(settings.client, namespace=self.namespace, ttl=self.ttl)
+        client = await runtime().io(settings.client, namespace=self.namespace, ttl=self.ttl)
         return client.aio()
 
     @staticmethod
     async def aclose(client: AsyncReservations) -> None:
-        await asyncio.to_thread(client.client.close)
+        client.client.close()  # gives its share of the store back: no I/O
 
     def test_connection(self) -> tuple[bool, str]:
         """Open the store and read one key: what ``airflow connections test`` and the UI call."""

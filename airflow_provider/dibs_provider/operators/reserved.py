@@ -8,7 +8,9 @@ Every reserved task asks the store one atomic question before it works
 * **acquired**: this task holds the lease. The wrapped operator's ``execute`` runs while a background
   thread heartbeats the lease; its result is stored as the artifact and returned. If it raises, the
   lease is released with the failure recorded (so a waiting run takes over at once) and the task
-  fails as it normally would.
+  fails as it normally would. A value that cannot be stored, or a store that fails while storing it
+  (then the connection's ``on_store_unavailable`` decides), is handled by the core's hold loop
+  (:meth:`dibs.Reservations.hold`), exactly as for every other dibs caller.
 * **busy**: another run holds the lease. The task *defers* to :class:`ReservationTrigger`, so no
   worker slot is held while it waits, and resumes in :meth:`ReservedOperatorMixin.execute_complete`
   when the artifact exists (it returns it) or the key is free again (it asks again, and may run the
@@ -47,13 +49,11 @@ from dibs import Acquired, Busy, Hit, Reservations
 from dibs.errors import (
     ConfigurationError,
     InvalidKey,
-    LeaseLost,
-    SerializationError,
     StoreUnavailable,
     WaitTimeout,
 )
+from dibs.holding import failure_text
 from dibs.keys import canonical_json, derive_key, digest
-from dibs.lease import Lease
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.triggers.reservation import (
     ReservationEvent,
@@ -259,7 +259,7 @@ class ReservedOperatorMixin(BaseOperator):
                 outcome, waiting = self._wait(client, outcome, owner, waiting, timeout)
             if isinstance(outcome, Hit):
                 return self._use_artifact(context, outcome, owner, waiting)
-            return self._run_work(context, outcome, owner, waiting)
+            return self._run_work(context, client, outcome, owner, waiting)
 
     def _wait(
         self, client: Reservations, busy: Busy, owner: str, waiting: _Waiting, timeout: float | None
@@ -331,7 +331,9 @@ class ReservedOperatorMixin(BaseOperator):
         )
         return hit.value
 
-    def _run_work(self, context: Context, acquired: Acquired, owner: str, waiting: _Waiting) -> Any:
+    def _run_work(
+        self, context: Context, client: Reservations, acquired: Acquired, owner: str, waiting: _Waiting
+    ) -> Any:
         lease = acquired.lease
         if acquired.took_over_from:
             self.log.warning(
@@ -349,39 +351,19 @@ class ReservedOperatorMixin(BaseOperator):
                 acquired.last_failure.error,
             )
         self.log.info("dibs: acquired %s as %s (token %s); running the work", lease.key, owner, lease.token)
-        with lease.keep_alive():
+
+        def work() -> Any:
             try:
-                value = self.execute_reserved(context)
+                return self.execute_reserved(context)
             except TaskDeferred:
-                _release(self, lease, "the reserved operator deferred while holding the lease")
                 raise ConfigurationError(
                     f"{self.task_id}: the wrapped operator deferred while holding the lease on {lease.key}; "
                     "a reserved operator must finish its work in execute(): turn its own deferrable mode "
                     "off (e.g. deferrable=False)",
                     key=str(lease.key),
                 ) from None
-            except AirflowSkipException:
-                _release(self, lease, None)  # skipping is not a failure: do not count it
-                raise
-            except BaseException as exc:
-                _release(self, lease, exc)
-                raise
-        stored = True
-        try:
-            lease.complete(value)
-        except LeaseLost as exc:
-            # Fenced out: another run owns the key now. Our value is still right for this run.
-            self.log.warning("dibs: computed %s but did not store it: %s", lease.key, exc)
-            stored = False
-        except SerializationError as exc:
-            _release(self, lease, exc)
-            raise SerializationError(
-                f"{self.task_id}: the result of {lease.key} cannot be stored as an artifact ({exc.message}); "
-                "return JSON-serializable data (or configure a serializer that can write it)",
-                key=str(lease.key),
-            ) from exc
-        if stored:
-            self.log.info("dibs: stored the artifact of %s (token %s)", lease.key, lease.token)
+
+        report = client.hold(acquired, work, failure_of=_failure_of, logger=self.log)
         self._push_outcome(
             context,
             "computed",
@@ -390,10 +372,10 @@ class ReservedOperatorMixin(BaseOperator):
             waiting,
             token=lease.token,
             producer=owner,
-            stored=stored,
+            stored=report.stored,
             took_over_from=acquired.took_over_from,
         )
-        return value
+        return report.value
 
     def _push_outcome(
         self,
@@ -416,12 +398,9 @@ class ReservedOperatorMixin(BaseOperator):
         context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=outcome)
 
 
-def _release(task: BaseOperator, lease: Lease, error: BaseException | str | None) -> None:
-    """Release so that waiters take over now; a store problem here must not hide the task's own error."""
-    try:
-        lease.release(error)
-    except (LeaseLost, StoreUnavailable) as exc:
-        task.log.warning("dibs: could not release %s (%s); it will expire after its ttl", lease.key, exc)
+def _failure_of(exc: BaseException) -> str | None:
+    """How a task's exception is recorded on its key: skipping is no failure (it is not counted)."""
+    return None if isinstance(exc, AirflowSkipException) else failure_text(exc)
 
 
 def _operator_identity(cls: type) -> str:

@@ -48,8 +48,10 @@ Options: ``timeout=`` (seconds per request, default 30), ``retries=`` (retries o
 default 3), ``max_concurrency=`` (parallel transfers for large artifacts, default 4). The container is
 created on first write if it does not exist. Secrets never appear in :attr:`url`, logs or errors.
 
-Async callers use :class:`dibs.stores.aio.AsyncStore` around this store (each operation runs in a
-thread); there is deliberately no second copy written against ``azure.storage.blob.aio``.
+Waiters are woken by the process's watch hub, which follows the watched records' ETags with one
+poller (:class:`_EtagFeed`): a ``HEAD`` per record for a few keys, one listing of ``records/`` for
+many. Async callers run these same operations in the runtime's I/O executor; there is deliberately no
+second copy written against ``azure.storage.blob.aio``.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -88,7 +90,8 @@ from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, Reservatio
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
 from dibs.stores import codec, redact_url, transitions
-from dibs.stores.base import RecordStore
+from dibs.stores.base import Loaded, RecordStore
+from dibs.stores.feeds import ChangeFeed, PollingFeed
 
 __all__ = ["AzureBlobStore", "ServiceClock", "parse_url"]
 
@@ -589,16 +592,6 @@ def _no_credential(exc: BaseException) -> bool:
 # The store
 
 
-@dataclasses.dataclass(frozen=True)
-class _Prefetched:
-    """A record read while settling a lost swap, handed to the ``_load`` that immediately follows."""
-
-    digest: str
-    data: bytes | None
-    etag: str | None
-    now: float
-
-
 class AzureBlobStore(RecordStore):
     """Reservations in an Azure Blob Storage container. See the module docstring for layout and rules."""
 
@@ -637,7 +630,6 @@ class AzureBlobStore(RecordStore):
         self._owned_credential = owned_credential
         self._endpoint = _endpoint_of(service)
         self._clock = ServiceClock()
-        self._local = threading.local()
         self._closed = False
 
     @classmethod
@@ -772,19 +764,8 @@ class AzureBlobStore(RecordStore):
         return codec.decode(data, key, now, where=self._where(self.record_name(key)))
 
     def _load(self, key: Key) -> tuple[KeyState, object]:
-        prefetched: _Prefetched | None = getattr(self._local, "prefetched", None)
-        self._local.prefetched = None
-        if prefetched is not None and prefetched.digest == key.digest:
-            return self._decode(key, prefetched.data, prefetched.now), prefetched.etag
         data, etag, now = self._read_raw(key)
         return self._decode(key, data, now), etag
-
-    def _update(self, key: Key, change: Callable[[KeyState], tuple[T, KeyState | None]]) -> T:
-        try:
-            return super()._update(key, change)
-        finally:
-            # A record prefetched by the last lost swap is only valid for the loop that read it.
-            self._local.prefetched = None
 
     # Writing ------------------------------------------------------------------------------------
 
@@ -804,7 +785,7 @@ class AzureBlobStore(RecordStore):
 
         self._call(f"create container {self.container!r}", None, create)
 
-    def _swap(self, key: Key, version: object, new: KeyState) -> bool:
+    def _swap(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
         name = self.record_name(key)
         data = codec.encode(new)
         blob = self._container.get_blob_client(name)
@@ -840,13 +821,12 @@ class AzureBlobStore(RecordStore):
         if self._call("write the record of", key, upload):
             return True
         # Someone else's write landed first, or our own did and its response was lost before the SDK
-        # retried it. Reading the record now tells the two apart, and the read is handed to the
-        # ``_load`` that RecordStore._update does next, so settling this costs no extra request.
+        # retried it. Reading the record now tells the two apart, and the read is handed back to
+        # RecordStore._update for its next attempt, so settling this costs no extra request.
         current, etag, now = self._read_raw(key)
         if current == data:
             return True  # the record holds exactly what we meant to write
-        self._local.prefetched = _Prefetched(key.digest, current, etag, now)
-        return False
+        return self._decode(key, current, now), etag
 
     # Artifacts ----------------------------------------------------------------------------------
 
@@ -952,17 +932,16 @@ class AzureBlobStore(RecordStore):
         self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
     ) -> ArtifactRecord:
         # Check the token before uploading anything: a holder that lost its lease should not push a
-        # large payload just to have it refused. The read is reused by the swap loop below.
-        data, etag, now = self._read_raw(key)
-        transitions.complete(self._decode(key, data, now), token, serializer, b"", checksum)
-        self._local.prefetched = _Prefetched(key.digest, data, etag, now)
+        # large payload just to have it refused. The read is reused by the swap below.
+        loaded = self._load(key)
+        transitions.complete(loaded[0], token, serializer, b"", checksum)
+        name, created = self._upload_artifact(key, token.fence, payload, checksum)
         try:
-            name, created = self._upload_artifact(key, token.fence, payload, checksum)
-        except BaseException:
-            self._local.prefetched = None
-            raise
-        try:
-            return super().complete(key, token, serializer, payload, checksum)
+            return self._update(
+                key,
+                lambda state: transitions.complete(state, token, serializer, payload, checksum),
+                loaded=loaded,
+            )
         except LeaseLost:
             # Fenced out between the check and the swap: remove our upload, which no record names.
             if created:
@@ -1062,13 +1041,53 @@ class AzureBlobStore(RecordStore):
 
     # Lifecycle ----------------------------------------------------------------------------------
 
+    def change_feed(self) -> ChangeFeed:
+        return _EtagFeed(self)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        super().close()
         for closable in (self._container, self._service, self._owned_credential):
             if closable is not None:
                 try:
                     closable.close()
                 except Exception as exc:  # closing must not mask the caller's own error
                     logger.debug("error while closing %s: %s", type(closable).__name__, exc)
+
+
+class _EtagFeed(PollingFeed):
+    """Follows the ETags of the watched records: one ``HEAD`` per record while few keys are watched,
+    else one listing of the records (a page holds 5,000): either way one poller per process."""
+
+    min_interval = 0.05
+    max_interval = 1.0
+    #: Above this many watched keys one listing is cheaper than a request per record.
+    LIST_ABOVE = 16
+
+    def __init__(self, store: AzureBlobStore) -> None:
+        super().__init__()
+        self._store = store
+
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        wanted = {self._store.record_name(key): key.digest for key in keys}
+        container = self._store._container
+
+        def heads() -> dict[str, Hashable]:
+            found: dict[str, Hashable] = {}
+            for name, digest in wanted.items():
+                with contextlib.suppress(ResourceNotFoundError):
+                    found[digest] = container.get_blob_client(name).get_blob_properties().etag
+            return found
+
+        def listing() -> dict[str, Hashable]:
+            blobs = container.list_blobs(name_starts_with=f"{self._store.prefix}records/")
+            try:
+                return {wanted[blob.name]: blob.etag for blob in blobs if blob.name in wanted}
+            except ResourceNotFoundError:  # no container yet: no records
+                return {}
+
+        return self._store._call(
+            "follow the records in", None, listing if len(wanted) > self.LIST_ABOVE else heads
+        )

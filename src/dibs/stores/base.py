@@ -1,7 +1,7 @@
 """The store interface: a few one-attempt atomic operations, and nothing else.
 
 A store never waits, retries, sleeps or heartbeats: those policies live once, in
-:class:`dibs.Reservations` and :mod:`dibs.waiting`, above every store. Each operation either does its
+:class:`dibs.Reservations` and the hold loop, above every store. Each operation either does its
 one atomic thing against the service or raises; contention is an *answer* (:class:`~dibs.records.Held`),
 not an error. Service errors are translated at this boundary into :class:`~dibs.errors.StoreUnavailable`.
 
@@ -11,55 +11,34 @@ Two families implement it:
   (memory, filesystem, Azure blobs); the state machine itself is :mod:`dibs.stores.transitions`.
 * Stores that decide inside the service (SQL, Redis) override the operations directly.
 
-Async callers (Airflow's triggerer) use :class:`dibs.stores.aio.AsyncStore`, which runs these same
-operations off the event loop instead of copying them.
+Waiting is not a store operation either. A store offers a :meth:`Store.change_feed` (see
+:mod:`dibs.stores.feeds`), and the process's one watch hub per store (:mod:`dibs.hub`) turns it into
+wake-ups for any number of waiters. Async callers run these same one-attempt operations in the
+runtime's small I/O executor (:mod:`dibs.runtime`) instead of a second, async copy of every store.
 """
 
 from __future__ import annotations
 
 import abc
-import time
-from collections.abc import Callable, Iterator
+import builtins
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import ClassVar, Self, TypeVar
 
-from dibs.errors import StoreUnavailable
+from dibs.errors import ReservationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import transitions
+from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 
-__all__ = ["PollingWatch", "RecordStore", "Store", "Watch"]
+__all__ = ["RecordStore", "Store"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class Watch:
-    """Something a waiter can block on until the key *may* have changed.
-
-    The default only sleeps (the waiter polls). Stores that can notify (PostgreSQL LISTEN/NOTIFY,
-    Redis pub/sub) return a watch that wakes as soon as a complete or release is published.
-    """
-
-    def wait(self, timeout: float) -> bool:
-        """Block for up to ``timeout`` seconds; ``True`` when woken by a notification."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Free what the watch holds (a listening connection); safe to call twice."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class PollingWatch(Watch):
-    def wait(self, timeout: float) -> bool:
-        time.sleep(max(0.0, timeout))
-        return False
+#: A record as read for a compare-and-swap: its state and the store's version of it.
+Loaded = tuple[KeyState, object]
 
 
 class Store(abc.ABC):
@@ -67,8 +46,6 @@ class Store(abc.ABC):
 
     #: URL scheme(s) the store registers under, e.g. ``"sqlite"``.
     scheme: ClassVar[str] = ""
-    #: Whether :meth:`watch` wakes waiters on change (otherwise waiters poll). May be set per instance.
-    notifies: bool = False
     #: Whose clock judges expiry, for the docs and ``dibs show``.
     clock: ClassVar[str] = "the store service's clock"
 
@@ -115,11 +92,34 @@ class Store(abc.ABC):
     def reap(self, namespace: str | None = None) -> int:
         """Clear expired leases nobody took over; returns how many."""
 
-    def watch(self, key: Key) -> Watch:
-        return PollingWatch()
+    def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
+        """The states of several keys, for the watch hub (stores that can read them together override
+        this). A key whose record cannot be read is left out: its waiters then ask for themselves, and
+        get the error."""
+        states = []
+        for key in keys:
+            try:
+                states.append(self.read(key))
+            except StoreUnavailable:
+                raise
+            except ReservationError as exc:
+                log.debug("the watch hub skipped %s: %s", key, exc)
+        return states
 
-    def close(self) -> None:  # noqa: B027 - stores without connections have nothing to close
-        """Release connections and clients. The store must not be used afterwards."""
+    def change_feed(self) -> ChangeFeed | None:
+        """The feed that tells this process's watch hub which keys may have changed (see
+        :mod:`dibs.stores.feeds`). ``None`` leaves every waiter to poll on its own."""
+        return ReadPollingFeed(self)
+
+    def close(self) -> None:
+        """Release connections and clients. The store must not be used afterwards.
+
+        Subclasses that hold connections extend this (and call it): it stops the process's watch hub
+        of this store, so no listening connection outlives the store.
+        """
+        from dibs.runtime import runtime  # the runtime imports stores: resolve it at call time
+
+        runtime().stop_hub(self)
 
     def __enter__(self) -> Self:
         return self
@@ -150,18 +150,32 @@ class RecordStore(Store):
         """Read the key's state (``now`` on the store's clock) and a version for :meth:`_swap`."""
 
     @abc.abstractmethod
-    def _swap(self, key: Key, version: object, new: KeyState) -> bool:
-        """Write ``new`` only if the record is still at ``version``; ``False`` if someone changed it."""
+    def _swap(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
+        """Write ``new`` only if the record is still at ``version``; ``False`` if someone changed it.
+
+        A store that had to read the record anyway to tell a lost swap from a lost reply returns that
+        read (state and version) instead of ``False``, and the next attempt decides from it.
+        """
 
     def read(self, key: Key) -> KeyState:
         return self._load(key)[0]
 
-    def _update(self, key: Key, change: Callable[[KeyState], tuple[T, KeyState | None]]) -> T:
+    def _update(
+        self, key: Key, change: Callable[[KeyState], tuple[T, KeyState | None]], loaded: Loaded | None = None
+    ) -> T:
+        """Apply ``change`` with a compare-and-swap, again on a fresh read while somebody else wins.
+
+        ``loaded`` is a read the caller already made (it saves the first ``_load``).
+        """
         for _ in range(self.max_swap_attempts):
-            state, version = self._load(key)
+            state, version = loaded if loaded is not None else self._load(key)
             result, new_state = change(state)
-            if new_state is None or self._swap(key, version, new_state):
+            if new_state is None:
                 return result
+            swapped = self._swap(key, version, new_state)
+            if swapped is True:
+                return result
+            loaded = swapped if isinstance(swapped, tuple) else None
         raise StoreUnavailable(
             f"{key} changed {self.max_swap_attempts} times while this client tried to update it; "
             "the store is under heavy contention on this key",

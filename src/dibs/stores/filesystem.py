@@ -56,14 +56,15 @@ import secrets
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from dibs.errors import ConfigurationError, CorruptRecord, InvalidKey, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import codec, redact_url
-from dibs.stores.base import RecordStore, Watch
+from dibs.stores.base import RecordStore
+from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
 
 if sys.platform != "win32":
@@ -81,8 +82,8 @@ _EXAMPLE = "'file:///var/lib/dibs' (three slashes, then an absolute path)"
 _URL_OPTIONS = ("lock_timeout", "watch_interval")
 #: Default seconds a write waits for another process's critical section (a few renames).
 LOCK_TIMEOUT = 30.0
-#: Default seconds between two looks of a watch at a record file.
-WATCH_INTERVAL = 0.005  # one stat() per 5 ms per waiter: a hand-off within ~5 ms (benchmarks)
+#: Default seconds between two looks of the watch hub at the watched record files.
+WATCH_INTERVAL = 0.005  # one look per 5 ms per process at the watched records: a hand-off within ~5 ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,6 @@ class FileStore(RecordStore):
     """Records in a directory. See the module docstring for the layout, the locking and the limits."""
 
     scheme = "file"
-    notifies = True
     clock = "this machine's clock (time.time()); processes on several machines must keep theirs in sync"
 
     def __init__(
@@ -113,8 +113,8 @@ class FileStore(RecordStore):
 
         ``lock_timeout`` bounds how long a write waits for another process's critical section (a few
         renames) before reporting :class:`StoreUnavailable`: only a stopped (not killed) process or a
-        hung file system holds it that long. ``watch_interval`` is how often :meth:`watch` looks at
-        the record.
+        hung file system holds it that long. ``watch_interval`` is how often the process's watch
+        hub looks at the watched records (stretched when many keys are watched).
         """
         if sys.platform == "win32":  # pragma: no cover - the module relies on flock
             raise ConfigurationError(
@@ -280,12 +280,13 @@ class FileStore(RecordStore):
                 states.append(state)
         yield from sorted(states, key=lambda s: s.key)
 
-    def watch(self, key: Key) -> Watch:
-        """A watch that looks at the record file every ``watch_interval`` seconds: no lock, no thread."""
-        return _RecordWatch(self.record_path(key), self._watch_interval)
+    def change_feed(self) -> ChangeFeed:
+        """One poller per process that ``stat``\\s every watched record file: no lock, no file kept open."""
+        return _StatFeed(self, self._watch_interval)
 
     def close(self) -> None:
-        """Nothing to release: no file is held open between operations."""
+        """No file is held open between operations; only the watch hub is stopped."""
+        super().close()
 
     # -- Files ------------------------------------------------------------------------------------
 
@@ -446,28 +447,21 @@ class FileStore(RecordStore):
             return None
 
 
-class _RecordWatch(Watch):
-    """Wakes when the record file is replaced (a new inode, time or size), by looking every interval.
+class _StatFeed(PollingFeed):
+    """Looks at every watched record file each interval: every write renames a new file into place, so
+    any change gives the path a new inode (or time, or size)."""
 
-    Every write renames a new file into place, so any change gives the path a different inode.
-    """
+    #: ``stat`` costs microseconds: a look at 1,000 records may take this long per key before the
+    #: interval is stretched, so polling never costs more than a few percent of a core.
+    per_key = 0.00005
 
-    def __init__(self, path: Path, interval: float) -> None:
-        self._path = path
-        self._interval = interval
-        self._seen = _signature(path)
+    def __init__(self, store: FileStore, interval: float) -> None:
+        super().__init__()
+        self._store = store
+        self.min_interval = self.max_interval = interval
 
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout)
-        while True:
-            current = _signature(self._path)
-            if current != self._seen:
-                self._seen = current
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            time.sleep(min(self._interval, remaining))
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        return {key.digest: _signature(self._store.record_path(key)) for key in keys}
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:

@@ -9,17 +9,29 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores.base import RecordStore
+from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
 
 __all__ = ["MemoryStore"]
 
-_SPACES: dict[str, dict[str, KeyState]] = {}
+
+class _Space:
+    """The records of one ``memory://NAME``, and a condition that every change notifies."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, KeyState] = {}
+        self.versions: dict[str, int] = {}
+        self.changed = threading.Condition(threading.RLock())
+        self.changes = 0
+
+
+_SPACES: dict[str, _Space] = {}
 _SPACES_LOCK = threading.Lock()
 
 
@@ -31,8 +43,9 @@ class MemoryStore(RecordStore):
         self._name = name
         self._clock = clock
         with _SPACES_LOCK:
-            self._records = _SPACES.setdefault(name, {}) if name else {}
-        self._lock = threading.RLock()
+            self._space = _SPACES.setdefault(name, _Space()) if name else _Space()
+        self._records = self._space.records
+        self._lock = self._space.changed
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
@@ -58,7 +71,13 @@ class MemoryStore(RecordStore):
             if self._records.get(key.digest) is not version:
                 return False
             self._records[key.digest] = new
+            self._space.versions[key.digest] = self._space.versions.get(key.digest, 0) + 1
+            self._space.changes += 1
+            self._space.changed.notify_all()
             return True
+
+    def change_feed(self) -> ChangeFeed:
+        return _MemoryFeed(self._space)
 
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         with self._lock:
@@ -72,3 +91,25 @@ class MemoryStore(RecordStore):
 def _at(state: KeyState, now: float) -> KeyState:
     # Records are immutable snapshots; ``now`` is the only thing that differs between reads.
     return KeyState(state.key, now, state.fence, state.attempts, state.lease, state.artifact, state.failure)
+
+
+class _MemoryFeed(PollingFeed):
+    """Wakes on the space's condition; a record's token is its version (every write counts one up)."""
+
+    min_interval = max_interval = 0.5
+
+    def __init__(self, space: _Space) -> None:
+        super().__init__()
+        self._space = space
+        self._seen = space.changes
+
+    def probe(self, timeout: float) -> bool:
+        with self._space.changed:
+            self._space.changed.wait_for(lambda: self._space.changes != self._seen, timeout)
+            changed = self._space.changes != self._seen
+            self._seen = self._space.changes
+        return changed
+
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        with self._space.changed:
+            return {key.digest: self._space.versions.get(key.digest, 0) for key in keys}

@@ -10,7 +10,8 @@ Layout, per key (``digest`` is :attr:`dibs.keys.Key.digest`, never the key's own
   and attempt counters, the lease, the last failure and the artifact with its payload. The hash
   outlives releases and ``forget`` so the fence keeps increasing for the life of the key.
 * ``{prefix}chan:{digest}`` is the pub/sub channel that complete, release, force-release, forget and
-  reap publish on, so that waiters (:meth:`RedisStore.watch`) wake at once instead of polling.
+  reap publish on. Each process's watch hub follows them all with one pattern subscription
+  (:class:`_PatternFeed`), so waiters wake at once instead of polling.
 
 Why scripts rather than ``WATCH``/``MULTI`` compare-and-swap: a script runs to completion before any
 other command, reads the Redis server's clock (``TIME``) in the same step, and costs one round trip
@@ -35,12 +36,10 @@ import builtins
 import contextlib
 import logging
 import math
-import os
 import re
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import redis
@@ -65,7 +64,8 @@ from dibs.records import (
     new_lease_id,
 )
 from dibs.stores import redact_url
-from dibs.stores.base import Store, Watch
+from dibs.stores.base import Store
+from dibs.stores.feeds import ChangeFeed
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
 
 __all__ = ["RedisStore"]
@@ -87,8 +87,8 @@ _DEFAULTS: dict[str, Any] = {
     "retry": Retry(NoBackoff(), 0),
 }
 _SCAN_BATCH = 500
-# Connections of closed watches kept for the next watch (each stays open to Redis).
-_IDLE_WATCHES = 16
+#: Connections per store and process, the watch hub's subscription included (``?max_connections=``).
+DEFAULT_MAX_CONNECTIONS = 4
 
 #: What a script returns: ``{status, now, extra, FIELDS...[, payload]}`` or ``{"corrupt", why}``.
 _Reply = list[Any]
@@ -298,7 +298,6 @@ class RedisStore(Store):
     """
 
     scheme = "redis"
-    notifies = True
     clock = "the Redis server's clock (TIME)"
 
     # KEYS[1]: the key's record hash
@@ -481,22 +480,27 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
 
     def __init__(self, url: str) -> None:
         self._url = _redact(url)
-        self._closed = False
-        self._idle: builtins.list[tuple[int, redis.client.PubSub]] = []
-        self._idle_lock = threading.Lock()
         client_url, self._prefix = _parse_url(url, self._url)
         try:
-            self._client = redis.Redis.from_url(client_url, **_DEFAULTS)
+            # One bounded pool per store, shared by every client of the process (dibs.runtime): the
+            # watch hub's subscription holds one connection of it, operations the rest, and a caller
+            # finding them all busy waits for one instead of opening more (DEFAULT_MAX_CONNECTIONS).
+            pool = redis.BlockingConnectionPool.from_url(
+                client_url,
+                max_connections=DEFAULT_MAX_CONNECTIONS,
+                timeout=_DEFAULTS["socket_timeout"],
+                **_DEFAULTS,
+            )
+            self._client = redis.Redis(connection_pool=pool)
             # The pool creates connections lazily; building one (without connecting) now turns an
             # unknown or malformed query option into a configuration error instead of a failure on
             # the first operation.
-            pool = self._client.connection_pool
             pool.connection_class(**pool.connection_kwargs)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(
                 f"invalid Redis store URL {self._url!r}: {exc}; expected "
                 "'redis://[user:password@]host[:port][/db][?prefix=dibs:]' with redis-py connection "
-                "options (socket_timeout, ssl_cert_reqs, ...) as further query parameters",
+                "options (socket_timeout, max_connections, ssl_cert_reqs, ...) as further query parameters",
                 url=self._url,
             ) from exc
         self._acquire = self._client.register_script(self.LUA_ACQUIRE_SCRIPT)
@@ -654,41 +658,31 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
                 reaped += self._drop_part(state.key, "expired", "reap")
         return reaped
 
-    def watch(self, key: Key) -> Watch:
-        """A watch subscribed to ``key``'s channel before this returns.
-
-        The server has confirmed the subscription before the caller's next read, so a complete or
-        release that happens between that read and :meth:`Watch.wait` is still delivered. Closed
-        watches leave their connection subscribed to nothing and keep it for the next watch: the
-        client opens a watch for every wait, and a fresh connection (a TLS handshake, perhaps) each
-        time would cost more than the wait it serves.
-        """
-        channel = self.channel(key).encode()
-        what = f"{key} on {self._url}"
-        with self._service("watch", key):
-            reused = self._take_idle()
-            if reused is not None:
-                try:
-                    self._subscribe(reused, channel)
-                    return _PubSubWatch(reused, channel, what, self._give_back)
-                except (redis.exceptions.RedisError, OSError):
-                    reused.close()  # its connection died while idle: start afresh below
-            pubsub: redis.client.PubSub = self._client.pubsub()  # type: ignore[no-untyped-call]
+    def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
+        """Several keys in one round trip (a pipeline of read scripts), for the watch hub."""
+        with self._service("read keys", None):
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                self._read(keys=[self.record_key(key)], args=[key.namespace, key.name, "1"], client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        states = []
+        for key, reply in zip(keys, replies, strict=True):
             try:
-                self._subscribe(pubsub, channel)
-            except BaseException:
-                pubsub.close()
-                raise
-            return _PubSubWatch(pubsub, channel, what, self._give_back)
+                if isinstance(reply, Exception) or reply[0] == b"corrupt":
+                    continue  # its waiters ask for themselves, and get the error
+                states.append(self._state(key, cast(_Reply, reply), with_payload=True))
+            except CorruptRecord:
+                continue
+        return states
+
+    def change_feed(self) -> ChangeFeed:
+        """One pattern subscription to every key's channel under the prefix, for the whole process."""
+        return _PatternFeed(self)
 
     def close(self) -> None:
-        with self._idle_lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for _, pubsub in idle:
-            with contextlib.suppress(redis.exceptions.RedisError, OSError):
-                pubsub.close()
+        super().close()
         self._client.close()
+        self._client.connection_pool.disconnect()
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -738,45 +732,6 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             key=None if key is None else str(key),
             record=record_key,
         )
-
-    def _subscribe(self, pubsub: redis.client.PubSub, channel: bytes) -> None:
-        """Subscribe and wait for the server's confirmation (what a reused connection still had
-        queued for its previous channel, read on the way, is dropped)."""
-        pubsub.subscribe(channel)
-        configured = self._client.connection_pool.connection_kwargs.get("socket_timeout")
-        deadline = time.monotonic() + float(configured or _DEFAULTS["socket_timeout"])
-        while True:
-            message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-            if message is not None and message["type"] == "subscribe" and message["channel"] == channel:
-                return
-            if time.monotonic() >= deadline:
-                raise redis.exceptions.TimeoutError("the server did not confirm the subscription")
-
-    def _take_idle(self) -> redis.client.PubSub | None:
-        with self._idle_lock:
-            while self._idle:
-                pid, pubsub = self._idle.pop()
-                # After a fork the parent's sockets are not ours: drop them unused and unclosed.
-                if pid == os.getpid():
-                    return pubsub
-        return None
-
-    def _give_back(self, pubsub: redis.client.PubSub, channel: bytes) -> None:
-        """Keep a closed watch's connection for the next watch, unsubscribed; close it if unneeded."""
-        with self._idle_lock:
-            keep = not self._closed and len(self._idle) < _IDLE_WATCHES
-        if keep:
-            try:
-                pubsub.unsubscribe(channel)  # type: ignore[no-untyped-call]  # confirmed by the next watch's reads
-            except (redis.exceptions.RedisError, OSError):
-                keep = False
-        if keep:
-            with self._idle_lock:
-                if not self._closed:
-                    self._idle.append((os.getpid(), pubsub))
-                    return
-        with contextlib.suppress(redis.exceptions.RedisError, OSError):
-            pubsub.close()
 
     def _scan_batches(self) -> Iterator[Sequence[bytes]]:
         # Keys stay bytes: a foreign key under the prefix need not be UTF-8, and must still be reported.
@@ -860,81 +815,57 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             raise self._corrupt(key, self.record_key(key), f"{type(exc).__name__}: {exc}") from exc
 
 
-class _PubSubWatch(Watch):
-    """Blocks on a pub/sub subscription to one key's channel; holds one connection until closed."""
+class _PatternFeed(ChangeFeed):
+    """``PSUBSCRIBE {prefix}chan:*``: every complete, release, forget and reap under the prefix is
+    published on its key's channel, and this one subscription hears them all for the whole process.
 
-    def __init__(
-        self,
-        pubsub: redis.client.PubSub,
-        channel: bytes,
-        what: str,
-        give_back: Callable[[redis.client.PubSub, bytes], None],
-    ) -> None:
-        self._pubsub = pubsub
-        self._channel = channel
-        self._what = what
-        self._give_back = give_back
-        self._closed = False
-        self._broken = False
-        self._waiting = False
-        self._lock = threading.Lock()
+    The prefix is restricted to characters that mean nothing to a glob, so the pattern matches
+    exactly this store's channels.
+    """
 
-    def wait(self, timeout: float) -> bool:
-        with self._lock:
-            if self._closed or self._waiting:
-                return False
-            self._waiting = True
-        try:
-            return self._wait(time.monotonic() + max(0.0, timeout))
-        finally:
-            with self._lock:
-                self._waiting = False
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._pattern = f"{store.prefix}chan:*".encode()
+        self._skip = len(f"{store.prefix}chan:")
+        self._pubsub: redis.client.PubSub | None = None
 
-    def _wait(self, deadline: float) -> bool:
-        while not self._closed:
-            remaining = max(0.0, deadline - time.monotonic())
+    def open(self) -> None:
+        store = self._store
+        with store._service("follow the keys of", None):
+            pubsub: redis.client.PubSub = store._client.pubsub()  # type: ignore[no-untyped-call]
             try:
-                message = self._pubsub.get_message(timeout=remaining)
-                if self._is_ours(message):
-                    self._drain()
-                    return True
-            except Exception as exc:
-                if self._closed:  # closed from another thread while this one waited
-                    return False
-                if not isinstance(exc, redis.exceptions.RedisError | OSError):
-                    raise
-                # A lost notification connection must not fail the wait: the caller reads again
-                # after every wait, so sleeping out the timeout degrades this watch to polling.
-                self._broken = True
-                logger.debug("watch on %s lost its connection (%s); polling instead", self._what, exc)
-                time.sleep(max(0.0, deadline - time.monotonic()))
-                return False
-            if remaining <= 0:
-                break
-        return False
+                pubsub.psubscribe(self._pattern)
+                # The server confirms before this returns: a change after it is never missed.
+                deadline = time.monotonic() + float(_DEFAULTS["socket_timeout"])
+                while True:
+                    message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+                    if message is not None and message["type"] == "psubscribe":
+                        break
+                    if time.monotonic() >= deadline:
+                        raise redis.exceptions.TimeoutError("the server did not confirm the subscription")
+            except BaseException:
+                with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                    pubsub.close()
+                raise
+        self._pubsub = pubsub
 
-    def _is_ours(self, message: dict[str, Any] | None) -> bool:
-        return message is not None and message["type"] == "message" and message["channel"] == self._channel
-
-    def _drain(self) -> None:
-        # Several changes may be queued; the caller's next read sees them all, so one wake is enough.
-        for _ in range(1000):
-            if self._pubsub.get_message(timeout=0.0) is None:
-                return
+    def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
+        assert self._pubsub is not None, "open() first"
+        digests: set[str] = set()
+        with self._store._service("follow the keys of", None):
+            message = self._pubsub.get_message(timeout=timeout)
+            # Everything already queued is taken in the same call: a burst is one round of reads.
+            while message is not None and len(digests) < _SCAN_BATCH:
+                if message["type"] == "pmessage":
+                    digests.add(message["channel"][self._skip :].decode("ascii", "replace"))
+                message = self._pubsub.get_message(timeout=0.0)
+        return digests
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            # A wait still running in another thread (a cancelled async waiter) owns the socket's
-            # reading side: such a connection is closed, never handed to the next watch.
-            reusable = not (self._waiting or self._broken)
-        if reusable:
-            self._give_back(self._pubsub, self._channel)
-        else:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
             with contextlib.suppress(redis.exceptions.RedisError, OSError):
-                self._pubsub.close()
+                pubsub.close()
 
 
 def _parse_url(url: str, redacted: str) -> tuple[str, str]:

@@ -28,7 +28,8 @@ One row per key. How each operation stays atomic and cheap:
   shifted (as the reliability suite does with libfaketime) judges expiry wrongly, exactly like the
   file store; ``RELIABILITY.md`` shows it.
 * PostgreSQL wakes waiters with ``LISTEN``/``NOTIFY``: a trigger notifies when a lease ends or an
-  artifact appears, so no extra round trip is spent by writers.
+  artifact appears, so no extra round trip is spent by writers; the process's one listening
+  connection hears every key.
 
 SQLite is opened in WAL mode with a busy timeout, by many processes of one machine at once. Its
 durability trade-off: ``synchronous=NORMAL`` (the default here) survives a crash of any process but
@@ -37,18 +38,24 @@ may lose the last transactions on power loss, which costs at worst a recomputati
 
 URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``),
 ``schema`` (PostgreSQL/MySQL schema to create the table in), ``synchronous`` and ``busy_timeout``
-(seconds, SQLite).
+(seconds, SQLite), ``pool_size`` (PostgreSQL/MySQL connections per process, default 3).
+
+One store object serves every client of a process (:mod:`dibs.runtime`): one bounded pool, one
+schema check (a single read when the tables exist; nothing is sent before the first operation),
+and one watch hub, whose feed is a ``LISTEN`` connection on PostgreSQL, a ``data_version`` probe on
+SQLite and a versions query on MySQL (:mod:`dibs.stores.feeds`).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -69,7 +76,8 @@ from dibs.records import (
     StoreOutcome,
 )
 from dibs.stores import redact_url, transitions
-from dibs.stores.base import PollingWatch, Store, Watch
+from dibs.stores.base import Store
+from dibs.stores.feeds import ChangeFeed, PollingFeed
 
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
 
@@ -77,7 +85,11 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "dibs_changes"
-_OPTIONS = ("table", "schema", "synchronous", "busy_timeout")
+_OPTIONS = ("table", "schema", "synchronous", "busy_timeout", "pool_size")
+#: Connections per store and process for PostgreSQL and MySQL (``?pool_size=``). The store object is
+#: shared by every client of the process (dibs.runtime) and PostgreSQL's watch hub adds one listening
+#: connection, so a process holds at most DEFAULT_POOL_SIZE + 1, however many tasks wait in it.
+DEFAULT_POOL_SIZE = 3
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
@@ -154,12 +166,11 @@ class SQLStore(Store):
         self.schema = options.get("schema")
         self.metadata, self.t, self.meta = _tables(self.table_name, self.schema, self.dialect)
         self.engine = _make_engine(sa_url, options, engine_kwargs)
-        self._listeners = _Listeners(self)
-        # PostgreSQL: LISTEN/NOTIFY; SQLite: a shared-memory change counter (see _SQLiteWatch).
-        self.notifies = self.dialect in ("postgresql", "sqlite")
         _dispose_in_forked_children(self.engine)
-        self._ensure_schema()
         self._prepare_statements()
+        # Nothing is sent to the database before the first operation (see _ensure_ready).
+        self._ready = False
+        self._ready_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str) -> SQLStore:
@@ -170,13 +181,18 @@ class SQLStore(Store):
         return redact_url(self._url.render_as_string(hide_password=True))
 
     def close(self) -> None:
+        super().close()
         self.engine.dispose()
-        self._listeners.close()
 
     # -- plumbing ---------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _connect(self) -> Iterator[Connection]:
-        """A pooled autocommit connection; database errors become :class:`StoreUnavailable`."""
+    def _connect(self, *, ready: bool = True) -> Iterator[Connection]:
+        """A pooled autocommit connection; database errors become :class:`StoreUnavailable`.
+
+        ``ready=False`` skips the schema check (only the schema check itself uses it).
+        """
+        if ready:
+            self._ensure_ready()
         try:
             connection = self.engine.connect()
         except (sa_exc.ProgrammingError, sa_exc.ArgumentError, TypeError) as exc:
@@ -188,7 +204,12 @@ class SQLStore(Store):
                 f"({type(orig).__name__}: {str(orig).strip().splitlines()[0][:200]}); remove it",
                 store=self.url,
             ) from None
-        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
+        except (
+            sa_exc.OperationalError,
+            sa_exc.InterfaceError,
+            sa_exc.DisconnectionError,
+            sa_exc.TimeoutError,
+        ) as exc:
             raise self._unavailable(exc) from exc
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated:
@@ -212,10 +233,12 @@ class SQLStore(Store):
         (which is invalidated, so the pool replaces it) is :class:`StoreUnavailable`; any other
         database error is raised as SQLAlchemy's exception for it.
         """
+        self._ensure_ready()
         dbapi = self.engine.dialect.loaded_dbapi
         try:
             connection = self.engine.raw_connection()
-        except dbapi.Error as exc:
+        except (dbapi.Error, sa_exc.TimeoutError) as exc:
+            # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
             raise self._unavailable(exc) from exc
         cursor = None
         try:
@@ -242,11 +265,30 @@ class SQLStore(Store):
             f"SQL store {self.url} failed: {type(orig).__name__}: {first_line[:300]}", store=self.url
         )
 
+    def _ensure_ready(self) -> None:
+        """Check (and if needed create) the schema before the first operation, once per process and
+        database: a client that is never used sends nothing, and a process opening many clients of
+        one store checks once."""
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            verified = (self._url.render_as_string(hide_password=False), self.table_name, self.schema)
+            if verified not in _VERIFIED_SCHEMAS:
+                self._ensure_schema()
+                _VERIFIED_SCHEMAS.add(verified)
+            self._ready = True
+
     def _ensure_schema(self) -> None:
-        """Create the tables on first use; racing processes either serialize or retry."""
+        """One read of the schema version when the tables exist (the usual case: nothing is locked or
+        re-created); otherwise create them, with racing processes serialized or retrying."""
+        with self._connect(ready=False) as conn:
+            if self._schema_version(conn) == SCHEMA_VERSION:
+                return
         for attempt in range(5):
             try:
-                with self._connect() as conn:
+                with self._connect(ready=False) as conn:
                     if self.dialect == "postgresql":
                         self._create_postgres(conn)
                     else:
@@ -258,11 +300,36 @@ class SQLStore(Store):
                 if attempt == 4:
                     raise
 
+    def _schema_version(self, conn: Connection) -> int | None:
+        """The schema version recorded in the database; ``None`` when there is none (no tables yet).
+
+        A version newer than this dibs understands is a :class:`ConfigurationError`.
+        """
+        try:
+            found = conn.execute(
+                sa.select(self.meta.c.value).where(self.meta.c.name == "schema_version")
+            ).scalar()
+        except (sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
+            if exc.connection_invalidated:
+                raise
+            return None  # no such table: created below
+        if found is None:
+            return None
+        if not found.isdigit() or int(found) > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"table {self.table_name} in {self.url} has schema version {found!r}, newer than this dibs "
+                f"understands ({SCHEMA_VERSION}); upgrade dibs, or use another table with ?table=NAME"
+            )
+        return int(found)
+
     def _create_postgres(self, conn: Connection) -> None:
         # A session-level advisory lock (statements autocommit here) serializes concurrent creators;
-        # CREATE OR REPLACE FUNCTION would otherwise fail with "tuple concurrently updated".
+        # CREATE OR REPLACE FUNCTION would otherwise fail with "tuple concurrently updated". Who waited
+        # for the lock finds the schema complete and creates nothing.
         conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:name))"), {"name": self.table_name})
         try:
+            if self._schema_version(conn) == SCHEMA_VERSION:
+                return
             if self.schema:
                 conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
             self.metadata.create_all(conn, checkfirst=True)
@@ -584,19 +651,45 @@ class SQLStore(Store):
         with self._connect() as conn:
             return int(conn.execute(statement).rowcount)
 
-    # -- notifications ---------------------------------------------------------------------------------
-    def watch(self, key: Key) -> Watch:
+    # -- the watch hub ------------------------------------------------------------------------------
+    def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
+        """Several keys in one query per few hundred, for the watch hub (payloads included)."""
+        t = self.t
+        clock = sa.select(self._now.label("now")).scalar_subquery()
+        query = sa.select(clock.label("now"), *t.c).where(
+            t.c.key_hash.in_(sa.bindparam("hashes", expanding=True))
+        )
+        by_digest = {key.digest: key for key in keys}
+        states = []
+        for chunk in _chunks(list(by_digest), _IN_LIST):
+            with self._connect() as conn:
+                rows = conn.execute(query, {"hashes": chunk}).mappings().all()
+            for row in rows:
+                try:
+                    states.append(self._state(by_digest[row["key_hash"]], row))
+                except CorruptRecord:
+                    continue  # its waiters ask for themselves, and get the error
+        return states
+
+    def versions(self, keys: Iterable[Key]) -> dict[str, int]:
+        """The row version of each key that has a row: it changes with every write to the row."""
+        t = self.t
+        query = sa.select(t.c.key_hash, t.c.version).where(
+            t.c.key_hash.in_(sa.bindparam("hashes", expanding=True))
+        )
+        found: dict[str, int] = {}
+        for chunk in _chunks([key.digest for key in keys], _IN_LIST):
+            with self._connect() as conn:
+                found.update((str(h), int(v)) for h, v in conn.execute(query, {"hashes": chunk}).all())
+        return found
+
+    def change_feed(self) -> ChangeFeed:
+        """PostgreSQL: one ``LISTEN`` connection; SQLite: ``data_version``; MySQL: a versions poll."""
         if self.dialect == "postgresql":
-            try:
-                return _PostgresWatch(self._url, key.digest, self)
-            except StoreUnavailable as exc:
-                # A watch only saves polls: without a listening connection (the server refuses more
-                # clients, say) the waiter polls with backoff instead of failing its call.
-                log.warning("waiting on %s by polling: cannot open a listening connection (%s)", key, exc)
-                return PollingWatch()
+            return _ListenFeed(self)
         if self.dialect == "sqlite":
-            return _SQLiteWatch(self)
-        return PollingWatch()
+            return _DataVersionFeed(self)
+        return _VersionsFeed(self)
 
 
 class _Prepared:
@@ -640,24 +733,45 @@ class _Prepared:
         return rows[0]
 
 
-class _SQLiteWatch(Watch):
-    """Wakes when any other connection commits, by polling ``PRAGMA data_version``.
+class _VersionsFeed(PollingFeed):
+    """MySQL/MariaDB have no notifications: one query for the versions of every watched row per look,
+    for the whole process, instead of every waiter asking for itself."""
 
-    SQLite has no notifications, but in WAL mode ``data_version`` is read from shared memory without
-    touching the disk, so checking it every few milliseconds costs next to nothing and turns a
-    waiter's hand-off latency from its backoff interval into a few milliseconds. A commit to any key
-    wakes every waiter; each then re-reads its own key once.
-    """
-
-    POLL_SECONDS = 0.004
+    min_interval = 0.05
+    max_interval = 1.0
 
     def __init__(self, store: SQLStore) -> None:
+        super().__init__()
         self._store = store
+
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        return self._store.versions(keys)
+
+
+class _DataVersionFeed(_VersionsFeed):
+    """SQLite has no notifications, but in WAL mode ``PRAGMA data_version`` is read from shared memory
+    without touching the disk, and changes whenever another connection commits. So it is checked every
+    few milliseconds on a connection of its own (outside the pool), and only a change costs the
+    versions query.
+    """
+
+    min_interval = max_interval = 0.004
+
+    def __init__(self, store: SQLStore) -> None:
+        super().__init__(store)
         self._conn: Any = None
+        self._version: int | None = None
+
+    def open(self) -> None:
+        store = self._store
+        store._ensure_ready()
         try:
-            self._conn = store.engine.raw_connection()
+            cargs, cparams = store.engine.dialect.create_connect_args(store.engine.url)
+            cparams["check_same_thread"] = False  # the hub may close it from another thread
+            self._conn = store.engine.dialect.connect(*cargs, **cparams)
             self._version = self._data_version()
-        except sa_exc.DBAPIError as exc:
+        except store.engine.dialect.loaded_dbapi.Error as exc:
+            self.close()
             raise store._unavailable(exc) from exc
 
     def _data_version(self) -> int:
@@ -668,158 +782,65 @@ class _SQLiteWatch(Watch):
         finally:
             cursor.close()
 
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout)
+    def probe(self, timeout: float) -> bool:
+        time.sleep(max(0.0, timeout))
         try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                time.sleep(min(self.POLL_SECONDS, remaining))
-                version = self._data_version()
-                if version != self._version:
-                    self._version = version
-                    return True
-        except Exception:
-            time.sleep(max(0.0, deadline - time.monotonic()))
-        return False
+            version = self._data_version()
+        except self._store.engine.dialect.loaded_dbapi.Error as exc:
+            raise self._store._unavailable(exc) from exc
+        changed, self._version = version != self._version, version
+        return changed
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()  # back to the pool
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
-class _PostgresWatch(Watch):
-    """``LISTEN`` on a dedicated connection, opened before the waiter's first read so no ``NOTIFY``
-    between that read and the wait is missed. The connection comes from, and goes back to, the
-    store's :class:`_Listeners`; when none is free (or it breaks), the watch just sleeps, so the
-    waiter polls with backoff."""
+class _ListenFeed(ChangeFeed):
+    """``LISTEN`` on one connection of its own: a trigger on the table notifies the digest of every key
+    whose lease ends or whose artifact appears, and this one connection hears them for the process.
 
-    def __init__(self, url: URL, key_hash: str, store: SQLStore) -> None:
-        self._key_hash = key_hash
-        self._listeners = store._listeners
-        self._conn: Any = self._listeners.take()
-
-    def wait(self, timeout: float) -> bool:
-        import psycopg
-
-        if timeout <= 0:
-            return False
-        if self._conn is None:  # none was free, or it broke during an earlier wait: poll
-            time.sleep(timeout)
-            return False
-        deadline = time.monotonic() + timeout
-        try:
-            for notify in self._conn.notifies(timeout=timeout):
-                if notify.payload == self._key_hash:
-                    return True
-        except psycopg.Error:
-            # The listening connection broke (a restart, a cut): the caller polls from now on. Sleep
-            # out this wait, or every later wait would return at once and the waiter would spin.
-            broken, self._conn = self._conn, None
-            self._listeners.discard(broken)
-            time.sleep(max(0.0, deadline - time.monotonic()))
-        return False
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._listeners.give_back(self._conn)
-            self._conn = None
-
-
-class _Listeners:
-    """Connections for :class:`_PostgresWatch`, kept between watches.
-
-    Opening a connection costs milliseconds (TCP, authentication, backend start), a ``LISTEN`` tens
-    of microseconds, and under contention every busy key opens a watch. So a closed watch's
-    connection is ``UNLISTEN``-ed (an idle connection must not collect notifications) and kept for
-    the next one, up to :attr:`KEEP` per store. A kept connection that broke meanwhile is replaced.
-    A forked child never uses (or closes) its parent's: psycopg only ever closes a connection in the
-    process that opened it.
-
-    At most :attr:`MAX_OPEN` connections are handed out at once; a further watch gets none and its
-    waiter polls with backoff. Without that bound every waiting thread held a connection of its own,
-    and a few processes waiting on many keys (a triggerer, a pool of workers) exhausted the server's
-    ``max_connections``, failing every client of that database (found by the reliability suite).
+    The connection is outside the store's pool, and it is the only extra one: with the pool's default
+    of three, a process holds at most four connections to the server, however many waiters it has.
     """
-
-    KEEP = 4
-    MAX_OPEN = 4
 
     def __init__(self, store: SQLStore) -> None:
         self._store = store
-        self._idle: list[Any] = []
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._open = 0  # handed out and not yet given back
+        self._conn: Any = None
 
-    def _connect(self) -> Any:
+    def open(self) -> None:
         import psycopg
 
-        conninfo = self._store._url.set(drivername="postgresql").render_as_string(hide_password=False)
-        return psycopg.connect(conninfo, autocommit=True)
-
-    def take(self) -> Any | None:
-        """A listening connection, or ``None`` when :attr:`MAX_OPEN` are out (the waiter polls)."""
-        import psycopg
-
-        with self._lock:
-            if self._pid != os.getpid():
-                self._idle, self._pid, self._open = [], os.getpid(), 0
-            if self._open >= self.MAX_OPEN:
-                return None
-            self._open += 1
-            kept = self._idle.pop() if self._idle else None
-        if kept is not None:
-            try:
-                kept.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                return kept
-            except psycopg.Error:
-                with contextlib.suppress(psycopg.Error):
-                    kept.close()
+        store = self._store
+        store._ensure_ready()  # the trigger that notifies is created with the schema
+        conninfo = store._url.set(drivername="postgresql").render_as_string(hide_password=False)
         try:
-            conn = self._connect()
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._conn = psycopg.connect(conninfo, autocommit=True)
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         except psycopg.Error as exc:
-            self._returned()
-            raise self._store._unavailable(exc) from exc
-        return conn
+            self.close()
+            raise store._unavailable(exc) from exc
 
-    def _returned(self) -> None:
-        with self._lock:
-            if self._pid == os.getpid():
-                self._open = max(0, self._open - 1)
-
-    def discard(self, conn: Any) -> None:
-        """Close a connection that broke while it was handed out."""
+    def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
         import psycopg
 
-        self._returned()
-        with contextlib.suppress(psycopg.Error):
-            conn.close()
-
-    def give_back(self, conn: Any) -> None:
-        import psycopg
-
-        self._returned()
+        assert self._conn is not None, "open() first"
+        digests: set[str] = set()
         try:
-            conn.execute(f"UNLISTEN {NOTIFY_CHANNEL}")
-        except psycopg.Error:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-            return
-        with self._lock:
-            if not self._closed and self._pid == os.getpid() and len(self._idle) < self.KEEP:
-                self._idle.append(conn)
-                return
-        conn.close()
+            for notify in self._conn.notifies(timeout=timeout, stop_after=1):
+                digests.add(notify.payload)
+            if digests:  # take what else is queued already: a burst is one round of reads
+                for notify in self._conn.notifies(timeout=0.001, stop_after=_IN_LIST):
+                    digests.add(notify.payload)
+        except psycopg.Error as exc:
+            raise self._store._unavailable(exc) from exc
+        return digests
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-            self._closed = self._pid == os.getpid()
-            if not self._closed:
-                return
-        for conn in idle:
+        conn, self._conn = self._conn, None
+        if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
 
@@ -889,8 +910,17 @@ def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any
             engine = sa.create_engine(url, **kwargs)
             _configure_sqlite(engine, int(busy_seconds * 1000), options["synchronous"])
             return engine
-        kwargs.setdefault("pool_size", 5)
-        kwargs.setdefault("max_overflow", 20)
+        pool_size = options.get("pool_size", str(DEFAULT_POOL_SIZE))
+        if not pool_size.isdigit() or not 1 <= int(pool_size) <= 1000:
+            raise ConfigurationError(
+                f"pool_size={pool_size!r} must be a whole number of connections from 1 to 1000 (default "
+                f"{DEFAULT_POOL_SIZE})"
+            )
+        kwargs.setdefault("pool_size", int(pool_size))
+        # Bounded: a caller that finds every connection busy waits for one (up to pool_timeout),
+        # instead of opening more until the server refuses every client of the database.
+        kwargs.setdefault("max_overflow", 0)
+        kwargs.setdefault("pool_timeout", 30)
         kwargs.setdefault("pool_recycle", 1800)
         return sa.create_engine(url, **kwargs)
     except ImportError as exc:
@@ -915,6 +945,15 @@ def _configure_sqlite(engine: Engine, busy_ms: int, synchronous: str) -> None:
 
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+#: (URL, table, schema) whose schema this process has checked: never twice (see SQLStore._ensure_ready).
+_VERIFIED_SCHEMAS: set[tuple[str, str, str | None]] = set()
+#: Keys per ``IN (...)`` list of the watch hub's queries.
+_IN_LIST = 500
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def _dispose_in_forked_children(engine: Engine) -> None:

@@ -1,0 +1,87 @@
+"""How often a waiter asks again, and how long it is willing to wait at all.
+
+Delays follow capped exponential backoff with jitter, so a crowd of waiters spreads out instead of
+stampeding the store. When the process's watch hub is following the store's changes (see
+:mod:`dibs.hub`), a waiter is woken by the hub and its own asking is only a backstop, so the cap
+rises to ``notify_maximum``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+
+from dibs.errors import ConfigurationError
+
+__all__ = ["Backoff", "Deadline"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff with jitter for asking about a busy key again.
+
+    With the defaults a waiter asks at most about once per second once the cap is reached, and only
+    every ten seconds or so while the watch hub follows the store for it.
+    """
+
+    initial: float = 0.02
+    maximum: float = 1.0
+    multiplier: float = 2.0
+    jitter: float = 0.25
+    notify_maximum: float = 10.0
+
+    def __post_init__(self) -> None:
+        numbers = (self.initial, self.maximum, self.multiplier, self.jitter, self.notify_maximum)
+        if any(isinstance(n, bool) or not isinstance(n, int | float) or n != n for n in numbers):  # noqa: PLR0124
+            raise ConfigurationError(f"backoff settings must be numbers, got {self!r}")
+        if not 0 < self.initial <= self.maximum <= self.notify_maximum < float("inf"):
+            raise ConfigurationError(
+                f"backoff needs 0 < initial <= maximum <= notify_maximum < inf, got initial={self.initial}, "
+                f"maximum={self.maximum}, notify_maximum={self.notify_maximum}"
+            )
+        if self.multiplier < 1 or not 0 <= self.jitter < 1:
+            raise ConfigurationError(
+                f"backoff needs multiplier >= 1 and 0 <= jitter < 1, got {self.multiplier}, {self.jitter}"
+            )
+
+    def delay(self, attempt: int, *, notifies: bool = False, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the ``attempt``-th question (0-based)."""
+        cap = self.notify_maximum if notifies else self.maximum
+        base = min(cap, self.initial * self.multiplier ** min(attempt, 64))
+        spread = base * self.jitter
+        return max(0.0, base - spread + (rng or random).random() * 2 * spread)
+
+
+@dataclasses.dataclass
+class Deadline:
+    """A waiter's own timeout, on the local monotonic clock (a duration, never compared across hosts)."""
+
+    timeout: float | None
+    clock: Callable[[], float] = time.monotonic
+    started: float = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        timeout = self.timeout
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):
+            raise ConfigurationError(
+                f"timeout must be a number of seconds >= 0, or None to wait as long as it takes; "
+                f"got {timeout!r}"
+            )
+        self.started = self.clock()
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    @property
+    def remaining(self) -> float | None:
+        return None if self.timeout is None else max(0.0, self.timeout - self.elapsed)
+
+    @property
+    def expired(self) -> bool:
+        remaining = self.remaining
+        return remaining is not None and remaining <= 0

@@ -1,0 +1,170 @@
+"""The work under a lease, decided once for every caller.
+
+``Reservations.run``/``compute``, the Airflow operators, ``prefect_dibs`` and ``dibs run`` all hold a
+lease through :meth:`dibs.Reservations.hold` (or its async twin), so they all treat the same events
+the same way. The decisions live here; the sync and async ``hold`` only carry them out, and the
+integrations only log and publish.
+
+=================================  ===========================================================
+event                              decision
+=================================  ===========================================================
+the work raises (anything, also    release the lease with the failure recorded, so a waiter
+``KeyboardInterrupt``, a           takes over at once; re-raise. A stop (not an ``Exception``)
+cancellation, ``SystemExit``)      is recorded as ``stopped: ...``. A caller may say that an
+                                   exception is no failure (Airflow's skip): released, not counted
+releasing fails                    log it (the lease expires after its ttl); the work's own error
+                                   is what the caller sees
+the value cannot be serialized     return it to this caller only (the reservation never changes a
+                                   result), release the lease with the error recorded so waiters
+                                   compute for themselves, and log an error saying what to change
+``complete`` is refused (fenced)   the value is right for this caller: return it, not stored
+the store stays unreachable at     the client's ``on_store_unavailable``: ``"fail"`` raises
+``complete``                       :class:`~dibs.errors.StoreUnavailable`, ``"run"`` returns the
+                                   value, not stored; either way it is logged
+heartbeats lose the lease          logged when it happens; the work goes on (its value is still
+                                   right), and ``complete`` is then refused as above
+=================================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
+from dibs.keys import Key
+from dibs.outcomes import RunReport
+
+if TYPE_CHECKING:
+    from dibs.lease import Lease
+    from dibs.stores.base import Store
+
+__all__ = [
+    "FailureOf",
+    "Logger",
+    "failure_text",
+    "holding",
+    "lost_reporter",
+    "not_held_here",
+    "release_after",
+    "store_value",
+]
+
+log = logging.getLogger("dibs")
+
+#: What a failed work is recorded as: a text, or ``None`` when the exception is no failure.
+FailureOf = Callable[[BaseException], str | None]
+
+
+class Logger(Protocol):
+    """Where the decisions are logged: a ``logging.Logger``, Prefect's run logger, Airflow's task logger."""
+
+    def info(self, msg: str, /, *args: Any) -> Any: ...
+
+    def warning(self, msg: str, /, *args: Any) -> Any: ...
+
+    def error(self, msg: str, /, *args: Any) -> Any: ...
+
+
+# The keys whose work runs in this call stack (this thread, or this asyncio task): asking for one of
+# them again from inside its own work would wait for itself forever.
+_HELD_HERE: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
+    "dibs_held_here", default=frozenset()
+)
+
+
+def failure_text(exc: BaseException) -> str:
+    """How a failure is recorded: ``Type: message``; a stop (Ctrl-C, a cancellation, ``SystemExit``)
+    as ``stopped: Type``."""
+    if isinstance(exc, Exception):
+        return f"{type(exc).__name__}: {exc}"
+    detail = str(exc)
+    return f"stopped: {type(exc).__name__}" + (f": {detail}" if detail else "")
+
+
+@contextlib.contextmanager
+def holding(store: Store, key: Key) -> Iterator[None]:
+    """Mark ``key`` as computed by this call stack while the block runs (see :func:`not_held_here`)."""
+    token = _HELD_HERE.set(_HELD_HERE.get() | {(id(store), key.digest)})
+    try:
+        yield
+    finally:
+        _HELD_HERE.reset(token)
+
+
+def not_held_here(store: Store, key: Key) -> None:
+    """Refuse to wait for a key whose work is running in this very call stack: it would never end."""
+    if (id(store), key.digest) in _HELD_HERE.get():
+        raise ConfigurationError(
+            f"{key} was asked for from inside its own work: the call would wait for itself forever. "
+            "Give the inner computation a key of its own (e.g. another key= or version=)",
+            key=str(key),
+        )
+
+
+def lost_reporter(logger: Logger) -> Callable[[LeaseLost], None]:
+    def lost(error: LeaseLost) -> None:
+        logger.warning("%s; the work goes on, but its value will not be stored", error)
+
+    return lost
+
+
+def release_after(lease: Lease, exc: BaseException, failure_of: FailureOf | None, logger: Logger) -> None:
+    """The work raised ``exc``: release the lease with the failure recorded, never raising."""
+    error = failure_text(exc) if failure_of is None else failure_of(exc)
+    try:
+        lease.release(error)
+    except LeaseLost as lost:
+        logger.warning(
+            "%s: the work failed after the lease was lost (%s); nothing to release", lease.key, lost
+        )
+    except StoreUnavailable as unreachable:
+        logger.warning(
+            "%s: could not record the failure (%s); the lease expires after its ttl", lease.key, unreachable
+        )
+
+
+def store_value(
+    lease: Lease,
+    value: Any,
+    *,
+    took_over_from: str | None,
+    policy: Literal["fail", "run"],
+    logger: Logger,
+) -> RunReport:
+    """The work returned ``value``: store it as the key's artifact, deciding as the module docstring says."""
+    key = lease.key
+
+    def report(stored: bool) -> RunReport:
+        return RunReport(
+            key, value, "computed", lease.token, lease.owner, took_over_from=took_over_from, stored=stored
+        )
+
+    try:
+        lease.complete(value)
+    except SerializationError as exc:
+        release_after(lease, exc, None, logger)
+        logger.error(
+            "%s: computed, but the value cannot be stored as its artifact (%s); it is returned to this run "
+            "only, and the lease was released with this error, so every run computes for itself until "
+            "the work returns data the serializer can store (JSON by default) or the serializer is changed",
+            key,
+            exc.message,
+        )
+        return report(stored=False)
+    except LeaseLost as exc:
+        # Fenced out: someone else owns the key now. The value is still right for this caller.
+        logger.warning("%s: computed, but not stored: %s", key, exc)
+        return report(stored=False)
+    except StoreUnavailable as exc:
+        # Lease.complete already read the key again for a whole ttl: the store stayed unreachable.
+        if policy == "fail":
+            logger.error("%s: computed, but the store failed while storing it (policy 'fail'): %s", key, exc)
+            raise
+        logger.warning("%s: computed, but not stored: the store is unavailable (policy 'run'): %s", key, exc)
+        return report(stored=False)
+    logger.info("%s: stored its artifact (token %s)", key, lease.token)
+    return report(stored=True)

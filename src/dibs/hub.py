@@ -1,0 +1,345 @@
+"""The watch hub: one thread per store and process that follows the store and wakes its waiters.
+
+A triggerer with a thousand deferred tasks, or a worker with hundreds of threads, may wait on many
+keys of one store at once. Opening a listening connection, or a thread, per waiter does not survive
+that (a PostgreSQL server refuses clients at about a hundred connections). So each process has one
+:class:`WatchHub` per store, with one :class:`~dibs.stores.feeds.ChangeFeed` (a ``LISTEN``
+connection, a Redis pattern subscription, a ``data_version`` probe, a poller):
+
+* a waiter :meth:`~WatchHub.subscribe`\\ s to its key, which costs a dictionary entry;
+* when the feed says some keys may have changed, the hub reads them once (in one batch where the
+  store can) and hands the same state to every waiter on each key whose state changed: a thousand
+  waiters on one key cost one read, not a thousand;
+* sync waiters block on their own :class:`threading.Event`; async waiters await a future on their
+  own event loop, resolved with one ``call_soon_threadsafe`` per loop and delivery: no thread per waiter.
+
+Nothing depends on the hub being right, only on how fast waiters learn: every waiter still asks the
+store itself after a backstop pause (see :mod:`dibs._waiting`), and at its holder's expiry, which no
+store announces. While the hub cannot follow the store (its connection is refused, say) it says so
+(:attr:`WatchHub.following`) and waiters poll at the ordinary backoff until it is back; after every
+reconnection it reads all watched keys, so nothing that happened meanwhile is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Collection, Hashable
+from types import TracebackType
+from typing import Self
+
+from dibs.errors import StoreUnavailable
+from dibs.keys import Key
+from dibs.records import KeyState
+from dibs.stores.base import Store
+from dibs.stores.feeds import ChangeFeed, fingerprint
+
+__all__ = ["Subscription", "WatchHub"]
+
+log = logging.getLogger("dibs.hub")
+
+#: The longest the hub blocks inside its feed, so that it notices closing and idleness promptly.
+POLL_SECONDS = 0.5
+#: Pauses between attempts to (re)open a feed that failed: from the first to the last, doubling.
+REOPEN_FIRST, REOPEN_LAST = 0.1, 5.0
+
+
+class Subscription:
+    """One waiter's interest in one key, until :meth:`close`.
+
+    The hub offers it each new state of the key it reads (or ``None``: "ask the store yourself");
+    a waiter takes the latest offer with :meth:`wait` in a thread or :meth:`wait_async` on an event loop.
+    """
+
+    __slots__ = ("_closed", "_event", "_has", "_hub", "_lock", "_offered", "_waiter", "key")
+
+    def __init__(self, hub: WatchHub | None, key: Key) -> None:
+        self.key = key
+        self._hub = hub
+        self._lock = threading.Lock()
+        self._offered: KeyState | None = None
+        self._has = False
+        self._event: threading.Event | None = None
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self._closed = False
+
+    @property
+    def following(self) -> bool:
+        """Whether the hub follows the store right now: then this waiter's own asking is only a backstop."""
+        return self._hub is not None and self._hub.following
+
+    # -- the hub's side (its thread) --------------------------------------------------------------
+    def _offer(self, state: KeyState | None) -> tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None:
+        """Keep ``state`` for the waiter and wake it; the async waiter to wake on its loop, if any."""
+        with self._lock:
+            self._offered, self._has = state, True
+            if self._event is not None:
+                self._event.set()
+            waiter, self._waiter = self._waiter, None
+        return waiter
+
+    def _take(self) -> KeyState | None:
+        state, self._offered, self._has = self._offered, None, False
+        return state
+
+    # -- the waiter's side --------------------------------------------------------------------------
+    def wait(self, timeout: float) -> KeyState | None:
+        """Block up to ``timeout`` seconds for the hub's next offer; ``None`` if none came (or it said
+        "ask yourself")."""
+        with self._lock:
+            if self._has:
+                return self._take()
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+            event.clear()
+        event.wait(max(0.0, timeout))
+        with self._lock:
+            return self._take() if self._has else None
+
+    async def wait_async(self, timeout: float) -> KeyState | None:
+        """:meth:`wait` for an event loop: no thread is held, the loop is never blocked."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._has:
+                return self._take()
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiter = (loop, future)
+        timer = loop.call_later(max(0.0, timeout), _resolve, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            with self._lock:
+                if self._waiter is not None and self._waiter[1] is future:
+                    self._waiter = None
+        with self._lock:
+            return self._take() if self._has else None
+
+    def close(self) -> None:
+        """Stop following the key (safe to call twice)."""
+        if not self._closed:
+            self._closed = True
+            if self._hub is not None:
+                self._hub._unsubscribe(self)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        _resolve(future)
+
+
+class _Watched:
+    """The subscriptions of one key, and the fingerprint of the last state handed to them."""
+
+    __slots__ = ("key", "seen", "subscriptions")
+
+    def __init__(self, key: Key) -> None:
+        self.key = key
+        self.subscriptions: set[Subscription] = set()
+        self.seen: Hashable = None
+
+
+class WatchHub:
+    """Follows one store for every waiter of this process. See the module docstring.
+
+    Created by :func:`dibs.runtime.runtime` (one per store object); its thread starts with the first
+    subscription and ends, closing the feed, after the feed's ``idle_seconds`` without any.
+    """
+
+    def __init__(self, store: Store, feed: ChangeFeed) -> None:
+        self._store = store
+        self._feed = feed
+        self._lock = threading.Lock()
+        self._watched: dict[str, _Watched] = {}
+        self._thread: threading.Thread | None = None
+        self._following = False
+        self._closed = False
+        self._stopped = threading.Event()
+
+    @property
+    def following(self) -> bool:
+        """Whether the feed is open: waiters are woken by the hub and only ask now and then themselves."""
+        return self._following
+
+    @property
+    def watched(self) -> int:
+        """How many keys somebody waits on."""
+        return len(self._watched)
+
+    @property
+    def waiters(self) -> int:
+        """How many subscriptions (waiters) there are, on all keys."""
+        with self._lock:
+            return sum(len(entry.subscriptions) for entry in self._watched.values())
+
+    def subscribe(self, key: Key) -> Subscription:
+        """Follow ``key`` for one waiter. Subscribe *before* the waiter's own read, so that no change
+        after that read can be missed."""
+        subscription = Subscription(self, key)
+        with self._lock:
+            if self._closed:
+                return Subscription(None, key)  # a closed store: the waiter polls (and gets its error)
+            watched = self._watched.get(key.digest)
+            if watched is None:
+                watched = self._watched[key.digest] = _Watched(key)
+            watched.subscriptions.add(subscription)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"dibs-hub-{type(self._store).__name__}", daemon=True
+                )
+                self._thread.start()
+        return subscription
+
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        with self._lock:
+            watched = self._watched.get(subscription.key.digest)
+            if watched is not None:
+                watched.subscriptions.discard(subscription)
+                if not watched.subscriptions:
+                    del self._watched[subscription.key.digest]
+
+    def close(self) -> None:
+        """Stop following the store; the thread closes the feed within a poll. Waiters still
+        subscribed are told to ask for themselves."""
+        with self._lock:
+            self._closed = True
+            everyone = list(self._watched.values())
+            self._watched.clear()
+        self._stopped.set()
+        self._deliver([(watched, None) for watched in everyone])
+
+    # -- the hub's thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        feed = self._feed
+        opened = False
+        failures = 0
+        reread = False  # read every watched key on the next round (after a reconnection or a failed read)
+        idle_since: float | None = None
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    if self._watched:
+                        idle_since = None
+                    else:
+                        now = time.monotonic()
+                        idle_since = now if idle_since is None else idle_since
+                        if now - idle_since >= feed.idle_seconds:
+                            self._thread = None  # a later subscription starts a new thread
+                            return
+                    watched = {digest: entry.key for digest, entry in self._watched.items()}
+                if not opened:
+                    opened = self._open(feed, failures)
+                    failures = 0 if opened else failures + 1
+                    if opened:
+                        try:  # a first look, so that a polling feed knows every key before the reads
+                            feed.changes(watched, 0.0)
+                        except Exception:
+                            log.debug(
+                                "the first look of the feed of %s failed", self._store.url, exc_info=True
+                            )
+                    reread = opened  # whatever happened while nobody listened
+                    continue
+                if reread:
+                    reread = not self._refresh(watched)
+                    if reread:
+                        self._stopped.wait(REOPEN_FIRST)
+                    continue
+                try:
+                    changed = feed.changes(watched, POLL_SECONDS)
+                except Exception as exc:  # the feed broke (a restart, a cut): listen again
+                    if self._closed:
+                        return  # its store was closed under it: nothing to report
+                    log.warning(
+                        "lost the change feed of %s (%s); waiters poll until it is back", self._store.url, exc
+                    )
+                    self._following = opened = False
+                    feed.close()
+                    continue
+                if changed and not self._refresh(changed):
+                    reread = True  # the store did not answer: read them all again in a moment
+                    self._stopped.wait(REOPEN_FIRST)
+        finally:
+            self._following = False
+            feed.close()
+
+    def _open(self, feed: ChangeFeed, failures: int) -> bool:
+        if failures:
+            self._stopped.wait(min(REOPEN_LAST, REOPEN_FIRST * 2 ** (failures - 1)))
+            if self._closed:
+                return False
+        try:
+            feed.open()
+        except Exception as exc:
+            (log.warning if failures == 0 else log.debug)(
+                "cannot follow %s (%s); its waiters poll until the hub can", self._store.url, exc
+            )
+            feed.close()
+            return False
+        self._following = True
+        if failures:
+            log.info("following %s again", self._store.url)
+        return True
+
+    def _refresh(self, digests: Collection[str]) -> bool:
+        """Read the watched keys among ``digests`` once and hand each changed state to its waiters.
+
+        ``False`` when the store did not answer (the caller reads them again later).
+        """
+        with self._lock:
+            entries = [self._watched[digest] for digest in digests if digest in self._watched]
+        if not entries:
+            return True
+        try:
+            states = self._store.read_many([entry.key for entry in entries])
+        except StoreUnavailable as exc:
+            log.debug("the watch hub could not read %d key(s) of %s: %s", len(entries), self._store.url, exc)
+            return False
+        except Exception as exc:  # a bug or a broken store must not kill the hub: waiters ask themselves
+            log.warning("the watch hub could not read keys of %s: %r", self._store.url, exc)
+            self._deliver([(entry, None) for entry in entries])
+            return True
+        by_digest = {state.key.digest: state for state in states}
+        deliveries: list[tuple[_Watched, KeyState | None]] = []
+        for entry in entries:
+            state = by_digest.get(entry.key.digest)
+            if state is None:
+                deliveries.append((entry, None))  # unreadable or absent: its waiters ask for themselves
+                continue
+            seen = fingerprint(state)
+            if seen != entry.seen:
+                entry.seen = seen
+                deliveries.append((entry, state))
+        self._deliver(deliveries)
+        return True
+
+    def _deliver(self, deliveries: list[tuple[_Watched, KeyState | None]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        for entry, state in deliveries:
+            with self._lock:
+                subscriptions = list(entry.subscriptions)
+            for subscription in subscriptions:
+                waiter = subscription._offer(state)
+                if waiter is not None:
+                    by_loop.setdefault(waiter[0], []).append(waiter[1])
+        for loop, futures in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits these any more
+                loop.call_soon_threadsafe(_resolve_all, futures)

@@ -1,0 +1,138 @@
+"""The settings of a client, validated in one place.
+
+The core client, the Airflow connection, the Prefect block, ``@reserved`` and the lock manager all
+take the same timings and policies. They all end up in one :class:`Settings`, whose checks are the
+only ones: an integration that accepts a partial override early (a decorator argument, say) checks it
+with :func:`validate_timings`, the same rule, so no two places can disagree about it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from dibs.backoff import Backoff
+from dibs.config import validate_seconds
+from dibs.errors import ConfigurationError
+from dibs.keys import validate_namespace
+from dibs.serializers import Serializer, resolve_serializer
+
+__all__ = ["DEFAULT_TTL", "Settings", "StoreUnavailablePolicy", "validate_timings"]
+
+DEFAULT_TTL = 60.0
+#: A heartbeat every third of the ttl: two may fail in a row before the lease is at risk.
+HEARTBEATS_PER_TTL = 3
+
+StoreUnavailablePolicy = Literal["fail", "run"]
+
+
+def validate_timings(
+    *, ttl: object = None, heartbeat_interval: object = None, max_lease_age: object = None
+) -> tuple[float | None, float | None, float | None]:
+    """Check whichever of the three timings are given, alone and against each other.
+
+    Returns them as floats (``None`` where not given). The rules: each is a positive, finite, bounded
+    number of seconds; heartbeats come more often than the ttl (or the lease would expire between
+    two of them); a maximum lease age is at least one ttl.
+    """
+    checked_ttl = validate_seconds("ttl", ttl, allow_none=True)
+    interval = validate_seconds("heartbeat_interval", heartbeat_interval, allow_none=True)
+    max_age = validate_seconds("max_lease_age", max_lease_age, allow_none=True)
+    if checked_ttl is not None and interval is not None and interval >= checked_ttl:
+        raise ConfigurationError(
+            f"heartbeat_interval ({interval:g}s) must be shorter than ttl ({checked_ttl:g}s), or the lease "
+            "expires between heartbeats; a third of the ttl is a good choice",
+            setting="heartbeat_interval",
+        )
+    if checked_ttl is not None and max_age is not None and max_age < checked_ttl:
+        raise ConfigurationError(
+            f"max_lease_age ({max_age:g}s) must be at least the ttl ({checked_ttl:g}s)",
+            setting="max_lease_age",
+        )
+    return checked_ttl, interval, max_age
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a :class:`dibs.Reservations` client decides with, checked when it is built.
+
+    :param namespace: the namespace of keys given as plain strings.
+    :param ttl: seconds a lease lives without a heartbeat; a crashed holder is taken over this long
+        after its last heartbeat.
+    :param heartbeat_interval: seconds between heartbeats (default a third of the ttl).
+    :param max_lease_age: if set, no lease lives longer than this, however often it heartbeats.
+    :param max_failures: after this many recorded failures of a key, :class:`dibs.TooManyFailures`
+        instead of another attempt, until someone runs ``dibs forget``. ``None``: try forever.
+    :param on_store_unavailable: ``"fail"`` raises :class:`dibs.StoreUnavailable`; ``"run"`` runs the
+        work unreserved (and logs it), so the lock never changes a result.
+    :param serializer: ``"json"`` (default), ``"bytes"``, ``"pickle"`` (needs ``signing_key``) or an object.
+    :param signing_key: the HMAC key of pickled artifacts.
+    :param backoff: how often a waiter asks again (:class:`dibs.Backoff`).
+    """
+
+    namespace: str = "default"
+    ttl: float = DEFAULT_TTL
+    heartbeat_interval: float | None = None
+    max_lease_age: float | None = None
+    max_failures: int | None = None
+    on_store_unavailable: StoreUnavailablePolicy = "fail"
+    serializer: Serializer | str = "json"
+    signing_key: bytes | str | None = dataclasses.field(default=None, repr=False)
+    backoff: Backoff = dataclasses.field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        validate_namespace(self.namespace)
+        validate_seconds("ttl", self.ttl)  # required here: the message must not offer None
+        ttl, interval, max_age = validate_timings(
+            ttl=self.ttl, heartbeat_interval=self.heartbeat_interval, max_lease_age=self.max_lease_age
+        )
+        object.__setattr__(self, "ttl", ttl)
+        object.__setattr__(self, "heartbeat_interval", interval)
+        object.__setattr__(self, "max_lease_age", max_age)
+        failures = self.max_failures
+        if failures is not None and (
+            isinstance(failures, bool) or not isinstance(failures, int) or failures < 1
+        ):
+            raise ConfigurationError(
+                f"max_failures must be a positive integer or None, got {failures!r}", setting="max_failures"
+            )
+        if self.on_store_unavailable not in ("fail", "run"):
+            raise ConfigurationError(
+                f"on_store_unavailable must be 'fail' or 'run', got {self.on_store_unavailable!r}",
+                setting="on_store_unavailable",
+            )
+        if not isinstance(self.backoff, Backoff):
+            raise ConfigurationError(
+                f"backoff must be a dibs.Backoff, got {type(self.backoff).__name__}", setting="backoff"
+            )
+        if self.serializer is None:
+            object.__setattr__(self, "serializer", "json")
+        self.make_serializer()  # a pickle without a signing key, an unknown name: said now, not at first use
+
+    def make_serializer(self) -> Serializer:
+        """The serializer object these settings name (objects are used as they are)."""
+        return resolve_serializer(self.serializer, signing_key=self.signing_key)
+
+    @property
+    def heartbeat_every(self) -> float:
+        """Seconds between heartbeats of a lease taken with :attr:`ttl`."""
+        assert self.ttl is not None
+        return (
+            self.heartbeat_interval if self.heartbeat_interval is not None else self.ttl / HEARTBEATS_PER_TTL
+        )
+
+    def heartbeat_for(self, ttl: float) -> float:
+        """Seconds between heartbeats of a lease taken with ``ttl`` (a per-call ttl gets a third of it,
+        unless the configured interval is already shorter)."""
+        if ttl == self.ttl:
+            return self.heartbeat_every
+        third = ttl / HEARTBEATS_PER_TTL
+        return min(third, self.heartbeat_interval) if self.heartbeat_interval is not None else third
+
+    def replace(self, **changes: Any) -> Settings:
+        """These settings with ``changes`` applied (``None`` values keep the current setting), checked."""
+        given = {name: value for name, value in changes.items() if value is not None}
+        unknown = set(given) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigurationError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **given)

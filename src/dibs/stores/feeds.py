@@ -1,0 +1,137 @@
+"""Change feeds: how a store tells its process's watch hub which keys may have changed.
+
+A process has one watch hub per store (:mod:`dibs.hub`), and the hub has one feed, driven by its one
+thread, however many waiters the process has. Stores that can push changes give a feed that listens
+(PostgreSQL ``LISTEN``, Redis pattern subscriptions); the others give a :class:`PollingFeed`, which
+looks at every watched key at once with one cheap question per look (SQLite's ``data_version`` and
+a versions query, ``stat`` of record files, blob ETags, a MySQL versions query).
+
+A feed only says *which* keys may have changed. The hub reads those keys once and hands the state
+to every waiter on them, so a feed may report too much (that costs a read) but should not report
+too little (that delays a waiter until its own backstop question).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from dibs.keys import Key
+
+if TYPE_CHECKING:
+    from dibs.records import KeyState
+    from dibs.stores.base import Store
+
+__all__ = ["ChangeFeed", "PollingFeed", "ReadPollingFeed", "fingerprint"]
+
+
+def fingerprint(state: KeyState) -> Hashable:
+    """What a waiter can learn from a key's state: who holds it, whether it is done, how often it failed.
+
+    Heartbeats and re-entries only move an expiry, which no waiter acts on before it passes, so they
+    do not change the fingerprint and do not wake anybody.
+    """
+    lease, artifact, failure = state.lease, state.artifact, state.failure
+    return (
+        state.fence,
+        None if lease is None else lease.token,
+        None if artifact is None else (artifact.fence, artifact.checksum),
+        0 if failure is None else failure.count,
+    )
+
+
+class ChangeFeed(abc.ABC):
+    """One store's source of change hints, used by exactly one thread (its hub's).
+
+    The hub calls :meth:`open` once (and again after a failure), then :meth:`changes` in a loop. After
+    every successful :meth:`open` the hub reads all watched keys itself, so a feed need not replay
+    what happened while it was not listening.
+    """
+
+    #: Seconds of silence after which the hub gives an idle feed back (its connection, its thread).
+    idle_seconds: float = 10.0
+
+    def open(self) -> None:  # noqa: B027 - polling feeds have nothing to open
+        """Start listening (a connection, a subscription); raise
+        :class:`~dibs.errors.StoreUnavailable` if it cannot."""
+
+    @abc.abstractmethod
+    def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
+        """Block for up to ``timeout`` seconds; the digests of keys that may have changed meanwhile.
+
+        ``watched`` maps the :attr:`~dibs.keys.Key.digest` of every key a waiter of this process waits
+        on to the key. A key that is new in ``watched`` must be reported at the feed's next look unless
+        the feed is told about every change anyway (listening feeds are).
+        """
+
+    def close(self) -> None:  # noqa: B027 - polling feeds have nothing to close
+        """Stop listening; safe to call twice."""
+
+
+class PollingFeed(ChangeFeed):
+    """A feed that looks at all watched keys at once, by a cheap token per key.
+
+    Subclasses give :meth:`tokens` (a value that changes whenever the key's record changes: a row
+    version, an inode and mtime, an ETag) and may give :meth:`probe` (something cheaper still that says
+    whether anything at all changed, such as SQLite's ``data_version``). The interval between looks
+    starts at :attr:`min_interval` and grows towards :attr:`max_interval` while nothing changes, and is
+    stretched with the number of keys so that one look never costs more than a small share of the time.
+    """
+
+    min_interval: float = 0.05
+    max_interval: float = 0.5
+    growth: float = 1.25
+    #: Seconds one look at one key may cost at most per second of waiting (keeps a look's share small).
+    per_key: float = 0.0
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, Hashable] = {}
+        self._interval = self.min_interval
+
+    @abc.abstractmethod
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        """A change token per key, by digest (a key without a record may be left out)."""
+
+    def probe(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; ``False`` if surely nothing changed (no tokens are read then)."""
+        time.sleep(max(0.0, timeout))
+        return True
+
+    def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            new = [digest for digest in watched if digest not in self._tokens]
+            remaining = deadline - time.monotonic()
+            pause = max(self._interval, self.per_key * len(watched))
+            if new:
+                pause = 0.0
+            elif not self.probe(min(pause, max(0.0, remaining))):
+                if time.monotonic() >= deadline:
+                    return ()
+                continue
+            current = self.tokens(watched.values())
+            changed = set(new)
+            changed.update(d for d in watched if d in self._tokens and self._tokens[d] != current.get(d))
+            self._tokens = {digest: current.get(digest) for digest in watched}
+            if changed:
+                self._interval = self.min_interval
+                return changed
+            self._interval = min(self.max_interval, self._interval * self.growth)
+            if time.monotonic() >= deadline:
+                return ()
+
+
+class ReadPollingFeed(PollingFeed):
+    """The feed of a store that offers nothing cheaper: its tokens are the fingerprints of full reads."""
+
+    min_interval = 0.05
+    max_interval = 1.0
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self._store = store
+
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        return {state.key.digest: fingerprint(state) for state in self._store.read_many(list(keys))}

@@ -1,0 +1,308 @@
+"""The process-wide runtime, the watch hub and the hold loop, on the memory store and SQLite.
+
+Nothing here needs a server; what needs one (connections counted by PostgreSQL and Redis, forked
+children on every store) is in ``tests/test_runtime_processes.py`` and the scale tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from dibs.hub import Subscription
+from dibs.keys import Key
+from dibs.records import KeyState
+from dibs.runtime import Runtime, runtime
+from dibs.stores import sql as sql_module
+from dibs.stores.feeds import fingerprint
+from dibs.stores.memory import MemoryStore
+from dibs.stores.sql import SQLStore
+
+
+class CountingMemoryStore(MemoryStore):
+    """A memory store that records every read and what it found."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[KeyState] = []
+
+    def read(self, key: Key) -> KeyState:
+        state = super().read(key)
+        self.found.append(state)
+        return state
+
+
+def _next_state(subscription: Subscription, until: Any, timeout: float = 30.0) -> KeyState:
+    """The first state the hub offers that satisfies ``until`` (a generous bound, never a sleep)."""
+    deadline = threading.Event()
+    timer = threading.Timer(timeout, deadline.set)
+    timer.start()
+    try:
+        while not deadline.is_set():
+            state = subscription.wait(0.5)
+            if state is not None and until(state):
+                return state
+        raise AssertionError("the hub never offered the expected state")
+    finally:
+        timer.cancel()
+
+
+# -- one store per URL and process ------------------------------------------------------------------
+
+
+def test_clients_of_one_url_share_one_store_and_keep_it_for_the_next(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first, second = dibs.Reservations(url), dibs.Reservations(url, namespace="other", ttl=5)
+    assert first.store is second.store
+    first.close()
+    second.close()
+    again = dibs.Reservations(url)
+    assert again.store is first.store  # kept open for the next client, not reopened
+    again.close()
+
+
+def test_idle_stores_beyond_the_limit_are_closed_oldest_first() -> None:
+    urls = [f"memory://idle-{i}" for i in range(Runtime.MAX_IDLE + 2)]
+    opened = []
+    for url in urls:
+        client = dibs.Reservations(url)
+        opened.append(client.store)
+        client.close()
+    reopened = [dibs.Reservations(url) for url in urls]
+    assert reopened[0].store is not opened[0] and reopened[1].store is not opened[1]  # evicted
+    assert all(client.store is store for client, store in zip(reopened[2:], opened[2:], strict=True))
+    for client in reopened:
+        client.close()
+
+
+def test_a_store_given_as_an_object_is_used_as_it_is_and_left_open() -> None:
+    store = MemoryStore()
+    with dibs.Reservations(store) as client:
+        assert client.store is store
+        client.run("k", lambda: 1)
+    assert dibs.Reservations(store).status("k").status == "done"  # closing the client did not close it
+
+
+def test_the_schema_is_checked_once_per_process_and_never_recreated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'once.db'}"
+    dibs.Reservations(SQLStore(url)).run("k", lambda: "v")  # an earlier process created the tables
+    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", set())  # this one has checked nothing yet
+    schema_statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statement = str(args[2])
+        if "_meta" in statement or "CREATE" in statement or "PRAGMA table" in statement:
+            schema_statements.append(statement)
+
+    store = SQLStore(url)
+    sa.event.listen(store.engine, "before_cursor_execute", count)
+    assert schema_statements == []  # opening sends nothing
+    for _ in range(5):
+        with dibs.Reservations(store) as client:
+            assert client.run("k", lambda: "other") == "v"
+    assert len(schema_statements) == 1 and schema_statements[0].startswith("SELECT")  # one read, no DDL
+    another = SQLStore(url)  # a second object for the same URL (say, after the first was evicted)
+    sa.event.listen(another.engine, "before_cursor_execute", count)
+    assert dibs.Reservations(another).run("k", lambda: "other") == "v"
+    assert len(schema_statements) == 1  # not checked again in this process
+
+
+def test_an_async_client_opens_the_store_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    original = SQLStore._ensure_schema
+
+    def recording(self: SQLStore) -> None:
+        threads.append(threading.current_thread().name)
+        original(self)
+
+    monkeypatch.setattr(SQLStore, "_ensure_schema", recording)
+
+    async def scenario() -> object:
+        loop_thread = threading.current_thread().name
+        aio = dibs.Reservations(f"sqlite:///{tmp_path / 'async.db'}").aio()
+        outcome = await aio.get_or_reserve("k", owner="me")
+        assert threads and all(name != loop_thread for name in threads)
+        return outcome
+
+    assert isinstance(asyncio.run(scenario()), dibs.Acquired)
+    assert all(name.startswith("dibs-io") for name in threads)
+
+
+# -- the watch hub ----------------------------------------------------------------------------------
+
+
+def test_the_hub_reads_a_changed_key_once_for_all_its_waiters() -> None:
+    store = CountingMemoryStore()
+    client = dibs.Reservations(store, ttl=60)
+    got = client.get_or_reserve("popular", owner="holder")
+    assert isinstance(got, dibs.Acquired)
+    hub = runtime().hub(store)
+    assert hub is not None
+    key = client.key("popular")
+    subscriptions = [hub.subscribe(key) for _ in range(50)]
+    deadline = threading.Event()
+    while not store.found and not deadline.wait(0.01):  # the hub's first read of the key
+        pass
+    got.lease.complete("the value")
+    for subscription in subscriptions:
+        state = _next_state(subscription, lambda s: s.artifact is not None)
+        assert client.decode(key, state.artifact) == "the value"  # type: ignore[arg-type]
+    # The completed state was read once, and that one read was handed to all fifty waiters.
+    assert sum(1 for state in store.found if state.artifact is not None) == 1
+    for subscription in subscriptions:
+        subscription.close()
+    assert hub.waiters == 0
+
+
+def test_heartbeats_and_re_entries_do_not_wake_waiters() -> None:
+    client = dibs.Reservations(MemoryStore(), ttl=60)
+    got = client.get_or_reserve("k", owner="holder")
+    assert isinstance(got, dibs.Acquired)
+    before = fingerprint(client.status("k"))
+    got.lease.heartbeat()
+    client.get_or_reserve("k", owner="holder")  # the holder re-enters: only its expiry moves
+    assert fingerprint(client.status("k")) == before
+    got.lease.complete(1)
+    assert fingerprint(client.status("k")) != before
+
+
+def test_closing_a_store_tells_its_waiters_to_ask_for_themselves() -> None:
+    store = MemoryStore()
+    subscription = runtime().subscribe(store, Key("default", "k"))
+    answers: list[object] = []
+
+    def wait_for_the_poke() -> None:
+        answers.append(subscription.wait(600))  # the hub's first read may come first
+        while answers[-1] is not None:
+            answers.append(subscription.wait(600))
+
+    waiter = threading.Thread(target=wait_for_the_poke)
+    waiter.start()
+    store.close()
+    waiter.join(timeout=30)
+    assert not waiter.is_alive() and answers[-1] is None
+
+
+def test_a_waiter_is_woken_through_the_hub_and_gets_the_artifact() -> None:
+    store = MemoryStore()
+    client = dibs.Reservations(store, ttl=60)
+    got = client.get_or_reserve("k", owner="holder")
+    assert isinstance(got, dibs.Acquired)
+    hub = runtime().hub(store)
+    assert hub is not None
+    result: list[object] = []
+    waiter = threading.Thread(target=lambda: result.append(client.acquire("k", owner="waiter", timeout=600)))
+    waiter.start()
+    deadline = threading.Event()
+    while hub.waiters == 0 and not deadline.wait(0.01):
+        pass
+    got.lease.complete({"rows": 3})
+    waiter.join(timeout=30)
+    assert len(result) == 1 and isinstance(result[0], dibs.Hit) and result[0].value == {"rows": 3}
+
+
+# -- per-call lease terms --------------------------------------------------------------------------
+
+
+def test_acquire_takes_a_per_call_ttl_and_can_return_busy_instead_of_raising() -> None:
+    client = dibs.Reservations(MemoryStore(), ttl=60)
+    got = client.get_or_reserve("k", owner="alice", ttl=5, max_lease_age=20)
+    assert isinstance(got, dibs.Acquired)
+    record = got.lease.record
+    assert (record.ttl, record.expires_at - record.acquired_at, record.max_expires_at) == (
+        5,
+        pytest.approx(5, abs=0.5),
+        pytest.approx(record.acquired_at + 20),
+    )
+    got.lease.heartbeat()
+    assert got.lease.record.ttl == 5  # heartbeats keep the lease's own ttl
+    busy = client.acquire("k", owner="bob", timeout=0, raise_on_timeout=False)
+    assert isinstance(busy, dibs.Busy) and busy.holder == "alice"
+    with pytest.raises(dibs.ConfigurationError, match="must be at least the ttl"):
+        client.get_or_reserve("other", ttl=30, max_lease_age=10)
+
+
+# -- the hold loop ------------------------------------------------------------------------------------
+
+
+def test_asking_for_a_key_inside_its_own_work_is_refused() -> None:
+    client = dibs.Reservations(MemoryStore(), ttl=60)
+    with pytest.raises(dibs.ConfigurationError, match="inside its own work"):
+        client.run("k", lambda: client.run("k", lambda: 1))
+    state = client.status("k")
+    assert state.lease is None and state.failure is not None  # released with the error recorded
+    assert client.run("k", lambda: client.run("inner", lambda: 2)) == 2  # another key is fine
+
+
+def test_a_stopped_work_releases_its_lease_recorded_as_stopped() -> None:
+    client = dibs.Reservations(MemoryStore(), ttl=60)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        client.run("k", interrupted)
+    state = client.status("k")
+    assert state.lease is None and state.failure is not None
+    assert state.failure.error == "stopped: KeyboardInterrupt"
+
+
+def test_a_cancelled_async_work_releases_its_lease() -> None:
+    client = dibs.Reservations(MemoryStore(), ttl=60)
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        work = asyncio.ensure_future(client.aio().run("k", forever))
+        await started.wait()
+        work.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await work
+
+    asyncio.run(scenario())
+    state = client.status("k")
+    assert state.lease is None and state.failure is not None
+    assert state.failure.error == "stopped: CancelledError"
+
+
+def test_the_async_hold_stores_the_value_like_the_sync_one() -> None:
+    client = dibs.Reservations(MemoryStore(), ttl=60)
+
+    async def work() -> dict[str, int]:
+        await asyncio.sleep(0)
+        return {"rows": 7}
+
+    async def scenario() -> dibs.RunReport:
+        return await client.aio().compute("k", work)
+
+    report = asyncio.run(scenario())
+    assert (report.role, report.value, report.stored) == ("computed", {"rows": 7}, True)
+    assert client.run("k", lambda: {"rows": 0}) == {"rows": 7}
+
+
+@pytest.mark.parametrize("policy", ["fail", "run"])
+def test_a_store_failing_at_complete_follows_the_policy(policy: str) -> None:
+    class FailsAtComplete(MemoryStore):
+        def complete(self, *args: Any, **kwargs: Any) -> Any:
+            raise dibs.StoreUnavailable("the store went away")
+
+    client = dibs.Reservations(FailsAtComplete(), ttl=1, on_store_unavailable=policy)  # type: ignore[arg-type]
+    if policy == "fail":
+        with pytest.raises(dibs.StoreUnavailable, match="went away"):
+            client.compute("k", lambda: 3)
+    else:
+        report = client.compute("k", lambda: 3)
+        assert (report.value, report.stored) == (3, False)
