@@ -6,10 +6,10 @@ Stack it over ``@task``::
     @task(retries=2)
     def build_features(day: str) -> dict: ...
 
-Every call derives a key (the function's ``module.qualname``, the optional version and a canonical
-digest of its arguments, exactly as :func:`dibs.derive_key` does, so a plain ``dibs`` client or the
-Airflow provider computing the same function with the same arguments shares the key) and asks the
-store once:
+Every call derives a key, ``qualname[@version]/<digest>`` with the digest covering the function's code
+and its arguments, exactly as :func:`dibs.derive_key` does (so a plain ``dibs`` client or the Airflow
+provider computing the same function with the same arguments shares the key, whichever module or
+file the code is loaded from), and asks the store once:
 
 * **hit**: the artifact exists; the task returns it and runs nothing;
 * **acquired**: this task run holds the lease; the work runs with background heartbeats, its value
@@ -233,7 +233,7 @@ class _Reservation:
             name = self.key(*args, **kwargs)
             if not isinstance(name, str):
                 raise ConfigurationError(
-                    f"key= callable of {keys.function_identity(self.fn)} returned {type(name).__name__} "
+                    f"key= callable of {keys.qualified_name(self.fn)} returned {type(name).__name__} "
                     f"{name!r}; it must return the key name as a string"
                 )
             return name

@@ -4,9 +4,11 @@ A key is a *namespace* (dotted simple words, e.g. ``team.features``) plus a *nam
 string up to 1,024 characters). Stores never use either as a path: they address records by
 :attr:`Key.digest`, a SHA-256 of both, so no key can traverse a directory or a blob prefix.
 
-Derived keys are ``module.qualname@version:digest-of-arguments``; the digest is canonical (argument
-order, keyword vs positional, dict order and default values do not change it), so two processes that
-make the same call agree on the key without talking to each other.
+Derived keys read ``qualname[@version]/<digest>``: the function's name, the version the caller gives,
+and a digest of the function's identity (:mod:`dibs.identity`) and of its arguments. The digest is
+canonical (argument order, keyword vs positional, dict order and default values do not change it),
+so two processes that make the same call agree on the key without talking to each other, wherever
+the code runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dibs.errors import InvalidKey
+from dibs.identity import code_identity, qualified_name
 
 __all__ = [
     "MAX_NAMESPACE_LENGTH",
@@ -35,6 +38,7 @@ __all__ = [
     "derive_key",
     "digest",
     "format_key",
+    "qualified_name",
 ]
 
 MAX_NAME_LENGTH = 1024
@@ -162,12 +166,9 @@ def digest(*values: Any, length: int = 32) -> str:
     return hashlib.sha256(canonical_json(list(values)).encode()).hexdigest()[:length]
 
 
-def function_identity(fn: Callable[..., Any]) -> str:
-    """``module.qualname`` of a callable: the part of a derived key that names the computation."""
-    target = inspect.unwrap(fn)
-    module = getattr(target, "__module__", None) or "unknown"
-    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
-    return f"{module}.{qualname}".replace("<locals>.", "")
+#: Hex characters of the digest in a derived key: 64 bits, readable, and collision-free in practice
+#: among the calls of one function.
+DERIVED_DIGEST_LENGTH = 16
 
 
 def _bound_arguments(
@@ -190,7 +191,7 @@ def format_key(
         return template.format(**arguments)
     except (KeyError, IndexError, ValueError) as exc:
         raise InvalidKey(
-            f"key template {template!r} does not fit the call of {function_identity(fn)} ({exc!r}); "
+            f"key template {template!r} does not fit the call of {qualified_name(fn)} ({exc!r}); "
             f"its fields must name parameters: {', '.join(arguments) or 'none'}",
             name=template,
         ) from exc
@@ -204,16 +205,32 @@ def derive_key(
     version: str | None = None,
     exclude: tuple[str, ...] = (),
 ) -> str:
-    """The default key name of the call ``fn(*args, **kwargs)``.
+    """The default key name of the call ``fn(*args, **kwargs)``: ``qualname[@version]/<digest>``.
 
-    Arguments are bound to ``fn``'s signature with defaults applied, so ``f(1)``, ``f(x=1)`` and
-    ``f()`` (when ``x=1`` is the default) share a key. Parameters named in ``exclude`` (clients,
-    loggers, anything that does not change the result) are left out of the digest.
+    The digest covers the function's identity (:mod:`dibs.identity`: the shape of its source and what
+    it closes over; with ``version`` the version replaces the source) and its arguments, bound to its
+    signature with defaults applied, so ``f(1)``, ``f(x=1)`` and ``f()`` (when ``x=1`` is the default)
+    share a key. Parameters named in ``exclude`` (clients, loggers, anything that does not change the
+    result) are left out. The module is not part of the key: the same code shares wherever it runs.
+
+    :raises InvalidKey: when the function or an argument cannot be digested (the message says what to do).
     """
+    if version is not None and (not isinstance(version, str) or not version or "/" in version):
+        raise InvalidKey(
+            f"version must be a non-empty string without '/', got {version!r} (e.g. version='2')",
+            name=repr(version),
+        )
     arguments = _bound_arguments(fn, args, kwargs or {})
     for name in exclude:
         arguments.pop(name, None)
-    name = function_identity(fn)
-    if version is not None:
-        name = f"{name}@{version}"
-    return f"{name}:{digest(arguments)}"
+    identity = code_identity(fn, version=version)
+    name = qualified_name(fn)
+    try:
+        digested = digest(identity, arguments, length=DERIVED_DIGEST_LENGTH)
+    except TypeError as exc:
+        raise InvalidKey(
+            f"cannot derive a key for {name}: {exc}. Give the key yourself (key='...'), or list the "
+            "argument in exclude= if it does not change the result",
+            name=name,
+        ) from exc
+    return f"{name}@{version}/{digested}" if version is not None else f"{name}/{digested}"

@@ -105,20 +105,25 @@ def test_a_value_that_cannot_be_stored_is_returned_and_releases_the_lease(
     assert any(r.levelname == "ERROR" and "cannot be stored" in r.getMessage() for r in caplog.records)
 
 
+CALLS: list[tuple[str, int]] = []  # module level: what a function closes over is part of its key
+
+
 def test_reserved_decorator_derives_keys_from_arguments(client: dibs.Reservations) -> None:
-    calls: list[tuple[str, int]] = []
+    CALLS.clear()
 
     @client.reserved(version="1")
     def features(day: str, limit: int = 10) -> list[str]:
-        calls.append((day, limit))
+        CALLS.append((day, limit))
         return [day] * 2
 
     assert features("2026-11-25") == ["2026-11-25"] * 2
     assert features(day="2026-11-25", limit=10) == ["2026-11-25"] * 2
     assert features("2026-11-26") == ["2026-11-26"] * 2
-    assert calls == [("2026-11-25", 10), ("2026-11-26", 10)]
+    assert CALLS == [("2026-11-25", 10), ("2026-11-26", 10)]
     names = {s.key.name for s in client.list()}
-    assert len(names) == 2 and all("features@1:" in n for n in names)
+    assert len(names) == 2 and all(
+        n.startswith("test_reserved_decorator_derives_keys_from_arguments.features@1/") for n in names
+    )
 
 
 def test_reserved_decorator_with_a_key_template(client: dibs.Reservations) -> None:

@@ -11,10 +11,11 @@
     @task.reserved(key="features-{{ ds }}", ttl=120)
     def build_daily() -> dict: ...
 
-The default key is the function's identity (module and qualified name), ``version`` and a canonical
-digest of its arguments (:func:`dibs.keys.derive_key`), so two DAGs calling the same function with the
-same arguments share one computation. ``key`` replaces it and is templated. Everything else (hit,
-acquired, busy, deferral, outcomes) is
+The default key is ``qualname[@version]/<digest>``, the digest covering the function's code (the shape
+of its source and what it closes over, never the DAG file's path or module) and its arguments
+(:func:`dibs.keys.derive_key`), so two DAGs, two bundle versions or a plain Python caller running the
+same function with the same arguments share one computation. ``key`` replaces it and is templated.
+Everything else (hit, acquired, busy, deferral, outcomes) is
 :class:`~dibs_provider.operators.reserved.ReservedOperatorMixin`.
 
 Airflow registers the decorator from the provider info (``task-decorators``), so ``task.reserved`` exists

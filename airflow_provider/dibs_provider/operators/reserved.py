@@ -53,7 +53,7 @@ from dibs.errors import (
     WaitTimeout,
 )
 from dibs.holding import failure_text
-from dibs.keys import canonical_json, derive_key, digest
+from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.triggers.reservation import (
     ReservationEvent,
@@ -130,7 +130,8 @@ class ReservedOperatorMixin(BaseOperator):
     :param dibs_conn_id: the ``dibs`` connection (default ``dibs_default``).
     :param reservation_namespace: overrides the connection's namespace.
     :param reservation_ttl: lease ttl in seconds; overrides the connection's.
-    :param reservation_version: part of the default key: bump it when the work's code changes.
+    :param reservation_version: part of the default key. For an operator class it is the only trace
+        of the code (the wrapped operator's code is a library's): bump it when the result would change.
     :param reservation_wait_timeout: seconds to wait for another run's lease before failing with
         :class:`dibs.WaitTimeout`; default: the connection's, else as long as the holder's lease lives.
     :param reservation_deferrable: defer while another run holds the key (default); ``False`` waits in
@@ -165,7 +166,8 @@ class ReservedOperatorMixin(BaseOperator):
 
     # -- the key --------------------------------------------------------------------------------------
     def default_reservation_key(self, context: Context) -> str:
-        """The key when none is given: ``operator-class@version:digest-of-rendered-template-fields``.
+        """The key when none is given: ``OperatorClass[@version]/<digest>``, where the digest covers the
+        wrapped operator's import path and its rendered template fields.
 
         Template fields are what Airflow itself treats as an operator's per-run inputs, and they are
         rendered by now, so identical tasks in different DAG runs and DAGs agree on the key. If other
@@ -175,16 +177,23 @@ class ReservedOperatorMixin(BaseOperator):
             name: getattr(self, name, None) for name in self.template_fields if name != "reservation_key"
         }
         identity = _operator_identity(type(self))
+        name = identity.rpartition(".")[2]
         try:
-            inputs = digest(fields)
+            inputs = digest({"operator": identity, "fields": fields}, length=DERIVED_DIGEST_LENGTH)
         except TypeError as exc:
             raise InvalidKey(
                 f"{self.task_id}: cannot derive a reservation key from the template fields of {identity} "
                 f"({exc}); pass reservation_key='...' (templated) instead",
                 name=identity,
             ) from exc
-        name = f"{identity}@{self.reservation_version}" if self.reservation_version else identity
-        return f"{name}:{inputs}"
+        version = self.reservation_version
+        if version is not None and (not isinstance(version, str) or not version or "/" in version):
+            raise InvalidKey(
+                f"{self.task_id}: reservation_version must be a non-empty string without '/', "
+                f"got {version!r}",
+                name=repr(version),
+            )
+        return f"{name}@{version}/{inputs}" if version else f"{name}/{inputs}"
 
     def resolve_reservation_key(self, context: Context) -> str:
         key = self.reservation_key
@@ -494,12 +503,11 @@ class ReservedPythonOperator(ReservedOperatorMixin, PythonOperator):
             return derive_key(
                 fn, tuple(self.op_args), kwargs, version=self.reservation_version, exclude=tuple(exclude)
             )
-        except TypeError as exc:
+        except InvalidKey as exc:  # the core says what could not be digested; say which task it was
             raise InvalidKey(
-                f"{self.task_id}: cannot derive a reservation key from the arguments of "
-                f"{getattr(fn, '__qualname__', fn)!r} ({exc}); pass JSON-like arguments, list the "
-                "offending parameter in reservation_exclude, or give the key explicitly",
-                name=getattr(fn, "__qualname__", repr(fn)),
+                f"{self.task_id}: {exc.message} (in Airflow: reservation_key=, reservation_version= and "
+                "reservation_exclude=)",
+                **exc.fields,
             ) from exc
 
 
