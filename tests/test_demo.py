@@ -154,8 +154,8 @@ def test_the_deadline_stops_a_demo_that_takes_too_long(sandbox: Sandbox) -> None
     stdout, stderr = demo.communicate()
 
     assert demo.returncode == 1, stderr
-    assert "dibs demo: gave up after 3s" in stderr
-    assert "in Act 1, worker-1 was" in stderr and "worker-2 was" in stderr
+    # Where it was depends on how busy the machine is: still starting the workers, or in act 1.
+    assert re.search(r"dibs demo: gave up after 3s .*: (while starting|in Act 1), worker-\d", stderr), stderr
     assert "removed" in stderr and "please report it" in stderr
     sandbox.assert_left_nothing(stdout)
 

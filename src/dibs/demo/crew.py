@@ -1,4 +1,4 @@
-"""The demo's worker processes, each with its own pipe back to the demo, and a deadline over them all.
+"""The demo's worker processes, each with its own pipes to and from the demo, under one deadline.
 
 Nothing is shared between two workers but the store. A worker killed mid-sentence leaves at most a
 partial line in its own pipe, which is dropped, and an end-of-file that says it is gone; no other
@@ -8,6 +8,8 @@ on an error, on Ctrl-C) kills and reaps every worker still running.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -30,9 +32,9 @@ _WORKER = "import sys; from dibs.demo.worker import main; raise SystemExit(main(
 class Event:
     """One report of one worker.
 
-    ``kind`` is what the worker said (asking, waiting, computing, progress, done, hit), ``"said"``
-    for a line that is not a report, or ``"exited"`` when its pipe closed, with the exit code as
-    ``value`` (negative: killed by that signal).
+    ``kind`` is what the worker said (ready, asking, waiting, computing, progress, done, hit),
+    ``"said"`` for a line that is not a report, or ``"exited"`` when its pipe closed, with the exit
+    code as ``value`` (negative: killed by that signal).
     """
 
     at: float  # time.time() in the worker: comparable across processes on one machine
@@ -51,27 +53,34 @@ class DeadlinePassed(Exception):
 
 
 class Crew:
-    """Worker processes (see :mod:`dibs.demo.worker`) that all ask for ``key`` on the store at ``url``.
+    """Worker processes (see :mod:`dibs.demo.worker`) on the store at ``url``; :meth:`go` sends them a key.
 
     Each process starts in its own process group, so a Ctrl-C in the terminal reaches only the demo,
     which then stops the workers itself instead of every one of them printing a traceback.
     """
 
-    def __init__(self, url: str, key: str, names: Sequence[str], work_seconds: float) -> None:
-        self._args = (url, key, work_seconds)
+    def __init__(self, url: str, names: Sequence[str], work_seconds: float) -> None:
+        self._command = [sys.executable, "-c", _WORKER, url]
+        self._work_seconds = repr(work_seconds)
         self.names = list(names)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._selector = selectors.DefaultSelector()
+        self._partial: dict[str, bytes] = {}
+        self._ready: collections.deque[Event] = collections.deque()
 
     def __enter__(self) -> Self:
-        url, key, work_seconds = self._args
         try:
             for name in self.names:
-                self._procs[name] = subprocess.Popen(
-                    [sys.executable, "-c", _WORKER, url, key, name, repr(work_seconds)],
-                    stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(
+                    [*self._command, name, self._work_seconds],
+                    stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     process_group=0,
                 )
+                self._procs[name] = proc
+                assert proc.stdout is not None
+                self._selector.register(proc.stdout, selectors.EVENT_READ, name)
+                self._partial[name] = b""
         except BaseException:
             self.stop()
             raise
@@ -82,37 +91,42 @@ class Crew:
     ) -> None:
         self.stop()
 
+    def go(self, key: str) -> None:
+        """Every worker still running asks for ``key`` now."""
+        for proc in self._procs.values():
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):  # it has exited: its "exited" event says how
+                proc.stdin.write(key.encode() + b"\n")
+                proc.stdin.flush()
+
     def events(self, deadline: float) -> Iterator[Event]:
-        """Every worker's events as they arrive, until all have exited.
+        """The workers' events as they arrive, until every pipe has closed. Breaking out of the loop
+        loses nothing: the next call goes on from the next event.
 
         :param deadline: a :func:`time.monotonic` time; :class:`DeadlinePassed` is raised then.
         """
-        pending = {name: b"" for name in self._procs}
-        with selectors.DefaultSelector() as selector:
-            for name, proc in self._procs.items():
-                assert proc.stdout is not None
-                selector.register(proc.stdout, selectors.EVENT_READ, name)
-            while selector.get_map():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise DeadlinePassed(self.running())
-                for ready, _ in selector.select(timeout=left):
-                    name = ready.data
-                    chunk = os.read(ready.fd, 65536)
-                    if chunk:
-                        *lines, pending[name] = (pending[name] + chunk).split(b"\n")
-                        yield from (_parse(name, line) for line in lines)
-                        continue
-                    selector.unregister(ready.fileobj)
-                    yield self._exited(name, deadline)
+        while self._ready or self._selector.get_map():
+            if self._ready:
+                yield self._ready.popleft()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlinePassed(self.running())
+            for ready, _ in self._selector.select(timeout=left):
+                self._read(ready.data, ready.fd, deadline)
 
-    def _exited(self, name: str, deadline: float) -> Event:
-        """The end of a worker whose pipe just closed (it exits right after, so this is quick)."""
-        try:
+    def _read(self, name: str, fd: int, deadline: float) -> None:
+        chunk = os.read(fd, 65536)
+        if chunk:
+            *lines, self._partial[name] = (self._partial[name] + chunk).split(b"\n")
+            self._ready.extend(_parse(name, line) for line in lines)
+            return
+        self._selector.unregister(fd)
+        try:  # its pipe closed because it exited, so this is quick
             code = self._procs[name].wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise DeadlinePassed(self.running()) from None
-        return Event(time.time(), name, "exited", _describe_exit(code), code)
+        self._ready.append(Event(time.time(), name, "exited", _describe_exit(code), code))
 
     def running(self) -> list[str]:
         return [name for name, proc in self._procs.items() if proc.poll() is None]
@@ -128,8 +142,11 @@ class Crew:
                 proc.kill()
         for proc in self._procs.values():
             proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(BrokenPipeError):  # stdin may hold an unsent key
+                        pipe.close()
+        self._selector.close()
 
 
 def _describe_exit(code: int) -> str:

@@ -23,16 +23,15 @@ from typing import Any
 
 from dibs.cli import print_table
 from dibs.client import Reservations
-from dibs.demo.crew import Crew, DeadlinePassed
+from dibs.demo.crew import Crew, DeadlinePassed, Event
 from dibs.demo.worker import STEPS, TTL
 
 __all__ = ["run_demo"]
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
 
-# What one act costs besides the work and the ttl: starting its worker processes, each of which
-# imports dibs and opens the store (about 1s on an idle machine, more on a busy one). Only used to
-# say how long the demo takes.
+# Starting the worker processes, each of which imports dibs and opens the store: about 1s on an idle
+# machine, several on a busy one. Only used to say how long the demo takes.
 STARTUP_SECONDS = 1.5
 # The holder is killed halfway through the work: shorter work would end before the kill lands.
 MIN_WORK_SECONDS = 0.5
@@ -48,7 +47,7 @@ FINISHED = {"done": "computed", "hit": "waited"}  # a finished worker's report, 
 @dataclasses.dataclass
 class _Worker:
     name: str
-    role: str = "starting"
+    role: str = "about to ask"
     detail: str = ""
     started: float | None = None
     computing_since: float | None = None
@@ -65,6 +64,13 @@ class _Act:
 
     def role(self, role: str) -> list[_Worker]:
         return [w for w in self.workers.values() if w.role == role]
+
+    def over(self) -> bool:
+        return all(w.role in {*FINISHED, "killed", "failed"} for w in self.workers.values())
+
+
+class _Failed(Exception):
+    """The demo cannot go on; the message says why."""
 
 
 class _GaveUp(Exception):
@@ -86,9 +92,9 @@ def _say(text: str = "", err: bool = False) -> None:
 
 
 def expected_seconds(work_seconds: float) -> float:
-    """About how long the demo takes: act 1 computes once; act 2 computes half, waits for the killed
-    holder's lease to expire (at most the ttl), then computes in full."""
-    return 2 * STARTUP_SECONDS + 2.5 * work_seconds + TTL
+    """About how long the demo takes: the workers start; act 1 computes once; act 2 computes half,
+    waits for the killed holder's lease to expire (at most the ttl), then computes in full."""
+    return STARTUP_SECONDS + 2.5 * work_seconds + TTL
 
 
 def run_demo(workers: int = 4, work_seconds: float = 3.0, *, deadline: float | None = None) -> int:
@@ -114,27 +120,35 @@ def run_demo(workers: int = 4, work_seconds: float = 3.0, *, deadline: float | N
             _intro(folder, workers, work_seconds, expected, budget)
             Reservations(url).close()  # create the tables once, before the race
             names = [f"worker-{i + 1}" for i in range(workers)]
-            first = _play(
-                "Act 1",
-                "everyone needs the same model",
-                Crew(url, "train:churn:2026-11-25", names, work_seconds),
-                give_up_at,
-                kill_halfway=False,
-            )
-            second = _play(
-                "Act 2",
-                f"the computing process is killed halfway (ttl {TTL:g}s)",
-                Crew(url, "train:churn:2026-11-26", names, work_seconds),
-                give_up_at,
-                kill_halfway=True,
-            )
+            with Crew(url, names, work_seconds) as crew:
+                _start(crew, give_up_at)
+                first = _play(
+                    "Act 1",
+                    "everyone needs the same model",
+                    crew,
+                    "train:churn:2026-11-25",
+                    give_up_at,
+                    kill_halfway=False,
+                )
+                second = _play(
+                    "Act 2",
+                    f"the computing process is killed halfway (ttl {TTL:g}s)",
+                    crew,
+                    "train:churn:2026-11-26",
+                    give_up_at,
+                    kill_halfway=True,
+                )
     except _GaveUp as exc:
         _say(
-            f"\ndibs demo: gave up after {budget:.0f}s (it normally takes about {expected:.0f}s): {exc}.\n"
+            f"\ndibs demo: gave up after {_duration(budget)} (it normally takes about "
+            f"{_duration(expected)}): {exc}.\n"
             f"Every worker was stopped and {folder} removed. This is a bug in dibs or in its demo; "
             "please report it with the output above.",
             err=True,
         )
+        return EXIT_WRONG
+    except _Failed as exc:
+        _say(f"\ndibs demo: {exc}. Every worker was stopped and {folder} removed.", err=True)
         return EXIT_WRONG
     except _Interrupted as exc:
         _say(f"\ndibs demo: stopped by {exc}; every worker was stopped and {folder} removed.", err=True)
@@ -181,6 +195,10 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+
+
 def _plural(count: int, one: str, many: str) -> str:
     return one if count == 1 else many.format(count)
 
@@ -197,57 +215,81 @@ def _intro(folder: str, workers: int, work_seconds: float, expected: float, budg
     _say("         the stored artifact the moment it is completed.")
     _say("  Act 2  The same on a new key, but the computing process is killed (SIGKILL) halfway.")
     _say(f"         Its lease expires within the ttl ({TTL:g}s) and one waiter takes over.\n")
-    _say(f"About {expected:.0f}s in all; it gives up after {budget:.0f}s. Ctrl-C stops it and cleans up.")
+    _say(
+        f"About {_duration(expected)} in all; it gives up after {_duration(budget)}. "
+        "Ctrl-C stops it and cleans up."
+    )
 
 
-def _play(label: str, title: str, crew: Crew, give_up_at: float, *, kill_halfway: bool) -> _Act:
-    """One act: start the crew, print its events as they come, kill the holder halfway if asked."""
-    act = _Act({name: _Worker(name) for name in crew.names})
+def _start(crew: Crew, give_up_at: float) -> None:
+    """Start the workers and wait until each has imported dibs and opened the store, so that each
+    act's race starts at one instant and its times count the demo, not the interpreters starting."""
+    _say(f"\nStarting {len(crew.names)} worker processes; each imports dibs and opens the store.")
+    t0 = time.time()
+    waiting_for = set(crew.names)
+    try:
+        for event in crew.events(give_up_at):
+            if event.kind == "exited":
+                raise _Failed(f"{event.worker} stopped before it was ready ({event.detail}; see above)")
+            if event.kind == "ready":
+                waiting_for.discard(event.worker)
+            if not waiting_for:
+                break
+    except DeadlinePassed:
+        raise _GaveUp(f"while starting, {', '.join(sorted(waiting_for))} never got ready") from None
+    _say(f"All ready after {time.time() - t0:.1f}s.")
+
+
+def _play(label: str, title: str, crew: Crew, key: str, give_up_at: float, *, kill_halfway: bool) -> _Act:
+    """One act: every worker asks for ``key``; print the events as they come, kill the holder
+    halfway if asked, until each worker has the artifact, was killed or failed."""
+    act = _Act({name: _Worker(name) for name in crew.running()})
     _say(f"\n== {label}: {title}\n")
-    _say(f"  starting {len(act.workers)} worker processes; each imports dibs, opens the store and asks")
     t0 = time.time()
 
     def line(at: float, name: str, kind: str, detail: str) -> None:
         _say(f"  t+{at - t0:5.2f}s  {name:<9} {kind:<10} {detail}".rstrip())
 
-    with crew:
-        try:
-            for event in crew.events(give_up_at):
-                worker = act.workers[event.worker]
-                if event.kind == "exited":
-                    if worker.finished is None and event.worker != act.killed:
-                        worker.role, worker.detail = "failed", f"{event.detail} without the artifact"
-                        line(event.at, worker.name, "FAILED", worker.detail)
-                    continue
-                if event.kind == "progress":
-                    if event.detail in SHOWN_PROGRESS:
-                        line(event.at, worker.name, event.kind, event.detail)
-                    if kill_halfway and act.killed is None and event.detail == HALFWAY:
-                        crew.kill(worker.name)
-                        act.killed, act.killed_at = worker.name, time.time()
-                        worker.role, worker.detail = "killed", f"SIGKILL at {HALFWAY}"
-                        line(
-                            act.killed_at,
-                            worker.name,
-                            "KILLED",
-                            f"SIGKILL; its lease expires within {TTL:g}s",
-                        )
-                    continue
-                if event.kind == "asking":
-                    worker.started = event.at
-                if event.kind == "computing":
-                    worker.computing_since = event.at
-                    worker.took_over_from = (event.value or {}).get("took_over_from")
-                if event.kind in FINISHED:
-                    worker.finished, worker.value = event.at, event.value
-                if event.kind != "said":
-                    worker.role, worker.detail = event.kind, event.detail
+    crew.go(key)
+    try:
+        for event in crew.events(give_up_at):
+            worker = act.workers.get(event.worker)
+            if worker is None or worker.name == act.killed:
+                continue  # a worker out of this act; the killed one's last words
+            if event.kind == "exited":
+                worker.role, worker.detail = "failed", f"{event.detail} without the artifact"
+                line(event.at, worker.name, "FAILED", worker.detail)
+            elif event.kind == "progress":
+                if event.detail in SHOWN_PROGRESS:
+                    line(event.at, worker.name, event.kind, event.detail)
+                if kill_halfway and act.killed is None and event.detail == HALFWAY:
+                    crew.kill(worker.name)
+                    act.killed, act.killed_at = worker.name, time.time()
+                    worker.role, worker.detail = "killed", f"SIGKILL at {HALFWAY}"
+                    line(act.killed_at, worker.name, "KILLED", f"SIGKILL; its lease expires within {TTL:g}s")
+            else:
+                _record(worker, event)
                 line(event.at, worker.name, event.kind, event.detail)
-        except DeadlinePassed as exc:
-            doing = [_doing(act.workers[name]) for name in exc.running]
-            raise _GaveUp(f"in {label}, {'; '.join(doing)}") from None
+            if act.over():
+                break
+    except DeadlinePassed as exc:
+        doing = [_doing(act.workers[name]) for name in exc.running if name in act.workers]
+        raise _GaveUp(f"in {label}, {'; '.join(doing)}") from None
     _summary(act)
     return act
+
+
+def _record(worker: _Worker, event: Event) -> None:
+    """What a worker's report says about it."""
+    if event.kind == "asking":
+        worker.started = event.at
+    if event.kind == "computing":
+        worker.computing_since = event.at
+        worker.took_over_from = (event.value or {}).get("took_over_from")
+    if event.kind in FINISHED:
+        worker.finished, worker.value = event.at, event.value
+    if event.kind != "said":
+        worker.role, worker.detail = event.kind, event.detail
 
 
 def _doing(worker: _Worker) -> str:
@@ -310,11 +352,13 @@ def _act_one_problems(act: _Act) -> list[str]:
 def _act_two_problems(act: _Act) -> list[str]:
     if act.killed is None:
         return ["act 2: the computing process was never killed"]
-    if act.workers[act.killed].role == "done":
-        return [f"act 2: {act.killed} finished before its SIGKILL landed; try a longer --work-seconds"]
     survivors = [w for w in act.workers.values() if w.name != act.killed]
     problems = [f"act 2: {w.name} did not get the artifact" for w in survivors if w.finished is None]
     computed = act.role("done")
+    if not computed and not problems:
+        return [
+            f"act 2: {act.killed} stored the artifact before its SIGKILL landed; try a longer --work-seconds"
+        ]
     if len(computed) != 1:
         problems.append(f"act 2: computed {len(computed)} times after the kill, not once")
     elif computed[0].took_over_from != act.killed:
