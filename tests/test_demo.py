@@ -37,6 +37,8 @@ RUN_CASES = [
     for run in range(full_runs if full_size() else ci_runs)
 ]
 EVENT = re.compile(r"^\s+t\+\s*\d")
+# Worker processes are found through /proc (Linux, as in CI); elsewhere that one check is left out.
+HAS_PROC = Path("/proc/self/cmdline").exists()
 
 
 @dataclasses.dataclass
@@ -59,7 +61,7 @@ class Sandbox:
         return demo
 
     def processes(self) -> list[int]:
-        """Processes whose command line names the folder: the workers get their store URL as an argument."""
+        """Processes whose command line names the folder (workers get their store URL as an argument)."""
         found = []
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
             try:
@@ -74,7 +76,7 @@ class Sandbox:
         assert announced, stdout
         assert Path(announced[1]).parent == self.folder, "the demo did not use the TMPDIR it was given"
         assert list(self.folder.iterdir()) == []
-        assert self.processes() == []
+        assert self.processes() == [], "worker processes outlived the demo"
 
 
 @pytest.fixture
@@ -133,7 +135,7 @@ def test_an_interrupted_demo_stops_its_workers_and_removes_its_folder(
         seen += line
         if " waiting " in line:
             break
-    assert sandbox.processes(), "the demo should be running its workers now"
+    assert sandbox.processes() or not HAS_PROC, "the demo should be running its workers now"
     if signum == signal.SIGINT:
         os.killpg(demo.pid, signum)  # what Ctrl-C in a terminal does: the whole foreground group
     else:
