@@ -64,7 +64,7 @@ from dibs.records import (
     StoreOutcome,
     new_lease_id,
 )
-from dibs.stores import redact_url
+from dibs.stores import redact_url, url_userinfo
 from dibs.stores.base import Store, Watch
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
 
@@ -268,20 +268,6 @@ end
 """
 
 
-def _redact(url: str) -> str:
-    """``url`` without its password, also when the password holds characters the shared regex misses."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if "@" in parts.netloc:
-            userinfo, _, hostport = parts.netloc.rpartition("@")
-            user, has_password, _ = userinfo.partition(":")
-            if has_password:
-                url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
-    except ValueError:
-        return url.split("://", 1)[0] + "://***"
-    return redact_url(url)
-
-
 def _seconds(value: float, what: str) -> str:
     """A finite number of seconds as the text Lua's ``tonumber`` reads back to the same double."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -480,7 +466,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
     )
 
     def __init__(self, url: str) -> None:
-        self._url = _redact(url)
+        self._url = redact_url(url)
         self._closed = False
         self._idle: builtins.list[tuple[int, redis.client.PubSub]] = []
         self._idle_lock = threading.Lock()
@@ -951,6 +937,17 @@ def _parse_url(url: str, redacted: str) -> tuple[str, str]:
         raise bad(f"a URL must be a string, got {type(url).__name__}")
     try:
         parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise bad(str(exc)) from exc
+    userinfo = url_userinfo(url)
+    if userinfo is not None and ":" in userinfo and not parts.netloc.startswith(userinfo + "@"):
+        # redis-py splits the host off at the first '/', '?' or '#': an unencoded password holding one
+        # would be sent cut short, and its tail quoted back as a database number, a port or a host.
+        raise bad(
+            "its password (or an option value after it) contains an unencoded '/', '?', '#' or '@'; "
+            "percent-encode them (%2F, %3F, %23, %40). The password is not shown"
+        )
+    try:
         parts.port  # noqa: B018 -- urllib checks the port only when asked
     except ValueError as exc:
         raise bad(str(exc)) from exc

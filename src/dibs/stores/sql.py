@@ -68,7 +68,7 @@ from dibs.records import (
     LeaseToken,
     StoreOutcome,
 )
-from dibs.stores import redact_url, transitions
+from dibs.stores import hide_secrets, redact_url, transitions, url_secrets
 from dibs.stores.base import PollingWatch, Store, Watch
 
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
@@ -148,6 +148,9 @@ class SQLStore(Store):
     def __init__(self, url: str | URL, **engine_kwargs: Any) -> None:
         sa_url, options = _split_options(url)
         self._url = sa_url
+        # What a driver's message might quote back (psycopg and PyMySQL do not, today): kept out of errors.
+        raw_url = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+        self._secrets = (*url_secrets(raw_url), *([str(sa_url.password)] if sa_url.password else []))
         self.dialect = sa_url.get_backend_name()
         self._now = _now(self.dialect)
         self.table_name = options.get("table", "dibs_reservations")
@@ -185,7 +188,7 @@ class SQLStore(Store):
             orig = getattr(exc, "orig", None) or exc
             raise ConfigurationError(
                 f"the SQL store URL {self.url!r} has an option the {self.dialect} driver does not accept "
-                f"({type(orig).__name__}: {str(orig).strip().splitlines()[0][:200]}); remove it",
+                f"({type(orig).__name__}: {self._first_line(orig, 200)}); remove it",
                 store=self.url,
             ) from None
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
@@ -235,12 +238,16 @@ class SQLStore(Store):
                     cursor.close()
             connection.close()
 
+    def _first_line(self, error: BaseException, limit: int) -> str:
+        """The first line of a driver's message, without any secret of the URL."""
+        text = str(error).strip()
+        first = text.splitlines()[0] if text else type(error).__name__
+        return hide_secrets(first, self._secrets)[:limit]
+
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         orig = getattr(exc, "orig", None) or exc
-        first_line = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-        return StoreUnavailable(
-            f"SQL store {self.url} failed: {type(orig).__name__}: {first_line[:300]}", store=self.url
-        )
+        why = f"{type(orig).__name__}: {self._first_line(orig, 300)}"
+        return StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
 
     def _ensure_schema(self) -> None:
         """Create the tables on first use; racing processes either serialize or retry."""
@@ -838,6 +845,13 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
             f"cannot parse SQL store URL {redact_url(str(url))!r}{why}; expected e.g. "
             "'sqlite:///path/dibs.db' or 'postgresql+psycopg://user:password@host:5432/db'"
         ) from None
+    if parsed.host is not None and "@" in parsed.host:
+        # SQLAlchemy ends the password at its first '@': the rest would reach the driver as a host
+        # name, and its "cannot resolve host" message would show the password's tail.
+        raise ConfigurationError(
+            f"SQL store URL {redact_url(str(url))!r} has an '@' in its host part: percent-encode an '@' "
+            "in the user name or password as %40 (the password is not shown)"
+        )
     options = {name: str(parsed.query[name]) for name in _OPTIONS if name in parsed.query}
     parsed = parsed.difference_update_query(_OPTIONS)
     if parsed.get_backend_name() == "postgres":
