@@ -247,7 +247,7 @@ def _bad_settings(cases: Cases) -> None:
         "Backoff(initial=0)",
         lambda: dibs.Backoff(initial=0),
         kinds=(dibs.ConfigurationError,),
-        names=("initial=0",),
+        names=("initial",),
     )
 
 

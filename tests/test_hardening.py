@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -189,3 +190,86 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 SQL_BACKENDS = ["sqlite", "postgres", "mysql"]
 _ = (mysql_backend, open_store)
+
+
+# -- 2. every duration is bounded, with a clear error ------------------------------------------------
+
+BAD_DURATIONS = [float("nan"), float("inf"), -1.0, 3e10, 1e300, "5", True]
+
+
+def _duration_inputs(tmp_path: Path) -> dict[str, object]:
+    """Every place a user gives a duration, as a function of the value."""
+    from dibs.stores.filesystem import FileStore
+    from dibs.waiting import Backoff
+
+    client = dibs.Reservations(f"sqlite:///{tmp_path / 'd.db'}", namespace="hardening.durations")
+    redis_base = _service_url(redis_backend)
+    return {
+        "ttl": lambda v: dibs.Reservations("memory://", ttl=v),
+        "heartbeat_interval": lambda v: dibs.Reservations("memory://", ttl=3e8, heartbeat_interval=v),
+        "max_lease_age": lambda v: dibs.Reservations("memory://", max_lease_age=v),
+        "timeout": lambda v: client.acquire("k", timeout=v),
+        "timeout ": lambda v: client.wait("k", timeout=v),
+        "backoff initial": lambda v: Backoff(initial=v),
+        "backoff notify_maximum": lambda v: Backoff(notify_maximum=v),
+        "heartbeat interval": lambda v: _keep_alive(client, v),
+        "lock_timeout": lambda v: FileStore(tmp_path / "fs", lock_timeout=v),
+        "watch_interval": lambda v: open_store(f"file://{tmp_path}/fs?watch_interval={quote(str(v))}"),
+        "busy_timeout": lambda v: open_store(f"sqlite:///{tmp_path / 'b.db'}?busy_timeout={quote(str(v))}"),
+        "socket_timeout": lambda v: open_store(f"{redis_base}?socket_timeout={quote(str(v))}"),
+    }
+
+
+def _keep_alive(client: dibs.Reservations, interval: object) -> None:
+    got = client.get_or_reserve("keep-alive", owner="hardening")
+    assert isinstance(got, dibs.Acquired)
+    try:
+        got.lease.keep_alive(interval)  # type: ignore[arg-type]
+    finally:
+        got.lease.release()
+
+
+@pytest.mark.parametrize("value", BAD_DURATIONS, ids=repr)
+def test_every_duration_input_is_bounded_with_an_error_naming_it(tmp_path: Path, value: object) -> None:
+    for setting, give in _duration_inputs(tmp_path).items():
+        if isinstance(value, str | bool) and setting in {"watch_interval", "busy_timeout", "socket_timeout"}:
+            continue  # URL options are text: "5" and "True" are what a URL says for 5 and ... a typo
+        with pytest.raises(dibs.ConfigurationError, match=setting.strip()) as caught:
+            give(value)  # type: ignore[operator]
+        assert repr(value) in str(caught.value) or str(value) in str(caught.value), (setting, caught.value)
+
+
+def test_the_documented_maximum_is_accepted_and_one_more_second_is_not() -> None:
+    from dibs.config import MAX_SECONDS
+
+    assert dibs.Reservations("memory://", ttl=MAX_SECONDS).ttl == MAX_SECONDS
+    with pytest.raises(dibs.ConfigurationError, match="at most 315,360,000"):
+        dibs.Reservations("memory://", ttl=MAX_SECONDS + 1)
+
+
+def test_a_far_away_first_heartbeat_does_not_stop_the_launcher_for_other_clients(tmp_path: Path) -> None:
+    # A ttl beyond threading.TIMEOUT_MAX once made the process-wide launcher's wait raise
+    # OverflowError; every other client in the process then stopped heartbeating.
+    import threading
+    import time
+
+    from dibs.lease import _LAUNCHER, KeepAlive
+
+    client = dibs.Reservations(f"sqlite:///{tmp_path / 'l.db'}", namespace="hardening.launcher", ttl=0.6)
+    far = client.get_or_reserve("far", owner="far")
+    near = client.get_or_reserve("near", owner="near")
+    assert isinstance(far, dibs.Acquired) and isinstance(near, dibs.Acquired)
+    distant = KeepAlive(far.lease, 1.0, None)
+    _LAUNCHER.add(distant, time.monotonic() + threading.TIMEOUT_MAX * 4)
+    try:
+        with near.lease.keep_alive() as keeper:
+            deadline = time.monotonic() + 60
+            while keeper.beats < 2 and not keeper.lost.is_set():
+                assert time.monotonic() < deadline, "the launcher never started the near heartbeat"
+                time.sleep(0.05)
+            assert keeper.beats >= 2 and not keeper.lost.is_set()
+        assert _LAUNCHER._thread is not None and _LAUNCHER._thread.is_alive()
+    finally:
+        _LAUNCHER.remove(distant)
+        near.lease.release()
+        far.lease.release()

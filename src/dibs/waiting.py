@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, TypeVar
 
+from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import Held, KeyState, StoreOutcome
@@ -47,6 +48,8 @@ class Backoff:
     notify_maximum: float = 10.0
 
     def __post_init__(self) -> None:
+        for name in ("initial", "maximum", "notify_maximum"):
+            validate_seconds(f"backoff {name}", getattr(self, name))
         if not 0 < self.initial <= self.maximum <= self.notify_maximum:
             raise ConfigurationError(
                 f"backoff needs 0 < initial <= maximum <= notify_maximum, got initial={self.initial}, "
@@ -73,10 +76,7 @@ class Deadline:
     started: float = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        if self.timeout is not None and self.timeout < 0:
-            raise ConfigurationError(
-                f"timeout must be >= 0 seconds or None (wait forever), got {self.timeout}"
-            )
+        self.timeout = validate_seconds("timeout", self.timeout, allow_none=True, allow_zero=True)
         self.started = self.clock()
 
     @property

@@ -59,6 +59,7 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, InvalidKey, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
@@ -126,14 +127,8 @@ class FileStore(RecordStore):
                 f"file store directory {str(root)!r} is not absolute; use an absolute path such as "
                 "'/var/lib/dibs', so that every process names the same directory"
             )
-        if not lock_timeout >= 0:  # also refuses NaN
-            raise ConfigurationError(f"lock_timeout must be a number of seconds >= 0, got {lock_timeout!r}")
-        if not watch_interval > 0:
-            raise ConfigurationError(
-                f"watch_interval must be a number of seconds > 0, got {watch_interval!r}"
-            )
-        self._lock_timeout = float(lock_timeout)
-        self._watch_interval = float(watch_interval)
+        self._lock_timeout = validate_seconds("lock_timeout", lock_timeout, allow_zero=True) or 0.0
+        self._watch_interval = validate_seconds("watch_interval", watch_interval) or WATCH_INTERVAL
         self._create_layout()
 
     # -- URLs -------------------------------------------------------------------------------------

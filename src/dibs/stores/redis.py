@@ -50,6 +50,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
+from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import (
@@ -923,6 +924,23 @@ class _PubSubWatch(Watch):
                 self._pubsub.close()
 
 
+#: Query options that are durations in seconds (``True``: 0 is allowed, it turns the option off).
+_DURATIONS = {"socket_timeout": False, "socket_connect_timeout": False, "health_check_interval": True}
+
+
+def _check_duration(name: str, text: str, bad: Callable[[str], ConfigurationError]) -> None:
+    """A duration option through the one rule for durations; redis-py would accept NaN or 1e300 and
+    fail later, inside a socket call, with ``OverflowError``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise bad(f"{name}={text!r} is not a number of seconds") from None
+    try:
+        validate_seconds(name, value, allow_zero=_DURATIONS[name])
+    except ConfigurationError as exc:
+        raise bad(exc.message) from None
+
+
 def _parse_url(url: str, redacted: str) -> tuple[str, str]:
     """Split the store URL into the URL redis-py gets and the key prefix, checking what dibs can."""
 
@@ -960,6 +978,9 @@ def _parse_url(url: str, redacted: str) -> tuple[str, str]:
         name, _, value = item.partition("=")
         if urllib.parse.unquote(name) == "prefix":
             prefixes.append(urllib.parse.unquote(value))
+        elif urllib.parse.unquote(name) in _DURATIONS:
+            _check_duration(urllib.parse.unquote(name), urllib.parse.unquote(value), bad)
+            kept.append(item)
         else:
             kept.append(item)  # handed on byte for byte: redis-py unquotes the values itself
     if len(prefixes) > 1:

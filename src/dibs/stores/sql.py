@@ -58,6 +58,7 @@ from sqlalchemy.engine.url import URL
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
+from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import (
@@ -892,6 +893,10 @@ def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any
                 raise ConfigurationError(
                     f"busy_timeout={options['busy_timeout']!r} must be a number of seconds"
                 ) from exc
+            # SQLite takes it in milliseconds as a 32-bit int: a day is plenty, NaN and inf are not.
+            busy_seconds = (
+                validate_seconds("busy_timeout", busy_seconds, allow_zero=True, maximum=86400) or 0.0
+            )
             assert url.database is not None
             directory = os.path.dirname(os.path.abspath(url.database))
             if not os.path.isdir(directory):
