@@ -23,6 +23,7 @@ from dibs.config import STORE_URL_ENV
 from dibs.errors import ReservationError, WaitTimeout
 from dibs.outcomes import Acquired, Hit
 from dibs.records import KeyState
+from dibs.stores.base import Listing
 
 __all__ = ["main"]
 
@@ -165,10 +166,12 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         _write_artifact(hit.value)
         return 0
     if args.command == "ls":
-        states = list(client.list(all_namespaces=args.all))
+        listing = client.list(all_namespaces=args.all)
+        states = list(listing)
         _emit(
             args, [_summary(s) for s in states], ["namespace", "key", "status", "holder", "token", "detail"]
         )
+        _say_skipped(listing)
         return 0
     if args.command == "show":
         state = client.status(args.key)
@@ -193,6 +196,17 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         _say(args, {"reaped": count}, f"reaped {count} expired lease(s)")
         return 0
     raise AssertionError(args.command)  # pragma: no cover - argparse restricts commands
+
+
+def _say_skipped(listing: object) -> None:
+    """Tell (on stderr, so the listing itself stays parseable) how many records could not be read."""
+    skipped = listing.skipped if isinstance(listing, Listing) else ()
+    if skipped:
+        print(
+            f"dibs: skipped {len(skipped)} unreadable record(s) (warnings above name them); "
+            "'dibs show KEY' reports one in detail",
+            file=sys.stderr,
+        )
 
 
 def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:

@@ -18,19 +18,57 @@ operations off the event loop instead of copying them.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import ClassVar, Self, TypeVar
 
-from dibs.errors import StoreUnavailable
+from dibs.errors import CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import transitions
 
-__all__ = ["PollingWatch", "RecordStore", "Store", "Watch"]
+__all__ = ["Listing", "PollingWatch", "RecordStore", "Skipped", "Store", "Watch"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A record that :meth:`Store.list` could not read: where it is and why (the error's message)."""
+
+    where: str
+    why: str
+
+
+class Listing(Iterator[KeyState]):
+    """What :meth:`Store.list` returns: the readable records, in key order, and the ones it skipped.
+
+    The one rule of every store for a record it cannot read while listing (a foreign value, a damaged
+    row, a directory where a file belongs): skip it, log a warning naming it, count it in
+    :attr:`skipped`, and go on with every other key. One bad record must not stop ``dibs ls`` or the
+    reaper; reading that key directly still raises :class:`~dibs.errors.CorruptRecord`.
+    """
+
+    def __init__(self, states: Iterable[KeyState] = (), skipped: Iterable[Skipped] = ()) -> None:
+        self._states = iter(sorted(states, key=lambda state: state.key))
+        self.skipped = tuple(skipped)
+
+    def __iter__(self) -> Listing:
+        return self
+
+    def __next__(self) -> KeyState:
+        return next(self._states)
+
+
+def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
+    """Apply the listing rule to one unreadable record (see :class:`Listing`)."""
+    log.warning("skipping an unreadable record: %s", error)
+    skipped.append(Skipped(where, str(error)))
 
 
 class Watch:
@@ -109,11 +147,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
-        """Every key the store knows (in ``namespace`` when given), artifacts without payloads."""
+        """Every key the store knows (in ``namespace`` when given), artifacts without payloads.
+
+        Stores return a :class:`Listing`: unreadable records are skipped and counted, never raised.
+        """
 
     @abc.abstractmethod
     def reap(self, namespace: str | None = None) -> int:
-        """Clear expired leases nobody took over; returns how many."""
+        """Clear expired leases nobody took over; returns how many. Unreadable records are skipped
+        (and logged) as by :meth:`list`, and left as they are."""
 
     def watch(self, key: Key) -> Watch:
         return PollingWatch()
@@ -194,7 +236,10 @@ class RecordStore(Store):
         reaped = 0
         for state in list(self.list(namespace)):
             if state.lease is not None and not state.lease.live_at(state.now):
-                reaped += self._update(state.key, lambda s: _changed(transitions.reap(s)))
+                try:
+                    reaped += self._update(state.key, lambda s: _changed(transitions.reap(s)))
+                except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                    skip([], str(state.key), exc)
         return reaped
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores.base import RecordStore
+from dibs.stores.base import Listing, RecordStore
 from dibs.stores.transitions import empty
 
 __all__ = ["MemoryStore"]
@@ -60,13 +60,11 @@ class MemoryStore(RecordStore):
             self._records[key.digest] = new
             return True
 
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+    def list(self, namespace: str | None = None) -> Listing:
         with self._lock:
             now = self._clock()
             states = [_at(state, now) for state in self._records.values()]
-        for state in sorted(states, key=lambda s: s.key):
-            if namespace is None or state.key.namespace == namespace:
-                yield state
+        return Listing(s for s in states if namespace is None or s.key.namespace == namespace)
 
 
 def _at(state: KeyState, now: float) -> KeyState:

@@ -42,13 +42,14 @@ URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -63,14 +64,13 @@ from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import (
     ArtifactRecord,
-    FailureRecord,
     KeyState,
     LeaseRecord,
     LeaseToken,
     StoreOutcome,
 )
-from dibs.stores import hide_secrets, redact_url, transitions, url_secrets
-from dibs.stores.base import PollingWatch, Store, Watch
+from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
+from dibs.stores.base import Listing, PollingWatch, Skipped, Store, Watch, skip
 
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
 
@@ -402,6 +402,26 @@ class SQLStore(Store):
         read_stored = sa.select(*(t.c[name] for name in stored)).where(t.c.key_hash == p("p_key_hash"))
         self._read_stored = _Prepared(read_stored, dialect, stored)
 
+        at_version = sa.and_(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
+        no_lease = dict.fromkeys(_LEASE_COLUMNS)
+        self._drop_lease = _Prepared(
+            sa.update(t).where(at_version).values(version=t.c.version + 1, **no_lease), dialect
+        )
+        self._reap_expired = _Prepared(
+            sa.update(t).where(at_version, t.c.expires_at <= now).values(version=t.c.version + 1, **no_lease),
+            dialect,
+        )
+        no_result = dict.fromkeys(
+            (
+                *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),
+                *("failure_error", "failure_owner", "failure_at"),
+            )
+        )
+        self._drop_result = _Prepared(
+            sa.update(t).where(at_version).values(version=t.c.version + 1, failure_count=0, **no_result),
+            dialect,
+        )
+
         released = (t.c.version, t.c.version + 1)
         self._release = _Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
         # The failure is recorded before the lease columns are cleared (MySQL assigns left to right).
@@ -420,26 +440,32 @@ class SQLStore(Store):
         row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
         return self._state(key, row), row["version"]
 
-    def _state(self, key: Key, row: Any) -> KeyState:
+    def _where(self, key_hash: object) -> str:
+        return f"row {key_hash!s:.64} of table {self.table_name} ({self.url})"
+
+    def _state(self, key: Key | None, row: Any, *, listed: bool = False) -> KeyState:
+        """The row's state by the shared decoder (:mod:`dibs.stores.decoder`); ``key`` is ``None``
+        when listing, and then the row's key must be the one whose digest is its ``key_hash``."""
         now = float(row["now"])
         if row["key_hash"] is None:
+            assert key is not None
             return transitions.empty(key, now)
-        try:
-            if (row["namespace"], row["name"]) != (key.namespace, key.name):
-                raise ValueError(f"it belongs to {row['namespace']}/{row['name']}")
-            return _decode_row(key, row, now)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptRecord(
-                f"the row of {key} in {self.table_name} ({self.url}) is not a valid dibs record ({exc}); "
-                "it was left untouched: fix or delete it by hand",
-                key=str(key),
-            ) from exc
+        return decoder.decode(
+            _row_fields(row),
+            key,
+            now,
+            where=self._where(row["key_hash"]),
+            digest=str(row["key_hash"]) if listed else None,
+            payload=bytes(row["payload"] or b""),
+        )
 
     def read(self, key: Key) -> KeyState:
         with self._cursor() as cursor:
             return self._read(cursor, key)[0]
 
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+    def list(self, namespace: str | None = None) -> Listing:
+        """Every row (in ``namespace``), without payloads; unreadable rows are skipped, logged and
+        counted (see :class:`~dibs.stores.base.Listing`)."""
         clock = sa.select(self._now.label("now")).scalar_subquery()
         columns = [c for c in self.t.c if c.name != "payload"]
         query = sa.select(clock.label("now"), *columns).order_by(self.t.c.namespace, self.t.c.name)
@@ -447,12 +473,14 @@ class SQLStore(Store):
             query = query.where(self.t.c.namespace == namespace)
         with self._connect() as conn:
             rows = conn.execute(query).mappings().all()
+        states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
         for row in rows:
             try:
-                key = Key(row["namespace"], row["name"])
-            except ValueError:
-                continue  # a foreign row: not ours to list
-            yield self._state(key, {**row, "payload": b""})
+                states.append(self._state(None, {**row, "payload": b""}, listed=True))
+            except CorruptRecord as exc:
+                skip(skipped, self._where(row["key_hash"]), exc)
+        return Listing(states, skipped)
 
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
@@ -547,50 +575,47 @@ class SQLStore(Store):
                 raise self._lost(cursor, key, token, "release")
 
     # -- repair -----------------------------------------------------------------------------------------
+    # Each reads the row first (so a damaged row is reported as CorruptRecord, as on every store, and
+    # never rewritten), then changes it with a compare-and-swap on the version it read.
+    def _repair(
+        self, key: Key, wanted: Callable[[KeyState], bool], statement: _Prepared, action: str
+    ) -> bool:
+        with self._cursor() as cursor:
+            for _ in range(16):
+                state, version = self._read(cursor, key)
+                if version is None or not wanted(state):
+                    return False
+                if statement.execute(cursor, {"p_key_hash": key.digest, "p_version": version}) == 1:
+                    return True
+        raise StoreUnavailable(f"{key} kept changing while trying to {action} it", key=str(key))
+
     def force_release(self, key: Key) -> bool:
-        t = self.t
-        statement = (
-            sa.update(t)
-            .where(t.c.key_hash == key.digest, t.c.lease_id.is_not(None))
-            .values(version=t.c.version + 1, **_lease_columns(None))
-        )
-        with self._connect() as conn:
-            return conn.execute(statement).rowcount == 1
+        return self._repair(key, lambda state: state.lease is not None, self._drop_lease, "force-release")
 
     def forget(self, key: Key) -> bool:
-        t = self.t
-        statement = (
-            sa.update(t)
-            .where(t.c.key_hash == key.digest, sa.or_(t.c.serializer.is_not(None), t.c.failure_count > 0))
-            .values(
-                version=t.c.version + 1,
-                serializer=None,
-                payload=None,
-                size=None,
-                checksum=None,
-                producer=None,
-                artifact_fence=None,
-                created_at=None,
-                failure_count=0,
-                failure_error=None,
-                failure_owner=None,
-                failure_at=None,
-            )
+        return self._repair(
+            key,
+            lambda state: state.artifact is not None or state.failure is not None,
+            self._drop_result,
+            "forget",
         )
-        with self._connect() as conn:
-            return conn.execute(statement).rowcount == 1
 
     def reap(self, namespace: str | None = None) -> int:
-        t = self.t
-        statement = (
-            sa.update(t)
-            .where(t.c.lease_id.is_not(None), t.c.expires_at <= self._now)
-            .values(version=t.c.version + 1, **_lease_columns(None))
-        )
-        if namespace is not None:
-            statement = statement.where(t.c.namespace == namespace)
-        with self._connect() as conn:
-            return int(conn.execute(statement).rowcount)
+        reaped = 0
+        for state in self.list(namespace):
+            if state.lease is None or state.lease.live_at(state.now):
+                continue
+            try:
+                # The statement checks expiry again on the database's clock: the holder may have renewed.
+                reaped += self._repair(
+                    state.key,
+                    lambda s: s.lease is not None and not s.lease.live_at(s.now),
+                    self._reap_expired,
+                    "reap",
+                )
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self._where(state.key.digest), exc)
+        return reaped
 
     # -- notifications ---------------------------------------------------------------------------------
     def watch(self, key: Key) -> Watch:
@@ -965,14 +990,6 @@ def _lease_columns(lease: LeaseRecord | None) -> dict[str, Any]:
     }
 
 
-def _text(row: Any, column: str) -> str:
-    """A text column that must be set: ``str(None)`` would silently turn a damaged row into "None"."""
-    value = row[column]
-    if value is None:
-        raise ValueError(f"its {column} is missing")
-    return str(value)
-
-
 def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
     """The artifact ``complete`` just stored: the row's facts, and the payload the caller passed."""
     return ArtifactRecord(
@@ -986,44 +1003,37 @@ def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
     )
 
 
-def _decode_row(key: Key, row: Any, now: float) -> KeyState:
-    lease = None
-    if row["lease_id"] is not None:
-        lease = LeaseRecord(
-            key=key,
-            owner=_text(row, "owner"),
-            token=LeaseToken(int(row["fence"]), str(row["lease_id"])),
-            acquired_at=float(row["acquired_at"]),
-            expires_at=float(row["expires_at"]),
-            ttl=float(row["ttl"]),
-            attempt=int(row["attempt"]),
-            max_expires_at=None if row["max_expires_at"] is None else float(row["max_expires_at"]),
-        )
-    failure = None
-    if row["failure_count"]:
-        failure = FailureRecord(
-            count=int(row["failure_count"]),
-            error=_text(row, "failure_error"),
-            owner=_text(row, "failure_owner"),
-            at=float(row["failure_at"]),
-        )
-    artifact = None
-    if row["serializer"] is not None:
-        artifact = ArtifactRecord(
-            serializer=str(row["serializer"]),
-            payload=bytes(row["payload"] or b""),
-            size=int(row["size"]),
-            checksum=_text(row, "checksum"),
-            producer=_text(row, "producer"),
-            fence=int(row["artifact_fence"]),
-            created_at=float(row["created_at"]),
-        )
-    return KeyState(
-        key=key,
-        now=now,
-        fence=int(row["fence"]),
-        attempts=int(row["attempts"]),
-        lease=lease,
-        artifact=artifact,
-        failure=failure,
-    )
+# Columns of the row under the shared decoder's field names (dibs.stores.decoder.FIELDS). The lease's
+# fence is the row's fence; a failure count of 0 means "no failure" (the column is NOT NULL).
+_ROW_FIELDS = {
+    "namespace": "namespace",
+    "name": "name",
+    "fence": "fence",
+    "attempts": "attempts",
+    "lease_owner": "owner",
+    "lease_id": "lease_id",
+    "lease_acquired_at": "acquired_at",
+    "lease_expires_at": "expires_at",
+    "lease_ttl": "ttl",
+    "lease_attempt": "attempt",
+    "lease_max_expires_at": "max_expires_at",
+    "failure_count": "failure_count",
+    "failure_error": "failure_error",
+    "failure_owner": "failure_owner",
+    "failure_at": "failure_at",
+    "artifact_serializer": "serializer",
+    "artifact_size": "size",
+    "artifact_checksum": "checksum",
+    "artifact_producer": "producer",
+    "artifact_fence": "artifact_fence",
+    "artifact_created_at": "created_at",
+}
+
+
+def _row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {name: row[column] for name, column in _ROW_FIELDS.items()}
+    has_lease = any(row[column] is not None for column in _LEASE_COLUMNS)
+    fields["lease_fence"] = row["fence"] if has_lease else None
+    if row["failure_count"] == 0:
+        fields["failure_count"] = None
+    return fields
