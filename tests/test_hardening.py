@@ -466,3 +466,212 @@ def test_a_huge_sparse_record_is_not_read_into_memory(file_store: dibs.Store) ->
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
     assert grown_kib < 512 * 1024, f"reading the sparse record grew the peak memory by {grown_kib} KiB"
     assert path.stat().st_size == 2 * 1024**3
+
+
+# -- 4. raw exceptions become dibs errors naming the bad value ----------------------------------------
+
+
+def _write_state(store: dibs.Store, state: object) -> None:
+    """Write a whole :class:`KeyState` natively (no artifact), as another program could."""
+    import dataclasses
+
+    from dibs.records import KeyState
+    from dibs.stores import codec
+    from dibs.stores.filesystem import FileStore
+    from dibs.stores.sql import SQLStore, _lease_columns
+
+    assert isinstance(state, KeyState) and state.artifact is None
+    key = state.key
+    if isinstance(store, SQLStore):
+        import sqlalchemy as sa
+
+        failure = state.failure
+        values = {
+            "fence": state.fence,
+            "attempts": state.attempts,
+            **_lease_columns(state.lease),
+            "failure_count": failure.count if failure else 0,
+            "failure_error": failure.error if failure else None,
+            "failure_owner": failure.owner if failure else None,
+            "failure_at": failure.at if failure else None,
+        }
+        with store.engine.begin() as conn:
+            updated = conn.execute(
+                sa.update(store.t).where(store.t.c.key_hash == key.digest).values(**values)
+            )
+            assert updated.rowcount == 1
+    elif isinstance(store, FileStore):
+        store.record_path(key).parent.mkdir(parents=True, exist_ok=True)
+        store.record_path(key).write_bytes(codec.encode(state))
+    elif type(store).__name__ == "RedisStore":
+        import redis as redis_py
+
+        fields: dict[str, object] = {"format": "dibs.redis/1", "namespace": key.namespace, "name": key.name}
+        fields |= {"fence": state.fence, "attempts": state.attempts}
+        if state.lease is not None:
+            lease = state.lease
+            fields |= {
+                "lease_owner": lease.owner,
+                "lease_fence": lease.token.fence,
+                "lease_id": lease.token.lease_id,
+                "lease_acquired_at": repr(lease.acquired_at),
+                "lease_expires_at": repr(lease.expires_at),
+                "lease_ttl": repr(lease.ttl),
+                "lease_attempt": lease.attempt,
+            }
+        if state.failure is not None:
+            fields |= {
+                f"failure_{k}": (repr(v) if isinstance(v, float) else v)
+                for k, v in dataclasses.asdict(state.failure).items()
+            }
+        raw = redis_py.Redis.from_url(_service_url(redis_backend))
+        try:
+            raw.delete(store.record_key(key))  # type: ignore[attr-defined]
+            raw.hset(store.record_key(key), mapping=fields)  # type: ignore[attr-defined,arg-type]
+        finally:
+            raw.close()
+    else:
+        blob = store._container.get_blob_client(store.record_name(key))  # type: ignore[attr-defined]
+        blob.upload_blob(codec.encode(state), overwrite=True)
+
+
+def _planted(client: dibs.Reservations, name: str, **changes: object) -> dibs.Key:
+    """A key whose record was created by dibs and then given ``changes`` natively."""
+    import dataclasses
+
+    key = client.key(name)
+    got = client.get_or_reserve(key, owner="planter")
+    assert isinstance(got, dibs.Acquired)
+    got.lease.release()
+    _write_state(client.store, dataclasses.replace(client.status(key), **changes))
+    return key
+
+
+def test_the_largest_fence_is_refused_with_a_dibs_error_naming_it(process_store_url: str) -> None:
+    from dibs.records import MAX_FENCE
+
+    client = dibs.Reservations(process_store_url, namespace="hardening.fence")
+    key = _planted(client, "max", fence=MAX_FENCE)
+    assert client.status(key).fence == MAX_FENCE  # a valid record: it just cannot change hands again
+    ran = []
+    with pytest.raises(dibs.CorruptRecord, match=str(MAX_FENCE)):
+        client.compute(key, lambda: ran.append(1))
+    assert not ran and client.status(key).fence == MAX_FENCE
+    client.close()
+
+
+def test_counters_at_their_largest_stay_there(process_store_url: str) -> None:
+    import dataclasses
+
+    from dibs.records import MAX_COUNT, FailureRecord
+
+    client = dibs.Reservations(process_store_url, namespace="hardening.counts")
+    now = client.status("k").now
+    key = _planted(client, "k", attempts=MAX_COUNT, failure=FailureRecord(MAX_COUNT, "boom", "planter", now))
+    got = client.get_or_reserve(key)
+    assert isinstance(got, dibs.Acquired) and got.lease.attempt == MAX_COUNT
+    got.lease.release("again")
+    state = client.status(key)
+    assert (state.attempts, state.failure and state.failure.count) == (MAX_COUNT, MAX_COUNT)
+    assert dataclasses.replace(state.failure, error="x").count == MAX_COUNT  # type: ignore[union-attr]
+    client.close()
+
+
+@pytest.mark.parametrize("expiry", [1e300, float("inf")], ids=["year 1e292", "infinity"])
+def test_an_expiry_beyond_the_year_9999_is_a_dibs_error_and_show_prints_no_traceback(
+    process_store_url: str, expiry: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dataclasses
+
+    from dibs.cli import main
+
+    if expiry == float("inf") and process_store_url.startswith("mysql"):
+        pytest.skip("MySQL/MariaDB DOUBLE columns cannot hold infinity")
+    client = dibs.Reservations(process_store_url, namespace="hardening.expiry")
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired)
+    _write_state(
+        client.store,
+        dataclasses.replace(
+            client.status("k"), lease=dataclasses.replace(got.lease.record, expires_at=expiry)
+        ),
+    )
+    with pytest.raises(dibs.CorruptRecord, match="lease_expires_at is"):
+        client.status("k")
+    assert main(["show", "k", "--store", process_store_url, "--namespace", "hardening.expiry"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "lease_expires_at" in err
+    client.close()
+
+
+def test_show_formats_an_unrepresentable_time_without_a_traceback() -> None:
+    from dibs.cli import _when
+
+    assert _when(1e300) == "1e+300 (not a date)" and _when(float("nan")) == "nan (not a date)"
+    assert _when(0.0) == "1970-01-01T00:00:00.000+00:00"
+
+
+def test_a_100000_deep_value_is_a_serialization_error_and_frees_the_key(process_store_url: str) -> None:
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    client = dibs.Reservations(process_store_url, namespace="hardening.deep")
+    with pytest.raises(dibs.SerializationError, match="nested deeper"):
+        client.compute("k", lambda: deep)
+    state = client.status("k")
+    assert state.lease is None and state.failure is not None  # released, with the failure recorded
+    assert client.run("k", lambda: "shallow") == "shallow"
+    with pytest.raises(dibs.InvalidKey, match="nested deeper"):
+        dibs.derive_key(len, (deep,))
+    client.close()
+
+
+def test_a_deeply_nested_record_document_is_a_corrupt_record(file_store: dibs.Store) -> None:
+    from dibs.stores.filesystem import FileStore
+
+    assert isinstance(file_store, FileStore)
+    key = dibs.Key("hardening.deep", "doc")
+    path = file_store.record_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(dibs.CorruptRecord, match="not JSON"):
+        file_store.read(key)
+
+
+@pytest.mark.parametrize("sql_url", ["postgres", "mysql"], indirect=True)
+def test_an_over_long_table_name_is_refused_before_the_database_sees_it(sql_url: str) -> None:
+    from dibs.stores.sql import MAX_TABLE_NAME
+
+    base = sql_url.split("?", maxsplit=1)[0]
+    for name in ("t" * (MAX_TABLE_NAME + 1), "t" * 200):
+        with pytest.raises(dibs.ConfigurationError, match=f"{len(name)} characters long; at most 50"):
+            dibs.Reservations(f"{base}?table={name}")
+    longest = "t" * (MAX_TABLE_NAME - 8) + uuid_suffix()
+    with dibs.Reservations(f"{base}?table={longest}", namespace="hardening.table") as client:
+        assert client.run("k", lambda: 1) == 1
+    _drop_table(base, longest)
+
+
+def uuid_suffix() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:8]
+
+
+def _drop_table(base: str, table: str) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(base)
+    quote = "`" if base.startswith("mysql") else '"'
+    with engine.begin() as conn:
+        for name in (table, f"{table}_meta"):
+            conn.execute(
+                sa.text(f"DROP TABLE IF EXISTS {quote}{name}{quote}" + (" CASCADE" if quote == '"' else ""))
+            )
+    engine.dispose()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e12"])
+def test_a_bad_busy_timeout_is_a_configuration_error(tmp_path: Path, value: str) -> None:
+    with pytest.raises(dibs.ConfigurationError, match="busy_timeout"):
+        open_store(f"sqlite:///{tmp_path / 'b.db'}?busy_timeout={value}")

@@ -216,7 +216,10 @@ def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
 def _when(seconds: float | None) -> str | None:
     if seconds is None:
         return None
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
+    try:
+        return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):  # beyond the year 9999, or not a number at all
+        return f"{seconds!r} (not a date)"
 
 
 def _summary(state: KeyState) -> dict[str, Any]:

@@ -152,7 +152,14 @@ def _canonical(value: Any) -> Any:
 
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of ``value``: the input to :func:`digest`."""
-    return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        raise InvalidKey(
+            f"cannot derive a stable key from a {type(value).__name__} nested deeper than Python's recursion "
+            "limit; give the key explicitly (key=...)",
+            name=type(value).__name__,
+        ) from None
 
 
 def digest(*values: Any, length: int = 32) -> str:

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import pickle
+import sys
 from typing import Any, Protocol, runtime_checkable
 
 from dibs.errors import ArtifactCorrupted, ConfigurationError, SerializationError
@@ -40,6 +41,12 @@ class JSONSerializer:
     def dumps(self, value: Any) -> bytes:
         try:
             return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+        except RecursionError:
+            raise SerializationError(
+                f"cannot store a {type(value).__name__} as JSON: it is nested deeper than Python's recursion "
+                f"limit ({sys.getrecursionlimit()}); flatten it, or store it with serializer='bytes'",
+                value_type=type(value).__name__,
+            ) from None
         except (TypeError, ValueError) as exc:
             raise SerializationError(
                 f"cannot store a {type(value).__name__} as JSON ({exc}); return JSON-like data "
@@ -52,6 +59,10 @@ class JSONSerializer:
             return json.loads(payload)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SerializationError(f"stored JSON artifact cannot be decoded: {exc}") from exc
+        except RecursionError:
+            raise SerializationError(
+                "stored JSON artifact cannot be decoded: it is nested deeper than Python's recursion limit"
+            ) from None
 
 
 class BytesSerializer:
@@ -97,6 +108,10 @@ class SignedPickleSerializer:
     def dumps(self, value: Any) -> bytes:
         try:
             body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except RecursionError:
+            raise SerializationError(
+                f"cannot pickle a {type(value).__name__}: it is nested deeper than Python's recursion limit"
+            ) from None
         except Exception as exc:
             raise SerializationError(f"cannot pickle a {type(value).__name__}: {exc}") from exc
         return hmac.new(self._key, body, hashlib.sha256).digest() + body

@@ -63,6 +63,7 @@ from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import (
+    MAX_COUNT,
     ArtifactRecord,
     KeyState,
     LeaseRecord,
@@ -80,6 +81,10 @@ SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "dibs_changes"
 _OPTIONS = ("table", "schema", "synchronous", "busy_timeout")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+# Identifiers are at most 63 characters in PostgreSQL (64 in MySQL); the longest name derived from the
+# table is its index, "ix_<table>_namespace" (13 more), then "<table>_notify" and "<table>_meta".
+MAX_TABLE_NAME = 50
+MAX_SCHEMA_NAME = 63
 
 
 def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
@@ -425,8 +430,10 @@ class SQLStore(Store):
         released = (t.c.version, t.c.version + 1)
         self._release = _Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
         # The failure is recorded before the lease columns are cleared (MySQL assigns left to right).
+        # Saturating, like transitions.release: a 32-bit INTEGER column must never overflow.
+        counted = sa.case((t.c.failure_count < MAX_COUNT, t.c.failure_count + 1), else_=MAX_COUNT)
         failure: tuple[tuple[Any, Any], ...] = (
-            (t.c.failure_count, t.c.failure_count + 1),
+            (t.c.failure_count, counted),
             (t.c.failure_error, p("p_error")),
             (t.c.failure_owner, t.c.owner),
             (t.c.failure_at, now),
@@ -896,10 +903,15 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
             f"use one of {_SYNCHRONOUS}"
         )
     options["synchronous"] = synchronous
-    for name in ("table", "schema"):
+    for name, longest in (("table", MAX_TABLE_NAME), ("schema", MAX_SCHEMA_NAME)):
         value = options.get(name)
-        if value is not None and not value.replace("_", "").isalnum():
-            raise ConfigurationError(f"{name}={value!r} must be letters, digits and '_' only")
+        if value is not None and not (value.replace("_", "").isalnum() and value.isascii()):
+            raise ConfigurationError(f"{name}={value!r} must be ASCII letters, digits and '_' only")
+        if value is not None and len(value) > longest:
+            raise ConfigurationError(
+                f"{name}={value[:20]!r}... is {len(value)} characters long; at most {longest} are allowed "
+                "(the names dibs derives from it must fit PostgreSQL's and MySQL's 63-character limit)"
+            )
     return parsed, options
 
 
