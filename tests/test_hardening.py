@@ -675,3 +675,114 @@ def _drop_table(base: str, table: str) -> None:
 def test_a_bad_busy_timeout_is_a_configuration_error(tmp_path: Path, value: str) -> None:
     with pytest.raises(dibs.ConfigurationError, match="busy_timeout"):
         open_store(f"sqlite:///{tmp_path / 'b.db'}?busy_timeout={value}")
+
+
+# -- 5. dibs never damages a record itself ------------------------------------------------------------
+
+
+def test_fences_above_2_to_the_53_stay_exact(process_store_url: str) -> None:
+    # Redis scripts did the arithmetic in Lua doubles: the fence stopped increasing and was written
+    # back as '1e+17', after which dibs reported its own record as corrupt.
+    client = dibs.Reservations(process_store_url, namespace="hardening.bigfence")
+    start = 2**53 + 1
+    key = _planted(client, "k", fence=start)
+    first = client.get_or_reserve(key)
+    assert isinstance(first, dibs.Acquired) and first.lease.token == start + 1
+    first.lease.heartbeat()
+    first.lease.release("once")
+    second = client.get_or_reserve(key)
+    assert isinstance(second, dibs.Acquired) and second.lease.token == start + 2
+    stored = second.lease.complete("value")
+    assert stored.fence == start + 2
+    state = client.status(key)
+    assert (state.fence, state.artifact and state.artifact.fence) == (start + 2, start + 2)
+    assert client.run(key, lambda: "recomputed") == "value"
+    client.close()
+
+
+@pytest.mark.parametrize("owner", [5, None, b"bytes", "", "a\x00b", "\x1b[2Jwiped", "tab\there", "x" * 2049])
+def test_an_owner_dibs_cannot_store_is_refused_before_anything_is_written(
+    process_store_url: str, owner: object
+) -> None:
+    # An int owner made the file store's record unreadable for every client.
+    client = dibs.Reservations(process_store_url, namespace="hardening.owner")
+    client.run("before", lambda: 1)
+    with pytest.raises(dibs.ConfigurationError, match="owner"):
+        client.store.acquire(client.key("k"), owner, 30, None)  # type: ignore[arg-type]
+    assert client.status("k").fence == 0  # nothing written
+    assert [s.key.name for s in client.list()] == ["before"]
+    client.close()
+
+
+def test_validate_owner_accepts_what_the_integrations_build() -> None:
+    from dibs.keys import validate_owner
+
+    for owner in ("dag/manual__2026-11-25T00:00:00+00:00/task/-1", "prefect:build-features-0:uuid", "ключ ✓"):
+        assert validate_owner(owner) == owner
+
+
+def test_a_latin1_mariadb_database_keeps_every_key_and_owner_exact() -> None:
+    # Under a latin1 database default, 'ключ' was stored as '????', the result was lost, and the key
+    # raised CorruptRecord from then on.
+    import uuid
+
+    import sqlalchemy as sa
+
+    base = _service_url(mysql_backend)
+    database = f"dibs_latin1_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE `{database}` CHARACTER SET latin1"))
+    try:
+        url = base.rsplit("/", 1)[0] + f"/{database}"
+        with dibs.Reservations(url, namespace="hardening.charset") as client:
+            for name in ("ключ ✓", "emoji 🔑", "Ünïcödé"):
+                assert client.compute(name, lambda n=name: n, owner=f"owner {name}").role == "computed"
+                report = client.compute(name, lambda: "recomputed", owner="someone else")
+                assert (report.role, report.value, report.producer) == ("hit", name, f"owner {name}")
+            with admin.connect() as conn:
+                charset = conn.execute(
+                    sa.text(
+                        "SELECT CCSA.character_set_name FROM information_schema.TABLES T "
+                        "JOIN information_schema.COLLATION_CHARACTER_SET_APPLICABILITY CCSA "
+                        "ON CCSA.collation_name = T.table_collation "
+                        "WHERE T.table_schema = :db AND T.table_name = 'dibs_reservations'"
+                    ),
+                    {"db": database},
+                ).scalar()
+            assert charset == "utf8mb4"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{database}`"))
+        admin.dispose()
+
+
+def test_ls_and_show_never_print_raw_escape_sequences(
+    process_store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dataclasses
+
+    from dibs.cli import main
+
+    client = dibs.Reservations(process_store_url, namespace="hardening.print")
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired)
+    hostile = "\x1b]0;owned\x07\x1b[2J\u202eevil\r\nforged line"
+    lease = dataclasses.replace(got.lease.record, owner=hostile)  # planted natively: dibs refuses it
+    _write_state(client.store, dataclasses.replace(client.status("k"), lease=lease))
+    common = ["--store", process_store_url, "--namespace", "hardening.print"]
+    assert main(["ls", *common]) == 0
+    assert main(["show", "k", *common]) == 0
+    out, err = capsys.readouterr()
+    for raw in ("\x1b", "\x07", "\u202e", "\r"):
+        assert raw not in out + err
+    assert "\\x1b]0;owned\\x07" in out and "\\u202eevil\\r\\nforged line" in out
+    client.close()
+
+
+def test_printable_escapes_only_what_a_terminal_would_act_on() -> None:
+    from dibs.display import printable
+
+    assert printable("ключ ✓ 🔑 a b") == "ключ ✓ 🔑 a b"
+    assert printable("\x1b[31m\x00\u2028\ud800") == "\\x1b[31m\\x00\\u2028\\ud800"
+    assert printable(dibs.CorruptRecord("bad\nrecord")) == "bad\\nrecord"

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from dibs.client import Reservations
 from dibs.config import STORE_URL_ENV
+from dibs.display import printable
 from dibs.errors import ReservationError, WaitTimeout
 from dibs.outcomes import Acquired, Hit
 from dibs.records import KeyState
@@ -80,11 +81,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="dibs: %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("dibs: %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     if args.command == "demo":
         from dibs.demo import run_demo
 
@@ -95,11 +94,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Reservations(args.store, namespace=args.namespace) as client:
             return _admin(args, client)
     except WaitTimeout as exc:
-        print(f"dibs: {exc}", file=sys.stderr)
+        print(f"dibs: {printable(exc)}", file=sys.stderr)
         return EXIT_TIMEOUT
     except ReservationError as exc:
-        print(f"dibs: {exc}", file=sys.stderr)
+        print(f"dibs: {printable(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines quote owners and foreign records: escape what a terminal would act on."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = super().format(record).split("\n")  # a traceback keeps its lines
+        return "\n".join(printable(line) for line in lines)
 
 
 # -- dibs run -----------------------------------------------------------------------------------
@@ -181,7 +188,7 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         else:
             width = max(map(len, doc))
             for name, value in doc.items():
-                print(f"{name:<{width}}  {'-' if value is None else value}")
+                print(f"{name:<{width}}  {'-' if value is None else printable(value)}")
         return 0 if state.status != "free" or state.fence else 1
     if args.command == "release":
         done = client.force_release(args.key)
@@ -287,7 +294,7 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[st
 def print_table(rows: list[dict[str, Any]], columns: list[str], out: IO[str] | None = None) -> None:
     """A plain aligned table (no dependency): what people read in terminals and CI logs."""
     out = out or sys.stdout
-    cells = [[("" if row.get(c) is None else str(row[c])) for c in columns] for row in rows]
+    cells = [[("" if row.get(c) is None else printable(row[c])) for c in columns] for row in rows]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
     for r in cells:

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import ClassVar, Self, TypeVar
 
 from dibs.errors import CorruptRecord, StoreUnavailable
-from dibs.keys import Key
+from dibs.keys import Key, validate_owner
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import transitions
 
@@ -211,6 +211,7 @@ class RecordStore(Store):
         )
 
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        validate_owner(owner)  # a bad owner written into the record would make it unreadable for all
         return self._update(key, lambda state: transitions.acquire(state, owner, ttl, max_lease_age))
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:

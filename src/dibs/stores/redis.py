@@ -51,8 +51,9 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from dibs.config import validate_seconds
+from dibs.display import printable
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
-from dibs.keys import Key
+from dibs.keys import Key, validate_owner
 from dibs.records import (
     MAX_COUNT,
     MAX_FENCE,
@@ -543,6 +544,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         return self._state(key, reply, with_payload=True)
 
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        validate_owner(owner)
         reply = self._run(
             self._acquire,
             key,
@@ -742,7 +744,8 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         with self._service(action, key):
             reply = cast(_Reply, script(keys=[self.record_key(key)], args=args))
         if reply[0] == b"corrupt":
-            raise self._corrupt(key, self.record_key(key), reply[1].decode("utf-8", "replace"))
+            # The reason may quote the foreign value (its format, the key it names): never raw.
+            raise self._corrupt(key, self.record_key(key), printable(reply[1].decode("utf-8", "replace")))
         return reply
 
     def _drop_part(self, key: Key, part: str, action: str) -> bool:
@@ -810,7 +813,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         """A listed record's state, after checking it is the record its Redis key says it is."""
         record_key = raw_key.decode("utf-8", "backslashreplace")
         if reply[0] == b"corrupt":
-            raise self._corrupt(None, record_key, reply[1].decode("utf-8", "replace"))
+            raise self._corrupt(None, record_key, printable(reply[1].decode("utf-8", "replace")))
         if reply[3] is None:  # no format: deleted between SCAN and the read
             return None
         digest = record_key.removeprefix(f"{self._prefix}rec:")

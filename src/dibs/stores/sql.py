@@ -61,7 +61,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
-from dibs.keys import Key
+from dibs.keys import Key, validate_owner
 from dibs.records import (
     MAX_COUNT,
     ArtifactRecord,
@@ -89,6 +89,10 @@ MAX_SCHEMA_NAME = 63
 
 def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
     metadata = sa.MetaData(schema=schema)
+    # MySQL/MariaDB: the tables' own character set, whatever the database's default. Under a latin1
+    # database, keys and owners outside latin1 were stored as '?', and the key then read as corrupt
+    # (its row named another key). utf8mb4_bin also compares exactly (no case folding, no padding).
+    charset: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
     payload_type: Any = sa.LargeBinary()
     if dialect in ("mysql", "mariadb"):  # imported only here: the MySQL dialect takes ~50 ms to import
         from sqlalchemy.dialects import mysql
@@ -124,12 +128,14 @@ def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, s
         sa.Column("producer", sa.Text),
         sa.Column("artifact_fence", sa.BigInteger),
         sa.Column("created_at", sa.Double),
+        **charset,
     )
     meta = sa.Table(
         f"{name}_meta",
         metadata,
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("value", sa.String(200), nullable=False),
+        **charset,
     )
     return metadata, reservations, meta
 
@@ -491,6 +497,7 @@ class SQLStore(Store):
 
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        validate_owner(owner)
         with self._cursor() as cursor:
             for _ in range(16):
                 state, version = self._read(cursor, key)
