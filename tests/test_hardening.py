@@ -786,3 +786,37 @@ def test_printable_escapes_only_what_a_terminal_would_act_on() -> None:
     assert printable("ключ ✓ 🔑 a b") == "ключ ✓ 🔑 a b"
     assert printable("\x1b[31m\x00\u2028\ud800") == "\\x1b[31m\\x00\\u2028\\ud800"
     assert printable(dibs.CorruptRecord("bad\nrecord")) == "bad\\nrecord"
+
+
+# -- 6. values over MariaDB's max_allowed_packet ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("sql_url", ["mysql"], indirect=True)
+def test_a_value_over_max_allowed_packet_is_a_size_error_and_the_lease_is_released(sql_url: str) -> None:
+    # It was reported as StoreUnavailable ("gone away"), re-sent for a whole ttl, and never released.
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(sql_url.split("?", maxsplit=1)[0])
+    with engine.connect() as conn:
+        limit = int(conn.execute(sa.text("SELECT @@max_allowed_packet")).scalar_one())
+    engine.dispose()
+    client = dibs.Reservations(sql_url, namespace="hardening.packet", serializer="bytes", ttl=600)
+    too_big = b"x" * (limit + 1)
+    with pytest.raises(
+        dibs.ArtifactTooLarge, match=f"{len(too_big):,} bytes.*max_allowed_packet .{limit:,}"
+    ) as caught:
+        client.compute("big", lambda: too_big)
+    assert (caught.value.size, caught.value.limit) == (len(too_big), limit)  # type: ignore[attr-defined]
+    state = client.status("big")
+    assert state.lease is None and state.failure is not None and "ArtifactTooLarge" in state.failure.error
+    got = client.get_or_reserve("big", owner="next")  # a waiter takes over at once, not after the ttl
+    assert isinstance(got, dibs.Acquired)
+    # The driver sends bytes as a literal that can take twice their size (hex, or escapes): a value
+    # of half the limit does not fit either...
+    with pytest.raises(dibs.ArtifactTooLarge):
+        got.lease.complete(b"\0" * (limit // 2 + 1))
+    # ... and what fits is stored.
+    fits = b"y" * (limit // 2 - 64 * 1024)
+    got.lease.complete(fits)
+    assert client.run("big", lambda: b"") == fits
+    client.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dibs.client import AsyncReservations, Reservations
 from dibs.errors import (
     ArtifactCorrupted,
+    ArtifactTooLarge,
     ConfigurationError,
     CorruptRecord,
     InvalidKey,
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Acquired",
     "ArtifactCorrupted",
+    "ArtifactTooLarge",
     "AsyncReservations",
     "Backoff",
     "Busy",

@@ -21,7 +21,7 @@ from typing import IO, Any
 from dibs.client import Reservations
 from dibs.config import STORE_URL_ENV
 from dibs.display import printable
-from dibs.errors import ReservationError, WaitTimeout
+from dibs.errors import ReservationError, SerializationError, WaitTimeout
 from dibs.outcomes import Acquired, Hit
 from dibs.records import KeyState
 from dibs.stores.base import Listing
@@ -142,7 +142,11 @@ def _run_holding(got: Acquired, command: list[str]) -> int:
     if status != 0:
         lease.release(f"command {' '.join(command)!r} exited with status {status}")
         return status
-    lease.complete(captured)
+    try:
+        lease.complete(captured)
+    except SerializationError as exc:  # e.g. ArtifactTooLarge: free the key now, not after the ttl
+        lease.release(exc)
+        raise
     return 0
 
 

@@ -60,7 +60,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
 from dibs.config import validate_seconds
-from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.errors import ArtifactTooLarge, ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key, validate_owner
 from dibs.records import (
     MAX_COUNT,
@@ -84,6 +84,8 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Identifiers are at most 63 characters in PostgreSQL (64 in MySQL); the longest name derived from the
 # table is its index, "ix_<table>_namespace" (13 more), then "<table>_notify" and "<table>_meta".
 MAX_TABLE_NAME = 50
+# The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
+_MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
 MAX_SCHEMA_NAME = 63
 
 
@@ -169,6 +171,8 @@ class SQLStore(Store):
         self.schema = options.get("schema")
         self.metadata, self.t, self.meta = _tables(self.table_name, self.schema, self.dialect)
         self.engine = _make_engine(sa_url, options, engine_kwargs)
+        self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
+        self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
         self._listeners = _Listeners(self)
         # PostgreSQL: LISTEN/NOTIFY; SQLite: a shared-memory change counter (see _SQLiteWatch).
         self.notifies = self.dialect in ("postgresql", "sqlite")
@@ -563,6 +567,8 @@ class SQLStore(Store):
         }
         statement = self._complete
         with self._cursor() as cursor:
+            if self.dialect in ("mysql", "mariadb"):
+                self._check_packet_size(cursor, key, values)
             if statement.columns:  # UPDATE ... RETURNING: the stored artifact, in the same statement
                 rows = statement.fetch_all(cursor, values)
                 if len(rows) != 1:
@@ -577,6 +583,46 @@ class SQLStore(Store):
         if state.artifact is None:  # pragma: no cover
             raise transitions.explain_lost(state, token, "complete")
         return state.artifact  # pragma: no cover
+
+    def _check_packet_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
+        """Refuse (with :class:`ArtifactTooLarge`) a complete that MySQL/MariaDB would refuse.
+
+        The server drops the connection when a statement is longer than ``max_allowed_packet``, which
+        looks like a network failure: the client then re-sent the payload for a whole ttl and never
+        released the lease. The statement's length is known before sending: the driver inlines the
+        payload as a literal (see :meth:`_literal_size`), and the other values are short.
+        """
+        if self._max_packet is None:
+            cursor.execute("SELECT @@max_allowed_packet")
+            self._max_packet = int(cursor.fetchone()[0])
+        payload = values["p_payload"]
+        others = sum(2 * len(str(value).encode()) for name, value in values.items() if name != "p_payload")
+        needed = self._literal_size(cursor, payload) + others + len(self._complete.sql) + 64
+        if needed > self._max_packet:
+            raise ArtifactTooLarge(
+                f"cannot store the artifact of {key}: its {len(payload):,} bytes make a {needed:,}-byte "
+                f"statement, more than this {self.dialect} server's max_allowed_packet ({self._max_packet:,} "
+                "bytes); nothing was stored. Raise max_allowed_packet on the server, or store the data "
+                "elsewhere and return a reference to it",
+                key=str(key),
+                size=len(payload),
+                limit=self._max_packet,
+            )
+
+    def _literal_size(self, cursor: Any, payload: bytes) -> int:
+        """How many bytes the driver's literal of ``payload`` takes: PyMySQL 1.1 and later write hex
+        (``X'..'``, two bytes per byte), older drivers an escaped string (two bytes for each of the
+        seven bytes of ``_MYSQL_ESCAPED``). Which one is asked of the driver once per store."""
+        if self._hex_literals is None:
+            try:
+                probe = cursor.connection.escape(b"a\0")
+                text = probe.decode("ascii") if isinstance(probe, bytes) else str(probe)
+                self._hex_literals = text.upper().startswith("X'")
+            except Exception:  # a driver without escape(): assume the larger form
+                self._hex_literals = True
+        if self._hex_literals:
+            return 2 * len(payload) + 3
+        return len(payload) + sum(payload.count(byte) for byte in _MYSQL_ESCAPED) + 10
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
         values = self._holding(key, token)
