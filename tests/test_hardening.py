@@ -579,11 +579,18 @@ def test_counters_at_their_largest_stay_there(process_store_url: str) -> None:
 
 @pytest.mark.parametrize("expiry", [1e300, float("inf")], ids=["year 1e292", "infinity"])
 def test_an_expiry_beyond_the_year_9999_is_a_dibs_error_and_show_prints_no_traceback(
-    process_store_url: str, expiry: float, capsys: pytest.CaptureFixture[str]
+    process_store_url: str,
+    expiry: float,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     import dataclasses
 
     from dibs.cli import main
+
+    # The Azure SDK logs every request at INFO; once Airflow is imported (an earlier test), its
+    # handlers write those to a stream pytest has closed, and print "--- Logging error ---" here.
+    caplog.set_level(logging.WARNING, logger="azure")
 
     if expiry == float("inf") and process_store_url.startswith("mysql"):
         pytest.skip("MySQL/MariaDB DOUBLE columns cannot hold infinity")
@@ -820,3 +827,88 @@ def test_a_value_over_max_allowed_packet_is_a_size_error_and_the_lease_is_releas
     got.lease.complete(fits)
     assert client.run("big", lambda: b"") == fits
     client.close()
+
+
+# -- 7. PostgreSQL connections the server ended --------------------------------------------------------
+
+
+@pytest.fixture
+def postgres_store(tmp_path: Path) -> Iterator[tuple[dibs.Store, str]]:
+    """A PostgreSQL store whose connections carry an application_name of their own, to end them."""
+    import uuid
+
+    from dibs.stores.sql import SQLStore
+
+    with postgres_backend.isolated_url(tmp_path) as url:
+        application = f"dibs-hardening-{uuid.uuid4().hex[:8]}"
+        store = SQLStore(f"{url}&application_name={application}")
+        try:
+            yield store, application
+        finally:
+            store.close()
+
+
+def _fill_pool(store: dibs.Store, connections: int) -> None:
+    import threading
+
+    barrier = threading.Barrier(connections)
+
+    def hold() -> None:
+        with store._cursor() as cursor:  # type: ignore[attr-defined]
+            barrier.wait(timeout=30)
+            cursor.execute("SELECT 1")
+
+    threads = [threading.Thread(target=hold) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _terminate(application: str) -> int:
+    import psycopg
+
+    conninfo = postgres_backend.server_url().replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            (application,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_reads_recover_from_connections_the_server_ended(postgres_store: tuple[dibs.Store, str]) -> None:
+    # After pg_terminate_backend (or a restart), each stale pooled connection failed one call.
+    store, application = postgres_store
+    client = dibs.Reservations(store, namespace="hardening.stale")
+    client.run("done", lambda: 1)
+    got = client.get_or_reserve("held", owner="alice")
+    assert isinstance(got, dibs.Acquired)
+    _fill_pool(store, 6)
+    assert _terminate(application) >= 5
+    for _ in range(8):  # reads, re-entry, heartbeats and listings: all safe to repeat
+        assert client.status("done").status == "done"
+        again = client.get_or_reserve("held", owner="alice")
+        assert isinstance(again, dibs.Acquired) and again.lease.token == got.lease.token
+        got.lease.heartbeat()
+        assert {s.key.name for s in client.list()} == {"done", "held"}
+
+
+def test_a_write_whose_connection_was_ended_is_not_sent_again_blindly(
+    postgres_store: tuple[dibs.Store, str],
+) -> None:
+    from dibs.records import checksum
+
+    store, application = postgres_store
+    client = dibs.Reservations(store, namespace="hardening.stale")
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired)
+    _fill_pool(store, 3)
+    assert _terminate(application) >= 1
+    token = got.lease.record.token
+    with pytest.raises(dibs.StoreUnavailable):  # the store reports it; the caller decides (re-reads)
+        store.complete(got.lease.key, token, "json", b"1", checksum(b"1"))
+    assert client.status("k").lease is not None  # nothing was written
+    store.complete(got.lease.key, token, "json", b"1", checksum(b"1"))  # the pool is fresh again
+    assert client.run("k", lambda: 2) == 1

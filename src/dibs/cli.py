@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(_PrintableFormatter("dibs: %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     if args.command == "demo":
@@ -99,6 +99,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReservationError as exc:
         print(f"dibs: {printable(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (``main`` may run more than once in a process)."""
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: IO[str]) -> None:
+        pass
 
 
 class _PrintableFormatter(logging.Formatter):

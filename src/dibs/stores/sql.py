@@ -50,7 +50,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -76,6 +76,8 @@ from dibs.stores.base import Listing, PollingWatch, Skipped, Store, Watch, skip
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "dibs_changes"
@@ -244,8 +246,11 @@ class SQLStore(Store):
             lost = self.engine.dialect.is_disconnect(exc, connection, cursor)
             if lost:
                 connection.invalidate(exc)
+                # The server ended this connection (a restart, pg_terminate_backend): it will have
+                # ended the other idle ones too. Drop them all now, or each would fail one later call.
+                self.engine.dispose()
             if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
-                raise self._unavailable(exc) from exc
+                raise self._unavailable(exc, disconnected=lost) from exc
             dialect = self.engine.dialect
             raise sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect) from exc
         finally:
@@ -260,10 +265,33 @@ class SQLStore(Store):
         first = text.splitlines()[0] if text else type(error).__name__
         return hide_secrets(first, self._secrets)[:limit]
 
-    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+    def _unavailable(self, exc: Exception, *, disconnected: bool = False) -> StoreUnavailable:
+        """``disconnected``: the server had closed the connection (see :meth:`_repeatable`)."""
         orig = getattr(exc, "orig", None) or exc
         why = f"{type(orig).__name__}: {self._first_line(orig, 300)}"
-        return StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
+        error = StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
+        error.disconnected = disconnected  # type: ignore[attr-defined]  # not a field: never pickled
+        return error
+
+    def _repeatable(self, operation: Callable[[Any], T]) -> T:
+        """Run ``operation`` on a cursor; if its pooled connection turns out to have been closed by
+        the server, run it once more on a fresh one.
+
+        Only for operations that are safe to repeat even if the first attempt reached the server and
+        only its reply was lost: reads, ``acquire`` (a second attempt by the same owner re-enters
+        the lease the first one may have taken) and ``heartbeat`` (extending twice is extending).
+        ``complete`` and ``release`` are never repeated blindly: a lost reply there is resolved by
+        reading the key again (see :meth:`dibs.Lease.complete`).
+        """
+        try:
+            with self._cursor() as cursor:
+                return operation(cursor)
+        except StoreUnavailable as exc:
+            if not getattr(exc, "disconnected", False):
+                raise
+            log.info("%s: a pooled connection had been closed by the server; trying a fresh one", self.url)
+        with self._cursor() as cursor:
+            return operation(cursor)
 
     def _ensure_schema(self) -> None:
         """Create the tables on first use; racing processes either serialize or retry."""
@@ -477,8 +505,7 @@ class SQLStore(Store):
         )
 
     def read(self, key: Key) -> KeyState:
-        with self._cursor() as cursor:
-            return self._read(cursor, key)[0]
+        return self._repeatable(lambda cursor: self._read(cursor, key)[0])
 
     def list(self, namespace: str | None = None) -> Listing:
         """Every row (in ``namespace``), without payloads; unreadable rows are skipped, logged and
@@ -488,8 +515,7 @@ class SQLStore(Store):
         query = sa.select(clock.label("now"), *columns).order_by(self.t.c.namespace, self.t.c.name)
         if namespace is not None:
             query = query.where(self.t.c.namespace == namespace)
-        with self._connect() as conn:
-            rows = conn.execute(query).mappings().all()
+        rows = self._repeatable(lambda cursor: self._fetch_rows(cursor, query))
         states: builtins.list[KeyState] = []
         skipped: builtins.list[Skipped] = []
         for row in rows:
@@ -499,18 +525,31 @@ class SQLStore(Store):
                 skip(skipped, self._where(row["key_hash"]), exc)
         return Listing(states, skipped)
 
+    def _fetch_rows(self, cursor: Any, query: sa.Select[Any]) -> builtins.list[dict[str, Any]]:
+        compiled = query.compile(dialect=self.engine.dialect)
+        parameters = compiled.construct_params()
+        if compiled.positional:
+            cursor.execute(compiled.string, tuple(parameters[name] for name in compiled.positiontup or ()))
+        else:
+            cursor.execute(compiled.string, parameters)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
         validate_owner(owner)
-        with self._cursor() as cursor:
+
+        def attempt(cursor: Any) -> StoreOutcome:
             for _ in range(16):
                 state, version = self._read(cursor, key)
                 outcome, new_state = transitions.acquire(state, owner, ttl, max_lease_age)
                 if new_state is None or self._swap(cursor, key, version, new_state):
                     return outcome
-        raise StoreUnavailable(
-            f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
-        )
+            raise StoreUnavailable(
+                f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
+            )
+
+        return self._repeatable(attempt)
 
     def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
         values = {f"p_{name}": value for name, value in _lease_columns(new.lease).items()}
@@ -547,10 +586,12 @@ class SQLStore(Store):
         return transitions.explain_lost(self._read(cursor, key)[0], token, action)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
-        with self._cursor() as cursor:
+        def attempt(cursor: Any) -> KeyState:
             if self._heartbeat.execute(cursor, {**self._holding(key, token), "p_ttl": ttl}) != 1:
                 raise self._lost(cursor, key, token, "heartbeat")
-            state = self._read(cursor, key)[0]
+            return self._read(cursor, key)[0]
+
+        state = self._repeatable(attempt)
         if state.lease is None or state.lease.token != token:  # changed hands right after our update
             raise transitions.explain_lost(state, token, "heartbeat")
         return state.lease
