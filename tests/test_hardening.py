@@ -912,3 +912,71 @@ def test_a_write_whose_connection_was_ended_is_not_sent_again_blindly(
     assert client.status("k").lease is not None  # nothing was written
     store.complete(got.lease.key, token, "json", b"1", checksum(b"1"))  # the pool is fresh again
     assert client.run("k", lambda: 2) == 1
+
+
+# -- 9. what the pickle signature binds -----------------------------------------------------------------
+
+
+SIGNING_KEY = "hardening-signing-key-0123456789"
+
+
+def _copy_artifact_row(
+    store: dibs.Store, source: dibs.Key, target: dibs.Key, *, fence: int | None = None
+) -> None:
+    """Copy ``source``'s artifact (payload, checksum, everything) into ``target``'s row, natively."""
+    import sqlalchemy as sa
+
+    from dibs.stores.sql import SQLStore
+
+    assert isinstance(store, SQLStore)
+    t = store.t
+    columns = ("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at")
+    with store.engine.begin() as conn:
+        row = conn.execute(sa.select(*(t.c[c] for c in columns)).where(t.c.key_hash == source.digest)).one()
+        values = dict(zip(columns, row, strict=True))
+        if fence is not None:
+            values["artifact_fence"] = fence
+        cleared = dict.fromkeys(
+            ("owner", "lease_id", "acquired_at", "expires_at", "max_expires_at", "ttl", "attempt")
+        )
+        top = max(values["artifact_fence"], 1)
+        conn.execute(sa.update(t).where(t.c.key_hash == target.digest).values(**values, **cleared, fence=top))
+
+
+@pytest.mark.parametrize("sql_url", SQL_BACKENDS, indirect=True)
+def test_a_signed_artifact_copied_to_another_key_or_fence_is_refused(sql_url: str, tmp_path: Path) -> None:
+    canary = tmp_path / "unpickled"
+    client = dibs.Reservations(
+        sql_url, namespace="hardening.hmac", serializer="pickle", signing_key=SIGNING_KEY
+    )
+    client.run("source", lambda: {"rows": 1})
+    assert client.run("source", lambda: "recomputed") == {"rows": 1}  # its own place: accepted
+    got = client.get_or_reserve("target")
+    assert isinstance(got, dibs.Acquired)
+    got.lease.release()
+    _copy_artifact_row(client.store, client.key("source"), client.key("target"))
+    with pytest.raises(dibs.ArtifactCorrupted, match=r"NOT unpickled.*copied from another key") as caught:
+        client.run("target", canary.mkdir)
+    assert "hardening.hmac/target" in str(caught.value) and not canary.exists()
+    # The same key, but moved to another fence (a replay after the key changed hands): refused too.
+    _copy_artifact_row(client.store, client.key("source"), client.key("source"), fence=7)
+    with pytest.raises(dibs.ArtifactCorrupted, match="NOT unpickled"):
+        client.run("source", canary.mkdir)
+    assert not canary.exists()
+    client.close()
+
+
+def test_the_signature_covers_key_and_fence() -> None:
+    from dibs.serializers import SignedPickleSerializer, artifact_context
+
+    signer = SignedPickleSerializer(SIGNING_KEY)
+    here = artifact_context(dibs.Key("ns", "a"), 3)
+    payload = signer.dumps([1, 2], context=here)
+    assert signer.loads(payload, context=here) == [1, 2]
+    for elsewhere in (
+        artifact_context(dibs.Key("ns", "b"), 3),
+        artifact_context(dibs.Key("ns", "a"), 4),
+        b"",
+    ):
+        with pytest.raises(dibs.ArtifactCorrupted):
+            signer.loads(payload, context=elsewhere)

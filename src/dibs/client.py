@@ -39,7 +39,7 @@ from dibs.records import (
     Present,
     StoreOutcome,
 )
-from dibs.serializers import Serializer, SignedPickleSerializer, resolve_serializer
+from dibs.serializers import Serializer, SignedPickleSerializer, load_artifact, resolve_serializer
 from dibs.stores import Store, open_store, redact_url
 from dibs.stores.base import Watch
 from dibs.waiting import AskAcquire, Backoff, Deadline, acquire_until, adrive, drive, read_until
@@ -160,7 +160,7 @@ class Reservations:
         payload = artifact.verified_payload(key)
         reader = self._reader_for(key, artifact.serializer)
         try:
-            return reader.loads(payload)
+            return load_artifact(reader, payload, key, artifact.fence)  # signatures bind key + fence
         except ReservationError as exc:
             if str(key) in str(exc):
                 raise

@@ -28,6 +28,7 @@ from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
+from dibs.serializers import dump_artifact
 
 if TYPE_CHECKING:
     from dibs.client import Reservations
@@ -90,7 +91,7 @@ class Lease:
         read again (see :meth:`_settle_complete`) instead of reporting a failure that may be false.
         """
         serializer = self._client.serializer
-        payload = serializer.dumps(value)
+        payload = dump_artifact(serializer, value, self.key, self.token)  # signatures bind key + fence
         digest = checksum(payload)
         try:
             record = self._client.store.complete(
