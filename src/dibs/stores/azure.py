@@ -306,7 +306,8 @@ def _check_account_url(url: str, account_url: str) -> str:
             f"account_url {account_url!r} must be an http(s) URL such as "
             "https://myaccount.blob.core.windows.net",
         )
-    if parts.query or parts.fragment or "@" in parts.netloc:
+    # Any '@' (not only one in the netloc urlsplit finds: a password holding '/' ends it early).
+    if parts.query or parts.fragment or "@" in account_url:
         # A SAS appended to the endpoint would end up in logs with the endpoint: keep it separate.
         raise _bad_url(url, "account_url must not carry a query or user info; pass a SAS as sas_token=")
     return account_url.rstrip("/")

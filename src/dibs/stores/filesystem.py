@@ -65,7 +65,7 @@ from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores import codec, decoder, redact_url
+from dibs.stores import codec, decoder, redact_url, url_userinfo
 from dibs.stores.base import Listing, RecordStore, Skipped, Watch, skip
 from dibs.stores.transitions import empty
 
@@ -142,6 +142,11 @@ class FileStore(RecordStore):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme.lower() != "file":
             raise ConfigurationError(f"not a file store URL: {shown!r}; expected e.g. {_EXAMPLE}")
+        if url_userinfo(url) is not None:  # before urlsplit's host: a '/' in a password would cut it
+            raise ConfigurationError(
+                f"file store URL {shown!r} has a user name or password; a directory takes none: use e.g. "
+                f"{_EXAMPLE}"
+            )
         if parts.netloc not in ("", "localhost"):
             raise ConfigurationError(
                 f"file store URL {shown!r} names the host {parts.hostname or parts.netloc!r}; the file "
