@@ -41,6 +41,10 @@ Limits (the contract's Time section assumes a store with its own clock; a direct
   seconds; this is the one wait inside this store, the equivalent of a database's row lock.
 * A crash can leave hidden ``.*.tmp`` files or a payload file no record references; they are harmless
   (never read) and can be removed while the store is idle.
+* Only regular files are ever opened, without blocking and without following a symbolic link, and at
+  most 1 MiB of a record (a payload: its recorded size) is read: a FIFO, a directory or a huge sparse
+  file put where a record, lock or payload belongs is reported (``CorruptRecord``; skipped by ``list``
+  and ``reap``) instead of hanging a caller or filling its memory.
 """
 
 from __future__ import annotations

@@ -35,9 +35,23 @@ durability trade-off: ``synchronous=NORMAL`` (the default here) survives a crash
 may lose the last transactions on power loss, which costs at worst a recomputation; add
 ``?synchronous=FULL`` to the URL to fsync every commit (about 10x slower per acquire, measured).
 
-URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``),
-``schema`` (PostgreSQL/MySQL schema to create the table in), ``synchronous`` and ``busy_timeout``
-(seconds, SQLite).
+URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``, at
+most 50 ASCII letters, digits and ``_``), ``schema`` (PostgreSQL/MySQL schema to create the table in,
+at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLite).
+
+Hostile and careless input, and a server that goes away:
+
+* Rows are read by the shared decoder (:mod:`dibs.stores.decoder`), so a damaged row is the same
+  :class:`~dibs.errors.CorruptRecord` as on every store; ``force_release``, ``forget`` and ``reap``
+  read and decode the row before changing it (compare-and-swap on its version), so they never
+  rewrite a damaged one, and ``list``/``reap`` skip (and count) rows they cannot read.
+* MySQL/MariaDB tables are created ``utf8mb4`` with a binary collation, whatever the database's
+  default (under latin1, keys were stored as ``?``). A statement longer than the server's
+  ``max_allowed_packet`` is refused before it is sent (:class:`~dibs.errors.ArtifactTooLarge`): the
+  server would drop the connection, which looks like a network failure.
+* When the server has ended a pooled connection (a restart, ``pg_terminate_backend``), the whole
+  pool is dropped, and the operations that are safe to repeat (``read``, ``list``, ``acquire``,
+  ``heartbeat``) run once more on a fresh connection; ``complete`` and ``release`` are not repeated.
 """
 
 from __future__ import annotations
