@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dibs.errors import CorruptRecord, InvalidKey
 from dibs.keys import Key
@@ -181,15 +181,22 @@ class _Reader:
             raise _Damage(f"its {name} is empty")
         return value
 
-    def integer(self, name: str, *, low: int = 0, high: int = MAX_COUNT) -> int:
+    def _number(
+        self, name: str, pattern: re.Pattern[str], parse: Callable[[str], object], what: str
+    ) -> object:
+        """The field's value; a textual store's text must be the number exactly as dibs writes it."""
         value = self.fields.get(name)
         if value is None:
             raise _Damage(f"its {name} is missing")
         if self.textual and isinstance(value, bytes | str):
             text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-            if not _CANONICAL_INT.fullmatch(text):
-                raise _Damage(f"its {name} is {text[:40]!r}, not an integer as dibs writes it")
-            value = int(text)
+            if not pattern.fullmatch(text):
+                raise _Damage(f"its {name} is {text[:40]!r}, not {what} as dibs writes it")
+            return parse(text)
+        return value
+
+    def integer(self, name: str, *, low: int = 0, high: int = MAX_COUNT) -> int:
+        value = self._number(name, _CANONICAL_INT, int, "an integer")
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Damage(f"its {name} is {value!r}, not an integer")
         if not low <= value <= high:
@@ -197,14 +204,7 @@ class _Reader:
         return value
 
     def seconds(self, name: str) -> float:
-        value = self.fields.get(name)
-        if value is None:
-            raise _Damage(f"its {name} is missing")
-        if self.textual and isinstance(value, bytes | str):
-            text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-            if not _PLAIN_FLOAT.fullmatch(text):
-                raise _Damage(f"its {name} is {text[:40]!r}, not a number of seconds as dibs writes it")
-            value = float(text)
+        value = self._number(name, _PLAIN_FLOAT, float, "a number of seconds")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise _Damage(f"its {name} is {value!r}, not a finite number of seconds")
         if not 0 <= value <= MAX_TIMESTAMP:
