@@ -28,6 +28,7 @@ import concurrent.futures
 import hashlib
 import hmac
 import json
+import logging
 import os
 import pickle
 import re
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import dibs
 from dibs.keys import Key
+from dibs.serializers import SignedPickleSerializer, artifact_context
 from dibs.stores import Store, open_store
 from reliability.history import Violation
 from reliability.workers import expected_value
@@ -163,6 +165,11 @@ def run_all(run: Run) -> None:
             ("tampered artifacts", _tampered_artifacts),
             ("hostile pickles", _hostile_pickles),
             ("forged leases", _forged_leases),
+            ("leaked credentials", _credentials),
+            ("durations", _durations),
+            ("limits", _limits),
+            ("owners and printing", _owners),
+            ("special files", _special_files),
         ):
             before = cases.count
             part(cases)
@@ -247,7 +254,7 @@ def _bad_settings(cases: Cases) -> None:
         "Backoff(initial=0)",
         lambda: dibs.Backoff(initial=0),
         kinds=(dibs.ConfigurationError,),
-        names=("initial=0",),
+        names=("initial",),
     )
 
 
@@ -387,8 +394,11 @@ def _fuzzed_keys(cases: Cases) -> None:
 def _no_paths_outside(cases: Cases) -> None:
     """Keys never become paths: the file store's folder and the Azure container hold only digests."""
     target = cases.run.target
+    # Hidden ``.<name>.<random>.tmp`` files are what a writer killed between staging and renaming
+    # leaves (the SIGKILL scenario runs on the same store first); their names come from digests too.
     digest_names = re.compile(
-        r"(dibs-store\.json|records|artifacts|locks|[0-9a-f]{2}|[0-9a-f]{64}(\.json|\.lock|-\d+\.bin))"
+        r"(dibs-store\.json|records|artifacts|locks|[0-9a-f]{2}|"
+        r"\.?[0-9a-f]{64}(\.json|\.lock|-\d+\.bin)(\.[0-9a-f]{16}\.tmp)?)"
     )
     if target.name == "file":
         folder: Path = target.folder  # type: ignore[attr-defined]
@@ -560,6 +570,7 @@ def _names_key(key: Key) -> tuple[str, ...]:
 def _corrupted_records(cases: Cases) -> None:
     target, store = cases.run.target, cases.store
     client = cases.client("rel.corrupt", ttl=300.0)
+    client.run("readable", cases.work(1))
     for i, (kind, corrupt) in enumerate(target.corruptions().items()):
         key = Key("rel.corrupt", f"victim-{i}")
         got = client.get_or_reserve(key)
@@ -589,14 +600,22 @@ def _corrupted_records(cases: Cases) -> None:
             names=names,
             key=str(key),
         )
+        # One bad record never breaks the admin tools: listed as skipped, the other keys still served.
         cases.count += 1
         try:
-            list(client.list())
-        except dibs.ReservationError:
-            pass
+            listing = client.list(all_namespaces=True)
+            names = {state.key.name for state in listing}
+            skipped = [entry.where for entry in getattr(listing, "skipped", ())]
+            if "readable" not in names or not any(key.digest in where for where in skipped):
+                cases.violation(
+                    "unreadable records skipped", str(key), f"ls with a {what}: {sorted(names)}, {skipped}"
+                )
+            client.reap(all_namespaces=True)
         except Exception as exc:
             cases.violation(
-                "clear errors", str(key), f"list() with a {what} crashed: {type(exc).__name__}: {exc}"
+                "unreadable records skipped",
+                str(key),
+                f"ls or reap with a {what} raised {type(exc).__name__}: {exc}",
             )
         if target.snapshot(store, key) != planted:
             cases.violation("nothing overwritten", str(key), f"the {what} was changed by another client")
@@ -680,6 +699,13 @@ def _hostile_pickles(cases: Cases) -> None:
         ),
         "raw pickle": ("pickle", body),
         "short signed payload": ("pickle-hmac-sha256", b"\x01\x02"),
+        # Signed with the readers' own key, but for another key: a copy from where it belongs.
+        "pickle signed for another key": (
+            "pickle-hmac-sha256",
+            SignedPickleSerializer(SIGNING_KEY).dumps(
+                _Evil(str(canary)), context=artifact_context(Key("rel.pickle", "elsewhere"), 1)
+            ),
+        ),
     }
     plain = cases.client("rel.pickle")
     signed = cases.client("rel.pickle", serializer="pickle", signing_key=SIGNING_KEY)
@@ -762,3 +788,297 @@ def _forged_leases(cases: Cases) -> None:
     real.complete(expected_value("forged"))
     if client.run(key, cases.work("recomputed")) != expected_value("forged"):
         cases.violation("nothing overwritten", str(key), "a forged token changed the artifact")
+
+
+# -- credentials (issue 12, class 1) -----------------------------------------------------------------------
+
+#: Passwords holding every character that cuts a URL short when pasted unencoded; TAIL must never show.
+TAIL = "tail-5e1b9c"
+NASTY_PASSWORDS = [f"pw?{TAIL}", f"pw#{TAIL}", f"pw/{TAIL}", f"pw@{TAIL}", f"p?w#x/y@{TAIL}"]
+
+#: Per store run, URLs (``{pw}`` is the password) naming nothing that answers.
+CREDENTIAL_URLS = {
+    "sqlite": ("redis:/:{pw}@127.0.0.1:1/0", "user:{pw}@127.0.0.1/db"),
+    "postgres": ("postgresql+psycopg://dibs:{pw}@127.0.0.1:1/db",),
+    "mysql": ("mysql+pymysql://root:{pw}@127.0.0.1:1/test",),
+    "redis": ("redis://:{pw}@127.0.0.1:1/0", "rediss://user:{pw}@127.0.0.1:1/0"),
+    "file": ("file://user:{pw}@localhost/tmp/dibs",),
+    "azure": ("azure://container?account_url=https://user:{pw}@a.blob.core.windows.net",),
+}
+
+
+def _credentials(cases: Cases) -> None:
+    """No part of a password reaches an error, a ``repr``, ``store.url`` or a log line, however written."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    for template in CREDENTIAL_URLS[cases.run.target.name]:
+        for password in NASTY_PASSWORDS:
+            url = template.format(pw=password)
+            case = f"password {password!r} in {template.split(':', 1)[0]} URL"
+            future = pool.submit(_open_and_use, url)
+
+            def wait(f: concurrent.futures.Future[None] = future, c: str = case) -> None:
+                try:
+                    f.result(timeout=_URL_TIMEOUT)
+                except concurrent.futures.TimeoutError:
+                    cases.violation("no hang", None, f"{c}: opening the store did not return")
+
+            cases.expect_error(case, wait, secret=TAIL)
+            cases.count += 1
+            try:
+                client = dibs.Reservations(url, on_store_unavailable="run")
+            except dibs.ReservationError as exc:
+                cases._no_leak(f"{case}, policy run", exc, TAIL, None)
+                continue
+            except Exception as exc:
+                cases.violation("clear errors", None, f"{case}, policy run: {type(exc).__name__}: {exc}")
+                continue
+            shown = f"{client!r} {client.store.url}"
+            if TAIL in shown:
+                cases.violation("no secret in errors", None, f"{case}: repr or url shows it: {shown[:200]}")
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- durations (class 2) -----------------------------------------------------------------------------------
+
+
+def _durations(cases: Cases) -> None:
+    """Every duration is bounded: NaN, infinities and values beyond ten years are refused, by name."""
+    store = cases.store
+    client = cases.client("rel.durations")
+    settings: dict[str, Callable[[Any], Any]] = {
+        "ttl": lambda v: dibs.Reservations(store, ttl=v),
+        "heartbeat_interval": lambda v: dibs.Reservations(store, ttl=3e8, heartbeat_interval=v),
+        "max_lease_age": lambda v: dibs.Reservations(store, max_lease_age=v),
+        "timeout": lambda v: client.compute("t", cases.work(1), timeout=v),
+        "backoff maximum": lambda v: dibs.Backoff(maximum=v, notify_maximum=max(10.0, v)),
+        "heartbeat interval": lambda v: _keep_alive_with(client, v),
+    }
+    for value in (3e10, 1e300, float("inf"), float("nan"), -5.0):
+        for name, give in settings.items():
+            cases.expect_error(
+                f"{name}={value!r}",
+                lambda g=give, v=value: g(v),
+                kinds=(dibs.ConfigurationError,),
+                names=(name,),
+            )
+
+
+def _keep_alive_with(client: dibs.Reservations, interval: float) -> None:
+    got = client.get_or_reserve("keep-alive", owner="rel.durations")
+    assert isinstance(got, dibs.Acquired), got
+    try:
+        got.lease.keep_alive(interval)
+    finally:
+        got.lease.release()
+
+
+# -- limits of stored numbers (classes 4 and 5) -------------------------------------------------------------
+
+
+def _limits(cases: Cases) -> None:
+    """Records at the edges of what stores hold: a dibs error or an exact answer, never a raw exception."""
+    from dibs.records import MAX_COUNT, MAX_FENCE
+
+    target, store = cases.run.target, cases.store
+    client = cases.client("rel.limits")
+
+    def planted(name: str, field: str, value: Any, *, held: bool = False) -> Key:
+        key = Key("rel.limits", name)
+        got = client.get_or_reserve(key, owner="planter")
+        assert isinstance(got, dibs.Acquired), got
+        if not held:
+            got.lease.release()
+        target.set_field(store, key, field, value)
+        return key
+
+    def guarded(case: str, key: Key, check: Callable[[], None]) -> None:
+        cases.count += 1
+        try:
+            check()
+        except dibs.ReservationError as exc:
+            cases.violation("clear errors", str(key), f"{case}: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            cases.violation("clear errors", str(key), f"{case}: raised {type(exc).__name__}: {exc}")
+
+    key = planted("max-fence", "fence", MAX_FENCE)
+    before = cases.executions
+    cases.expect_error(
+        "compute at the largest fence",
+        lambda: client.compute(key, cases.work("x")),
+        kinds=(dibs.CorruptRecord,),
+        names=(str(MAX_FENCE),),
+        key=str(key),
+    )
+    if cases.executions != before:
+        cases.violation("nothing run", str(key), "work ran on a key whose fence cannot go higher")
+
+    key = planted("big-fence", "fence", 2**53 + 1)
+
+    def exact() -> None:
+        report = client.compute(key, cases.work(expected_value("big-fence")))
+        state = client.status(key)
+        if (report.token, state.fence, state.artifact and state.artifact.fence) != (2**53 + 2,) * 3:
+            cases.violation(
+                "fencing", str(key), f"fence 2**53+1 went to {state.fence} (token {report.token})"
+            )
+
+    guarded("a fence above 2**53", key, exact)
+
+    key = planted("max-attempts", "attempts", MAX_COUNT)
+
+    def saturated() -> None:
+        client.compute(key, cases.work(1))
+        if client.status(key).attempts != MAX_COUNT:
+            cases.violation("clear errors", str(key), f"attempts went past {MAX_COUNT}")
+
+    guarded("attempts at the largest count", key, saturated)
+
+    for value in (1e300, float("inf")):
+        if value == float("inf") and target.name == "mysql":
+            continue  # a MySQL DOUBLE cannot hold it
+        key = planted(f"expiry-{value!r}", "expires_at", value, held=True)
+        cases.expect_error(
+            f"an expiry of {value!r}",
+            lambda k=key: client.status(k),
+            kinds=(dibs.CorruptRecord,),
+            names=("expires_at",),
+            key=str(key),
+        )
+
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    key = Key("rel.limits", "deep")
+    cases.expect_error(
+        "a 100,000-deep value",
+        lambda: client.compute(key, lambda: deep),
+        kinds=(dibs.SerializationError,),
+        names=("nested",),
+        key=str(key),
+    )
+    cases.count += 1
+    if client.status(key).lease is not None:
+        cases.violation("nothing run", str(key), "the lease stayed held after the value failed to serialize")
+
+
+# -- owners and what is printed (class 5) --------------------------------------------------------------------
+
+HOSTILE_OWNER = "\x1b]0;owned\x07\x1b[2J\u202eevil\r\nforged"
+
+
+def _owners(cases: Cases) -> None:
+    """Owners dibs cannot store are refused before anything is written; foreign ones print safely."""
+    client = cases.client("rel.owners")
+    for owner in (5, b"bytes", "a\x00b", "\x1b[2J", HOSTILE_OWNER, "x" * 3000):
+        key = Key("rel.owners", f"refused-{len(str(owner))}")
+        cases.expect_error(
+            f"owner {owner!r:.30}",
+            lambda k=key, o=owner: client.get_or_reserve(k, owner=o),
+            kinds=(dibs.ConfigurationError,),
+            names=("owner",),
+            key=str(key),
+        )
+        cases.count += 1
+        if client.status(key).fence != 0:
+            cases.violation("nothing overwritten", str(key), f"owner {owner!r:.30} was written")
+    _printing(cases)
+
+
+def _printing(cases: Cases) -> None:
+    import contextlib
+    import io
+
+    from dibs.cli import main
+
+    target, store = cases.run.target, cases.store
+    client = cases.client("rel.print")
+    key = Key("rel.print", "hostile-holder")
+    got = client.get_or_reserve(key, owner="alice")
+    assert isinstance(got, dibs.Acquired), got
+    target.set_field(store, key, "owner", HOSTILE_OWNER)  # what dibs refuses, another writer may store
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    for command in (["ls"], ["show", key.name]):
+        cases.count += 1
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main([*command, "--store", target.url, "--namespace", "rel.print"])
+            finally:  # main() configures logging for a process of its own: undo that here
+                root.handlers[:], root.level = handlers, level
+        printed = out.getvalue() + err.getvalue()
+        raw = [ch for ch in ("\x1b", "\x07", "\u202e", "\r") if ch in printed]
+        if raw or status != 0:
+            cases.violation(
+                "safe printing", str(key), f"dibs {command[0]} printed {raw!r} raw (status {status})"
+            )
+
+
+# -- the file store's special files (class 3) ----------------------------------------------------------------
+
+
+def _special_files(cases: Cases) -> None:
+    """A FIFO, a directory or a huge sparse file where a record belongs: nothing hangs, nothing is read
+    whole, listing skips it; read directly it is a CorruptRecord."""
+    if cases.run.target.name != "file":
+        return
+    store = cases.store
+    client = cases.client("rel.special")
+    client.run("good", cases.work(1))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+
+    def plant(kind: str, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "a FIFO":
+            os.mkfifo(path)
+        elif kind == "a directory":
+            path.mkdir()
+        else:
+            with open(path, "wb") as file:
+                file.truncate(2 * 1024**3)
+
+    for kind in ("a FIFO", "a directory", "a sparse 2 GiB file"):
+        key = Key("rel.special", f"record-{kind.split()[-1].lower()}")
+        plant(kind, store.record_path(key))  # type: ignore[attr-defined]
+        for action, call in (
+            ("read", lambda k=key: client.status(k)),
+            ("reserve", lambda k=key: client.get_or_reserve(k)),
+            ("release", lambda k=key: client.force_release(k)),
+            ("forget", lambda k=key: client.forget(k)),
+        ):
+            future = pool.submit(call)
+
+            def wait(f: concurrent.futures.Future[Any] = future, a: str = action, k: str = kind) -> None:
+                try:
+                    f.result(timeout=_URL_TIMEOUT)
+                except concurrent.futures.TimeoutError:
+                    cases.violation("no hang", None, f"{a} of {k} in place of a record did not return")
+
+            cases.expect_error(
+                f"{action} of {kind} as a record", wait, kinds=(dibs.CorruptRecord,), key=str(key)
+            )
+        cases.count += 1
+        listed = pool.submit(_list_and_reap, client)
+        try:
+            names, skipped = listed.result(timeout=_URL_TIMEOUT)
+            if names != ["good"] or not any(key.digest in where for where in skipped):
+                cases.violation("unreadable records skipped", str(key), f"ls with {kind}: {names}, {skipped}")
+        except concurrent.futures.TimeoutError:
+            cases.violation("no hang", None, f"ls with {kind} in place of a record did not return")
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            cases.violation("unreadable records skipped", str(key), f"ls with {kind}: {why}")
+        path = store.record_path(key)  # type: ignore[attr-defined]
+        if kind == "a directory":
+            path.rmdir()
+        else:
+            path.unlink()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _list_and_reap(client: dibs.Reservations) -> tuple[list[str], list[str]]:
+    """The names ``ls`` shows and where the records it skipped are; then a reap, which must not fail."""
+    listing = client.list()
+    names = [state.key.name for state in listing]
+    client.reap()
+    return names, [entry.where for entry in getattr(listing, "skipped", ())]

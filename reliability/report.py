@@ -16,9 +16,10 @@ from typing import Any
 
 from reliability.scenarios import SKEW_SECONDS, SPIN_ASKS_PER_SECOND, ScenarioResult, Sizes
 
-__all__ = ["FIXED", "one_line", "render"]
+__all__ = ["FIXED", "HARDENED", "one_line", "render"]
 
 _T = "tests/test_fault_regressions.py::"
+_H = "tests/test_hardening.py::"
 
 #: Violations this suite found in the core, how they were fixed, and the regression test of each.
 FIXED: list[tuple[str, str, str]] = [
@@ -115,6 +116,96 @@ FIXED: list[tuple[str, str, str]] = [
         "which an Azure configuration error then showed.",
         "Userinfo inside query values is redacted too.",
         f"{_T}test_a_password_inside_a_url_in_the_query_is_redacted",
+    ),
+    (
+        "Credentials (new cases for issue 12): a `file://user:pw@localhost/...` URL whose password holds a "
+        "`/` quoted the password's tail as a directory, and an Azure `account_url` with such a password "
+        "was accepted and shown in `store.url` and `repr(client)`.",
+        "File store URLs with a user part are refused; an `account_url` with any `@` is refused.",
+        f"{_H}test_file_and_azure_urls_with_a_password_are_refused_without_showing_it",
+    ),
+]
+
+#: Defects found by probing dibs with hostile and careless input (issue 12), which this suite did not
+#: catch at the time; fixed, pinned by regression tests, and checked by the hostile scenario since.
+HARDENED: list[tuple[str, str, str]] = [
+    (
+        "Credentials printed: `redact_url` stopped at the first `?` or `#` and ignored text without `://`, "
+        "so a password holding `?`, `#`, `/` or `@` showed in `dibs ls` errors, `repr(client)`, "
+        "`store.url` (policy `run`), the Airflow hook's log line and `test_connection`, and passed the "
+        "Prefect block's check; a raw `@` reached the SQL driver as part of the host name, whose "
+        '"cannot resolve host" message showed the password\'s tail.',
+        "`redact_url` ends the user part at the last `@`; URLs a driver would split inside the password "
+        "are refused before connecting; driver messages and `test_connection` hide the URL's secrets.",
+        f"{_H}test_redact_url_hides_passwords_with_url_delimiters, "
+        f"{_H}test_no_password_in_errors_repr_or_url_of_an_unreachable_postgres, "
+        f"{_H}test_a_raw_at_in_a_sql_password_never_reaches_the_driver_as_a_host, "
+        f"{_H}test_no_password_in_redis_errors, {_H}test_dibs_ls_never_prints_the_password, "
+        f"{_H}test_the_prefect_block_refuses_every_password_in_its_url, "
+        f"{_H}test_the_airflow_hook_logs_and_tests_without_the_password",
+    ),
+    (
+        "A ttl above `threading.TIMEOUT_MAX` killed the process-wide heartbeat launcher: every other "
+        "client in the process stopped heartbeating.",
+        "`dibs.config.validate_seconds` bounds every duration (at most 10 years), with an error naming the "
+        "setting; the launcher also caps its own wait.",
+        f"{_H}test_every_duration_input_is_bounded_with_an_error_naming_it, "
+        f"{_H}test_a_far_away_first_heartbeat_does_not_stop_the_launcher_for_other_clients",
+    ),
+    (
+        "One bad record broke the admin tools: a NULL-owner SQL row, a foreign value under Redis "
+        "`<prefix>rec:*`, a directory in place of a file-store record; a FIFO hung every call; a sparse "
+        "2 GiB record was read whole.",
+        "`Store.list` returns a `Listing`: unreadable records are skipped, logged and counted (`dibs ls` "
+        "says how many), on every store; the file store opens only regular files, without blocking, and "
+        "reads at most 1 MiB of a record.",
+        f"{_H}test_a_bad_record_is_skipped_counted_and_reported_by_list_reap_and_ls, "
+        f"{_H}test_a_fifo_in_place_of_a_record_hangs_nothing, "
+        f"{_H}test_a_huge_sparse_record_is_not_read_into_memory",
+    ),
+    (
+        "Raw exceptions: a fence of 2^63-1, 2^31-1 attempts, expiries beyond 9999 (`dibs show` printed a "
+        "traceback), a 100,000-deep value (`RecursionError`, lease kept), over-long table names, "
+        "`busy_timeout=nan`.",
+        "One strict record decoder for every store (ranges included); saturating counters; "
+        "`SerializationError` for deep values (the lease is released); table and schema name limits.",
+        f"{_H}test_the_largest_fence_is_refused_with_a_dibs_error_naming_it, "
+        f"{_H}test_counters_at_their_largest_stay_there, "
+        f"{_H}test_an_expiry_beyond_the_year_9999_is_a_dibs_error_and_show_prints_no_traceback, "
+        f"{_H}test_a_100000_deep_value_is_a_serialization_error_and_frees_the_key, "
+        f"{_H}test_an_over_long_table_name_is_refused_before_the_database_sees_it, "
+        f"{_H}test_a_bad_busy_timeout_is_a_configuration_error",
+    ),
+    (
+        "dibs damaged records itself: Redis fences above 2^53 (Lua doubles) stopped increasing and were "
+        "written as `1e+17`; a non-string owner made a file-store record unreadable; under a latin1 "
+        "MariaDB database keys were stored as `??`; holder names and errors were printed raw.",
+        "Exact integer fences in Lua (HINCRBY, decimal strings); `validate_owner` in every store's "
+        "acquire; utf8mb4 tables; `dibs.display.printable` in `ls`, `show`, errors and CLI logs.",
+        f"{_H}test_fences_above_2_to_the_53_stay_exact, "
+        f"{_H}test_an_owner_dibs_cannot_store_is_refused_before_anything_is_written, "
+        f"{_H}test_a_latin1_mariadb_database_keeps_every_key_and_owner_exact, "
+        f"{_H}test_ls_and_show_never_print_raw_escape_sequences",
+    ),
+    (
+        "MariaDB values over `max_allowed_packet` were reported as `StoreUnavailable`, re-sent for a whole "
+        "ttl, and the lease was not released.",
+        "`ArtifactTooLarge` (a `SerializationError`) naming the size and the limit, before sending; the "
+        "client releases the lease.",
+        f"{_H}test_a_value_over_max_allowed_packet_is_a_size_error_and_the_lease_is_released",
+    ),
+    (
+        "PostgreSQL stale pooled connections: after the server ended them, each failed one later call.",
+        "On a disconnect the pool is dropped and reads, acquire and heartbeat run once more on a fresh "
+        "connection; complete and release are never repeated blindly.",
+        f"{_H}test_reads_recover_from_connections_the_server_ended, "
+        f"{_H}test_a_write_whose_connection_was_ended_is_not_sent_again_blindly",
+    ),
+    (
+        "The pickle HMAC did not bind the key: a signed artifact copied from another key was accepted.",
+        "The signature covers the key's digest and the fence; what the checksum and the signature "
+        "protect is documented in `dibs.serializers` and `docs/contract.md`.",
+        f"{_H}test_a_signed_artifact_copied_to_another_key_or_fence_is_refused",
     ),
 ]
 
@@ -326,6 +417,19 @@ def _violations_section(add: Any, results: list[ScenarioResult]) -> None:
     else:
         add("None.")
     add("")
+    add("### Found by probing with hostile input (issue 12), fixed, and checked here since")
+    add("")
+    add(
+        "This suite did not catch these when they were found: its hostile cases did not plant them. "
+        "Each class now has cases in the hostile-input scenario."
+    )
+    add("")
+    add("| defect | fix | regression test |")
+    add("| --- | --- | --- |")
+    for found, fix, tests in HARDENED:
+        names = "<br>".join(f"`{name}`" for name in tests.split(", "))
+        add(f"| {found} | {fix} | {names} |")
+    add("")
     if REPORTED:
         add("### Found in stores maintained separately (reported, and fixed there)")
         add("")
@@ -501,10 +605,18 @@ def _hostile_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -
     add("## Hostile and bad input")
     add("")
     add(
-        "Every case must end in a `dibs.ReservationError` subclass whose message names the bad value "
-        "(the key, the URL part, the setting), never shows a secret (also not in the chained cause), "
-        "runs no work, executes no code, and leaves what was stored byte-for-byte as it was "
-        "(`reliability/hostile.py`)."
+        "Each case plants one kind of bad input and checks what the contract asks of it "
+        "(`reliability/hostile.py`): the `dibs.ReservationError` subclass the case names, with a message "
+        "that names the bad value where the case says which (the key, the URL part, the setting); no "
+        "password of the URLs (also one holding `?`, `#`, `/` or `@`) in the error, its chained causes, "
+        "`repr(client)` or `store.url`; no work run and no code executed; a foreign or damaged record left "
+        "as it was, except where the lease holder's own fenced write repairs it by design (SQL rows whose "
+        "lease lost its expiry or attempt: the token is intact, so `complete`/`release` write a valid row); "
+        "unreadable records skipped and counted by `ls` and `reap`, which keep serving the other keys; "
+        "nothing printed raw by `ls`/`show`. These are the cases planted, not a proof about every input: "
+        "an earlier version of this report claimed, more broadly, that every error named the bad value, "
+        "that no secret ever appeared and that stored data was always left byte-for-byte; issue 12 found "
+        "inputs for which none of the three held (see below)."
     )
     add("")
     categories: list[str] = []

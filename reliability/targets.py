@@ -95,6 +95,11 @@ class Target:
         """Change one byte of the key's stored artifact payload, leaving its checksum as it was."""
         raise NotImplementedError
 
+    def set_field(self, store: Store, key: Key, name: str, value: Any) -> None:
+        """Set one field of the key's record natively, as another program could: ``fence``,
+        ``attempts`` (the record's), ``expires_at`` or ``owner`` (its lease's)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Remove the space."""
 
@@ -140,6 +145,9 @@ class _SQLTarget(Target):
     def tamper(self, store: Store, key: Key) -> None:
         row = self.snapshot(store, key)
         self._update(store, key, payload=_flip(bytes(row["payload"])))
+
+    def set_field(self, store: Store, key: Key, name: str, value: Any) -> None:
+        self._update(store, key, **{name: value})
 
 
 class SQLiteTarget(_SQLTarget):
@@ -274,6 +282,11 @@ class RedisTarget(Target):
 
         self._with(flip)(store, key)
 
+    def set_field(self, store: Store, key: Key, name: str, value: Any) -> None:
+        field = {"expires_at": "lease_expires_at", "owner": "lease_owner"}.get(name, name)
+        text = repr(value) if isinstance(value, float) else str(value)
+        self._with(lambda client, record: client.hset(record, field, text))(store, key)
+
     def close(self) -> None:
         client = self._client()
         try:
@@ -318,6 +331,23 @@ def _document_corruptions(
     }
 
 
+def _set_document_field(
+    write: Callable[[Store, Key, bytes], None],
+    read: Callable[[Store, Key], bytes],
+    *,
+    store: Store,
+    key: Key,
+    name: str,
+    value: Any,
+) -> None:
+    doc = json.loads(read(store, key))
+    if name in ("expires_at", "owner"):
+        doc["lease"][name] = value
+    else:
+        doc[name] = value
+    write(store, key, json.dumps(doc).encode())
+
+
 class FileTarget(Target):
     name = "file"
     local_clock = True
@@ -353,6 +383,9 @@ class FileTarget(Target):
         assert state.artifact is not None
         path = store.artifact_path(key, state.artifact.fence)  # type: ignore[attr-defined]
         path.write_bytes(_flip(path.read_bytes()))
+
+    def set_field(self, store: Store, key: Key, name: str, value: Any) -> None:
+        _set_document_field(self._write, self._read, store=store, key=key, name=name, value=value)
 
 
 class AzureTarget(Target):
@@ -406,6 +439,9 @@ class AzureTarget(Target):
         assert state.artifact is not None
         blob = self._blob(store, store.artifact_name(key, state.artifact))  # type: ignore[attr-defined]
         blob.upload_blob(_flip(blob.download_blob().readall()), overwrite=True)
+
+    def set_field(self, store: Store, key: Key, name: str, value: Any) -> None:
+        _set_document_field(self._write, self._read, store=store, key=key, name=name, value=value)
 
     def close(self) -> None:
         from azure.core.exceptions import ResourceNotFoundError

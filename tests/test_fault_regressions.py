@@ -190,7 +190,7 @@ def test_a_holder_cannot_complete_into_a_row_that_claims_another_key(sql_url: st
     key = client.key("k")
     _sql_update(client.store, key, namespace="other", name="someone-else")
     planted = _sql_row(client.store, key)
-    with pytest.raises(dibs.CorruptRecord, match="belongs to other/someone-else"):
+    with pytest.raises(dibs.CorruptRecord, match="belongs to key other/someone-else"):
         got.lease.complete("value")
     with pytest.raises(dibs.CorruptRecord):
         got.lease.release("failed")
@@ -216,7 +216,7 @@ def test_a_lease_row_without_owner_is_corrupt_not_owned_by_none(sql_url: str) ->
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("owner", None, "owner is None, not a string"),
+        ("owner", None, "owner is missing"),
         ("lease_id", 12345, "lease_id is 12345, not a string"),
         ("fence", 1.5, "fence is 1.5, not an integer"),
         ("expires_at", "soon", "expires_at is 'soon'"),

@@ -57,8 +57,8 @@ def _complete(store: FileStore, key: Key, payload: bytes) -> int:
         ("file:relative/dir", "relative path"),
         ("file:///tmp/dibs?colour=blue", "unknown option 'colour'"),
         ("file:///tmp/dibs?lock_timeout=soon", "not a number of seconds"),
-        ("file:///tmp/dibs?lock_timeout=-1", "lock_timeout must be a number of seconds >= 0"),
-        ("file:///tmp/dibs?watch_interval=0", "watch_interval must be a number of seconds > 0"),
+        ("file:///tmp/dibs?lock_timeout=-1", "lock_timeout must be a number of seconds 0 or more"),
+        ("file:///tmp/dibs?watch_interval=0", "watch_interval must be a number of seconds greater than 0"),
         ("file:///tmp/dibs#part", "fragment"),
     ],
 )

@@ -42,7 +42,7 @@ def test_a_damaged_row_is_reported_and_left_untouched(sql_url: str) -> None:
     key = client.key("k")
     _raw_update(store, key, expires_at=None)  # a lease without an expiry: not something dibs writes
 
-    with pytest.raises(dibs.CorruptRecord, match=r"row of damage/k .* left untouched"):
+    with pytest.raises(dibs.CorruptRecord, match=r"record of damage/k at row .* left untouched"):
         client.get_or_reserve("k", owner="bob")
     with store.engine.connect() as conn:
         row = conn.execute(sa.select(store.t).where(store.t.c.key_hash == key.digest)).mappings().one()
@@ -59,7 +59,7 @@ def test_a_row_claiming_another_key_is_refused(sql_url: str) -> None:
     client.run("real", lambda: 1)
     assert isinstance(client.store, SQLStore)
     _raw_update(client.store, client.key("real"), name="impostor")
-    with pytest.raises(dibs.CorruptRecord, match="belongs to damage/impostor"):
+    with pytest.raises(dibs.CorruptRecord, match="belongs to key damage/impostor"):
         client.status("real")
 
 

@@ -119,11 +119,16 @@ class DibsStore(Block):
             return None
         url = url.strip()
         if "://" not in url:
-            raise ValueError(f"{url!r} is not a store URL; expected e.g. 'sqlite:////abs/path/dibs.db'")
+            raise ValueError(
+                f"{redact_url(url)!r} is not a store URL; expected e.g. 'sqlite:////abs/path/dibs.db'"
+            )
         if redact_url(url) != url:
+            # redact_url hides whatever may be a password, however it is written ('?', '#', '/' or '@'
+            # inside it included): anything it would hide must not be stored in a plain field.
             raise ValueError(
                 "the store URL contains a secret; put the password in the 'password' field (stored "
-                f"encrypted) and leave it out of the URL: {redact_url(url)}"
+                f"encrypted) and leave it out of the URL (an '@' in an option value must be written "
+                f"%40): {redact_url(url)}"
             )
         return url
 

@@ -15,6 +15,7 @@ from dibs.backoff import Backoff
 from dibs.client import AsyncReservations, Reservations
 from dibs.errors import (
     ArtifactCorrupted,
+    ArtifactTooLarge,
     ConfigurationError,
     CorruptRecord,
     InvalidKey,
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Acquired",
     "ArtifactCorrupted",
+    "ArtifactTooLarge",
     "AsyncReservations",
     "Backoff",
     "Busy",

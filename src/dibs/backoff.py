@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable
 
+from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError
 
 __all__ = ["Backoff", "Deadline"]
@@ -33,10 +34,12 @@ class Backoff:
     notify_maximum: float = 10.0
 
     def __post_init__(self) -> None:
-        numbers = (self.initial, self.maximum, self.multiplier, self.jitter, self.notify_maximum)
+        for name in ("initial", "maximum", "notify_maximum"):
+            validate_seconds(f"backoff {name}", getattr(self, name))
+        numbers = (self.multiplier, self.jitter)
         if any(isinstance(n, bool) or not isinstance(n, int | float) or n != n for n in numbers):  # noqa: PLR0124
             raise ConfigurationError(f"backoff settings must be numbers, got {self!r}")
-        if not 0 < self.initial <= self.maximum <= self.notify_maximum < float("inf"):
+        if not 0 < self.initial <= self.maximum <= self.notify_maximum:
             raise ConfigurationError(
                 f"backoff needs 0 < initial <= maximum <= notify_maximum < inf, got initial={self.initial}, "
                 f"maximum={self.maximum}, notify_maximum={self.notify_maximum}"
@@ -63,14 +66,7 @@ class Deadline:
     started: float = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        timeout = self.timeout
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-        ):
-            raise ConfigurationError(
-                f"timeout must be a number of seconds >= 0, or None to wait as long as it takes; "
-                f"got {timeout!r}"
-            )
+        self.timeout = validate_seconds("timeout", self.timeout, allow_none=True, allow_zero=True)
         self.started = self.clock()
 
     @property

@@ -20,9 +20,11 @@ from typing import IO, Any
 
 from dibs.client import Reservations
 from dibs.config import STORE_URL_ENV
+from dibs.display import printable
 from dibs.errors import ReservationError, WaitTimeout
 from dibs.outcomes import Acquired, Hit
 from dibs.records import KeyState
+from dibs.stores.base import Listing
 
 __all__ = ["main"]
 
@@ -79,11 +81,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="dibs: %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    handler = _StderrHandler()
+    handler.setFormatter(_PrintableFormatter("dibs: %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     if args.command == "demo":
         from dibs.demo import run_demo
 
@@ -94,11 +94,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Reservations(args.store, namespace=args.namespace) as client:
             return _admin(args, client)
     except WaitTimeout as exc:
-        print(f"dibs: {exc}", file=sys.stderr)
+        print(f"dibs: {printable(exc)}", file=sys.stderr)
         return EXIT_TIMEOUT
     except ReservationError as exc:
-        print(f"dibs: {exc}", file=sys.stderr)
+        print(f"dibs: {printable(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (``main`` may run more than once in a process)."""
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: IO[str]) -> None:
+        pass
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines quote owners and foreign records: escape what a terminal would act on."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = super().format(record).split("\n")  # a traceback keeps its lines
+        return "\n".join(printable(line) for line in lines)
 
 
 # -- dibs run -----------------------------------------------------------------------------------
@@ -178,10 +198,12 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         _write_artifact(hit.value)
         return 0
     if args.command == "ls":
-        states = list(client.list(all_namespaces=args.all))
+        listing = client.list(all_namespaces=args.all)
+        states = list(listing)
         _emit(
             args, [_summary(s) for s in states], ["namespace", "key", "status", "holder", "token", "detail"]
         )
+        _say_skipped(listing)
         return 0
     if args.command == "show":
         state = client.status(args.key)
@@ -191,7 +213,7 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         else:
             width = max(map(len, doc))
             for name, value in doc.items():
-                print(f"{name:<{width}}  {'-' if value is None else value}")
+                print(f"{name:<{width}}  {'-' if value is None else printable(value)}")
         return 0 if state.status != "free" or state.fence else 1
     if args.command == "release":
         done = client.force_release(args.key)
@@ -208,6 +230,17 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
     raise AssertionError(args.command)  # pragma: no cover - argparse restricts commands
 
 
+def _say_skipped(listing: object) -> None:
+    """Tell (on stderr, so the listing itself stays parseable) how many records could not be read."""
+    skipped = listing.skipped if isinstance(listing, Listing) else ()
+    if skipped:
+        print(
+            f"dibs: skipped {len(skipped)} unreadable record(s) (warnings above name them); "
+            "'dibs show KEY' reports one in detail",
+            file=sys.stderr,
+        )
+
+
 def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
     print(json.dumps(doc) if args.json else text)
 
@@ -215,7 +248,10 @@ def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
 def _when(seconds: float | None) -> str | None:
     if seconds is None:
         return None
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
+    try:
+        return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):  # beyond the year 9999, or not a number at all
+        return f"{seconds!r} (not a date)"
 
 
 def _summary(state: KeyState) -> dict[str, Any]:
@@ -283,7 +319,7 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[st
 def print_table(rows: list[dict[str, Any]], columns: list[str], out: IO[str] | None = None) -> None:
     """A plain aligned table (no dependency): what people read in terminals and CI logs."""
     out = out or sys.stdout
-    cells = [[("" if row.get(c) is None else str(row[c])) for c in columns] for row in rows]
+    cells = [[("" if row.get(c) is None else printable(row[c])) for c in columns] for row in rows]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
     for r in cells:

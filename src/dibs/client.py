@@ -36,7 +36,7 @@ from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.records import ArtifactRecord, FailureRecord, Granted, Held, KeyState, Present, StoreOutcome
 from dibs.runtime import runtime
-from dibs.serializers import Serializer, SignedPickleSerializer, resolve_serializer
+from dibs.serializers import Serializer, SignedPickleSerializer, load_artifact, resolve_serializer
 from dibs.settings import Settings, StoreUnavailablePolicy, validate_timings
 from dibs.stores import Store
 
@@ -184,7 +184,7 @@ class Reservations:
         payload = artifact.verified_payload(key)
         reader = self._reader_for(key, artifact.serializer)
         try:
-            return reader.loads(payload)
+            return load_artifact(reader, payload, key, artifact.fence)  # signatures bind key + fence
         except ReservationError as exc:
             if str(key) in str(exc):
                 raise

@@ -21,7 +21,14 @@ from pathlib import Path
 
 from dibs.errors import ConfigurationError
 
-__all__ = ["STORE_URL_ENV", "default_owner", "default_store_path", "default_store_url", "validate_seconds"]
+__all__ = [
+    "MAX_SECONDS",
+    "STORE_URL_ENV",
+    "default_owner",
+    "default_store_path",
+    "default_store_url",
+    "validate_seconds",
+]
 
 STORE_URL_ENV = "DIBS_STORE_URL"
 HOME_ENV = "DIBS_HOME"
@@ -53,19 +60,39 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
 
 
+#: The longest duration dibs accepts for any setting (ttl, intervals, timeouts, maximum lease age):
+#: ten years, 315,360,000 seconds. Anything longer is a mistake (a timeout that should be ``None``, a
+#: value in milliseconds), and letting it through breaks things far from the typo: a wait beyond
+#: ``threading.TIMEOUT_MAX`` raises ``OverflowError`` in whichever thread sleeps on it (one such ttl
+#: once stopped the heartbeats of every client in the process), and an expiry beyond the year 9999
+#: cannot be shown as a date.
+MAX_SECONDS = 10 * 365 * 86400.0
+
+
 def validate_seconds(
-    name: str, value: object, *, allow_none: bool = False, minimum: float = 0.0
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    allow_zero: bool = False,
+    maximum: float = MAX_SECONDS,
 ) -> float | None:
-    """``value`` as float seconds, or a :class:`ConfigurationError` naming the setting and the rule."""
+    """``value`` as float seconds, or a :class:`ConfigurationError` naming the setting and the rule.
+
+    Every duration a user can give goes through here, so that they share one rule: a real number
+    (not a bool, not NaN), greater than 0 (or at least 0 with ``allow_zero``), and at most
+    ``maximum``, which is :data:`MAX_SECONDS` unless the setting has a tighter bound of its own.
+    """
     if value is None and allow_none:
         return None
+    none = " or None" if allow_none else ""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:  # noqa: PLR0124 (NaN)
+        raise ConfigurationError(f"{name} must be a number of seconds{none}, got {value!r}", setting=name)
+    limit = min(maximum, MAX_SECONDS)
+    if value < 0 or (value == 0 and not allow_zero) or value > limit:
+        lowest = "0 or more" if allow_zero else "greater than 0"
         raise ConfigurationError(
-            f"{name} must be a number of seconds{' or None' if allow_none else ''}, got {value!r}",
+            f"{name} must be a number of seconds {lowest} and at most {limit:,.0f}{none}, got {value!r}",
             setting=name,
-        )
-    if value <= minimum or value == float("inf"):
-        raise ConfigurationError(
-            f"{name} must be a finite number of seconds greater than {minimum:g}, got {value!r}", setting=name
         )
     return float(value)

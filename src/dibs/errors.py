@@ -12,6 +12,7 @@ whole family at once::
     ├── TooManyFailures                        the key failed too often; someone must reset it
     ├── ArtifactCorrupted                      a stored artifact failed its checksum or signature
     ├── SerializationError                     a value could not be (de)serialized
+    │   └── ArtifactTooLarge                   its bytes are more than the store takes in one write
     └── CorruptRecord                          a stored record dibs cannot read (foreign or damaged)
 
 Every error is picklable (``__reduce__`` rebuilds it from its message and fields), because errors cross
@@ -25,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "ArtifactCorrupted",
+    "ArtifactTooLarge",
     "ConfigurationError",
     "CorruptRecord",
     "InvalidKey",
@@ -98,6 +100,14 @@ class ArtifactCorrupted(ReservationError):
 
 class SerializationError(ReservationError):
     """A value could not be serialized, or stored bytes could not be turned back into a value."""
+
+
+class ArtifactTooLarge(SerializationError):
+    """The value's bytes are more than the store accepts in one write; nothing was sent or stored.
+
+    A :class:`SerializationError`, so the client releases the lease (with the failure recorded) at once
+    instead of retrying the write for a whole ttl; the message names the size and the store's limit.
+    """
 
 
 class CorruptRecord(ReservationError):

@@ -27,22 +27,26 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dibs.errors import InvalidKey
+from dibs.errors import ConfigurationError, InvalidKey
 from dibs.identity import code_identity, qualified_name
 
 __all__ = [
     "MAX_NAMESPACE_LENGTH",
     "MAX_NAME_LENGTH",
+    "MAX_OWNER_LENGTH",
     "Key",
     "canonical_json",
     "derive_key",
     "digest",
     "format_key",
     "qualified_name",
+    "validate_owner",
 ]
 
 MAX_NAME_LENGTH = 1024
 MAX_NAMESPACE_LENGTH = 200
+#: Owners are logical identities (Airflow: dag_id/run_id/task_id/map_index, under 800 characters).
+MAX_OWNER_LENGTH = 2048
 _NAMESPACE_WORD = r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}"
 _NAMESPACE_RE = re.compile(rf"{_NAMESPACE_WORD}(?:\.{_NAMESPACE_WORD})*")
 
@@ -83,6 +87,37 @@ def validate_name(name: object) -> str:
             name=name,
         )
     return name
+
+
+def validate_owner(owner: object) -> str:
+    """Return ``owner`` if dibs may store it as a lease's owner, else raise :class:`ConfigurationError`.
+
+    An owner is written into the record and shown by ``dibs ls``/``show`` and in logs, so it must be
+    a non-empty string of printable characters (no NUL, no control characters or escape sequences,
+    no bidirectional overrides), at most :data:`MAX_OWNER_LENGTH` long. Anything else would either
+    make the record unreadable for every other client (a number where text belongs) or let an owner
+    rewrite a terminal.
+    """
+    if not isinstance(owner, str):
+        raise ConfigurationError(
+            f"owner must be a string, got {type(owner).__name__} {owner!r:.60}", setting="owner"
+        )
+    if not owner:
+        raise ConfigurationError("owner must not be empty", setting="owner")
+    if len(owner) > MAX_OWNER_LENGTH:
+        raise ConfigurationError(
+            f"owner is {len(owner)} characters long; at most {MAX_OWNER_LENGTH} are allowed: "
+            f"{owner[:60]!r}...",
+            setting="owner",
+        )
+    bad = next((ch for ch in owner if not ch.isprintable()), None)
+    if bad is not None:
+        raise ConfigurationError(
+            f"owner {owner!r:.100} contains the non-printable character {bad!r}; "
+            "use printable characters only",
+            setting="owner",
+        )
+    return owner
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -156,7 +191,14 @@ def _canonical(value: Any) -> Any:
 
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of ``value``: the input to :func:`digest`."""
-    return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        raise InvalidKey(
+            f"cannot derive a stable key from a {type(value).__name__} nested deeper than Python's recursion "
+            "limit; give the key explicitly (key=...)",
+            name=type(value).__name__,
+        ) from None
 
 
 def digest(*values: Any, length: int = 32) -> str:

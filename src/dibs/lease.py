@@ -24,9 +24,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
+from dibs.serializers import dump_artifact
 
 if TYPE_CHECKING:
     from dibs.client import Reservations
@@ -90,7 +92,7 @@ class Lease:
         """
         serializer = self._client.serializer
         try:
-            payload = serializer.dumps(value)
+            payload = dump_artifact(serializer, value, self.key, self.token)  # signatures bind key + fence
         except SerializationError:
             raise
         except Exception as exc:  # a serializer of the user's, or a value nested too deep (RecursionError)
@@ -252,10 +254,8 @@ class KeepAlive:
     """
 
     def __init__(self, lease: Lease, interval: float, on_lost: Callable[[LeaseLost], None] | None) -> None:
-        if interval <= 0:
-            raise ConfigurationError(f"heartbeat interval must be > 0 seconds, got {interval}")
         self.lease = lease
-        self.interval = interval
+        self.interval = validate_seconds("heartbeat interval", interval) or 0.0
         self.on_lost = on_lost
         self.lost = threading.Event()
         self.error: LeaseLost | None = None
@@ -378,7 +378,9 @@ class _Launcher:
                         for keeper in due:
                             del self._due[keeper]
                         break
-                    self._condition.wait(min(self._due.values()) - now if self._due else None)
+                    # Bounded: a wait beyond TIMEOUT_MAX raises OverflowError and ends this thread.
+                    wait = min(min(self._due.values()) - now, threading.TIMEOUT_MAX) if self._due else None
+                    self._condition.wait(wait)
             for keeper in due:
                 try:
                     keeper._launch()

@@ -15,6 +15,9 @@ from dibs.errors import ArtifactCorrupted
 from dibs.keys import Key
 
 __all__ = [
+    "MAX_COUNT",
+    "MAX_FENCE",
+    "MAX_TIMESTAMP",
     "ArtifactRecord",
     "FailureRecord",
     "Granted",
@@ -27,6 +30,17 @@ __all__ = [
     "checksum",
     "new_lease_id",
 ]
+
+
+#: The largest fencing token: what every store can hold exactly (a signed 64-bit SQL ``BIGINT``, a
+#: Redis ``HINCRBY`` counter). A key would need that many changes of hands to reach it, so a record
+#: at this fence was damaged; no lease is granted past it (the next token could not be higher).
+MAX_FENCE = 2**63 - 1
+#: The largest attempt and failure count (a signed 32-bit SQL ``INTEGER``); both stop there.
+MAX_COUNT = 2**31 - 1
+#: The last second of the year 9999 (Unix time): the latest time a record may hold, so every time
+#: dibs stores can also be shown as a date.
+MAX_TIMESTAMP = 253402300799.0
 
 
 def new_lease_id() -> str:

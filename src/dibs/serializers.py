@@ -6,6 +6,19 @@ somebody with write access to the store cannot make readers unpickle their paylo
 
 Every artifact records the name of the serializer that wrote it; a reader refuses a payload written by
 a different serializer instead of guessing.
+
+What protects what:
+
+* the artifact's **checksum** (SHA-256 of the payload, kept in the record) protects against
+  *accidental* corruption: a truncated upload, bit rot, a half-restored backup. It is no defence
+  against tampering: whoever can write the payload can write a matching checksum;
+* the pickle **signature** (HMAC-SHA256 under the signing key) protects against *tampering* by
+  anyone with write access to the store but not the key. It covers the payload *and* where it
+  belongs, the key's digest and the lease's fencing token (:func:`artifact_context`), so a signed
+  artifact copied to another key, or to another fence of its key, is refused before unpickling. It
+  does not stop such a writer from deleting artifacts or putting back an earlier artifact of the
+  same key at its original fence, and JSON and bytes artifacts carry no signature at all: their
+  readers run no code, but trust the store for the value.
 """
 
 from __future__ import annotations
@@ -14,11 +27,22 @@ import hashlib
 import hmac
 import json
 import pickle
+import sys
 from typing import Any, Protocol, runtime_checkable
 
 from dibs.errors import ArtifactCorrupted, ConfigurationError, SerializationError
+from dibs.keys import Key
 
-__all__ = ["BytesSerializer", "JSONSerializer", "Serializer", "SignedPickleSerializer", "resolve_serializer"]
+__all__ = [
+    "BytesSerializer",
+    "JSONSerializer",
+    "Serializer",
+    "SignedPickleSerializer",
+    "artifact_context",
+    "dump_artifact",
+    "load_artifact",
+    "resolve_serializer",
+]
 
 
 @runtime_checkable
@@ -40,6 +64,12 @@ class JSONSerializer:
     def dumps(self, value: Any) -> bytes:
         try:
             return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+        except RecursionError:
+            raise SerializationError(
+                f"cannot store a {type(value).__name__} as JSON: it is nested deeper than Python's recursion "
+                f"limit ({sys.getrecursionlimit()}); flatten it, or store it with serializer='bytes'",
+                value_type=type(value).__name__,
+            ) from None
         except (TypeError, ValueError) as exc:
             raise SerializationError(
                 f"cannot store a {type(value).__name__} as JSON ({exc}); return JSON-like data "
@@ -52,6 +82,10 @@ class JSONSerializer:
             return json.loads(payload)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SerializationError(f"stored JSON artifact cannot be decoded: {exc}") from exc
+        except RecursionError:
+            raise SerializationError(
+                "stored JSON artifact cannot be decoded: it is nested deeper than Python's recursion limit"
+            ) from None
 
 
 class BytesSerializer:
@@ -77,9 +111,14 @@ class SignedPickleSerializer:
 
     A payload without a valid signature is refused and never unpickled, so a store's write access
     cannot become code execution on readers. All processes sharing the artifacts need the same key.
+
+    The signature covers ``context`` too: dibs passes :func:`artifact_context` (the key's digest and
+    the fence), so a signed payload is only accepted where it was written. Signatures made before
+    this binding (dibs 0.1) are refused; ``dibs forget`` such keys to recompute them.
     """
 
     name = "pickle-hmac-sha256"
+    binds_context = True
     _DIGEST_SIZE = 32
 
     def __init__(self, signing_key: bytes | str) -> None:
@@ -94,22 +133,52 @@ class SignedPickleSerializer:
     def __repr__(self) -> str:  # never show the key
         return "SignedPickleSerializer(signing_key=***)"
 
-    def dumps(self, value: Any) -> bytes:
+    def _mac(self, context: bytes, body: bytes) -> bytes:
+        # Length-prefixed, so no (context, body) pair can be re-split into another one.
+        framed = len(context).to_bytes(8, "big") + context + body
+        return hmac.new(self._key, framed, hashlib.sha256).digest()
+
+    def dumps(self, value: Any, context: bytes = b"") -> bytes:
         try:
             body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except RecursionError:
+            raise SerializationError(
+                f"cannot pickle a {type(value).__name__}: it is nested deeper than Python's recursion limit"
+            ) from None
         except Exception as exc:
             raise SerializationError(f"cannot pickle a {type(value).__name__}: {exc}") from exc
-        return hmac.new(self._key, body, hashlib.sha256).digest() + body
+        return self._mac(context, body) + body
 
-    def loads(self, payload: bytes) -> Any:
+    def loads(self, payload: bytes, context: bytes = b"") -> Any:
         signature, body = payload[: self._DIGEST_SIZE], payload[self._DIGEST_SIZE :]
-        expected = hmac.new(self._key, body, hashlib.sha256).digest()
+        expected = self._mac(context, body)
         if len(signature) != self._DIGEST_SIZE or not hmac.compare_digest(signature, expected):
             raise ArtifactCorrupted(
-                "pickled artifact has no valid signature for this signing key; it was NOT unpickled "
-                "(the writer used another key, or the payload was tampered with)"
+                "pickled artifact has no valid signature for this signing key at this place; it was NOT "
+                "unpickled (the writer used another signing key, the payload was tampered with, it was "
+                "copied from another key or fence, or an older dibs signed it: 'dibs forget' the key)"
             )
         return pickle.loads(body)
+
+
+def artifact_context(key: Key, fence: int) -> bytes:
+    """Where an artifact belongs, as the bytes a signature binds: the key's digest and the fence."""
+    return f"dibs.artifact/1\x00{key.digest}\x00{fence}".encode()
+
+
+def dump_artifact(serializer: Serializer, value: Any, key: Key, fence: int) -> bytes:
+    """``value`` as the artifact of ``key`` under ``fence``: serializers that sign (``binds_context``)
+    bind the signature to that place; others just serialize."""
+    if getattr(serializer, "binds_context", False):
+        return bytes(serializer.dumps(value, context=artifact_context(key, fence)))  # type: ignore[call-arg]
+    return serializer.dumps(value)
+
+
+def load_artifact(serializer: Serializer, payload: bytes, key: Key, fence: int) -> Any:
+    """The value of the artifact of ``key`` stored under ``fence`` (see :func:`dump_artifact`)."""
+    if getattr(serializer, "binds_context", False):
+        return serializer.loads(payload, context=artifact_context(key, fence))  # type: ignore[call-arg]
+    return serializer.loads(payload)
 
 
 def resolve_serializer(

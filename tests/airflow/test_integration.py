@@ -178,4 +178,4 @@ def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db
     assert good.returncode == 0 and "Connection success" in good.stdout, good.stdout + good.stderr
     bad = airflow("connections", "test", "dibs_bad")
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "dibs connection 'dibs_bad': extra 'ttl' must be a finite number" in bad.stdout
+    assert "dibs connection 'dibs_bad': extra 'ttl' must be a number of seconds greater than 0" in bad.stdout

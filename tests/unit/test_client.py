@@ -217,7 +217,8 @@ def test_store_unavailable_policy_run_computes_unreserved(clock: FakeClock) -> N
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"ttl": 0}, "ttl must be a finite number of seconds greater than 0, got 0"),
+        ({"ttl": 0}, "ttl must be a number of seconds greater than 0 and at most 315,360,000, got 0"),
+        ({"ttl": 3e10}, "ttl must be a number of seconds greater than 0 and at most 315,360,000, got 3"),
         ({"ttl": "60"}, "ttl must be a number of seconds, got '60'"),
         ({"ttl": float("nan")}, "ttl must be a number"),
         ({"ttl": 10, "heartbeat_interval": 10}, "must be shorter than ttl"),

@@ -2,8 +2,9 @@
 
 The model below is deliberately naive (a dict per key, written from the contract's words, not from
 ``dibs.stores.transitions``), so a shared mistake in the state machine and its tests cannot hide.
-It runs against the in-memory store with a fake clock (so expiry is exercised) and against SQLite's
-native SQL statements (with a ttl no test outlives).
+It runs here against the in-memory store with a fake clock (so expiry is exercised) and against
+SQLite's native SQL statements (with a ttl no test outlives); ``tests/contract/test_store_model.py``
+runs the same machine on every store of ``tests/backends``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dibs.stores import Store
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sql import SQLStore
 
-KEYS = [Key("model", name) for name in ("a", "b")]
+NAMES = ["a", "b"]
 OWNERS = ["alice", "bob", "carol"]
 
 
@@ -46,11 +47,16 @@ class StoreModel(RuleBasedStateMachine):
         super().__init__()
         self.now = 1_800_000_000.0
         self.store = self.make_store()
-        self.model = {key: ModelKey() for key in KEYS}
+        self.keys = {name: Key(self.namespace(), name) for name in NAMES}
+        self.model = {key: ModelKey() for key in self.keys.values()}
         self.tokens: list[tuple[Key, LeaseToken]] = []
 
     def make_store(self) -> Store:
         return MemoryStore(clock=lambda: self.now)
+
+    def namespace(self) -> str:
+        """The namespace of this run's keys (a store shared between runs needs a fresh one each)."""
+        return "model"
 
     def teardown(self) -> None:
         self.store.close()
@@ -58,8 +64,9 @@ class StoreModel(RuleBasedStateMachine):
     def _live(self, m: ModelKey) -> bool:
         return m.token is not None and (not self.controls_time or self.now < m.expires_at)
 
-    @rule(key=st.sampled_from(KEYS), owner=st.sampled_from(OWNERS))
-    def acquire(self, key: Key, owner: str) -> None:
+    @rule(name=st.sampled_from(NAMES), owner=st.sampled_from(OWNERS))
+    def acquire(self, name: str, owner: str) -> None:
+        key = self.keys[name]
         m = self.model[key]
         outcome = self.store.acquire(key, owner, self.ttl, None)
         if m.artifact is not None:
@@ -107,14 +114,16 @@ class StoreModel(RuleBasedStateMachine):
         elif action == "fail":
             m.failures += 1
 
-    @rule(key=st.sampled_from(KEYS))
-    def force_release(self, key: Key) -> None:
+    @rule(name=st.sampled_from(NAMES))
+    def force_release(self, name: str) -> None:
+        key = self.keys[name]
         m = self.model[key]
         assert self.store.force_release(key) is (m.token is not None)
         m.owner = m.token = None
 
-    @rule(key=st.sampled_from(KEYS))
-    def forget(self, key: Key) -> None:
+    @rule(name=st.sampled_from(NAMES))
+    def forget(self, name: str) -> None:
+        key = self.keys[name]
         m = self.model[key]
         assert self.store.forget(key) is (m.artifact is not None or m.failures > 0)
         m.artifact, m.failures = None, 0

@@ -55,7 +55,7 @@ from dibs import AsyncReservations, ConfigurationError, Reservations, Settings
 from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
 from dibs.keys import validate_namespace
 from dibs.runtime import runtime
-from dibs.stores import STORE_SCHEMES, redact_url
+from dibs.stores import STORE_SCHEMES, hide_secrets, redact_url, url_secrets
 
 __all__ = ["DEFAULT_CONN_ID", "DibsHook", "DibsSettings", "settings_from_connection"]
 
@@ -424,10 +424,14 @@ class DibsHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """Open the store and read one key: what ``airflow connections test`` and the UI call."""
+        settings: DibsSettings | None = None
         try:
             settings = self.get_settings()
             with settings.client(namespace=self.namespace, ttl=self.ttl) as client:
                 client.status("dibs-connection-test")
         except Exception as exc:  # the UI shows the message; it must never be a traceback
-            return False, f"{type(exc).__name__}: {exc}"
+            message = f"{type(exc).__name__}: {exc}"
+            # dibs' own messages carry no secret; a driver's text in one might, and the UI does not mask.
+            secrets = url_secrets(settings.store_url) if settings is not None else ()
+            return False, hide_secrets(message, secrets)
         return True, f"dibs store {settings.display_url} is reachable (namespace {settings.namespace!r})"

@@ -18,12 +18,21 @@ from __future__ import annotations
 
 import importlib
 import re
+import urllib.parse
 from typing import Protocol, cast
 
 from dibs.errors import ConfigurationError
 from dibs.stores.base import Store
 
-__all__ = ["STORE_SCHEMES", "Store", "open_store", "redact_url"]
+__all__ = [
+    "STORE_SCHEMES",
+    "Store",
+    "hide_secrets",
+    "open_store",
+    "redact_url",
+    "url_secrets",
+    "url_userinfo",
+]
 
 #: URL scheme (the part before ``+driver``) → ``module:Class``.
 STORE_SCHEMES: dict[str, str] = {
@@ -55,30 +64,90 @@ class _FromURL(Protocol):
 
 
 _SECRET_QUERY = re.compile(
-    r"((?:password|secret|key|token|sas|sig|credential|connection_string)[^=&]*=)[^&]*", re.IGNORECASE
+    r"((?:password|passwd|pwd|secret|key|token|sas|sig|credential|connection_string)[^=&]*=)[^&]*",
+    re.IGNORECASE,
 )
 
-_NESTED_USERINFO = re.compile(r"(//[^/@:?&#]*:)[^@/?&#]*@")
+# A URL nested in a query value (``account_url=https://user:pw@host``): its password runs to the last
+# ``@`` before the value ends (``&`` or whitespace), so it may contain ``/``, ``?``, ``#`` or ``@``.
+_NESTED_USERINFO = re.compile(r"(//[^/@:?&#\s]*:)[^\s&]*@")
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where the user part of ``rest`` (a URL after ``scheme://``) ends: the index of its ``@``, or -1.
+
+    Passwords are often pasted unencoded, and then may contain ``/``, ``?``, ``#`` or ``@`` too, so the
+    user part is taken to run to the *last* ``@`` (before any URL nested in a query value), not to the
+    first ``/``, ``?`` or ``#`` as RFC 3986 would have it. An ``@`` inside a query value after a
+    ``host:port`` then hides more than the password: for logs, hiding too much is the safe mistake.
+    """
+    if rest.startswith("/"):  # sqlite:///path, file:///path: no authority at all
+        return -1
+    nested = rest.find("://")
+    return rest.rfind("@", 0, len(rest) if nested == -1 else nested)
+
+
+def url_userinfo(url: str) -> str | None:
+    """The user part of ``url`` (``user:password``, as written) by :func:`redact_url`'s rule, or ``None``.
+
+    Stores compare it with what their driver's parser took, to refuse a URL whose unencoded password
+    the driver would split differently (and then quote a piece of it as a host or a port).
+    """
+    _, sep, rest = url.partition("://")
+    at = _userinfo_end(rest if sep else url)
+    if not sep:
+        return url[:at] if at != -1 else None
+    return rest[:at] if at != -1 else None
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The secret values in ``url`` (its password, secret-looking query values), as written and decoded.
+
+    For :func:`hide_secrets`: a driver's message may quote them in either form.
+    """
+    found: list[str] = []
+    userinfo = url_userinfo(url)
+    if userinfo is not None and ":" in userinfo:
+        found.append(userinfo.partition(":")[2])
+    for match in _SECRET_QUERY.finditer(url):
+        found.append(match.group(0)[len(match.group(1)) :])
+    decoded = [urllib.parse.unquote(value) for value in found]
+    return tuple(dict.fromkeys(value for value in (*found, *decoded) if value))
+
+
+def hide_secrets(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with each of ``secrets`` (and its percent-encoded form) replaced by ``***``.
+
+    Secrets shorter than 4 characters are left alone: replacing them would garble every message
+    without protecting anything (redaction of the URL itself does not depend on this).
+    """
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, "***").replace(urllib.parse.quote(secret, safe=""), "***")
+    return text
 
 
 def redact_url(url: str) -> str:
     """``url`` with its password and secret-looking query values replaced by ``***``, for logs.
 
-    The user part ends at the *last* ``@`` before the query, so a password containing ``@``, ``:``
-    or ``/`` is hidden whole.
+    The password is everything between the first ``:`` of the user part and the *last* ``@`` (see
+    :func:`_userinfo_end`), so an unencoded password containing ``@``, ``:``, ``/``, ``?`` or ``#``
+    is hidden whole. Text without ``://`` (a mistyped ``redis:/:pw@host``, a ``user:pw@host``) gets
+    the same treatment from its start. The result never raises, whatever the input.
     """
-    scheme, sep, rest = url.partition("://")
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
     if not sep:
-        return _SECRET_QUERY.sub(_hide, url)
-    query_at = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
-    at = rest.rfind("@", 0, query_at)
-    if at != -1 and not rest.startswith("/"):
-        userinfo, rest = rest[:at], rest[at + 1 :]
-        user, has_password, _ = userinfo.partition(":")
-        rest = f"{user}:***@{rest}" if has_password else f"{user}@{rest}"
+        scheme, rest = "", text
+    at = _userinfo_end(rest)
+    if at != -1:
+        user, has_password, _ = rest[:at].partition(":")
+        if has_password:
+            rest = f"{user}:***@{rest[at + 1 :]}"
     # A URL inside a query value (``account_url=https://user:pw@host``) may carry a password too.
     rest = _NESTED_USERINFO.sub(r"\1***@", rest)
-    return f"{scheme}://{_SECRET_QUERY.sub(_hide, rest)}"
+    rest = _SECRET_QUERY.sub(_hide, rest)
+    return f"{scheme}://{rest}" if sep else rest
 
 
 def _hide(match: re.Match[str]) -> str:

@@ -58,12 +58,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import contextlib
 import dataclasses
 import email.utils
 import hashlib
 import io
-import json
 import logging
 import math
 import os
@@ -71,7 +71,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -89,8 +89,8 @@ from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettin
 from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, ReservationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
-from dibs.stores import codec, redact_url, transitions
-from dibs.stores.base import Loaded, RecordStore
+from dibs.stores import codec, decoder, redact_url, transitions
+from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 
 __all__ = ["AzureBlobStore", "ServiceClock", "parse_url"]
@@ -107,7 +107,7 @@ DEFAULT_RETRIES = 3
 DEFAULT_MAX_CONCURRENCY = 4
 
 #: A record is a few hundred bytes; anything bigger in ``records/`` is not ours and is not downloaded.
-MAX_RECORD_BYTES = 1024 * 1024
+MAX_RECORD_BYTES = decoder.MAX_RECORD_BYTES
 #: Payloads up to this size go in one request; larger ones in parallel blocks/ranges of ``_CHUNK``.
 _SINGLE_TRANSFER = 8 * 1024 * 1024
 _CHUNK = 4 * 1024 * 1024
@@ -309,7 +309,8 @@ def _check_account_url(url: str, account_url: str) -> str:
             f"account_url {account_url!r} must be an http(s) URL such as "
             "https://myaccount.blob.core.windows.net",
         )
-    if parts.query or parts.fragment or "@" in parts.netloc:
+    # Any '@' (not only one in the netloc urlsplit finds: a password holding '/' ends it early).
+    if parts.query or parts.fragment or "@" in account_url:
         # A SAS appended to the endpoint would end up in logs with the endpoint: keep it separate.
         raise _bad_url(url, "account_url must not carry a query or user info; pass a SAS as sas_token=")
     return account_url.rstrip("/")
@@ -716,7 +717,7 @@ class AzureBlobStore(RecordStore):
 
     # Reading ------------------------------------------------------------------------------------
 
-    def _now(self, exchange: _Exchange, action: str, key: Key) -> float:
+    def _now(self, exchange: _Exchange, action: str, key: Key | str) -> float:
         parsed = None
         if exchange.date is not None:
             try:
@@ -748,11 +749,8 @@ class AzureBlobStore(RecordStore):
                 return None, None
             size = downloader.properties.size
             if size > MAX_RECORD_BYTES:
-                raise CorruptRecord(
-                    f"the record of {key} at {self._where(name)} is {size} bytes, not a dibs record; it was "
-                    "left untouched: inspect or delete it by hand",
-                    key=str(key),
-                )
+                why = f"it is {size} bytes, more than {MAX_RECORD_BYTES}"
+                raise decoder.corrupt(key, self._where(name), why)
             return downloader.readall(), downloader.properties.etag
 
         data, etag = self._call("read the record of", key, download)
@@ -979,12 +977,12 @@ class AzureBlobStore(RecordStore):
 
     # Listing ------------------------------------------------------------------------------------
 
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+    def list(self, namespace: str | None = None) -> Listing:
         """Every key with a record, sorted by key, artifacts without payloads.
 
-        Blobs in ``records/`` that are not dibs records are skipped with a warning naming them (one
-        foreign blob must not stop ``dibs list`` or the reaper); reading that key directly raises
-        :class:`CorruptRecord`.
+        Blobs in ``records/`` that are not dibs records are skipped, logged and counted (see
+        :class:`~dibs.stores.base.Listing`): one foreign blob must not stop ``dibs ls`` or the
+        reaper; reading that key directly raises :class:`CorruptRecord`.
         """
         prefix = f"{self.prefix}records/"
 
@@ -999,12 +997,17 @@ class AzureBlobStore(RecordStore):
             except ResourceNotFoundError:
                 return []
 
-        states = []
+        states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
         for name in self._call("list the records in", None, names):
-            state = self._list_entry(name)
+            try:
+                state = self._list_entry(name)
+            except CorruptRecord as exc:
+                skip(skipped, self._where(name), exc)
+                continue
             if state is not None and (namespace is None or state.key.namespace == namespace):
                 states.append(state)
-        yield from sorted(states, key=lambda s: s.key)
+        return Listing(states, skipped)
 
     def _list_entry(self, name: str) -> KeyState | None:
         where = self._where(name)
@@ -1024,20 +1027,10 @@ class AzureBlobStore(RecordStore):
         data = self._call(f"read {where}", None, download)
         if data is None:
             return None
-        try:
-            doc = json.loads(data)
-            key = Key(doc["namespace"], doc["name"])
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("skipping %s: not a dibs record (%s)", where, type(exc).__name__)
-            return None
-        if self.record_name(key) != name:
-            logger.warning("skipping %s: it holds the record of %s, which belongs elsewhere", where, key)
-            return None
-        try:
-            return codec.decode(data, key, self._now(exchange, "a read of", key), where=where)
-        except CorruptRecord as exc:
-            logger.warning("skipping %s: %s", where, exc)
-            return None
+        if not data:
+            raise decoder.corrupt(None, where, f"it is more than {MAX_RECORD_BYTES} bytes")
+        digest = name.removeprefix(f"{self.prefix}records/")
+        return codec.decode(data, None, self._now(exchange, "a read of", where), where=where, digest=digest)
 
     # Lifecycle ----------------------------------------------------------------------------------
 

@@ -21,24 +21,59 @@ from __future__ import annotations
 
 import abc
 import builtins
+import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import ClassVar, Self, TypeVar
 
-from dibs.errors import ReservationError, StoreUnavailable
-from dibs.keys import Key
+from dibs.errors import CorruptRecord, ReservationError, StoreUnavailable
+from dibs.keys import Key, validate_owner
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 
-__all__ = ["RecordStore", "Store"]
-
-log = logging.getLogger(__name__)
+__all__ = ["Listing", "RecordStore", "Skipped", "Store"]
 
 T = TypeVar("T")
 #: A record as read for a compare-and-swap: its state and the store's version of it.
 Loaded = tuple[KeyState, object]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A record that :meth:`Store.list` could not read: where it is and why (the error's message)."""
+
+    where: str
+    why: str
+
+
+class Listing(Iterator[KeyState]):
+    """What :meth:`Store.list` returns: the readable records, in key order, and the ones it skipped.
+
+    The one rule of every store for a record it cannot read while listing (a foreign value, a damaged
+    row, a directory where a file belongs): skip it, log a warning naming it, count it in
+    :attr:`skipped`, and go on with every other key. One bad record must not stop ``dibs ls`` or the
+    reaper; reading that key directly still raises :class:`~dibs.errors.CorruptRecord`.
+    """
+
+    def __init__(self, states: Iterable[KeyState] = (), skipped: Iterable[Skipped] = ()) -> None:
+        self._states = iter(sorted(states, key=lambda state: state.key))
+        self.skipped = tuple(skipped)
+
+    def __iter__(self) -> Listing:
+        return self
+
+    def __next__(self) -> KeyState:
+        return next(self._states)
+
+
+def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
+    """Apply the listing rule to one unreadable record (see :class:`Listing`)."""
+    log.warning("skipping an unreadable record: %s", error)
+    skipped.append(Skipped(where, str(error)))
 
 
 class Store(abc.ABC):
@@ -86,11 +121,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
-        """Every key the store knows (in ``namespace`` when given), artifacts without payloads."""
+        """Every key the store knows (in ``namespace`` when given), artifacts without payloads.
+
+        Stores return a :class:`Listing`: unreadable records are skipped and counted, never raised.
+        """
 
     @abc.abstractmethod
     def reap(self, namespace: str | None = None) -> int:
-        """Clear expired leases nobody took over; returns how many."""
+        """Clear expired leases nobody took over; returns how many. Unreadable records are skipped
+        (and logged) as by :meth:`list`, and left as they are."""
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """The states of several keys, for the watch hub (stores that can read them together override
@@ -183,6 +222,7 @@ class RecordStore(Store):
         )
 
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        validate_owner(owner)  # a bad owner written into the record would make it unreadable for all
         return self._update(key, lambda state: transitions.acquire(state, owner, ttl, max_lease_age))
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
@@ -208,7 +248,10 @@ class RecordStore(Store):
         reaped = 0
         for state in list(self.list(namespace)):
             if state.lease is not None and not state.lease.live_at(state.now):
-                reaped += self._update(state.key, lambda s: _changed(transitions.reap(s)))
+                try:
+                    reaped += self._update(state.key, lambda s: _changed(transitions.reap(s)))
+                except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                    skip([], str(state.key), exc)
         return reaped
 
 

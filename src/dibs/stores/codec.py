@@ -1,7 +1,8 @@
-"""The JSON form of a key's record, for stores that keep one document per key (files, blobs, Redis).
+"""The JSON form of a key's record, for stores that keep one document per key (files, blobs).
 
 The document names its format, so a foreign or damaged record is recognised and reported as
-:class:`~dibs.errors.CorruptRecord` instead of being misread or overwritten. Payloads are not part of
+:class:`~dibs.errors.CorruptRecord` instead of being misread or overwritten; the checks themselves
+are :mod:`dibs.stores.decoder`'s, the same for every store. Payloads are not part of
 the document unless a store asks for them inline (base64); large artifacts live beside it.
 """
 
@@ -10,12 +11,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import math
 from typing import Any
 
-from dibs.errors import CorruptRecord
 from dibs.keys import Key
-from dibs.records import ArtifactRecord, FailureRecord, KeyState, LeaseRecord, LeaseToken
+from dibs.records import KeyState
+from dibs.stores import decoder
 
 __all__ = ["FORMAT", "decode", "encode"]
 
@@ -57,100 +57,81 @@ def encode(state: KeyState, *, inline_payload: bool = False) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
-def decode(data: bytes, key: Key, now: float, *, where: str) -> KeyState:
+def decode(data: bytes, key: Key | None, now: float, *, where: str, digest: str | None = None) -> KeyState:
     """Parse a record written by :func:`encode`; anything else raises :class:`CorruptRecord`.
 
-    ``where`` names the record's location (a path, a blob name) for the error message.
+    ``where`` names the record's location (a path, a blob name) for the error message. The checks
+    are :mod:`dibs.stores.decoder`'s, shared with every store; ``key`` and ``digest`` are as there.
     """
     try:
         doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-            raise ValueError(f"format is {found!r}, expected {FORMAT!r}")
-        if (doc["namespace"], doc["name"]) != (key.namespace, key.name):
-            raise ValueError(f"it belongs to key {doc['namespace']}/{doc['name']}")
-        lease = None
-        if doc["lease"] is not None:
-            raw = _section(doc, "lease")
-            lease = LeaseRecord(
-                key=key,
-                owner=_str(raw, "owner"),
-                token=LeaseToken(_int(raw, "fence"), _str(raw, "lease_id")),
-                acquired_at=_seconds(raw, "acquired_at"),
-                expires_at=_seconds(raw, "expires_at"),
-                ttl=_seconds(raw, "ttl"),
-                attempt=_int(raw, "attempt"),
-                max_expires_at=None if raw["max_expires_at"] is None else _seconds(raw, "max_expires_at"),
-            )
-        failure = None
-        if doc["failure"] is not None:
-            raw = _section(doc, "failure")
-            failure = FailureRecord(
-                count=_int(raw, "count"),
-                error=_str(raw, "error"),
-                owner=_str(raw, "owner"),
-                at=_seconds(raw, "at"),
-            )
-        artifact = None
-        if doc["artifact"] is not None:
-            raw = _section(doc, "artifact")
-            payload = (
-                base64.b64decode(_str(raw, "payload_b64"), validate=True) if "payload_b64" in raw else b""
-            )
-            artifact = ArtifactRecord(
-                serializer=_str(raw, "serializer"),
-                payload=payload,
-                size=_int(raw, "size"),
-                checksum=_str(raw, "checksum"),
-                producer=_str(raw, "producer"),
-                fence=_int(raw, "fence"),
-                created_at=_seconds(raw, "created_at"),
-            )
-        return KeyState(
-            key=key,
-            now=now,
-            fence=_int(doc, "fence"),
-            attempts=_int(doc, "attempts"),
-            lease=lease,
-            artifact=artifact,
-            failure=failure,
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptRecord(
-            f"the record of {key} at {where} is not a dibs record ({exc}); it was left untouched: "
-            "inspect or delete it by hand",
-            key=str(key),
-        ) from exc
+    except (ValueError, RecursionError) as exc:  # RecursionError: a hostile, deeply nested document
+        raise decoder.corrupt(key, where, f"it is not JSON: {type(exc).__name__}") from None
+    fields = flatten(doc)
+    if isinstance(fields, str):
+        raise decoder.corrupt(key, where, fields)
+    payload = b""
+    artifact = doc.get("artifact")
+    if isinstance(artifact, dict) and "payload_b64" in artifact:
+        encoded = artifact["payload_b64"]
+        try:
+            payload = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b"\0"
+        except ValueError:
+            raise decoder.corrupt(key, where, "its artifact payload_b64 is not base64") from None
+        if not isinstance(encoded, str):
+            raise decoder.corrupt(key, where, f"its artifact payload_b64 is {encoded!r}, not a string")
+    return decoder.decode(
+        fields, key, now, where=where, digest=digest, expected_format=FORMAT, payload=payload
+    )
 
 
-# Strict field readers: ``str(None)`` or ``int(1.5)`` would turn a damaged or foreign record into a
-# plausible one (a lease owned by "None", a fence rounded down), which dibs would then act on and
-# overwrite. A field of the wrong type makes the whole record corrupt instead.
+_SECTIONS = {
+    "lease": {
+        "owner": "lease_owner",
+        "fence": "lease_fence",
+        "lease_id": "lease_id",
+        "acquired_at": "lease_acquired_at",
+        "expires_at": "lease_expires_at",
+        "ttl": "lease_ttl",
+        "attempt": "lease_attempt",
+        "max_expires_at": "lease_max_expires_at",
+    },
+    "failure": {
+        "count": "failure_count",
+        "error": "failure_error",
+        "owner": "failure_owner",
+        "at": "failure_at",
+    },
+    "artifact": {
+        "serializer": "artifact_serializer",
+        "size": "artifact_size",
+        "checksum": "artifact_checksum",
+        "producer": "artifact_producer",
+        "fence": "artifact_fence",
+        "created_at": "artifact_created_at",
+    },
+}
 
 
-def _section(doc: dict[str, Any], name: str) -> dict[str, Any]:
-    value = doc[name]
-    if not isinstance(value, dict):
-        raise TypeError(f"its {name} is a {type(value).__name__}, not an object")
-    return value
+def flatten(doc: Any) -> dict[str, Any] | str:
+    """The document's fields under :data:`dibs.stores.decoder.FIELDS` names, or why it has none.
 
-
-def _str(doc: dict[str, Any], name: str) -> str:
-    value = doc[name]
-    if not isinstance(value, str):
-        raise TypeError(f"its {name} is {value!r}, not a string")
-    return value
-
-
-def _int(doc: dict[str, Any], name: str) -> int:
-    value = doc[name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"its {name} is {value!r}, not an integer")
-    return value
-
-
-def _seconds(doc: dict[str, Any], name: str) -> float:
-    value = doc[name]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TypeError(f"its {name} is {value!r}, not a finite number of seconds")
-    return float(value)
+    A section (``lease``, ``failure``, ``artifact``) is ``null`` when absent; one that is present must
+    be an object with its fields (the decoder names the first one missing), never an empty stand-in.
+    """
+    if not isinstance(doc, dict):
+        return f"it is a JSON {type(doc).__name__}, not an object"
+    fields: dict[str, Any] = {
+        name: doc.get(name) for name in ("format", "namespace", "name", "fence", "attempts")
+    }
+    for section, names in _SECTIONS.items():
+        raw = doc.get(section)
+        if raw is None:
+            continue
+        if not isinstance(raw, dict):
+            return f"its {section} is a {type(raw).__name__}, not an object"
+        if all(raw.get(field) is None for field in names):
+            return f"its {section} is an object without any of its fields"
+        for field, flat in names.items():
+            fields[flat] = raw.get(field)
+    return fields

@@ -41,10 +41,15 @@ Limits (the contract's Time section assumes a store with its own clock; a direct
   seconds; this is the one wait inside this store, the equivalent of a database's row lock.
 * A crash can leave hidden ``.*.tmp`` files or a payload file no record references; they are harmless
   (never read) and can be removed while the store is idle.
+* Only regular files are ever opened, without blocking and without following a symbolic link, and at
+  most 1 MiB of a record (a payload: its recorded size) is read: a FIFO, a directory or a huge sparse
+  file put where a record, lock or payload belongs is reported (``CorruptRecord``; skipped by ``list``
+  and ``reap``) instead of hanging a caller or filling its memory.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import errno
@@ -53,17 +58,19 @@ import logging
 import os
 import re
 import secrets
+import stat
 import sys
 import time
 import urllib.parse
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from dibs.errors import ConfigurationError, CorruptRecord, InvalidKey, StoreUnavailable
+from dibs.config import validate_seconds
+from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores import codec, redact_url
-from dibs.stores.base import RecordStore
+from dibs.stores import codec, decoder, redact_url, url_userinfo
+from dibs.stores.base import Listing, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
 
@@ -126,14 +133,8 @@ class FileStore(RecordStore):
                 f"file store directory {str(root)!r} is not absolute; use an absolute path such as "
                 "'/var/lib/dibs', so that every process names the same directory"
             )
-        if not lock_timeout >= 0:  # also refuses NaN
-            raise ConfigurationError(f"lock_timeout must be a number of seconds >= 0, got {lock_timeout!r}")
-        if not watch_interval > 0:
-            raise ConfigurationError(
-                f"watch_interval must be a number of seconds > 0, got {watch_interval!r}"
-            )
-        self._lock_timeout = float(lock_timeout)
-        self._watch_interval = float(watch_interval)
+        self._lock_timeout = validate_seconds("lock_timeout", lock_timeout, allow_zero=True) or 0.0
+        self._watch_interval = validate_seconds("watch_interval", watch_interval) or WATCH_INTERVAL
         self._create_layout()
 
     # -- URLs -------------------------------------------------------------------------------------
@@ -145,6 +146,11 @@ class FileStore(RecordStore):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme.lower() != "file":
             raise ConfigurationError(f"not a file store URL: {shown!r}; expected e.g. {_EXAMPLE}")
+        if url_userinfo(url) is not None:  # before urlsplit's host: a '/' in a password would cut it
+            raise ConfigurationError(
+                f"file store URL {shown!r} has a user name or password; a directory takes none: use e.g. "
+                f"{_EXAMPLE}"
+            )
         if parts.netloc not in ("", "localhost"):
             raise ConfigurationError(
                 f"file store URL {shown!r} names the host {parts.hostname or parts.netloc!r}; the file "
@@ -200,7 +206,7 @@ class FileStore(RecordStore):
         can still repair the key.
         """
         path = self.record_path(key)
-        raw = self._read_record(path)
+        raw = _read_record(path, key)
         for _ in range(self.max_swap_attempts):
             now = time.time()
             if raw is None:
@@ -210,11 +216,11 @@ class FileStore(RecordStore):
                 return state, _Version(raw)
             version = _Version(raw, state.artifact.fence)
             payload_path = self.artifact_path(key, state.artifact.fence)
-            payload = self._read_payload(payload_path)
+            payload = _read_payload(payload_path, state.artifact.size)
             if payload is not None:
                 artifact = dataclasses.replace(state.artifact, payload=payload)
                 return dataclasses.replace(state, artifact=artifact), version
-            again = self._read_record(path)
+            again = _read_record(path, key)
             if again == raw:
                 log.warning("the payload of %s is missing (%s); its record was kept", key, payload_path)
                 return state, version
@@ -247,7 +253,7 @@ class FileStore(RecordStore):
                     staged.append(self._stage(payload_target, publish.payload))
                 staged.append(self._stage(record, codec.encode(new)))
             with self._locked(key):
-                if self._read_record(record) != version.raw:
+                if _read_record(record, key) != version.raw:
                     return False
                 with _translating("publish", record):
                     if payload_target is not None:
@@ -267,18 +273,24 @@ class FileStore(RecordStore):
 
     # -- Listing and watching ---------------------------------------------------------------------
 
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+    def list(self, namespace: str | None = None) -> Listing:
         """Every readable record (artifacts without payloads), sorted by key.
 
-        A damaged or foreign file is logged and skipped rather than raised: one bad file must not stop
-        ``dibs list`` or the reaper from seeing every other key. Reading that key directly reports it.
+        A damaged or foreign file (or a directory, FIFO or link where a record belongs) is skipped,
+        logged and counted (see :class:`~dibs.stores.base.Listing`): one bad file must not stop
+        ``dibs ls`` or the reaper from seeing every other key. Reading that key directly reports it.
         """
-        states = []
+        states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
         for path in self._record_files():
-            state = self._list_one(path)
+            try:
+                state = self._list_one(path)
+            except CorruptRecord as exc:
+                skip(skipped, str(path), exc)
+                continue
             if state is not None and (namespace is None or state.key.namespace == namespace):
                 states.append(state)
-        yield from sorted(states, key=lambda s: s.key)
+        return Listing(states, skipped)
 
     def change_feed(self) -> ChangeFeed:
         """One poller per process that ``stat``\\s every watched record file: no lock, no file kept open."""
@@ -326,8 +338,9 @@ class FileStore(RecordStore):
             finally:
                 temp.unlink()
         try:
-            found = json.loads(marker.read_bytes()).get("format")
-        except (ValueError, AttributeError):
+            with _translating("read", marker, config=True):
+                found = json.loads(_read_regular(marker, MARKER_BYTES) or b"").get("format")
+        except (ValueError, AttributeError, RecursionError, _NotRegular):
             found = None
         if found != LAYOUT_FORMAT:
             raise ConfigurationError(
@@ -357,23 +370,6 @@ class FileStore(RecordStore):
             os.close(fd)
         return temp
 
-    @staticmethod
-    def _read_record(path: Path) -> bytes | None:
-        with _translating("read", path):
-            try:
-                return path.read_bytes()
-            except FileNotFoundError:
-                return None
-
-    @staticmethod
-    def _read_payload(path: Path) -> bytes | None:
-        with _translating("read", path):
-            try:
-                with open(path, "rb") as file:
-                    return file.read()
-            except FileNotFoundError:
-                return None
-
     @contextlib.contextmanager
     def _locked(self, key: Key) -> Iterator[None]:
         """Hold the key's exclusive flock. ``LOCK_UN`` before closing, so that a descriptor inherited
@@ -383,8 +379,11 @@ class FileStore(RecordStore):
             with contextlib.suppress(FileExistsError):
                 path.parent.mkdir()
             # O_RDONLY is enough for flock, so read-only access to an existing lock file suffices.
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            # O_NONBLOCK: a FIFO planted here must not block the open; it is refused below.
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | _SAFE_OPEN, 0o666)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise decoder.corrupt(key, str(path), f"the lock file is {_kind(os.fstat(fd).st_mode)}")
             self._flock(fd, path)
             try:
                 yield
@@ -427,24 +426,13 @@ class FileStore(RecordStore):
                 names = sorted(shard.iterdir()) if shard.is_dir() else []
             yield from (path for path in names if _RECORD_NAME.fullmatch(path.name))
 
-    def _list_one(self, path: Path) -> KeyState | None:
-        raw = self._read_record(path)
+    @staticmethod
+    def _list_one(path: Path) -> KeyState | None:
+        """The record at ``path`` (found by listing: its name is the digest of the key it must hold)."""
+        raw = _read_record(path, None)
         if raw is None:
             return None
-        try:
-            doc = json.loads(raw)
-            key = Key(doc["namespace"], doc["name"])
-        except (ValueError, KeyError, TypeError, InvalidKey):
-            log.warning("skipping %s: not a dibs record; inspect or delete it by hand", path)
-            return None
-        if f"{key.digest}.json" != path.name:
-            log.warning("skipping %s: it holds the record of %s, which belongs elsewhere", path, key)
-            return None
-        try:
-            return codec.decode(raw, key, time.time(), where=str(path))
-        except CorruptRecord as exc:
-            log.warning("skipping %s", exc)
-            return None
+        return codec.decode(raw, None, time.time(), where=str(path), digest=path.name.removesuffix(".json"))
 
 
 class _StatFeed(PollingFeed):
@@ -488,6 +476,83 @@ def _options(query: str, shown: str) -> dict[str, float]:
                 f"option {name}={value!r} in file store URL {shown!r} is not a number of seconds"
             ) from None
     return options
+
+
+#: ``O_NONBLOCK``: opening a FIFO planted where a file belongs returns at once instead of waiting for
+#: a writer (it is then refused as not a regular file); ``O_NOFOLLOW``: a symbolic link is refused.
+_SAFE_OPEN = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+#: The marker is a few dozen bytes; more is not ours.
+MARKER_BYTES = 4096
+
+
+class _NotRegular(OSError):
+    """Something other than a regular file (directory, FIFO, socket, device) where a file belongs."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """At most ``limit + 1`` bytes of the regular file at ``path``, ``None`` if it does not exist.
+
+    Only ever opens a regular file, without blocking and without following a link, so that a FIFO, a
+    device or a directory put where a file belongs can neither hang a reader nor be read; and never
+    reads more than ``limit + 1`` bytes, so a huge (say, sparse) file cannot fill the memory. Raises
+    :class:`_NotRegular` saying what is there instead; the caller decides what that means.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _SAFE_OPEN)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _NotRegular(errno.ELOOP, "a symbolic link") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotRegular(errno.EINVAL, _kind(info.st_mode))
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, min(limit + 1 - size, 1 << 20))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_record(path: Path, key: Key | None) -> bytes | None:
+    """A record file's bytes (``None``: no record); anything but a small regular file is corrupt."""
+    with _translating("read", path):
+        try:
+            data = _read_regular(path, decoder.MAX_RECORD_BYTES)
+        except _NotRegular as exc:
+            raise decoder.corrupt(key, str(path), f"it is {exc.strerror}, not a file") from None
+    if data is not None and len(data) > decoder.MAX_RECORD_BYTES:
+        raise decoder.corrupt(key, str(path), f"it is more than {decoder.MAX_RECORD_BYTES} bytes")
+    return data
+
+
+def _read_payload(path: Path, size: int) -> bytes | None:
+    """An artifact's payload (``None``: missing), at most ``size + 1`` bytes: a longer or non-regular
+    file is served as far as read (empty if not a file), so the integrity check refuses it and
+    ``dibs forget`` can still repair the key."""
+    with _translating("read", path):
+        try:
+            return _read_regular(path, size)
+        except _NotRegular as exc:
+            log.warning("the payload of an artifact, %s, is %s; it cannot be read", path, exc.strerror)
+            return b""
 
 
 def _fsync_dir(directory: Path) -> None:

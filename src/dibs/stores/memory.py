@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores.base import RecordStore
+from dibs.stores.base import Listing, RecordStore
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
 
@@ -79,13 +79,11 @@ class MemoryStore(RecordStore):
     def change_feed(self) -> ChangeFeed:
         return _MemoryFeed(self._space)
 
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+    def list(self, namespace: str | None = None) -> Listing:
         with self._lock:
             now = self._clock()
             states = [_at(state, now) for state in self._records.values()]
-        for state in sorted(states, key=lambda s: s.key):
-            if namespace is None or state.key.namespace == namespace:
-                yield state
+        return Listing(s for s in states if namespace is None or s.key.namespace == namespace)
 
 
 def _at(state: KeyState, now: float) -> KeyState:

@@ -20,7 +20,11 @@ with no retry loop under contention. The scripts implement the rules of
 write returns the record as it is, and :func:`~dibs.stores.transitions.explain_lost` words the error.
 
 Times are the Redis server's ``TIME`` as Unix seconds, formatted with 17 significant digits so that
-Python reads back exactly the double that Lua compared. Redis 5 or later is needed: it replicates a
+Python reads back exactly the double that Lua compared. Integers are never Lua numbers (doubles, exact
+only up to 2^53): the fence goes up with ``HINCRBY`` and is compared as a decimal string. The scripts
+check a record with the same rules as the shared decoder (:mod:`dibs.stores.decoder`) before writing,
+so they never change a record Python would refuse; ``list`` and ``reap`` skip (and count) values under
+the prefix that are not dibs records. Redis 5 or later is needed: it replicates a
 script by its effects, so a script may read ``TIME`` and then write. Limits that come with Redis:
 
 * Fencing is only as durable as the data: a server that restarts without persistence (or a replica
@@ -39,7 +43,7 @@ import math
 import re
 import time
 import urllib.parse
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import redis
@@ -49,11 +53,15 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
+from dibs.config import validate_seconds
+from dibs.display import printable
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
-from dibs.keys import Key
+from dibs.keys import Key, validate_owner
 from dibs.records import (
+    MAX_COUNT,
+    MAX_FENCE,
+    MAX_TIMESTAMP,
     ArtifactRecord,
-    FailureRecord,
     Granted,
     Held,
     KeyState,
@@ -63,8 +71,8 @@ from dibs.records import (
     StoreOutcome,
     new_lease_id,
 )
-from dibs.stores import redact_url
-from dibs.stores.base import Store
+from dibs.stores import decoder, redact_url, transitions, url_userinfo
+from dibs.stores.base import Listing, Skipped, Store, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
 
@@ -93,45 +101,23 @@ DEFAULT_MAX_CONNECTIONS = 4
 #: What a script returns: ``{status, now, extra, FIELDS...[, payload]}`` or ``{"corrupt", why}``.
 _Reply = list[Any]
 
-# The hash fields of a record, in the order the scripts return them. The Lua side is generated from
-# these tuples so the two cannot drift apart.
-_LEASE_FIELDS = (
+# The hash fields of a record are the shared decoder's names, in the order the scripts return them.
+# The Lua side is generated from these tuples so the two cannot drift apart.
+_LEASE_FIELDS = decoder.LEASE_FIELDS
+_FAILURE_FIELDS = decoder.FAILURE_FIELDS
+_ARTIFACT_FIELDS = decoder.ARTIFACT_FIELDS
+_FIELDS = decoder.FIELDS
+# Integers up to a signed 64-bit one (the most HINCRBY can hold), and counters up to a 32-bit one.
+_WIDE_INTEGERS = ("fence", "lease_fence", "artifact_size", "artifact_fence")
+_COUNTERS = ("attempts", "lease_attempt", "failure_count")
+# Text that must not be empty when present (as the decoder requires).
+_NONEMPTY = (
     "lease_owner",
-    "lease_fence",
     "lease_id",
-    "lease_acquired_at",
-    "lease_expires_at",
-    "lease_ttl",
-    "lease_attempt",
-)
-_FAILURE_FIELDS = ("failure_count", "failure_error", "failure_owner", "failure_at")
-_ARTIFACT_FIELDS = (
+    "failure_owner",
     "artifact_serializer",
-    "artifact_size",
     "artifact_checksum",
     "artifact_producer",
-    "artifact_fence",
-    "artifact_created_at",
-)
-_FIELDS = (
-    "format",
-    "namespace",
-    "name",
-    "fence",
-    "attempts",
-    *_LEASE_FIELDS,
-    "lease_max_expires_at",
-    *_FAILURE_FIELDS,
-    *_ARTIFACT_FIELDS,
-)
-_INTEGERS = (
-    "fence",
-    "attempts",
-    "lease_fence",
-    "lease_attempt",
-    "failure_count",
-    "artifact_size",
-    "artifact_fence",
 )
 _SECONDS = (
     "lease_acquired_at",
@@ -157,24 +143,43 @@ local GROUPS = {{
   failure = {_lua_list(_FAILURE_FIELDS)},
   artifact = {_lua_list(_ARTIFACT_FIELDS)},
 }}
--- Numbers exactly as these scripts and Python write them, so Lua and Python read the same value.
-local PATTERNS = {{}}
-for _, field in ipairs({_lua_list(_INTEGERS)}) do PATTERNS[field] = {{'^%d+$'}} end
-for _, field in ipairs({_lua_list(_SECONDS)}) do
-  PATTERNS[field] = {{'^%-?%d+%.?%d*$', '^%-?%d+%.?%d*e[-+]%d+$'}}
+-- Integers are compared and stored as decimal strings, never as Lua numbers: those are doubles, and
+-- a fence above 2^53 would stop increasing and be written back as '1e+17'. MAX_FENCE is what HINCRBY
+-- holds (a signed 64-bit integer), MAX_COUNT a signed 32-bit one; MAX_TIME the end of the year 9999.
+local MAX_FENCE = '{MAX_FENCE}'
+local MAX_COUNT = '{MAX_COUNT}'
+local MAX_TIME = {MAX_TIMESTAMP!r}
+local LIMITS = {{}}
+for _, field in ipairs({_lua_list(_WIDE_INTEGERS)}) do LIMITS[field] = MAX_FENCE end
+for _, field in ipairs({_lua_list(_COUNTERS)}) do LIMITS[field] = MAX_COUNT end
+local SECONDS = {{}}
+for _, field in ipairs({_lua_list(_SECONDS)}) do SECONDS[field] = true end
+local NONEMPTY = {{}}
+for _, field in ipairs({_lua_list(_NONEMPTY)}) do NONEMPTY[field] = true end
+
+-- Whether a canonical decimal integer (no sign, no leading zero) is at most the decimal ``limit``.
+local function at_most(value, limit)
+  return #value < #limit or (#value == #limit and value <= limit)
 end
 
+-- Values exactly as these scripts and Python write them, in the ranges of dibs.stores.decoder, so
+-- that a script never writes to a record that Python would refuse to read.
 local function well_formed(field, value)
-  local patterns = PATTERNS[field]
-  if patterns == nil then
-    return true
+  local limit = LIMITS[field]
+  if limit ~= nil then
+    return (value == '0' or string.find(value, '^[1-9]%d*$') ~= nil) and at_most(value, limit)
   end
-  for _, pattern in ipairs(patterns) do
-    if string.find(value, pattern) then
-      return true
+  if SECONDS[field] then
+    if not (string.find(value, '^%d+%.?%d*$') or string.find(value, '^%d+%.?%d*e[-+]%d+$')) then
+      return false
     end
+    local seconds = tonumber(value)
+    return seconds ~= nil and seconds >= 0 and seconds <= MAX_TIME
   end
-  return false
+  if NONEMPTY[field] then
+    return value ~= ''
+  end
+  return true
 end
 
 -- 17 significant digits: Python parses back exactly the double compared here.
@@ -204,7 +209,8 @@ local function load_record(key, namespace, name)
     local value = values[i]
     if value then
       if not well_formed(field, value) then
-        return false, 'its field ' .. field .. ' is not a number dibs wrote'
+        return false, 'its ' .. field .. ' is ' .. string.format('%q', string.sub(value, 1, 40))
+          .. ', not a value dibs writes there'
       end
       rec[field] = value
     end
@@ -232,13 +238,24 @@ local function load_record(key, namespace, name)
   if rec.artifact_fence and redis.call('HEXISTS', key, 'artifact_payload') == 0 then
     return false, 'its artifact has no payload'
   end
+  if rec.lease_id and rec.lease_fence ~= rec.fence then
+    return false, 'its lease_fence ' .. rec.lease_fence .. ' is not its fence ' .. rec.fence
+  end
+  if rec.lease_max_expires_at and not rec.lease_id then
+    return false, 'its lease_max_expires_at is set without a lease'
+  end
+  if rec.artifact_fence and not at_most(rec.artifact_fence, rec.fence) then
+    return false, 'its artifact_fence ' .. rec.artifact_fence .. ' is above its fence ' .. rec.fence
+  end
+  if rec.failure_count == '0' then
+    return false, 'its failure_count is 0, outside 1..' .. MAX_COUNT
+  end
   return rec
 end
 
 -- Whether (fence, lease id) is the current token: a lease, not yet completed, with both parts equal.
 local function is_current(rec, fence, lease_id)
-  return rec ~= nil and not rec.artifact_fence and rec.lease_id == lease_id
-    and tonumber(rec.lease_fence) == tonumber(fence)
+  return rec ~= nil and not rec.artifact_fence and rec.lease_id == lease_id and rec.lease_fence == fence
 end
 
 local function capped_expiry(now, ttl, max_expires)
@@ -266,20 +283,6 @@ local function reply(status, now, key, extra, with_payload)
   return out
 end
 """
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password, also when the password holds characters the shared regex misses."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if "@" in parts.netloc:
-            userinfo, _, hostport = parts.netloc.rpartition("@")
-            user, has_password, _ = userinfo.partition(":")
-            if has_password:
-                url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
-    except ValueError:
-        return url.split("://", 1)[0] + "://***"
-    return redact_url(url)
 
 
 def _seconds(value: float, what: str) -> str:
@@ -332,17 +335,25 @@ end
 if rec.lease_id and now < tonumber(rec.lease_expires_at) then
   return reply('held', now, KEYS[1], false, false)
 end
--- Free, released or expired: the key changes hands and the fence goes up.
-local fence = tonumber(rec.fence) + 1
-local attempt = tonumber(rec.attempts) + 1
+-- Free, released or expired: the key changes hands and the fence goes up, exactly (HINCRBY on the
+-- decimal string, read back as a string), unless it cannot go any higher.
+if rec.fence == MAX_FENCE then
+  return {'exhausted', rec.fence}
+end
+redis.call('HINCRBY', KEYS[1], 'fence', 1)
+local fence = redis.call('HGET', KEYS[1], 'fence')
+local attempt = rec.attempts
+if attempt ~= MAX_COUNT then
+  attempt = num(tonumber(attempt) + 1)
+end
 local new_max = nil
 if ARGV[5] ~= '' then
   new_max = now + tonumber(ARGV[5])
 end
-redis.call('HSET', KEYS[1], 'fence', num(fence), 'attempts', num(attempt),
-  'lease_owner', ARGV[3], 'lease_fence', num(fence), 'lease_id', ARGV[6],
+redis.call('HSET', KEYS[1], 'attempts', attempt,
+  'lease_owner', ARGV[3], 'lease_fence', fence, 'lease_id', ARGV[6],
   'lease_acquired_at', num(now), 'lease_expires_at', num(capped_expiry(now, ttl, new_max)),
-  'lease_ttl', ARGV[4], 'lease_attempt', num(attempt))
+  'lease_ttl', ARGV[4], 'lease_attempt', attempt)
 if new_max then
   redis.call('HSET', KEYS[1], 'lease_max_expires_at', num(new_max))
 else
@@ -393,7 +404,7 @@ if not is_current(rec, ARGV[3], ARGV[4]) then
 end
 redis.call('HSET', KEYS[1], 'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
   'artifact_size', num(string.len(ARGV[6])), 'artifact_checksum', ARGV[7],
-  'artifact_producer', rec.lease_owner, 'artifact_fence', num(tonumber(ARGV[3])),
+  'artifact_producer', rec.lease_owner, 'artifact_fence', rec.lease_fence,
   'artifact_created_at', num(now))
 drop_lease(KEYS[1])
 redis.call('PUBLISH', ARGV[8], 'complete')
@@ -418,8 +429,11 @@ if not is_current(rec, ARGV[3], ARGV[4]) then
   return reply('lost', now, KEYS[1], false, false)
 end
 if ARGV[5] == '1' then
-  local count = (tonumber(rec.failure_count) or 0) + 1
-  redis.call('HSET', KEYS[1], 'failure_count', num(count), 'failure_error', ARGV[6],
+  local count = rec.failure_count or '0'
+  if count ~= MAX_COUNT then
+    count = num(tonumber(count) + 1)
+  end
+  redis.call('HSET', KEYS[1], 'failure_count', count, 'failure_error', ARGV[6],
     'failure_owner', rec.lease_owner, 'failure_at', num(now))
 end
 drop_lease(KEYS[1])
@@ -479,7 +493,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
     )
 
     def __init__(self, url: str) -> None:
-        self._url = _redact(url)
+        self._url = redact_url(url)
         client_url, self._prefix = _parse_url(url, self._url)
         try:
             # One bounded pool per store, shared by every client of the process (dibs.runtime): the
@@ -538,6 +552,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         return self._state(key, reply, with_payload=True)
 
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+        validate_owner(owner)
         reply = self._run(
             self._acquire,
             key,
@@ -550,6 +565,8 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             new_lease_id(),
         )
         status = reply[0]
+        if status == b"exhausted":
+            raise transitions.fence_exhausted(key, int(reply[1]))
         state = self._state(key, reply, with_payload=status == b"present")
         if status == b"present":
             assert state.artifact is not None
@@ -630,14 +647,15 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
     def forget(self, key: Key) -> bool:
         return self._drop_part(key, "result", "forget")
 
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+    def list(self, namespace: str | None = None) -> Listing:
         """Every record under the prefix, sorted by key, without payloads.
 
         One SCAN over ``{prefix}rec:*`` plus one pipelined read script per record: dibs keeps no
         index, so nothing can fall out of step with the records. A value under the prefix that is
-        not a dibs record raises :class:`CorruptRecord` naming its Redis key.
+        not a dibs record is skipped, logged and counted (see :class:`~dibs.stores.base.Listing`).
         """
         states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
         for batch in self._scan_batches():
             with self._service("list keys", None):
                 pipe = self._client.pipeline(transaction=False)
@@ -645,17 +663,24 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
                     self._read(keys=[record_key], args=["", "", "0"], client=pipe)
                 replies = pipe.execute()
             for record_key, reply in zip(batch, replies, strict=True):
-                state = self._listed_state(record_key, cast(_Reply, reply))
+                try:
+                    state = self._listed_state(record_key, cast(_Reply, reply))
+                except CorruptRecord as exc:
+                    skip(skipped, self._where(record_key.decode("utf-8", "backslashreplace")), exc)
+                    continue
                 if state is not None and (namespace is None or state.key.namespace == namespace):
                     states.append(state)
-        yield from sorted(states, key=lambda s: s.key)
+        return Listing(states, skipped)
 
     def reap(self, namespace: str | None = None) -> int:
         reaped = 0
         for state in self.list(namespace):
             if state.lease is not None and not state.lease.live_at(state.now):
                 # The script checks expiry again on the server's clock: a holder may have renewed.
-                reaped += self._drop_part(state.key, "expired", "reap")
+                try:
+                    reaped += self._drop_part(state.key, "expired", "reap")
+                except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                    skip([], self.record_key(state.key), exc)
         return reaped
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
@@ -717,21 +742,19 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         with self._service(action, key):
             reply = cast(_Reply, script(keys=[self.record_key(key)], args=args))
         if reply[0] == b"corrupt":
-            raise self._corrupt(key, self.record_key(key), reply[1].decode("utf-8", "replace"))
+            # The reason may quote the foreign value (its format, the key it names): never raw.
+            raise self._corrupt(key, self.record_key(key), printable(reply[1].decode("utf-8", "replace")))
         return reply
 
     def _drop_part(self, key: Key, part: str, action: str) -> bool:
         reply = self._run(self._drop, key, action, key.namespace, key.name, self.channel(key), part)
         return bool(reply[0] == b"changed")
 
+    def _where(self, record_key: str) -> str:
+        return f"Redis key {record_key!r} on {self._url}"
+
     def _corrupt(self, key: Key | None, record_key: str, why: str) -> CorruptRecord:
-        return CorruptRecord(
-            f"the value at Redis key {record_key!r} on {self._url}"
-            + ("" if key is None else f" (the record of {key})")
-            + f" is not a dibs record ({why}); it was left untouched: inspect or delete it by hand",
-            key=None if key is None else str(key),
-            record=record_key,
-        )
+        return decoder.corrupt(key, self._where(record_key), why)
 
     def _scan_batches(self) -> Iterator[Sequence[bytes]]:
         # Keys stay bytes: a foreign key under the prefix need not be UTF-8, and must still be reported.
@@ -749,70 +772,42 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         """A listed record's state, after checking it is the record its Redis key says it is."""
         record_key = raw_key.decode("utf-8", "backslashreplace")
         if reply[0] == b"corrupt":
-            raise self._corrupt(None, record_key, reply[1].decode("utf-8", "replace"))
-        fields = dict(zip(_FIELDS, reply[3 : 3 + len(_FIELDS)], strict=True))
-        if fields["format"] is None:
-            return None  # deleted between SCAN and the read
-        try:
-            key = Key(fields["namespace"].decode("utf-8"), fields["name"].decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise self._corrupt(None, record_key, f"its namespace or name is invalid: {exc}") from exc
-        if record_key != self.record_key(key):
-            raise self._corrupt(None, record_key, f"it names key {key}, whose digest differs")
-        return self._state(key, reply)
+            raise self._corrupt(None, record_key, printable(reply[1].decode("utf-8", "replace")))
+        if reply[3] is None:  # no format: deleted between SCAN and the read
+            return None
+        digest = record_key.removeprefix(f"{self._prefix}rec:")
+        return self._state(None, reply, record_key=record_key, digest=digest)
 
-    def _state(self, key: Key, reply: _Reply, *, with_payload: bool = False) -> KeyState:
-        """Build the :class:`KeyState` a script returned (``{status, now, extra, FIELDS...[, payload]}``)."""
-        fields: dict[str, Any] = dict(zip(_FIELDS, reply[3 : 3 + len(_FIELDS)], strict=True))
-        try:
-            now = float(reply[1])
-            if fields["format"] is None:
-                return KeyState(key=key, now=now)
-            text = {name: value.decode("utf-8") for name, value in fields.items() if value is not None}
-            lease = None
-            if "lease_id" in text:
-                max_expires_at = text.get("lease_max_expires_at")
-                lease = LeaseRecord(
-                    key=key,
-                    owner=text["lease_owner"],
-                    token=LeaseToken(int(text["lease_fence"]), text["lease_id"]),
-                    acquired_at=float(text["lease_acquired_at"]),
-                    expires_at=float(text["lease_expires_at"]),
-                    ttl=float(text["lease_ttl"]),
-                    attempt=int(text["lease_attempt"]),
-                    max_expires_at=None if max_expires_at is None else float(max_expires_at),
-                )
-            failure = None
-            if "failure_count" in text:
-                failure = FailureRecord(
-                    count=int(text["failure_count"]),
-                    error=text["failure_error"],
-                    owner=text["failure_owner"],
-                    at=float(text["failure_at"]),
-                )
-            artifact = None
-            if "artifact_fence" in text:
-                payload = reply[3 + len(_FIELDS)] if with_payload else b""
-                artifact = ArtifactRecord(
-                    serializer=text["artifact_serializer"],
-                    payload=bytes(payload),
-                    size=int(text["artifact_size"]),
-                    checksum=text["artifact_checksum"],
-                    producer=text["artifact_producer"],
-                    fence=int(text["artifact_fence"]),
-                    created_at=float(text["artifact_created_at"]),
-                )
-            return KeyState(
-                key=key,
-                now=now,
-                fence=int(text["fence"]),
-                attempts=int(text["attempts"]),
-                lease=lease,
-                artifact=artifact,
-                failure=failure,
-            )
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise self._corrupt(key, self.record_key(key), f"{type(exc).__name__}: {exc}") from exc
+    def _state(
+        self,
+        key: Key | None,
+        reply: _Reply,
+        *,
+        with_payload: bool = False,
+        record_key: str | None = None,
+        digest: str | None = None,
+    ) -> KeyState:
+        """Build the :class:`KeyState` a script returned (``{status, now, extra, FIELDS...[, payload]}``)
+        with the shared decoder (:mod:`dibs.stores.decoder`), reading every value as text."""
+        fields = dict(zip(_FIELDS, reply[3 : 3 + len(_FIELDS)], strict=True))
+        now = float(reply[1])
+        if key is not None and fields["format"] is None:
+            return KeyState(key=key, now=now)
+        payload = reply[3 + len(_FIELDS)] if with_payload else b""
+        if record_key is None:
+            assert key is not None
+            record_key = self.record_key(key)
+        where = self._where(record_key)
+        return decoder.decode(
+            fields,
+            key,
+            now,
+            where=where,
+            digest=digest,
+            textual=True,
+            expected_format=FORMAT,
+            payload=bytes(payload or b""),
+        )
 
 
 class _PatternFeed(ChangeFeed):
@@ -868,6 +863,23 @@ class _PatternFeed(ChangeFeed):
                 pubsub.close()
 
 
+#: Query options that are durations in seconds (``True``: 0 is allowed, it turns the option off).
+_DURATIONS = {"socket_timeout": False, "socket_connect_timeout": False, "health_check_interval": True}
+
+
+def _check_duration(name: str, text: str, bad: Callable[[str], ConfigurationError]) -> None:
+    """A duration option through the one rule for durations; redis-py would accept NaN or 1e300 and
+    fail later, inside a socket call, with ``OverflowError``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise bad(f"{name}={text!r} is not a number of seconds") from None
+    try:
+        validate_seconds(name, value, allow_zero=_DURATIONS[name])
+    except ConfigurationError as exc:
+        raise bad(exc.message) from None
+
+
 def _parse_url(url: str, redacted: str) -> tuple[str, str]:
     """Split the store URL into the URL redis-py gets and the key prefix, checking what dibs can."""
 
@@ -882,6 +894,17 @@ def _parse_url(url: str, redacted: str) -> tuple[str, str]:
         raise bad(f"a URL must be a string, got {type(url).__name__}")
     try:
         parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise bad(str(exc)) from exc
+    userinfo = url_userinfo(url)
+    if userinfo is not None and ":" in userinfo and not parts.netloc.startswith(userinfo + "@"):
+        # redis-py splits the host off at the first '/', '?' or '#': an unencoded password holding one
+        # would be sent cut short, and its tail quoted back as a database number, a port or a host.
+        raise bad(
+            "its password (or an option value after it) contains an unencoded '/', '?', '#' or '@'; "
+            "percent-encode them (%2F, %3F, %23, %40). The password is not shown"
+        )
+    try:
         parts.port  # noqa: B018 -- urllib checks the port only when asked
     except ValueError as exc:
         raise bad(str(exc)) from exc
@@ -894,6 +917,9 @@ def _parse_url(url: str, redacted: str) -> tuple[str, str]:
         name, _, value = item.partition("=")
         if urllib.parse.unquote(name) == "prefix":
             prefixes.append(urllib.parse.unquote(value))
+        elif urllib.parse.unquote(name) in _DURATIONS:
+            _check_duration(urllib.parse.unquote(name), urllib.parse.unquote(value), bad)
+            kept.append(item)
         else:
             kept.append(item)  # handed on byte for byte: redis-py unquotes the values itself
     if len(prefixes) > 1:

@@ -36,14 +36,29 @@ durability trade-off: ``synchronous=NORMAL`` (the default here) survives a crash
 may lose the last transactions on power loss, which costs at worst a recomputation; add
 ``?synchronous=FULL`` to the URL to fsync every commit (about 10x slower per acquire, measured).
 
-URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``),
-``schema`` (PostgreSQL/MySQL schema to create the table in), ``synchronous`` and ``busy_timeout``
-(seconds, SQLite), ``pool_size`` (PostgreSQL/MySQL connections per process, default 3).
+URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``, at
+most 50 ASCII letters, digits and ``_``), ``schema`` (PostgreSQL/MySQL schema to create the table in,
+at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLite), ``pool_size``
+(PostgreSQL/MySQL connections per process, default 3).
 
 One store object serves every client of a process (:mod:`dibs.runtime`): one bounded pool, one
 schema check (a single read when the tables exist; nothing is sent before the first operation),
 and one watch hub, whose feed is a ``LISTEN`` connection on PostgreSQL, a ``data_version`` probe on
 SQLite and a versions query on MySQL (:mod:`dibs.stores.feeds`).
+
+Hostile and careless input, and a server that goes away:
+
+* Rows are read by the shared decoder (:mod:`dibs.stores.decoder`), so a damaged row is the same
+  :class:`~dibs.errors.CorruptRecord` as on every store; ``force_release``, ``forget`` and ``reap``
+  read and decode the row before changing it (compare-and-swap on its version), so they never
+  rewrite a damaged one, and ``list``/``reap`` skip (and count) rows they cannot read.
+* MySQL/MariaDB tables are created ``utf8mb4`` with a binary collation, whatever the database's
+  default (under latin1, keys were stored as ``?``). A statement longer than the server's
+  ``max_allowed_packet`` is refused before it is sent (:class:`~dibs.errors.ArtifactTooLarge`): the
+  server would drop the connection, which looks like a network failure.
+* When the server has ended a pooled connection (a restart, ``pg_terminate_backend``), the whole
+  pool is dropped, and the operations that are safe to repeat (``read``, ``list``, ``acquire``,
+  ``heartbeat``) run once more on a fresh connection; ``complete`` and ``release`` are not repeated.
 """
 
 from __future__ import annotations
@@ -55,8 +70,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -65,23 +80,26 @@ from sqlalchemy.engine.url import URL
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
-from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
-from dibs.keys import Key
+from dibs.config import validate_seconds
+from dibs.errors import ArtifactTooLarge, ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.keys import Key, validate_owner
 from dibs.records import (
+    MAX_COUNT,
     ArtifactRecord,
-    FailureRecord,
     KeyState,
     LeaseRecord,
     LeaseToken,
     StoreOutcome,
 )
-from dibs.stores import redact_url, transitions
-from dibs.stores.base import Store
+from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
+from dibs.stores.base import Listing, Skipped, Store, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "dibs_changes"
@@ -91,10 +109,20 @@ _OPTIONS = ("table", "schema", "synchronous", "busy_timeout", "pool_size")
 #: connection, so a process holds at most DEFAULT_POOL_SIZE + 1, however many tasks wait in it.
 DEFAULT_POOL_SIZE = 3
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+# Identifiers are at most 63 characters in PostgreSQL (64 in MySQL); the longest name derived from the
+# table is its index, "ix_<table>_namespace" (13 more), then "<table>_notify" and "<table>_meta".
+MAX_TABLE_NAME = 50
+# The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
+_MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
+MAX_SCHEMA_NAME = 63
 
 
 def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
     metadata = sa.MetaData(schema=schema)
+    # MySQL/MariaDB: the tables' own character set, whatever the database's default. Under a latin1
+    # database, keys and owners outside latin1 were stored as '?', and the key then read as corrupt
+    # (its row named another key). utf8mb4_bin also compares exactly (no case folding, no padding).
+    charset: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
     payload_type: Any = sa.LargeBinary()
     if dialect in ("mysql", "mariadb"):  # imported only here: the MySQL dialect takes ~50 ms to import
         from sqlalchemy.dialects import mysql
@@ -130,12 +158,14 @@ def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, s
         sa.Column("producer", sa.Text),
         sa.Column("artifact_fence", sa.BigInteger),
         sa.Column("created_at", sa.Double),
+        **charset,
     )
     meta = sa.Table(
         f"{name}_meta",
         metadata,
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("value", sa.String(200), nullable=False),
+        **charset,
     )
     return metadata, reservations, meta
 
@@ -160,12 +190,17 @@ class SQLStore(Store):
     def __init__(self, url: str | URL, **engine_kwargs: Any) -> None:
         sa_url, options = _split_options(url)
         self._url = sa_url
+        # What a driver's message might quote back (psycopg and PyMySQL do not, today): kept out of errors.
+        raw_url = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+        self._secrets = (*url_secrets(raw_url), *([str(sa_url.password)] if sa_url.password else []))
         self.dialect = sa_url.get_backend_name()
         self._now = _now(self.dialect)
         self.table_name = options.get("table", "dibs_reservations")
         self.schema = options.get("schema")
         self.metadata, self.t, self.meta = _tables(self.table_name, self.schema, self.dialect)
         self.engine = _make_engine(sa_url, options, engine_kwargs)
+        self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
+        self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
         _dispose_in_forked_children(self.engine)
         self._prepare_statements()
         # Nothing is sent to the database before the first operation (see _ensure_ready).
@@ -201,7 +236,7 @@ class SQLStore(Store):
             orig = getattr(exc, "orig", None) or exc
             raise ConfigurationError(
                 f"the SQL store URL {self.url!r} has an option the {self.dialect} driver does not accept "
-                f"({type(orig).__name__}: {str(orig).strip().splitlines()[0][:200]}); remove it",
+                f"({type(orig).__name__}: {self._first_line(orig, 200)}); remove it",
                 store=self.url,
             ) from None
         except (
@@ -248,8 +283,11 @@ class SQLStore(Store):
             lost = self.engine.dialect.is_disconnect(exc, connection, cursor)
             if lost:
                 connection.invalidate(exc)
+                # The server ended this connection (a restart, pg_terminate_backend): it will have
+                # ended the other idle ones too. Drop them all now, or each would fail one later call.
+                self.engine.dispose()
             if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
-                raise self._unavailable(exc) from exc
+                raise self._unavailable(exc, disconnected=lost) from exc
             dialect = self.engine.dialect
             raise sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect) from exc
         finally:
@@ -258,12 +296,39 @@ class SQLStore(Store):
                     cursor.close()
             connection.close()
 
-    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+    def _first_line(self, error: BaseException, limit: int) -> str:
+        """The first line of a driver's message, without any secret of the URL."""
+        text = str(error).strip()
+        first = text.splitlines()[0] if text else type(error).__name__
+        return hide_secrets(first, self._secrets)[:limit]
+
+    def _unavailable(self, exc: Exception, *, disconnected: bool = False) -> StoreUnavailable:
+        """``disconnected``: the server had closed the connection (see :meth:`_repeatable`)."""
         orig = getattr(exc, "orig", None) or exc
-        first_line = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-        return StoreUnavailable(
-            f"SQL store {self.url} failed: {type(orig).__name__}: {first_line[:300]}", store=self.url
-        )
+        why = f"{type(orig).__name__}: {self._first_line(orig, 300)}"
+        error = StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
+        error.disconnected = disconnected  # type: ignore[attr-defined]  # not a field: never pickled
+        return error
+
+    def _repeatable(self, operation: Callable[[Any], T]) -> T:
+        """Run ``operation`` on a cursor; if its pooled connection turns out to have been closed by
+        the server, run it once more on a fresh one.
+
+        Only for operations that are safe to repeat even if the first attempt reached the server and
+        only its reply was lost: reads, ``acquire`` (a second attempt by the same owner re-enters
+        the lease the first one may have taken) and ``heartbeat`` (extending twice is extending).
+        ``complete`` and ``release`` are never repeated blindly: a lost reply there is resolved by
+        reading the key again (see :meth:`dibs.Lease.complete`).
+        """
+        try:
+            with self._cursor() as cursor:
+                return operation(cursor)
+        except StoreUnavailable as exc:
+            if not getattr(exc, "disconnected", False):
+                raise
+            log.info("%s: a pooled connection had been closed by the server; trying a fresh one", self.url)
+        with self._cursor() as cursor:
+            return operation(cursor)
 
     def _ensure_ready(self) -> None:
         """Check (and if needed create) the schema before the first operation, once per process and
@@ -461,11 +526,33 @@ class SQLStore(Store):
         read_stored = sa.select(*(t.c[name] for name in stored)).where(t.c.key_hash == p("p_key_hash"))
         self._read_stored = _Prepared(read_stored, dialect, stored)
 
+        at_version = sa.and_(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
+        no_lease = dict.fromkeys(_LEASE_COLUMNS)
+        self._drop_lease = _Prepared(
+            sa.update(t).where(at_version).values(version=t.c.version + 1, **no_lease), dialect
+        )
+        self._reap_expired = _Prepared(
+            sa.update(t).where(at_version, t.c.expires_at <= now).values(version=t.c.version + 1, **no_lease),
+            dialect,
+        )
+        no_result = dict.fromkeys(
+            (
+                *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),
+                *("failure_error", "failure_owner", "failure_at"),
+            )
+        )
+        self._drop_result = _Prepared(
+            sa.update(t).where(at_version).values(version=t.c.version + 1, failure_count=0, **no_result),
+            dialect,
+        )
+
         released = (t.c.version, t.c.version + 1)
         self._release = _Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
         # The failure is recorded before the lease columns are cleared (MySQL assigns left to right).
+        # Saturating, like transitions.release: a 32-bit INTEGER column must never overflow.
+        counted = sa.case((t.c.failure_count < MAX_COUNT, t.c.failure_count + 1), else_=MAX_COUNT)
         failure: tuple[tuple[Any, Any], ...] = (
-            (t.c.failure_count, t.c.failure_count + 1),
+            (t.c.failure_count, counted),
             (t.c.failure_error, p("p_error")),
             (t.c.failure_owner, t.c.owner),
             (t.c.failure_at, now),
@@ -479,51 +566,71 @@ class SQLStore(Store):
         row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
         return self._state(key, row), row["version"]
 
-    def _state(self, key: Key, row: Any) -> KeyState:
+    def _where(self, key_hash: object) -> str:
+        return f"row {key_hash!s:.64} of table {self.table_name} ({self.url})"
+
+    def _state(self, key: Key | None, row: Any, *, listed: bool = False) -> KeyState:
+        """The row's state by the shared decoder (:mod:`dibs.stores.decoder`); ``key`` is ``None``
+        when listing, and then the row's key must be the one whose digest is its ``key_hash``."""
         now = float(row["now"])
         if row["key_hash"] is None:
+            assert key is not None
             return transitions.empty(key, now)
-        try:
-            if (row["namespace"], row["name"]) != (key.namespace, key.name):
-                raise ValueError(f"it belongs to {row['namespace']}/{row['name']}")
-            return _decode_row(key, row, now)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptRecord(
-                f"the row of {key} in {self.table_name} ({self.url}) is not a valid dibs record ({exc}); "
-                "it was left untouched: fix or delete it by hand",
-                key=str(key),
-            ) from exc
+        return decoder.decode(
+            _row_fields(row),
+            key,
+            now,
+            where=self._where(row["key_hash"]),
+            digest=str(row["key_hash"]) if listed else None,
+            payload=bytes(row["payload"] or b""),
+        )
 
     def read(self, key: Key) -> KeyState:
-        with self._cursor() as cursor:
-            return self._read(cursor, key)[0]
+        return self._repeatable(lambda cursor: self._read(cursor, key)[0])
 
-    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+    def list(self, namespace: str | None = None) -> Listing:
+        """Every row (in ``namespace``), without payloads; unreadable rows are skipped, logged and
+        counted (see :class:`~dibs.stores.base.Listing`)."""
         clock = sa.select(self._now.label("now")).scalar_subquery()
         columns = [c for c in self.t.c if c.name != "payload"]
         query = sa.select(clock.label("now"), *columns).order_by(self.t.c.namespace, self.t.c.name)
         if namespace is not None:
             query = query.where(self.t.c.namespace == namespace)
-        with self._connect() as conn:
-            rows = conn.execute(query).mappings().all()
+        rows = self._repeatable(lambda cursor: self._fetch_rows(cursor, query))
+        states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
         for row in rows:
             try:
-                key = Key(row["namespace"], row["name"])
-            except ValueError:
-                continue  # a foreign row: not ours to list
-            yield self._state(key, {**row, "payload": b""})
+                states.append(self._state(None, {**row, "payload": b""}, listed=True))
+            except CorruptRecord as exc:
+                skip(skipped, self._where(row["key_hash"]), exc)
+        return Listing(states, skipped)
+
+    def _fetch_rows(self, cursor: Any, query: sa.Select[Any]) -> builtins.list[dict[str, Any]]:
+        compiled = query.compile(dialect=self.engine.dialect)
+        parameters = compiled.construct_params()
+        if compiled.positional:
+            cursor.execute(compiled.string, tuple(parameters[name] for name in compiled.positiontup or ()))
+        else:
+            cursor.execute(compiled.string, parameters)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
     def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
-        with self._cursor() as cursor:
+        validate_owner(owner)
+
+        def attempt(cursor: Any) -> StoreOutcome:
             for _ in range(16):
                 state, version = self._read(cursor, key)
                 outcome, new_state = transitions.acquire(state, owner, ttl, max_lease_age)
                 if new_state is None or self._swap(cursor, key, version, new_state):
                     return outcome
-        raise StoreUnavailable(
-            f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
-        )
+            raise StoreUnavailable(
+                f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
+            )
+
+        return self._repeatable(attempt)
 
     def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
         values = {f"p_{name}": value for name, value in _lease_columns(new.lease).items()}
@@ -560,10 +667,12 @@ class SQLStore(Store):
         return transitions.explain_lost(self._read(cursor, key)[0], token, action)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
-        with self._cursor() as cursor:
+        def attempt(cursor: Any) -> KeyState:
             if self._heartbeat.execute(cursor, {**self._holding(key, token), "p_ttl": ttl}) != 1:
                 raise self._lost(cursor, key, token, "heartbeat")
-            state = self._read(cursor, key)[0]
+            return self._read(cursor, key)[0]
+
+        state = self._repeatable(attempt)
         if state.lease is None or state.lease.token != token:  # changed hands right after our update
             raise transitions.explain_lost(state, token, "heartbeat")
         return state.lease
@@ -580,6 +689,8 @@ class SQLStore(Store):
         }
         statement = self._complete
         with self._cursor() as cursor:
+            if self.dialect in ("mysql", "mariadb"):
+                self._check_packet_size(cursor, key, values)
             if statement.columns:  # UPDATE ... RETURNING: the stored artifact, in the same statement
                 rows = statement.fetch_all(cursor, values)
                 if len(rows) != 1:
@@ -595,6 +706,46 @@ class SQLStore(Store):
             raise transitions.explain_lost(state, token, "complete")
         return state.artifact  # pragma: no cover
 
+    def _check_packet_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
+        """Refuse (with :class:`ArtifactTooLarge`) a complete that MySQL/MariaDB would refuse.
+
+        The server drops the connection when a statement is longer than ``max_allowed_packet``, which
+        looks like a network failure: the client then re-sent the payload for a whole ttl and never
+        released the lease. The statement's length is known before sending: the driver inlines the
+        payload as a literal (see :meth:`_literal_size`), and the other values are short.
+        """
+        if self._max_packet is None:
+            cursor.execute("SELECT @@max_allowed_packet")
+            self._max_packet = int(cursor.fetchone()[0])
+        payload = values["p_payload"]
+        others = sum(2 * len(str(value).encode()) for name, value in values.items() if name != "p_payload")
+        needed = self._literal_size(cursor, payload) + others + len(self._complete.sql) + 64
+        if needed > self._max_packet:
+            raise ArtifactTooLarge(
+                f"cannot store the artifact of {key}: its {len(payload):,} bytes make a {needed:,}-byte "
+                f"statement, more than this {self.dialect} server's max_allowed_packet ({self._max_packet:,} "
+                "bytes); nothing was stored. Raise max_allowed_packet on the server, or store the data "
+                "elsewhere and return a reference to it",
+                key=str(key),
+                size=len(payload),
+                limit=self._max_packet,
+            )
+
+    def _literal_size(self, cursor: Any, payload: bytes) -> int:
+        """How many bytes the driver's literal of ``payload`` takes: PyMySQL 1.1 and later write hex
+        (``X'..'``, two bytes per byte), older drivers an escaped string (two bytes for each of the
+        seven bytes of ``_MYSQL_ESCAPED``). Which one is asked of the driver once per store."""
+        if self._hex_literals is None:
+            try:
+                probe = cursor.connection.escape(b"a\0")
+                text = probe.decode("ascii") if isinstance(probe, bytes) else str(probe)
+                self._hex_literals = text.upper().startswith("X'")
+            except Exception:  # a driver without escape(): assume the larger form
+                self._hex_literals = True
+        if self._hex_literals:
+            return 2 * len(payload) + 3
+        return len(payload) + sum(payload.count(byte) for byte in _MYSQL_ESCAPED) + 10
+
     def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
         values = self._holding(key, token)
         statement = self._release
@@ -606,50 +757,47 @@ class SQLStore(Store):
                 raise self._lost(cursor, key, token, "release")
 
     # -- repair -----------------------------------------------------------------------------------------
+    # Each reads the row first (so a damaged row is reported as CorruptRecord, as on every store, and
+    # never rewritten), then changes it with a compare-and-swap on the version it read.
+    def _repair(
+        self, key: Key, wanted: Callable[[KeyState], bool], statement: _Prepared, action: str
+    ) -> bool:
+        with self._cursor() as cursor:
+            for _ in range(16):
+                state, version = self._read(cursor, key)
+                if version is None or not wanted(state):
+                    return False
+                if statement.execute(cursor, {"p_key_hash": key.digest, "p_version": version}) == 1:
+                    return True
+        raise StoreUnavailable(f"{key} kept changing while trying to {action} it", key=str(key))
+
     def force_release(self, key: Key) -> bool:
-        t = self.t
-        statement = (
-            sa.update(t)
-            .where(t.c.key_hash == key.digest, t.c.lease_id.is_not(None))
-            .values(version=t.c.version + 1, **_lease_columns(None))
-        )
-        with self._connect() as conn:
-            return conn.execute(statement).rowcount == 1
+        return self._repair(key, lambda state: state.lease is not None, self._drop_lease, "force-release")
 
     def forget(self, key: Key) -> bool:
-        t = self.t
-        statement = (
-            sa.update(t)
-            .where(t.c.key_hash == key.digest, sa.or_(t.c.serializer.is_not(None), t.c.failure_count > 0))
-            .values(
-                version=t.c.version + 1,
-                serializer=None,
-                payload=None,
-                size=None,
-                checksum=None,
-                producer=None,
-                artifact_fence=None,
-                created_at=None,
-                failure_count=0,
-                failure_error=None,
-                failure_owner=None,
-                failure_at=None,
-            )
+        return self._repair(
+            key,
+            lambda state: state.artifact is not None or state.failure is not None,
+            self._drop_result,
+            "forget",
         )
-        with self._connect() as conn:
-            return conn.execute(statement).rowcount == 1
 
     def reap(self, namespace: str | None = None) -> int:
-        t = self.t
-        statement = (
-            sa.update(t)
-            .where(t.c.lease_id.is_not(None), t.c.expires_at <= self._now)
-            .values(version=t.c.version + 1, **_lease_columns(None))
-        )
-        if namespace is not None:
-            statement = statement.where(t.c.namespace == namespace)
-        with self._connect() as conn:
-            return int(conn.execute(statement).rowcount)
+        reaped = 0
+        for state in self.list(namespace):
+            if state.lease is None or state.lease.live_at(state.now):
+                continue
+            try:
+                # The statement checks expiry again on the database's clock: the holder may have renewed.
+                reaped += self._repair(
+                    state.key,
+                    lambda s: s.lease is not None and not s.lease.live_at(s.now),
+                    self._reap_expired,
+                    "reap",
+                )
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self._where(state.key.digest), exc)
+        return reaped
 
     # -- the watch hub ------------------------------------------------------------------------------
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
@@ -859,6 +1007,13 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
             f"cannot parse SQL store URL {redact_url(str(url))!r}{why}; expected e.g. "
             "'sqlite:///path/dibs.db' or 'postgresql+psycopg://user:password@host:5432/db'"
         ) from None
+    if parsed.host is not None and "@" in parsed.host:
+        # SQLAlchemy ends the password at its first '@': the rest would reach the driver as a host
+        # name, and its "cannot resolve host" message would show the password's tail.
+        raise ConfigurationError(
+            f"SQL store URL {redact_url(str(url))!r} has an '@' in its host part: percent-encode an '@' "
+            "in the user name or password as %40 (the password is not shown)"
+        )
     options = {name: str(parsed.query[name]) for name in _OPTIONS if name in parsed.query}
     parsed = parsed.difference_update_query(_OPTIONS)
     if parsed.get_backend_name() == "postgres":
@@ -877,10 +1032,15 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
             f"use one of {_SYNCHRONOUS}"
         )
     options["synchronous"] = synchronous
-    for name in ("table", "schema"):
+    for name, longest in (("table", MAX_TABLE_NAME), ("schema", MAX_SCHEMA_NAME)):
         value = options.get(name)
-        if value is not None and not value.replace("_", "").isalnum():
-            raise ConfigurationError(f"{name}={value!r} must be letters, digits and '_' only")
+        if value is not None and not (value.replace("_", "").isalnum() and value.isascii()):
+            raise ConfigurationError(f"{name}={value!r} must be ASCII letters, digits and '_' only")
+        if value is not None and len(value) > longest:
+            raise ConfigurationError(
+                f"{name}={value[:20]!r}... is {len(value)} characters long; at most {longest} are allowed "
+                "(the names dibs derives from it must fit PostgreSQL's and MySQL's 63-character limit)"
+            )
     return parsed, options
 
 
@@ -899,6 +1059,10 @@ def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any
                 raise ConfigurationError(
                     f"busy_timeout={options['busy_timeout']!r} must be a number of seconds"
                 ) from exc
+            # SQLite takes it in milliseconds as a 32-bit int: a day is plenty, NaN and inf are not.
+            busy_seconds = (
+                validate_seconds("busy_timeout", busy_seconds, allow_zero=True, maximum=86400) or 0.0
+            )
             assert url.database is not None
             directory = os.path.dirname(os.path.abspath(url.database))
             if not os.path.isdir(directory):
@@ -985,14 +1149,6 @@ def _lease_columns(lease: LeaseRecord | None) -> dict[str, Any]:
     }
 
 
-def _text(row: Any, column: str) -> str:
-    """A text column that must be set: ``str(None)`` would silently turn a damaged row into "None"."""
-    value = row[column]
-    if value is None:
-        raise ValueError(f"its {column} is missing")
-    return str(value)
-
-
 def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
     """The artifact ``complete`` just stored: the row's facts, and the payload the caller passed."""
     return ArtifactRecord(
@@ -1006,44 +1162,37 @@ def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
     )
 
 
-def _decode_row(key: Key, row: Any, now: float) -> KeyState:
-    lease = None
-    if row["lease_id"] is not None:
-        lease = LeaseRecord(
-            key=key,
-            owner=_text(row, "owner"),
-            token=LeaseToken(int(row["fence"]), str(row["lease_id"])),
-            acquired_at=float(row["acquired_at"]),
-            expires_at=float(row["expires_at"]),
-            ttl=float(row["ttl"]),
-            attempt=int(row["attempt"]),
-            max_expires_at=None if row["max_expires_at"] is None else float(row["max_expires_at"]),
-        )
-    failure = None
-    if row["failure_count"]:
-        failure = FailureRecord(
-            count=int(row["failure_count"]),
-            error=_text(row, "failure_error"),
-            owner=_text(row, "failure_owner"),
-            at=float(row["failure_at"]),
-        )
-    artifact = None
-    if row["serializer"] is not None:
-        artifact = ArtifactRecord(
-            serializer=str(row["serializer"]),
-            payload=bytes(row["payload"] or b""),
-            size=int(row["size"]),
-            checksum=_text(row, "checksum"),
-            producer=_text(row, "producer"),
-            fence=int(row["artifact_fence"]),
-            created_at=float(row["created_at"]),
-        )
-    return KeyState(
-        key=key,
-        now=now,
-        fence=int(row["fence"]),
-        attempts=int(row["attempts"]),
-        lease=lease,
-        artifact=artifact,
-        failure=failure,
-    )
+# Columns of the row under the shared decoder's field names (dibs.stores.decoder.FIELDS). The lease's
+# fence is the row's fence; a failure count of 0 means "no failure" (the column is NOT NULL).
+_ROW_FIELDS = {
+    "namespace": "namespace",
+    "name": "name",
+    "fence": "fence",
+    "attempts": "attempts",
+    "lease_owner": "owner",
+    "lease_id": "lease_id",
+    "lease_acquired_at": "acquired_at",
+    "lease_expires_at": "expires_at",
+    "lease_ttl": "ttl",
+    "lease_attempt": "attempt",
+    "lease_max_expires_at": "max_expires_at",
+    "failure_count": "failure_count",
+    "failure_error": "failure_error",
+    "failure_owner": "failure_owner",
+    "failure_at": "failure_at",
+    "artifact_serializer": "serializer",
+    "artifact_size": "size",
+    "artifact_checksum": "checksum",
+    "artifact_producer": "producer",
+    "artifact_fence": "artifact_fence",
+    "artifact_created_at": "created_at",
+}
+
+
+def _row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {name: row[column] for name, column in _ROW_FIELDS.items()}
+    has_lease = any(row[column] is not None for column in _LEASE_COLUMNS)
+    fields["lease_fence"] = row["fence"] if has_lease else None
+    if row["failure_count"] == 0:
+        fields["failure_count"] = None
+    return fields

@@ -17,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from dibs.errors import LeaseLost
+from dibs.errors import CorruptRecord, LeaseLost
 from dibs.keys import Key
 from dibs.records import (
+    MAX_COUNT,
+    MAX_FENCE,
     ArtifactRecord,
     FailureRecord,
     Granted,
@@ -36,6 +38,7 @@ __all__ = [
     "acquire",
     "complete",
     "explain_lost",
+    "fence_exhausted",
     "force_release",
     "forget",
     "heartbeat",
@@ -74,6 +77,8 @@ def acquire(
         return Granted(renewed, state.failure), dataclasses.replace(state, lease=renewed)
     if lease is not None and lease.live_at(now):
         return Held(lease, now, state.failure), None
+    if state.fence >= MAX_FENCE:
+        raise fence_exhausted(state.key, state.fence)
     max_expires_at = None if max_lease_age is None else now + max_lease_age
     fresh = LeaseRecord(
         key=state.key,
@@ -82,12 +87,23 @@ def acquire(
         acquired_at=now,
         expires_at=_capped_expiry(now, ttl, max_expires_at),
         ttl=ttl,
-        attempt=state.attempts + 1,
+        attempt=min(state.attempts + 1, MAX_COUNT),
         max_expires_at=max_expires_at,
     )
     new_state = dataclasses.replace(state, fence=fresh.token.fence, attempts=fresh.attempt, lease=fresh)
     took_over_from = lease.owner if lease is not None else None
     return Granted(fresh, state.failure, took_over_from), new_state
+
+
+def fence_exhausted(key: Key, fence: int) -> CorruptRecord:
+    """The error for a key whose fence cannot go up any more (only damage gets it there)."""
+    return CorruptRecord(
+        f"the record of {key} has the fencing token {fence}, the largest a store can hold, so no new "
+        "lease can be granted (its token must be higher); it was left untouched: inspect it, and delete "
+        "it by hand to start the key afresh",
+        key=str(key),
+        fence=fence,
+    )
 
 
 def explain_lost(state: KeyState, token: LeaseToken, action: str) -> LeaseLost:
@@ -153,7 +169,7 @@ def release(state: KeyState, token: LeaseToken, error: str | None) -> KeyState:
         raise explain_lost(state, token, "release")
     failure = state.failure
     if error is not None:
-        count = (failure.count if failure is not None else 0) + 1
+        count = min((failure.count if failure is not None else 0) + 1, MAX_COUNT)
         failure = FailureRecord(count=count, error=error[:MAX_ERROR_LENGTH], owner=lease.owner, at=state.now)
     return dataclasses.replace(state, lease=None, failure=failure)
 

@@ -1,0 +1,265 @@
+"""The one strict reader of stored records: the same damage is the same :class:`CorruptRecord` everywhere.
+
+Every store keeps a key's record in its own shape (a JSON document, an SQL row, a Redis hash) and
+maps it onto the flat field names of :data:`FIELDS`, with ``None`` for an absent field; :func:`decode`
+then applies one set of rules and builds the :class:`~dibs.records.KeyState`. So a lease without an
+owner, a fence that is not an integer or a record stored under another key's address is refused in
+the same words whichever store holds it, and never silently coerced into a plausible record (a lease
+owned by ``"None"``, a fence rounded down) that dibs would then act on and overwrite.
+
+The rules:
+
+* identity: ``namespace`` and ``name`` form a valid :class:`~dibs.keys.Key`, the one asked for (or,
+  when listing, the one whose digest is the record's address); ``format`` is the store's, if it has one;
+* types: integers are integers (not bools, not floats), times are finite numbers, text is text.
+  Stores whose values are all text (Redis) pass ``textual=True``: their numbers must then be written
+  exactly as dibs writes them (canonical decimal integers, plain decimal or exponent floats);
+* ranges: fences within a signed 64-bit integer (:data:`MAX_FENCE`), counters within a signed 32-bit
+  one (:data:`MAX_COUNT`), times between 1970 and the end of the year 9999 (:data:`MAX_TIMESTAMP`,
+  so every time can be shown as a date);
+* groups: a lease, a failure and an artifact are each wholly present or wholly absent; a lease's
+  fence is the record's fence, an artifact's fence is not above it, and a failure was counted at
+  least once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+
+from dibs.errors import CorruptRecord, InvalidKey
+from dibs.keys import Key
+from dibs.records import (
+    MAX_COUNT,
+    MAX_FENCE,
+    MAX_TIMESTAMP,
+    ArtifactRecord,
+    FailureRecord,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+)
+
+__all__ = ["FIELDS", "MAX_RECORD_BYTES", "corrupt", "decode", "key_of"]
+
+LEASE_FIELDS = (
+    "lease_owner",
+    "lease_fence",
+    "lease_id",
+    "lease_acquired_at",
+    "lease_expires_at",
+    "lease_ttl",
+    "lease_attempt",
+)
+OPTIONAL_LEASE_FIELDS = ("lease_max_expires_at",)
+FAILURE_FIELDS = ("failure_count", "failure_error", "failure_owner", "failure_at")
+ARTIFACT_FIELDS = (
+    "artifact_serializer",
+    "artifact_size",
+    "artifact_checksum",
+    "artifact_producer",
+    "artifact_fence",
+    "artifact_created_at",
+)
+#: Every field of a record, in the flat names stores map their native shape onto.
+FIELDS = (
+    "format",
+    "namespace",
+    "name",
+    "fence",
+    "attempts",
+    *LEASE_FIELDS,
+    *OPTIONAL_LEASE_FIELDS,
+    *FAILURE_FIELDS,
+    *ARTIFACT_FIELDS,
+)
+
+#: A record is a few hundred bytes (a few kilobytes with a long key, owner and error); a store never
+#: reads more than this of something that claims to be one.
+MAX_RECORD_BYTES = 1024 * 1024
+
+_CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
+_PLAIN_FLOAT = re.compile(r"-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?")
+
+
+class _Damage(ValueError):
+    """Why a record is not one dibs wrote; becomes the reason in :class:`CorruptRecord`."""
+
+
+def corrupt(key: Key | None, where: str, why: str) -> CorruptRecord:
+    """The error for a record dibs cannot read, in the words every store uses."""
+    whose = f"the record of {key} at {where}" if key is not None else f"the record at {where}"
+    return CorruptRecord(
+        f"{whose} is not a dibs record ({why}); it was left untouched: inspect or delete it by hand",
+        key=None if key is None else str(key),
+        record=where,
+    )
+
+
+def key_of(fields: Mapping[str, object], where: str, *, textual: bool = False) -> Key:
+    """The key a record names (for listing, where the address is all that is known)."""
+    try:
+        return _key(fields, textual)
+    except _Damage as exc:
+        raise corrupt(None, where, str(exc)) from None
+
+
+def decode(
+    fields: Mapping[str, object],
+    key: Key | None,
+    now: float,
+    *,
+    where: str,
+    digest: str | None = None,
+    textual: bool = False,
+    expected_format: str | None = None,
+    payload: bytes = b"",
+) -> KeyState:
+    """The state a record's ``fields`` describe, or :class:`CorruptRecord` saying what is wrong.
+
+    ``key`` is the key asked for (``None`` when listing); ``digest`` is the record's address when it
+    was found by listing, which must be the digest of the key it names. ``payload`` is the
+    artifact's bytes when the caller has them (they are checked later, against the checksum).
+    """
+    try:
+        found = _key(fields, textual)
+        if key is not None and found != key:
+            raise _Damage(f"it belongs to key {found}")
+        if digest is not None and found.digest != digest:
+            raise _Damage(f"it names key {found}, whose digest differs from the address it is stored at")
+        key = found
+        if expected_format is not None:
+            value = _text(fields, "format", textual)
+            if value != expected_format:
+                raise _Damage(f"its format is {value!r}, expected {expected_format!r}")
+        return _state(_Reader(fields, textual), key, now, payload)
+    except _Damage as exc:
+        raise corrupt(key, where, str(exc)) from None
+
+
+def _key(fields: Mapping[str, object], textual: bool) -> Key:
+    namespace, name = _text(fields, "namespace", textual), _text(fields, "name", textual)
+    try:
+        return Key(namespace, name)
+    except InvalidKey as exc:
+        raise _Damage(f"it names an invalid key: {exc}") from None
+
+
+def _text(fields: Mapping[str, object], name: str, textual: bool) -> str:
+    value = fields.get(name)
+    if value is None:
+        raise _Damage(f"its {name} is missing")
+    if textual and isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Damage(f"its {name} is not UTF-8 text") from None
+    if not isinstance(value, str):
+        raise _Damage(f"its {name} is {value!r}, not a string")
+    return value
+
+
+class _Reader:
+    """Typed, range-checked access to one record's fields."""
+
+    def __init__(self, fields: Mapping[str, object], textual: bool) -> None:
+        self.fields = fields
+        self.textual = textual
+
+    def present(self, names: tuple[str, ...]) -> bool:
+        """Whether a group is there; ``_Damage`` if only part of it is."""
+        there = [name for name in names if self.fields.get(name) is not None]
+        if there and len(there) != len(names):
+            missing = next(name for name in names if self.fields.get(name) is None)
+            raise _Damage(f"its {missing} is missing")
+        return bool(there)
+
+    def text(self, name: str, *, empty: bool = False) -> str:
+        value = _text(self.fields, name, self.textual)
+        if not value and not empty:
+            raise _Damage(f"its {name} is empty")
+        return value
+
+    def _number(
+        self, name: str, pattern: re.Pattern[str], parse: Callable[[str], object], what: str
+    ) -> object:
+        """The field's value; a textual store's text must be the number exactly as dibs writes it."""
+        value = self.fields.get(name)
+        if value is None:
+            raise _Damage(f"its {name} is missing")
+        if self.textual and isinstance(value, bytes | str):
+            text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+            if not pattern.fullmatch(text):
+                raise _Damage(f"its {name} is {text[:40]!r}, not {what} as dibs writes it")
+            return parse(text)
+        return value
+
+    def integer(self, name: str, *, low: int = 0, high: int = MAX_COUNT) -> int:
+        value = self._number(name, _CANONICAL_INT, int, "an integer")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Damage(f"its {name} is {value!r}, not an integer")
+        if not low <= value <= high:
+            raise _Damage(f"its {name} is {value}, outside {low}..{high}")
+        return value
+
+    def seconds(self, name: str) -> float:
+        value = self._number(name, _PLAIN_FLOAT, float, "a number of seconds")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _Damage(f"its {name} is {value!r}, not a finite number of seconds")
+        if not 0 <= value <= MAX_TIMESTAMP:
+            raise _Damage(f"its {name} is {value!r}, outside 0..{MAX_TIMESTAMP:.0f} (the year 9999)")
+        return float(value)
+
+
+def _state(r: _Reader, key: Key, now: float, payload: bytes) -> KeyState:
+    fence = r.integer("fence", high=MAX_FENCE)
+    lease = None
+    if r.present(LEASE_FIELDS):
+        lease_fence = r.integer("lease_fence", low=1, high=MAX_FENCE)
+        if lease_fence != fence:
+            raise _Damage(f"its lease_fence {lease_fence} is not its fence {fence}")
+        max_expires_at = r.fields.get("lease_max_expires_at")
+        lease = LeaseRecord(
+            key=key,
+            owner=r.text("lease_owner"),
+            token=LeaseToken(lease_fence, r.text("lease_id")),
+            acquired_at=r.seconds("lease_acquired_at"),
+            expires_at=r.seconds("lease_expires_at"),
+            ttl=r.seconds("lease_ttl"),
+            attempt=r.integer("lease_attempt"),
+            max_expires_at=None if max_expires_at is None else r.seconds("lease_max_expires_at"),
+        )
+    elif r.fields.get("lease_max_expires_at") is not None:
+        raise _Damage("its lease_max_expires_at is set without a lease")
+    failure = None
+    if r.present(FAILURE_FIELDS):
+        failure = FailureRecord(
+            count=r.integer("failure_count", low=1),
+            error=r.text("failure_error", empty=True),
+            owner=r.text("failure_owner"),
+            at=r.seconds("failure_at"),
+        )
+    artifact = None
+    if r.present(ARTIFACT_FIELDS):
+        artifact_fence = r.integer("artifact_fence", low=1, high=MAX_FENCE)
+        if artifact_fence > fence:
+            raise _Damage(f"its artifact_fence {artifact_fence} is above its fence {fence}")
+        artifact = ArtifactRecord(
+            serializer=r.text("artifact_serializer"),
+            payload=bytes(payload),
+            size=r.integer("artifact_size", high=MAX_FENCE),
+            checksum=r.text("artifact_checksum"),
+            producer=r.text("artifact_producer"),
+            fence=artifact_fence,
+            created_at=r.seconds("artifact_created_at"),
+        )
+    return KeyState(
+        key=key,
+        now=now,
+        fence=fence,
+        attempts=r.integer("attempts"),
+        lease=lease,
+        artifact=artifact,
+        failure=failure,
+    )
