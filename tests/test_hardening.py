@@ -131,7 +131,7 @@ def test_dibs_ls_never_prints_the_password(capsys: pytest.CaptureFixture[str]) -
 
     for password in NASTY_PASSWORDS:
         url = _with_password(_service_url(redis_backend).replace(":6379", ":1"), password)
-        assert main(["ls", "--store", url]) == 2
+        assert main(["ls", "--store", url]) in (2, 69)  # refused (a URL that splits), or unreachable
         out, err = capsys.readouterr()
         assert TAIL not in out + err and "dibs:" in err
 
@@ -619,17 +619,19 @@ def test_an_expiry_beyond_the_year_9999_is_a_dibs_error_and_show_prints_no_trace
     )
     with pytest.raises(dibs.CorruptRecord, match="lease_expires_at is"):
         client.status("k")
-    assert main(["show", "k", "--store", process_store_url, "--namespace", "hardening.expiry"]) == 2
+    assert (
+        main(["show", "k", "--store", process_store_url, "--namespace", "hardening.expiry"]) == 65
+    )  # data error
     err = capsys.readouterr().err
     assert "Traceback" not in err and "lease_expires_at" in err
     client.close()
 
 
 def test_show_formats_an_unrepresentable_time_without_a_traceback() -> None:
-    from dibs.cli import _when
+    from dibs._cli.text import instant
 
-    assert _when(1e300) == "1e+300 (not a date)" and _when(float("nan")) == "nan (not a date)"
-    assert _when(0.0) == "1970-01-01T00:00:00.000+00:00"
+    assert instant(1e300) == "1e+300 (not a date)" and instant(float("nan")) == "nan (not a date)"
+    assert instant(0.0) == "1970-01-01T00:00:00.000+00:00"
 
 
 def test_a_100000_deep_value_is_a_serialization_error_and_frees_the_key(process_store_url: str) -> None:

@@ -4,205 +4,376 @@
 same key and store: its stdout becomes the artifact, every other invocation waits and prints the
 same stdout, and later invocations print it at once. A failing COMMAND releases the key with the
 failure recorded (so a waiter takes over) and ``dibs run`` exits with COMMAND's status.
+
+This module is the command line itself (options, help, exit statuses, the inspection and repair
+commands); the moving parts of ``run`` and ``wait`` live in :mod:`dibs._cli`. Results go to stdout,
+everything else to stderr (see :mod:`dibs._cli.console`). Nothing here is imported by ``import dibs``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
 import logging
-import subprocess
+import os
+import shutil
 import sys
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import Any
 
+from dibs import __version__
+from dibs._cli.console import Console
+from dibs._cli.stops import Stopped, StopSignals
+from dibs._cli.text import duration, instant, print_table, size
 from dibs.client import Reservations
 from dibs.config import STORE_URL_ENV
 from dibs.display import printable
-from dibs.errors import ReservationError, WaitTimeout
-from dibs.outcomes import Acquired, Hit
+from dibs.errors import (
+    ArtifactCorrupted,
+    ConfigurationError,
+    CorruptRecord,
+    ReservationError,
+    SerializationError,
+    StoreUnavailable,
+    WaitTimeout,
+)
 from dibs.records import KeyState
 from dibs.stores.base import Listing
 
-__all__ = ["main"]
+__all__ = ["main", "print_table"]
 
-EXIT_TIMEOUT = 75  # EX_TEMPFAIL: try again later
-EXIT_ERROR = 2
+EXIT_NOTHING = 1  # show / release / forget: nothing there to show, release or forget
+EXIT_USAGE = 2  # a bad option, key, namespace or store URL, a missing driver
+EXIT_DATAERR = 65  # EX_DATAERR: a stored artifact or record that cannot be read
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the store cannot be reached
+EXIT_TIMEOUT = 75  # EX_TEMPFAIL: the wait timed out; try again later
+EXIT_PIPE = 141  # 128 + SIGPIPE: whoever read stdout went away
+
+DEFAULT_NAMESPACE = "default"
+
+# -- help -------------------------------------------------------------------------------------------
+
+_COMMON_EXITS = f"""\
+  {EXIT_USAGE:<5}  usage or configuration error: a bad option, key, namespace or store URL, a missing driver
+  {EXIT_DATAERR:<5}  a stored artifact or record cannot be read (corrupt, or of a serializer dibs cannot read)
+  {EXIT_UNAVAILABLE:<5}  the store cannot be reached"""
+
+_STOP_EXITS = "  130    interrupted (SIGINT, Ctrl-C); 143 terminated (SIGTERM); 129 hung up (SIGHUP)"
+
+_WAIT_EXIT = (
+    f"  {EXIT_TIMEOUT:<5}  --timeout passed before the key was done; the message says who holds it, "
+    "or why nobody does"
+)
+
+_GLOBAL_NOTE = (
+    "--store, --namespace, --json and -v may be given before or after the command, "
+    f"e.g. 'dibs --json ls' or 'dibs ls --json'. The store defaults to ${STORE_URL_ENV}, else the "
+    "embedded SQLite database."
+)
+
+
+def _exits(*lines: str) -> str:
+    return "exit status:\n" + "\n".join(lines)
+
+
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    # name: (one-line help, description, exit statuses)
+    "run": (
+        "run COMMAND once per key; print its stdout",
+        "Run COMMAND once per key across every 'dibs run' that shares the store, and print its stdout.\n\n"
+        "The first invocation to ask takes the key's lease, runs COMMAND (heartbeating the lease) and stores "
+        "its stdout as the key's artifact, streaming it as it comes. Every concurrent invocation waits (a "
+        "live status line on a terminal) and then prints the stored stdout; later ones print it at once. If "
+        "COMMAND fails, the key is released with the failure recorded, so a waiter takes over at once; if "
+        "the holder dies, its lease expires after --ttl and a waiter takes over.\n\n"
+        "COMMAND runs in its own process group, reading /dev/null when stdin is a terminal. SIGINT, SIGTERM "
+        "and SIGHUP are forwarded to that group; after --kill-after seconds (or at a second signal) it is "
+        "killed. The key is then released with 'stopped by SIGINT' (or SIGTERM, SIGHUP) recorded, and "
+        "nothing is stored. If dibs itself is killed outright, a guard process kills COMMAND's group, so "
+        "COMMAND never outlives its lease.",
+        _exits(
+            "  0      the artifact was printed: computed here, waited for, or already stored",
+            "  N      COMMAND's own non-zero status (128+N when signal N killed it); the failure is recorded",
+            _COMMON_EXITS,
+            _WAIT_EXIT,
+            "  127    COMMAND could not be started",
+            _STOP_EXITS + " (each forwarded to COMMAND first)",
+        ),
+    ),
+    "wait": (
+        "wait until KEY is done; print its artifact",
+        "Wait until KEY has an artifact, then print it; reserve nothing.\n\n"
+        "On a terminal a live line shows who is computing the key, since when, when its lease expires, "
+        "takeovers, and the last failure if the key failed and nobody is computing it. Elsewhere nothing is "
+        "shown unless -v (one line per event; JSON lines with --json).",
+        _exits("  0      the artifact was printed", _COMMON_EXITS, _WAIT_EXIT, _STOP_EXITS),
+    ),
+    "ls": (
+        "list keys and their state",
+        "List the keys of the namespace (or of every namespace) and their state: done, held, expired or "
+        "failed, with the holder, the fencing token and a detail. A key with nothing stored, no lease and no "
+        "failure (forgotten, or released without a failure) has nothing to show and is left out; "
+        "'dibs show KEY' still shows it. On a terminal the detail is wrapped at word boundaries.",
+        _exits("  0      listed (possibly nothing)", _COMMON_EXITS, _STOP_EXITS),
+    ),
+    "show": (
+        "everything about one key",
+        "Show everything the store knows about KEY: status, fencing token, lease, artifact and failures.",
+        _exits(
+            "  0      shown",
+            f"  {EXIT_NOTHING:<5}  the store has never seen KEY",
+            _COMMON_EXITS,
+            _STOP_EXITS,
+        ),
+    ),
+    "release": (
+        "force-release KEY's lease (repair)",
+        "Force-release KEY's lease, live or expired, so that the next caller takes the key at once. Meant "
+        "for repairs, when the holder is known to be gone.",
+        _exits("  0      released", f"  {EXIT_NOTHING:<5}  KEY had no lease", _COMMON_EXITS, _STOP_EXITS),
+    ),
+    "forget": (
+        "drop KEY's artifact and failures",
+        "Drop KEY's artifact and recorded failures, so that the next caller computes it again.",
+        _exits(
+            "  0      forgotten",
+            f"  {EXIT_NOTHING:<5}  nothing was stored for KEY",
+            _COMMON_EXITS,
+            _STOP_EXITS,
+        ),
+    ),
+    "reap": (
+        "clear expired leases nobody took over",
+        "Clear the expired leases nobody took over (their holders died), in the namespace or everywhere.",
+        _exits("  0      done (the count may be 0)", _COMMON_EXITS, _STOP_EXITS),
+    ),
+}
+
+
+def _add_globals(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The global options: on the main parser with their defaults, and on every command's parser
+    with no default at all, so that given after the command they win, and absent they change nothing."""
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if after_command else {}
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"store URL (default: ${STORE_URL_ENV}, else the embedded SQLite database)",
+        **unset,
+    )
+    parser.add_argument("--namespace", "-n", help=f"key namespace (default: {DEFAULT_NAMESPACE})", **unset)
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable output (and JSON lines on stderr with -v)",
+        **unset,
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", help="say what dibs does, on stderr (-vv: debug)", **unset
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--store", metavar="URL", help=f"store URL (default: ${STORE_URL_ENV}, else the embedded SQLite)"
-    )
-    common.add_argument("--namespace", "-n", default="default", help="key namespace (default: %(default)s)")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
+    command_globals = argparse.ArgumentParser(add_help=False)
+    _add_globals(command_globals, after_command=True)
+    formatter = argparse.RawDescriptionHelpFormatter
 
     parser = argparse.ArgumentParser(
         prog="dibs",
         description="Leases on cache keys: compute each key once across processes, runs and machines.",
+        epilog=_wrap_paragraphs(_GLOBAL_NOTE)
+        + "\n\n"
+        + _exits(
+            "  0      success",
+            f"  {EXIT_NOTHING:<5}  show/release/forget: nothing there",
+            _COMMON_EXITS,
+            _WAIT_EXIT,
+            "  N      run: COMMAND's own status",
+            _STOP_EXITS,
+        )
+        + "\n\nEach command's --help says which of these it uses.",
+        formatter_class=formatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what dibs does (to stderr)")
+    _add_globals(parser, after_command=False)
+    parser.set_defaults(verbose=0, namespace=None)
+    parser.add_argument("--version", action="version", version=f"dibs {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", parents=[common], help="run COMMAND once per key; print its stdout")
+    def command(name: str) -> argparse.ArgumentParser:
+        summary, description, exits = _COMMANDS[name]
+        return commands.add_parser(
+            name,
+            parents=[command_globals],
+            help=summary,
+            description=_wrap_paragraphs(description),
+            epilog=exits + "\n\n" + _wrap_paragraphs(_GLOBAL_NOTE),
+            formatter_class=formatter,
+        )
+
+    run = command("run")
     run.add_argument("--key", "-k", required=True, help="the cache key of this computation")
-    run.add_argument("--ttl", type=float, default=60.0, help="lease ttl in seconds (default: %(default)s)")
-    run.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    run.add_argument(
+        "--ttl", type=_seconds(zero=False), default=60.0, help="lease ttl in seconds (default: %(default)s)"
+    )
+    run.add_argument(
+        "--timeout",
+        type=_seconds(zero=True),
+        default=None,
+        help="give up waiting after this many seconds (exit 75)",
+    )
     run.add_argument("--owner", help="a stable logical identity (a retry with the same owner re-enters)")
+    run.add_argument(
+        "--kill-after",
+        type=_seconds(zero=True),
+        default=10.0,
+        metavar="SECONDS",
+        help="after forwarding a stop signal, kill COMMAND if it is still running this much later "
+        "(default: %(default)s)",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
 
-    wait = commands.add_parser("wait", parents=[common], help="wait until KEY is done; print its artifact")
-    wait.add_argument("key")
-    wait.add_argument("--timeout", type=float, default=None)
+    key_help = "the key's name (in --namespace)"
+    wait = command("wait")
+    wait.add_argument("key", help=key_help)
+    wait.add_argument(
+        "--timeout", type=_seconds(zero=True), default=None, help="give up after this many seconds (exit 75)"
+    )
 
-    listing = commands.add_parser("ls", parents=[common], help="list keys and their state")
+    listing = command("ls")
     listing.add_argument("--all", action="store_true", help="every namespace")
 
-    show = commands.add_parser("show", parents=[common], help="everything about one key")
-    show.add_argument("key")
+    command("show").add_argument("key", help=key_help)
+    command("release").add_argument("key", help=key_help)
+    command("forget").add_argument("key", help=key_help)
+    command("reap").add_argument("--all", action="store_true", help="every namespace")
 
-    release = commands.add_parser("release", parents=[common], help="force-release KEY's lease (repair)")
-    release.add_argument("key")
-
-    forget = commands.add_parser("forget", parents=[common], help="drop KEY's artifact and failures")
-    forget.add_argument("key")
-
-    reap = commands.add_parser("reap", parents=[common], help="clear expired leases nobody took over")
-    reap.add_argument("--all", action="store_true", help="every namespace")
-
-    demo = commands.add_parser("demo", help="watch several processes share one slow computation")
+    demo = commands.add_parser(
+        "demo",
+        help="watch several processes share one slow computation",
+        description="Watch several processes share one slow computation, on a temporary SQLite store.",
+    )
     demo.add_argument("--workers", type=int, default=4, help="worker processes (default: %(default)s)")
     demo.add_argument("--work-seconds", type=float, default=3.0, help="length of the slow computation")
     return parser
 
 
+def _seconds(*, zero: bool) -> Any:
+    """An argparse type: a finite number of seconds, greater than 0 (or at least 0 with ``zero``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value >= 0 if zero else value > 0) or value == float("inf"):
+            raise argparse.ArgumentTypeError(
+                f"expected a number of seconds {'>= 0' if zero else '> 0'}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def _wrap_paragraphs(text: str) -> str:
+    import textwrap
+
+    width = min(100, shutil.get_terminal_size((100, 24)).columns - 2)
+    return "\n\n".join(textwrap.fill(p, width) for p in text.split("\n\n"))
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    handler = _StderrHandler()
-    handler.setFormatter(_PrintableFormatter("dibs: %(levelname)s %(message)s"))
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command == "demo":
+        if args.store is not None or args.json or args.namespace is not None:
+            parser.error(
+                "dibs demo runs on a temporary store of its own: it takes no --store, --namespace or --json"
+            )
         from dibs.demo import run_demo
 
         return run_demo(workers=args.workers, work_seconds=args.work_seconds)
-    try:
-        if args.command == "run":
-            return _run(args)
-        with Reservations(args.store, namespace=args.namespace) as client:
-            return _admin(args, client)
-    except WaitTimeout as exc:
-        print(f"dibs: {printable(exc)}", file=sys.stderr)
+    if args.namespace is None:
+        args.namespace = DEFAULT_NAMESPACE
+    console = Console(sys.stderr, verbose=args.verbose, json_lines=args.json)
+    _route_logs(console, args.verbose)
+    with StopSignals() as stops:
+        try:
+            return _dispatch(args, console, stops)
+        except Stopped as stop:
+            console.clear_status()
+            return stop.exit_status
+        except KeyboardInterrupt:  # raised before the handlers were in place
+            console.clear_status()
+            return 130
+        except BrokenPipeError:
+            _silence_stdout()
+            return EXIT_PIPE
+        except ReservationError as exc:
+            console.clear_status()
+            console.problem("error", str(exc), exit_status=_exit_status(exc))
+            return _exit_status(exc)
+
+
+def _exit_status(exc: ReservationError) -> int:
+    if isinstance(exc, WaitTimeout):
         return EXIT_TIMEOUT
-    except ReservationError as exc:
-        print(f"dibs: {printable(exc)}", file=sys.stderr)
-        return EXIT_ERROR
+    if isinstance(exc, StoreUnavailable):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, ConfigurationError):
+        return EXIT_USAGE
+    if isinstance(exc, ArtifactCorrupted | CorruptRecord | SerializationError):
+        return EXIT_DATAERR
+    return 1
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to whatever ``sys.stderr`` is at the time (``main`` may run more than once in a process)."""
+def _route_logs(console: Console, verbose: int) -> None:
+    """dibs's own log goes through the console (not to the root logger: no other library's)."""
+    logger = logging.getLogger("dibs")
+    for handler in [h for h in logger.handlers if getattr(h, "console", None) is not None]:
+        logger.removeHandler(handler)
+    logger.addHandler(console.log_handler())
+    logger.setLevel(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG)
+    logger.propagate = False
 
-    @property
-    def stream(self) -> IO[str]:
-        return sys.stderr
 
-    @stream.setter
-    def stream(self, _value: IO[str]) -> None:
+def _silence_stdout() -> None:
+    # Python flushes stdout once more at exit: with the reader gone that would print a traceback.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
         pass
 
 
-class _PrintableFormatter(logging.Formatter):
-    """Log lines quote owners and foreign records: escape what a terminal would act on."""
+def _dispatch(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
+    from dibs._cli import run as running
 
-    def format(self, record: logging.LogRecord) -> str:
-        lines = super().format(record).split("\n")  # a traceback keeps its lines
-        return "\n".join(printable(line) for line in lines)
-
-
-# -- dibs run -----------------------------------------------------------------------------------
-
-
-def _run(args: argparse.Namespace) -> int:
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not command:
-        print("dibs run: give the command after '--', e.g. dibs run --key K -- ./build.sh", file=sys.stderr)
-        return EXIT_ERROR
-    with Reservations(args.store, namespace=args.namespace, ttl=args.ttl, serializer="bytes") as client:
-        got = client.acquire(args.key, args.owner, timeout=args.timeout)
-        if isinstance(got, Hit):
-            _write_artifact(got.value)
-            return 0
-        return _run_holding(client, got, command)
+    if args.command == "run":
+        return running.run(args, console, stops)
+    if args.command == "wait":
+        return running.wait(args, console)
+    with Reservations(args.store, namespace=args.namespace) as client:
+        return _admin(args, client)
 
 
-class _CommandFailed(Exception):
-    """The command under the lease exited with a non-zero status (recorded as the key's failure)."""
-
-    def __init__(self, command: list[str], status: int) -> None:
-        super().__init__(f"command {' '.join(command)!r} exited with status {status}")
-        self.status = status
-
-
-def _run_holding(client: Reservations, got: Acquired, command: list[str]) -> int:
-    """Run ``command`` under the lease (the core's hold loop), streaming its stdout through while
-    keeping a copy: the copy becomes the artifact."""
-    logging.getLogger("dibs").info("%s: computing with token %s", got.key, got.lease.token)
-
-    def work() -> bytes:
-        try:
-            process = subprocess.Popen(command, stdout=subprocess.PIPE)
-        except OSError as exc:
-            raise _CommandFailed(command, 127) from exc
-        assert process.stdout is not None
-        captured = _tee(process.stdout, sys.stdout.buffer)
-        status = process.wait()
-        if status != 0:
-            raise _CommandFailed(command, status)
-        return captured
-
-    try:
-        client.hold(got, work)
-    except _CommandFailed as failed:
-        if failed.status == 127 and failed.__cause__ is not None:
-            print(f"dibs run: cannot start {command[0]!r}: {failed.__cause__}", file=sys.stderr)
-        return failed.status
-    return 0
-
-
-def _tee(source: IO[bytes], sink: IO[bytes]) -> bytes:
-    chunks: list[bytes] = []
-    while chunk := source.read1(65536) if hasattr(source, "read1") else source.read(65536):
-        chunks.append(chunk)
-        sink.write(chunk)
-        sink.flush()
-    return b"".join(chunks)
-
-
-def _write_artifact(value: Any) -> None:
-    if isinstance(value, bytes):
-        sys.stdout.buffer.write(value)
-    else:  # written by a Python or orchestrator caller with another serializer
-        sys.stdout.write(json.dumps(value) + "\n")
-    sys.stdout.flush()
-
-
-# -- inspection and repair ------------------------------------------------------------------------
+# -- inspection and repair ----------------------------------------------------------------------------
 
 
 def _admin(args: argparse.Namespace, client: Reservations) -> int:
-    if args.command == "wait":
-        hit = client.wait(args.key, timeout=args.timeout, for_artifact=True)
-        assert hit is not None
-        _write_artifact(hit.value)
-        return 0
     if args.command == "ls":
         listing = client.list(all_namespaces=args.all)
-        states = list(listing)
-        _emit(
-            args, [_summary(s) for s in states], ["namespace", "key", "status", "holder", "token", "detail"]
-        )
+        states = [s for s in listing if _worth_listing(s)]
+        states.sort(key=lambda s: (s.key.namespace, s.key.name))
+        rows = [_summary(s) for s in states]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+            print_table(rows, ["namespace", "key", "status", "holder", "token", "detail"], width=width)
         _say_skipped(listing)
         return 0
     if args.command == "show":
@@ -214,15 +385,15 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
             width = max(map(len, doc))
             for name, value in doc.items():
                 print(f"{name:<{width}}  {'-' if value is None else printable(value)}")
-        return 0 if state.status != "free" or state.fence else 1
+        return 0 if state.status != "free" or state.fence else EXIT_NOTHING
     if args.command == "release":
         done = client.force_release(args.key)
         _say(args, {"key": args.key, "released": done}, "released" if done else "no lease to release")
-        return 0 if done else 1
+        return 0 if done else EXIT_NOTHING
     if args.command == "forget":
         done = client.forget(args.key)
         _say(args, {"key": args.key, "forgotten": done}, "forgotten" if done else "nothing stored")
-        return 0 if done else 1
+        return 0 if done else EXIT_NOTHING
     if args.command == "reap":
         count = client.reap(all_namespaces=args.all)
         _say(args, {"reaped": count}, f"reaped {count} expired lease(s)")
@@ -245,24 +416,26 @@ def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
     print(json.dumps(doc) if args.json else text)
 
 
-def _when(seconds: float | None) -> str | None:
-    if seconds is None:
-        return None
-    try:
-        return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
-    except (OverflowError, ValueError, OSError):  # beyond the year 9999, or not a number at all
-        return f"{seconds!r} (not a date)"
+def _worth_listing(state: KeyState) -> bool:
+    """A record with nothing stored, no lease and no failure (a forgotten key) says nothing: not listed."""
+    return state.artifact is not None or state.lease is not None or state.failure is not None
 
 
 def _summary(state: KeyState) -> dict[str, Any]:
     lease, artifact, failure = state.lease, state.artifact, state.failure
     if artifact is not None:
-        detail = f"{artifact.size} B by {artifact.producer}"
+        detail = (
+            f"{size(artifact.size)} by {artifact.producer}, {duration(state.now - artifact.created_at)} ago"
+        )
     elif lease is not None:
         remaining = lease.expires_at - state.now
-        detail = f"expires in {remaining:.1f}s" if remaining > 0 else f"expired {-remaining:.1f}s ago"
+        if remaining > 0:
+            detail = f"attempt {lease.attempt}, lease expires in {duration(remaining)}"
+        else:
+            expired = duration(-remaining)
+            detail = f"attempt {lease.attempt}, lease expired {expired} ago; the next caller takes over"
     elif failure is not None:
-        detail = f"{failure.count} failure(s): {failure.error[:60]}"
+        detail = f"{failure.count} failure(s), the last by {failure.owner}: {failure.error}"
     else:
         detail = ""
     return {
@@ -281,7 +454,7 @@ def _details(state: KeyState) -> dict[str, Any]:
         "status": state.status,
         "fence": state.fence,
         "attempts": state.attempts,
-        "store_now": _when(state.now),
+        "store_now": instant(state.now),
     }
     if state.lease is not None:
         lease = state.lease
@@ -289,43 +462,24 @@ def _details(state: KeyState) -> dict[str, Any]:
             "holder": lease.owner,
             "token": lease.token.fence,
             "attempt": lease.attempt,
-            "acquired_at": _when(lease.acquired_at),
-            "expires_at": _when(lease.expires_at),
+            "acquired_at": instant(lease.acquired_at),
+            "expires_at": instant(lease.expires_at),
             "expires_in_s": round(lease.expires_at - state.now, 3),
-            "max_expires_at": _when(lease.max_expires_at),
+            "max_expires_at": instant(lease.max_expires_at),
         }
     if state.artifact is not None:
         artifact = dataclasses.asdict(state.artifact)
         artifact.pop("payload")
-        artifact["created_at"] = _when(state.artifact.created_at)
+        artifact["created_at"] = instant(state.artifact.created_at)
         doc |= {f"artifact_{k}": v for k, v in artifact.items()}
     if state.failure is not None:
         doc |= {
             "failures": state.failure.count,
             "last_error": state.failure.error,
             "failed_by": state.failure.owner,
-            "failed_at": _when(state.failure.at),
+            "failed_at": instant(state.failure.at),
         }
     return doc
-
-
-def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[str]) -> None:
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
-    print_table(rows, columns)
-
-
-def print_table(rows: list[dict[str, Any]], columns: list[str], out: IO[str] | None = None) -> None:
-    """A plain aligned table (no dependency): what people read in terminals and CI logs."""
-    out = out or sys.stdout
-    cells = [[("" if row.get(c) is None else printable(row[c])) for c in columns] for row in rows]
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip(), file=out)
-    if not rows:
-        print("(none)", file=out)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -163,6 +163,8 @@ def open_store(url: str) -> Store:
             "'azure://container/prefix?account_url=...'"
         )
     scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+    # A bare mysql:// or mariadb:// means PyMySQL, which dibs[mysql] installs (SQLAlchemy's default: MySQLdb).
+    url = re.sub(r"^(mysql|mariadb)://", r"\1+pymysql://", url, flags=re.I)
     target = STORE_SCHEMES.get(scheme)
     if target is None:
         raise ConfigurationError(

@@ -1,0 +1,14 @@
+"""The parts of the ``dibs`` command (:mod:`dibs.cli`); only the command imports them, ``import dibs`` never.
+
+============  =====================================================================================
+module        job
+============  =====================================================================================
+``stops``     SIGINT/SIGTERM/SIGHUP: stop a waiter quietly, or hand the signal to the command
+``command``   run COMMAND in its own process group, stream and keep its stdout, stop it on a signal
+``guard``     a watchdog process that kills COMMAND's process group if ``dibs`` itself is killed
+``console``   stderr: a live status line on a terminal, one line (or JSON) per event elsewhere
+``watch``     what a waiter sees while it waits: holder, lease expiry, takeovers, failures
+``run``       ``dibs run`` and ``dibs wait``: the waits, the work under the lease, the JSON envelope
+``text``      durations, sizes, artifacts as text or base64, tables wrapped at word boundaries
+============  =====================================================================================
+"""

@@ -1,0 +1,104 @@
+"""How the command writes things for people and for scripts: durations, sizes, artifacts, tables.
+
+No raw epochs: durations are spelled out (``3m 05s``), instants are ISO 8601 in UTC. Table cells are
+never cut inside a word; on a terminal the last column wraps at word boundaries instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import sys
+import textwrap
+from typing import IO, Any, Literal
+
+from dibs.display import printable
+
+__all__ = ["artifact_text", "duration", "instant", "print_table", "size"]
+
+Encoding = Literal["utf-8", "base64", "json"]
+
+
+def duration(seconds: float) -> str:
+    """``0.4s``, ``12s``, ``3m 05s``, ``2h 10m``, ``3d 4h``: precise when short, rounded when long."""
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def size(nbytes: int) -> str:
+    """``512 B``, ``1.2 kB``, ``3.4 MB`` (decimal units, as file managers show them)."""
+    if nbytes < 1000:
+        return f"{nbytes} B"
+    value = float(nbytes)
+    for unit in ("kB", "MB", "GB", "TB"):
+        value /= 1000
+        if value < 1000 or unit == "TB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def instant(seconds: float | None) -> str | None:
+    """A store timestamp as ISO 8601 UTC with milliseconds (``None`` stays ``None``)."""
+    if seconds is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):  # beyond the year 9999, or not a number at all
+        return f"{seconds!r} (not a date)"
+
+
+def artifact_text(value: Any) -> tuple[Any, Encoding]:
+    """An artifact's value for a JSON document, and how it was written there.
+
+    ``dibs run`` stores bytes: UTF-8 text is given as text (``"utf-8"``), anything else as base64
+    (``"base64"``). A value stored by a Python or orchestrator caller with the JSON serializer is
+    given as it is (``"json"``).
+    """
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode("ascii"), "base64"
+    return value, "json"
+
+
+def print_table(
+    rows: list[dict[str, Any]], columns: list[str], out: IO[str] | None = None, *, width: int | None = None
+) -> None:
+    """A plain aligned table (no dependency): what people read in terminals and CI logs.
+
+    With ``width`` (a terminal's), the last column is wrapped at word boundaries to fit, its
+    continuation lines aligned under it; without, every row is one line, whatever its length.
+    Nothing is ever cut: a word longer than the room left stays whole on its own line.
+    """
+    out = out or sys.stdout
+    cells = [[("" if row.get(c) is None else printable(row[c])) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    indent = sum(widths[:-1]) + 2 * (len(columns) - 1)
+    room = None if width is None else max(24, width - indent - 1)
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
+    for r in cells:
+        head = "  ".join(v.ljust(w) for v, w in zip(r[:-1], widths[:-1], strict=True))
+        last = r[-1]
+        lines = _wrap(last, room) if room is not None and len(last) > room else [last]
+        print(f"{head}  {lines[0]}".rstrip() if len(columns) > 1 else lines[0], file=out)
+        for more in lines[1:]:
+            print(" " * (indent if len(columns) > 1 else 0) + more, file=out)
+    if not rows:
+        print("(none)", file=out)
+
+
+def _wrap(text: str, room: int) -> list[str]:
+    return textwrap.wrap(text, room, break_long_words=False, break_on_hyphens=False) or [""]
