@@ -95,6 +95,12 @@ def get_provider_info() -> dict[str, Any]:
                         "empty: no limit.",
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
+                    "max_age": {
+                        "label": "Result maximum age (seconds)",
+                        "description": "A stored result this old is computed again by the next run that "
+                        "needs it; empty: results never expire.",
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    },
                     "max_failures": {
                         "label": "Maximum failures",
                         "description": "After this many recorded failures a key is refused until "

@@ -52,6 +52,7 @@ class ClientSettings:
     heartbeat_interval: float | None = None
     serializer: str | Serializer | None = None
     backoff: Backoff | None = None
+    max_age: float | None = None
 
     def overrides(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,15 @@ import logging
 import re
 from typing import Any
 
-__all__ = ["OWNER_PREFIX", "holder_link", "mark_state", "run_logger", "task_run_context", "task_run_owner"]
+__all__ = [
+    "OWNER_PREFIX",
+    "holder_link",
+    "mark_state",
+    "refresh_cache",
+    "run_logger",
+    "task_run_context",
+    "task_run_owner",
+]
 
 log = logging.getLogger("prefect_dibs")
 
@@ -42,6 +50,19 @@ def task_run_owner(ctx: Any) -> str:
     so a retry re-enters its own lease instead of waiting for it to expire."""
     task_run = ctx.task_run
     return f"{OWNER_PREFIX}{task_run.name}:{task_run.id}"
+
+
+def refresh_cache(ctx: Any) -> bool:
+    """Prefect's "do not use cached results" switch for this task run: the task's ``refresh_cache``
+    option (``with_options`` included), else the ``PREFECT_TASKS_REFRESH_CACHE`` setting, exactly as
+    Prefect's task engine reads it."""
+    task = getattr(ctx, "task", None)
+    option = getattr(task, "refresh_cache", None)
+    if option is not None:
+        return bool(option)
+    from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
+
+    return bool(PREFECT_TASKS_REFRESH_CACHE.value())
 
 
 def holder_link(holder: str) -> str:

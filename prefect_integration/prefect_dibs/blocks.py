@@ -88,6 +88,12 @@ class DibsStore(Block):
         title="Maximum lease age (seconds)",
         description="If set, no lease lives longer than this, however often it heartbeats.",
     )
+    max_age: float | None = Field(
+        default=None,
+        gt=0,
+        title="Result maximum age (seconds)",
+        description="A stored result this old is computed again by the next call. Empty: never.",
+    )
     wait_timeout: float | None = Field(
         default=None,
         ge=0,
@@ -159,6 +165,7 @@ class DibsStore(Block):
             ttl=self.ttl,
             heartbeat_interval=self.heartbeat_interval,
             max_lease_age=self.max_lease_age,
+            max_age=self.max_age,
             max_failures=self.max_failures,
             on_store_unavailable=self.on_store_unavailable,
             serializer=self.serializer,

@@ -13,6 +13,11 @@ expires after ``ttl`` on the store's clock, and a waiter takes it over at once. 
 artifact: locks live in their own namespace (``prefect.locks``) and are only ever released, never
 completed, so they can never be mistaken for a cached value.
 
+A released lock leaves no record behind (Prefect's own managers delete theirs too): the record is
+removed at release unless someone took the lock meanwhile. Prefect's ``cache_expiration`` needs
+nothing here: Prefect applies it to its own result records, and passes a lock manager only the key,
+the holder and the timeouts (``ResultStore.acquire_lock``); a lock never holds a result.
+
 ``hold_timeout`` keeps Prefect's meaning (the lock is gone that long after it was taken, whatever
 the holder does): it becomes the lease's maximum age, and a lease shorter than the ttl is not
 heartbeated at all.
@@ -37,7 +42,7 @@ from prefect.locking.protocol import LockManager
 from dibs import Reservations
 from dibs.backoff import Backoff
 from dibs.config import validate_seconds
-from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, WaitTimeout
+from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, ReservationError, WaitTimeout
 from dibs.keys import Key, validate_namespace
 from dibs.lease import KeepAlive, Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome
@@ -338,6 +343,7 @@ class DibsLockManager(LockManager):
             held.stop()
             try:
                 held.lease.release()
+                self._discard(k)
                 return
             except LeaseLost as exc:
                 # The lease ran out (a pause longer than the ttl, or hold_timeout): judge by the store.
@@ -360,8 +366,17 @@ class DibsLockManager(LockManager):
         outcome = client.get_or_reserve(k, holder)
         if isinstance(outcome, Acquired):
             outcome.lease.release()
+            self._discard(k)
         elif isinstance(outcome, Busy):
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
+
+    def _discard(self, key: Key) -> None:
+        """A released lock leaves no record behind (as Prefect's own managers delete theirs): removed
+        unless someone took the lock meanwhile, which keeps it."""
+        try:
+            self.client.discard(key)
+        except ReservationError as exc:  # the lock is released: a leftover record is only clutter
+            log.debug("could not remove the record of the released lock %r: %s", key.name, exc)
 
     def release_all(self) -> None:
         """Release every lock this manager holds and stop their heartbeats (for shutdown and tests)."""
@@ -372,6 +387,7 @@ class DibsLockManager(LockManager):
             held.stop()
             with contextlib.suppress(LeaseLost):  # expired meanwhile: nothing left to release
                 held.lease.release()
+                self._discard(held.lease.key)
 
     # -- inspecting and waiting ------------------------------------------------------------------------
     def is_locked(self, key: str) -> bool:

@@ -82,6 +82,8 @@ def reserved(
     backoff: Backoff | None = None,
     progress_interval: float = 30.0,
     artifact: bool = True,
+    max_age: float | None = None,
+    refresh: bool | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -100,6 +102,8 @@ def reserved(
     backoff: Backoff | None = None,
     progress_interval: float = 30.0,
     artifact: bool = True,
+    max_age: float | None = None,
+    refresh: bool | None = None,
 ) -> Any:
     """Make identical calls of a Prefect task compute once across flow runs, processes and machines.
 
@@ -121,6 +125,11 @@ def reserved(
         tool), ``"bytes"``, or a :class:`dibs.Serializer`; pickle needs a ``DibsStore`` with a signing key.
     :param backoff: how often a waiter polls stores that cannot notify (:class:`dibs.Backoff`).
     :param progress_interval: a waiter logs that it is still waiting this often (seconds).
+    :param max_age: seconds after which a stored result is too old: the next call computes it again
+        (default: the block's ``max_age``, else never), under the lease as always.
+    :param refresh: compute again even if a result is stored; concurrent refreshes compute once.
+        ``None`` (default) follows Prefect: the task's ``refresh_cache`` option (also set through
+        ``with_options``), else the ``PREFECT_TASKS_REFRESH_CACHE`` setting.
     :param artifact: publish a Prefect markdown artifact saying whether this run computed, waited
         or hit, with the key, fencing token and producer.
 
@@ -144,6 +153,7 @@ def reserved(
         heartbeat_interval=heartbeat_interval,
         serializer=serializer,
         backoff=backoff,
+        max_age=validate_seconds("max_age", max_age, allow_none=True),
     )
 
     def reservation(fn: Callable[..., Any]) -> _Reservation:
@@ -157,6 +167,7 @@ def reserved(
             timeout=timeout,
             progress_interval=progress_interval,
             artifact=artifact,
+            refresh=refresh,
         )
 
     def decorate(target: F) -> F:
@@ -198,6 +209,7 @@ class _Reservation:
         timeout: float | None,
         progress_interval: float,
         artifact: bool,
+        refresh: bool | None,
     ) -> None:
         self.fn = fn
         self.store = store
@@ -208,6 +220,7 @@ class _Reservation:
         self.timeout = timeout
         self.progress_interval = progress_interval
         self.artifact = artifact
+        self.refresh = refresh
 
     def wrapper(self) -> Callable[..., Any]:
         fn = self.fn
@@ -248,6 +261,12 @@ class _Reservation:
         if timeout is None:
             timeout = _block_wait_timeout(self.store)
         return client, timeout
+
+    def refresh_wanted(self, ctx: Any) -> bool:
+        """``refresh=``, else Prefect's own switch for this task run (see :func:`reserved`)."""
+        if self.refresh is not None:
+            return self.refresh
+        return _runs.refresh_cache(ctx)
 
     def announce_wait(self, ctx: Any, logger: Logger, busy: Busy) -> None:
         logger.info(
@@ -368,13 +387,15 @@ class _Reservation:
         try:
             client, timeout = self.resolve()
             key = client.key(self.key_name(args, kwargs))
-            got: Outcome = client.get_or_reserve(key, owner)
+            refresh = self.refresh_wanted(ctx)
+            got: Outcome = client.get_or_reserve(key, owner, refresh=refresh)
+            min_token = got.token if refresh and isinstance(got, Busy) else None  # its result is fresh
             if isinstance(got, Busy):
                 waited_on = got.holder
                 self.announce_wait(ctx, logger, got)
             while isinstance(got, Busy):
                 chunk = self.wait_step(started, timeout, got)
-                got = client.acquire(key, owner, timeout=chunk, raise_on_timeout=False)
+                got = client.acquire(key, owner, timeout=chunk, raise_on_timeout=False, min_token=min_token)
                 if isinstance(got, Busy):
                     waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
         except StoreUnavailable as exc:
@@ -415,13 +436,17 @@ class _Reservation:
             resolved, timeout = await runtime().io(self.resolve)
             client, aclient = resolved, resolved.aio()
             key = resolved.key(self.key_name(args, kwargs))
-            got: Outcome = await aclient.get_or_reserve(key, owner)
+            refresh = self.refresh_wanted(ctx)
+            got: Outcome = await aclient.get_or_reserve(key, owner, refresh=refresh)
+            min_token = got.token if refresh and isinstance(got, Busy) else None  # its result is fresh
             if isinstance(got, Busy):
                 waited_on = got.holder
                 self.announce_wait(ctx, logger, got)
             while isinstance(got, Busy):
                 chunk = self.wait_step(started, timeout, got)
-                got = await aclient.acquire(key, owner, timeout=chunk, raise_on_timeout=False)
+                got = await aclient.acquire(
+                    key, owner, timeout=chunk, raise_on_timeout=False, min_token=min_token
+                )
                 if isinstance(got, Busy):
                     waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
         except StoreUnavailable as exc:

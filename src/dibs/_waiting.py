@@ -33,12 +33,22 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class AskAcquire:
-    """Answered with the store's one-attempt ``acquire``."""
+    """Answered with the store's one-attempt ``acquire``. An artifact counts only if it is fresh
+    (``max_age``, ``min_fence``: see :meth:`~dibs.records.ArtifactRecord.is_fresh`)."""
 
     key: Key
     owner: str
     ttl: float
     max_lease_age: float | None
+    max_age: float | None = None
+    min_fence: int | None = None
+
+    def takes(self, state: KeyState) -> bool:
+        """Whether ``state``'s artifact (if any) answers this ask."""
+        artifact = state.artifact
+        return artifact is not None and artifact.is_fresh(
+            state.now, max_age=self.max_age, min_fence=self.min_fence
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +99,7 @@ def acquire_until(
             outcome = yield ask  # the backstop, or the holder's expiry
             continue
         assert isinstance(change, KeyState), change
-        if change.artifact is not None:
+        if change.artifact is not None and ask.takes(change):
             return Present(change.artifact)  # done: every waiter gets the one read the hub made
         live = change.live_lease
         if live is not None and live.owner != ask.owner:
@@ -99,14 +109,21 @@ def acquire_until(
 
 
 def read_until(
-    key: Key, deadline: Deadline, backoff: Backoff, following: Callable[[], bool], *, for_artifact: bool
+    key: Key,
+    deadline: Deadline,
+    backoff: Backoff,
+    following: Callable[[], bool],
+    *,
+    for_artifact: bool,
+    max_age: float | None = None,
+    min_fence: int | None = None,
 ) -> Loop[KeyState]:
     """Read until the key is done (or also free, unless ``for_artifact``) or the deadline passes."""
     attempt = 0
     state = yield AskRead(key)
     while True:
         assert isinstance(state, KeyState), state
-        if is_settled(state, for_artifact) or deadline.expired:
+        if is_settled(state, for_artifact, max_age, min_fence) or deadline.expired:
             return state
         lease = state.live_lease
         holder_remaining = lease.expires_at - state.now if lease is not None else backoff.maximum
@@ -117,9 +134,14 @@ def read_until(
         state = change if change is not None else (yield AskRead(key))
 
 
-def is_settled(state: KeyState, for_artifact: bool) -> bool:
-    """Whether ``state`` ends a wait: an artifact, or (unless ``for_artifact``) nobody holding the key."""
-    return state.artifact is not None or (not for_artifact and state.live_lease is None)
+def is_settled(
+    state: KeyState, for_artifact: bool, max_age: float | None = None, min_fence: int | None = None
+) -> bool:
+    """Whether ``state`` ends a wait: a fresh artifact, or (unless ``for_artifact``) nobody holding
+    the key."""
+    artifact = state.artifact
+    fresh = artifact is not None and artifact.is_fresh(state.now, max_age=max_age, min_fence=min_fence)
+    return fresh or (not for_artifact and state.live_lease is None)
 
 
 def drive(loop: Loop[T], store: Store, subscription: Subscription) -> T:
@@ -129,7 +151,14 @@ def drive(loop: Loop[T], store: Store, subscription: Subscription) -> T:
         while True:
             request = loop.send(answer)
             if isinstance(request, AskAcquire):
-                answer = store.acquire(request.key, request.owner, request.ttl, request.max_lease_age)
+                answer = store.acquire(
+                    request.key,
+                    request.owner,
+                    request.ttl,
+                    request.max_lease_age,
+                    max_age=request.max_age,
+                    min_fence=request.min_fence,
+                )
             elif isinstance(request, AskRead):
                 answer = store.read(request.key)
             else:
@@ -140,9 +169,7 @@ def drive(loop: Loop[T], store: Store, subscription: Subscription) -> T:
 
 
 class _AsyncIO(Protocol):
-    async def acquire(
-        self, key: Key, owner: str, ttl: float, max_lease_age: float | None
-    ) -> StoreOutcome: ...
+    async def acquire(self, ask: AskAcquire) -> StoreOutcome: ...
 
     async def read(self, key: Key) -> KeyState: ...
 
@@ -154,7 +181,7 @@ async def adrive(loop: Loop[T], io: _AsyncIO, subscription: Subscription) -> T:
         while True:
             request = loop.send(answer)
             if isinstance(request, AskAcquire):
-                answer = await io.acquire(request.key, request.owner, request.ttl, request.max_lease_age)
+                answer = await io.acquire(request)
             elif isinstance(request, AskRead):
                 answer = await io.read(request.key)
             else:

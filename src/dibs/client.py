@@ -22,7 +22,7 @@ from typing import Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
 from dibs import holding, keys
 from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
 from dibs.backoff import Backoff, Deadline
-from dibs.config import default_owner, default_store_url
+from dibs.config import default_owner, default_store_url, validate_seconds
 from dibs.errors import (
     ConfigurationError,
     ReservationError,
@@ -66,7 +66,7 @@ class Reservations:
         then the embedded SQLite default (see :mod:`dibs.config`). A URL is shared with every other
         client of the process (:mod:`dibs.runtime`); nothing is sent to the store before the first call.
     :param settings: a ready :class:`~dibs.settings.Settings`, or the same settings one by one:
-        ``namespace``, ``ttl``, ``heartbeat_interval``, ``max_lease_age``, ``max_failures``,
+        ``namespace``, ``ttl``, ``heartbeat_interval``, ``max_lease_age``, ``max_age``, ``max_failures``,
         ``on_store_unavailable``, ``serializer``, ``signing_key``, ``backoff`` (see :class:`Settings`).
     """
 
@@ -78,6 +78,7 @@ class Reservations:
         ttl: float = DEFAULTS.ttl,
         heartbeat_interval: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
         serializer: Serializer | str | None = None,
         signing_key: bytes | str | None = None,
         backoff: Backoff | None = None,
@@ -90,6 +91,7 @@ class Reservations:
             "ttl": ttl,
             "heartbeat_interval": heartbeat_interval,
             "max_lease_age": max_lease_age,
+            "max_age": max_age,
             "serializer": DEFAULTS.serializer if serializer is None else serializer,
             "signing_key": signing_key,
             "backoff": DEFAULTS.backoff if backoff is None else backoff,
@@ -134,6 +136,10 @@ class Reservations:
         return self.settings.max_lease_age
 
     @property
+    def max_age(self) -> float | None:
+        return self.settings.max_age
+
+    @property
     def max_failures(self) -> int | None:
         return self.settings.max_failures
 
@@ -176,8 +182,40 @@ class Reservations:
         assert checked_ttl is not None
         return checked_ttl, checked_age
 
-    def _ask(self, key: Key, owner: str | None, ttl: float | None, max_lease_age: float | None) -> AskAcquire:
-        return AskAcquire(key, owner or default_owner(), *self._terms(ttl, max_lease_age))
+    def _ask(
+        self,
+        key: Key,
+        owner: str | None,
+        ttl: float | None,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
+    ) -> AskAcquire:
+        """One ask: the lease's terms, and which artifact counts (a refresh takes none that exists)."""
+        max_age = 0.0 if refresh else self._max_age(max_age)
+        if min_token is not None and (isinstance(min_token, bool) or not isinstance(min_token, int)):
+            raise ConfigurationError(f"min_token must be a lease's token (an int), got {min_token!r}")
+        terms = self._terms(ttl, max_lease_age)
+        return AskAcquire(key, owner or default_owner(), *terms, max_age=max_age, min_fence=min_token)
+
+    def _max_age(self, max_age: float | None) -> float | None:
+        """The call's maximum artifact age, else the client's; checked."""
+        return validate_seconds("max_age", max_age, allow_none=True) if max_age is not None else self.max_age
+
+    def _ask_again(self, first: AskAcquire, answer: StoreOutcome, max_age: float | None) -> AskAcquire:
+        """The ask a waiter repeats. After a refresh found the key busy, the artifact the busy lease
+        stores (or a later one) is the fresh one: concurrent refreshes compute once, and share it."""
+        if first.max_age == 0.0 and isinstance(answer, Held):
+            fence = answer.lease.token.fence
+            return dataclasses.replace(first, max_age=self._max_age(max_age), min_fence=fence)
+        return first
+
+    def _ask_store(self, ask: AskAcquire) -> StoreOutcome:
+        return self.store.acquire(
+            ask.key, ask.owner, ask.ttl, ask.max_lease_age, max_age=ask.max_age, min_fence=ask.min_fence
+        )
 
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
         """The value of a stored artifact, after its integrity check."""
@@ -257,6 +295,7 @@ class Reservations:
             attempt=held.attempt,
             now=outcome.now,
             last_failure=outcome.failure,
+            token=held.token.fence,
         )
 
     # -- the contract's calls -------------------------------------------------------------------
@@ -267,13 +306,21 @@ class Reservations:
         *,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
     ) -> Outcome:
         """One atomic call: :class:`Hit`, :class:`Acquired` or :class:`Busy` (see the contract).
 
-        ``ttl`` and ``max_lease_age`` override the client's for this lease.
+        ``ttl`` and ``max_lease_age`` override the client's for this lease. ``max_age`` (default: the
+        client's) makes an artifact that old a miss; ``refresh=True`` takes the lease even beside an
+        artifact (its value replaces the old one); ``min_token`` takes only an artifact stored under
+        that token or a later one (after a refresh found the key busy: ``min_token=busy.token``).
         """
-        ask = self._ask(self.key(key), owner, ttl, max_lease_age)
-        return self._to_outcome(ask.key, self.store.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age))
+        ask = self._ask(
+            self.key(key), owner, ttl, max_lease_age, max_age=max_age, refresh=refresh, min_token=min_token
+        )
+        return self._to_outcome(ask.key, self._ask_store(ask))
 
     @overload
     def acquire(
@@ -284,6 +331,9 @@ class Reservations:
         timeout: float | None = None,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
         raise_on_timeout: Literal[True] = True,
     ) -> Hit | Acquired: ...
 
@@ -296,6 +346,9 @@ class Reservations:
         timeout: float | None = None,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
         raise_on_timeout: Literal[False],
     ) -> Hit | Acquired | Busy: ...
 
@@ -307,6 +360,9 @@ class Reservations:
         timeout: float | None = None,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
         raise_on_timeout: bool = True,
     ) -> Hit | Acquired | Busy:
         """Wait (woken by the process's watch hub, asking now and then as a backstop) until the key is
@@ -314,44 +370,84 @@ class Reservations:
 
         :param timeout: seconds to wait while someone else holds the key (``None``: as long as it takes).
         :param ttl: this lease's ttl (default: the client's); ``max_lease_age`` likewise.
+        :param max_age: an artifact this old (store clock) is a miss (default: the client's).
+        :param refresh: compute again even if an artifact exists, under the lease as always: of several
+            concurrent refreshes one computes, and the others get its value.
+        :param min_token: only an artifact stored under this token or a later one counts (a refresh
+            that waits in several calls passes the first :class:`Busy`'s ``token``).
         :param raise_on_timeout: ``True`` raises :class:`WaitTimeout` naming the holder when ``timeout``
             passes; ``False`` returns the last :class:`Busy` instead.
         """
-        ask = self._ask(self.key(key), owner, ttl, max_lease_age)
+        ask = self._ask(
+            self.key(key), owner, ttl, max_lease_age, max_age=max_age, refresh=refresh, min_token=min_token
+        )
+        result, _ = self._acquire(ask, Deadline(timeout), max_age, raise_on_timeout)
+        return result
+
+    def _acquire(
+        self, ask: AskAcquire, deadline: Deadline, max_age: float | None, raise_on_timeout: bool
+    ) -> tuple[Hit | Acquired | Busy, Held | None]:
+        """:meth:`acquire`, and the busy answer it waited on first (``None``: it did not wait)."""
         holding.not_held_here(self.store, ask.key)
-        deadline = Deadline(timeout)
         # Most calls are answered at once (a hit, or a free key), so ask before subscribing; a busy
         # key subscribes, and the loop asks again before it waits, so no change is missed.
-        outcome = self.store.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age)
-        if isinstance(outcome, Held) and not deadline.expired:
+        outcome = self._ask_store(ask)
+        first = outcome if isinstance(outcome, Held) else None
+        if first is not None and not deadline.expired:
+            ask = self._ask_again(ask, first, max_age)
             with runtime().subscribe(self.store, ask.key) as subscription:
                 loop = acquire_until(ask, deadline, self.backoff, lambda: subscription.following)
                 outcome = drive(loop, self.store, subscription)
         result = self._to_outcome(ask.key, outcome)
         if isinstance(result, Busy) and raise_on_timeout:
             raise _gave_up(result.key, deadline, busy=result)
-        return result
+        return result, first
 
-    def wait(self, key: str | Key, *, timeout: float | None = None, for_artifact: bool = False) -> Hit | None:
+    def wait(
+        self,
+        key: str | Key,
+        *,
+        timeout: float | None = None,
+        for_artifact: bool = False,
+        max_age: float | None = None,
+        min_token: int | None = None,
+    ) -> Hit | None:
         """Wait until the key is done (a :class:`Hit`) or nobody holds it (``None``); reserve nothing.
 
-        With ``for_artifact=True`` only an artifact ends the wait (what a sensor wants).
+        With ``for_artifact=True`` only an artifact ends the wait (what a sensor wants); an artifact
+        ``max_age`` old (default: the client's), or stored under a token below ``min_token``, does
+        not count.
         """
         k = self.key(key)
+        max_age = self._max_age(max_age)
         holding.not_held_here(self.store, k)
         deadline = Deadline(timeout)
         state = self.store.read(k)  # as in acquire: subscribe only once the key turns out to be busy
-        if not is_settled(state, for_artifact) and not deadline.expired:
+        if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
             with runtime().subscribe(self.store, k) as subscription:
                 loop = read_until(
-                    k, deadline, self.backoff, lambda: subscription.following, for_artifact=for_artifact
+                    k,
+                    deadline,
+                    self.backoff,
+                    lambda: subscription.following,
+                    for_artifact=for_artifact,
+                    max_age=max_age,
+                    min_fence=min_token,
                 )
                 state = drive(loop, self.store, subscription)
-        return self._settled(state, deadline, for_artifact)
+        return self._settled(state, deadline, for_artifact, max_age, min_token)
 
-    def _settled(self, state: KeyState, deadline: Deadline, for_artifact: bool) -> Hit | None:
-        if state.artifact is not None:
-            return self._hit(state.key, state.artifact)
+    def _settled(
+        self,
+        state: KeyState,
+        deadline: Deadline,
+        for_artifact: bool,
+        max_age: float | None = None,
+        min_token: int | None = None,
+    ) -> Hit | None:
+        artifact = state.artifact
+        if artifact is not None and artifact.is_fresh(state.now, max_age=max_age, min_fence=min_token):
+            return self._hit(state.key, artifact)
         if state.live_lease is not None or for_artifact:
             raise _gave_up(state.key, deadline, state=state)
         return None
@@ -393,34 +489,45 @@ class Reservations:
         kwargs: dict[str, Any] | None = None,
         owner: str | None = None,
         timeout: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
     ) -> RunReport:
         """Get the key's value, computing it with ``fn(*args, **kwargs)`` only if nobody else does.
 
         Says how the value was obtained: ``computed``, ``waited``, ``hit``, or ``unreserved`` (the
-        store was unreachable and ``on_store_unavailable="run"``).
+        store was unreachable and ``on_store_unavailable="run"``). ``max_age`` and ``refresh`` are
+        :meth:`acquire`'s: an artifact that old, or any with ``refresh``, is computed again.
         """
-        k = self.key(key)
         owner = owner or default_owner()
+        ask = self._ask(self.key(key), owner, None, None, max_age=max_age, refresh=refresh)
         started = time.monotonic()
         try:
-            got = self.acquire(k, owner, timeout=timeout)
+            got, waited_on = self._acquire(ask, Deadline(timeout), max_age, raise_on_timeout=True)
         except StoreUnavailable as exc:
             if self.on_store_unavailable == "fail":
-                log.error("store unavailable for %s, not running it (policy 'fail'): %s", k, exc)
+                log.error("store unavailable for %s, not running it (policy 'fail'): %s", ask.key, exc)
                 raise
-            log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", k, exc)
-            return RunReport(k, fn(*args, **(kwargs or {})), "unreserved", None, owner, stored=False)
+            log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", ask.key, exc)
+            return RunReport(ask.key, fn(*args, **(kwargs or {})), "unreserved", None, owner, stored=False)
+        assert not isinstance(got, Busy)
         waited = time.monotonic() - started
         if isinstance(got, Hit):
-            return self._hit_report(got, waited)
+            return self._hit_report(got, waited_on, waited)
         self._log_acquired(got)
         report = self.hold(got, lambda: fn(*args, **(kwargs or {})))
-        return dataclasses.replace(report, waited_seconds=waited)
+        return self._held_report(report, waited_on, waited)
 
-    def _hit_report(self, got: Hit, waited: float) -> RunReport:
-        role: Literal["waited", "hit"] = "waited" if waited > self.backoff.initial else "hit"
+    @staticmethod
+    def _hit_report(got: Hit, waited_on: Held | None, waited: float) -> RunReport:
+        role: Literal["waited", "hit"] = "waited" if waited_on is not None else "hit"
+        holder = waited_on.lease.owner if waited_on is not None else None
         log.info("%s: using the artifact stored by %s (token %s)", got.key, got.producer, got.token)
-        return RunReport(got.key, got.value, role, got.token, got.producer, waited_seconds=waited)
+        return RunReport(got.key, got.value, role, got.token, got.producer, waited, holder)
+
+    @staticmethod
+    def _held_report(report: RunReport, waited_on: Held | None, waited: float) -> RunReport:
+        holder = waited_on.lease.owner if waited_on is not None else None
+        return dataclasses.replace(report, waited_seconds=waited, waited_on=holder)
 
     @staticmethod
     def _log_acquired(got: Acquired) -> None:
@@ -449,6 +556,8 @@ class Reservations:
         key: str | None = None,
         version: str | None = None,
         exclude: tuple[str, ...] = (),
+        max_age: float | None = None,
+        refresh: bool = False,
     ) -> _Decorator: ...
 
     def reserved(
@@ -459,9 +568,12 @@ class Reservations:
         key: str | None = None,
         version: str | None = None,
         exclude: tuple[str, ...] = (),
+        max_age: float | None = None,
+        refresh: bool = False,
     ) -> Any:
-        """Decorator: each distinct call computes once; the key is the function's identity, ``version``
-        and a canonical digest of its arguments (or ``key``, formatted with the arguments)."""
+        """Decorator: each distinct call computes once; the key is ``qualname[@version]/<digest>`` of the
+        function's code and arguments (see :func:`dibs.derive_key`), or ``key`` formatted with the
+        arguments. ``max_age`` and ``refresh`` are :meth:`compute`'s."""
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
             @functools.wraps(func)
@@ -471,7 +583,9 @@ class Reservations:
                     if key is not None
                     else keys.derive_key(func, args, kwargs, version=version, exclude=exclude)
                 )
-                return self.run(name, func, *args, **kwargs)
+                report = self.compute(name, func, args=args, kwargs=kwargs, max_age=max_age, refresh=refresh)
+                value: R = report.value
+                return value
 
             return wrapper
 
@@ -499,7 +613,20 @@ class Reservations:
         return self.store.forget(self.key(key))
 
     def reap(self, *, all_namespaces: bool = False) -> int:
+        """Clear expired leases nobody took over, and remove records that hold nothing."""
         return self.store.reap(None if all_namespaces else self.namespace)
+
+    def discard(self, key: str | Key) -> bool:
+        """Remove the key's record if it holds nothing (no lease, artifact or failure), as a lock that
+        is released for good should leave nothing behind. ``True`` if a record was removed."""
+        return self.store.discard(self.key(key))
+
+    def prune(self, older_than: float, *, all_namespaces: bool = False) -> int:
+        """Remove artifacts and failures older than ``older_than`` seconds (store clock) and records
+        that hold nothing, never a key someone holds; returns how many records were removed."""
+        seconds = validate_seconds("older_than", older_than, allow_zero=True)
+        assert seconds is not None
+        return self.store.prune(None if all_namespaces else self.namespace, seconds)
 
     def aio(self) -> AsyncReservations:
         """The async face of this client, sharing its store and settings."""
@@ -533,11 +660,16 @@ class AsyncReservations:
         *,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
     ) -> Outcome:
+        """:meth:`Reservations.get_or_reserve`, awaited."""
         c = self.client
-        ask = c._ask(c.key(key), owner, ttl, max_lease_age)
-        outcome = await runtime().io(c.store.acquire, ask.key, ask.owner, ask.ttl, ask.max_lease_age)
-        return await self._outcome(ask.key, outcome)
+        ask = c._ask(
+            c.key(key), owner, ttl, max_lease_age, max_age=max_age, refresh=refresh, min_token=min_token
+        )
+        return await self._outcome(ask.key, await runtime().io(c._ask_store, ask))
 
     @overload
     async def acquire(
@@ -548,6 +680,9 @@ class AsyncReservations:
         timeout: float | None = None,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
         raise_on_timeout: Literal[True] = True,
     ) -> Hit | Acquired: ...
 
@@ -560,6 +695,9 @@ class AsyncReservations:
         timeout: float | None = None,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
         raise_on_timeout: Literal[False],
     ) -> Hit | Acquired | Busy: ...
 
@@ -571,43 +709,69 @@ class AsyncReservations:
         timeout: float | None = None,
         ttl: float | None = None,
         max_lease_age: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        min_token: int | None = None,
         raise_on_timeout: bool = True,
     ) -> Hit | Acquired | Busy:
         """:meth:`Reservations.acquire`, awaited."""
         c = self.client
-        ask = c._ask(c.key(key), owner, ttl, max_lease_age)
+        ask = c._ask(
+            c.key(key), owner, ttl, max_lease_age, max_age=max_age, refresh=refresh, min_token=min_token
+        )
+        result, _ = await self._acquire(ask, Deadline(timeout), max_age, raise_on_timeout)
+        return result
+
+    async def _acquire(
+        self, ask: AskAcquire, deadline: Deadline, max_age: float | None, raise_on_timeout: bool
+    ) -> tuple[Hit | Acquired | Busy, Held | None]:
+        c = self.client
         holding.not_held_here(c.store, ask.key)
-        deadline = Deadline(timeout)
-        io = _AsyncStoreIO(c.store)
-        outcome = await io.acquire(ask.key, ask.owner, ask.ttl, ask.max_lease_age)
-        if isinstance(outcome, Held) and not deadline.expired:
+        io = _AsyncStoreIO(c)
+        outcome = await io.acquire(ask)
+        first = outcome if isinstance(outcome, Held) else None
+        if first is not None and not deadline.expired:
+            ask = c._ask_again(ask, first, max_age)
             with runtime().subscribe(c.store, ask.key) as subscription:
                 loop = acquire_until(ask, deadline, c.backoff, lambda: subscription.following)
                 outcome = await adrive(loop, io, subscription)
         result = await self._outcome(ask.key, outcome)
         if isinstance(result, Busy) and raise_on_timeout:
             raise _gave_up(result.key, deadline, busy=result)
-        return result
+        return result, first
 
     async def wait(
-        self, key: str | Key, *, timeout: float | None = None, for_artifact: bool = False
+        self,
+        key: str | Key,
+        *,
+        timeout: float | None = None,
+        for_artifact: bool = False,
+        max_age: float | None = None,
+        min_token: int | None = None,
     ) -> Hit | None:
         """:meth:`Reservations.wait`, awaited."""
         c = self.client
         k = c.key(key)
+        max_age = c._max_age(max_age)
         holding.not_held_here(c.store, k)
         deadline = Deadline(timeout)
-        io = _AsyncStoreIO(c.store)
+        io = _AsyncStoreIO(c)
         state = await io.read(k)
-        if not is_settled(state, for_artifact) and not deadline.expired:
+        if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
             with runtime().subscribe(c.store, k) as subscription:
                 loop = read_until(
-                    k, deadline, c.backoff, lambda: subscription.following, for_artifact=for_artifact
+                    k,
+                    deadline,
+                    c.backoff,
+                    lambda: subscription.following,
+                    for_artifact=for_artifact,
+                    max_age=max_age,
+                    min_fence=min_token,
                 )
                 state = await adrive(loop, io, subscription)
         if state.artifact is not None and state.artifact.size > _DECODE_ON_LOOP_BYTES:
-            return await runtime().io(c._settled, state, deadline, for_artifact)
-        return c._settled(state, deadline, for_artifact)
+            return await runtime().io(c._settled, state, deadline, for_artifact, max_age, min_token)
+        return c._settled(state, deadline, for_artifact, max_age, min_token)
 
     async def status(self, key: str | Key) -> KeyState:
         return await runtime().io(self.client.status, key)
@@ -659,27 +823,30 @@ class AsyncReservations:
         kwargs: dict[str, Any] | None = None,
         owner: str | None = None,
         timeout: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
     ) -> RunReport:
         """:meth:`Reservations.compute` for a coroutine function."""
         c = self.client
-        k = c.key(key)
         owner = owner or default_owner()
+        ask = c._ask(c.key(key), owner, None, None, max_age=max_age, refresh=refresh)
         started = time.monotonic()
         try:
-            got = await self.acquire(k, owner, timeout=timeout)
+            got, waited_on = await self._acquire(ask, Deadline(timeout), max_age, raise_on_timeout=True)
         except StoreUnavailable as exc:
             if c.on_store_unavailable == "fail":
-                log.error("store unavailable for %s, not running it (policy 'fail'): %s", k, exc)
+                log.error("store unavailable for %s, not running it (policy 'fail'): %s", ask.key, exc)
                 raise
-            log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", k, exc)
+            log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", ask.key, exc)
             value = await fn(*args, **(kwargs or {}))
-            return RunReport(k, value, "unreserved", None, owner, stored=False)
+            return RunReport(ask.key, value, "unreserved", None, owner, stored=False)
+        assert not isinstance(got, Busy)
         waited = time.monotonic() - started
         if isinstance(got, Hit):
-            return c._hit_report(got, waited)
+            return c._hit_report(got, waited_on, waited)
         c._log_acquired(got)
         report = await self.hold(got, lambda: fn(*args, **(kwargs or {})))
-        return dataclasses.replace(report, waited_seconds=waited)
+        return c._held_report(report, waited_on, waited)
 
     async def run(
         self, key: str | Key, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
@@ -692,14 +859,14 @@ class AsyncReservations:
 class _AsyncStoreIO:
     """A store's reads and asks for :func:`dibs._waiting.adrive`, each run in the runtime's I/O executor."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, client: Reservations) -> None:
+        self._client = client
 
-    async def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
-        return await runtime().io(self._store.acquire, key, owner, ttl, max_lease_age)
+    async def acquire(self, ask: AskAcquire) -> StoreOutcome:
+        return await runtime().io(self._client._ask_store, ask)
 
     async def read(self, key: Key) -> KeyState:
-        return await runtime().io(self._store.read, key)
+        return await runtime().io(self._client.store.read, key)
 
 
 def _stop_and_release(

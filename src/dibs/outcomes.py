@@ -52,6 +52,9 @@ class Busy:
     attempt: int
     now: float
     last_failure: FailureRecord | None = None
+    #: The holder's fencing token: ``min_token=busy.token`` waits for the artifact this lease stores
+    #: (or a later one), which is how a refresh that found the key busy shares the holder's result.
+    token: int | None = None
 
     @property
     def remaining(self) -> float:

@@ -103,6 +103,19 @@ class ArtifactRecord:
     fence: int
     created_at: float
 
+    def is_fresh(self, now: float, *, max_age: float | None = None, min_fence: int | None = None) -> bool:
+        """Whether this artifact still counts at ``now`` (the store's clock): not ``max_age`` seconds old
+        or older, and stored under a lease with a fencing token of at least ``min_fence``.
+
+        A refresh asks with ``max_age=0`` (no artifact that exists counts), and when the key is busy,
+        waits for one stored under the busy lease's token or a later one: exact, where a comparison of
+        times would depend on the clock's resolution. A stale artifact is a miss: the next caller
+        recomputes it under a lease, and its value replaces this one.
+        """
+        if max_age is not None and (max_age <= 0 or now - self.created_at >= max_age):
+            return False  # 0: none is young enough (a refresh), whatever two clients' clocks say
+        return min_fence is None or self.fence >= min_fence
+
     def verified_payload(self, key: Key) -> bytes:
         """The payload, after checking its size and checksum: a mismatch is never served as a value."""
         if len(self.payload) != self.size or checksum(self.payload) != self.checksum:
@@ -133,11 +146,17 @@ class KeyState:
 
     @property
     def status(self) -> str:
-        """One word for people and scripts: ``done``, ``held``, ``expired``, ``failed`` or ``free``."""
+        """One word for people and scripts: ``done``, ``held``, ``expired``, ``failed`` or ``free``.
+
+        A live lease wins over an artifact: the key is being computed again (a refresh, or an artifact
+        past somebody's maximum age), and the artifact stays until the new one replaces it.
+        """
+        if self.lease is not None and self.lease.live_at(self.now):
+            return "held"
         if self.artifact is not None:
             return "done"
         if self.lease is not None:
-            return "held" if self.lease.live_at(self.now) else "expired"
+            return "expired"
         if self.failure is not None:
             return "failed"
         return "free"

@@ -61,6 +61,8 @@ class Settings:
         after its last heartbeat.
     :param heartbeat_interval: seconds between heartbeats (default a third of the ttl).
     :param max_lease_age: if set, no lease lives longer than this, however often it heartbeats.
+    :param max_age: if set, an artifact this old (by the store's clock) is a miss: the next caller
+        computes the key again under a lease, and its waiters share the new value.
     :param max_failures: after this many recorded failures of a key, :class:`dibs.TooManyFailures`
         instead of another attempt, until someone runs ``dibs forget``. ``None``: try forever.
     :param on_store_unavailable: ``"fail"`` raises :class:`dibs.StoreUnavailable`; ``"run"`` runs the
@@ -74,6 +76,7 @@ class Settings:
     ttl: float = DEFAULT_TTL
     heartbeat_interval: float | None = None
     max_lease_age: float | None = None
+    max_age: float | None = None
     max_failures: int | None = None
     on_store_unavailable: StoreUnavailablePolicy = "fail"
     serializer: Serializer | str = "json"
@@ -89,6 +92,7 @@ class Settings:
         object.__setattr__(self, "ttl", ttl)
         object.__setattr__(self, "heartbeat_interval", interval)
         object.__setattr__(self, "max_lease_age", max_age)
+        object.__setattr__(self, "max_age", validate_seconds("max_age", self.max_age, allow_none=True))
         failures = self.max_failures
         if failures is not None and (
             isinstance(failures, bool) or not isinstance(failures, int) or failures < 1

@@ -285,3 +285,95 @@ def test_the_watch_hub_hands_every_waiter_the_completed_state(
     finally:
         for subscription in subscriptions:
             subscription.close()
+
+
+# -- the cache lifecycle: maximum age, refresh, discard, prune --------------------------------------
+
+
+def _payload(store: Store, key: Key) -> bytes:
+    artifact = store.read(key).artifact
+    assert artifact is not None
+    return artifact.verified_payload(key)
+
+
+def test_a_stale_artifact_is_a_miss_and_the_new_one_replaces_it(
+    open_isolated_store: Callable[[], Store],
+) -> None:
+    store, other = open_isolated_store(), open_isolated_store()
+    _complete(store, _granted(store.acquire(KEY, "alice", 60, None)), b"old")
+    refresh = _granted(store.acquire(KEY, "bob", 60, None, max_age=0.0))  # any artifact is too old
+    assert refresh.token.fence == 2
+    plain = other.acquire(KEY, "carol", 60, None)  # a caller without a maximum age still gets the old one
+    assert isinstance(plain, Present) and plain.artifact.verified_payload(KEY) == b"old"
+    held = other.acquire(KEY, "carol", 60, None, max_age=0.0)  # ... and one with it waits for bob
+    assert isinstance(held, Held) and held.lease.owner == "bob"
+    assert store.read(KEY).status == "held"
+    _complete(store, refresh, b"new")
+    state = other.read(KEY)
+    assert (state.status, state.lease) == ("done", None)
+    assert state.artifact is not None and (state.artifact.fence, state.artifact.producer) == (2, "bob")
+    assert _payload(other, KEY) == b"new"
+    young = other.acquire(KEY, "carol", 60, None, max_age=3600.0)
+    assert isinstance(young, Present) and young.artifact.verified_payload(KEY) == b"new"
+
+
+def test_concurrent_refreshes_compute_once(open_isolated_store: Callable[[], Store]) -> None:
+    first, second = open_isolated_store(), open_isolated_store()
+    _complete(first, _granted(first.acquire(KEY, "alice", 60, None)), b"v1")
+    a = _granted(first.acquire(KEY, "a", 60, None, max_age=0.0))
+    busy = second.acquire(KEY, "b", 60, None, max_age=0.0)
+    assert isinstance(busy, Held)
+    fence = busy.lease.token.fence  # what a stores is the fresh artifact for b: no clock involved
+    assert isinstance(second.acquire(KEY, "b", 60, None, min_fence=fence), Held)
+    _complete(first, a, b"v2")
+    shared = second.acquire(KEY, "b", 60, None, min_fence=fence)
+    assert isinstance(shared, Present) and shared.artifact.verified_payload(KEY) == b"v2"
+
+
+def test_a_failed_refresh_keeps_the_old_artifact(store: Store) -> None:
+    _complete(store, _granted(store.acquire(KEY, "alice", 60, None)), b"kept")
+    refresh = _granted(store.acquire(KEY, "bob", 60, None, max_age=0.0))
+    store.release(KEY, refresh.token, "boom")
+    state = store.read(KEY)
+    assert state.status == "done" and state.failure is not None and state.failure.count == 1
+    assert _payload(store, KEY) == b"kept"
+
+
+def test_discard_removes_only_a_record_that_holds_nothing(store: Store) -> None:
+    held, done, failed, freed = (
+        Key("contract.discard", name) for name in ("held", "done", "failed", "freed")
+    )
+    _granted(store.acquire(held, "alice", 60, None))
+    _complete(store, _granted(store.acquire(done, "alice", 60, None)), b"x")
+    store.release(failed, _granted(store.acquire(failed, "alice", 60, None)).token, "boom")
+    store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
+    assert [store.discard(k) for k in (held, done, failed, freed)] == [False, False, False, True]
+    assert store.discard(freed) is False  # gone already
+    assert store.discard(Key("contract.discard", "never-seen")) is False
+    assert {s.key for s in store.list("contract.discard")} == {held, done, failed}
+    again = _granted(store.acquire(freed, "bob", 60, None))  # the key starts afresh, and works
+    _complete(store, again, b"after")
+    assert _payload(store, freed) == b"after"
+
+
+def test_prune_removes_what_is_old_and_never_a_live_lease(store: Store) -> None:
+    names = ("held", "done", "failed", "freed")
+    held, done, failed, freed = (Key("contract.prune", name) for name in names)
+    _granted(store.acquire(held, "alice", 600, None))
+    _complete(store, _granted(store.acquire(done, "alice", 60, None)), b"x")
+    store.release(failed, _granted(store.acquire(failed, "alice", 60, None)).token, "boom")
+    store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
+    assert store.prune("contract.prune", 3600.0) == 1  # nothing is an hour old: only the empty record
+    assert {s.key for s in store.list("contract.prune")} == {held, done, failed}
+    assert store.prune("contract.prune", 0.0) == 2  # everything is older than now, but the live lease
+    assert {s.key for s in store.list("contract.prune")} == {held}
+    assert store.prune("other.namespace", 0.0) == 0
+
+
+def test_reap_also_removes_records_that_hold_nothing(store: Store) -> None:
+    freed, short = Key("contract.reap2", "freed"), Key("contract.reap2", "short")
+    store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
+    lease = _granted(store.acquire(short, "alice", 0.05, None))
+    _wait_until_expired(store, lease)
+    assert store.reap("contract.reap2") == 2  # the expired lease cleared (and its empty record removed)
+    assert list(store.list("contract.reap2")) == []

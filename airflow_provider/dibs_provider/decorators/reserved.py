@@ -63,6 +63,8 @@ class _ReservedDecoratedOperator(DecoratedOperator, ReservedPythonOperator):
         exclude: Sequence[str] = (),
         wait_timeout: float | None = None,
         deferrable: bool = True,
+        max_age: float | None = None,
+        refresh: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -82,6 +84,8 @@ class _ReservedDecoratedOperator(DecoratedOperator, ReservedPythonOperator):
             reservation_exclude=exclude,
             reservation_wait_timeout=wait_timeout,
             reservation_deferrable=deferrable,
+            reservation_max_age=max_age,
+            reservation_refresh=refresh,
             **kwargs,
         )
 
@@ -106,6 +110,8 @@ def reserved_task(
     :param exclude: parameter names left out of the derived key.
     :param wait_timeout: seconds to wait for another run's lease before failing.
     :param deferrable: defer while another run holds the key (default); ``False`` waits in the worker.
+    :param max_age: seconds after which a stored result is too old and computed again.
+    :param refresh: compute again even if a result is stored (templated, e.g. ``"{{ params.refresh }}"``).
 
     Other keyword arguments are the usual operator arguments (``retries``, ``pool``...).
     """

@@ -23,6 +23,7 @@ password               the store's password, inserted into ``store_url``'s ``use
 ``heartbeat_interval`` seconds between heartbeats (default a third of the ttl)
 ``wait_timeout``       seconds a task waits for another run's lease (empty: as long as it lives)
 ``max_lease_age``      no lease lives longer than this, however often it heartbeats (empty: none)
+``max_age``            a stored result this many seconds old is computed again (empty: never)
 ``max_failures``       after this many recorded failures a key is refused until ``dibs forget``
 ``on_store_unavailable`` ``fail`` (default) or ``run``: run the work unreserved when the store is
                        unreachable (logged), so the store never changes a result
@@ -71,6 +72,7 @@ EXTRA_FIELDS = (
     "heartbeat_interval",
     "wait_timeout",
     "max_lease_age",
+    "max_age",
     "max_failures",
     "on_store_unavailable",
 )
@@ -254,6 +256,7 @@ def settings_from_connection(conn: Connection) -> DibsSettings:
         "ttl": _seconds(conn_id, extra, "ttl"),
         "heartbeat_interval": _seconds(conn_id, extra, "heartbeat_interval"),
         "max_lease_age": _seconds(conn_id, extra, "max_lease_age"),
+        "max_age": _seconds(conn_id, extra, "max_age"),
         "max_failures": _count(conn_id, extra, "max_failures"),
         "on_store_unavailable": _choice(conn_id, extra, "on_store_unavailable", ("fail", "run")),
     }

@@ -46,6 +46,7 @@ from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 from dibs import Acquired, Busy, Hit, Reservations
+from dibs.config import validate_seconds
 from dibs.errors import (
     ConfigurationError,
     InvalidKey,
@@ -76,6 +77,11 @@ __all__ = [
 #: The XCom key under which every reserved task records how it got its value.
 OUTCOME_XCOM_KEY = "dibs_outcome"
 
+#: Template fields of the reservation itself: never part of a derived key.
+_RESERVATION_FIELDS = frozenset({"reservation_key", "reservation_refresh"})
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off", "", "none"})
+
 Role = Literal["computed", "waited", "hit"]
 OperatorT = TypeVar("OperatorT", bound=BaseOperator)
 
@@ -99,11 +105,14 @@ class _Waiting:
     deferrals: int = 0
     holder: str | None = None
     waited_seconds: float = 0.0
+    #: A refresh that found the key busy waits for what that lease stores (its token) or later.
+    min_token: int | None = None
 
     @classmethod
     def from_event(cls, event: ReservationEvent) -> _Waiting:
         started = float(event["wait_started"])
-        return cls(started, int(event["deferrals"]), event.get("holder"), max(0.0, time.time() - started))
+        waited = max(0.0, time.time() - started)
+        return cls(started, int(event["deferrals"]), event.get("holder"), waited, event.get("min_token"))
 
     def remaining(self, timeout: float | None) -> float | None:
         if timeout is None:
@@ -136,12 +145,17 @@ class ReservedOperatorMixin(BaseOperator):
         :class:`dibs.WaitTimeout`; default: the connection's, else as long as the holder's lease lives.
     :param reservation_deferrable: defer while another run holds the key (default); ``False`` waits in
         the worker.
+    :param reservation_max_age: seconds after which a stored result is too old: the next run computes
+        it again (under the lease: its waiters share the new value). Default: the connection's
+        ``max_age``, else results never expire.
+    :param reservation_refresh: compute again even if a result is stored (templated: a bool, or text
+        such as ``"{{ params.refresh }}"`` that renders to true/false). Concurrent refreshes compute once.
 
     Parameter names carry a ``reservation_`` prefix so they never collide with the wrapped operator's
     own (many operators have a ``key`` or a ``deferrable``).
     """
 
-    template_fields: Sequence[str] = ("reservation_key",)
+    template_fields: Sequence[str] = ("reservation_key", "reservation_refresh")
 
     def __init__(
         self,
@@ -153,6 +167,8 @@ class ReservedOperatorMixin(BaseOperator):
         reservation_version: str | None = None,
         reservation_wait_timeout: float | None = None,
         reservation_deferrable: bool = True,
+        reservation_max_age: float | None = None,
+        reservation_refresh: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -163,6 +179,10 @@ class ReservedOperatorMixin(BaseOperator):
         self.reservation_version = reservation_version
         self.reservation_wait_timeout = reservation_wait_timeout
         self.reservation_deferrable = reservation_deferrable
+        self.reservation_max_age = validate_seconds(
+            "reservation_max_age", reservation_max_age, allow_none=True
+        )
+        self.reservation_refresh = reservation_refresh
 
     # -- the key --------------------------------------------------------------------------------------
     def default_reservation_key(self, context: Context) -> str:
@@ -174,7 +194,9 @@ class ReservedOperatorMixin(BaseOperator):
         arguments change the result, set ``reservation_version`` or ``reservation_key``.
         """
         fields = {
-            name: getattr(self, name, None) for name in self.template_fields if name != "reservation_key"
+            name: getattr(self, name, None)
+            for name in self.template_fields
+            if name not in _RESERVATION_FIELDS
         }
         identity = _operator_identity(type(self))
         name = identity.rpartition(".")[2]
@@ -206,6 +228,22 @@ class ReservedOperatorMixin(BaseOperator):
                 name=repr(key),
             )
         return key
+
+    def refresh_requested(self) -> bool:
+        """``reservation_refresh`` as rendered: a bool, or text Jinja made of one."""
+        value = self.reservation_refresh
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ConfigurationError(
+            f"{self.task_id}: reservation_refresh rendered to {value!r}; it must be true or false (a bool, "
+            "or text such as 'true', 'false', '1', '0', e.g. '{{ params.refresh }}')",
+            setting="reservation_refresh",
+        )
 
     # -- what runs when the key is ours ---------------------------------------------------------------
     def execute_reserved(self, context: Context) -> Any:
@@ -262,9 +300,14 @@ class ReservedOperatorMixin(BaseOperator):
         timeout = (
             self.reservation_wait_timeout if self.reservation_wait_timeout is not None else hook.wait_timeout
         )
+        refresh = waiting.min_token is None and self.refresh_requested()
         with hook.get_client() as client:
-            outcome = client.get_or_reserve(name, owner)
+            outcome = client.get_or_reserve(
+                name, owner, max_age=self.reservation_max_age, refresh=refresh, min_token=waiting.min_token
+            )
             if isinstance(outcome, Busy):
+                if refresh:  # the holder's result is the fresh one: wait for it, do not compute again
+                    waiting = dataclasses.replace(waiting, min_token=outcome.token)
                 outcome, waiting = self._wait(client, outcome, owner, waiting, timeout)
             if isinstance(outcome, Hit):
                 return self._use_artifact(context, outcome, owner, waiting)
@@ -303,6 +346,8 @@ class ReservedOperatorMixin(BaseOperator):
                     holder=busy.holder,
                     wait_started=started,
                     deferrals=waiting.deferrals + 1,
+                    max_age=self.reservation_max_age,
+                    min_token=waiting.min_token,
                 ),
                 method_name="execute_complete",
             )
@@ -314,7 +359,9 @@ class ReservedOperatorMixin(BaseOperator):
             busy.remaining,
             failure,
         )
-        got = client.acquire(busy.key, owner, timeout=remaining)
+        got = client.acquire(
+            busy.key, owner, timeout=remaining, max_age=self.reservation_max_age, min_token=waiting.min_token
+        )
         return got, dataclasses.replace(waiting, waited_seconds=time.time() - started)
 
     def _use_artifact(self, context: Context, hit: Hit, owner: str, waiting: _Waiting) -> Any:
@@ -467,7 +514,11 @@ class ReservedPythonOperator(ReservedOperatorMixin, PythonOperator):
     :param reservation_exclude: parameter names to leave out of the default key (clients, loggers, run ids).
     """
 
-    template_fields: Sequence[str] = (*PythonOperator.template_fields, "reservation_key")
+    template_fields: Sequence[str] = (
+        *PythonOperator.template_fields,
+        "reservation_key",
+        "reservation_refresh",
+    )
 
     def __init__(self, *, reservation_exclude: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -528,7 +579,7 @@ def reserved_operator(operator_class: type[OperatorT]) -> type[ReservedOperatorM
         "__module__": __name__,
         "__qualname__": name,
         "__doc__": f"{operator_class.__name__}, reserved with dibs (see ReservedOperatorMixin).",
-        "template_fields": (*operator_class.template_fields, "reservation_key"),
+        "template_fields": (*operator_class.template_fields, "reservation_key", "reservation_refresh"),
     }
     # new_class picks Airflow's operator metaclass from the bases, as a class statement would.
     reserved = types.new_class(

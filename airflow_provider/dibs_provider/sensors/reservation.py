@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
+from dibs.config import validate_seconds
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.triggers.reservation import ReservationTrigger, error_from_event, parse_event
 
@@ -34,6 +35,7 @@ class ReservationSensor(BaseSensorOperator):
     :param namespace: the key's namespace (templated); default: the connection's.
     :param dibs_conn_id: the ``dibs`` connection (default ``dibs_default``).
     :param deferrable: poke once, then defer (default); ``False`` uses the classic poke/reschedule modes.
+    :param max_age: an artifact this many seconds old does not count (default: the connection's).
 
     ``timeout``, ``soft_fail``, ``poke_interval`` and ``mode`` are the usual sensor arguments.
     """
@@ -47,6 +49,7 @@ class ReservationSensor(BaseSensorOperator):
         namespace: str | None = None,
         dibs_conn_id: str = DEFAULT_CONN_ID,
         deferrable: bool = True,
+        max_age: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -54,15 +57,17 @@ class ReservationSensor(BaseSensorOperator):
         self.namespace = namespace
         self.dibs_conn_id = dibs_conn_id
         self.deferrable = deferrable
+        self.max_age = validate_seconds("max_age", max_age, allow_none=True)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         hook = DibsHook(self.dibs_conn_id, namespace=self.namespace)
         with hook.get_client() as client:
             state = client.status(self.key)
-            if state.artifact is None:
+            max_age = self.max_age if self.max_age is not None else client.max_age
+            if state.artifact is None or not state.artifact.is_fresh(state.now, max_age=max_age):
                 lease = state.live_lease
                 self.log.info(
-                    "dibs: %s has no artifact yet (%s%s)",
+                    "dibs: %s has no artifact yet, or only one that is too old (%s%s)",
                     state.key,
                     state.status,
                     f", held by {lease.owner}" if lease is not None else "",
@@ -92,6 +97,7 @@ class ReservationSensor(BaseSensorOperator):
                 namespace=self.namespace,
                 dibs_conn_id=self.dibs_conn_id,
                 for_artifact=True,
+                max_age=self.max_age,
                 timeout=remaining,
                 wait_started=wait_started,
                 deferrals=deferrals + 1,

@@ -55,6 +55,8 @@ class ReservationEvent(TypedDict):
     """Unix time the task first found the key busy (echoed from the trigger's arguments)."""
     deferrals: int
     """How many times this task has deferred on the key, this time included (echoed)."""
+    min_token: NotRequired[int | None]
+    """A refresh waits for the artifact of this fencing token or a later one (echoed)."""
     token: NotRequired[int]
     """``done``: the fencing token of the lease that stored the artifact."""
     producer: NotRequired[str]
@@ -81,6 +83,9 @@ class ReservationTrigger(BaseTrigger):
     :param holder: the holder the task saw, echoed in the event for its logs.
     :param wait_started: Unix time the task first found the key busy (echoed).
     :param deferrals: how many times the task has deferred on this key, this time included (echoed).
+    :param max_age: an artifact this old (seconds, store clock) does not end the wait.
+    :param min_token: only an artifact stored under this fencing token or a later one ends the wait
+        (a refresh waits for the result of the lease it found busy, not the artifact it replaces); echoed.
     """
 
     def __init__(
@@ -94,6 +99,8 @@ class ReservationTrigger(BaseTrigger):
         holder: str | None = None,
         wait_started: float | None = None,
         deferrals: int = 1,
+        max_age: float | None = None,
+        min_token: int | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.key = key
@@ -104,6 +111,8 @@ class ReservationTrigger(BaseTrigger):
         self.holder = holder
         self.wait_started = time.time() if wait_started is None else wait_started
         self.deferrals = deferrals
+        self.max_age = max_age
+        self.min_token = min_token
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -117,6 +126,8 @@ class ReservationTrigger(BaseTrigger):
                 "holder": self.holder,
                 "wait_started": self.wait_started,
                 "deferrals": self.deferrals,
+                "max_age": self.max_age,
+                "min_token": self.min_token,
             },
         )
 
@@ -128,6 +139,7 @@ class ReservationTrigger(BaseTrigger):
             "waited_seconds": round(time.monotonic() - started, 3),
             "wait_started": self.wait_started,
             "deferrals": self.deferrals,
+            "min_token": self.min_token,
             **details,
         }
         return TriggerEvent(payload)  # type: ignore[no-untyped-call]
@@ -140,7 +152,13 @@ class ReservationTrigger(BaseTrigger):
             client = await hook.aget_client()
             key = str(client.client.key(self.key))
             try:
-                hit = await client.wait(self.key, timeout=self.timeout, for_artifact=self.for_artifact)
+                hit = await client.wait(
+                    self.key,
+                    timeout=self.timeout,
+                    for_artifact=self.for_artifact,
+                    max_age=self.max_age,
+                    min_token=self.min_token,
+                )
                 state = None if hit is not None else await client.status(self.key)
             finally:
                 await hook.aclose(client)

@@ -90,7 +90,7 @@ from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, Reservatio
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
 from dibs.stores import codec, decoder, redact_url, transitions
-from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, skip
+from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, _Removal, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 
 __all__ = ["AzureBlobStore", "ServiceClock", "parse_url"]
@@ -783,7 +783,39 @@ class AzureBlobStore(RecordStore):
 
         self._call(f"create container {self.container!r}", None, create)
 
-    def _swap(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
+    def _swap(self, key: Key, version: object, new: KeyState | _Removal, old: KeyState) -> bool | Loaded:
+        swapped = self._remove(key, version) if isinstance(new, _Removal) else self._write(key, version, new)
+        if swapped is True and old.artifact is not None:
+            kept = None if isinstance(new, _Removal) else new.artifact
+            if kept is None or self.artifact_name(key, kept) != self.artifact_name(key, old.artifact):
+                # The record no longer names this payload, and fences only grow, so no later record
+                # can name it again: deleting it cannot hurt anyone.
+                self._delete_quietly(key, self.artifact_name(key, old.artifact))
+        return swapped
+
+    def _remove(self, key: Key, version: object) -> bool | Loaded:
+        if version is None:
+            return True  # no record: nothing to remove
+
+        def delete() -> bool:
+            try:
+                self._container.delete_blob(
+                    self.record_name(key), etag=str(version), match_condition=MatchConditions.IfNotModified
+                )
+            except ResourceNotFoundError:
+                return True  # gone already (our own delete, whose reply was lost, or another's)
+            except HttpResponseError as exc:
+                if _is_conflict(exc):
+                    return False
+                raise
+            return True
+
+        if self._call("remove the record of", key, delete):
+            return True
+        current, etag, now = self._read_raw(key)
+        return self._decode(key, current, now), etag
+
+    def _write(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
         name = self.record_name(key)
         data = codec.encode(new)
         blob = self._container.get_blob_client(name)
@@ -918,10 +950,21 @@ class AzureBlobStore(RecordStore):
             lambda state, artifact: dataclasses.replace(state, artifact=artifact),
         )
 
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
         return self._with_payload(
             key,
-            lambda: super(AzureBlobStore, self).acquire(key, owner, ttl, max_lease_age),
+            lambda: super(AzureBlobStore, self).acquire(
+                key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
+            ),
             lambda outcome: outcome.artifact if isinstance(outcome, Present) else None,
             lambda _outcome, artifact: Present(artifact),
         )
@@ -945,21 +988,6 @@ class AzureBlobStore(RecordStore):
             if created:
                 self._delete_quietly(key, name)
             raise
-
-    def forget(self, key: Key) -> bool:
-        removed: list[ArtifactRecord] = []
-
-        def change(state: KeyState) -> tuple[bool, KeyState | None]:
-            new_state = transitions.forget(state)
-            removed[:] = [state.artifact] if new_state is not None and state.artifact is not None else []
-            return new_state is not None, new_state
-
-        changed = self._update(key, change)
-        # The record no longer names the payload, and the fence only grows, so no later record can
-        # name this blob again: deleting it cannot hurt anyone.
-        for artifact in removed:
-            self._delete_quietly(key, self.artifact_name(key, artifact))
-        return changed
 
     def _delete_quietly(self, key: Key, name: str) -> None:
         def delete() -> None:

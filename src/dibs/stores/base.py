@@ -33,11 +33,21 @@ from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Stor
 from dibs.stores import transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 
-__all__ = ["Listing", "RecordStore", "Skipped", "Store"]
+__all__ = ["REMOVE", "Listing", "RecordStore", "Skipped", "Store"]
 
 T = TypeVar("T")
 #: A record as read for a compare-and-swap: its state and the store's version of it.
 Loaded = tuple[KeyState, object]
+
+
+class _Removal:
+    """What a change returns to remove the record (see :meth:`RecordStore._swap`)."""
+
+    def __repr__(self) -> str:
+        return "REMOVE"
+
+
+REMOVE = _Removal()
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +104,22 @@ class Store(abc.ABC):
         """The key's state at one instant of the store's clock (an empty state if never seen)."""
 
     @abc.abstractmethod
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
-        """``get_or_reserve`` in one atomic step: :class:`Present`, :class:`Granted` or :class:`Held`."""
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
+        """``get_or_reserve`` in one atomic step: :class:`Present`, :class:`Granted` or :class:`Held`.
+
+        An artifact counts only if it is fresh by the store's clock (``max_age``, ``min_fence``: see
+        :meth:`~dibs.records.ArtifactRecord.is_fresh`); a stale one is no hit, the lease can be taken
+        beside it, and the new artifact replaces it on ``complete``.
+        """
 
     @abc.abstractmethod
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
@@ -128,8 +152,20 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def reap(self, namespace: str | None = None) -> int:
-        """Clear expired leases nobody took over; returns how many. Unreadable records are skipped
-        (and logged) as by :meth:`list`, and left as they are."""
+        """Clear expired leases nobody took over, and remove records that then hold nothing; returns
+        how many records changed. Unreadable records are skipped (and logged) as by :meth:`list`, and
+        left as they are."""
+
+    @abc.abstractmethod
+    def discard(self, key: Key) -> bool:
+        """Remove the key's record if it holds nothing (no lease, artifact or failure), atomically
+        (a lease taken meanwhile keeps it). ``True`` if a record was removed."""
+
+    @abc.abstractmethod
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        """Remove the records :func:`~dibs.stores.transitions.prunable` says are ``older_than`` seconds
+        old by the store's clock (artifacts, failures, and records that hold nothing), each only if it
+        is still so when it is removed; returns how many. Unreadable records are skipped."""
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """The states of several keys, for the watch hub (stores that can read them together override
@@ -189,8 +225,10 @@ class RecordStore(Store):
         """Read the key's state (``now`` on the store's clock) and a version for :meth:`_swap`."""
 
     @abc.abstractmethod
-    def _swap(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
-        """Write ``new`` only if the record is still at ``version``; ``False`` if someone changed it.
+    def _swap(self, key: Key, version: object, new: KeyState | _Removal, old: KeyState) -> bool | Loaded:
+        """Write ``new`` (or remove the record, for :data:`REMOVE`) only if the record is still at
+        ``version``; ``False`` if someone changed it. ``old`` is the state ``new`` was decided from
+        (a store that keeps payloads apart deletes the one ``new`` no longer names, after the swap).
 
         A store that had to read the record anyway to tell a lost swap from a lost reply returns that
         read (state and version) instead of ``False``, and the next attempt decides from it.
@@ -200,7 +238,10 @@ class RecordStore(Store):
         return self._load(key)[0]
 
     def _update(
-        self, key: Key, change: Callable[[KeyState], tuple[T, KeyState | None]], loaded: Loaded | None = None
+        self,
+        key: Key,
+        change: Callable[[KeyState], tuple[T, KeyState | _Removal | None]],
+        loaded: Loaded | None = None,
     ) -> T:
         """Apply ``change`` with a compare-and-swap, again on a fresh read while somebody else wins.
 
@@ -211,7 +252,7 @@ class RecordStore(Store):
             result, new_state = change(state)
             if new_state is None:
                 return result
-            swapped = self._swap(key, version, new_state)
+            swapped = self._swap(key, version, new_state, state)
             if swapped is True:
                 return result
             loaded = swapped if isinstance(swapped, tuple) else None
@@ -221,9 +262,23 @@ class RecordStore(Store):
             key=str(key),
         )
 
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
         validate_owner(owner)  # a bad owner written into the record would make it unreadable for all
-        return self._update(key, lambda state: transitions.acquire(state, owner, ttl, max_lease_age))
+        return self._update(
+            key,
+            lambda state: transitions.acquire(
+                state, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
+            ),
+        )
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         return self._update(key, lambda state: transitions.heartbeat(state, token, ttl))
@@ -247,12 +302,34 @@ class RecordStore(Store):
     def reap(self, namespace: str | None = None) -> int:
         reaped = 0
         for state in list(self.list(namespace)):
-            if state.lease is not None and not state.lease.live_at(state.now):
+            try:
+                if state.lease is not None and not state.lease.live_at(state.now):
+                    cleared = self._update(state.key, lambda s: _changed(transitions.reap(s)))
+                    reaped += int(self.discard(state.key) or cleared)
+                elif transitions.holds_nothing(state):
+                    reaped += int(self.discard(state.key))
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], str(state.key), exc)
+        return reaped
+
+    def discard(self, key: Key) -> bool:
+        # A record always has a fence of 1 or more: fence 0 is a key without one (nothing to remove).
+        return self._update(
+            key, lambda s: (True, REMOVE) if transitions.holds_nothing(s) and s.fence > 0 else (False, None)
+        )
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        pruned = 0
+        for state in list(self.list(namespace)):
+            if transitions.prunable(state, older_than):
                 try:
-                    reaped += self._update(state.key, lambda s: _changed(transitions.reap(s)))
+                    pruned += self._update(
+                        state.key,
+                        lambda s: (True, REMOVE) if transitions.prunable(s, older_than) else (False, None),
+                    )
                 except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
                     skip([], str(state.key), exc)
-        return reaped
+        return pruned
 
 
 def _changed(new_state: KeyState | None) -> tuple[bool, KeyState | None]:

@@ -70,7 +70,7 @@ from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import codec, decoder, redact_url, url_userinfo
-from dibs.stores.base import Listing, RecordStore, Skipped, skip
+from dibs.stores.base import Listing, RecordStore, Skipped, _Removal, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
 
@@ -231,7 +231,7 @@ class FileStore(RecordStore):
             path=str(path),
         )
 
-    def _swap(self, key: Key, version: object, new: KeyState) -> bool:
+    def _swap(self, key: Key, version: object, new: KeyState | _Removal, old: KeyState) -> bool:
         """Write ``new`` if the record still holds the bytes :meth:`_load` saw.
 
         The slow part (writing and fsyncing the temporary files) happens before the lock; under it are
@@ -240,6 +240,8 @@ class FileStore(RecordStore):
         """
         assert isinstance(version, _Version)
         record = self.record_path(key)
+        if isinstance(new, _Removal):
+            return self._remove(key, version)
         artifact = new.artifact
         publish = artifact if artifact is not None and artifact.fence != version.artifact_fence else None
         drop = version.artifact_fence is not None and (
@@ -268,6 +270,23 @@ class FileStore(RecordStore):
             _fsync_dir(record.parent)
             if drop:
                 assert version.artifact_fence is not None
+                self.artifact_path(key, version.artifact_fence).unlink(missing_ok=True)
+        return True
+
+    def _remove(self, key: Key, version: _Version) -> bool:
+        """Remove the record if it still holds the bytes :meth:`_load` saw, then its payload. The lock
+        file stays: a process may be waiting on it, and it must keep locking the same inode."""
+        record = self.record_path(key)
+        if version.raw is None:
+            return True  # no record: nothing to remove
+        with self._locked(key):
+            if _read_record(record, key) != version.raw:
+                return False
+            with _translating("remove", record):
+                record.unlink()
+        with _translating("remove", record):
+            _fsync_dir(record.parent)
+            if version.artifact_fence is not None:
                 self.artifact_path(key, version.artifact_fence).unlink(missing_ok=True)
         return True
 

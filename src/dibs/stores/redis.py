@@ -254,8 +254,13 @@ local function load_record(key, namespace, name)
 end
 
 -- Whether (fence, lease id) is the current token: a lease, not yet completed, with both parts equal.
+-- Whether decimal a < decimal b, exactly (fences go beyond what a Lua number holds exactly).
+local function fence_below(a, b)
+  return #a < #b or (#a == #b and a < b)
+end
+
 local function is_current(rec, fence, lease_id)
-  return rec ~= nil and not rec.artifact_fence and rec.lease_id == lease_id and rec.lease_fence == fence
+  return rec ~= nil and rec.lease_id == lease_id and rec.lease_fence == fence
 end
 
 local function capped_expiry(now, ttl, max_expires)
@@ -305,9 +310,12 @@ class RedisStore(Store):
 
     # KEYS[1]: the key's record hash
     # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: owner, ARGV[4]: ttl in seconds,
-    # ARGV[5]: maximum lease age in seconds, or '' for none, ARGV[6]: lease id for a new lease
+    # ARGV[5]: maximum lease age in seconds, or '' for none, ARGV[6]: lease id for a new lease,
+    # ARGV[7]: the oldest artifact the caller takes, as a maximum age in seconds, or '' for any,
+    # ARGV[8]: the lowest fencing token of an artifact the caller takes (decimal), or ''
     # Returns {'corrupt', why} or {'present'|'granted'|'held', now, took_over_from, FIELDS...}; a
-    # 'present' reply ends with the artifact payload.
+    # 'present' reply ends with the artifact payload. A stale artifact is no hit: the lease can be
+    # taken beside it, and complete replaces it.
     LUA_ACQUIRE_SCRIPT = (
         _LUA_PRELUDE
         + """
@@ -322,7 +330,12 @@ if rec == nil then
     'fence', '0', 'attempts', '0')
 end
 if rec.artifact_fence then
-  return reply('present', now, KEYS[1], false, true)
+  local created = tonumber(rec.artifact_created_at)
+  local stale = (ARGV[7] ~= '' and (tonumber(ARGV[7]) <= 0 or now - created >= tonumber(ARGV[7])))
+    or (ARGV[8] ~= '' and fence_below(rec.artifact_fence, ARGV[8]))
+  if not stale then
+    return reply('present', now, KEYS[1], false, true)
+  end
 end
 local ttl = tonumber(ARGV[4])
 local max_expires = tonumber(rec.lease_max_expires_at)
@@ -444,7 +457,9 @@ return reply('ok', now, KEYS[1], false, false)
 
     # KEYS[1]: the key's record hash
     # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: the key's notification channel,
-    # ARGV[4]: what to drop: 'lease' (force release), 'expired' (reap) or 'result' (forget)
+    # ARGV[4]: what to drop: 'lease' (force release), 'expired' (reap), 'result' (forget), 'empty'
+    # (discard: the whole record, if it holds nothing) or 'old' (prune: the whole record, if it is
+    # older than ARGV[5] seconds)
     # Returns {'corrupt', why}, {'changed'} or {'unchanged'}
     LUA_DROP_SCRIPT = (
         _LUA_PRELUDE
@@ -462,6 +477,27 @@ if ARGV[4] == 'result' then
   end
   redis.call('HDEL', KEYS[1], 'artifact_payload', unpack(GROUPS.artifact))
   redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
+elseif ARGV[4] == 'empty' then
+  -- discard: only a record that holds nothing (its fence alone) is removed
+  if rec.lease_id or rec.artifact_fence or rec.failure_count then
+    return {'unchanged'}
+  end
+  redis.call('DEL', KEYS[1])
+  return {'changed'}
+elseif ARGV[4] == 'old' then
+  -- prune (ARGV[5]: seconds): see dibs.stores.transitions.prunable
+  local limit = store_now() - tonumber(ARGV[5])
+  if rec.lease_id and tonumber(rec.lease_expires_at) >= limit then
+    return {'unchanged'}
+  end
+  if rec.artifact_fence then
+    if tonumber(rec.artifact_created_at) >= limit then
+      return {'unchanged'}
+    end
+  elseif rec.failure_count and tonumber(rec.failure_at) >= limit then
+    return {'unchanged'}
+  end
+  redis.call('DEL', KEYS[1])
 else
   if not rec.lease_id then
     return {'unchanged'}
@@ -551,7 +587,16 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         reply = self._run(self._read, key, "read", key.namespace, key.name, "1")
         return self._state(key, reply, with_payload=True)
 
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
         validate_owner(owner)
         reply = self._run(
             self._acquire,
@@ -563,6 +608,8 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             _seconds(ttl, "ttl"),
             "" if max_lease_age is None else _seconds(max_lease_age, "max_lease_age"),
             new_lease_id(),
+            "" if max_age is None else _seconds(max_age, "max_age"),
+            "" if min_fence is None else str(int(min_fence)),
         )
         status = reply[0]
         if status == b"exhausted":
@@ -675,13 +722,30 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
     def reap(self, namespace: str | None = None) -> int:
         reaped = 0
         for state in self.list(namespace):
-            if state.lease is not None and not state.lease.live_at(state.now):
+            expired = state.lease is not None and not state.lease.live_at(state.now)
+            if not (expired or transitions.holds_nothing(state)):
+                continue
+            try:
                 # The script checks expiry again on the server's clock: a holder may have renewed.
-                try:
-                    reaped += self._drop_part(state.key, "expired", "reap")
-                except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
-                    skip([], self.record_key(state.key), exc)
+                cleared = expired and self._drop_part(state.key, "expired", "reap")
+                reaped += int(self.discard(state.key) or cleared)
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self.record_key(state.key), exc)
         return reaped
+
+    def discard(self, key: Key) -> bool:
+        return self._drop_part(key, "empty", "discard")
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        pruned = 0
+        for state in self.list(namespace):
+            if not transitions.prunable(state, older_than):
+                continue
+            try:  # the script judges again, on the server's clock
+                pruned += self._drop_part(state.key, "old", "prune", _seconds(older_than, "older_than"))
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self.record_key(state.key), exc)
+        return pruned
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """Several keys in one round trip (a pipeline of read scripts), for the watch hub."""
@@ -746,8 +810,8 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             raise self._corrupt(key, self.record_key(key), printable(reply[1].decode("utf-8", "replace")))
         return reply
 
-    def _drop_part(self, key: Key, part: str, action: str) -> bool:
-        reply = self._run(self._drop, key, action, key.namespace, key.name, self.channel(key), part)
+    def _drop_part(self, key: Key, part: str, action: str, *more: str) -> bool:
+        reply = self._run(self._drop, key, action, key.namespace, key.name, self.channel(key), part, *more)
         return bool(reply[0] == b"changed")
 
     def _where(self, record_key: str) -> str:

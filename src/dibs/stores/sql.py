@@ -481,7 +481,6 @@ class SQLStore(Store):
             t.c.key_hash == p("p_key_hash"),
             t.c.fence == p("p_fence"),
             t.c.lease_id == p("p_lease_id"),
-            t.c.serializer.is_(None),
             t.c.namespace == p("p_namespace"),
             t.c.name == p("p_name"),
             t.c.owner.is_not(None),
@@ -545,6 +544,7 @@ class SQLStore(Store):
             sa.update(t).where(at_version).values(version=t.c.version + 1, failure_count=0, **no_result),
             dialect,
         )
+        self._delete_row = _Prepared(sa.delete(t).where(at_version), dialect)
 
         released = (t.c.version, t.c.version + 1)
         self._release = _Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
@@ -617,13 +617,24 @@ class SQLStore(Store):
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
         validate_owner(owner)
 
         def attempt(cursor: Any) -> StoreOutcome:
             for _ in range(16):
                 state, version = self._read(cursor, key)
-                outcome, new_state = transitions.acquire(state, owner, ttl, max_lease_age)
+                outcome, new_state = transitions.acquire(
+                    state, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
+                )
                 if new_state is None or self._swap(cursor, key, version, new_state):
                     return outcome
             raise StoreUnavailable(
@@ -785,19 +796,37 @@ class SQLStore(Store):
     def reap(self, namespace: str | None = None) -> int:
         reaped = 0
         for state in self.list(namespace):
-            if state.lease is None or state.lease.live_at(state.now):
+            expired = state.lease is not None and not state.lease.live_at(state.now)
+            if not (expired or transitions.holds_nothing(state)):
                 continue
             try:
                 # The statement checks expiry again on the database's clock: the holder may have renewed.
-                reaped += self._repair(
+                cleared = expired and self._repair(
                     state.key,
                     lambda s: s.lease is not None and not s.lease.live_at(s.now),
                     self._reap_expired,
                     "reap",
                 )
+                reaped += int(self.discard(state.key) or cleared)
             except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
                 skip([], self._where(state.key.digest), exc)
         return reaped
+
+    def discard(self, key: Key) -> bool:
+        return self._repair(key, transitions.holds_nothing, self._delete_row, "discard")
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        pruned = 0
+        for state in self.list(namespace):
+            if not transitions.prunable(state, older_than):
+                continue
+            try:
+                pruned += self._repair(
+                    state.key, lambda s: transitions.prunable(s, older_than), self._delete_row, "prune"
+                )
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self._where(state.key.digest), exc)
+        return pruned
 
     # -- the watch hub ------------------------------------------------------------------------------
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:

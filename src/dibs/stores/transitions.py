@@ -5,11 +5,16 @@ these functions between their read and their compare-and-swap. Stores that decid
 service (SQL statements, Redis Lua) implement the same rules natively, and the shared contract suite
 holds every store to the behaviour written here. The rules are the contract's:
 
-* ``acquire``: an artifact wins; a live lease of another owner is *held*; the same owner re-enters
-  its own lease (same fence, expiry extended); otherwise the key changes hands and the fence goes up.
+* ``acquire``: a fresh artifact wins (see :meth:`~dibs.records.ArtifactRecord.is_fresh`: a caller may
+  ask for one younger than a maximum age, or made after its refresh began); a live lease of another
+  owner is *held*; the same owner re-enters its own lease (same fence, expiry extended); otherwise the
+  key changes hands and the fence goes up. A stale artifact stays until ``complete`` replaces it.
 * ``heartbeat``/``complete``/``release`` are accepted only while the caller's token (fence + lease
   id) is the current one; an expired lease that nobody took over is still current.
 * A maximum lease age caps every extension, including re-entries.
+* ``discard`` removes a record that holds nothing (no lease, artifact or failure), and ``prunable``
+  says which records ``prune`` removes; a removed key starts again from fence 0, which is safe: every
+  token also carries a random lease id that no new record can match.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ __all__ = [
     "force_release",
     "forget",
     "heartbeat",
+    "holds_nothing",
+    "prunable",
     "reap",
     "release",
 ]
@@ -60,11 +67,15 @@ def acquire(
     ttl: float,
     max_lease_age: float | None,
     make_lease_id: Callable[[], str] = new_lease_id,
+    *,
+    max_age: float | None = None,
+    min_fence: int | None = None,
 ) -> tuple[StoreOutcome, KeyState | None]:
     """Decide one ``get_or_reserve``: the outcome, and the new state to write (``None``: write nothing)."""
     now = state.now
-    if state.artifact is not None:
-        return Present(state.artifact), None
+    artifact = state.artifact
+    if artifact is not None and artifact.is_fresh(now, max_age=max_age, min_fence=min_fence):
+        return Present(artifact), None
     lease = state.lease
     if (
         lease is not None
@@ -109,13 +120,13 @@ def fence_exhausted(key: Key, fence: int) -> CorruptRecord:
 def explain_lost(state: KeyState, token: LeaseToken, action: str) -> LeaseLost:
     """The :class:`LeaseLost` for a write with a stale ``token``: says who has the key now, if anyone."""
     key = state.key
-    if state.artifact is not None:
-        why = f"the key was already completed by {state.artifact.producer!r} (token {state.artifact.fence})"
-    elif state.lease is not None and state.lease.token != token:
+    if state.lease is not None and state.lease.token != token:
         why = (
             f"it was taken over by {state.lease.owner!r} with token {state.lease.token.fence} "
             f"(attempt {state.lease.attempt})"
         )
+    elif state.artifact is not None and state.lease is None:
+        why = f"the key was already completed by {state.artifact.producer!r} (token {state.artifact.fence})"
     elif state.lease is not None:
         why = "the lease reached its maximum age"
     else:
@@ -130,8 +141,8 @@ def explain_lost(state: KeyState, token: LeaseToken, action: str) -> LeaseLost:
 
 def _current(state: KeyState, token: LeaseToken) -> LeaseRecord | None:
     lease = state.lease
-    if state.artifact is None and lease is not None and lease.token == token:
-        return lease
+    if lease is not None and lease.token == token:
+        return lease  # also beside a stale artifact, which its complete replaces
     return None
 
 
@@ -191,6 +202,26 @@ def reap(state: KeyState) -> KeyState | None:
     if state.lease is None or state.lease.live_at(state.now):
         return None
     return dataclasses.replace(state, lease=None)
+
+
+def holds_nothing(state: KeyState) -> bool:
+    """No lease, no artifact, no failure: a record only its fence distinguishes from no record."""
+    return state.lease is None and state.artifact is None and state.failure is None
+
+
+def prunable(state: KeyState, older_than: float) -> bool:
+    """Whether ``prune`` removes this record: nobody holds it (or its lease ended ``older_than``
+    seconds ago), and what it keeps is that old: an artifact made before, a failure recorded before,
+    or nothing at all."""
+    limit = state.now - older_than
+    lease = state.lease
+    if lease is not None and lease.expires_at >= limit:
+        return False
+    if state.artifact is not None:
+        return state.artifact.created_at < limit
+    if state.failure is not None:
+        return state.failure.at < limit
+    return True
 
 
 def empty(key: Key, now: float) -> KeyState:
