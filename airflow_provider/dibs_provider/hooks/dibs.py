@@ -38,13 +38,13 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook, Connection
-from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
 
 from dibs import AsyncReservations, ConfigurationError, Reservations
 from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
 from dibs.keys import validate_namespace
 from dibs.stores import STORE_SCHEMES, redact_url
+from dibs_provider._compat import AirflowNotFoundException
 
 __all__ = ["DEFAULT_CONN_ID", "DibsHook", "DibsSettings", "settings_from_connection"]
 
