@@ -1,7 +1,7 @@
-"""What the tests need from Airflow, wherever the installed release keeps it (3.1 to the newest).
+"""What the tests need from Airflow, wherever the installed release keeps it (3.1.8 to the newest).
 
-The provider supports Airflow 3.1 and later; CI runs the suite on the locked (newest) release and on
-the oldest one. Airflow 3.2 moved these; only the tests use them.
+The provider supports Airflow 3.1.8 and later; CI runs the suite on the locked (newest) release and on
+the oldest one (scripts/matrix). Airflow 3.2 moved these; only the tests use them.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db
     good = airflow("connections", "test", "dibs_cli")
     assert good.returncode == 0 and "Connection success" in good.stdout, good.stdout + good.stderr
     bad = airflow("connections", "test", "dibs_bad")
-    if Version("3.2") <= AIRFLOW_VERSION:  # Airflow 3.1's CLI exits 0 after "Connection failed!"
+    if Version("3.3") <= AIRFLOW_VERSION:  # before 3.3, the CLI exits 0 after "Connection failed!"
         assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "Connection failed!" in bad.stdout, bad.stdout + bad.stderr
     assert "dibs connection 'dibs_bad': extra 'ttl' must be a finite number" in bad.stdout
