@@ -87,6 +87,9 @@ class Airflow:
         env.update(
             AIRFLOW_HOME=str(tmp_path / "airflow"),
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=metadata_url,
+            # No idle pooled connections: four components and their workers would otherwise hold
+            # dozens of a shared server's connections for the length of the test.
+            AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED="False",
             AIRFLOW__CORE__EXECUTOR="LocalExecutor",
             AIRFLOW__CORE__PARALLELISM="8",
             AIRFLOW__CORE__DAGS_FOLDER=str(HERE / "e2e_dags"),

@@ -31,10 +31,11 @@ def _append(name: str, line: str) -> None:
 
 
 # A SIGKILLed holder is taken over about 6 s after its last heartbeat. Retries as in production: the
-# killed holder's run retries after the takeover (and finds the artifact), and a waiter that Airflow
+# killed holder's run retries well after the takeover (and finds the artifact; retrying before it,
+# the holder would re-enter its own lease, as a retry should), and a waiter that Airflow
 # fails by mistake (a trigger that fires before the scheduler has seen the deferral's exit: see
 # apache/airflow#66374 and #72716) retries instead of failing its DAG run.
-@task.reserved(ttl=6, retries=2, retry_delay=dt.timedelta(seconds=20))
+@task.reserved(ttl=6, retries=2, retry_delay=dt.timedelta(seconds=30))
 def build_features(scenario: str) -> dict[str, Any]:
     _append(f"executions-{scenario}.txt", str(os.getpid()))
     gate = Path(os.environ["DIBS_E2E_DIR"]) / f"gate-{scenario}"
