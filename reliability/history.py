@@ -176,10 +176,19 @@ class RecordingStore(Store):
         self.recorder.emit("read", key=key.name, t0=t0, t1=now(), result="ok", **_state_fields(state))
         return state
 
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
         t0 = now()
         try:
-            outcome = self.inner.acquire(key, owner, ttl, max_lease_age)
+            outcome = self.inner.acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
         except Exception as exc:
             self._failed("acquire", key, t0, exc, owner=owner)
             raise
@@ -278,6 +287,15 @@ class RecordingStore(Store):
         changed = self.inner.forget(key)
         self.recorder.emit("forget", key=key.name, t0=t0, t1=now(), result="ok", changed=changed)
         return changed
+
+    def discard(self, key: Key) -> bool:
+        t0 = now()
+        changed = self.inner.discard(key)
+        self.recorder.emit("discard", key=key.name, t0=t0, t1=now(), result="ok", changed=changed)
+        return changed
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        return self.inner.prune(namespace, older_than)
 
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         return self.inner.list(namespace)
@@ -520,7 +538,10 @@ def _check_exclusion(
 
 
 def _check_fencing(leases: dict[str, dict[tuple[int, str], _Lease]], out: list[Violation]) -> None:
-    """A grant that starts after another one returned must carry a strictly greater fence."""
+    """A grant that starts after another one returned must carry a strictly greater fence.
+
+    Histories hold no record removals: a removed record starts again from fence 0 (``discard``,
+    ``prune`` and ``reap`` remove only records without a live lease), and no scenario removes one."""
     for key, tokens in leases.items():
         grants = sorted((lease.first_grant for lease in tokens.values()), key=lambda e: e["t0"])
         for i, later in enumerate(grants):

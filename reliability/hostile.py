@@ -391,21 +391,33 @@ def _fuzzed_keys(cases: Cases) -> None:
         one(namespace, "a")
 
 
+#: Every name the file store gives a file or folder: derived from a key's digest, never from the key.
+#: A file is written under a hidden temporary name beside its final one and renamed into place; a
+#: writer SIGKILLed in between (the kill and pause scenarios run on the same folder before this one)
+#: leaves that ``.<name>.<random>.tmp`` behind, as the file store documents: named from the digest
+#: like every other file, so no path traversal.
+_FILE_NAME = r"(dibs-store\.json|[0-9a-f]{64}(\.json|\.lock|-\d+\.bin))"
+_STORE_NAMES = re.compile(
+    rf"(records|artifacts|locks|[0-9a-f]{{2}}|{_FILE_NAME}|\.{_FILE_NAME}\.[0-9a-f]{{16}}\.tmp)"
+)
+
+
+def stray_files(folder: Path) -> list[Path]:
+    """Paths below ``folder`` (which holds the file store in ``store/``) that the store did not name."""
+    stray = []
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if relative.parts[0] != "store" or not all(_STORE_NAMES.fullmatch(p) for p in relative.parts[1:]):
+            stray.append(relative)
+    return stray
+
+
 def _no_paths_outside(cases: Cases) -> None:
     """Keys never become paths: the file store's folder and the Azure container hold only digests."""
     target = cases.run.target
-    # Hidden ``.<name>.<random>.tmp`` files are what a writer killed between staging and renaming
-    # leaves (the SIGKILL scenario runs on the same store first); their names come from digests too.
-    digest_names = re.compile(
-        r"(dibs-store\.json|records|artifacts|locks|[0-9a-f]{2}|"
-        r"\.?[0-9a-f]{64}(\.json|\.lock|-\d+\.bin)(\.[0-9a-f]{16}\.tmp)?)"
-    )
     if target.name == "file":
-        folder: Path = target.folder  # type: ignore[attr-defined]
-        for path in folder.rglob("*"):
-            relative = path.relative_to(folder)
-            if relative.parts[0] != "store" or not all(digest_names.fullmatch(p) for p in relative.parts[1:]):
-                cases.violation("no path traversal", None, f"unexpected file in the store folder: {relative}")
+        for relative in stray_files(target.folder):  # type: ignore[attr-defined]
+            cases.violation("no path traversal", None, f"unexpected file in the store folder: {relative}")
     if target.name == "azure":
         container = cases.store._container  # type: ignore[attr-defined]
         pattern = re.compile(r"rel/(records/[0-9a-f]{64}|artifacts/[0-9a-f]{64}-\d+-[0-9a-f]{32})")

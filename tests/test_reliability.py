@@ -79,3 +79,31 @@ def test_reduced_clock_skew_finds_no_unexpected_violation(
     assert result.figures["measured_skew_seconds"] == pytest.approx(scenarios.SKEW_SECONDS, abs=30)
     if not target.local_clock:
         assert not result.expected  # only the local-clock stores have a documented limit here
+
+
+def test_the_folder_check_accepts_what_a_killed_writer_leaves_and_flags_names_made_from_keys(
+    tmp_path: Path,
+) -> None:
+    """The hostile scenario's "no path traversal" check runs on the folder that the kill scenario
+    used: a writer SIGKILLed between staging a record and renaming it leaves its hidden ``.tmp`` file
+    there (harmless, documented by the file store). That is no violation; a key-named file is."""
+    from reliability.hostile import stray_files
+
+    from dibs.keys import Key
+    from dibs.stores.filesystem import FileStore
+
+    store = FileStore(tmp_path / "store")
+    key = Key("rel.hostile", "features-2026-11-25")
+    store.acquire(key, "someone", 60, None)
+    FileStore._stage(store.record_path(key), b"{}")  # a writer killed before its rename stops here
+    FileStore._stage(store.artifact_path(key, 1), b"payload")
+    assert stray_files(tmp_path) == []
+
+    (store.root / "records" / "features-2026-11-25.json").write_text("{}")
+    (store.root / "records" / f".{key.name}.json.0123456789abcdef.tmp").write_text("{}")
+    (tmp_path / "outside").write_text("")
+    assert stray_files(tmp_path) == [
+        Path("outside"),
+        Path("store/records/.features-2026-11-25.json.0123456789abcdef.tmp"),
+        Path("store/records/features-2026-11-25.json"),
+    ]

@@ -10,7 +10,7 @@ Register the block type with ``prefect block register -m prefect_dibs``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Optional
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from prefect.blocks.core import Block
@@ -65,7 +65,9 @@ class DibsStore(Block):
         ),
         examples=["postgresql+psycopg://dibs@db.internal/dibs"],
     )
-    password: SecretStr | None = Field(
+    # Optional[...], not "SecretStr | None": early Prefect 3.4 releases find secret fields only in a
+    # typing.Union, and would otherwise show these values in its API and UI.
+    password: Optional[SecretStr] = Field(  # noqa: UP045
         default=None,
         description="Password inserted into the URL (PostgreSQL, MySQL, Redis); stored encrypted.",
     )
@@ -104,7 +106,7 @@ class DibsStore(Block):
         default="json",
         description="Artifact format. 'pickle' needs a signing key, so readers never run forged data.",
     )
-    signing_key: SecretStr | None = Field(
+    signing_key: Optional[SecretStr] = Field(  # noqa: UP045 (see password)
         default=None, description="HMAC key for the 'pickle' serializer; stored encrypted."
     )
     max_failures: int | None = Field(

@@ -49,9 +49,9 @@ def run_dags(
 
     import datetime as dt
 
-    from airflow.dag_processing.dagbag import DagBag
+    from tests.airflow.compat import dag_bag
 
-    bag = DagBag(dags_folder)
+    bag = dag_bag(dags_folder)
     ok = True
     for dag_id, day in runs:
         dag = bag.dags.get(dag_id)

@@ -20,9 +20,9 @@ pytest.importorskip("airflow")
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 import dibs
+from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.operators.reserved import (
     OUTCOME_XCOM_KEY,
     ReservedPythonOperator,

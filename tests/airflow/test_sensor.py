@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("airflow")
 
 from airflow.sdk import PokeReturnValue
-from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
 import dibs
+from dibs_provider._compat import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 from dibs_provider.sensors.reservation import ReservationSensor
 from dibs_provider.triggers.reservation import ReservationTrigger
 

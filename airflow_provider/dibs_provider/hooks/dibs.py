@@ -49,14 +49,15 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook, Connection
-from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
+from asgiref.sync import sync_to_async
 
 from dibs import AsyncReservations, ConfigurationError, Reservations, Settings
 from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
 from dibs.keys import validate_namespace
 from dibs.runtime import runtime
 from dibs.stores import STORE_SCHEMES, hide_secrets, redact_url, url_secrets
+from dibs_provider._compat import AirflowNotFoundException
 
 __all__ = ["DEFAULT_CONN_ID", "DibsHook", "DibsSettings", "settings_from_connection"]
 
@@ -395,7 +396,11 @@ class DibsHook(BaseHook):
         except AirflowNotFoundException as exc:
             self._missing(exc)
             conn = None
-        return await runtime().io(self._settings_from, conn)
+        # asgiref's thread, not asyncio.to_thread: Airflow before 3.3 routes a worker thread's blocking
+        # supervisor call back to the triggerer's loop only from an asgiref thread; from any other it
+        # talks to the supervisor concurrently with the loop and the triggerer dies ("Response read
+        # out of order").
+        return await sync_to_async(self._settings_from)(conn)
 
     @property
     def wait_timeout(self) -> float | None:

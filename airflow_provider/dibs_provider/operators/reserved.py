@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
-from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 from dibs import Acquired, Busy, Hit, Reservations
 from dibs.config import validate_seconds
@@ -55,6 +54,7 @@ from dibs.errors import (
 )
 from dibs.holding import failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
+from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.triggers.reservation import (
     ReservationEvent,

@@ -1,0 +1,64 @@
+"""The DAG of the end-to-end test (tests/airflow/test_deployment.py), written as a user writes one.
+
+Each run builds the features of ``dag_run.conf["scenario"]`` with ``@task.reserved``: runs of one
+scenario share the key, so one computes and the others defer until it is stored. The expensive task
+records the pid of its task process in ``executions-<scenario>.txt`` (so the test can count
+computations, and SIGKILL a holder) and holds the key until the test creates ``gate-<scenario>``.
+``record`` appends what its run received, and how (the ``dibs_outcome`` XCom), to
+``results-<scenario>.jsonl``. The files live in ``DIBS_E2E_DIR``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import dag, task
+
+from dibs_provider.operators.reserved import OUTCOME_XCOM_KEY
+
+HOLD_AT_MOST = 300.0  # seconds: a holder never blocks longer, even if the test died
+
+
+def _append(name: str, line: str) -> None:
+    with open(Path(os.environ["DIBS_E2E_DIR"]) / name, "a") as out:  # O_APPEND: one line per write
+        out.write(line + "\n")
+
+
+# A SIGKILLed holder is taken over about 6 s after its last heartbeat. Retries as in production: the
+# killed holder's run retries well after the takeover (and finds the artifact; retrying before it,
+# the holder would re-enter its own lease, as a retry should), and a waiter that Airflow
+# fails by mistake (a trigger that fires before the scheduler has seen the deferral's exit: see
+# apache/airflow#66374 and #72716) retries instead of failing its DAG run.
+@task.reserved(ttl=6, retries=2, retry_delay=dt.timedelta(seconds=30))
+def build_features(scenario: str) -> dict[str, Any]:
+    _append(f"executions-{scenario}.txt", str(os.getpid()))
+    gate = Path(os.environ["DIBS_E2E_DIR"]) / f"gate-{scenario}"
+    deadline = time.monotonic() + HOLD_AT_MOST
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"scenario": scenario, "rows": 42, "built_by": os.getpid()}
+
+
+def _plain(value: Any) -> Any:
+    """The outcome's lease token (a dataclass) as JSON."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
+
+
+@dag(dag_id="dibs_e2e", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False)
+def dibs_e2e() -> None:
+    @task
+    def record(value: dict[str, Any], ti: Any = None) -> None:
+        outcome = ti.xcom_pull(task_ids="build_features", key=OUTCOME_XCOM_KEY)
+        line = {"run_id": ti.run_id, "value": value, "outcome": outcome}
+        _append(f"results-{value['scenario']}.jsonl", json.dumps(line, default=_plain))
+
+    record(build_features("{{ dag_run.conf['scenario'] }}"))
+
+
+dibs_e2e()

@@ -1,0 +1,246 @@
+"""End to end, the way Airflow is deployed: every component a process of its own, metadata on PostgreSQL.
+
+``airflow scheduler`` (LocalExecutor), ``airflow dag-processor``, ``airflow triggerer`` and
+``airflow api-server`` (which task processes report to) run from one ``AIRFLOW_HOME`` against a fresh
+PostgreSQL database created for the run and dropped after it; the dibs store is a ``dibs_default``
+connection on that same PostgreSQL database. The DAG (``e2e_dags/dibs_e2e.py``) uses
+``@task.reserved``; runs are triggered with ``airflow dags trigger``, as a user would, and the test
+reads their progress from the metadata database.
+
+* Concurrent DAG runs share one computation: one run computes, the others reach ``deferred`` (no
+  worker slot held), resume when the artifact is stored, and all end with the same value.
+* A holder whose task process is SIGKILLed is taken over by one waiter after the lease's ttl; every
+  waiting run ends with the taker's value.
+
+CI runs 3 DAG runs per scenario; ``DIBS_FULL=1`` runs 6.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from tests.components import Components, free_port, run_at_once
+from tests.services import full_size, unavailable
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+DAG_ID = "dibs_e2e"
+RUNS = 6 if full_size() else 3
+TERMINAL = ("success", "failed")
+
+
+def _libpq(url: str) -> str:
+    """A SQLAlchemy URL (``postgresql+psycopg://...``) as psycopg's own connection string."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme.split('+')[0]}://{rest}"
+
+
+@pytest.fixture
+def metadata_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this run's metadata (and dibs store); dropped after it."""
+    base = os.environ.get("DIBS_TEST_POSTGRES_URL")
+    if not base:
+        unavailable("DIBS_TEST_POSTGRES_URL is not set: the Airflow deployment needs a PostgreSQL server")
+    try:
+        import psycopg
+    except ImportError:
+        unavailable("psycopg is not installed (pip install 'dibs[postgres]')")
+
+    name = f"dibs_airflow_e2e_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(_libpq(base), autocommit=True)
+    except psycopg.OperationalError as exc:
+        unavailable(f"PostgreSQL at DIBS_TEST_POSTGRES_URL is unreachable: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield base.rsplit("/", 1)[0] + "/" + name
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class Airflow:
+    """One Airflow deployment: the environment of its processes and a view of its metadata."""
+
+    def __init__(self, tmp_path: Path, metadata_url: str) -> None:
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        self.port = free_port()
+        self.metadata_url = metadata_url
+        store = {"conn_type": "dibs", "extra": {"store_url": metadata_url, "namespace": "e2e"}}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DIBS_STORE_URL"))}
+        env.update(
+            AIRFLOW_HOME=str(tmp_path / "airflow"),
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=metadata_url,
+            # No idle pooled connections: four components and their workers would otherwise hold
+            # dozens of a shared server's connections for the length of the test.
+            AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED="False",
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__PARALLELISM="8",
+            AIRFLOW__CORE__DAGS_FOLDER=str(HERE / "e2e_dags"),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{self.port}/execution/",
+            AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{self.port}",
+            AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16),
+            AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
+            AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME="0.5",
+            AIRFLOW_CONN_DIBS_DEFAULT=json.dumps(store),
+            DIBS_E2E_DIR=str(self.work),
+            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        )
+        self.env = env
+
+    def sql(self, query: str, *args: Any) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(_libpq(self.metadata_url)) as conn:
+            return list(conn.execute(query, args).fetchall())
+
+    def task_states(self, run_ids: list[str]) -> dict[str, str | None]:
+        rows = self.sql(
+            "SELECT run_id, state FROM task_instance WHERE dag_id = %s AND task_id = 'build_features'"
+            " AND run_id = ANY(%s)",
+            DAG_ID,
+            run_ids,
+        )
+        return dict(rows)
+
+    def finished(self, run_ids: list[str]) -> dict[str, str] | None:
+        """The final state of every run, once all of them have one."""
+        query = "SELECT run_id, state FROM dag_run WHERE dag_id = %s AND run_id = ANY(%s)"
+        states: dict[str, str] = dict(self.sql(query, DAG_ID, run_ids))  # type: ignore[arg-type]
+        done = len(states) == len(run_ids) and all(state in TERMINAL for state in states.values())
+        return states if done else None
+
+    def deferred_while_computing(self, run_ids: list[str], computing: int) -> bool:
+        """``computing`` of the runs' reserved tasks are running, every other one is deferred."""
+        states = sorted(self.task_states(run_ids).values(), key=str)
+        return states == ["deferred"] * (len(run_ids) - computing) + ["running"] * computing
+
+    def trigger(self, scenario: str, run_ids: list[str]) -> None:
+        conf = json.dumps({"scenario": scenario})
+        run_at_once(
+            [[AIRFLOW, "dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf] for run_id in run_ids],
+            self.env,
+            REPO,
+        )
+
+    def lines(self, name: str) -> list[str]:
+        path = self.work / name
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Components]]:
+    deployment = Airflow(tmp_path, metadata_url)
+    components = Components(tmp_path / "logs", REPO)
+    migrated = run_at_once([[AIRFLOW, "db", "migrate"]], deployment.env, REPO)
+    assert migrated, "airflow db migrate printed nothing"
+    try:
+        components.start(
+            "api-server", [AIRFLOW, "api-server", "--port", str(deployment.port)], deployment.env
+        )
+        components.start("scheduler", [AIRFLOW, "scheduler"], deployment.env)
+        components.start("dag-processor", [AIRFLOW, "dag-processor"], deployment.env)
+        components.start("triggerer", [AIRFLOW, "triggerer"], deployment.env)
+        try:
+            components.wait_until(
+                lambda: deployment.sql("SELECT 1 FROM serialized_dag WHERE dag_id = %s", DAG_ID),
+                "the dag-processor to parse the DAG",
+                bound=180,
+            )
+        except pytest.fail.Exception as exc:
+            unavailable(f"the Airflow deployment did not come up: {exc}")
+        yield deployment, components
+    finally:
+        components.stop_all()
+
+
+def _results(deployment: Airflow, scenario: str) -> dict[str, dict[str, Any]]:
+    return {r["run_id"]: r for r in map(json.loads, deployment.lines(f"results-{scenario}.jsonl"))}
+
+
+def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
+    airflow: tuple[Airflow, Components],
+) -> None:
+    deployment, components = airflow
+
+    # 1. Concurrent runs: one computes, the others defer, then resume with its artifact.
+    shared = [f"share-{i}" for i in range(RUNS)]
+    deployment.trigger("share", shared)
+    components.wait_until(lambda: deployment.lines("executions-share.txt"), "one run to start computing")
+    components.wait_until(
+        lambda: deployment.deferred_while_computing(shared, computing=1),
+        f"{RUNS - 1} runs to defer while one computes",
+    )
+    (deployment.work / "gate-share").touch()
+    states = components.wait_until(lambda: deployment.finished(shared), f"{RUNS} DAG runs to finish")
+    assert states == dict.fromkeys(shared, "success"), components.tails()
+    (builder,) = deployment.lines("executions-share.txt")  # one computation for every run
+    _assert_one_computation(deployment, "share", shared, builder, fence=1)
+
+    # 2. The holder's task process is SIGKILLed while the others are deferred: one of them takes over.
+    holder_run, waiting = "kill-holder", [f"kill-{i}" for i in range(1, RUNS)]
+    deployment.trigger("kill", [holder_run])
+    (victim,) = components.wait_until(lambda: deployment.lines("executions-kill.txt"), "the holder")
+    deployment.trigger("kill", waiting)
+    components.wait_until(
+        lambda: deployment.deferred_while_computing(waiting, computing=0),
+        f"{RUNS - 1} runs to defer on the holder",
+    )
+    os.kill(int(victim), signal.SIGKILL)
+    (deployment.work / "gate-kill").touch()  # the taker's computation may finish at once
+    every = [holder_run, *waiting]
+    states = components.wait_until(
+        lambda: deployment.finished(every), f"{RUNS} runs to finish after the kill"
+    )
+    # The holder's run too: its retry finds the taker's artifact.
+    assert states == dict.fromkeys(every, "success"), components.tails()
+    dead, taker = deployment.lines("executions-kill.txt")  # the killed holder, then exactly one taker
+    assert dead == victim and taker != victim
+    computed = _assert_one_computation(deployment, "kill", every, taker, fence=2)
+    assert computed["run_id"] in waiting  # a waiter took over, not the holder's own retry
+    assert computed["outcome"]["took_over_from"] == f"{DAG_ID}/{holder_run}/build_features/-1"
+    retried = deployment.sql(
+        "SELECT run_id FROM task_instance WHERE dag_id = %s AND try_number > 1 AND run_id <> %s",
+        DAG_ID,
+        holder_run,
+    )
+    print(f"waiters that Airflow failed by mistake and retried: {sorted(r[0] for r in retried)}")
+
+
+def _assert_one_computation(
+    deployment: Airflow, scenario: str, run_ids: list[str], builder: str, fence: int
+) -> dict[str, Any]:
+    """Every run received the artifact that ``builder`` computed: one run computed it (under lease
+    ``fence``), every other one waited for it or, on a retry after it was stored, found it."""
+    results = _results(deployment, scenario)
+    assert sorted(results) == sorted(run_ids)
+    expected = {"scenario": scenario, "rows": 42, "built_by": int(builder)}
+    assert [r["value"] for r in results.values()] == [expected] * len(run_ids)
+    (computed,) = [r for r in results.values() if r["outcome"]["role"] == "computed"]
+    waited_on = {computed["outcome"]["owner"], computed["outcome"].get("took_over_from")}
+    for result in results.values():
+        outcome = result["outcome"]
+        assert outcome["key"] == computed["outcome"]["key"] and outcome["token"] == fence
+        assert outcome["role"] in ("computed", "waited", "hit")
+        assert outcome["producer"] == computed["outcome"]["owner"]
+        if outcome["role"] == "waited":  # on the producer, or on the holder it took over from
+            assert outcome["waited_on"] in waited_on and outcome["deferrals"] >= 1
+    return computed
