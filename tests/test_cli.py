@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -203,6 +204,7 @@ EXIT_STATUSES = {
     "release": {"0", "1", "2", "65", "69", "130"},
     "forget": {"0", "1", "2", "65", "69", "130"},
     "reap": {"0", "2", "65", "69", "130"},
+    "prune": {"0", "2", "65", "69", "130"},
 }
 
 
@@ -289,15 +291,91 @@ def test_ls_show_release_forget_reap(store: str) -> None:
     assert table.splitlines()[0].split() == ["NAMESPACE", "KEY", "STATUS", "HOLDER", "TOKEN", "DETAIL"]
     assert "done-key" in table
 
-    assert dibs("forget", "done-key", store=store).stdout.strip() == "forgotten"
+    assert dibs("forget", "done-key", store=store).stdout.strip() == "done-key: forgotten"
     assert dibs("forget", "done-key", store=store, check=False).returncode == 1
-    assert dibs("release", "done-key", store=store, check=False).stdout.strip() == "no lease to release"
-    assert dibs("release", "held-key", store=store).stdout.strip() == "released"
-    assert json.loads(dibs("show", "held-key", "--json", store=store).stdout)["status"] == "free"
-    assert json.loads(dibs("reap", "--json", store=store).stdout) == {"reaped": 0}
     assert (
-        json.loads(dibs("ls", "--json", store=store).stdout) == []
-    )  # forgotten and released: nothing to list
+        dibs("release", "done-key", store=store, check=False).stdout.strip()
+        == "done-key: no lease to release"
+    )
+    assert dibs("release", "held-key", store=store).stdout.strip() == "held-key: released"
+    assert json.loads(dibs("show", "held-key", "--json", store=store).stdout)["status"] == "free"
+    # Forgotten and released, both records hold nothing: reap removes them, and ls has nothing to list.
+    assert json.loads(dibs("reap", "--json", store=store).stdout) == {"reaped": 2}
+    assert json.loads(dibs("ls", "--json", store=store).stdout) == []
+    assert dibs("show", "held-key", store=store, check=False).returncode == 1  # no record at all now
+
+
+def test_readable_names_select_keys_and_name_one_key_or_list_the_candidates(store: str) -> None:
+    names = ["load@1/aaaa1111", "load@2/bbbb2222", "load@2/bbbb3333", "loader/cccc4444"]
+    for name in names:
+        dibs("run", "--key", name, "--", "echo", name, store=store)
+
+    def listed(*pattern: str) -> list[str]:
+        return [row["key"] for row in json.loads(dibs("ls", *pattern, "--json", store=store).stdout)]
+
+    assert listed("load") == names[:3]  # every version of load, not loader
+    assert listed("load@2") == names[1:3]
+    assert listed("load@2/bbbb3") == [names[2]]
+    assert listed("load*") == names
+    assert listed("nothing-like-it") == []
+
+    ambiguous = dibs("forget", "load@2", store=store, check=False)
+    assert ambiguous.returncode == 2, ambiguous.stderr
+    assert "'load@2' names 2 keys in namespace 'default'" in ambiguous.stderr
+    assert "load@2/bbbb2222, load@2/bbbb3333" in ambiguous.stderr
+    assert listed() == names  # nothing was forgotten
+
+    assert dibs("forget", "load@2/bbbb3", store=store).stdout == "load@2/bbbb3333: forgotten\n"
+    assert (
+        json.loads(dibs("show", "loader", "--json", store=store).stdout)["key"] == "default/loader/cccc4444"
+    )
+    assert listed() == [names[0], names[1], names[3]]
+
+
+def test_prune_removes_old_artifacts_and_failures_never_a_held_key(store: str) -> None:
+    dibs("run", "--key", "done", "--", "echo", "x", store=store)
+    dibs("run", "--key", "failed", "--", "false", store=store, check=False)
+    lib.Reservations(store, ttl=600).get_or_reserve("held", owner="worker-1")
+
+    assert dibs("prune", "--older-than", "1h", store=store).stdout == "pruned 0 record(s) older than 1h 00m\n"
+    dry = json.loads(dibs("prune", "--older-than", "0", "--dry-run", "--json", store=store).stdout)
+    assert dry == {"would_prune": ["default/done", "default/failed"]}
+    assert len(json.loads(dibs("ls", "--json", store=store).stdout)) == 3  # a dry run removes nothing
+
+    assert json.loads(dibs("prune", "--older-than", "0s", "--json", store=store).stdout) == {"pruned": 2}
+    assert [row["key"] for row in json.loads(dibs("ls", "--json", store=store).stdout)] == ["held"]
+
+    bad = dibs("prune", "--older-than", "3 fortnights", store=store, check=False)
+    assert bad.returncode == 2 and "expected a duration such as 90 (seconds)" in bad.stderr, bad.stderr
+    assert "'3 fortnights'" in bad.stderr
+
+
+def test_run_refresh_and_max_age_compute_again_and_replace_the_stored_output(
+    store: str, tmp_path: Path
+) -> None:
+    assert dibs("run", "--key", "k", "--", "echo", "one", store=store).stdout == "one\n"
+    assert dibs("run", "--key", "k", "--max-age", "1h", "--", "echo", "two", store=store).stdout == "one\n"
+    zero = dibs("run", "--key", "k", "--max-age", "0", "--", "echo", "two", store=store, check=False)
+    assert zero.returncode == 2 and "--max-age: expected a duration greater than 0, got '0'" in zero.stderr
+    time.sleep(1.2)  # the artifact is now older than a second, by any clock
+    assert dibs("run", "--key", "k", "--max-age", "1s", "--", "echo", "two", store=store).stdout == "two\n"
+    assert dibs("run", "--key", "k", "--refresh", "--", "echo", "three", store=store).stdout == "three\n"
+    assert dibs("run", "--key", "k", "--", "echo", "four", store=store).stdout == "three\n"
+
+    # Concurrent refreshes compute once, and every one of them prints the new output.
+    log = tmp_path / "refreshes.log"
+    script = (
+        f"import pathlib, time; pathlib.Path({str(log)!r}).open('a').write('ran\\n'); "
+        "time.sleep(1.5); print('five')"
+    )
+    command = [*DIBS, "run", "--store", store, "--key", "k", "--refresh", "--", sys.executable, "-c", script]
+    runs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0] * 4, [err for _, err in outputs]
+    assert log.read_text() == "ran\n"
+    assert [out for out, _ in outputs] == ["five\n"] * 4
 
 
 def test_ls_wraps_details_at_word_boundaries_and_leaves_forgotten_keys_out(store: str) -> None:

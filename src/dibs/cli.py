@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from dibs import __version__
+from dibs._cli import names
 from dibs._cli.console import Console
 from dibs._cli.stops import Stopped, StopSignals
-from dibs._cli.text import duration, instant, print_table, size
+from dibs._cli.text import duration, instant, parse_duration, print_table, size
 from dibs.client import Reservations
 from dibs.config import STORE_URL_ENV
 from dibs.display import printable
@@ -39,6 +40,7 @@ from dibs.errors import (
     WaitTimeout,
 )
 from dibs.records import KeyState
+from dibs.stores import transitions
 from dibs.stores.base import Listing
 
 __all__ = ["main", "print_table"]
@@ -72,6 +74,12 @@ _GLOBAL_NOTE = (
     "embedded SQLite database."
 )
 
+_NAMES_NOTE = (
+    "KEY may be given in its readable form: a derived key reads NAME[@VERSION]/DIGEST, and NAME, "
+    "NAME@VERSION or NAME/ followed by the start of the digest stand for it when they name exactly one "
+    "key (several: the command lists them and changes nothing)."
+)
+
 
 def _exits(*lines: str) -> str:
     return "exit status:\n" + "\n".join(lines)
@@ -87,6 +95,9 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "live status line on a terminal) and then prints the stored stdout; later ones print it at once. If "
         "COMMAND fails, the key is released with the failure recorded, so a waiter takes over at once; if "
         "the holder dies, its lease expires after --ttl and a waiter takes over.\n\n"
+        "--refresh computes it again even though it is stored (under the lease, so of several concurrent "
+        "refreshes one computes and the others print its output); --max-age DURATION treats a stored output "
+        "that old as missing.\n\n"
         "COMMAND runs in its own process group, reading /dev/null when stdin is a terminal. SIGINT, SIGTERM "
         "and SIGHUP are forwarded to that group; after --kill-after seconds (or at a second signal) it is "
         "killed. The key is then released with 'stopped by SIGINT' (or SIGTERM, SIGHUP) recorded, and "
@@ -112,14 +123,17 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "ls": (
         "list keys and their state",
         "List the keys of the namespace (or of every namespace) and their state: done, held, expired or "
-        "failed, with the holder, the fencing token and a detail. A key with nothing stored, no lease and no "
-        "failure (forgotten, or released without a failure) has nothing to show and is left out; "
-        "'dibs show KEY' still shows it. On a terminal the detail is wrapped at word boundaries.",
+        "failed, with the holder, the fencing token and a detail. With NAME, only the keys it names: a key's "
+        "name, its readable part (NAME, NAME@VERSION, NAME/ and the start of the digest) or a shell-style "
+        "pattern ('load_*'). A key with nothing stored, no lease and no failure (forgotten, or released "
+        "without a failure) has nothing to show and is left out; 'dibs show KEY' still shows it. On a "
+        "terminal the detail is wrapped at word boundaries.",
         _exits("  0      listed (possibly nothing)", _COMMON_EXITS, _STOP_EXITS),
     ),
     "show": (
         "everything about one key",
-        "Show everything the store knows about KEY: status, fencing token, lease, artifact and failures.",
+        "Show everything the store knows about KEY: status, fencing token, lease, artifact and failures.\n\n"
+        + _NAMES_NOTE,
         _exits(
             "  0      shown",
             f"  {EXIT_NOTHING:<5}  the store has never seen KEY",
@@ -130,12 +144,13 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "release": (
         "force-release KEY's lease (repair)",
         "Force-release KEY's lease, live or expired, so that the next caller takes the key at once. Meant "
-        "for repairs, when the holder is known to be gone.",
+        "for repairs, when the holder is known to be gone.\n\n" + _NAMES_NOTE,
         _exits("  0      released", f"  {EXIT_NOTHING:<5}  KEY had no lease", _COMMON_EXITS, _STOP_EXITS),
     ),
     "forget": (
         "drop KEY's artifact and failures",
-        "Drop KEY's artifact and recorded failures, so that the next caller computes it again.",
+        "Drop KEY's artifact and recorded failures, so that the next caller computes it again.\n\n"
+        + _NAMES_NOTE,
         _exits(
             "  0      forgotten",
             f"  {EXIT_NOTHING:<5}  nothing was stored for KEY",
@@ -145,7 +160,18 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "reap": (
         "clear expired leases nobody took over",
-        "Clear the expired leases nobody took over (their holders died), in the namespace or everywhere.",
+        "Clear the expired leases nobody took over (their holders died), and remove the records left "
+        "holding nothing (no lease, artifact or failure: a released lock, a forgotten key), in the "
+        "namespace or everywhere.",
+        _exits("  0      done (the count may be 0)", _COMMON_EXITS, _STOP_EXITS),
+    ),
+    "prune": (
+        "remove artifacts and failures older than a duration",
+        "Remove the records whose artifact (or last failure) is older than --older-than by the store's "
+        "clock, and the records holding nothing, in the namespace or everywhere: the next caller of a "
+        "pruned key computes it again. A key someone holds is never touched (nor one whose lease ended "
+        "less than that long ago). DURATION: 90 (seconds), 90s, 15m, 12h, 7d, 2w or sums such as 1h30m. "
+        "--dry-run lists what would be removed and removes nothing.",
         _exits("  0      done (the count may be 0)", _COMMON_EXITS, _STOP_EXITS),
     ),
 }
@@ -223,6 +249,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--owner", help="a stable logical identity (a retry with the same owner re-enters)")
     run.add_argument(
+        "--refresh",
+        action="store_true",
+        help="compute it again even if it is stored (the new output replaces it)",
+    )
+    run.add_argument(
+        "--max-age",
+        type=_max_age,
+        default=None,
+        metavar="DURATION",
+        help="a stored output older than this (store clock) counts as missing, e.g. 12h or 7d",
+    )
+    run.add_argument(
         "--kill-after",
         type=_seconds(zero=True),
         default=10.0,
@@ -240,12 +278,26 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     listing = command("ls")
+    listing.add_argument(
+        "name", nargs="?", help="only the keys this names: NAME, NAME@VERSION, NAME/DIGEST-START or a glob"
+    )
     listing.add_argument("--all", action="store_true", help="every namespace")
 
+    key_help = "the key, or its readable form (NAME, NAME@VERSION, NAME/DIGEST-START) if that names one key"
     command("show").add_argument("key", help=key_help)
     command("release").add_argument("key", help=key_help)
     command("forget").add_argument("key", help=key_help)
     command("reap").add_argument("--all", action="store_true", help="every namespace")
+    prune = command("prune")
+    prune.add_argument(
+        "--older-than",
+        type=_duration,
+        required=True,
+        metavar="DURATION",
+        help="remove what is older than this, e.g. 30d, 12h, 1h30m (store clock)",
+    )
+    prune.add_argument("--all", action="store_true", help="every namespace")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
 
     demo = commands.add_parser(
         "demo",
@@ -272,6 +324,24 @@ def _seconds(*, zero: bool) -> Any:
         return value
 
     return parse
+
+
+def _duration(text: str) -> float:
+    """An argparse type: :func:`~dibs._cli.text.parse_duration`, its message as the usage error."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _max_age(text: str) -> float:
+    seconds = _duration(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration greater than 0, got {text!r} "
+            "(to compute again whatever is stored, use --refresh)"
+        )
+    return seconds
 
 
 def _wrap_paragraphs(text: str) -> str:
@@ -366,7 +436,7 @@ def _dispatch(args: argparse.Namespace, console: Console, stops: StopSignals) ->
 def _admin(args: argparse.Namespace, client: Reservations) -> int:
     if args.command == "ls":
         listing = client.list(all_namespaces=args.all)
-        states = [s for s in listing if _worth_listing(s)]
+        states = [s for s in names.select(listing, args.name) if _worth_listing(s)]
         states.sort(key=lambda s: (s.key.namespace, s.key.name))
         rows = [_summary(s) for s in states]
         if args.json:
@@ -377,7 +447,7 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         _say_skipped(listing)
         return 0
     if args.command == "show":
-        state = client.status(args.key)
+        state = client.status(names.resolve(client, args.key, "a key to show"))
         doc = _details(state)
         if args.json:
             print(json.dumps(doc, indent=2))
@@ -387,18 +457,52 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
                 print(f"{name:<{width}}  {'-' if value is None else printable(value)}")
         return 0 if state.status != "free" or state.fence else EXIT_NOTHING
     if args.command == "release":
-        done = client.force_release(args.key)
-        _say(args, {"key": args.key, "released": done}, "released" if done else "no lease to release")
+        key = names.resolve(client, args.key, "a key to release")
+        done = client.force_release(key)
+        _say(
+            args,
+            {"key": key.name, "released": done},
+            f"{key.name}: released" if done else f"{key.name}: no lease to release",
+        )
         return 0 if done else EXIT_NOTHING
     if args.command == "forget":
-        done = client.forget(args.key)
-        _say(args, {"key": args.key, "forgotten": done}, "forgotten" if done else "nothing stored")
+        key = names.resolve(client, args.key, "a key to forget")
+        done = client.forget(key)
+        _say(
+            args,
+            {"key": key.name, "forgotten": done},
+            f"{key.name}: forgotten" if done else f"{key.name}: nothing stored",
+        )
         return 0 if done else EXIT_NOTHING
     if args.command == "reap":
         count = client.reap(all_namespaces=args.all)
-        _say(args, {"reaped": count}, f"reaped {count} expired lease(s)")
+        _say(
+            args,
+            {"reaped": count},
+            f"reaped {count} record(s): expired leases cleared, empty records removed",
+        )
         return 0
+    if args.command == "prune":
+        return _prune(args, client)
     raise AssertionError(args.command)  # pragma: no cover - argparse restricts commands
+
+
+def _prune(args: argparse.Namespace, client: Reservations) -> int:
+    older = duration(args.older_than)
+    if args.dry_run:
+        listing = client.list(all_namespaces=args.all)
+        doomed = [s for s in listing if transitions.prunable(s, args.older_than)]
+        doomed.sort(key=lambda s: (s.key.namespace, s.key.name))
+        if args.json:
+            print(json.dumps({"would_prune": [str(s.key) for s in doomed]}))
+        else:
+            print_table([_summary(s) for s in doomed], ["namespace", "key", "status", "token", "detail"])
+            print(f"would prune {len(doomed)} record(s) older than {older} (dry run: nothing removed)")
+        _say_skipped(listing)
+        return 0
+    count = client.prune(args.older_than, all_namespaces=args.all)
+    _say(args, {"pruned": count}, f"pruned {count} record(s) older than {older}")
+    return 0
 
 
 def _say_skipped(listing: object) -> None:

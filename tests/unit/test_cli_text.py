@@ -10,7 +10,8 @@ import json
 import pytest
 
 from dibs._cli.console import Console
-from dibs._cli.text import artifact_text, duration, print_table, size
+from dibs._cli.names import matches
+from dibs._cli.text import artifact_text, duration, parse_duration, print_table, size
 
 
 @pytest.mark.parametrize(
@@ -105,3 +106,44 @@ def test_events_off_a_terminal_are_silent_unless_verbose_and_json_lines_with_jso
         "message": "default/k: took over from 'w'",
         "key": "default/k",
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90.0), ("0", 0.0), ("1.5", 1.5), ("90s", 90.0), ("15m", 900.0), ("12h", 43200.0),
+     ("7d", 604800.0), ("2w", 1209600.0), ("1h30m", 5400.0), ("1h 30m", 5400.0), ("3m 05s", 185.0)],
+)  # fmt: skip
+def test_durations_are_read_as_people_type_them_and_as_the_command_writes_them(
+    text: str, seconds: float
+) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "3x", "h", "1h30", "-5", "inf", "nan", "5 fortnights", "1e400"])
+def test_a_bad_duration_names_the_text_and_the_accepted_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="expected a duration") as error:
+        parse_duration(text)
+    assert repr(text) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern", "named"),
+    [
+        ("load@2/bbbb3333", "load", True),
+        ("load/bbbb3333", "load", True),
+        ("loader/cccc", "load", False),
+        ("load@2/bbbb3333", "load@2", True),
+        ("load@20/bbbb3333", "load@2", False),
+        ("load@2/bbbb3333", "load@2/bbbb", True),
+        ("load@2/bbbb3333", "load@2/cccc", False),
+        ("features-2026-11-25", "features-2026-11-25", True),
+        ("features-2026-11-25", "features", False),
+        ("features-2026-11-25", "features-*", True),
+        ("features-2026-11-25", "feat?res-2026-11-2[0-9]", True),
+        ("other", "features-*", False),
+    ],
+)
+def test_a_readable_name_names_every_key_of_a_function_a_version_or_a_digest_prefix(
+    name: str, pattern: str, named: bool
+) -> None:
+    assert matches(name, pattern) is named

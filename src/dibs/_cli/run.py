@@ -80,7 +80,9 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
         key = client.key(args.key)
         started = time.monotonic()
         try:
-            got, waited_on = _turn(client, key, owner, args.timeout, console)
+            got, waited_on = _turn(
+                client, key, owner, args.timeout, console, refresh=args.refresh, max_age=args.max_age
+            )
         except Stopped as stop:
             _let_go_if_ours(client, key, owner, stop.signum, stops)
             raise
@@ -96,17 +98,34 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
 
 
 def _turn(
-    client: Reservations, key: Key, owner: str, timeout: float | None, console: Console
+    client: Reservations,
+    key: Key,
+    owner: str,
+    timeout: float | None,
+    console: Console,
+    *,
+    refresh: bool = False,
+    max_age: float | None = None,
 ) -> tuple[Hit | Acquired, str | None]:
-    """The key's artifact or its lease, waiting for another holder if there is one (and naming it)."""
+    """The key's artifact or its lease, waiting for another holder if there is one (and naming it).
+
+    A refresh that finds the key held waits for what that holder stores (``min_token``): concurrent
+    refreshes compute once, and an older artifact never answers one."""
     started = time.monotonic()
-    first = client.get_or_reserve(key, owner)
+    first = client.get_or_reserve(key, owner, refresh=refresh, max_age=max_age)
     if not isinstance(first, Busy):
         return first, None
     with KeyWatch(console, client, key, me=owner) as watch:
         watch.see(Sight.of_busy(first))
         remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        got = client.acquire(key, owner, timeout=remaining, raise_on_timeout=False)
+        got = client.acquire(
+            key,
+            owner,
+            timeout=remaining,
+            raise_on_timeout=False,
+            max_age=max_age,
+            min_token=first.token if refresh else None,
+        )
     if isinstance(got, Busy):
         raise got.timed_out(time.monotonic() - started)
     return got, first.holder

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import math
+import re
 import sys
 import textwrap
 from typing import IO, Any, Literal
 
 from dibs.display import printable
 
-__all__ = ["artifact_text", "duration", "instant", "print_table", "size"]
+__all__ = ["artifact_text", "duration", "instant", "parse_duration", "print_table", "size"]
 
 Encoding = Literal["utf-8", "base64", "json"]
 
@@ -35,6 +37,29 @@ def duration(seconds: float) -> str:
         return f"{hours}h {minutes:02d}m"
     days, hours = divmod(hours, 24)
     return f"{days}d {hours}h"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from what people type: ``90`` or ``90s``, ``15m``, ``12h``, ``7d``, ``2w``, and sums
+    such as ``1h30m`` (the way :func:`duration` writes them, spaces allowed). ``ValueError`` names
+    the text and the accepted forms."""
+    compact = text.strip().lower().replace(" ", "")
+    try:
+        seconds = float(compact)
+    except ValueError:
+        parts = _PART.findall(compact)
+        if not parts or "".join(n + u for n, u in parts) != compact:
+            raise ValueError(
+                f"expected a duration such as 90 (seconds), 90s, 15m, 12h, 7d, 2w or 1h30m; got {text!r}"
+            ) from None
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"expected a duration of 0 seconds or more, got {text!r}")
+    return seconds
 
 
 def size(nbytes: int) -> str:
