@@ -113,9 +113,15 @@ def test_hit_returns_the_artifact_and_runs_nothing(client: dibs.Reservations, ma
 
 
 def test_busy_defers_to_a_trigger_without_running(client: dibs.Reservations, make_context: Any) -> None:
+    import structlog
+
     client.get_or_reserve(KEY, owner="other/run/t/-1")
     work, context = Work(), make_context()
-    deferral = deferred(operator(work, dibs_conn_id="dibs_default"), context)
+    with structlog.testing.capture_logs() as logs:
+        deferral = deferred(operator(work, dibs_conn_id="dibs_default"), context)
+    (said,) = [e["event"] for e in logs if "deferring" in e["event"]]
+    # The lease's attempt number is the key's, and must not read like Airflow's try number.
+    assert "held by other/run/t/-1 (lease attempt 1 on this key, expires in" in said
     assert work.calls == 0 and deferral.method_name == "execute_complete"
     classpath, kwargs = deferral.trigger.serialize()
     assert classpath.endswith("ReservationTrigger")
@@ -180,7 +186,7 @@ def test_wait_timeout_counts_the_whole_wait_across_deferrals(
 ) -> None:
     client.get_or_reserve(KEY, owner="holder")
     ev = event("free", wait_started=time.time() - 100, deferrals=3, state="expired", last_failure=None)
-    with pytest.raises(dibs.WaitTimeout, match="holder"):
+    with pytest.raises(dibs.WaitTimeout, match=r"held by 'holder' \(lease attempt 1 on this key"):
         operator(Work(), reservation_wait_timeout=50).execute_complete(make_context(), event=ev)
 
 

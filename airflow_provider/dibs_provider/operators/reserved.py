@@ -279,19 +279,18 @@ class ReservedOperatorMixin(BaseOperator):
         if remaining is not None and remaining <= 0:
             raise WaitTimeout(
                 f"gave up on {busy.key} after {time.time() - started:.1f}s (wait timeout {timeout:g}s): "
-                f"held by {busy.holder!r} (attempt {busy.attempt}, {busy.remaining:.1f}s left on its lease)",
+                f"held by {busy.holder!r} ({_holding(busy)})",
                 key=str(busy.key),
                 holder=busy.holder,
             )
-        failure = f"; previous attempt failed: {busy.last_failure.error}" if busy.last_failure else ""
+        failure = f"; the previous lease failed: {busy.last_failure.error}" if busy.last_failure else ""
         if self.reservation_deferrable:
             self.log.info(
-                "dibs: %s is held by %s (attempt %d, lease expires in %.1fs)%s; deferring until it is done "
-                "or free, without holding a worker slot",
+                "dibs: %s is held by %s (%s)%s; deferring until it is done or free, without holding a "
+                "worker slot",
                 busy.key,
                 busy.holder,
-                busy.attempt,
-                busy.remaining,
+                _holding(busy),
                 failure,
             )
             self.defer(
@@ -307,11 +306,10 @@ class ReservedOperatorMixin(BaseOperator):
                 method_name="execute_complete",
             )
         self.log.info(
-            "dibs: %s is held by %s (attempt %d, lease expires in %.1fs)%s; waiting in the worker",
+            "dibs: %s is held by %s (%s)%s; waiting in the worker",
             busy.key,
             busy.holder,
-            busy.attempt,
-            busy.remaining,
+            _holding(busy),
             failure,
         )
         got = client.acquire(busy.key, owner, timeout=remaining)
@@ -346,9 +344,13 @@ class ReservedOperatorMixin(BaseOperator):
         lease = acquired.lease
         if acquired.took_over_from:
             self.log.warning(
-                "dibs: took over %s from %s, whose lease expired without a heartbeat (token %s)",
+                "dibs: took over %s from %s, whose lease had expired: it was not renewed in time (a crashed "
+                "or stalled worker)%s (token %s)",
                 lease.key,
                 acquired.took_over_from,
+                ""
+                if client.max_lease_age is None
+                else f" or it reached max_lease_age ({client.max_lease_age:g}s)",
                 lease.token,
             )
         if acquired.last_failure is not None:
@@ -405,6 +407,11 @@ class ReservedOperatorMixin(BaseOperator):
             **details,
         }
         context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=outcome)
+
+
+def _holding(busy: Busy) -> str:
+    """How long the holder's lease runs, said so that it is not read as Airflow's try number."""
+    return f"lease attempt {busy.attempt} on this key, expires in {busy.remaining:.1f}s unless renewed"
 
 
 def _failure_of(exc: BaseException) -> str | None:
