@@ -179,3 +179,14 @@ def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db
     bad = airflow("connections", "test", "dibs_bad")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "dibs connection 'dibs_bad': extra 'ttl' must be a finite number" in bad.stdout
+    # A store whose driver is missing: the hint to install the extra survives the CLI's Rich markup.
+    hidden = tmp_path / "without-psycopg" / "psycopg"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ImportError("psycopg is not installed", name="psycopg")\n')
+    env["PYTHONPATH"] = os.pathsep.join([str(hidden.parent), env.get("PYTHONPATH", "")])
+    env["AIRFLOW_CONN_DIBS_NODRIVER"] = json.dumps(
+        {"conn_type": "dibs", "extra": {"store_url": "postgresql+psycopg://dibs@127.0.0.1:1/dibs"}}
+    )
+    missing = airflow("connections", "test", "dibs_nodriver")
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert "install it with: pip install 'dibs[ postgres ]'" in missing.stdout, missing.stdout

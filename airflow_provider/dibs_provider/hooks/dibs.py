@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -77,6 +78,18 @@ EXTRA_FIELDS = (
 
 # Stores addressed by a local path or a process name: there is no server to send a password to.
 _PATH_SCHEMES = frozenset({"sqlite", "file", "memory"})
+
+# What Rich reads as a markup tag (``rich.markup.RE_TAGS``): a bracket opened by a lowercase letter, '#',
+# '/' or '@'. Airflow's CLI prints a connection test's message as markup (``airflow connections test``),
+# so ``pip install 'dibs[postgres]'`` would read ``pip install 'dibs'`` there.
+_MARKUP_TAG = re.compile(r"\[([a-z#/@][^\[\]]*)\]")
+
+
+def markup_proof(message: str) -> str:
+    """``message`` with every ``[word]`` written ``[ word ]``: no tag to Rich, the same text to a person
+    reading the UI (which shows it plain), and still a valid requirement for pip (PEP 508 allows the
+    spaces), so ``pip install 'dibs[ postgres ]'`` works copied from either."""
+    return _MARKUP_TAG.sub(r"[ \1 ]", message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,5 +442,5 @@ class DibsHook(BaseHook):
             with settings.client(namespace=self.namespace, ttl=self.ttl) as client:
                 client.status("dibs-connection-test")
         except Exception as exc:  # the UI shows the message; it must never be a traceback
-            return False, f"{type(exc).__name__}: {exc}"
+            return False, markup_proof(f"{type(exc).__name__}: {exc}")
         return True, f"dibs store {settings.display_url} is reachable (namespace {settings.namespace!r})"
