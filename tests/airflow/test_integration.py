@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +69,7 @@ def child_logs(tmp_path: Path) -> str:
 
 
 def start(
-    tmp_path: Path, template_db: Path, dags: Path, env: dict[str, str], runs: list[list[tuple[str, str]]]
+    tmp_path: Path, template_db: Path, dags: Path, env: dict[str, str], runs: list[list[dict[str, Any]]]
 ) -> list[BaseProcess]:
     """One spawned process per entry of ``runs`` (fresh interpreters: Airflow configures itself on import)."""
     context = multiprocessing.get_context("spawn")
@@ -96,7 +97,8 @@ def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template
     work.mkdir()
     env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}", "DIBS_IT_DIR": str(work)}
     started = time.monotonic()
-    runs = [[("dibs_integration", f"2024-01-0{i}")] for i in (1, 2, 3)]  # three runs: three owners
+    # three runs (three logical dates, so three run ids): three owners
+    runs = [[{"dag_id": "dibs_integration", "logical_date": f"2024-01-0{i}"}] for i in (1, 2, 3)]
     processes = start(tmp_path, template_db, HERE / "dags", env, runs)
     try:
         # The run that acquired the key holds it until the two others have found it busy and deferred.
@@ -136,22 +138,63 @@ def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template
     assert len(received) == 3 and all(value == values[0] for value in received)
 
 
-def test_mapped_partitions_are_reserved_one_by_one(tmp_path: Path, template_db: Path) -> None:
+def manual(dag_id: str, run_after: str, **conf: str) -> dict[str, Any]:
+    """A manual trigger without a logical date (Airflow 3's "Trigger" button), at ``run_after`` (UTC)."""
+    return {"dag_id": dag_id, "logical_date": None, "run_after": run_after, "conf": conf or None}
+
+
+def test_example_dags_run_on_a_manual_trigger_without_a_logical_date(
+    tmp_path: Path, template_db: Path
+) -> None:
     env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}"}
-    days = [("dibs_mapped_partitions", "2026-02-01"), ("dibs_mapped_partitions", "2026-02-02")]
-    (process,) = start(tmp_path, template_db, REPO / "example_dags", env, [days])
+    runs = [
+        manual("dibs_daily_training", "2026-11-25T06:00:00"),
+        manual("dibs_six_hourly_report", "2026-11-25T12:00:00"),
+        manual("dibs_six_hourly_report", "2026-11-25T18:00:00"),
+        manual("dibs_daily_training", "2026-11-25T20:00:00", day="2026-11-24"),  # a backfill, by param
+        manual("dibs_mapped_partitions", "2026-11-25T06:00:00"),
+        manual("dibs_mapped_partitions", "2026-11-25T07:00:00"),
+    ]
+    (process,) = start(tmp_path, template_db, REPO / "example_dags", env, [runs])
     process.join(BOUND)
     if process.is_alive():
         process.kill()
     assert process.exitcode == 0, child_logs(tmp_path)
-    first, second = (json.loads(line) for line in lines(tmp_path / "runs.jsonl"))
+    done = [json.loads(line) for line in lines(tmp_path / "runs.jsonl")]
+    assert [run["dag_id"] for run in done] == [run["dag_id"] for run in runs]
+    for run in done:  # every task succeeded at its first try: nothing failed to render and retried
+        assert run["state"] == "success" and run["logical_date"] is None, run
+        assert run["tries"] and set(run["tries"].values()) == {1}, run["tries"]
+    training, report, later_report, backfill, partitions, later_partitions = done
+
+    # One feature build per day, whichever DAG asks first; the day comes from the run (or the param).
+    features = training["outcomes"]["build_features[-1]"]
+    assert features["role"] == "computed" and training["values"]["build_features[-1]"]["day"] == "2026-11-25"
+    for run in (report, later_report):
+        assert run["outcomes"]["build_features[-1]"]["role"] == "hit"
+        assert run["outcomes"]["build_features[-1]"]["key"] == features["key"]
+    assert training["outcomes"]["train[-1]"]["key"] == "default/model-2026-11-25"
+    assert backfill["outcomes"]["build_features[-1]"]["role"] == "computed"
+    assert backfill["outcomes"]["build_features[-1]"]["key"] != features["key"]
+    assert backfill["values"]["build_features[-1]"]["day"] == "2026-11-24"
+    assert backfill["outcomes"]["train[-1]"]["key"] == "default/model-2026-11-24"
+
+    # The reserved BashOperator exports the day once; the sensor returns the training DAG's model.
+    assert report["outcomes"]["export_day[-1]"]["role"] == "computed"
+    assert later_report["outcomes"]["export_day[-1]"]["role"] == "hit"
+    assert report["values"]["export_day[-1]"] == "exported 2026-11-25"
+    assert report["values"]["wait_for_model[-1]"] == training["values"]["train[-1]"]
+    assert report["values"]["report[-1]"] == "1000000 rows, exported 2026-11-25, auc=0.91"
+
+    # Mapped partitions: one key per partition, each computed once.
     for task_id in ("process", "validate"):
         names = [f"{task_id}[{i}]" for i in range(3)]
-        assert len({first["outcomes"][n]["key"] for n in names}) == 3  # one key per partition
-        assert [first["outcomes"][n]["role"] for n in names] == ["computed"] * 3
-        assert [second["outcomes"][n]["role"] for n in names] == ["hit"] * 3
-        assert [second["outcomes"][n]["key"] for n in names] == [first["outcomes"][n]["key"] for n in names]
-    assert first["values"]["combine[-1]"] == second["values"]["combine[-1]"] == 333
+        first, second = partitions["outcomes"], later_partitions["outcomes"]
+        assert len({first[n]["key"] for n in names}) == 3
+        assert [first[n]["role"] for n in names] == ["computed"] * 3
+        assert [second[n]["role"] for n in names] == ["hit"] * 3
+        assert [second[n]["key"] for n in names] == [first[n]["key"] for n in names]
+    assert partitions["values"]["combine[-1]"] == later_partitions["values"]["combine[-1]"] == 333
 
 
 def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db: Path) -> None:
