@@ -10,8 +10,10 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -22,6 +24,8 @@ import pytest
 
 pytest.importorskip("airflow")
 
+import dibs
+from dibs_provider.operators._stopping import KILLED_FAILURE
 from tests.airflow._child import run_dags
 
 pytestmark = pytest.mark.slow
@@ -136,6 +140,52 @@ def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template
     # downstream tasks of every run received the same artifact through XCom
     received = [json.loads(line)["value"] for line in lines(work / "results.jsonl")]
     assert len(received) == 3 and all(value == values[0] for value in received)
+
+
+def test_a_task_stopped_through_on_kill_frees_its_key_at_once(tmp_path: Path, template_db: Path) -> None:
+    """SIGTERM to a running task (what Airflow's supervisor sends on mark failed) reaches the task runner's
+    handler, which calls on_kill: the lease is released with the failure recorded, the wrapped
+    BashOperator's own on_kill stops its command, and a waiter in another process gets the key at once
+    (its ttl is 600 s: only the release can hand it over within the test)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    store_url = f"sqlite:///{tmp_path / 'dibs.db'}"
+    env = {"DIBS_STORE_URL": store_url, "DIBS_IT_DIR": str(work)}
+    (process,) = start(tmp_path, template_db, HERE / "dags", env, [[manual("dibs_on_kill", "2026-11-25")]])
+    got: list[object] = []
+    try:
+        wait_until((work / "started").exists, [process], "the task to start its work", tmp_path)
+        with dibs.Reservations(store_url) as client:
+            key = "held-until-killed"
+            holder = client.status(key).live_lease
+            assert holder is not None and holder.ttl == 600
+
+            def wait_for_the_key() -> None:  # a waiter holding nothing, in this other process
+                got.append(client.acquire(key, owner="waiting-run", timeout=BOUND))
+
+            waiter = threading.Thread(target=wait_for_the_key, daemon=True)
+            waiter.start()
+            assert process.pid is not None
+            os.kill(process.pid, signal.SIGTERM)
+            waiter.join(BOUND)
+            process.join(BOUND)
+            (taken,) = got
+            assert isinstance(taken, dibs.Acquired), taken
+            assert taken.took_over_from is None  # released, not expired
+            assert taken.last_failure is not None and taken.last_failure.error == KILLED_FAILURE
+            assert taken.last_failure.owner == holder.owner and taken.lease.token == holder.token.fence + 1
+            taken.lease.release()
+    finally:
+        if process.is_alive():
+            process.kill()
+    assert process.exitcode == 3, child_logs(tmp_path)  # the run finished, its task failed
+    (run,) = (json.loads(line) for line in lines(tmp_path / "runs.jsonl"))
+    assert run["state"] == "failed"
+    log = (tmp_path / "home0" / "child.log").read_text()
+    assert "the task was killed: released default/held-until-killed" in log
+    assert "Sending SIGTERM signal to process group" in log  # then BashOperator's own on_kill ran
+    # The hold loop's own release after the kill found nothing left to do, and said nothing about it.
+    assert "nothing to release" not in log and "lease was lost" not in log
 
 
 def manual(dag_id: str, run_after: str, **conf: str) -> dict[str, Any]:

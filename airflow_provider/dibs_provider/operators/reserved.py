@@ -55,6 +55,7 @@ from dibs.errors import (
 from dibs.holding import failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
+from dibs_provider.operators._stopping import KillableLease, release_killed
 from dibs_provider.triggers.reservation import (
     ReservationEvent,
     ReservationTrigger,
@@ -143,6 +144,9 @@ class ReservedOperatorMixin(BaseOperator):
 
     template_fields: Sequence[str] = ("reservation_key",)
 
+    #: The lease of the work running now, for :meth:`on_kill` (``None`` while nothing runs).
+    _dibs_lease: KillableLease | None = None
+
     def __init__(
         self,
         *,
@@ -215,6 +219,15 @@ class ReservedOperatorMixin(BaseOperator):
     # -- Airflow entry points -------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         return self._reserve(context, _Waiting())
+
+    def on_kill(self) -> None:
+        """Airflow is stopping this task (mark failed, a stopped run, SIGTERM): if its work holds the key,
+        release the lease at once with the failure recorded, so a waiting run takes over now instead of
+        after the ttl; then stop the wrapped operator's own work (see :mod:`._stopping`)."""
+        lease = self._dibs_lease
+        if lease is not None:
+            release_killed(lease, self.log)
+        super().on_kill()
 
     def execute_complete(self, context: Context, event: object = None, **_: Any) -> Any:
         """Resume after :class:`ReservationTrigger` fired: return the artifact, or try to reserve again.
@@ -374,7 +387,18 @@ class ReservedOperatorMixin(BaseOperator):
                     key=str(lease.key),
                 ) from None
 
-        report = client.hold(acquired, work, failure_of=_failure_of, logger=self.log)
+        # A lease on_kill can end from the task's SIGTERM handler while the work runs (see ._stopping).
+        held = KillableLease(client, lease.record)
+        self._dibs_lease = held
+        try:
+            report = client.hold(
+                Acquired(held, acquired.took_over_from, acquired.last_failure),
+                work,
+                failure_of=_failure_of,
+                logger=self.log,
+            )
+        finally:
+            self._dibs_lease = None
         self._push_outcome(
             context,
             "computed",
