@@ -18,6 +18,7 @@ file the code is loaded from), and asks the store once:
 * **busy**: another run holds the lease; this one logs on whom it waits, records a ``Running`` state
   named ``Waiting`` (see :mod:`prefect_dibs._runs`), and waits (async tasks without blocking their
   event loop) until the artifact appears (it returns it) or the holder dies or fails (it takes over).
+  If the key changes hands meanwhile, its logs and state say so at once.
 
 The lease owner is the task run (its name and id), which Prefect keeps across retries: a retry
 re-enters its own lease instead of waiting for it to expire.
@@ -50,6 +51,7 @@ from dibs.serializers import Serializer
 from dibs.settings import validate_timings
 from prefect_dibs import _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, is_url, resolve_client
+from prefect_dibs._watching import Seen, Watch, await_key, expiry_cause, wait_for_key
 
 __all__ = ["KeySpec", "reserved"]
 
@@ -251,9 +253,9 @@ class _Reservation:
 
     def announce_wait(self, ctx: Any, logger: Logger, busy: Busy) -> None:
         logger.info(
-            "%s is being computed by %s (attempt %d, for %.1fs so far); waiting for its result instead "
-            "of computing it again (its lease runs %.1fs more unless renewed: if that run dies, this one "
-            "takes over)",
+            "%s is being computed by %s (lease attempt %d on this key, for %.1fs so far); waiting for its "
+            "result instead of computing it again (its lease runs %.1fs more unless renewed: if that run "
+            "dies, this one takes over)",
             busy.key,
             _runs.holder_link(busy.holder),
             busy.attempt,
@@ -270,37 +272,31 @@ class _Reservation:
             )
         _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
 
-    def wait_step(self, started: float, timeout: float | None, busy: Busy) -> float:
-        """The length of the next wait chunk; raises :class:`WaitTimeout` once ``timeout`` has passed."""
-        elapsed = time.monotonic() - started
-        if timeout is None:
-            return self.progress_interval
-        remaining = timeout - elapsed
-        if remaining <= 0:
-            raise busy.timed_out(elapsed)
-        return min(self.progress_interval, remaining)
+    def watch(self, ctx: Any, logger: Logger) -> Watch:
+        """What this run says while it waits: a new holder at once (logs and state), and every
+        ``progress_interval`` seconds that it still waits."""
 
-    @staticmethod
-    def still_waiting(ctx: Any, logger: Logger, busy: Busy, holder: str, started: float) -> str:
-        """Log that this run still waits; when the key changed hands, say so in the logs and the state."""
-        if busy.holder != holder:
+        def changed(seen: Seen) -> None:
+            busy = seen.busy
             logger.info("%s changed hands: now held by %s", busy.key, _runs.holder_link(busy.holder))
             _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
-        logger.info(
-            "still waiting for %s: held by %r, %.0fs so far",
-            busy.key,
-            busy.holder,
-            time.monotonic() - started,
-        )
-        return busy.holder
 
-    def announce_acquired(self, ctx: Any, logger: Logger, got: Acquired, waited_on: str | None) -> None:
+        def progress(seen: Seen, waited: float) -> None:
+            logger.info(
+                "still waiting for %s: held by %r, %.0fs so far", seen.busy.key, seen.busy.holder, waited
+            )
+
+        return Watch(changed, progress, self.progress_interval)
+
+    def announce_acquired(
+        self, ctx: Any, logger: Logger, got: Acquired, waited_on: str | None, seen: Seen | None
+    ) -> None:
         if got.took_over_from is not None:
             logger.warning(
-                "%s: took over the expired lease of %r (it stopped heartbeating); computing it now "
-                "(token %d)",
+                "%s: took over from %r: %s; computing it now (token %d)",
                 got.key,
                 got.took_over_from,
+                expiry_cause(got, seen, limit="maximum lease age"),
                 got.lease.token,
             )
         elif waited_on is not None:
@@ -362,21 +358,21 @@ class _Reservation:
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
         owner = _runs.task_run_owner(ctx) if ctx is not None else default_owner()
-        started = time.monotonic()
         waited_on: str | None = None
+        seen: Seen | None = None
         client: Reservations | None = None
+        started = time.monotonic()
         try:
             client, timeout = self.resolve()
             key = client.key(self.key_name(args, kwargs))
+            started = time.monotonic()  # waiting starts now: opening the store is not waiting
             got: Outcome = client.get_or_reserve(key, owner)
             if isinstance(got, Busy):
-                waited_on = got.holder
                 self.announce_wait(ctx, logger, got)
-            while isinstance(got, Busy):
-                chunk = self.wait_step(started, timeout, got)
-                got = client.acquire(key, owner, timeout=chunk, raise_on_timeout=False)
+                got, seen = wait_for_key(client, key, owner, got, self.watch(ctx, logger), timeout=timeout)
+                waited_on = seen.busy.holder
                 if isinstance(got, Busy):
-                    waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
+                    raise got.timed_out(time.monotonic() - started)
         except StoreUnavailable as exc:
             report_key = self.unreserved(client, logger, args, kwargs, exc)
             value = self.fn(*args, **kwargs)
@@ -385,10 +381,11 @@ class _Reservation:
         waited = time.monotonic() - started
         if isinstance(got, Hit):
             report = self.hit_report(got, waited, waited_on, logger)
-        else:
-            self.announce_acquired(ctx, logger, got, waited_on)
-            held = client.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
-            report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+            self.publish(ctx, report, logger)
+            return report.value
+        self.announce_acquired(ctx, logger, got, waited_on, seen)
+        held = client.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
+        report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
         self.publish(ctx, report, logger)
         return report.value
 
@@ -408,22 +405,24 @@ class _Reservation:
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
         owner = _runs.task_run_owner(ctx) if ctx is not None else default_owner()
-        started = time.monotonic()
         waited_on: str | None = None
+        seen: Seen | None = None
         client: Reservations | None = None
+        started = time.monotonic()
         try:
             resolved, timeout = await runtime().io(self.resolve)
             client, aclient = resolved, resolved.aio()
             key = resolved.key(self.key_name(args, kwargs))
+            started = time.monotonic()  # waiting starts now: opening the store is not waiting
             got: Outcome = await aclient.get_or_reserve(key, owner)
             if isinstance(got, Busy):
-                waited_on = got.holder
                 self.announce_wait(ctx, logger, got)
-            while isinstance(got, Busy):
-                chunk = self.wait_step(started, timeout, got)
-                got = await aclient.acquire(key, owner, timeout=chunk, raise_on_timeout=False)
+                got, seen = await await_key(
+                    aclient, key, owner, got, self.watch(ctx, logger), timeout=timeout
+                )
+                waited_on = seen.busy.holder
                 if isinstance(got, Busy):
-                    waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
+                    raise got.timed_out(time.monotonic() - started)
         except StoreUnavailable as exc:
             report_key = self.unreserved(client, logger, args, kwargs, exc)
             value = await self.fn(*args, **kwargs)
@@ -434,10 +433,11 @@ class _Reservation:
         waited = time.monotonic() - started
         if isinstance(got, Hit):
             report = self.hit_report(got, waited, waited_on, logger)
-        else:
-            self.announce_acquired(ctx, logger, got, waited_on)
-            held = await aclient.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
-            report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+            await self.apublish(ctx, report, logger)
+            return report.value
+        self.announce_acquired(ctx, logger, got, waited_on, seen)
+        held = await aclient.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
+        report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
         await self.apublish(ctx, report, logger)
         return report.value
 
