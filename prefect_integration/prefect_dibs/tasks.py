@@ -11,14 +11,15 @@ and its arguments, exactly as :func:`dibs.derive_key` does (so a plain ``dibs`` 
 provider computing the same function with the same arguments shares the key, whichever module or
 file the code is loaded from), and asks the store once:
 
-* **hit**: the artifact exists; the task returns it and runs nothing;
+* **hit**: the artifact exists; the task returns it, runs nothing, and ends ``Cached`` as a hit of
+  Prefect's own cache does (see :mod:`prefect_dibs._cached`);
 * **acquired**: this task run holds the lease; the work runs with background heartbeats, its value
   is stored as the key's artifact (JSON by default, so Airflow can read it too) and returned;
   a failure releases the lease with the error recorded, so a waiter takes over at once;
 * **busy**: another run holds the lease; this one logs on whom it waits, records a ``Running`` state
   named ``Waiting`` (see :mod:`prefect_dibs._runs`), and waits (async tasks without blocking their
-  event loop) until the artifact appears (it returns it) or the holder dies or fails (it takes over).
-  If the key changes hands meanwhile, its logs and state say so at once.
+  event loop) until the artifact appears (it returns it, and ends ``Cached`` too) or the holder dies or
+  fails (it takes over). If the key changes hands meanwhile, its logs and state say so at once.
 
 The lease owner is the task run (its name and id), which Prefect keeps across retries: a retry
 re-enters its own lease instead of waiting for it to expire.
@@ -49,7 +50,7 @@ from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.runtime import runtime
 from dibs.serializers import Serializer
 from dibs.settings import validate_timings
-from prefect_dibs import _runs
+from prefect_dibs import _cached, _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, is_url, resolve_client
 from prefect_dibs._watching import Seen, Watch, await_key, expiry_cause, wait_for_key
 
@@ -171,6 +172,7 @@ def reserved(
                 )
             reserved_task = copy.copy(target)
             reserved_task.fn = reservation(target.fn).wrapper()
+            _cached.adopt(reserved_task)  # hits end Cached, as Prefect's own cache hits do
             return reserved_task
         if not callable(target):
             raise TypeError(f"@reserved decorates a Prefect task or a function, got {type(target).__name__}")
@@ -315,7 +317,8 @@ class _Reservation:
             _runs.mark_state(ctx, "Running", f"computing {got.key}")
 
     @staticmethod
-    def hit_report(got: Hit, waited: float, waited_on: str | None, logger: Logger) -> RunReport:
+    def hit_report(got: Hit, waited: float, waited_on: str | None, logger: Logger) -> tuple[RunReport, str]:
+        """How a run that used the artifact reports it, and the message of its ``Cached`` state."""
         role: Literal["waited", "hit"] = "waited" if waited_on is not None else "hit"
         if role == "waited":
             logger.info(
@@ -325,11 +328,14 @@ class _Reservation:
                 waited,
                 got.token,
             )
+            message = f"dibs: {got.key} was computed by {got.producer!r} while this run waited {waited:.1f}s"
         else:
             logger.info(
                 "%s: already computed by %r; using its artifact (token %d)", got.key, got.producer, got.token
             )
-        return RunReport(got.key, got.value, role, got.token, got.producer, waited, waited_on)
+            message = f"dibs: {got.key} was already computed by {got.producer!r}"
+        report = RunReport(got.key, got.value, role, got.token, got.producer, waited, waited_on)
+        return report, f"{message} (token {got.token})"
 
     def unreserved(
         self,
@@ -380,9 +386,9 @@ class _Reservation:
             return value
         waited = time.monotonic() - started
         if isinstance(got, Hit):
-            report = self.hit_report(got, waited, waited_on, logger)
+            report, message = self.hit_report(got, waited, waited_on, logger)
             self.publish(ctx, report, logger)
-            return report.value
+            return _cached.as_cached(ctx, self, report, message)
         self.announce_acquired(ctx, logger, got, waited_on, seen)
         held = client.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
         report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
@@ -432,9 +438,9 @@ class _Reservation:
             return value
         waited = time.monotonic() - started
         if isinstance(got, Hit):
-            report = self.hit_report(got, waited, waited_on, logger)
+            report, message = self.hit_report(got, waited, waited_on, logger)
             await self.apublish(ctx, report, logger)
-            return report.value
+            return _cached.as_cached(ctx, self, report, message)
         self.announce_acquired(ctx, logger, got, waited_on, seen)
         held = await aclient.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
         report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)

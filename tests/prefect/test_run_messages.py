@@ -247,6 +247,7 @@ def test_a_reserved_task_follows_a_takeover_while_it_waits(
         taken.lease.complete("built by the new worker")
     thread.join(BOUND)
     assert result == ["built by the new worker"]
+    _state(run_id, "Cached", "computed by 'new-worker'")
 
 
 def test_waiting_time_does_not_count_opening_the_store(
