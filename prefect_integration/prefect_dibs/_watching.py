@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, cast
 
 from dibs.backoff import Deadline
 from dibs.errors import WaitTimeout
@@ -61,6 +61,41 @@ def _seen(busy: Busy, state: KeyState) -> Seen:
     return Seen(busy, lease if lease is not None and lease.owner == busy.holder else None)
 
 
+# The loop is written once, as a generator of requests (as the core's own waiting loops are), and
+# carried out by a sync and an async driver: read the key (_READ), wait a step (_Wait: the core's
+# wait, answered with its Hit or None), or ask for the key (_ASK: get_or_reserve).
+_READ, _ASK = "read", "ask"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wait:
+    seconds: float
+
+
+Loop = Generator["str | _Wait", object, "tuple[Hit | Acquired | Busy, Seen]"]
+
+
+def _waiting(busy: Busy, watch: Watch, deadline: Deadline) -> Loop:
+    state = yield _READ
+    seen = _seen(busy, cast("KeyState", state))
+    last_progress = time.monotonic()
+    while True:
+        hit = yield _Wait(_step(deadline, seen.busy, watch, time.monotonic() - last_progress))
+        if hit is not None:
+            return cast("Hit", hit), seen
+        got = yield _ASK
+        if not isinstance(got, Busy):
+            return cast("Hit | Acquired", got), seen
+        if got.holder != seen.busy.holder:
+            seen = _seen(got, cast("KeyState", (yield _READ)))
+            watch.changed(seen)
+        else:
+            seen = dataclasses.replace(seen, busy=got)
+        if deadline.expired:
+            return got, seen
+        last_progress = _progress(watch, seen, deadline, last_progress)
+
+
 def _step(deadline: Deadline, busy: Busy, watch: Watch, since_progress: float) -> float:
     step = busy.remaining + EXPIRY_MARGIN
     if watch.progress_every is not None:
@@ -85,28 +120,23 @@ def wait_for_key(
     ``busy`` is the answer that started the wait; ``ttl``/``max_lease_age`` are the terms of the lease
     asked for. Returns the outcome and the last holder seen (to explain a takeover).
     """
-    deadline = Deadline(timeout)
-    seen = _seen(busy, client.status(key))
-    last_progress = time.monotonic()
-    while True:
-        step = _step(deadline, seen.busy, watch, time.monotonic() - last_progress)
-        try:
-            hit = client.wait(key, timeout=step)
-        except WaitTimeout:
-            hit = None  # the step ended with the key still held: ask anyway (see the module docstring)
-        if hit is not None:
-            return hit, seen
-        got = client.get_or_reserve(key, owner, ttl=ttl, max_lease_age=max_lease_age)
-        if not isinstance(got, Busy):
-            return got, seen
-        if got.holder != seen.busy.holder:
-            seen = _seen(got, client.status(key))
-            watch.changed(seen)
-        else:
-            seen = dataclasses.replace(seen, busy=got)
-        if deadline.expired:
-            return got, seen
-        last_progress = _progress(watch, seen, deadline, last_progress)
+    loop = _waiting(busy, watch, Deadline(timeout))
+    answer: object = None
+    try:
+        while True:
+            request = loop.send(answer)
+            if isinstance(request, _Wait):
+                try:
+                    answer = client.wait(key, timeout=request.seconds)
+                except WaitTimeout:
+                    answer = None  # the step ended with the key still held: ask anyway
+            elif request == _ASK:
+                answer = client.get_or_reserve(key, owner, ttl=ttl, max_lease_age=max_lease_age)
+            else:
+                answer = client.status(key)
+    except StopIteration as stop:
+        result: tuple[Hit | Acquired | Busy, Seen] = stop.value
+        return result
 
 
 async def await_key(
@@ -121,28 +151,23 @@ async def await_key(
     max_lease_age: float | None = None,
 ) -> tuple[Hit | Acquired | Busy, Seen]:
     """:func:`wait_for_key` for event loops: the same steps, awaited; the loop is never blocked."""
-    deadline = Deadline(timeout)
-    seen = _seen(busy, await client.status(key))
-    last_progress = time.monotonic()
-    while True:
-        step = _step(deadline, seen.busy, watch, time.monotonic() - last_progress)
-        try:
-            hit = await client.wait(key, timeout=step)
-        except WaitTimeout:
-            hit = None
-        if hit is not None:
-            return hit, seen
-        got = await client.get_or_reserve(key, owner, ttl=ttl, max_lease_age=max_lease_age)
-        if not isinstance(got, Busy):
-            return got, seen
-        if got.holder != seen.busy.holder:
-            seen = _seen(got, await client.status(key))
-            watch.changed(seen)
-        else:
-            seen = dataclasses.replace(seen, busy=got)
-        if deadline.expired:
-            return got, seen
-        last_progress = _progress(watch, seen, deadline, last_progress)
+    loop = _waiting(busy, watch, Deadline(timeout))
+    answer: object = None
+    try:
+        while True:
+            request = loop.send(answer)
+            if isinstance(request, _Wait):
+                try:
+                    answer = await client.wait(key, timeout=request.seconds)
+                except WaitTimeout:
+                    answer = None
+            elif request == _ASK:
+                answer = await client.get_or_reserve(key, owner, ttl=ttl, max_lease_age=max_lease_age)
+            else:
+                answer = await client.status(key)
+    except StopIteration as stop:
+        result: tuple[Hit | Acquired | Busy, Seen] = stop.value
+        return result
 
 
 def _progress(watch: Watch, seen: Seen, deadline: Deadline, last: float) -> float:
