@@ -12,6 +12,10 @@ The report also shows the other two tools:
 * ``ReservationSensor``: wait for another DAG's reserved result (the day's model) without ever
   computing it; it needs the explicit key the producer uses.
 
+Both DAGs run on a plain manual trigger too ("Trigger" in the UI, ``airflow dags trigger``), which in
+Airflow 3 has no logical date, so ``{{ ds }}`` would be undefined: the day is the ``day`` param when
+given, else the run's logical date, else the day the run was triggered (see ``DAY``).
+
 Connection: ``dibs_default`` (see docs/airflow.md); without one, ``DIBS_STORE_URL`` or the embedded
 SQLite store of the machine is used, which is enough to try this out with ``airflow standalone``.
 """
@@ -23,15 +27,32 @@ import time
 from typing import Any
 
 from airflow.providers.standard.operators.bash import BashOperator
-from airflow.sdk import dag, task
+from airflow.sdk import Param, dag, task
 
 from dibs_provider.operators.reserved import reserved_operator
 from dibs_provider.sensors.reservation import ReservationSensor
 
+#: The day a run works on: the ``day`` param if the trigger gives one, else the run's logical date, else
+#: (a manual trigger without one) the day it was triggered. Every reserved key below is built from it.
+DAY = "{{ params.day or (dag_run.logical_date or dag_run.run_after) | ds }}"
 
-# The key is derived from this function (its module and name), ``version`` and its arguments, so both
-# DAGs below share it for the same ``day``. Bump ``version`` when the feature logic changes.
-@task.reserved(version="1", retries=2)
+#: Both DAGs take the same ``day`` param; empty means the run's own day (see ``DAY``).
+PARAMS = {
+    "day": Param(
+        None,
+        type=["null", "string"],
+        format="date",
+        description="The day to work on (YYYY-MM-DD); empty: the run's logical date, else today.",
+    )
+}
+
+#: A failed try is retried soon: the reserved tasks re-enter their own lease, or find the artifact.
+DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=15)}
+
+
+# The key is derived from this function (its code), ``version`` and its arguments, so both DAGs below
+# share it for the same ``day``. Bump ``version`` when the feature logic changes.
+@task.reserved(version="1")
 def build_features(day: str) -> dict[str, Any]:
     time.sleep(5)  # stands for an hour of feature engineering
     return {"day": day, "rows": 1_000_000, "columns": ["clicks", "views", "spend"]}
@@ -42,13 +63,15 @@ def build_features(day: str) -> dict[str, Any]:
     schedule="@daily",
     start_date=dt.datetime(2026, 1, 1),
     catchup=False,
+    params=PARAMS,
+    default_args=DEFAULT_ARGS,
     tags=["dibs", "example"],
 )
 def daily_training() -> None:
-    features = build_features("{{ ds }}")
+    features = build_features(DAY)
 
     # An explicit, templated key: other DAGs can wait for it with ReservationSensor.
-    @task.reserved(key="model-{{ ds }}")
+    @task.reserved(key=f"model-{DAY}")
     def train(features: dict[str, Any]) -> dict[str, Any]:
         return {"day": features["day"], "auc": 0.91}
 
@@ -60,19 +83,21 @@ def daily_training() -> None:
     schedule="0 */6 * * *",
     start_date=dt.datetime(2026, 1, 1),
     catchup=False,
+    params=PARAMS,
+    default_args=DEFAULT_ARGS,
     tags=["dibs", "example"],
 )
 def six_hourly_report() -> None:
-    features = build_features("{{ ds }}")
+    features = build_features(DAY)
 
     export = reserved_operator(BashOperator)(
         task_id="export_day",
-        bash_command="echo exported {{ ds }}",
-        reservation_key="export-{{ ds }}",
+        bash_command=f"echo exported {DAY}",
+        reservation_key=f"export-{DAY}",
     )
 
     # Pokes once, then defers until the training DAG has stored the day's model; returns the model.
-    model = ReservationSensor(task_id="wait_for_model", key="model-{{ ds }}", timeout=6 * 3600)
+    model = ReservationSensor(task_id="wait_for_model", key=f"model-{DAY}", timeout=6 * 3600)
 
     @task
     def report(features: dict[str, Any], exported: str, model: dict[str, Any]) -> str:

@@ -1,5 +1,10 @@
-"""What a reserved task knows about the Prefect run it is part of: its owner identity, its logger,
-and how it shows that it is waiting.
+"""What a reserved task or a lock knows about the Prefect run it is part of: its owner identity, its
+logger, and how it shows that it is waiting.
+
+Owners. A ``@reserved`` task's lease is owned by its task run (:func:`task_run_owner`). A lock of
+:class:`~prefect_dibs.DibsLockManager` must stay Prefect's ``holder`` (Prefect releases and checks it
+by holder), but a random holder id means nothing to a person: its owner is the run taking the lock
+*and* the holder (:func:`lock_owner`), and :func:`lock_holder` gives the holder back.
 
 Showing the wait. Prefect 3 runs task state changes client-side: the task engine keeps the task
 run's state in memory and *emits* a ``prefect.task-run.<State name>`` event per change, which the
@@ -22,8 +27,13 @@ import re
 from typing import Any
 
 __all__ = [
+    "FLOW_OWNER_PREFIX",
     "OWNER_PREFIX",
+    "flow_run_context",
     "holder_link",
+    "lock_holder",
+    "lock_owner",
+    "lock_run",
     "mark_state",
     "refresh_cache",
     "run_logger",
@@ -35,7 +45,13 @@ log = logging.getLogger("prefect_dibs")
 
 #: Owners of leases taken by Prefect task runs start with this, then the run's name and id.
 OWNER_PREFIX = "prefect-task-run:"
-_OWNER_RE = re.compile(re.escape(OWNER_PREFIX) + r".*:(?P<id>[0-9a-f-]{36})$")
+#: ... and by flow runs (a lock taken by a flow-level transaction), this.
+FLOW_OWNER_PREFIX = "prefect-flow-run:"
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_RUN = rf"prefect-(?P<kind>task|flow)-run:.*?:(?P<id>{_UUID})"
+_OWNER_RE = re.compile(rf"{_RUN}$", re.DOTALL)
+#: A lock's owner: the run, ``#``, then Prefect's holder (which may be any text).
+_LOCK_OWNER_RE = re.compile(rf"(?P<run>{_RUN})#(?P<holder>.*)$", re.DOTALL)
 
 
 def task_run_context() -> Any:
@@ -43,6 +59,13 @@ def task_run_context() -> Any:
     from prefect.context import TaskRunContext
 
     return TaskRunContext.get()
+
+
+def flow_run_context() -> Any:
+    """The current ``FlowRunContext``, or ``None`` outside a flow run."""
+    from prefect.context import FlowRunContext
+
+    return FlowRunContext.get()
 
 
 def task_run_owner(ctx: Any) -> str:
@@ -65,8 +88,39 @@ def refresh_cache(ctx: Any) -> bool:
     return bool(PREFECT_TASKS_REFRESH_CACHE.value())
 
 
+def _run_owner() -> str | None:
+    """The task run of this call stack as an owner, else its flow run, else ``None``."""
+    ctx = task_run_context()
+    if ctx is not None:
+        return task_run_owner(ctx)
+    flow_ctx = flow_run_context()
+    flow_run = getattr(flow_ctx, "flow_run", None)
+    if flow_run is None:
+        return None
+    return f"{FLOW_OWNER_PREFIX}{flow_run.name}:{flow_run.id}"
+
+
+def lock_owner(holder: str) -> str:
+    """The lease owner of a lock Prefect takes for ``holder``: the run taking it, then the holder
+    (just the holder outside any run)."""
+    run = _run_owner()
+    return holder if run is None else f"{run}#{holder}"
+
+
+def lock_holder(owner: str) -> str:
+    """The Prefect holder of a lock owned by ``owner`` (see :func:`lock_owner`)."""
+    match = _LOCK_OWNER_RE.match(owner)
+    return owner if match is None else match["holder"]
+
+
+def lock_run(owner: str) -> str:
+    """The run that holds a lock owned by ``owner``, as an owner string; the holder if no run took it."""
+    match = _LOCK_OWNER_RE.match(owner)
+    return owner if match is None else match["run"]
+
+
 def holder_link(holder: str) -> str:
-    """``holder`` for a log line, with a link to the Prefect UI when the holder is a task run."""
+    """``holder`` for a log line, with a link to the Prefect UI when the holder is a task or flow run."""
     match = _OWNER_RE.match(holder)
     if match is None:
         return repr(holder)
@@ -78,16 +132,21 @@ def holder_link(holder: str) -> str:
         ui_url = None
     if not ui_url:
         return repr(holder)
-    return f"{holder!r} ({ui_url.rstrip('/')}/runs/task-run/{match['id']})"
+    return f"{holder!r} ({ui_url.rstrip('/')}/runs/{match['kind']}-run/{match['id']})"
 
 
 def run_logger(ctx: Any) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """The run's logger (its lines reach the Prefect UI) inside a run, else the ``prefect_dibs`` logger."""
-    if ctx is None:
-        return log
+    """The run's logger, whose lines reach the Prefect UI: the task run's (``ctx``), else the flow
+    run's (a flow-level transaction, a reserved plain function called by a flow), else the
+    ``prefect_dibs`` logger."""
     from prefect.logging import get_run_logger
 
-    return get_run_logger(ctx)
+    if ctx is not None:
+        return get_run_logger(ctx)
+    flow_ctx = flow_run_context()
+    if flow_ctx is None or getattr(flow_ctx, "flow_run", None) is None:
+        return log
+    return get_run_logger(flow_ctx)
 
 
 def mark_state(ctx: Any, name: str, message: str | None = None) -> None:

@@ -31,6 +31,7 @@ judged by the store, not by this object: ``is_locked``/``is_lock_holder`` read t
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import logging
@@ -50,6 +51,7 @@ from dibs.runtime import runtime
 from dibs.settings import validate_timings
 from prefect_dibs import _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, resolve_client, spec_identity
+from prefect_dibs._watching import Seen, Watch, await_key, expiry_cause, wait_for_key
 
 __all__ = ["DibsLockManager"]
 
@@ -228,14 +230,19 @@ class DibsLockManager(LockManager):
         k = self._key(key)
         ttl, max_age = self._terms(hold_timeout)
         client = self.client
-        got = client.get_or_reserve(k, holder, ttl=ttl, max_lease_age=max_age)
-        ctx = None
+        owner = _runs.lock_owner(holder)
+        got = client.get_or_reserve(k, owner, ttl=ttl, max_lease_age=max_age)
+        if isinstance(got, Busy) and _runs.lock_holder(got.holder) == holder:
+            # The same holder, asking from another run context: re-enter its lock as its owner.
+            got = client.get_or_reserve(k, got.holder, ttl=ttl, max_lease_age=max_age)
+        wait: _LockWait | None = None
+        seen: Seen | None = None
         if isinstance(got, Busy) and acquire_timeout != 0:
-            ctx = self._announce_wait(k, got)
-            got = client.acquire(
-                k, holder, timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age, raise_on_timeout=False
+            wait = _LockWait(k, got)
+            got, seen = wait_for_key(
+                client, k, owner, got, wait.watch(), timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age
             )
-        return self._settle(k, got, hold_timeout, ctx)
+        return self._settle(k, got, hold_timeout, wait, seen)
 
     async def aacquire_lock(
         self,
@@ -249,52 +256,47 @@ class DibsLockManager(LockManager):
         client = await runtime().io(lambda: self.client)  # may load a block: not on the loop
         ttl, max_age = self._terms(hold_timeout)
         aclient = client.aio()
-        got = await aclient.get_or_reserve(k, holder, ttl=ttl, max_lease_age=max_age)
-        ctx = None
+        owner = _runs.lock_owner(holder)
+        got = await aclient.get_or_reserve(k, owner, ttl=ttl, max_lease_age=max_age)
+        if isinstance(got, Busy) and _runs.lock_holder(got.holder) == holder:
+            got = await aclient.get_or_reserve(k, got.holder, ttl=ttl, max_lease_age=max_age)
+        wait: _LockWait | None = None
+        seen: Seen | None = None
         if isinstance(got, Busy) and acquire_timeout != 0:
-            ctx = self._announce_wait(k, got)
-            got = await aclient.acquire(
-                k, holder, timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age, raise_on_timeout=False
+            wait = _LockWait(k, got)
+            got, seen = await await_key(
+                aclient, k, owner, got, wait.watch(), timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age
             )
-        # Settling may stop a stale heartbeat thread (a join): keep it off the loop.
-        return await runtime().io(self._settle, k, got, hold_timeout, ctx)
+        # Settling may stop a stale heartbeat thread (a join): keep it off the loop, in this run's context
+        # (its logger).
+        settle = contextvars.copy_context().run
+        return await runtime().io(settle, self._settle, k, got, hold_timeout, wait, seen)
 
-    def _announce_wait(self, key: Key, busy: Busy) -> Any:
-        """Say in the waiting task run's logs and state that it waits for a lock, and on whom.
-
-        Prefect takes the lock inside the task run (``Transaction.begin``), so the run context is there.
-        """
-        ctx = _runs.task_run_context()
-        remaining = busy.remaining
-        message = f"waiting for the cache lock {key.name!r} held by {busy.holder!r}"
-        if ctx is not None:
-            _runs.run_logger(ctx).info(
-                "%s (its lease runs %.1fs more unless renewed; if its holder dies, this run takes it over)",
-                message,
-                remaining,
-            )
-            _runs.mark_state(ctx, "Waiting", message)
-        else:
-            log.debug("%s", message)
-        return ctx
-
-    def _settle(self, key: Key, outcome: Outcome, hold_timeout: float | None, ctx: Any) -> bool:
+    def _settle(
+        self,
+        key: Key,
+        outcome: Outcome,
+        hold_timeout: float | None,
+        wait: _LockWait | None,
+        seen: Seen | None,
+    ) -> bool:
         if isinstance(outcome, Busy):
-            if ctx is not None:
-                _runs.mark_state(ctx, "Running", f"gave up waiting for the cache lock {key.name!r}")
+            if wait is not None:
+                wait.gave_up()
             return False
         if isinstance(outcome, Hit):
             raise ConfigurationError(
                 f"{key} has an artifact: the lock namespace {self.namespace!r} is shared with reserved "
                 "tasks; give the DibsLockManager a namespace of its own"
             )
-        if ctx is not None:
-            _runs.mark_state(ctx, "Running", f"holding the cache lock {key.name!r}")
+        if wait is not None:
+            wait.acquired()
         if outcome.took_over_from is not None:
-            (_runs.run_logger(ctx) if ctx is not None else log).warning(
-                "took over the cache lock %r from %r: its lease expired (the holder stopped heartbeating)",
+            (wait.logger if wait is not None else _LockWait.current_logger()).warning(
+                "took over the cache lock %r from %s: %s",
                 key.name,
-                outcome.took_over_from,
+                _runs.holder_link(_runs.lock_run(outcome.took_over_from)),
+                expiry_cause(outcome, seen, limit="hold_timeout"),
             )
         lease = outcome.lease
         with self._held_lock:
@@ -319,7 +321,7 @@ class DibsLockManager(LockManager):
         with self._held_lock:
             if self._held.get(key) is held:
                 del self._held[key]
-                self._lost_by[key] = held.lease.owner
+                self._lost_by[key] = _runs.lock_holder(held.lease.owner)
         log.warning("lost the lock %r: %s", key.name, error)
 
     # -- releasing -----------------------------------------------------------------------------------
@@ -332,7 +334,7 @@ class DibsLockManager(LockManager):
         k = self._key(key)
         with self._held_lock:
             held = self._held.get(k)
-            if held is not None and held.lease.owner == holder:
+            if held is not None and _runs.lock_holder(held.lease.owner) == holder:
                 del self._held[k]
             else:
                 held = None
@@ -353,7 +355,7 @@ class DibsLockManager(LockManager):
         live = client.status(k).live_lease
         if live is None:
             return
-        if live.owner != holder:
+        if _runs.lock_holder(live.owner) != holder:
             if lost_here:
                 # This manager did hold it for this holder, which overran its lease; someone else has
                 # the lock now. Raising here would fail a run whose work is done (Prefect releases in
@@ -361,9 +363,9 @@ class DibsLockManager(LockManager):
                 log.warning("the lock %r of %r was taken over by %r meanwhile", k.name, holder, live.owner)
                 return
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
-        # Held by this holder through another process or copy: re-entering returns the current lease
-        # (and its token) atomically, so the release is fenced like any other.
-        outcome = client.get_or_reserve(k, holder)
+        # Held by this holder through another process or copy: re-entering (as its exact owner) returns
+        # the current lease (and its token) atomically, so the release is fenced like any other.
+        outcome = client.get_or_reserve(k, live.owner)
         if isinstance(outcome, Acquired):
             outcome.lease.release()
             self._discard(k)
@@ -397,7 +399,7 @@ class DibsLockManager(LockManager):
     def is_lock_holder(self, key: str, holder: str) -> bool:
         """Whether ``holder`` holds a live lock on ``key`` (by the store, so from any process)."""
         live = self.client.status(self._key(key)).live_lease
-        return live is not None and live.owner == holder
+        return live is not None and _runs.lock_holder(live.owner) == holder
 
     def wait_for_lock(self, key: str, timeout: float | None = None) -> bool:
         """Wait until nobody holds ``key``; ``False`` if it is still held after ``timeout`` seconds."""
@@ -415,3 +417,54 @@ class DibsLockManager(LockManager):
         except WaitTimeout:
             return False
         return True
+
+
+class _LockWait:
+    """A run waiting for a lock says so, and on whom: in its logs (the task run's; in a flow-level
+    transaction, the flow run's) and, in a task run, its state (see :mod:`prefect_dibs._runs`).
+
+    The holder is named by the run that took the lock, not by Prefect's random holder id.
+    """
+
+    def __init__(self, key: Key, busy: Busy) -> None:
+        self.key = key
+        self.ctx = _runs.task_run_context()
+        self.logger = self.current_logger()
+        self._in_run = self.logger is not _runs.log
+        self._say(
+            "waiting for the cache lock %r held by %s (its lease runs %.1fs more unless renewed; if its "
+            "holder dies, this run takes it over)",
+            key.name,
+            _runs.holder_link(_runs.lock_run(busy.holder)),
+            busy.remaining,
+        )
+        self._mark_waiting(busy)
+
+    @staticmethod
+    def current_logger() -> Any:
+        return _runs.run_logger(_runs.task_run_context())
+
+    def watch(self) -> Watch:
+        return Watch(changed=self._changed)
+
+    def _say(self, message: str, *args: Any) -> None:
+        # Outside any run there is no run log to inform, only the library's own (quietly).
+        (self.logger.info if self._in_run else log.debug)(message, *args)
+
+    def _mark_waiting(self, busy: Busy) -> None:
+        run = _runs.lock_run(busy.holder)
+        _runs.mark_state(self.ctx, "Waiting", f"waiting for the cache lock {self.key.name!r} held by {run!r}")
+
+    def _changed(self, seen: Seen) -> None:
+        self._say(
+            "the cache lock %r changed hands: now held by %s; still waiting",
+            self.key.name,
+            _runs.holder_link(_runs.lock_run(seen.busy.holder)),
+        )
+        self._mark_waiting(seen.busy)
+
+    def acquired(self) -> None:
+        _runs.mark_state(self.ctx, "Running", f"holding the cache lock {self.key.name!r}")
+
+    def gave_up(self) -> None:
+        _runs.mark_state(self.ctx, "Running", f"gave up waiting for the cache lock {self.key.name!r}")

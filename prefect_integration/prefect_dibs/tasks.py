@@ -11,13 +11,15 @@ and its arguments, exactly as :func:`dibs.derive_key` does (so a plain ``dibs`` 
 provider computing the same function with the same arguments shares the key, whichever module or
 file the code is loaded from), and asks the store once:
 
-* **hit**: the artifact exists; the task returns it and runs nothing;
+* **hit**: the artifact exists; the task returns it, runs nothing, and ends ``Cached`` as a hit of
+  Prefect's own cache does (see :mod:`prefect_dibs._cached`);
 * **acquired**: this task run holds the lease; the work runs with background heartbeats, its value
   is stored as the key's artifact (JSON by default, so Airflow can read it too) and returned;
   a failure releases the lease with the error recorded, so a waiter takes over at once;
 * **busy**: another run holds the lease; this one logs on whom it waits, records a ``Running`` state
   named ``Waiting`` (see :mod:`prefect_dibs._runs`), and waits (async tasks without blocking their
-  event loop) until the artifact appears (it returns it) or the holder dies or fails (it takes over).
+  event loop) until the artifact appears (it returns it, and ends ``Cached`` too) or the holder dies or
+  fails (it takes over). If the key changes hands meanwhile, its logs and state say so at once.
 
 The lease owner is the task run (its name and id), which Prefect keeps across retries: a retry
 re-enters its own lease instead of waiting for it to expire.
@@ -48,8 +50,9 @@ from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.runtime import runtime
 from dibs.serializers import Serializer
 from dibs.settings import validate_timings
-from prefect_dibs import _runs
+from prefect_dibs import _cached, _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, is_url, resolve_client
+from prefect_dibs._watching import Seen, Watch, await_key, expiry_cause, wait_for_key
 
 __all__ = ["KeySpec", "reserved"]
 
@@ -180,6 +183,7 @@ def reserved(
                 )
             reserved_task = copy.copy(target)
             reserved_task.fn = reservation(target.fn).wrapper()
+            _cached.adopt(reserved_task)  # hits end Cached, as Prefect's own cache hits do
             return reserved_task
         if not callable(target):
             raise TypeError(f"@reserved decorates a Prefect task or a function, got {type(target).__name__}")
@@ -270,9 +274,9 @@ class _Reservation:
 
     def announce_wait(self, ctx: Any, logger: Logger, busy: Busy) -> None:
         logger.info(
-            "%s is being computed by %s (attempt %d, for %.1fs so far); waiting for its result instead "
-            "of computing it again (its lease runs %.1fs more unless renewed: if that run dies, this one "
-            "takes over)",
+            "%s is being computed by %s (lease attempt %d on this key, for %.1fs so far); waiting for its "
+            "result instead of computing it again (its lease runs %.1fs more unless renewed: if that run "
+            "dies, this one takes over)",
             busy.key,
             _runs.holder_link(busy.holder),
             busy.attempt,
@@ -289,37 +293,31 @@ class _Reservation:
             )
         _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
 
-    def wait_step(self, started: float, timeout: float | None, busy: Busy) -> float:
-        """The length of the next wait chunk; raises :class:`WaitTimeout` once ``timeout`` has passed."""
-        elapsed = time.monotonic() - started
-        if timeout is None:
-            return self.progress_interval
-        remaining = timeout - elapsed
-        if remaining <= 0:
-            raise busy.timed_out(elapsed)
-        return min(self.progress_interval, remaining)
+    def watch(self, ctx: Any, logger: Logger) -> Watch:
+        """What this run says while it waits: a new holder at once (logs and state), and every
+        ``progress_interval`` seconds that it still waits."""
 
-    @staticmethod
-    def still_waiting(ctx: Any, logger: Logger, busy: Busy, holder: str, started: float) -> str:
-        """Log that this run still waits; when the key changed hands, say so in the logs and the state."""
-        if busy.holder != holder:
+        def changed(seen: Seen) -> None:
+            busy = seen.busy
             logger.info("%s changed hands: now held by %s", busy.key, _runs.holder_link(busy.holder))
             _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
-        logger.info(
-            "still waiting for %s: held by %r, %.0fs so far",
-            busy.key,
-            busy.holder,
-            time.monotonic() - started,
-        )
-        return busy.holder
 
-    def announce_acquired(self, ctx: Any, logger: Logger, got: Acquired, waited_on: str | None) -> None:
+        def progress(seen: Seen, waited: float) -> None:
+            logger.info(
+                "still waiting for %s: held by %r, %.0fs so far", seen.busy.key, seen.busy.holder, waited
+            )
+
+        return Watch(changed, progress, self.progress_interval)
+
+    def announce_acquired(
+        self, ctx: Any, logger: Logger, got: Acquired, waited_on: str | None, seen: Seen | None
+    ) -> None:
         if got.took_over_from is not None:
             logger.warning(
-                "%s: took over the expired lease of %r (it stopped heartbeating); computing it now "
-                "(token %d)",
+                "%s: took over from %r: %s; computing it now (token %d)",
                 got.key,
                 got.took_over_from,
+                expiry_cause(got, seen, limit="maximum lease age"),
                 got.lease.token,
             )
         elif waited_on is not None:
@@ -338,7 +336,8 @@ class _Reservation:
             _runs.mark_state(ctx, "Running", f"computing {got.key}")
 
     @staticmethod
-    def hit_report(got: Hit, waited: float, waited_on: str | None, logger: Logger) -> RunReport:
+    def hit_report(got: Hit, waited: float, waited_on: str | None, logger: Logger) -> tuple[RunReport, str]:
+        """How a run that used the artifact reports it, and the message of its ``Cached`` state."""
         role: Literal["waited", "hit"] = "waited" if waited_on is not None else "hit"
         if role == "waited":
             logger.info(
@@ -348,11 +347,14 @@ class _Reservation:
                 waited,
                 got.token,
             )
+            message = f"dibs: {got.key} was computed by {got.producer!r} while this run waited {waited:.1f}s"
         else:
             logger.info(
                 "%s: already computed by %r; using its artifact (token %d)", got.key, got.producer, got.token
             )
-        return RunReport(got.key, got.value, role, got.token, got.producer, waited, waited_on)
+            message = f"dibs: {got.key} was already computed by {got.producer!r}"
+        report = RunReport(got.key, got.value, role, got.token, got.producer, waited, waited_on)
+        return report, f"{message} (token {got.token})"
 
     def unreserved(
         self,
@@ -381,23 +383,25 @@ class _Reservation:
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
         owner = _runs.task_run_owner(ctx) if ctx is not None else default_owner()
-        started = time.monotonic()
         waited_on: str | None = None
+        seen: Seen | None = None
         client: Reservations | None = None
+        started = time.monotonic()
         try:
             client, timeout = self.resolve()
             key = client.key(self.key_name(args, kwargs))
             refresh = self.refresh_wanted(ctx)
+            started = time.monotonic()  # waiting starts now: opening the store is not waiting
             got: Outcome = client.get_or_reserve(key, owner, refresh=refresh)
             min_token = got.token if refresh and isinstance(got, Busy) else None  # its result is fresh
             if isinstance(got, Busy):
-                waited_on = got.holder
                 self.announce_wait(ctx, logger, got)
-            while isinstance(got, Busy):
-                chunk = self.wait_step(started, timeout, got)
-                got = client.acquire(key, owner, timeout=chunk, raise_on_timeout=False, min_token=min_token)
+                got, seen = wait_for_key(
+                    client, key, owner, got, self.watch(ctx, logger), timeout=timeout, min_token=min_token
+                )
+                waited_on = seen.busy.holder
                 if isinstance(got, Busy):
-                    waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
+                    raise got.timed_out(time.monotonic() - started)
         except StoreUnavailable as exc:
             report_key = self.unreserved(client, logger, args, kwargs, exc)
             value = self.fn(*args, **kwargs)
@@ -405,11 +409,12 @@ class _Reservation:
             return value
         waited = time.monotonic() - started
         if isinstance(got, Hit):
-            report = self.hit_report(got, waited, waited_on, logger)
-        else:
-            self.announce_acquired(ctx, logger, got, waited_on)
-            held = client.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
-            report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+            report, message = self.hit_report(got, waited, waited_on, logger)
+            self.publish(ctx, report, logger)
+            return _cached.as_cached(ctx, self, report, message)
+        self.announce_acquired(ctx, logger, got, waited_on, seen)
+        held = client.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
+        report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
         self.publish(ctx, report, logger)
         return report.value
 
@@ -429,26 +434,26 @@ class _Reservation:
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
         owner = _runs.task_run_owner(ctx) if ctx is not None else default_owner()
-        started = time.monotonic()
         waited_on: str | None = None
+        seen: Seen | None = None
         client: Reservations | None = None
+        started = time.monotonic()
         try:
             resolved, timeout = await runtime().io(self.resolve)
             client, aclient = resolved, resolved.aio()
             key = resolved.key(self.key_name(args, kwargs))
             refresh = self.refresh_wanted(ctx)
+            started = time.monotonic()  # waiting starts now: opening the store is not waiting
             got: Outcome = await aclient.get_or_reserve(key, owner, refresh=refresh)
             min_token = got.token if refresh and isinstance(got, Busy) else None  # its result is fresh
             if isinstance(got, Busy):
-                waited_on = got.holder
                 self.announce_wait(ctx, logger, got)
-            while isinstance(got, Busy):
-                chunk = self.wait_step(started, timeout, got)
-                got = await aclient.acquire(
-                    key, owner, timeout=chunk, raise_on_timeout=False, min_token=min_token
+                got, seen = await await_key(
+                    aclient, key, owner, got, self.watch(ctx, logger), timeout=timeout, min_token=min_token
                 )
+                waited_on = seen.busy.holder
                 if isinstance(got, Busy):
-                    waited_on = self.still_waiting(ctx, logger, got, waited_on or got.holder, started)
+                    raise got.timed_out(time.monotonic() - started)
         except StoreUnavailable as exc:
             report_key = self.unreserved(client, logger, args, kwargs, exc)
             value = await self.fn(*args, **kwargs)
@@ -458,11 +463,12 @@ class _Reservation:
             return value
         waited = time.monotonic() - started
         if isinstance(got, Hit):
-            report = self.hit_report(got, waited, waited_on, logger)
-        else:
-            self.announce_acquired(ctx, logger, got, waited_on)
-            held = await aclient.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
-            report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+            report, message = self.hit_report(got, waited, waited_on, logger)
+            await self.apublish(ctx, report, logger)
+            return _cached.as_cached(ctx, self, report, message)
+        self.announce_acquired(ctx, logger, got, waited_on, seen)
+        held = await aclient.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
+        report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
         await self.apublish(ctx, report, logger)
         return report.value
 

@@ -22,11 +22,14 @@ def run_dags(
     template_db: str,
     dags_folder: str,
     env: dict[str, str],
-    runs: list[tuple[str, str]],
+    runs: list[dict[str, Any]],
     results: str,
 ) -> None:
-    """Run each ``(dag_id, logical date)`` with ``dag.test()``; append what each run did to ``results``.
+    """Run each ``{"dag_id", "logical_date", "run_after"?, "conf"?}`` with ``dag.test()``; append what each
+    run did to ``results``.
 
+    A ``logical_date`` of ``None`` is a manual trigger without one (Airflow 3's default for "Trigger" in
+    the UI and ``airflow dags trigger``): templates then have no ``ds``. Dates are ISO strings in UTC.
     Exits 0 when every run succeeded. Output goes to ``<home>/child.log``.
     """
     home_path = Path(home)
@@ -52,18 +55,47 @@ def run_dags(
     from tests.airflow.compat import dag_bag
 
     bag = dag_bag(dags_folder)
+
+    def utc(day: str | None) -> dt.datetime | None:
+        return None if day is None else dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC)
+
     ok = True
-    for dag_id, day in runs:
+    for spec in runs:
+        dag_id = spec["dag_id"]
         dag = bag.dags.get(dag_id)
         if dag is None:
             raise RuntimeError(f"{dag_id} did not parse: {bag.import_errors}")
-        run = dag.test(logical_date=dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC))
-        record = {"pid": os.getpid(), "dag_id": dag_id, "state": str(run.state), **_xcoms(run)}
+        run = dag.test(
+            logical_date=utc(spec["logical_date"]),
+            run_after=utc(spec.get("run_after")),
+            run_conf=spec.get("conf"),
+        )
+        record = {
+            "pid": os.getpid(),
+            "dag_id": dag_id,
+            "state": str(run.state),
+            "logical_date": None if run.logical_date is None else run.logical_date.isoformat(),
+            "tries": _tries(run),
+            **_xcoms(run),
+        }
         with open(results, "a") as f:
             f.write(json.dumps(record) + "\n")
         ok = ok and record["state"] == "success"
     sys.stdout.flush()
     sys.exit(0 if ok else 3)
+
+
+def _tries(run: Any) -> dict[str, int]:
+    """How many tries each task instance of the run took, by ``task_id[map_index]``."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == run.dag_id, TaskInstance.run_id == run.run_id)
+        ).all()
+        return {f"{ti.task_id}[{ti.map_index}]": ti.try_number for ti in rows}
 
 
 def _xcoms(run: Any) -> dict[str, Any]:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
+import sys
+import uuid
 from typing import Any
 
 import pytest
@@ -142,3 +146,25 @@ def test_test_connection_reports_success_and_failure(monkeypatch: pytest.MonkeyP
     )
     ok, message = DibsHook("dibs_bad").test_connection()
     assert not ok and "ConfigurationError" in message and "'ttl'" in message
+
+
+def test_a_failed_test_keeps_its_install_hint_through_airflows_cli_markup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``airflow connections test`` prints the message as Rich markup, where ``[postgres]`` is a style tag
+    and would vanish: the hint must read the same there as in the UI, and still install the extra."""
+    from packaging.requirements import Requirement
+    from rich.console import Console
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # the driver is not installed
+    url = f"postgresql+psycopg://dibs@127.0.0.1:1/hint-{uuid.uuid4().hex[:8]}"
+    env_conn(monkeypatch, "dibs_pg", {"conn_type": "dibs", "extra": {"store_url": url}})
+    ok, message = DibsHook("dibs_pg").test_connection()
+    assert not ok
+    console = Console(file=io.StringIO(), width=1000)
+    console.print(f"[bold][red]\nConnection failed![/bold]\n{message}\n")  # what the CLI does with it
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    (command,) = re.findall(r"pip install '([^']+)'", shown)
+    assert command in message  # the UI shows the message as it is: the same text
+    requirement = Requirement(command)
+    assert (requirement.name, requirement.extras) == ("dibs", {"postgres"})

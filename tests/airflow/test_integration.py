@@ -10,12 +10,15 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +26,8 @@ pytest.importorskip("airflow")
 
 from packaging.version import Version
 
+import dibs
+from dibs_provider.operators._stopping import KILLED_FAILURE
 from tests.airflow._child import run_dags
 from tests.airflow.compat import AIRFLOW_VERSION
 
@@ -71,7 +76,7 @@ def child_logs(tmp_path: Path) -> str:
 
 
 def start(
-    tmp_path: Path, template_db: Path, dags: Path, env: dict[str, str], runs: list[list[tuple[str, str]]]
+    tmp_path: Path, template_db: Path, dags: Path, env: dict[str, str], runs: list[list[dict[str, Any]]]
 ) -> list[BaseProcess]:
     """One spawned process per entry of ``runs`` (fresh interpreters: Airflow configures itself on import)."""
     context = multiprocessing.get_context("spawn")
@@ -99,7 +104,8 @@ def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template
     work.mkdir()
     env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}", "DIBS_IT_DIR": str(work)}
     started = time.monotonic()
-    runs = [[("dibs_integration", f"2024-01-0{i}")] for i in (1, 2, 3)]  # three runs: three owners
+    # three runs (three logical dates, so three run ids): three owners
+    runs = [[{"dag_id": "dibs_integration", "logical_date": f"2024-01-0{i}"}] for i in (1, 2, 3)]
     processes = start(tmp_path, template_db, HERE / "dags", env, runs)
     try:
         # The run that acquired the key holds it until the two others have found it busy and deferred.
@@ -139,22 +145,109 @@ def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template
     assert len(received) == 3 and all(value == values[0] for value in received)
 
 
-def test_mapped_partitions_are_reserved_one_by_one(tmp_path: Path, template_db: Path) -> None:
+def test_a_task_stopped_through_on_kill_frees_its_key_at_once(tmp_path: Path, template_db: Path) -> None:
+    """SIGTERM to a running task (what Airflow's supervisor sends on mark failed) reaches the task runner's
+    handler, which calls on_kill: the lease is released with the failure recorded, the wrapped
+    BashOperator's own on_kill stops its command, and a waiter in another process gets the key at once
+    (its ttl is 600 s: only the release can hand it over within the test)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    store_url = f"sqlite:///{tmp_path / 'dibs.db'}"
+    env = {"DIBS_STORE_URL": store_url, "DIBS_IT_DIR": str(work)}
+    (process,) = start(tmp_path, template_db, HERE / "dags", env, [[manual("dibs_on_kill", "2026-11-25")]])
+    got: list[object] = []
+    try:
+        wait_until((work / "started").exists, [process], "the task to start its work", tmp_path)
+        with dibs.Reservations(store_url) as client:
+            key = "held-until-killed"
+            holder = client.status(key).live_lease
+            assert holder is not None and holder.ttl == 600
+
+            def wait_for_the_key() -> None:  # a waiter holding nothing, in this other process
+                got.append(client.acquire(key, owner="waiting-run", timeout=BOUND))
+
+            waiter = threading.Thread(target=wait_for_the_key, daemon=True)
+            waiter.start()
+            assert process.pid is not None
+            os.kill(process.pid, signal.SIGTERM)
+            waiter.join(BOUND)
+            process.join(BOUND)
+            (taken,) = got
+            assert isinstance(taken, dibs.Acquired), taken
+            assert taken.took_over_from is None  # released, not expired
+            assert taken.last_failure is not None and taken.last_failure.error == KILLED_FAILURE
+            assert taken.last_failure.owner == holder.owner and taken.lease.token == holder.token.fence + 1
+            taken.lease.release()
+    finally:
+        if process.is_alive():
+            process.kill()
+    assert process.exitcode == 3, child_logs(tmp_path)  # the run finished, its task failed
+    (run,) = (json.loads(line) for line in lines(tmp_path / "runs.jsonl"))
+    assert run["state"] == "failed"
+    log = (tmp_path / "home0" / "child.log").read_text()
+    assert "the task was killed: released default/held-until-killed" in log
+    assert "Sending SIGTERM signal to process group" in log  # then BashOperator's own on_kill ran
+    # The hold loop's own release after the kill found nothing left to do, and said nothing about it.
+    assert "nothing to release" not in log and "lease was lost" not in log
+
+
+def manual(dag_id: str, run_after: str, **conf: str) -> dict[str, Any]:
+    """A manual trigger without a logical date (Airflow 3's "Trigger" button), at ``run_after`` (UTC)."""
+    return {"dag_id": dag_id, "logical_date": None, "run_after": run_after, "conf": conf or None}
+
+
+def test_example_dags_run_on_a_manual_trigger_without_a_logical_date(
+    tmp_path: Path, template_db: Path
+) -> None:
     env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}"}
-    days = [("dibs_mapped_partitions", "2026-02-01"), ("dibs_mapped_partitions", "2026-02-02")]
-    (process,) = start(tmp_path, template_db, REPO / "example_dags", env, [days])
+    runs = [
+        manual("dibs_daily_training", "2026-11-25T06:00:00"),
+        manual("dibs_six_hourly_report", "2026-11-25T12:00:00"),
+        manual("dibs_six_hourly_report", "2026-11-25T18:00:00"),
+        manual("dibs_daily_training", "2026-11-25T20:00:00", day="2026-11-24"),  # a backfill, by param
+        manual("dibs_mapped_partitions", "2026-11-25T06:00:00"),
+        manual("dibs_mapped_partitions", "2026-11-25T07:00:00"),
+    ]
+    (process,) = start(tmp_path, template_db, REPO / "example_dags", env, [runs])
     process.join(BOUND)
     if process.is_alive():
         process.kill()
     assert process.exitcode == 0, child_logs(tmp_path)
-    first, second = (json.loads(line) for line in lines(tmp_path / "runs.jsonl"))
+    done = [json.loads(line) for line in lines(tmp_path / "runs.jsonl")]
+    assert [run["dag_id"] for run in done] == [run["dag_id"] for run in runs]
+    for run in done:  # every task succeeded at its first try: nothing failed to render and retried
+        assert run["state"] == "success" and run["logical_date"] is None, run
+        assert run["tries"] and set(run["tries"].values()) == {1}, run["tries"]
+    training, report, later_report, backfill, partitions, later_partitions = done
+
+    # One feature build per day, whichever DAG asks first; the day comes from the run (or the param).
+    features = training["outcomes"]["build_features[-1]"]
+    assert features["role"] == "computed" and training["values"]["build_features[-1]"]["day"] == "2026-11-25"
+    for run in (report, later_report):
+        assert run["outcomes"]["build_features[-1]"]["role"] == "hit"
+        assert run["outcomes"]["build_features[-1]"]["key"] == features["key"]
+    assert training["outcomes"]["train[-1]"]["key"] == "default/model-2026-11-25"
+    assert backfill["outcomes"]["build_features[-1]"]["role"] == "computed"
+    assert backfill["outcomes"]["build_features[-1]"]["key"] != features["key"]
+    assert backfill["values"]["build_features[-1]"]["day"] == "2026-11-24"
+    assert backfill["outcomes"]["train[-1]"]["key"] == "default/model-2026-11-24"
+
+    # The reserved BashOperator exports the day once; the sensor returns the training DAG's model.
+    assert report["outcomes"]["export_day[-1]"]["role"] == "computed"
+    assert later_report["outcomes"]["export_day[-1]"]["role"] == "hit"
+    assert report["values"]["export_day[-1]"] == "exported 2026-11-25"
+    assert report["values"]["wait_for_model[-1]"] == training["values"]["train[-1]"]
+    assert report["values"]["report[-1]"] == "1000000 rows, exported 2026-11-25, auc=0.91"
+
+    # Mapped partitions: one key per partition, each computed once.
     for task_id in ("process", "validate"):
         names = [f"{task_id}[{i}]" for i in range(3)]
-        assert len({first["outcomes"][n]["key"] for n in names}) == 3  # one key per partition
-        assert [first["outcomes"][n]["role"] for n in names] == ["computed"] * 3
-        assert [second["outcomes"][n]["role"] for n in names] == ["hit"] * 3
-        assert [second["outcomes"][n]["key"] for n in names] == [first["outcomes"][n]["key"] for n in names]
-    assert first["values"]["combine[-1]"] == second["values"]["combine[-1]"] == 333
+        first, second = partitions["outcomes"], later_partitions["outcomes"]
+        assert len({first[n]["key"] for n in names}) == 3
+        assert [first[n]["role"] for n in names] == ["computed"] * 3
+        assert [second[n]["role"] for n in names] == ["hit"] * 3
+        assert [second[n]["key"] for n in names] == [first[n]["key"] for n in names]
+    assert partitions["values"]["combine[-1]"] == later_partitions["values"]["combine[-1]"] == 333
 
 
 def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db: Path) -> None:
@@ -184,3 +277,15 @@ def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db
         assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "Connection failed!" in bad.stdout, bad.stdout + bad.stderr
     assert "dibs connection 'dibs_bad': extra 'ttl' must be a number of seconds greater than 0" in bad.stdout
+    # A store whose driver is missing: the hint to install the extra survives the CLI's Rich markup.
+    hidden = tmp_path / "without-psycopg" / "psycopg"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ImportError("psycopg is not installed", name="psycopg")\n')
+    env["PYTHONPATH"] = os.pathsep.join([str(hidden.parent), env.get("PYTHONPATH", "")])
+    env["AIRFLOW_CONN_DIBS_NODRIVER"] = json.dumps(
+        {"conn_type": "dibs", "extra": {"store_url": "postgresql+psycopg://dibs@127.0.0.1:1/dibs"}}
+    )
+    missing = airflow("connections", "test", "dibs_nodriver")
+    if Version("3.3") <= AIRFLOW_VERSION:
+        assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert "install it with: pip install 'dibs[ postgres ]'" in missing.stdout, missing.stdout

@@ -113,9 +113,15 @@ def test_hit_returns_the_artifact_and_runs_nothing(client: dibs.Reservations, ma
 
 
 def test_busy_defers_to_a_trigger_without_running(client: dibs.Reservations, make_context: Any) -> None:
+    import structlog
+
     client.get_or_reserve(KEY, owner="other/run/t/-1")
     work, context = Work(), make_context()
-    deferral = deferred(operator(work, dibs_conn_id="dibs_default"), context)
+    with structlog.testing.capture_logs() as logs:
+        deferral = deferred(operator(work, dibs_conn_id="dibs_default"), context)
+    (said,) = [e["event"] for e in logs if "deferring" in e["event"]]
+    # The lease's attempt number is the key's, and must not read like Airflow's try number.
+    assert "held by other/run/t/-1 (lease attempt 1 on this key, expires in" in said
     assert work.calls == 0 and deferral.method_name == "execute_complete"
     classpath, kwargs = deferral.trigger.serialize()
     assert classpath.endswith("ReservationTrigger")
@@ -180,7 +186,7 @@ def test_wait_timeout_counts_the_whole_wait_across_deferrals(
 ) -> None:
     client.get_or_reserve(KEY, owner="holder")
     ev = event("free", wait_started=time.time() - 100, deferrals=3, state="expired", last_failure=None)
-    with pytest.raises(dibs.WaitTimeout, match="holder"):
+    with pytest.raises(dibs.WaitTimeout, match=r"held by 'holder' \(lease attempt 1 on this key"):
         operator(Work(), reservation_wait_timeout=50).execute_complete(make_context(), event=ev)
 
 
@@ -389,3 +395,90 @@ def test_the_same_dag_source_at_two_paths_shares_one_key(tmp_path: Path, make_co
     assert first.startswith("keyed.build/")  # defined inside the DAG function
     assert moved == first
     assert changed != first
+
+
+# -- stopping --------------------------------------------------------------------------------------------
+class _WorkUntilKilled(BaseOperator):
+    """Work that runs until its own ``on_kill`` stops it, then fails, as a BashOperator's command does."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+
+    def execute(self, context: Any) -> str:
+        self.started.set()
+        if not self.stopped.wait(60):
+            raise TimeoutError("never killed")
+        raise RuntimeError("the command was terminated")
+
+    def on_kill(self) -> None:
+        self.stopped.set()
+
+
+def test_on_kill_releases_the_key_at_once_and_stops_the_wrapped_work(
+    client: dibs.Reservations, make_context: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import structlog
+
+    from dibs_provider.operators._stopping import KILLED_FAILURE
+
+    holder = reserved_operator(_WorkUntilKilled)(task_id="h", reservation_key=KEY, reservation_ttl=600)
+    failures: list[BaseException] = []
+
+    def run_holder() -> None:
+        try:
+            holder.execute(make_context(run_id="r1", task_id="h"))
+        except BaseException as exc:
+            failures.append(exc)
+
+    # A second run's reserved task waits in its worker for the same key, holding nothing.
+    waiting = threading.Event()
+    real_acquire = dibs.Reservations.acquire
+
+    def acquire(self: dibs.Reservations, *args: Any, **kwargs: Any) -> Any:
+        waiting.set()
+        return real_acquire(self, *args, **kwargs)
+
+    monkeypatch.setattr(dibs.Reservations, "acquire", acquire)
+    work, waiter_context, waiter_result = Work(), make_context(run_id="r2"), []
+    waiter = operator(work, reservation_deferrable=False)
+
+    with structlog.testing.capture_logs() as logs:
+        holder_thread = threading.Thread(target=run_holder)
+        holder_thread.start()
+        assert holder.started.wait(30)  # the holder's work runs under its lease (ttl 600 s)
+        waiter_thread = threading.Thread(target=lambda: waiter_result.append(waiter.execute(waiter_context)))
+        waiter_thread.start()
+        assert waiting.wait(30)
+        holder.on_kill()  # what the task runner's SIGTERM handler calls, here from another thread
+        holder_thread.join(30)
+        waiter_thread.join(30)
+
+    # The wrapped operator's own on_kill stopped its work, and the task failed with that work's error.
+    assert [str(e) for e in failures] == ["the command was terminated"]
+    # The waiter got the key at once: released with the kill recorded, not expired (its ttl is 600 s).
+    assert waiter_result == [{"rows": 3}] and work.calls == 1
+    result = outcome(waiter_context)
+    assert result["role"] == "computed" and result["took_over_from"] is None
+    assert result["waited_on"] == "dag/r1/h/-1" and result["token"] == 2
+    state = client.status(KEY)
+    assert state.failure is not None and state.failure.error == KILLED_FAILURE
+    assert state.failure.owner == "dag/r1/h/-1" and state.failure.count == 1
+    # Quiet: one line says what on_kill did; the hold loop's own release afterwards says nothing.
+    warnings = [
+        e["event"]
+        for e in logs
+        if e["log_level"] in ("warning", "error")
+        and "outside of the Task Runner" not in e["event"]  # Airflow's note on calling execute directly
+    ]
+    assert len(warnings) == 1 and "the task was killed: released default/features" in warnings[0]
+
+
+def test_on_kill_without_a_held_lease_only_stops_the_wrapped_operator(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    op = reserved_operator(_WorkUntilKilled)(task_id="idle", reservation_key=KEY)
+    op.on_kill()  # e.g. killed while deferred: nothing is held
+    assert op.stopped.is_set()
+    assert client.status(KEY).status == "free"

@@ -129,3 +129,17 @@ def test_example_dags_parse_and_serialize() -> None:
         serialize_dag(dag)  # what the DAG processor stores for the scheduler
     report = bag.dags["dibs_six_hourly_report"]
     assert {"build_features", "export_day", "wait_for_model"} <= set(report.task_dict)
+
+
+def test_the_hook_names_its_default_connection() -> None:
+    """The hook declares ``dibs_default``, the connection it uses when given none. Airflow's connection-form
+    metadata (``GET /ui/connections/hook_meta``) cannot carry it yet: Airflow 3.0 to 3.3 write
+    ``default_conn_name=None`` for every hook. If a later Airflow reads it, it must read ours."""
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+
+    from dibs_provider.hooks.dibs import DibsHook
+
+    assert DibsHook.default_conn_name == "dibs_default" and DibsHook.conn_name_attr == "dibs_conn_id"
+    (meta,) = [m for m in HookMetaService.hook_meta_data() if m.connection_type == "dibs"]
+    assert meta.hook_class_name == "dibs_provider.hooks.dibs.DibsHook"
+    assert meta.default_conn_name in (None, DibsHook.default_conn_name)

@@ -9,6 +9,7 @@ The manager is parametrized over an in-process store and a SQLite file; expiry i
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import queue
 import threading
@@ -210,13 +211,18 @@ def test_result_store_write_checks_the_holder(manager: DibsLockManager, key: str
 # -- what Prefect's managers do not do -----------------------------------------------------------------
 
 
-def test_a_holder_that_stops_heartbeating_is_taken_over(lock_url: str, key: str) -> None:
+def test_a_holder_that_stops_heartbeating_is_taken_over(
+    lock_url: str, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A holder that dies stops heartbeating: its lock expires after the ttl and a waiter takes it."""
     crashed = DibsLockManager(lock_url, ttl=1, heartbeat_interval=0.25)
     assert crashed.acquire_lock(key, holder="crashed")
     crashed._held[crashed._key(key)].stop()  # as if the process froze: no more heartbeats, no release
     waiter = DibsLockManager(lock_url, ttl=1, heartbeat_interval=0.25)
-    assert waiter.acquire_lock(key, holder="waiter", acquire_timeout=60)
+    with caplog.at_level(logging.WARNING, logger="prefect_dibs"):
+        assert waiter.acquire_lock(key, holder="waiter", acquire_timeout=60)
+    (took_over,) = [r.getMessage() for r in caplog.records if "took over" in r.getMessage()]
+    assert "from 'crashed': its holder stopped heartbeating, so its lease expired" in took_over
     state = waiter.client.status(waiter._key(key))
     assert state.lease is not None and state.lease.owner == "waiter" and state.lease.token.fence == 2
     assert not crashed.is_lock_holder(key, "crashed")
@@ -226,6 +232,23 @@ def test_a_holder_that_stops_heartbeating_is_taken_over(lock_url: str, key: str)
     assert waiter.is_lock_holder(key, "waiter")
     with pytest.raises(ValueError, match="No lock held by stranger"):
         crashed.release_lock(key, holder="stranger")
+    waiter.release_all()
+
+
+def test_a_takeover_after_a_hold_timeout_says_so(
+    lock_url: str, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lock that reached its hold_timeout expired whatever its holder did: the takeover says that,
+    not that the holder stopped heartbeating (it did not: the heartbeats carried it past its ttl)."""
+    holder = DibsLockManager(lock_url, ttl=1, heartbeat_interval=0.25)
+    assert holder.acquire_lock(key, holder="holder1", hold_timeout=3)
+    waiter = DibsLockManager(lock_url, ttl=1, heartbeat_interval=0.25)
+    with caplog.at_level(logging.WARNING, logger="prefect_dibs"):
+        assert waiter.acquire_lock(key, holder="holder2", acquire_timeout=60)
+    (took_over,) = [r.getMessage() for r in caplog.records if "took over" in r.getMessage()]
+    assert took_over.endswith("from 'holder1': its hold_timeout (3s) ran out")
+    assert "stopped heartbeating" not in took_over
+    holder.release_all()
     waiter.release_all()
 
 

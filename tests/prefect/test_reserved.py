@@ -27,6 +27,7 @@ from prefect.client.schemas.filters import (
     LogFilterTaskRunId,
 )
 from prefect.client.schemas.objects import State
+from prefect.exceptions import ObjectNotFound
 
 import dibs
 import prefect_dibs.tasks
@@ -52,6 +53,19 @@ def _task_run_id(state: State[Any]) -> UUID:
 def _task_run(task_run_id: UUID) -> Any:
     with get_client(sync_client=True) as api:
         return api.read_task_run(task_run_id)
+
+
+def _finished(task_run_id: UUID) -> Any:
+    """The task run once the API shows its final state (it records runs from events, a little later)."""
+
+    def final() -> Any:
+        try:
+            run = _task_run(task_run_id)
+        except ObjectNotFound:
+            return None
+        return run if run.state_type is not None and run.state_type.value == "COMPLETED" else None
+
+    return wait_until(final, what="the task run's final state in the API")
 
 
 def _logs(task_run_id: UUID) -> list[str]:
@@ -106,6 +120,21 @@ def test_a_second_flow_run_gets_the_stored_artifact(dibs_url: str, client: dibs.
     assert summary.type == "markdown" and "**hit**" in summary.data
     assert summary.description == f"dibs: hit default/{name}"
 
+    # A hit ran nothing: it ends Completed, named Cached, as a hit of Prefect's own cache does.
+    assert (first.type.value, first.name) == ("COMPLETED", "Completed")
+    assert (second.type.value, second.name) == ("COMPLETED", "Cached")
+    assert second.message == f"dibs: default/{name} was already computed by {hit.producer!r} (token 1)"
+    assert _finished(_task_run_id(second)).state.name == "Cached"
+
+    # However it is called, the caller gets the value, never the state.
+    @flow
+    def called_every_way(x: int) -> list[Any]:
+        submitted = double.submit(x)
+        return [double(x), submitted.result(), submitted.state.name, double.map([x, x]).result()]
+
+    assert called_every_way(21) == [{"doubled": 42}, {"doubled": 42}, "Cached", [{"doubled": 42}] * 2]
+    assert calls == [21]
+
 
 def test_concurrent_runs_compute_once_and_the_waiter_says_so(dibs_url: str) -> None:
     started, gate = threading.Event(), threading.Event()
@@ -152,8 +181,12 @@ def test_concurrent_runs_compute_once_and_the_waiter_says_so(dibs_url: str) -> N
     waiter_thread.join(120)
     assert holder[0].result() == waiter[0].result() == 2
     assert calls == [1]
-    finished = _task_run(_task_run_id(waiter[0]))
-    assert finished.state.name == "Completed"
+
+    # The waiter ran nothing: like a hit of Prefect's own cache, it ends Completed, named Cached.
+    finished = _finished(_task_run_id(waiter[0]))
+    assert finished.state.name == "Cached"
+    assert "was computed by 'prefect-task-run:slow-" in finished.state.message
+    assert _finished(_task_run_id(holder[0])).state.name == "Completed"
     (summary,) = wait_until(lambda: _artifacts(waiting.id), what="the waiter's summary artifact")
     assert "**waited**" in summary.data and "prefect-task-run:slow-" in summary.data
 
@@ -390,6 +423,7 @@ def test_the_reserved_task_keeps_its_options_and_pickles(dibs_url: str) -> None:
     assert (original.name, original.retries, original.tags) == ("named", 3, {"t"})
     renamed = original.with_options(name="renamed")
     assert renamed.fn is original.fn  # still reserved
+    assert type(renamed) is type(original)  # and its hits still end Cached
     clone = cloudpickle.loads(cloudpickle.dumps(original))
     assert clone.fn.__dibs_reservation__.store == dibs_url
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -80,6 +81,18 @@ EXTRA_FIELDS = (
 
 # Stores addressed by a local path or a process name: there is no server to send a password to.
 _PATH_SCHEMES = frozenset({"sqlite", "file", "memory"})
+
+# What Rich reads as a markup tag (``rich.markup.RE_TAGS``): a bracket opened by a lowercase letter, '#',
+# '/' or '@'. Airflow's CLI prints a connection test's message as markup (``airflow connections test``),
+# so ``pip install 'dibs[postgres]'`` would read ``pip install 'dibs'`` there.
+_MARKUP_TAG = re.compile(r"\[([a-z#/@][^\[\]]*)\]")
+
+
+def markup_proof(message: str) -> str:
+    """``message`` with every ``[word]`` written ``[ word ]``: no tag to Rich, the same text to a person
+    reading the UI (which shows it plain), and still a valid requirement for pip (PEP 508 allows the
+    spaces), so ``pip install 'dibs[ postgres ]'`` works copied from either."""
+    return _MARKUP_TAG.sub(r"[ \1 ]", message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -441,5 +454,5 @@ class DibsHook(BaseHook):
             message = f"{type(exc).__name__}: {exc}"
             # dibs' own messages carry no secret; a driver's text in one might, and the UI does not mask.
             secrets = url_secrets(settings.store_url) if settings is not None else ()
-            return False, hide_secrets(message, secrets)
+            return False, markup_proof(hide_secrets(message, secrets))
         return True, f"dibs store {settings.display_url} is reachable (namespace {settings.namespace!r})"

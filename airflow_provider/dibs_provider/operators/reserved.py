@@ -56,6 +56,7 @@ from dibs.holding import failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
+from dibs_provider.operators._stopping import KillableLease, release_killed
 from dibs_provider.triggers.reservation import (
     ReservationEvent,
     ReservationTrigger,
@@ -157,6 +158,9 @@ class ReservedOperatorMixin(BaseOperator):
 
     template_fields: Sequence[str] = ("reservation_key", "reservation_refresh")
 
+    #: The lease of the work running now, for :meth:`on_kill` (``None`` while nothing runs).
+    _dibs_lease: KillableLease | None = None
+
     def __init__(
         self,
         *,
@@ -254,6 +258,15 @@ class ReservedOperatorMixin(BaseOperator):
     def execute(self, context: Context) -> Any:
         return self._reserve(context, _Waiting())
 
+    def on_kill(self) -> None:
+        """Airflow is stopping this task (mark failed, a stopped run, SIGTERM): if its work holds the key,
+        release the lease at once with the failure recorded, so a waiting run takes over now instead of
+        after the ttl; then stop the wrapped operator's own work (see :mod:`._stopping`)."""
+        lease = self._dibs_lease
+        if lease is not None:
+            release_killed(lease, self.log)
+        super().on_kill()
+
     def execute_complete(self, context: Context, event: object = None, **_: Any) -> Any:
         """Resume after :class:`ReservationTrigger` fired: return the artifact, or try to reserve again.
 
@@ -322,19 +335,18 @@ class ReservedOperatorMixin(BaseOperator):
         if remaining is not None and remaining <= 0:
             raise WaitTimeout(
                 f"gave up on {busy.key} after {time.time() - started:.1f}s (wait timeout {timeout:g}s): "
-                f"held by {busy.holder!r} (attempt {busy.attempt}, {busy.remaining:.1f}s left on its lease)",
+                f"held by {busy.holder!r} ({_holding(busy)})",
                 key=str(busy.key),
                 holder=busy.holder,
             )
-        failure = f"; previous attempt failed: {busy.last_failure.error}" if busy.last_failure else ""
+        failure = f"; the previous lease failed: {busy.last_failure.error}" if busy.last_failure else ""
         if self.reservation_deferrable:
             self.log.info(
-                "dibs: %s is held by %s (attempt %d, lease expires in %.1fs)%s; deferring until it is done "
-                "or free, without holding a worker slot",
+                "dibs: %s is held by %s (%s)%s; deferring until it is done or free, without holding a "
+                "worker slot",
                 busy.key,
                 busy.holder,
-                busy.attempt,
-                busy.remaining,
+                _holding(busy),
                 failure,
             )
             self.defer(
@@ -352,11 +364,10 @@ class ReservedOperatorMixin(BaseOperator):
                 method_name="execute_complete",
             )
         self.log.info(
-            "dibs: %s is held by %s (attempt %d, lease expires in %.1fs)%s; waiting in the worker",
+            "dibs: %s is held by %s (%s)%s; waiting in the worker",
             busy.key,
             busy.holder,
-            busy.attempt,
-            busy.remaining,
+            _holding(busy),
             failure,
         )
         got = client.acquire(
@@ -393,9 +404,13 @@ class ReservedOperatorMixin(BaseOperator):
         lease = acquired.lease
         if acquired.took_over_from:
             self.log.warning(
-                "dibs: took over %s from %s, whose lease expired without a heartbeat (token %s)",
+                "dibs: took over %s from %s, whose lease had expired: it was not renewed in time (a crashed "
+                "or stalled worker)%s (token %s)",
                 lease.key,
                 acquired.took_over_from,
+                ""
+                if client.max_lease_age is None
+                else f" or it reached max_lease_age ({client.max_lease_age:g}s)",
                 lease.token,
             )
         if acquired.last_failure is not None:
@@ -419,7 +434,18 @@ class ReservedOperatorMixin(BaseOperator):
                     key=str(lease.key),
                 ) from None
 
-        report = client.hold(acquired, work, failure_of=_failure_of, logger=self.log)
+        # A lease on_kill can end from the task's SIGTERM handler while the work runs (see ._stopping).
+        held = KillableLease(client, lease.record)
+        self._dibs_lease = held
+        try:
+            report = client.hold(
+                Acquired(held, acquired.took_over_from, acquired.last_failure),
+                work,
+                failure_of=_failure_of,
+                logger=self.log,
+            )
+        finally:
+            self._dibs_lease = None
         self._push_outcome(
             context,
             "computed",
@@ -452,6 +478,11 @@ class ReservedOperatorMixin(BaseOperator):
             **details,
         }
         context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=outcome)
+
+
+def _holding(busy: Busy) -> str:
+    """How long the holder's lease runs, said so that it is not read as Airflow's try number."""
+    return f"lease attempt {busy.attempt} on this key, expires in {busy.remaining:.1f}s unless renewed"
 
 
 def _failure_of(exc: BaseException) -> str | None:

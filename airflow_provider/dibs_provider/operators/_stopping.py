@@ -1,0 +1,145 @@
+"""Stopping a reserved task that holds its key: Airflow's ``on_kill`` frees the key at once.
+
+Airflow stops a running task (mark failed, mark success, a cleared or deleted run, a Kubernetes pod
+shutdown) by sending its process SIGTERM; the task runner's handler calls the operator's ``on_kill`` on
+the main thread, *while* ``execute`` still runs there, and the supervisor sends SIGKILL a few seconds
+later. A SIGKILLed holder never releases: without ``on_kill`` its waiters would wait out the ttl.
+
+So the running task keeps its lease as a :class:`KillableLease`, and ``on_kill`` ends it from outside
+the work: the heartbeats stop and the lease is released with the failure recorded
+(:data:`KILLED_FAILURE`), so a waiting run takes the key over at once and its log says why. The
+core's hold loop (:meth:`dibs.Reservations.hold`) still runs the work and reacts to how it ends; what
+it would do after a kill is already done, so it stays quiet: its own release is skipped, and a value
+the work still returns is refused by the store (fencing) like any stale write.
+
+``on_kill`` can interrupt the main thread anywhere, even inside a store call holding a lock, so the
+release runs in a helper thread that ``on_kill`` waits for only :data:`RELEASE_WAIT` seconds: if the
+store is slow to answer, the task still stops, and the lease expires after its ttl at worst.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dibs.errors import LeaseLost, ReservationError
+from dibs.lease import KeepAlive, Lease
+
+if TYPE_CHECKING:
+    from dibs import Reservations
+    from dibs.holding import Logger
+    from dibs.records import LeaseRecord
+
+__all__ = ["KILLED_FAILURE", "RELEASE_WAIT", "KillableLease", "release_killed"]
+
+#: What a key's failure record says when Airflow killed the task holding it.
+KILLED_FAILURE = "stopped: the task was killed (on_kill)"
+
+#: Seconds ``on_kill`` waits for the store to record the release (Airflow's supervisor escalates from
+#: SIGTERM to SIGKILL after 5 seconds, and the wrapped operator's own ``on_kill`` runs after this).
+RELEASE_WAIT = 3.0
+
+
+class KillableLease(Lease):
+    """A held lease that :meth:`kill` can end from another thread (or a signal handler) while the work runs.
+
+    :meth:`kill` stops the heartbeats of the hold loop (:meth:`keep_alive` remembers them), then releases
+    the lease with the given failure. A kill comes once; after it, the hold loop's own :meth:`release`
+    is a no-op (the lease was released with the kill's failure already).
+    """
+
+    def __init__(self, client: Reservations, record: LeaseRecord) -> None:
+        super().__init__(client, record)
+        self._guard = threading.Lock()
+        self._heartbeats: KeepAlive | None = None
+        self._killed = False
+
+    @property
+    def killed(self) -> bool:
+        return self._killed
+
+    def keep_alive(
+        self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
+    ) -> KeepAlive:
+        keeper = super().keep_alive(interval, on_lost)
+        with self._guard:
+            self._heartbeats = keeper
+            killed = self._killed
+        if killed:
+            keeper.stop()  # killed before the work started: a stopped keeper never starts heartbeating
+        return keeper
+
+    def release(self, error: BaseException | str | None = None) -> None:
+        if self._killed:
+            return  # kill() released it, recording why: nothing is left to release
+        super().release(error)
+
+    def kill(self, failure: str) -> None:
+        """Stop the heartbeats and release with ``failure`` recorded. Raises what the release raises
+        (:class:`~dibs.errors.LeaseLost` when the work had already ended and released or completed)."""
+        with self._guard:
+            if self._killed:
+                return
+            self._killed = True
+            keeper = self._heartbeats
+        if keeper is not None:
+            keeper.stop()  # a heartbeat in flight finishes first: it never sees the released lease
+        super().release(failure)
+
+
+def release_killed(lease: KillableLease, logger: Logger, *, wait: float = RELEASE_WAIT) -> None:
+    """``on_kill``'s part: kill ``lease`` in a helper thread, wait up to ``wait`` seconds, log what happened.
+
+    Never raises: ``on_kill`` must go on to stop the wrapped operator's own work.
+    """
+    outcome: list[BaseException | None] = []
+
+    def kill() -> None:
+        try:
+            lease.kill(KILLED_FAILURE)
+        except BaseException as exc:  # reported by the caller, in its own thread
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    helper = threading.Thread(target=kill, name=f"dibs-on-kill-{lease.key.name[:40]}", daemon=True)
+    helper.start()
+    helper.join(wait)
+    ttl = lease.record.ttl
+    if not outcome:
+        logger.warning(
+            "dibs: the task was killed, but the store did not confirm the release of %s within %.0fs; if "
+            "it never does, the lease expires %.0fs after its last heartbeat and a waiting run takes over",
+            lease.key,
+            wait,
+            ttl,
+        )
+        return
+    error: Any = outcome[0]
+    if error is None:
+        logger.warning(
+            "dibs: the task was killed: released %s (token %s) with the failure recorded, so a waiting run "
+            "takes it over now",
+            lease.key,
+            lease.token,
+        )
+    elif isinstance(error, LeaseLost):
+        logger.info("dibs: the task was killed; %s was no longer held by it (%s)", lease.key, error)
+    elif isinstance(error, ReservationError):
+        logger.warning(
+            "dibs: the task was killed, but releasing %s failed (%s); the lease expires %.0fs after its last "
+            "heartbeat and a waiting run takes over",
+            lease.key,
+            error,
+            ttl,
+        )
+    else:
+        logger.error(
+            "dibs: the task was killed, but releasing %s failed unexpectedly (%s: %s); the lease expires "
+            "%.0fs after its last heartbeat",
+            lease.key,
+            type(error).__name__,
+            error,
+            ttl,
+        )
