@@ -2,8 +2,10 @@
 
 Delays follow capped exponential backoff with jitter, so a crowd of waiters spreads out instead of
 stampeding the store. When the process's watch hub is following the store's changes (see
-:mod:`dibs.hub`), a waiter is woken by the hub and its own asking is only a backstop, so the cap
-rises to ``notify_maximum``.
+:mod:`dibs.hub`), a waiter is woken by the hub and its own asking is only a backstop: it starts at
+``maximum`` and grows to ``notify_maximum``. Starting the backstop as fast as ordinary polling would
+have every one of a thousand deferred tasks ask the store five times in its first second, and queue
+those reads in front of the hand-off they are waiting for.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ __all__ = ["Backoff", "Deadline"]
 class Backoff:
     """Capped exponential backoff with jitter for asking about a busy key again.
 
-    With the defaults a waiter asks at most about once per second once the cap is reached, and only
-    every ten seconds or so while the watch hub follows the store for it.
+    With the defaults a polling waiter asks after 20 ms, 40 ms, ... and at most about once per second
+    once the cap is reached; while the watch hub follows the store for it, after about 1 s, 2 s, 4 s,
+    8 s, then every ten seconds or so.
     """
 
     initial: float = 0.02
@@ -50,9 +53,10 @@ class Backoff:
             )
 
     def delay(self, attempt: int, *, notifies: bool = False, rng: random.Random | None = None) -> float:
-        """Seconds to wait before the ``attempt``-th question (0-based)."""
-        cap = self.notify_maximum if notifies else self.maximum
-        base = min(cap, self.initial * self.multiplier ** min(attempt, 64))
+        """Seconds to wait before the ``attempt``-th question (0-based); ``notifies``: the hub follows
+        the store for this waiter, so the question is only a backstop."""
+        first, cap = (self.maximum, self.notify_maximum) if notifies else (self.initial, self.maximum)
+        base = min(cap, first * self.multiplier ** min(attempt, 64))
         spread = base * self.jitter
         return max(0.0, base - spread + (rng or random).random() * 2 * spread)
 

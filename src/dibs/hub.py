@@ -197,6 +197,7 @@ class WatchHub:
             if self._closed:
                 return Subscription(None, key)  # a closed store: the waiter polls (and gets its error)
             watched = self._watched.get(key.digest)
+            new = watched is None
             if watched is None:
                 watched = self._watched[key.digest] = _Watched(key)
             watched.subscriptions.add(subscription)
@@ -205,6 +206,8 @@ class WatchHub:
                     target=self._run, name=f"dibs-hub-{type(self._store).__name__}", daemon=True
                 )
                 self._thread.start()
+        if new:
+            self._feed.wake()  # a polling feed looks at the keys it was given: give it this one now
         return subscription
 
     def _unsubscribe(self, subscription: Subscription) -> None:

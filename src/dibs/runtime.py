@@ -20,6 +20,7 @@ hubs and executor on first use, never touching its parent's connections.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import logging
@@ -161,6 +162,15 @@ class Runtime:
         for store in stores:
             _close_quietly(store)
 
+    def stop_hubs(self) -> None:
+        """Stop every hub's thread, leaving the stores open: at interpreter exit, so that no hub is
+        still asking a store (and logging about it) while the interpreter tears down."""
+        with self._lock:
+            hubs = [hub for hub in self._hubs.values() if hub is not None]
+            self._hubs.clear()
+        for hub in hubs:
+            hub.close()
+
     def _forget_after_fork(self) -> None:
         # The parent's connections, threads and executor are not the child's: start empty, close nothing.
         self._lock = threading.Lock()
@@ -179,6 +189,7 @@ def _close_quietly(store: Store) -> None:
 
 _RUNTIME = Runtime()
 os.register_at_fork(after_in_child=_RUNTIME._forget_after_fork)
+atexit.register(_RUNTIME.stop_hubs)
 
 
 def runtime() -> Runtime:

@@ -7,7 +7,10 @@ children on every store) is in ``tests/test_runtime_processes.py`` and the scale
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import threading
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +18,12 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
-from dibs.hub import Subscription
+from dibs.hub import Subscription, WatchHub
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.runtime import Runtime, runtime
 from dibs.stores import sql as sql_module
-from dibs.stores.feeds import fingerprint
+from dibs.stores.feeds import PollingFeed, fingerprint
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sql import SQLStore
 
@@ -162,6 +165,55 @@ def test_the_hub_reads_a_changed_key_once_for_all_its_waiters() -> None:
     for subscription in subscriptions:
         subscription.close()
     assert hub.waiters == 0
+
+
+class _SlowLookingFeed(PollingFeed):
+    """A polling feed that would look only every half minute, and records the keys of every look."""
+
+    min_interval = max_interval = 30.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked: list[set[str]] = []
+
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        keys = list(keys)
+        self.looked.append({key.name for key in keys})
+        return {key.digest: 0 for key in keys}
+
+
+def test_a_polling_feed_hands_back_to_the_hub_when_a_key_is_added_and_looks_at_it_at_once() -> None:
+    feed = _SlowLookingFeed()
+    one, two = Key("default", "one"), Key("default", "two")
+    assert feed.changes({one.digest: one}, 0.0) == {one.digest}  # new: reported at the first look
+    returned: list[Collection[str]] = []
+    looking = threading.Thread(target=lambda: returned.append(feed.changes({one.digest: one}, 600)))
+    looking.start()
+    feed.wake()  # as the hub does when a waiter subscribes to a key nobody watched
+    looking.join(timeout=60)
+    assert not looking.is_alive() and returned == [()]  # back to the hub, long before its 600 s
+    assert feed.changes({one.digest: one, two.digest: two}, 600) == {two.digest}
+    assert feed.looked[-1] == {"one", "two"}
+
+
+def test_the_hub_wakes_its_feed_for_a_new_key_only() -> None:
+    class Feed(_SlowLookingFeed):
+        wakes = 0
+
+        def wake(self) -> None:
+            type(self).wakes += 1
+            super().wake()
+
+    hub = WatchHub(MemoryStore(), Feed())
+    try:
+        first = hub.subscribe(Key("default", "one"))
+        again = hub.subscribe(Key("default", "one"))
+        other = hub.subscribe(Key("default", "two"))
+        assert Feed.wakes == 2
+    finally:
+        for subscription in (first, again, other):
+            subscription.close()
+        hub.close()
 
 
 def test_heartbeats_and_re_entries_do_not_wake_waiters() -> None:
@@ -306,3 +358,16 @@ def test_a_store_failing_at_complete_follows_the_policy(policy: str) -> None:
     else:
         report = client.compute("k", lambda: 3)
         assert (report.value, report.stored) == (3, False)
+
+
+def test_a_followed_waiter_asks_for_itself_only_as_a_backstop() -> None:
+    """Polling starts fast (20 ms) and settles at about a second; while the hub follows the store, a
+    waiter's own first question waits about a second, and later ones up to about ten."""
+    backoff = dibs.Backoff()
+    rng = random.Random(7)
+    polling = [backoff.delay(attempt, rng=rng) for attempt in range(12)]
+    followed = [backoff.delay(attempt, notifies=True, rng=rng) for attempt in range(12)]
+    assert polling[0] <= backoff.initial * (1 + backoff.jitter) and max(polling) <= backoff.maximum * 1.25
+    assert followed[0] >= backoff.maximum * (1 - backoff.jitter)
+    assert max(followed) <= backoff.notify_maximum * (1 + backoff.jitter)
+    assert sum(1 for d in itertools.accumulate(followed) if d <= 20) <= 5  # questions in 20 s of waiting

@@ -14,6 +14,7 @@ too little (that delays a waiter until its own backstop question).
 from __future__ import annotations
 
 import abc
+import threading
 import time
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -66,6 +67,10 @@ class ChangeFeed(abc.ABC):
         the feed is told about every change anyway (listening feeds are).
         """
 
+    def wake(self) -> None:  # noqa: B027 - a listening feed hears every change anyway
+        """A key was added to the watched set (called from a waiter's thread): a feed that only looks
+        at the keys it was given returns from :meth:`changes` soon, so the hub gives it the new set."""
+
     def close(self) -> None:  # noqa: B027 - polling feeds have nothing to close
         """Stop listening; safe to call twice."""
 
@@ -89,19 +94,32 @@ class PollingFeed(ChangeFeed):
     def __init__(self) -> None:
         self._tokens: dict[str, Hashable] = {}
         self._interval = self.min_interval
+        self._woken = threading.Event()
 
     @abc.abstractmethod
     def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
         """A change token per key, by digest (a key without a record may be left out)."""
 
     def probe(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; ``False`` if surely nothing changed (no tokens are read then)."""
-        time.sleep(max(0.0, timeout))
+        """Wait up to ``timeout`` seconds; ``False`` if surely nothing changed (no tokens are read then).
+
+        Waits with :meth:`pause`, so that a new key cuts the wait short."""
+        self.pause(timeout)
         return True
+
+    def pause(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less if :meth:`wake` is called meanwhile."""
+        self._woken.wait(max(0.0, seconds))
+
+    def wake(self) -> None:
+        self._woken.set()
 
     def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
         deadline = time.monotonic() + timeout
         while True:
+            if self._woken.is_set():  # a key was added: the hub has a newer set than ``watched``
+                self._woken.clear()
+                return ()
             new = [digest for digest in watched if digest not in self._tokens]
             remaining = deadline - time.monotonic()
             pause = max(self._interval, self.per_key * len(watched))

@@ -68,7 +68,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
@@ -960,7 +959,7 @@ class _DataVersionFeed(_VersionsFeed):
             cursor.close()
 
     def probe(self, timeout: float) -> bool:
-        time.sleep(max(0.0, timeout))
+        self.pause(timeout)
         try:
             version = self._data_version()
         except self._store.engine.dialect.loaded_dbapi.Error as exc:
