@@ -20,7 +20,7 @@ from benchmarks.settings import FULL, SMOKE, Settings
 from benchmarks.targets import ALL_STORES, EXTRA_STORES, Target, open_targets
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("overhead", "handoff", "contention", "takeover", "waiters", "startup")
+BENCHMARKS = ("overhead", "handoff", "contention", "takeover", "waiters", "startup", "fanin")
 REQUIRE_ENV = "DIBS_REQUIRE_SERVICES"
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     log = _Log()
     log(f"dibs benchmarks, {settings.name} mode: {', '.join(only)} on {', '.join(stores)}")
 
-    from benchmarks import contention, handoff, overhead, report, startup, takeover, waiters
+    from benchmarks import contention, fanin, handoff, overhead, report, startup, takeover, waiters
 
     results: dict[str, Any] = {
         "mode": settings.name,
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             "takeover": lambda: takeover.run(main_targets, settings, log, pool.get()),
             "waiters": lambda: waiters.run(main_targets, settings, log),
             "startup": lambda: startup.run(settings, log),
+            "fanin": lambda: fanin.run(main_targets, settings, log),
         }
         with pool:
             failed = _run_all(only, runners, results, log)
@@ -192,6 +193,10 @@ def _run_all(
             failed = True
             log(f"{name} FAILED: {type(exc).__name__}: {exc}")
             results["benchmarks"][name] = {"error": traceback.format_exc()}
+        # Something wrong that did not stop the benchmark (a waiter that failed): fail, keep the figures.
+        for problem in results["benchmarks"][name].get("problems", []):
+            failed = True
+            log(f"{name} FAILED: {problem}")
         results["benchmarks"][name]["seconds"] = time.monotonic() - began
     return failed
 

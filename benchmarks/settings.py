@@ -34,6 +34,17 @@ class Settings:
     waiter_seconds: float
     #: 6. start-up: subprocess runs per command
     startup_runs: int
+    #: 7. fan-in: waiter counts (async waiters in one event loop), rounds per count, the stores
+    #: measured (fewer counts for slow ones), the idle-loop baseline and a case's time limit (s)
+    fanin_counts: tuple[int, ...]
+    fanin_rounds: dict[int, int]
+    fanin_stores: tuple[str, ...]
+    fanin_counts_by_store: dict[str, tuple[int, ...]]
+    fanin_idle: float
+    fanin_timeout: float
+    #: and once more for the largest count on one key, the holder completing this long after the
+    #: waiters wait (their backstop questions then come at their cap, not at their start); 0: not run
+    fanin_late_hold: float
 
 
 FULL = Settings(
@@ -54,6 +65,13 @@ FULL = Settings(
     takeover_repeats=8,
     waiter_seconds=40.0,
     startup_runs=30,
+    fanin_counts=(1, 10, 100, 1000),
+    fanin_rounds={1: 20, 10: 5, 100: 2, 1000: 1},
+    fanin_stores=("sqlite", "postgres", "mysql", "redis", "azure", "file"),
+    fanin_counts_by_store={"azure": (1, 10, 100)},
+    fanin_idle=0.3,
+    fanin_timeout=300.0,
+    fanin_late_hold=20.0,
 )
 
 SMOKE = Settings(
@@ -74,4 +92,11 @@ SMOKE = Settings(
     takeover_repeats=1,
     waiter_seconds=2.0,
     startup_runs=2,
+    fanin_counts=(1, 10, 100),
+    fanin_rounds={1: 2, 10: 1, 100: 1},
+    fanin_stores=("sqlite", "postgres", "redis"),
+    fanin_counts_by_store={},
+    fanin_idle=0.05,
+    fanin_timeout=120.0,
+    fanin_late_hold=0.0,
 )
