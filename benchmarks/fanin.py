@@ -44,6 +44,7 @@ import traceback
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -336,24 +337,40 @@ def waiter_main(conn: multiprocessing.connection.Connection, airflow_home: str, 
 # -- the benchmark process: holder, connection counter, statistics ------------------------------------
 
 
-class _Waiter:
-    """The waiter process, seen from the benchmark process."""
+class WaiterProcess:
+    """The waiter process, seen from the benchmark process.
 
-    def __init__(self, scratch: Path) -> None:
-        context = process_context()
-        self._conn, child = context.Pipe()
-        self.log_path = scratch / "waiter.log"
-        self.process = context.Process(
-            target=waiter_main,
-            args=(child, str(scratch / "airflow"), str(self.log_path)),
-            daemon=True,
-            name="bench-fanin",
-        )
-        self.process.start()
-        child.close()
-        info = self.receive("started", 600)
-        self.api: str = info["api"]
-        self.pid: int = info["pid"]
+    :meth:`start` only launches it: it then imports Airflow (seconds), so the driver may start it
+    early, while a benchmark that measures no time (the waiter load) runs. Use it as a context manager.
+    """
+
+    def __init__(self) -> None:
+        self._scratch = Path(tempfile.mkdtemp(prefix="dibs-bench-fanin-"))
+        self.log_path = self._scratch / "waiter.log"
+        self.process: BaseProcess | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self.api = ""
+        self.pid = 0
+
+    def start(self) -> WaiterProcess:
+        if self.process is None:
+            context = process_context()
+            self._conn, child = context.Pipe()
+            self.process = context.Process(
+                target=waiter_main,
+                args=(child, str(self._scratch / "airflow"), str(self.log_path)),
+                daemon=True,
+                name="bench-fanin",
+            )
+            self.process.start()
+            child.close()
+        return self
+
+    def wait_started(self) -> None:
+        """Block until the process has imported what it waits with; learn which way it waits."""
+        if not self.pid:
+            info = self.start().receive("started", 600)
+            self.api, self.pid = info["api"], info["pid"]
 
     def tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):
@@ -361,9 +378,11 @@ class _Waiter:
         return "(no output)"
 
     def send(self, *message: Any) -> None:
+        assert self._conn is not None, "start() first"
         self._conn.send(message)
 
     def receive(self, expected: str, timeout: float) -> Any:
+        assert self._conn is not None, "start() first"
         if not self._conn.poll(timeout):
             raise RuntimeError(f"the fan-in waiter process sent nothing for {timeout:.0f} s")
         kind, value = self._conn.recv()
@@ -380,13 +399,21 @@ class _Waiter:
         return self.receive("done", timeout)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.send("stop")
-        self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self._conn.close()
+        if self.process is not None and self._conn is not None:
+            with contextlib.suppress(OSError):
+                self.send("stop")
+            self.process.join(timeout=30)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+            self._conn.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> WaiterProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _Peak:
@@ -468,7 +495,7 @@ def _counter(target: Target, waiter_pid: Callable[[], int]) -> Iterator[tuple[st
 
 
 def _one_case(
-    waiter: _Waiter,
+    waiter: WaiterProcess,
     holder: dibs.Reservations,
     count_connections: Callable[[], int | None],
     count: int,
@@ -548,7 +575,9 @@ def _merge(rounds: list[dict[str, Any]], count: int) -> dict[str, Any]:
     }
 
 
-def _store(waiter: _Waiter, target: Target, settings: Settings, log: Callable[[str], None]) -> dict[str, Any]:
+def _store(
+    waiter: WaiterProcess, target: Target, settings: Settings, log: Callable[[str], None]
+) -> dict[str, Any]:
     counts = settings.fanin_counts_by_store.get(target.name, settings.fanin_counts)
     rng = random.Random(7)
     holder = dibs.Reservations(target.url, namespace=NAMESPACE, ttl=600)
@@ -613,41 +642,35 @@ def _line(store: str, layout: str, row: dict[str, Any]) -> str:
     )
 
 
-def run(targets: list[Target], settings: Settings, log: Callable[[str], None]) -> dict[str, Any]:
+def run(
+    targets: list[Target], settings: Settings, log: Callable[[str], None], waiter: WaiterProcess
+) -> dict[str, Any]:
+    """The fan-in cases on every chosen store, with ``waiter`` (started here if it is not yet)."""
     chosen = [target for target in targets if target.name in settings.fanin_stores]
-    scratch = Path(tempfile.mkdtemp(prefix="dibs-bench-fanin-"))
     results: dict[str, Any] = {
         "stores": {},
         "tick_ms": TICK * 1e3,
         "late_hold_s": settings.fanin_late_hold,
         "problems": [],
     }
-    try:
-        log("fanin: starting the waiter process")
-        waiter = _Waiter(scratch)
-        try:
-            results["api"] = waiter.api
-            results["api_label"] = (
-                "ReservationTrigger.run() (Airflow provider)"
-                if waiter.api == "trigger"
-                else "AsyncReservations.wait (Airflow is not installed)"
-            )
-            for target in chosen:
-                per_store = _store(waiter, target, settings, log)
-                results["stores"][target.name] = per_store
-                rows = [
-                    (f"{layout} N={n}", row) for layout in LAYOUTS for n, row in per_store[layout].items()
-                ]
-                if "late" in per_store:
-                    rows.append((f"one N={per_store['late']['waiters']}, late", per_store["late"]))
-                for name, row in rows:
-                    if row["errors"]:
-                        results["problems"].append(
-                            f"fan-in {target.name} {name}: {row['errors']} waiter(s) failed, "
-                            f"e.g. {row['error_samples'][:2]}"
-                        )
-        finally:
-            waiter.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    log("fanin: waiting for the waiter process")
+    waiter.wait_started()
+    results["api"] = waiter.api
+    results["api_label"] = (
+        "ReservationTrigger.run() (Airflow provider)"
+        if waiter.api == "trigger"
+        else "AsyncReservations.wait (Airflow is not installed)"
+    )
+    for target in chosen:
+        per_store = _store(waiter, target, settings, log)
+        results["stores"][target.name] = per_store
+        rows = [(f"{layout} N={n}", row) for layout in LAYOUTS for n, row in per_store[layout].items()]
+        if "late" in per_store:
+            rows.append((f"one N={per_store['late']['waiters']}, late", per_store["late"]))
+        for name, row in rows:
+            if row["errors"]:
+                results["problems"].append(
+                    f"fan-in {target.name} {name}: {row['errors']} waiter(s) failed, "
+                    f"e.g. {row['error_samples'][:2]}"
+                )
     return results
