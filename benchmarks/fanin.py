@@ -567,7 +567,7 @@ def _merge(rounds: list[dict[str, Any]], count: int) -> dict[str, Any]:
         # the hub's batched reads; the feed's own probes are not requests through the store object)
         "requests_per_waiter": {
             phase: {
-                name: median(lambda one, p=phase, n=name: one["requests"][p][n] / count)  # type: ignore[misc]
+                name: statistics.median(one["requests"][phase][name] / count for one in rounds)
                 for name in ("read", "read_many", "acquire")
             }
             for phase in ("setup", "wait", "handoff")
