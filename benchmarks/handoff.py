@@ -7,12 +7,18 @@ from the moment ``complete`` is *called* (so it includes writing the artifact) t
 ``acquire`` returned the :class:`~dibs.Hit`, both read from the machine's monotonic clock, which
 all processes share.
 
-Each store runs with its push wake-up (its ``watch``) and with polling forced (a store wrapper whose
-``watch`` only sleeps and whose ``notifies`` is false). The anchor is Prefect's own mechanism,
-measured the same way in the same run: ``FileSystemLockManager`` (the lock manager of Prefect's
-SERIALIZABLE isolation), the holder holding the lock, waiters in ``wait_for_lock`` then reading a
-result file; latency from the holder's ``release_lock`` (the result file is already written: this
-favours Prefect slightly) to the waiter having the value.
+Each store runs in two modes: ``push``, the store as configured, whose waiters are woken by their
+process's watch hub (:mod:`dibs.hub`: a LISTEN connection, a Redis subscription, SQLite's
+``data_version``, a versions or ETag poller), and ``poll``, the same store behind
+:class:`~benchmarks.proxies.PollingStore`, which offers no change feed, so there is no hub and each
+waiter asks the store itself with its capped backoff.
+
+The anchors are Prefect's own lock managers, measured the same way in the same run (see
+:mod:`benchmarks.anchors`): ``FileSystemLockManager`` (the lock manager of Prefect's SERIALIZABLE
+isolation) and prefect-redis's ``RedisLockManager``, the holder holding the lock, waiters in
+``wait_for_lock`` then reading a result file; latency from the holder's ``release_lock`` (the result
+file is already written: this favours Prefect slightly) to the waiter having the value. Then each
+anchor, and prefect-dibs's ``DibsLockManager``, is put through a SIGKILL of its holder.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import dibs
+from benchmarks import anchors
 from benchmarks.pool import Pool
 from benchmarks.settings import Settings
 from benchmarks.stats import ratio, summarize
@@ -120,17 +127,20 @@ def _dibs(
         holder.close()
 
 
-def _prefect(pool: Pool, count: int, settings: Settings, rng: random.Random, scratch: Path) -> dict[str, Any]:
-    from prefect.locking.filesystem import FileSystemLockManager
-
-    locks, results = scratch / "locks", scratch / "results"
+def _anchor(
+    pool: Pool, spec: dict[str, Any], count: int, *, settings: Settings, rng: random.Random, scratch: Path
+) -> dict[str, Any]:
+    results = scratch / "results"
     results.mkdir(parents=True, exist_ok=True)
-    manager = FileSystemLockManager(locks)
+    manager = anchors.manager_for(spec)
+
+    def lock(key: str) -> str:
+        return f"{anchors.KEY_PREFIX}{key}"  # findable, so that a Redis lock left behind is removed
 
     def begin(key: str) -> None:
         # The holder's result is written while it holds the lock (waiters read it only once the lock
         # is gone), so the clock starts at the release itself.
-        assert manager.acquire_lock(key, holder="holder", hold_timeout=120)
+        assert manager.acquire_lock(lock(key), holder="holder", hold_timeout=120)
         staged = results / f".{key}.tmp"
         staged.write_text(json.dumps(f"artifact-of-{key}"))
         os.replace(staged, results / f"{key}.json")
@@ -139,14 +149,14 @@ def _prefect(pool: Pool, count: int, settings: Settings, rng: random.Random, scr
         pool.start(
             index,
             "prefect_wait",
-            lock_dir=str(locks),
-            result_dir=str(results),
-            key=key,
+            manager=spec,
+            lock=lock(key),
+            result=str(results / f"{key}.json"),
             expected=f"artifact-of-{key}",
         )
 
     def finish(_: None, key: str) -> None:
-        manager.release_lock(key, holder="holder")
+        manager.release_lock(lock(key), holder="holder")
 
     return _rounds(
         pool,
@@ -160,10 +170,33 @@ def _prefect(pool: Pool, count: int, settings: Settings, rng: random.Random, scr
     )
 
 
+def _anchor_specs(targets: list[Target], scratch: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The Prefect lock managers this machine can run, and why the others are skipped."""
+    specs: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    redis_target = next((t for t in targets if t.family == "redis"), None)
+    try:
+        import prefect.locking.filesystem  # noqa: F401
+    except ImportError as exc:
+        reason = f"Prefect is not installed ({exc})"
+        return {}, {"filesystem": reason, "redis": reason, "dibs": reason}
+    specs["filesystem"] = {"kind": "filesystem", "lock_dir": str(scratch / "locks")}
+    try:
+        import prefect_redis.locking  # noqa: F401
+    except ImportError as exc:
+        skipped["redis"] = f"prefect-redis is not installed ({exc}; it is in the dev group)"
+    else:
+        if redis_target is None:
+            skipped["redis"] = "no Redis server (the Redis store is skipped)"
+        else:
+            specs["redis"] = anchors.redis_spec(redis_target.url)
+    return specs, skipped
+
+
 def run(targets: list[Target], settings: Settings, log: Callable[[str], None], pool: Pool) -> dict[str, Any]:
     rng = random.Random(2)
     first, last = str(min(settings.handoff_waiters)), str(max(settings.handoff_waiters))
-    results: dict[str, Any] = {"stores": {}, "prefect": {}}
+    results: dict[str, Any] = {"stores": {}, "anchors": {}}
     for target in targets:
         modes = ("push", "poll") if target.pushes else ("poll",)
         per_store: dict[str, Any] = {}
@@ -181,32 +214,44 @@ def run(targets: list[Target], settings: Settings, log: Callable[[str], None], p
             )
             per_store[mode] = per_mode
         results["stores"][target.name] = per_store
-    try:
-        import prefect.locking.filesystem  # noqa: F401
-    except ImportError as exc:
-        results["prefect"] = {"skipped": f"Prefect is not installed ({exc})"}
-        log("handoff: Prefect anchor skipped (not installed)")
-        return results
     scratch = Path(tempfile.mkdtemp(prefix="dibs-bench-prefect-"))
+    specs, skipped = _anchor_specs(targets, scratch)
+    results["anchors_skipped"] = skipped
+    for kind, reason in skipped.items():
+        log(f"handoff: the {anchors.LABELS[kind]} anchor is skipped: {reason}")
     try:
         for index in range(max(settings.prefect_waiters)):
-            pool.start(index, "prefect_warm")
+            pool.start(index, "prefect_warm", managers=list(specs.values()))
         for index in range(max(settings.prefect_waiters)):
             pool.result(index)
-        for count in settings.prefect_waiters:
-            results["prefect"][str(count)] = _prefect(pool, count, settings, rng, scratch)
-            latency = results["prefect"][str(count)]["latency_ms"]
-            log(f"handoff prefect N={count}: p50 {latency['median']:.1f} ms, p99 {latency['p99']:.1f} ms")
+        for kind, spec in specs.items():
+            per_kind: dict[str, Any] = {"label": anchors.LABELS[kind], "wake_up": anchors.WAKE_UPS[kind]}
+            for count in settings.prefect_waiters:
+                # The holder's locks have a hold timeout here: none outlives the benchmark.
+                row = per_kind[str(count)] = _anchor(
+                    pool, spec, count, settings=settings, rng=rng, scratch=scratch
+                )
+                log(
+                    f"handoff {kind} lock manager N={count}: p50 {row['latency_ms']['median']:.1f} ms, "
+                    f"p99 {row['latency_ms']['p99']:.1f} ms"
+                )
+            medians = {n: per_kind[str(n)]["latency_ms"]["median"] for n in settings.prefect_waiters}
+            if len(medians) > 1:
+                per_kind["scaling"] = ratio(medians[max(medians)], medians[min(medians)])
+            results["anchors"][kind] = per_kind
+        if settings.lock_kill_repeats and specs:
+            killed = dict(specs)
+            redis_target = next((t for t in targets if t.family == "redis"), None)
+            if redis_target is not None and "redis" in specs:
+                killed["dibs"] = {"kind": "dibs", "url": redis_target.url, "ttl": settings.takeover_ttl}
+            results["after_sigkill"] = anchors.after_sigkill(pool, killed, settings, log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    anchor = {
-        count: results["prefect"][str(count)]["latency_ms"]["median"] for count in settings.prefect_waiters
-    }
-    if len(anchor) > 1:
-        results["prefect"]["scaling"] = ratio(anchor[max(anchor)], anchor[min(anchor)])
     for per_store in results["stores"].values():
         for per_mode in per_store.values():
             for count in settings.handoff_waiters:
                 row = per_mode[str(count)]
-                row["vs_prefect"] = ratio(row["latency_ms"]["median"], anchor.get(count, math.nan))
+                for kind, anchor in results["anchors"].items():
+                    median = anchor.get(str(count), {}).get("latency_ms", {}).get("median", math.nan)
+                    row.setdefault("vs_anchor", {})[kind] = ratio(row["latency_ms"]["median"], median)
     return results

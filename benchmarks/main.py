@@ -20,7 +20,7 @@ from benchmarks.settings import FULL, SMOKE, Settings
 from benchmarks.targets import ALL_STORES, EXTRA_STORES, Target, open_targets
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("overhead", "handoff", "contention", "takeover", "waiters", "startup")
+BENCHMARKS = ("overhead", "handoff", "contention", "takeover", "waiters", "startup", "fanin")
 REQUIRE_ENV = "DIBS_REQUIRE_SERVICES"
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     log = _Log()
     log(f"dibs benchmarks, {settings.name} mode: {', '.join(only)} on {', '.join(stores)}")
 
-    from benchmarks import contention, handoff, overhead, report, startup, takeover, waiters
+    from benchmarks import contention, fanin, handoff, overhead, report, startup, takeover, waiters
 
     results: dict[str, Any] = {
         "mode": settings.name,
@@ -126,15 +126,25 @@ def main(argv: list[str] | None = None) -> int:
             log(f"skipping the {name} store: {reason}")
         main_targets = [t for t in targets if t.name in ALL_STORES]
         pool = _LazyPool(max(*settings.handoff_waiters, settings.contention_processes), log)
+        fanin_waiter = fanin.WaiterProcess()
+
+        def waiters_run() -> dict[str, Any]:
+            if "fanin" in only:  # it imports Airflow meanwhile: the waiter load measures no time
+                fanin_waiter.start()
+            return waiters.run(main_targets, settings, log)
+
         runners: dict[str, Callable[[], dict[str, Any]]] = {
             "overhead": lambda: overhead.run(targets, settings, log),
             "handoff": lambda: handoff.run(main_targets, settings, log, pool.get()),
             "contention": lambda: contention.run(main_targets, settings, log, pool.get()),
             "takeover": lambda: takeover.run(main_targets, settings, log, pool.get()),
-            "waiters": lambda: waiters.run(main_targets, settings, log),
-            "startup": lambda: startup.run(settings, log),
+            "waiters": waiters_run,
+            "startup": lambda: startup.run(
+                settings, log, next((t for t in main_targets if t.name == "postgres"), None)
+            ),
+            "fanin": lambda: fanin.run(main_targets, settings, log, fanin_waiter),
         }
-        with pool:
+        with pool, fanin_waiter:
             failed = _run_all(only, runners, results, log)
     results["seconds"] = time.monotonic() - log.started
     out.mkdir(parents=True, exist_ok=True)
@@ -192,6 +202,10 @@ def _run_all(
             failed = True
             log(f"{name} FAILED: {type(exc).__name__}: {exc}")
             results["benchmarks"][name] = {"error": traceback.format_exc()}
+        # Something wrong that did not stop the benchmark (a waiter that failed): fail, keep the figures.
+        for problem in results["benchmarks"][name].get("problems", []):
+            failed = True
+            log(f"{name} FAILED: {problem}")
         results["benchmarks"][name]["seconds"] = time.monotonic() - began
     return failed
 

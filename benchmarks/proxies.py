@@ -9,12 +9,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores.base import Store
-from dibs.stores.feeds import ChangeFeed
+from dibs.stores.feeds import ChangeFeed, PollingFeed
 
 __all__ = ["CountingStore", "DelegatingStore", "PollingStore"]
 
@@ -32,8 +32,17 @@ class DelegatingStore(Store):
     def read(self, key: Key) -> KeyState:
         return self.inner.read(key)
 
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
-        return self.inner.acquire(key, owner, ttl, max_lease_age)
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
+        return self.inner.acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         return self.inner.heartbeat(key, token, ttl)
@@ -58,6 +67,12 @@ class DelegatingStore(Store):
     def reap(self, namespace: str | None = None) -> int:
         return self.inner.reap(namespace)
 
+    def discard(self, key: Key) -> bool:
+        return self.inner.discard(key)
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        return self.inner.prune(namespace, older_than)
+
     def read_many(self, keys: Sequence[Key]) -> list[KeyState]:
         return self.inner.read_many(keys)
 
@@ -77,10 +92,13 @@ class PollingStore(DelegatingStore):
 
 
 class CountingStore(DelegatingStore):
-    """Records the time of every call that reaches the store (``acquire``, ``read``, the hub's reads...).
+    """Records the time of every call that reaches the store (``acquire``, ``read``, the hub's
+    ``read_many``...), and apart from them its change feed's own looks.
 
-    The hub's own cheap questions to its feed (a versions query, ``stat``, ``data_version``) are not
-    counted here: they are one per process, not one per waiter.
+    A feed's looks are one stream per process, whatever the number of waiters: a polling feed's
+    ``tokens`` (a versions query, a ``stat`` of each watched record, ETag HEADs or a listing) and its
+    ``probe`` (SQLite's ``data_version``, read from shared memory). Listening feeds (PostgreSQL
+    ``LISTEN``, Redis ``PSUBSCRIBE``) send nothing while nothing changes.
     """
 
     #: Calls that are a request to the store service (a query, a script, an HTTP request, a file read).
@@ -96,6 +114,8 @@ class CountingStore(DelegatingStore):
             "forget",
             "list",
             "reap",
+            "discard",
+            "prune",
         }
     )
 
@@ -104,6 +124,7 @@ class CountingStore(DelegatingStore):
         self._polling = polling
         self._lock = threading.Lock()
         self.calls: dict[str, list[float]] = collections.defaultdict(list)
+        self.feed_keys_looked_at = 0
 
     def record(self, name: str) -> None:
         with self._lock:
@@ -124,9 +145,18 @@ class CountingStore(DelegatingStore):
         self.record("read")
         return super().read(key)
 
-    def acquire(self, key: Key, owner: str, ttl: float, max_lease_age: float | None) -> StoreOutcome:
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
         self.record("acquire")
-        return super().acquire(key, owner, ttl, max_lease_age)
+        return super().acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         self.record("heartbeat")
@@ -147,4 +177,37 @@ class CountingStore(DelegatingStore):
         return super().read_many(keys)
 
     def change_feed(self) -> ChangeFeed | None:
-        return None if self._polling else super().change_feed()
+        feed = None if self._polling else super().change_feed()
+        if isinstance(feed, PollingFeed):
+            self._count_looks(feed)
+        return feed
+
+    def _count_looks(self, feed: PollingFeed) -> None:
+        """Count the feed's looks (instance attributes shadow its methods; the feed is this store's own)."""
+        tokens = feed.tokens
+
+        def counted_tokens(keys: Iterable[Key]) -> Mapping[str, Hashable]:
+            keys = list(keys)
+            self.record("feed.tokens")
+            with self._lock:
+                self.feed_keys_looked_at += len(keys)
+            return tokens(keys)
+
+        feed.tokens = counted_tokens  # type: ignore[method-assign]
+        if type(feed).probe is not PollingFeed.probe:  # a probe of its own, not just a pause
+            probe = feed.probe
+
+            def counted_probe(timeout: float) -> bool:
+                changed = probe(timeout)
+                self.record("feed.probe")
+                return changed
+
+            feed.probe = counted_probe  # type: ignore[method-assign]
+
+    def feed_looks(self, start: float, end: float) -> dict[str, int]:
+        """How many looks the feed took between ``start`` and ``end``, by kind."""
+        with self._lock:
+            return {
+                name: sum(1 for t in self.calls.get(name, []) if start <= t < end)
+                for name in ("feed.tokens", "feed.probe")
+            }

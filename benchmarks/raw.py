@@ -26,7 +26,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RawPrimitive", "open_raw", "prepare_raw"]
+__all__ = ["RawPrimitive", "claim_parameters", "open_raw", "postgres_claim", "prepare_raw"]
 
 
 def _digest(name: str) -> str:
@@ -71,11 +71,11 @@ class _SQLRaw(RawPrimitive):
         self.finish_sql = self.finish_sql.format(t=table, now=self.now, p=self.paramstyle)
 
     def claim(self, name: str, owner: str, ttl: float) -> str | None:
-        token = secrets.token_hex(16)
+        parameters = claim_parameters(name, owner, ttl)
         cursor = self.conn.cursor()
         try:
-            cursor.execute(self.claim_sql, (_digest(name), "bench.raw", name, owner, token, ttl, ttl))
-            return token if cursor.rowcount > 0 else None
+            cursor.execute(self.claim_sql, parameters)
+            return str(parameters[4]) if cursor.rowcount > 0 else None
         finally:
             cursor.close()
 
@@ -148,6 +148,29 @@ def _sql_parts(url: str) -> tuple[Any, dict[str, str]]:
     return _split_options(url)
 
 
+def claim_parameters(name: str, owner: str, ttl: float) -> tuple[str | float, ...]:
+    """The SQL claim's parameters for key ``name``; the fifth is the claim's token."""
+    return (_digest(name), "bench.raw", name, owner, secrets.token_hex(16), ttl, ttl)
+
+
+def _postgres_parts(url: str) -> tuple[str, str]:
+    """libpq's conninfo for the dibs ``url``, and the raw table's qualified name."""
+    sa_url, options = _sql_parts(url)
+    table = options.get("table", "dibs_reservations") + "_raw"
+    schema = options.get("schema")
+    conninfo = sa_url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return conninfo, f'"{schema}"."{table}"' if schema else f'"{table}"'
+
+
+def postgres_claim(url: str) -> tuple[str, str]:
+    """The PostgreSQL raw claim for a process that imports nothing but psycopg: (conninfo, SQL)."""
+    conninfo, qualified = _postgres_parts(url)
+    sql = _PostgresRaw.claim_sql.format(
+        t=qualified, now=_PostgresRaw.now, p=_PostgresRaw.paramstyle, columns=_SQL_COLUMNS
+    )
+    return conninfo, sql
+
+
 def _open_sql(url: str) -> RawPrimitive:
     sa_url, options = _sql_parts(url)
     table = options.get("table", "dibs_reservations") + "_raw"
@@ -161,9 +184,7 @@ def _open_sql(url: str) -> RawPrimitive:
     if backend == "postgresql":
         import psycopg
 
-        conninfo = sa_url.set(drivername="postgresql").render_as_string(hide_password=False)
-        schema = options.get("schema")
-        qualified = f'"{schema}"."{table}"' if schema else f'"{table}"'
+        conninfo, qualified = _postgres_parts(url)
         return _PostgresRaw(psycopg.connect(conninfo, autocommit=True), qualified)
     if backend in ("mysql", "mariadb"):
         import pymysql  # type: ignore[import-untyped]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import dibs
+from benchmarks.anchors import manager_for
 from benchmarks.pool import WorkerContext
 from benchmarks.proxies import PollingStore
 from benchmarks.raw import RawPrimitive, open_raw
@@ -72,27 +73,51 @@ def handoff_wait(
     return arrived
 
 
-def prefect_wait(ctx: WorkerContext, *, lock_dir: str, result_dir: str, key: str, expected: str) -> float:
-    """Prefect's FileSystemLockManager: ``wait_for_lock``, then read the result file."""
-    manager = _PREFECT.get(lock_dir)
+def _lock_manager(spec: dict[str, Any]) -> Any:
+    """A cached Prefect lock manager (see :mod:`benchmarks.anchors`)."""
+    cache_key = json.dumps(spec, sort_keys=True)
+    manager = _PREFECT.get(cache_key)
     if manager is None:
-        from prefect.locking.filesystem import FileSystemLockManager
+        manager = _PREFECT[cache_key] = manager_for(spec)
+    return manager
 
-        manager = _PREFECT[lock_dir] = FileSystemLockManager(Path(lock_dir))
+
+def prefect_wait(
+    ctx: WorkerContext, *, manager: dict[str, Any], lock: str, result: str, expected: str
+) -> float:
+    """A Prefect lock manager's waiter: ``wait_for_lock``, then read the holder's result file."""
+    lock_manager = _lock_manager(manager)
     ctx.ready()
-    if not manager.wait_for_lock(key, timeout=120):
-        raise AssertionError(f"Prefect lock {key} was not released in time")
-    value = json.loads((Path(result_dir) / f"{key}.json").read_text())
+    if not lock_manager.wait_for_lock(lock, timeout=120):
+        raise AssertionError(f"Prefect lock {lock} was not released in time")
+    value = json.loads(Path(result).read_text())
     arrived = time.monotonic()
     if value != expected:
         raise AssertionError(f"Prefect waiter expected {expected!r}, got {value!r}")
     return arrived
 
 
-def prefect_warm(ctx: WorkerContext) -> int:
-    from prefect.locking.filesystem import FileSystemLockManager  # noqa: F401 - the import is the point
-
+def prefect_warm(ctx: WorkerContext, *, managers: list[dict[str, Any]]) -> int:
+    """Import Prefect and build the lock managers (and their clients) before anything is timed."""
+    for spec in managers:
+        lock_manager = _lock_manager(spec)
+        lock_manager.is_locked(f"warm-{os.getpid()}")
     return os.getpid()
+
+
+def lock_takeover_wait(
+    ctx: WorkerContext, *, spec: dict[str, Any], key: str, window: float
+) -> dict[str, Any]:
+    """Ask for a lock whose holder the parent is about to kill, as Prefect's transaction asks (with an
+    acquire timeout of ``window``); whether it came, and when."""
+    lock_manager = _lock_manager(spec)
+    holder = f"successor-{os.getpid()}"
+    ctx.ready()
+    acquired = lock_manager.acquire_lock(key, holder=holder, acquire_timeout=window)
+    at = time.monotonic()
+    if acquired:
+        lock_manager.release_lock(key, holder=holder)
+    return {"acquired": bool(acquired), "at": at}
 
 
 def race(
