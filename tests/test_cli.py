@@ -233,7 +233,7 @@ def test_timeouts_use_one_wording_naming_the_holder_or_the_last_failure(store: s
         assert result.returncode == 75
         assert re.fullmatch(
             r"dibs: error: gave up waiting for default/busy after \d+\.\ds: still held by 'etl-nightly' "
-            r"\(attempt 1; its lease runs \d+\.\ds more unless renewed\)\n",
+            r"\(lease attempt 1 on this key; its lease runs \d+\.\ds more unless renewed\)\n",
             result.stderr,
         ), result.stderr
 

@@ -64,8 +64,8 @@ class Busy:
         """The error of a waiter that gave up on this holder after ``waited`` seconds: the one wording
         every dibs caller uses."""
         return WaitTimeout(
-            f"gave up waiting for {self.key} after {waited:.1f}s: still held by {self.holder!r} (attempt "
-            f"{self.attempt}; its lease runs {self.remaining:.1f}s more unless renewed)",
+            f"gave up waiting for {self.key} after {waited:.1f}s: still held by {self.holder!r} (lease "
+            f"attempt {self.attempt} on this key; its lease runs {self.remaining:.1f}s more unless renewed)",
             key=str(self.key),
             holder=self.holder,
         )
