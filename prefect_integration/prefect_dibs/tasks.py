@@ -115,7 +115,8 @@ def reserved(
         SQLite default, which only coordinates processes of one machine).
     :param key: override the derived key: a template such as ``"features-{day}"`` filled from the
         call's arguments, or a callable taking the task's arguments and returning the key name.
-    :param version: part of the derived key: bump it when the code's output changes.
+    :param version: part of the derived key, for what the source does not show (a helper it imports,
+        the data behind it): the function's own code is already part of the key.
     :param exclude: parameters left out of the derived key (clients, loggers, flags that do not
         change the result).
     :param namespace: key namespace (default: the block's, else ``"default"``).
