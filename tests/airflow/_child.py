@@ -58,7 +58,7 @@ def run_dags(
         if dag is None:
             raise RuntimeError(f"{dag_id} did not parse: {bag.import_errors}")
         run = dag.test(logical_date=dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC))
-        record = {"pid": os.getpid(), "dag_id": dag_id, "state": str(run.state), **_xcoms(run)}
+        record = {"pid": os.getpid(), "dag_id": dag_id, "state": str(run.state), **run_xcoms(run)}
         with open(results, "a") as f:
             f.write(json.dumps(record) + "\n")
         ok = ok and record["state"] == "success"
@@ -66,7 +66,7 @@ def run_dags(
     sys.exit(0 if ok else 3)
 
 
-def _xcoms(run: Any) -> dict[str, Any]:
+def run_xcoms(run: Any) -> dict[str, Any]:
     """The run's ``dibs_outcome`` and ``return_value`` XComs, by ``task_id[map_index]``."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
