@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 from sybil import Example
 
-from tests.docs import substitutions
+from tests.docs import airflow_db, substitutions
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCED_BLOCK = re.compile(r"^[ \t]*```(?P<language>\w*)[ \t]*\n(?P<source>.*?)^[ \t]*```", re.M | re.S)
-AIRFLOW_BOUND = 300.0  # seconds for an Airflow subprocess: only ever reached when something is broken
 
 
 class DocContext:
@@ -86,26 +85,15 @@ class DocContext:
     def airflow_env(self) -> dict[str, str]:
         """A throw-away Airflow home with a migrated SQLite metadata database, for Airflow commands."""
         home = self.workdir / "airflow"
-        env = {
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        if self._airflow_home is None:
+            airflow_db.MIGRATED.copy_to(home)
+            self._airflow_home = home
+        return {
+            **airflow_db.airflow_settings(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.workdir / "dags"),
             # `airflow connections test` is disabled unless configured (docs/airflow.md says so).
             "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
         }
-        if self._airflow_home is None:
-            migrated = subprocess.run(
-                [str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
-                env={**self.base_env(), **env},
-                capture_output=True,
-                text=True,
-                timeout=AIRFLOW_BOUND,
-                check=False,
-            )
-            assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
-            self._airflow_home = home
-        return env
 
     # -- helpers for invisible blocks ------------------------------------------------------------
     def previous_block(self) -> str:
@@ -135,7 +123,7 @@ class DocContext:
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=AIRFLOW_BOUND,
+            timeout=airflow_db.AIRFLOW_BOUND,
             check=False,
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

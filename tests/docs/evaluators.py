@@ -24,8 +24,8 @@ def context(example: Example) -> DocContext:
 
 
 def visible(example: Example) -> bool:
-    """A fenced block, as opposed to an invisible one inside an HTML comment."""
-    return not example.document.text[example.start :].lstrip().startswith("<!--")
+    """A fenced block, as opposed to an invisible one (a directive inside an HTML comment)."""
+    return "directive" not in example.region.lexemes
 
 
 class PythonSnippet:

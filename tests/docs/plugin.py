@@ -18,6 +18,7 @@ import pytest
 from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
+from tests.docs import airflow_db
 from tests.docs.context import ROOT, DocContext
 from tests.docs.evaluators import PythonSnippet, ShellSnippet
 
@@ -66,6 +67,14 @@ pytest_collect_file = _Docs(
     setup=_setup,
     fixtures=["docs"],
 ).pytest()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Pages that need Airflow are to run: migrate its metadata database meanwhile (airflow_db.py)."""
+    if not session.config.option.collectonly and any(
+        AIRFLOW in (needs(item.path) or ()) for item in session.items
+    ):
+        airflow_db.MIGRATED.start()
 
 
 @pytest.fixture(scope="module")
