@@ -76,7 +76,7 @@ def run_dags(
             "state": str(run.state),
             "logical_date": None if run.logical_date is None else run.logical_date.isoformat(),
             "tries": _tries(run),
-            **_xcoms(run),
+            **run_xcoms(run),
         }
         with open(results, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -98,7 +98,7 @@ def _tries(run: Any) -> dict[str, int]:
         return {f"{ti.task_id}[{ti.map_index}]": ti.try_number for ti in rows}
 
 
-def _xcoms(run: Any) -> dict[str, Any]:
+def run_xcoms(run: Any) -> dict[str, Any]:
     """The run's ``dibs_outcome`` and ``return_value`` XComs, by ``task_id[map_index]``."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session

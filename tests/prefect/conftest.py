@@ -1,15 +1,15 @@
 """Fixtures of the Prefect integration tests.
 
-One Prefect API serves the whole session (``prefect_test_harness`` starts a server subprocess on
-loopback with a throw-away database); flow runs started in child processes point at it through
-``PREFECT_API_URL``. Each test gets its own SQLite dibs store, which every process of the test shares.
+One Prefect API serves the whole session (``prefect_api``, from tests/prefect/harness.py: a
+``prefect_test_harness`` server subprocess on loopback with a throw-away database, shared with the
+docs' Prefect snippets); flow runs started in child processes point at it through ``PREFECT_API_URL``.
+Each test gets its own SQLite dibs store, which every process of the test shares.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,23 +19,11 @@ from tests.prefect.support import ROOT
 if importlib.util.find_spec("prefect") is None:  # the test modules skip themselves too
     collect_ignore_glob = ["*.py"]
 
-# Before Prefect reads its settings: no telemetry calls from the test server (they time out offline).
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_api() -> Iterator[str]:
-    """The session's Prefect API URL (a harness server with a temporary database)."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        url = PREFECT_API_URL.value()
-        assert url, "the Prefect test harness did not set an API URL"
-        yield url
-    from prefect_dibs import _clients
-
-    _clients.clear_cache()
+def _prefect_server(prefect_api: str) -> str:
+    """Every test here runs against the session's Prefect API (``prefect_api``: tests/prefect/harness.py)."""
+    return prefect_api
 
 
 @pytest.fixture

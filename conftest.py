@@ -1,0 +1,8 @@
+"""Plugins for every test of the repository (pytest loads this file first, whatever it runs).
+
+- ``tests/prefect/harness.py``: one Prefect API server per session, shared by ``tests/prefect/`` and
+  the Prefect snippets of the docs;
+- ``tests/docs/plugin.py``: the code blocks of the README and ``docs/`` collected as tests (Sybil).
+"""
+
+pytest_plugins = ["tests.prefect.harness", "tests.docs.plugin"]
