@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -106,6 +107,31 @@ def test_processes_creating_the_tables_at_once_all_succeed(sql_url: str) -> None
     assert [child.exitcode for child in children] == [0] * 6
     hit = dibs.Reservations(sql_url).get_or_reserve("first-use")
     assert isinstance(hit, dibs.Hit) and hit.value == "made"
+
+
+def _open_each_at_once(urls: list[str], barrier: Any, failures: Any) -> None:
+    clients = [dibs.Reservations(url) for url in urls]  # nothing is sent before the first operation
+    for client in clients:
+        barrier.wait(timeout=60)
+        try:
+            client.status("first-use")
+        except dibs.ReservationError as exc:
+            failures.put(str(exc))
+
+
+def test_processes_opening_a_new_sqlite_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """Regression: switching a new file to WAL failed at once with "database is locked" in all but
+    one of the processes doing it together (the busy timeout does not cover it); one worker of the
+    demo failed this way in CI. Ten new files, eight processes released together on each."""
+    urls = [f"sqlite:///{tmp_path / f'new-{n}.db'}" for n in range(10)]
+    barrier, failures = SPAWN.Barrier(8), SPAWN.Queue()
+    children = [SPAWN.Process(target=_open_each_at_once, args=(urls, barrier, failures)) for _ in range(8)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=120)
+    reported = [failures.get(timeout=5) for _ in range(failures.qsize())]
+    assert ([child.exitcode for child in children], reported) == ([0] * 8, [])
 
 
 def test_table_option_keeps_separate_tables_apart(tmp_path: Path) -> None:

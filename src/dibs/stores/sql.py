@@ -68,6 +68,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
@@ -1129,11 +1130,35 @@ def _configure_sqlite(engine: Engine, busy_ms: int, synchronous: str) -> None:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")  # first: the WAL switch may have to wait
-            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            _switch_to_wal(cursor, busy_ms / 1000)
             cursor.execute(f"PRAGMA synchronous = {synchronous}")
         finally:
             cursor.close()
+
+
+def _switch_to_wal(cursor: Any, patience: float) -> None:
+    """Put the database in WAL mode, waiting up to ``patience`` seconds for processes doing the same.
+
+    The busy timeout does not cover this: when several processes open a new database at once, the
+    switch (which needs the database to itself) fails at once with "database is locked" in all but
+    one of them, as SQLite gives up rather than risk a deadlock. So it is retried here. Once the file
+    is in WAL mode (it stays so), the switch is a read that never conflicts.
+    """
+    import sqlite3
+
+    deadline = time.monotonic() + patience
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            contended = "locked" in str(exc) or "busy" in str(exc)
+            if not contended or time.monotonic() >= deadline:
+                raise
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.1)
 
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
