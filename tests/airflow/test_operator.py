@@ -30,6 +30,7 @@ from dibs_provider.operators.reserved import (
     task_owner,
 )
 from dibs_provider.triggers.reservation import ReservationTrigger
+from tests.airflow.compat import dag_bag
 
 KEY = "features"
 
@@ -372,11 +373,9 @@ keyed()
 def _key_of_build(folder: Path, source: str, make_context: Any) -> str:
     """Parse a DAG file the way Airflow does (its module is named after the file's path) and derive the
     key of its reserved task."""
-    from airflow.dag_processing.dagbag import DagBag
-
     folder.mkdir(parents=True)
     (folder / "keyed.py").write_text(source)
-    bag = DagBag(str(folder))
+    bag = dag_bag(str(folder))
     assert not bag.import_errors, bag.import_errors
     op = bag.dags["keyed"].get_task("build")
     return str(op.resolve_reservation_key(make_context()))
