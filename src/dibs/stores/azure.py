@@ -62,6 +62,7 @@ import builtins
 import contextlib
 import dataclasses
 import email.utils
+import functools
 import hashlib
 import io
 import logging
@@ -108,6 +109,8 @@ DEFAULT_MAX_CONCURRENCY = 4
 
 #: A record is a few hundred bytes; anything bigger in ``records/`` is not ours and is not downloaded.
 MAX_RECORD_BYTES = decoder.MAX_RECORD_BYTES
+#: Reads of one record before a missing service time is an error (see AzureBlobStore._timed_read).
+_READS_FOR_A_TIME = 3
 #: Payloads up to this size go in one request; larger ones in parallel blocks/ranges of ``_CHUNK``.
 _SINGLE_TRANSFER = 8 * 1024 * 1024
 _CHUNK = 4 * 1024 * 1024
@@ -737,9 +740,8 @@ class AzureBlobStore(RecordStore):
     def _read_raw(self, key: Key) -> tuple[bytes | None, str | None, float]:
         """The record blob's bytes (``None`` when absent), its ETag, and the service's time of the read."""
         name = self.record_name(key)
-        exchange = _Exchange()
 
-        def download() -> tuple[bytes | None, str | None]:
+        def download(exchange: _Exchange) -> tuple[bytes | None, str | None]:
             blob = self._container.get_blob_client(name)
             try:
                 downloader = blob.download_blob(
@@ -753,8 +755,26 @@ class AzureBlobStore(RecordStore):
                 raise decoder.corrupt(key, self._where(name), why)
             return downloader.readall(), downloader.properties.etag
 
-        data, etag = self._call("read the record of", key, download)
+        (data, etag), exchange = self._timed_read("read the record of", key, download)
         return data, etag, self._now(exchange, "a read of", key)
+
+    def _timed_read(
+        self, action: str, key: Key | None, read: Callable[[_Exchange], T]
+    ) -> tuple[T, _Exchange]:
+        """Run ``read`` (one SDK call, hooked to ``exchange``) and return what it read with its exchange.
+
+        When the SDK retries a request that got no response at all (a reset connection), it drops the
+        per-call hooks: azure-storage-blob keeps them for a retry only once a response has arrived.
+        Such a read succeeds but leaves no service time behind, so it is read again (a read is safe to
+        repeat) rather than reported as a service without a Date header.
+        """
+        for _ in range(_READS_FOR_A_TIME):
+            exchange = _Exchange()
+            result = self._call(action, key, functools.partial(read, exchange))
+            if exchange.received is not None:
+                break
+            logger.info("%s: the SDK retried a read without its hooks; reading it again", self.url)
+        return result, exchange
 
     def _decode(self, key: Key, data: bytes | None, now: float) -> KeyState:
         if data is None:
@@ -1039,9 +1059,8 @@ class AzureBlobStore(RecordStore):
 
     def _list_entry(self, name: str) -> KeyState | None:
         where = self._where(name)
-        exchange = _Exchange()
 
-        def download() -> bytes | None:
+        def download(exchange: _Exchange) -> bytes | None:
             try:
                 downloader = self._container.get_blob_client(name).download_blob(
                     raw_request_hook=exchange.on_request, raw_response_hook=exchange.on_response
@@ -1052,7 +1071,7 @@ class AzureBlobStore(RecordStore):
                 return b""
             return downloader.readall()
 
-        data = self._call(f"read {where}", None, download)
+        data, exchange = self._timed_read(f"read {where}", None, download)
         if data is None:
             return None
         if not data:
