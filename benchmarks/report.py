@@ -629,6 +629,14 @@ def _header(results: dict[str, Any]) -> list[str]:
         "Versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()) + ".",
         "",
     ]
+    for name, again in results.get("remeasured", {}).items():
+        # A benchmark whose run failed, measured again with `--only NAME` and merged in: said, not hidden.
+        lines += [
+            f"`{name}` comes from a separate run (`benchmarks/run --only {name}`), {again['started']}, "
+            f"{again['seconds'] / 60:.1f} min, load average {again['load_average_at_start'][0]:.1f} at the "
+            f"start: {again['why']}",
+            "",
+        ]
     rows = [[info["label"], info["push"], f"`{info['url']}`"] for info in results["stores"].values()]
     lines += _table(["store", "how waiters are woken", "URL"], rows)
     for name, reason in results.get("skipped", {}).items():
