@@ -130,7 +130,9 @@ def test_processes_opening_a_new_sqlite_file_at_once_all_succeed(tmp_path: Path)
         child.start()
     for child in children:
         child.join(timeout=120)
-    reported = [failures.get(timeout=5) for _ in range(failures.qsize())]
+    reported = []
+    while not failures.empty():  # the children have exited: what they put is in the pipe
+        reported.append(failures.get(timeout=5))
     assert ([child.exitcode for child in children], reported) == ([0] * 8, [])
 
 
