@@ -8,6 +8,7 @@ Airflow would.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -280,6 +281,56 @@ def test_an_unstorable_result_is_returned_unshared_and_frees_the_key(
     assert state.live_lease is None and state.artifact is None
     assert state.failure is not None and "SerializationError" in state.failure.error
     assert context["ti"].xcoms["dibs_outcome"]["stored"] is False
+
+
+# -- the store cannot be reached: the connection's policy decides, as for Reservations.run -----------------
+UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/dibs"  # nothing listens on port 1: refused at once
+
+
+@pytest.fixture
+def unreachable_conn(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:
+    """``unreachable_conn(policy)``: a dibs connection whose store refuses connections; returns its id."""
+    pytest.importorskip(
+        "psycopg", reason="the unreachable store is a PostgreSQL URL: pip install 'dibs[postgres]'"
+    )
+
+    def make(policy: str) -> str:
+        conn = {"conn_type": "dibs", "extra": {"store_url": UNREACHABLE, "on_store_unavailable": policy}}
+        monkeypatch.setenv("AIRFLOW_CONN_DIBS_DOWN", json.dumps(conn))
+        return "dibs_down"
+
+    return make
+
+
+def test_store_down_at_the_first_ask_runs_unreserved_under_policy_run(
+    unreachable_conn: Callable[[str], str], make_context: Any
+) -> None:
+    work, context = Work(), make_context()
+    assert operator(work, dibs_conn_id=unreachable_conn("run")).execute(context) == {"rows": 3}
+    assert work.calls == 1
+    said = outcome(context)
+    assert (said["role"], said["stored"], said["token"]) == ("unreserved", False, None)
+    assert said["key"] == "default/features"
+
+
+def test_store_down_at_the_first_ask_fails_the_task_under_policy_fail(
+    unreachable_conn: Callable[[str], str], make_context: Any
+) -> None:
+    work = Work()
+    with pytest.raises(dibs.StoreUnavailable, match="127.0.0.1"):
+        operator(work, dibs_conn_id=unreachable_conn("fail")).execute(make_context())
+    assert work.calls == 0
+
+
+def test_store_still_down_after_a_deferral_follows_the_policy(
+    unreachable_conn: Callable[[str], str], make_context: Any
+) -> None:
+    ev = event("error", error_type="StoreUnavailable", message="connection reset", fields={})
+    work, context = Work(), make_context()
+    assert operator(work, dibs_conn_id=unreachable_conn("run")).execute_complete(context, event=ev) == {
+        "rows": 3
+    }
+    assert work.calls == 1 and outcome(context)["role"] == "unreserved"
 
 
 # -- keys ---------------------------------------------------------------------------------------------------

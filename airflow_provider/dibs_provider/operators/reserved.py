@@ -15,12 +15,16 @@ Every reserved task asks the store one atomic question before it works
   worker slot is held while it waits, and resumes in :meth:`ReservedOperatorMixin.execute_complete`
   when the artifact exists (it returns it) or the key is free again (it asks again, and may run the
   work or defer again). With ``reservation_deferrable=False`` it waits in the worker instead.
+* **the store cannot be reached** when the task asks (or asks again after a deferral): the connection's
+  ``on_store_unavailable`` decides, as for :meth:`dibs.Reservations.run`: ``fail`` (the default) fails
+  the task with :class:`dibs.StoreUnavailable`; ``run`` runs the work without a lease and stores
+  nothing (the outcome says ``unreserved``).
 
 The owner of a lease is the *logical* task, ``dag_id/run_id/task_id/map_index`` (no try number), so a
 retry of a task whose worker died re-enters its own lease instead of waiting for it to expire.
 
-Each task also pushes an XCom ``dibs_outcome`` saying how it got its value (``computed``, ``waited`` or
-``hit``), with the key, token, producer, holder waited on and wait time.
+Each task also pushes an XCom ``dibs_outcome`` saying how it got its value (``computed``, ``waited``,
+``hit`` or ``unreserved``), with the key, token, producer, holder waited on and wait time.
 
 Three ways in, one implementation (:class:`ReservedOperatorMixin`):
 
@@ -83,7 +87,7 @@ _RESERVATION_FIELDS = frozenset({"reservation_key", "reservation_refresh"})
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off", "", "none"})
 
-Role = Literal["computed", "waited", "hit"]
+Role = Literal["computed", "waited", "hit", "unreserved"]
 OperatorT = TypeVar("OperatorT", bound=BaseOperator)
 
 
@@ -315,13 +319,22 @@ class ReservedOperatorMixin(BaseOperator):
         )
         refresh = waiting.min_token is None and self.refresh_requested()
         with hook.get_client() as client:
-            outcome = client.get_or_reserve(
-                name, owner, max_age=self.reservation_max_age, refresh=refresh, min_token=waiting.min_token
-            )
-            if isinstance(outcome, Busy):
-                if refresh:  # the holder's result is the fresh one: wait for it, do not compute again
-                    waiting = dataclasses.replace(waiting, min_token=outcome.token)
-                outcome, waiting = self._wait(client, outcome, owner, waiting, timeout)
+            try:
+                outcome = client.get_or_reserve(
+                    name,
+                    owner,
+                    max_age=self.reservation_max_age,
+                    refresh=refresh,
+                    min_token=waiting.min_token,
+                )
+                if isinstance(outcome, Busy):
+                    if refresh:  # the holder's result is the fresh one: wait for it, do not compute again
+                        waiting = dataclasses.replace(waiting, min_token=outcome.token)
+                    outcome, waiting = self._wait(client, outcome, owner, waiting, timeout)
+            except StoreUnavailable as exc:
+                # The same policy as Reservations.run: the connection's on_store_unavailable decides
+                # between failing clearly and running the work without a lease (never a wrong result).
+                return self._run_unreserved(context, client, name, owner, waiting, exc)
             if isinstance(outcome, Hit):
                 return self._use_artifact(context, outcome, owner, waiting)
             return self._run_work(context, client, outcome, owner, waiting)
@@ -458,6 +471,36 @@ class ReservedOperatorMixin(BaseOperator):
             took_over_from=acquired.took_over_from,
         )
         return report.value
+
+    def _run_unreserved(
+        self,
+        context: Context,
+        client: Reservations,
+        name: str,
+        owner: str,
+        waiting: _Waiting,
+        error: StoreUnavailable,
+    ) -> Any:
+        key = str(client.key(name))
+        if client.on_store_unavailable == "fail":
+            self.log.error(
+                "dibs: the store is unavailable for %s, not running the work (on_store_unavailable "
+                "'fail'): %s",
+                key,
+                error,
+            )
+            raise error
+        self.log.warning(
+            "dibs: the store is unavailable for %s; running the work unreserved (on_store_unavailable "
+            "'run'): other runs may compute it too, and the result is not stored: %s",
+            key,
+            error,
+        )
+        value = self.execute_reserved(context)
+        self._push_outcome(
+            context, "unreserved", key, owner, waiting, token=None, producer=owner, stored=False
+        )
+        return value
 
     def _push_outcome(
         self,
