@@ -540,8 +540,8 @@ def _check_exclusion(
 def _check_fencing(leases: dict[str, dict[tuple[int, str], _Lease]], out: list[Violation]) -> None:
     """A grant that starts after another one returned must carry a strictly greater fence.
 
-    Histories hold no record removals: a removed record starts again from fence 0 (``discard``,
-    ``prune`` and ``reap`` remove only records without a live lease), and no scenario removes one."""
+    Removal keeps a tombstone with the key's fence (``discard``, ``prune`` and ``reap`` never delete a
+    record), so this holds across removals too; no scenario removes one yet."""
     for key, tokens in leases.items():
         grants = sorted((lease.first_grant for lease in tokens.values()), key=lambda e: e["t0"])
         for i, later in enumerate(grants):
