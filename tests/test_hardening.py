@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -226,7 +226,7 @@ def _duration_inputs(tmp_path: Path) -> dict[str, object]:
         "timeout ": lambda v: client.wait("k", timeout=v),
         "backoff initial": lambda v: Backoff(initial=v),
         "backoff notify_maximum": lambda v: Backoff(notify_maximum=v),
-        "heartbeat interval": lambda v: _keep_alive(client, v),
+        "heartbeat_interval ": lambda v: _keep_alive(client, v),
         "lock_timeout": lambda v: FileStore(tmp_path / "fs", lock_timeout=v),
         "watch_interval": lambda v: open_store(f"file://{tmp_path}/fs?watch_interval={quote(str(v))}"),
         "busy_timeout": lambda v: open_store(f"sqlite:///{tmp_path / 'b.db'}?busy_timeout={quote(str(v))}"),
@@ -251,6 +251,80 @@ def test_every_duration_input_is_bounded_with_an_error_naming_it(tmp_path: Path,
         with pytest.raises(dibs.ConfigurationError, match=setting.strip()) as caught:
             give(value)  # type: ignore[operator]
         assert repr(value) in str(caught.value) or str(value) in str(caught.value), (setting, caught.value)
+
+
+def _floor_inputs(tmp_path: Path) -> dict[str, object]:
+    """Every entry point that takes a ttl or a heartbeat interval, as a function of the value."""
+    client = dibs.Reservations(f"sqlite:///{tmp_path / 'f.db'}", namespace="hardening.floor")
+    inputs: dict[str, object] = {
+        "client ttl": lambda v: dibs.Reservations("memory://", ttl=v),
+        "client heartbeat_interval": lambda v: dibs.Reservations("memory://", heartbeat_interval=v),
+        "settings": lambda v: dibs.Settings(ttl=v),
+        "a call's ttl": lambda v: client.get_or_reserve("k", ttl=v),
+        "keep_alive": lambda v: _keep_alive(client, v),
+    }
+    try:
+        import json
+
+        from airflow.sdk import Connection
+
+        from dibs_provider.hooks.dibs import settings_from_connection
+
+        def connection(name: str) -> Callable[[object], object]:
+            return lambda v: settings_from_connection(
+                Connection(conn_id="floor", conn_type="dibs", extra=json.dumps({name: v}))
+            )
+
+        inputs["airflow connection ttl"] = connection("ttl")
+        inputs["airflow connection heartbeat_interval"] = connection("heartbeat_interval")
+    except ImportError:
+        pass
+    try:
+        from prefect_dibs import DibsStore, reserved
+
+        inputs["prefect @reserved ttl"] = lambda v: reserved("memory://", ttl=v)
+        inputs["prefect @reserved heartbeat_interval"] = lambda v: reserved("memory://", heartbeat_interval=v)
+        inputs["prefect block ttl"] = lambda v: DibsStore(url="memory://", ttl=v).settings()
+    except ImportError:
+        pass
+    return inputs
+
+
+@pytest.mark.parametrize("value", [1e-9, 0.001, 0.0499])
+def test_a_ttl_or_heartbeat_interval_below_the_floor_is_refused_everywhere(
+    tmp_path: Path, value: float
+) -> None:
+    # ttl=1e-9 was accepted: the heartbeat spun at 2,609 writes/s on SQLite, and a rival still took
+    # the key (issue 16, item 6).
+    from dibs.settings import MIN_HEARTBEAT_INTERVAL, MIN_TTL
+
+    for where, give in _floor_inputs(tmp_path).items():
+        name = "heartbeat_interval" if "heartbeat" in where or where == "keep_alive" else "ttl"
+        floor = MIN_HEARTBEAT_INTERVAL if name == "heartbeat_interval" else MIN_TTL
+        with pytest.raises(dibs.ConfigurationError, match=f"{name}.*at least {floor:g} seconds") as caught:
+            give(value)  # type: ignore[operator]
+        assert repr(value) in str(caught.value), (where, caught.value)
+
+
+def test_the_floors_themselves_are_accepted() -> None:
+    from dibs.settings import MIN_HEARTBEAT_INTERVAL, MIN_TTL
+
+    client = dibs.Reservations("memory://", ttl=MIN_TTL, heartbeat_interval=MIN_HEARTBEAT_INTERVAL)
+    assert (client.ttl, client.heartbeat_interval) == (MIN_TTL, MIN_HEARTBEAT_INTERVAL)
+    assert dibs.Settings(ttl=MIN_TTL).heartbeat_every >= MIN_HEARTBEAT_INTERVAL
+
+
+def test_dibs_run_refuses_a_ttl_below_the_floor_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dibs.cli import main
+
+    status = main(
+        ["run", "--store", f"sqlite:///{tmp_path / 'c.db'}", "--key", "k", "--ttl", "1e-9", "--", "true"]
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and "ttl must be at least 0.15 seconds, got 1e-09" in err
+    assert "Traceback" not in err
 
 
 def test_the_documented_maximum_is_accepted_and_one_more_second_is_not() -> None:

@@ -29,6 +29,7 @@ from dibs.errors import ConfigurationError, LeaseLost, SerializationError, Store
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
 from dibs.serializers import dump_artifact
+from dibs.settings import validate_timings
 
 if TYPE_CHECKING:
     from dibs.client import Reservations
@@ -187,7 +188,10 @@ class Lease:
         self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
     ) -> KeepAlive:
         """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
-        for this lease's ttl)."""
+        for this lease's ttl). A given ``interval`` follows the settings' rules (at least
+        :data:`~dibs.settings.MIN_HEARTBEAT_INTERVAL`)."""
+        if interval is not None:
+            interval = validate_timings(heartbeat_interval=interval)[1]
         return KeepAlive(self, interval or self._client.settings.heartbeat_for(self._record.ttl), on_lost)
 
     # -- hand-off -------------------------------------------------------------------------------
