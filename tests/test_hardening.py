@@ -750,6 +750,51 @@ def test_an_over_long_table_name_is_refused_before_the_database_sees_it(sql_url:
     _drop_table(base, longest)
 
 
+def _with_table(url: str, table: str) -> str:
+    import re
+
+    if "table=" in url:
+        return re.sub(r"table=[^&]*", f"table={table}", url)
+    return f"{url}{'&' if '?' in url else '?'}table={table}"
+
+
+@pytest.mark.parametrize("sql_url", SQL_BACKENDS, indirect=True)
+def test_a_table_that_is_not_a_dibs_table_is_refused_naming_it(sql_url: str) -> None:
+    # ?table=pg_class raised a raw ProgrammingError (issue 16, item 10); so did any table of one's own.
+    import sqlalchemy as sa
+
+    from dibs.stores.sql import SQLStore
+
+    for reserved in ("pg_class", "sqlite_master", "PG_foo"):
+        with pytest.raises(dibs.ConfigurationError, match=rf"table={reserved!r}.*reserve") as caught:
+            dibs.Reservations(_with_table(sql_url, reserved))
+        assert "Traceback" not in str(caught.value)
+    name = f"foreign_{uuid_suffix()}"
+    url = _with_table(sql_url, name)
+    store = open_store(url)
+    assert isinstance(store, SQLStore)
+    with store.engine.begin() as conn:
+        if store.schema:
+            conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{store.schema}"'))
+        sa.Table(name, sa.MetaData(schema=store.schema), sa.Column("id", sa.Integer)).create(conn)
+    try:
+        with pytest.raises(dibs.ConfigurationError, match=rf"table={name!r} .* is not a dibs table"):
+            dibs.Reservations(store).status("k")
+    finally:
+        store.close()
+        if not sql_url.startswith("sqlite"):
+            _drop_table(sql_url.split("?", maxsplit=1)[0], name)
+
+
+def test_sqlite_table_names_differing_only_by_case_are_refused(tmp_path: Path) -> None:
+    # SQLite ignores the case of table names: table=Abc and table=abc silently shared one table.
+    base = f"sqlite:///{tmp_path / 'case.db'}"
+    with pytest.raises(dibs.ConfigurationError, match=r"table='Abc'.*same table as 'abc'.*\?table=abc"):
+        dibs.Reservations(f"{base}?table=Abc")
+    with dibs.Reservations(f"{base}?table=abc") as client:
+        assert client.run("k", lambda: 1) == 1
+
+
 def uuid_suffix() -> str:
     import uuid
 

@@ -37,7 +37,9 @@ may lose the last transactions on power loss, which costs at worst a recomputati
 ``?synchronous=FULL`` to the URL to fsync every commit (about 10x slower per acquire, measured).
 
 URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``, at
-most 50 ASCII letters, digits and ``_``), ``schema`` (PostgreSQL/MySQL schema to create the table in,
+most 50 ASCII letters, digits and ``_``; lower case on SQLite, which ignores the case of table names;
+never a name the databases reserve, ``pg_*`` or ``sqlite_*``; a table that exists must be dibs's own),
+``schema`` (PostgreSQL/MySQL schema to create the table in,
 at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLite), ``pool_size``
 (PostgreSQL/MySQL connections per process, default 3).
 
@@ -115,6 +117,9 @@ MAX_TABLE_NAME = 50
 # The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
 _MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
 MAX_SCHEMA_NAME = 63
+#: Table names the databases keep for themselves (PostgreSQL's catalogs come first on the search path,
+#: SQLite refuses to create them, MySQL's are in its own schemas): never a dibs table.
+_RESERVED_TABLE_PREFIXES = ("pg_", "sqlite_", "mysql_", "information_schema")
 
 
 def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
@@ -359,6 +364,7 @@ class SQLStore(Store):
                     else:
                         self.metadata.create_all(conn, checkfirst=True)
                     self._check_schema_version(conn)
+                    self._check_is_ours(conn)
                 return
             except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
                 # Another process created the table between our check and our CREATE (SQLite, MySQL).
@@ -404,6 +410,23 @@ class SQLStore(Store):
             # the real error (a StoreUnavailable) with SQLAlchemy's PendingRollbackError.
             if not conn.invalidated:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
+
+    def _check_is_ours(self, conn: Connection) -> None:
+        """Refuse a ``?table=`` that names a table dibs did not create (``CREATE ... IF NOT EXISTS``
+        keeps it as it is): every operation would otherwise fail with the driver's raw error."""
+        try:
+            columns = {
+                column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)
+            }
+        except sa_exc.NoSuchTableError:
+            columns = set()  # e.g. a system catalog found first on PostgreSQL's search path
+        missing = sorted(set(self.t.c.keys()) - columns)
+        if missing:
+            raise ConfigurationError(
+                f"table={self.table_name!r} in {self.url} is not a dibs table (it lacks the column(s) "
+                f"{', '.join(missing)}); give dibs a table of its own, e.g. ?table=dibs_reservations",
+                store=self.url,
+            )
 
     def _check_schema_version(self, conn: Connection) -> None:
         found = conn.execute(
@@ -1070,6 +1093,19 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
                 f"{name}={value[:20]!r}... is {len(value)} characters long; at most {longest} are allowed "
                 "(the names dibs derives from it must fit PostgreSQL's and MySQL's 63-character limit)"
             )
+    table = options.get("table")
+    if table is not None and table.lower().startswith(_RESERVED_TABLE_PREFIXES):
+        raise ConfigurationError(
+            f"table={table!r} starts with a prefix the databases reserve for their own tables "
+            f"({', '.join(_RESERVED_TABLE_PREFIXES)}); give dibs a table of its own, e.g. "
+            "?table=dibs_reservations"
+        )
+    if table is not None and parsed.get_backend_name() == "sqlite" and table != table.lower():
+        # SQLite compares table names without case: 'Abc' and 'abc' would silently be one table.
+        raise ConfigurationError(
+            f"table={table!r}: SQLite ignores the case of table names, so this would be the same table "
+            f"as {table.lower()!r}; write it in lower case (?table={table.lower()})"
+        )
     return parsed, options
 
 
