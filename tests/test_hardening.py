@@ -786,6 +786,33 @@ def test_a_table_that_is_not_a_dibs_table_is_refused_naming_it(sql_url: str) -> 
             _drop_table(sql_url.split("?", maxsplit=1)[0], name)
 
 
+@pytest.mark.parametrize("sql_url", SQL_BACKENDS, indirect=True)
+def test_a_row_version_at_the_largest_bigint_is_a_corrupt_record_not_a_traceback(
+    sql_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # PostgreSQL: 'dibs release' printed a traceback (DataError: bigint out of range), as did
+    # release and heartbeat: every write increments the row's version (issue 16, item 10).
+    import sqlalchemy as sa
+
+    from dibs.cli import main
+    from dibs.records import MAX_FENCE
+    from dibs.stores.sql import SQLStore
+
+    client = dibs.Reservations(sql_url, namespace="hardening.version")
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired) and isinstance(client.store, SQLStore)
+    with client.store.engine.begin() as conn:
+        conn.execute(sa.update(client.store.t).values(version=MAX_FENCE))
+    for call in (got.lease.heartbeat, got.lease.release, lambda: got.lease.complete(1)):
+        with pytest.raises(dibs.CorruptRecord, match=r"hardening.version/k at row .* row version"):
+            call()
+    status = main(["release", "k", "--store", sql_url, "--namespace", "hardening.version"])
+    err = capsys.readouterr().err
+    assert status != 0 and "hardening.version/k" in err and "row version" in err
+    assert "Traceback" not in err and "DataError" not in err
+    client.close()
+
+
 def test_sqlite_table_names_differing_only_by_case_are_refused(tmp_path: Path) -> None:
     # SQLite ignores the case of table names: table=Abc and table=abc silently shared one table.
     base = f"sqlite:///{tmp_path / 'case.db'}"

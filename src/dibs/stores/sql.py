@@ -87,6 +87,7 @@ from dibs.errors import ArtifactTooLarge, ConfigurationError, CorruptRecord, Sto
 from dibs.keys import Key, validate_owner
 from dibs.records import (
     MAX_COUNT,
+    MAX_FENCE,
     ArtifactRecord,
     KeyState,
     LeaseRecord,
@@ -499,7 +500,8 @@ class SQLStore(Store):
         # Besides the token: the row must still be this key's (a write never lands in a row that
         # claims another key), and it must have the owner that complete and release copy into the
         # artifact or the failure (else the write would turn a damaged lease into a damaged
-        # artifact). A refused write is explained by a read, which reports the row as corrupt.
+        # artifact). A refused write is explained by a read, which reports the row as corrupt. So is a
+        # row whose version cannot be incremented (BIGINT overflow: a raw DataError, or on SQLite a REAL).
         holding = sa.and_(
             t.c.key_hash == p("p_key_hash"),
             t.c.fence == p("p_fence"),
@@ -507,6 +509,7 @@ class SQLStore(Store):
             t.c.namespace == p("p_namespace"),
             t.c.name == p("p_name"),
             t.c.owner.is_not(None),
+            t.c.version < MAX_FENCE,
         )
         extended = now + p("p_ttl", type_=sa.Double)
         capped = sa.case(
@@ -587,7 +590,15 @@ class SQLStore(Store):
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
         row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
-        return self._state(key, row), row["version"]
+        state, version = self._state(key, row), row["version"]
+        if version is not None and not (isinstance(version, int) and 0 < version < MAX_FENCE):
+            # Every write increments it: at the largest BIGINT the row can never change again.
+            raise decoder.corrupt(
+                key,
+                self._where(row["key_hash"]),
+                f"its row version {version!r} is not an integer from 1 to {MAX_FENCE - 1}",
+            )
+        return state, version
 
     def _where(self, key_hash: object) -> str:
         return f"row {key_hash!s:.64} of table {self.table_name} ({self.url})"
