@@ -136,6 +136,40 @@ def test_dibs_ls_never_prints_the_password(capsys: pytest.CaptureFixture[str]) -
         assert TAIL not in out + err and "dibs:" in err
 
 
+#: Query passwords holding what ends a query value (issue 16, item 10: '@' and '&' leaked a tail).
+QUERY_PASSWORDS = [f"se@cr{TAIL}", f"se&cr{TAIL}", f"a&b@{TAIL}", f"s?e#c/r@{TAIL}", f"se%40cr{TAIL}"]
+
+
+def test_no_password_in_any_cli_line_repr_or_url_whatever_the_url_form(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dibs.cli import main
+
+    redis_base = _service_url(redis_backend).split("?", maxsplit=1)[0]
+    forms = [
+        f"{redis_base}?password={{pw}}",
+        f"{redis_base}?password={{pw}}&prefix=x:",
+        "sqlite://u:{pw}@/",
+        "redis://:{pw}@127.0.0.1:1/0",
+        "postgresql+psycopg://u:{pw}@127.0.0.1:1/x",
+        "file://u:{pw}@localhost/tmp/x",
+        "azure://c?sas_token={pw}",
+        "memory://u:{pw}@x",
+    ]
+    for form in forms:
+        for password in QUERY_PASSWORDS:
+            url = form.format(pw=password)
+            for command in (["ls"], ["show", "k"], ["release", "k"]):
+                main([*command, "--store", url])
+                out, err = capsys.readouterr()
+                assert TAIL not in out + err, (command, url, out + err)
+            try:
+                with dibs.Reservations(url) as client:
+                    assert TAIL not in repr(client) + client.store.url, url
+            except dibs.ReservationError as exc:
+                assert TAIL not in str(exc), url
+
+
 def test_the_prefect_block_refuses_every_password_in_its_url() -> None:
     pytest.importorskip("prefect")
     from pydantic import ValidationError

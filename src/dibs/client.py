@@ -39,7 +39,7 @@ from dibs.records import ArtifactRecord, FailureRecord, Granted, Held, KeyState,
 from dibs.runtime import runtime
 from dibs.serializers import Serializer, SignedPickleSerializer, load_artifact, resolve_serializer
 from dibs.settings import Settings, StoreUnavailablePolicy, validate_timings
-from dibs.stores import Store
+from dibs.stores import Store, redact_url
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -176,7 +176,8 @@ class Reservations:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Reservations({self.store.url!r}, namespace={self.namespace!r}, ttl={self.ttl:g})"
+        # store.url is redacted by every dibs store; a store of the user's may not be.
+        return f"Reservations({redact_url(self.store.url)!r}, namespace={self.namespace!r}, ttl={self.ttl:g})"
 
     def _terms(self, ttl: float | None, max_lease_age: float | None) -> tuple[float, float | None]:
         """The ttl and maximum age of one lease: the call's, else the client's; checked together."""

@@ -1085,8 +1085,9 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         raise ConfigurationError(
-            f"SQLite store URL {str(url)!r} names no file; an in-memory SQLite database cannot be shared "
-            "between processes. Use e.g. 'sqlite:////var/lib/dibs/dibs.db' (or memory:// for one process)"
+            f"SQLite store URL {redact_url(str(url))!r} names no file; an in-memory SQLite database cannot "
+            "be shared between processes. Use e.g. 'sqlite:////var/lib/dibs/dibs.db' (or memory:// for one "
+            "process)"
         )
     synchronous = options.get("synchronous", "NORMAL").upper()
     if synchronous not in _SYNCHRONOUS:
