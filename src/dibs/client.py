@@ -954,6 +954,8 @@ def _gave_up(
         why = (
             f"not computed: its last attempt failed ({failure.count} failure(s); last by {failure.owner!r}: "
             f"{failure.error})"
+            if not holding.is_stop(failure.error)
+            else f"not computed: its last holder, {failure.owner!r}, was {failure.error}"
         )
     else:
         why = "not computed yet, and nobody is computing it"

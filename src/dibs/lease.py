@@ -24,6 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from dibs import holding
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
@@ -163,9 +164,15 @@ class Lease:
         )
 
     def release(self, error: BaseException | str | None = None) -> None:
-        """End the lease without an artifact so a waiter takes over now; ``error`` is recorded."""
-        summary = error if isinstance(error, str) or error is None else f"{type(error).__name__}: {error}"
-        self._client.store.release(self.key, self._record.token, summary)
+        """End the lease without an artifact so a waiter takes over now; ``error`` is recorded.
+
+        A stop (a recorded text that :func:`dibs.holding.is_stop` recognizes: Ctrl-C, a cancellation,
+        a kill) is recorded but not counted as a failure, so it never makes ``max_failures`` refuse
+        the key. Every front end words its stops that way, so this is the one place that decides.
+        """
+        summary = error if isinstance(error, str) or error is None else holding.failure_text(error)
+        counted = summary is None or not holding.is_stop(summary)
+        self._client.store.release(self.key, self._record.token, summary, counted=counted)
         self._ended = True
 
     def verify(self) -> None:

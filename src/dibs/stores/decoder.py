@@ -18,8 +18,8 @@ The rules:
   one (:data:`MAX_COUNT`), times between 1970 and the end of the year 9999 (:data:`MAX_TIMESTAMP`,
   so every time can be shown as a date);
 * groups: a lease, a failure and an artifact are each wholly present or wholly absent; a lease's
-  fence is the record's fence, an artifact's fence is not above it, and a failure was counted at
-  least once.
+  fence is the record's fence, an artifact's fence is not above it, and a failure's count is 0 or
+  more (0: only stops were recorded, which are not counted).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def _state(r: _Reader, key: Key, now: float, payload: bytes) -> KeyState:
     failure = None
     if r.present(FAILURE_FIELDS):
         failure = FailureRecord(
-            count=r.integer("failure_count", low=1),
+            count=r.integer("failure_count", low=0),
             error=r.text("failure_error", empty=True),
             owner=r.text("failure_owner"),
             at=r.seconds("failure_at"),

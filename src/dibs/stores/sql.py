@@ -586,6 +586,11 @@ class SQLStore(Store):
         self._release_failed = _Prepared(
             sa.update(t).where(holding).ordered_values(*failure, released, *cleared), dialect
         )
+        # A stop: recorded like a failure, but its count stays as it is.
+        stopped = ((t.c.failure_count, t.c.failure_count), *failure[1:])
+        self._release_stopped = _Prepared(
+            sa.update(t).where(holding).ordered_values(*stopped, released, *cleared), dialect
+        )
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
@@ -791,11 +796,11 @@ class SQLStore(Store):
             return 2 * len(payload) + 3
         return len(payload) + sum(payload.count(byte) for byte in _MYSQL_ESCAPED) + 10
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         values = self._holding(key, token)
         statement = self._release
         if error is not None:
-            statement = self._release_failed
+            statement = self._release_failed if counted else self._release_stopped
             values["p_error"] = error[: transitions.MAX_ERROR_LENGTH]
         with self._cursor() as cursor:
             if statement.execute(cursor, values) != 1:
@@ -1294,6 +1299,6 @@ def _row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     fields = {name: row[column] for name, column in _ROW_FIELDS.items()}
     has_lease = any(row[column] is not None for column in _LEASE_COLUMNS)
     fields["lease_fence"] = row["fence"] if has_lease else None
-    if row["failure_count"] == 0:
+    if row["failure_count"] == 0 and row["failure_at"] is None:  # 0 with a failure: only stops
         fields["failure_count"] = None
     return fields
