@@ -73,6 +73,35 @@ def test_an_acquire_cancelled_while_the_granting_store_call_runs_leaves_nothing_
     assert state.failure is None  # not a failure: the caller was stopped before it began
 
 
+def test_a_cancelled_re_entry_leaves_its_owners_lease_held(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Asking again as the same owner re-enters the lease that owner already holds (Prefect's lock
+    # manager does it from another run context): cancelling that ask must not free the first one's key.
+    client = dibs.Reservations(store, ttl=60)
+    first = client.get_or_reserve("k", "alice")
+    assert isinstance(first, dibs.Acquired)
+    # Let the store's clock move on, so the re-entry is not taken for a lease made now.
+    started = first.lease.record.acquired_at
+    while client.status("k").now < started + 0.01:
+        pass
+    granted, proceed = threading.Event(), threading.Event()
+    monkeypatch.setattr(store, "acquire", _blocking_acquire(store, granted, proceed))
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(client.aio().acquire("k", "alice"))
+        await asyncio.to_thread(granted.wait, SAFETY)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proceed.set()
+
+    asyncio.run(scenario())
+    _drain_io_executor()
+    state = client.status("k")
+    assert state.lease is not None and state.lease.token == first.lease.record.token
+
+
 def test_an_acquire_cancelled_after_the_store_answered_leaves_nothing_held(store: Store) -> None:
     client = dibs.Reservations(store, ttl=60)
 

@@ -900,7 +900,7 @@ def _release_unreceived(client: Reservations, ask: AskAcquire, future: Future[St
     if future.cancelled() or future.exception() is not None:
         return  # never ran, or the store refused: nothing was granted
     outcome = future.result()
-    if not isinstance(outcome, Granted):
+    if not isinstance(outcome, Granted) or not _granted_by_this_ask(outcome):
         return
     if not threading.current_thread().name.startswith(runtime().IO_THREAD_PREFIX):
         # The store answered before the cancellation landed, so this runs where the callback was
@@ -911,6 +911,18 @@ def _release_unreceived(client: Reservations, ask: AskAcquire, future: Future[St
         except RuntimeError:  # the executor is shut down (interpreter exit): release here
             pass
     _release_quietly(client, ask.key, outcome)
+
+
+def _granted_by_this_ask(outcome: Granted) -> bool:
+    """Whether the ask made this lease (new, or taken over) rather than re-entering one its owner
+    already held: that one belongs to whoever took it first, and a cancelled re-entry must not free it.
+
+    A lease made by the ask starts at the store's now and ends a ttl later (a maximum lease age is
+    at least a ttl, so it does not cap a new lease); a re-entered one started earlier, and its expiry
+    was moved to now + ttl. The tolerance covers float rounding in the stores' arithmetic.
+    """
+    lease = outcome.lease
+    return abs(lease.expires_at - lease.ttl - lease.acquired_at) <= 1e-3
 
 
 def _release_quietly(client: Reservations, key: Key, outcome: Granted) -> None:
