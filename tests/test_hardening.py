@@ -346,6 +346,12 @@ def test_the_floors_themselves_are_accepted() -> None:
     client = dibs.Reservations("memory://", ttl=MIN_TTL, heartbeat_interval=MIN_HEARTBEAT_INTERVAL)
     assert (client.ttl, client.heartbeat_interval) == (MIN_TTL, MIN_HEARTBEAT_INTERVAL)
     assert dibs.Settings(ttl=MIN_TTL).heartbeat_every >= MIN_HEARTBEAT_INTERVAL
+    # A lease that can never be extended (its maximum age is its ttl) cannot spin: a Prefect lock's
+    # hold_timeout=0.1 asks for one.
+    got = client.get_or_reserve("short", ttl=0.1, max_lease_age=0.1)
+    assert isinstance(got, dibs.Acquired) and got.lease.record.max_expires_at == got.lease.record.expires_at
+    with pytest.raises(dibs.ConfigurationError, match="ttl must be at least"):
+        client.get_or_reserve("longer", ttl=0.1, max_lease_age=0.2)
 
 
 def test_dibs_run_refuses_a_ttl_below_the_floor_in_one_line(

@@ -45,7 +45,8 @@ def validate_timings(
     """Check whichever of the three timings are given, alone and against each other.
 
     Returns them as floats (``None`` where not given). The rules: each is a positive, finite, bounded
-    number of seconds; the ttl is at least :data:`MIN_TTL` and the heartbeat interval at least
+    number of seconds; the ttl is at least :data:`MIN_TTL` (unless the maximum lease age is no longer
+    than the ttl, so the lease is never extended) and the heartbeat interval at least
     :data:`MIN_HEARTBEAT_INTERVAL` (shorter ones only spin against the store); heartbeats come more
     often than the ttl (or the lease would expire between two of them); a maximum lease age is at
     least one ttl. Every entry point (the client and its per-call ttl, ``Lease.keep_alive``, the
@@ -55,8 +56,11 @@ def validate_timings(
     checked_ttl = validate_seconds("ttl", ttl, allow_none=True)
     interval = validate_seconds("heartbeat_interval", heartbeat_interval, allow_none=True)
     max_age = validate_seconds("max_lease_age", max_lease_age, allow_none=True)
+    # A lease whose maximum age is its ttl can never be extended: however short, it cannot spin (a
+    # Prefect lock with hold_timeout=0.1 is one). Only leases that heartbeat need the floor.
+    capped = checked_ttl is not None and max_age is not None and max_age <= checked_ttl
     for name, value, floor in (
-        ("ttl", checked_ttl, MIN_TTL),
+        ("ttl", None if capped else checked_ttl, MIN_TTL),
         ("heartbeat_interval", interval, MIN_HEARTBEAT_INTERVAL),
     ):
         if value is not None and value < floor:
