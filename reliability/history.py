@@ -258,10 +258,10 @@ class RecordingStore(Store):
         )
         return artifact
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         t0 = now()
         try:
-            self.inner.release(key, token, error)
+            self.inner.release(key, token, error, counted=counted)
         except Exception as exc:
             self._failed("release", key, t0, exc, fence=token.fence, lease=token.lease_id)
             raise

@@ -334,7 +334,7 @@ class ReservedOperatorMixin(BaseOperator):
             except StoreUnavailable as exc:
                 # The same policy as Reservations.run: the connection's on_store_unavailable decides
                 # between failing clearly and running the work without a lease (never a wrong result).
-                return self._run_unreserved(context, client, name, owner, waiting, exc)
+                return self._run_unreserved(context, client, name, owner, waiting, error=exc)
             if isinstance(outcome, Hit):
                 return self._use_artifact(context, outcome, owner, waiting)
             return self._run_work(context, client, outcome, owner, waiting)
@@ -479,6 +479,7 @@ class ReservedOperatorMixin(BaseOperator):
         name: str,
         owner: str,
         waiting: _Waiting,
+        *,
         error: StoreUnavailable,
     ) -> Any:
         key = str(client.key(name))
