@@ -1008,12 +1008,16 @@ class _DataVersionFeed(_VersionsFeed):
             raise store._unavailable(exc) from exc
 
     def _data_version(self) -> int:
-        cursor = self._conn.cursor()
-        try:
-            cursor.execute("PRAGMA data_version")
-            return int(cursor.fetchone()[0])
-        finally:
-            cursor.close()
+        # Under _FORK_GUARD: a fork while this thread is inside SQLite (which it is for a moment every
+        # 4 ms) would leave SQLite's allocator mutex locked in the child, whose first SQLite call
+        # would then hang forever (seen in tests/test_runtime_processes.py under load).
+        with _FORK_GUARD:
+            cursor = self._conn.cursor()
+            try:
+                cursor.execute("PRAGMA data_version")
+                return int(cursor.fetchone()[0])
+            finally:
+                cursor.close()
 
     def probe(self, timeout: float) -> bool:
         self.pause(timeout)
@@ -1241,6 +1245,16 @@ _IN_LIST = 500
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+#: Held by the SQLite watch hub's probe while it is inside SQLite, and by ``os.fork`` while it forks,
+#: so that no fork happens in the middle of that probe (see ``_DataVersionFeed._data_version``).
+_FORK_GUARD = threading.Lock()
+os.register_at_fork(
+    before=_FORK_GUARD.acquire,
+    after_in_parent=_FORK_GUARD.release,
+    after_in_child=_FORK_GUARD.release,
+)
 
 
 def _dispose_in_forked_children(engine: Engine) -> None:
