@@ -1,4 +1,4 @@
-"""The six scenarios, each run against one store (a :class:`~reliability.targets.Target`).
+"""The seven scenarios, each run against one store (a :class:`~reliability.targets.Target`).
 
 Every scenario starts real processes (see :mod:`reliability.workers`), injects its faults, reads
 every key it used once more at the end (the ``final`` events), and hands the merged history to

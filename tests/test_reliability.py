@@ -1,7 +1,9 @@
 """The reliability suite (``reliability/``) at its reduced size, on every available store.
 
 The same scenarios as ``reliability/run --ci``: processes racing, holders SIGKILLed and SIGSTOPped,
-connections cut through a fault proxy, client clocks skewed with libfaketime, hostile input. Every
+connections cut through a fault proxy, client clocks skewed with libfaketime, hostile input, and
+records removed (prune, reap, forget, force_release + discard, by two removers at once and a paused
+one) while processes compute the same keys. Every
 store operation is recorded and the history is checked against the contract's invariants; these
 tests assert that no *unexpected* violation was found. Expected ones (the local-clock stores under
 clock skew, a documented limit) are allowed, and latencies are never asserted: the measured figures
@@ -67,6 +69,13 @@ def test_reduced_reliability_suite_finds_no_violation(
     assert all(r.trials > 0 for r in ran), [(r.scenario, r.trials) for r in ran]
     kill = next(r for r in results if r.scenario == "kill")
     assert kill.faults["SIGKILL"] > 0  # the scenario really killed holders
+    # The removers really removed while the others computed, and really were paused and stopped.
+    removal = next(r for r in results if r.scenario == "removal")
+    removed = removal.figures["removals"]
+    for kind in ("prune", "forget", "force_release+discard"):
+        assert removed.get(f"{kind} that removed", 0) > 0, removed
+    assert removal.faults["paused removals"] > 0, removal.faults
+    assert removal.faults["SIGSTOP remover"] > 0, removal.faults
 
 
 def test_reduced_clock_skew_finds_no_unexpected_violation(
