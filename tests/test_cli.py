@@ -299,10 +299,16 @@ def test_ls_show_release_forget_reap(store: str) -> None:
     )
     assert dibs("release", "held-key", store=store).stdout.strip() == "held-key: released"
     assert json.loads(dibs("show", "held-key", "--json", store=store).stdout)["status"] == "free"
-    # Forgotten and released, both records hold nothing: reap removes them, and ls has nothing to list.
+    # Forgotten and released, both records hold nothing: reap clears them to tombstones, and ls has
+    # nothing to list; a tombstone keeps the key's fence, so the next holder's token is higher.
     assert json.loads(dibs("reap", "--json", store=store).stdout) == {"reaped": 2}
+    assert json.loads(dibs("reap", "--json", store=store).stdout) == {"reaped": 0}
     assert json.loads(dibs("ls", "--json", store=store).stdout) == []
-    assert dibs("show", "held-key", store=store, check=False).returncode == 1  # no record at all now
+    shown = json.loads(dibs("show", "held-key", "--json", store=store).stdout)
+    assert (shown["status"], shown["fence"], shown["attempts"]) == ("free", 1, 0)
+    again = lib.Reservations(store, ttl=600).get_or_reserve("held-key", owner="next-worker")
+    assert isinstance(again, lib.Acquired) and again.lease.token == 2
+    again.lease.release()
 
 
 def test_readable_names_select_keys_and_name_one_key_or_list_the_candidates(store: str) -> None:

@@ -160,17 +160,19 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "reap": (
         "clear expired leases nobody took over",
-        "Clear the expired leases nobody took over (their holders died), and remove the records left "
-        "holding nothing (no lease, artifact or failure: a released lock, a forgotten key), in the "
-        "namespace or everywhere.",
+        "Clear the expired leases nobody took over (their holders died), and the records left holding "
+        "nothing (no lease, artifact or failure: a released lock, a forgotten key), in the namespace or "
+        "everywhere. A cleared record stays as a hidden tombstone that keeps the key's fencing token, "
+        "so tokens never go back.",
         _exits("  0      done (the count may be 0)", _COMMON_EXITS, _STOP_EXITS),
     ),
     "prune": (
         "remove artifacts and failures older than a duration",
-        "Remove the records whose artifact (or last failure) is older than --older-than by the store's "
+        "Clear the records whose artifact (or last failure) is older than --older-than by the store's "
         "clock, and the records holding nothing, in the namespace or everywhere: the next caller of a "
-        "pruned key computes it again. A key someone holds is never touched (nor one whose lease ended "
-        "less than that long ago). DURATION: 90 (seconds), 90s, 15m, 12h, 7d, 2w or sums such as 1h30m. "
+        "pruned key computes it again (with a higher fencing token: a hidden tombstone keeps it). A "
+        "key someone holds is never touched (nor one whose lease ended less than that long ago). "
+        "DURATION: 90 (seconds), 90s, 15m, 12h, 7d, 2w or sums such as 1h30m. "
         "--dry-run lists what would be removed and removes nothing.",
         _exits("  0      done (the count may be 0)", _COMMON_EXITS, _STOP_EXITS),
     ),
@@ -479,7 +481,7 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
         _say(
             args,
             {"reaped": count},
-            f"reaped {count} record(s): expired leases cleared, empty records removed",
+            f"reaped {count} record(s): expired leases and empty records cleared",
         )
         return 0
     if args.command == "prune":

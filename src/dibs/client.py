@@ -613,17 +613,20 @@ class Reservations:
         return self.store.forget(self.key(key))
 
     def reap(self, *, all_namespaces: bool = False) -> int:
-        """Clear expired leases nobody took over, and remove records that hold nothing."""
+        """Clear expired leases nobody took over, and discard records that hold nothing (see
+        :meth:`discard`); returns how many records changed."""
         return self.store.reap(None if all_namespaces else self.namespace)
 
     def discard(self, key: str | Key) -> bool:
-        """Remove the key's record if it holds nothing (no lease, artifact or failure), as a lock that
-        is released for good should leave nothing behind. ``True`` if a record was removed."""
+        """Clear the key's record down to a tombstone if it holds nothing (no lease, artifact or
+        failure), as a lock that is released for good should leave nothing behind but its fence (so
+        tokens keep rising), and listings leave it out. ``True`` if the record changed."""
         return self.store.discard(self.key(key))
 
     def prune(self, older_than: float, *, all_namespaces: bool = False) -> int:
-        """Remove artifacts and failures older than ``older_than`` seconds (store clock) and records
-        that hold nothing, never a key someone holds; returns how many records were removed."""
+        """Clear artifacts (with their payloads) and failures older than ``older_than`` seconds (store
+        clock) and records that hold nothing, never a key someone holds; returns how many records
+        changed. Each leaves a tombstone that keeps the key's fence, so tokens never rewind."""
         seconds = validate_seconds("older_than", older_than, allow_zero=True)
         assert seconds is not None
         return self.store.prune(None if all_namespaces else self.namespace, seconds)

@@ -59,7 +59,10 @@ class Lease:
 
     @property
     def token(self) -> int:
-        """The fencing token: strictly increases every time the key changes hands."""
+        """The fencing token: strictly increases every time the key changes hands, for the life of the
+        store. Clearing the key (forget, prune, reap, a forced release, discard) leaves a tombstone
+        that keeps it, so no later holder of this key gets this token or a smaller one: it can fence
+        writes outside dibs (accept a write only with a token at least the last one seen)."""
         return self._record.token.fence
 
     @property

@@ -13,7 +13,7 @@ import pytest
 
 from dibs.errors import LeaseLost
 from dibs.keys import Key
-from dibs.records import Granted, Held, LeaseRecord, Present, checksum
+from dibs.records import Granted, Held, LeaseRecord, LeaseToken, Present, checksum
 from dibs.runtime import runtime
 from dibs.stores import Store
 from dibs.stores.feeds import ChangeFeed
@@ -339,7 +339,15 @@ def test_a_failed_refresh_keeps_the_old_artifact(store: Store) -> None:
     assert _payload(store, KEY) == b"kept"
 
 
-def test_discard_removes_only_a_record_that_holds_nothing(store: Store) -> None:
+def _assert_tombstone(store: Store, key: Key, fence: int) -> None:
+    """What removal leaves: the key's fence and nothing else, left out of listings."""
+    state = store.read(key)
+    assert (state.status, state.fence, state.attempts) == ("free", fence, 0)
+    assert (state.lease, state.artifact, state.failure) == (None, None, None)
+    assert key not in {s.key for s in store.list(key.namespace)}
+
+
+def test_discard_clears_only_a_record_that_holds_nothing(store: Store) -> None:
     held, done, failed, freed = (
         Key("contract.discard", name) for name in ("held", "done", "failed", "freed")
     )
@@ -348,15 +356,18 @@ def test_discard_removes_only_a_record_that_holds_nothing(store: Store) -> None:
     store.release(failed, _granted(store.acquire(failed, "alice", 60, None)).token, "boom")
     store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
     assert [store.discard(k) for k in (held, done, failed, freed)] == [False, False, False, True]
-    assert store.discard(freed) is False  # gone already
+    assert store.discard(freed) is False  # a tombstone already: not counted again
     assert store.discard(Key("contract.discard", "never-seen")) is False
     assert {s.key for s in store.list("contract.discard")} == {held, done, failed}
-    again = _granted(store.acquire(freed, "bob", 60, None))  # the key starts afresh, and works
+    _assert_tombstone(store, freed, 1)
+    assert store.read(Key("contract.discard", "never-seen")).fence == 0  # discard wrote nothing
+    again = _granted(store.acquire(freed, "bob", 60, None))  # the key works again, at a higher token
+    assert (again.token.fence, again.attempt) == (2, 1)
     _complete(store, again, b"after")
     assert _payload(store, freed) == b"after"
 
 
-def test_prune_removes_what_is_old_and_never_a_live_lease(store: Store) -> None:
+def test_prune_clears_what_is_old_and_never_a_live_lease(store: Store) -> None:
     names = ("held", "done", "failed", "freed")
     held, done, failed, freed = (Key("contract.prune", name) for name in names)
     _granted(store.acquire(held, "alice", 600, None))
@@ -367,13 +378,87 @@ def test_prune_removes_what_is_old_and_never_a_live_lease(store: Store) -> None:
     assert {s.key for s in store.list("contract.prune")} == {held, done, failed}
     assert store.prune("contract.prune", 0.0) == 2  # everything is older than now, but the live lease
     assert {s.key for s in store.list("contract.prune")} == {held}
+    for key in (done, failed, freed):
+        _assert_tombstone(store, key, 1)
+    assert store.prune("contract.prune", 0.0) == 0  # tombstones are not counted again
     assert store.prune("other.namespace", 0.0) == 0
 
 
-def test_reap_also_removes_records_that_hold_nothing(store: Store) -> None:
+def test_reap_also_clears_records_that_hold_nothing(store: Store) -> None:
     freed, short = Key("contract.reap2", "freed"), Key("contract.reap2", "short")
     store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
     lease = _granted(store.acquire(short, "alice", 0.05, None))
     _wait_until_expired(store, lease)
-    assert store.reap("contract.reap2") == 2  # the expired lease cleared (and its empty record removed)
+    assert store.reap("contract.reap2") == 2  # the expired lease cleared (and its record with it)
     assert list(store.list("contract.reap2")) == []
+    _assert_tombstone(store, freed, 1)
+    _assert_tombstone(store, short, 1)
+    assert store.reap("contract.reap2") == 0  # tombstones are not counted again
+
+
+# -- removal never rewinds a key (issue 16) -----------------------------------------------------------
+
+
+def _forget(store: Store, lease: LeaseRecord) -> None:
+    _complete(store, lease, b"value")
+    assert store.forget(lease.key) is True
+
+
+def _prune(store: Store, lease: LeaseRecord) -> None:
+    _complete(store, lease, b"value")
+    artifact = store.read(lease.key).artifact
+    assert artifact is not None
+    deadline = time.monotonic() + 30  # "older than 0 s" needs the store's clock past the artifact's
+    while store.read(lease.key).now <= artifact.created_at:  # time (SQLite's ticks in milliseconds)
+        assert time.monotonic() < deadline, "the store's clock never passed the artifact's time"
+        time.sleep(0.01)
+    assert store.prune(lease.key.namespace, 0.0) == 1
+
+
+def _reap(store: Store, lease: LeaseRecord) -> None:
+    _wait_until_expired(store, lease)
+    assert store.reap(lease.key.namespace) == 1
+
+
+def _force_release_and_discard(store: Store, lease: LeaseRecord) -> None:
+    assert store.force_release(lease.key) is True
+    assert store.discard(lease.key) is True
+
+
+#: Each way a key's record is cleared: the removal (given the lease just taken), the ttl to take it
+#: with (reap needs it to expire), and whether every take is by the same owner.
+REMOVALS = {
+    "forget": (_forget, 60.0, False),
+    "prune": (_prune, 60.0, False),
+    "reap": (_reap, 0.2, False),
+    "force_release+discard": (_force_release_and_discard, 60.0, False),
+    "prune, same owner": (_prune, 60.0, True),
+}
+
+
+@pytest.mark.parametrize("removal", list(REMOVALS))
+def test_tokens_never_rewind_after_removal(store: Store, removal: str) -> None:
+    """Take, clear, take, clear, take: tokens 1, 2, 3, never 1 again, whatever cleared the key (the
+    issue measured 1, 2, 1 on every store). Where the store shows the row's version (SQL), it never
+    repeats either, so no delayed compare-and-swap can match a later state of the row."""
+    remove, ttl, same_owner = REMOVALS[removal]
+    key = Key("contract.rewind", removal)
+    versions = getattr(store, "versions", None)
+    seen_versions: list[int] = []
+    tokens = []
+    for round_ in range(3):
+        owner = "alice" if same_owner else f"owner-{round_}"
+        lease = _granted(store.acquire(key, owner, ttl, None))
+        tokens.append(lease.token.fence)
+        if round_ < 2:
+            remove(store, lease)
+            state = store.read(key)
+            assert state.fence == lease.token.fence  # the removal kept the key's fence
+            assert (state.lease, state.artifact, state.failure) == (None, None, None)
+            assert store.read(key).status == "free"
+        if versions is not None:
+            seen_versions.append(versions([key])[key.digest])
+    assert tokens == [1, 2, 3]
+    assert seen_versions == sorted(set(seen_versions))  # strictly increasing: no version comes back
+    with pytest.raises(LeaseLost):  # and the first holder's token stays refused
+        store.heartbeat(key, LeaseToken(1, "0" * 32), 60)

@@ -116,6 +116,39 @@ def test_discard_and_prune_through_the_client(clock: FakeClock) -> None:
     assert isinstance(got, dibs.Acquired)
     got.lease.release()
     assert client.discard("freed") and not client.discard("done")
+    assert not client.discard("freed")  # a tombstone already: not counted again
     clock.now += 3600
     assert client.prune(older_than=60) == 1
-    assert list(client.list()) == []
+    assert client.prune(older_than=60) == 0
+    assert list(client.list()) == []  # tombstones are not listed ...
+    assert [client.status(name).fence for name in ("done", "freed")] == [1, 1]  # ... but keep the fence
+    again = client.get_or_reserve("done")
+    assert isinstance(again, dibs.Acquired) and again.lease.token == 2  # a pruned key never rewinds
+
+
+def test_reaping_an_expired_lease_keeps_the_token_rising(clock: FakeClock) -> None:
+    """Take, forget, take, force-release and reap, take: the issue's 1, 2, 1 is now 1, 2, 3."""
+    client = dibs.Reservations(MemoryStore(clock=clock), ttl=30)
+    tokens = []
+    first = client.get_or_reserve("k")
+    assert isinstance(first, dibs.Acquired)
+    tokens.append(first.lease.token)
+    first.lease.complete(1)
+    assert client.forget("k")
+    second = client.get_or_reserve("k")
+    assert isinstance(second, dibs.Acquired)
+    tokens.append(second.lease.token)
+    assert client.force_release("k")
+    assert client.reap() == 1
+    clock.now += 60
+    third = client.get_or_reserve("k")
+    assert isinstance(third, dibs.Acquired) and third.lease.attempt == 1  # attempts start again ...
+    tokens.append(third.lease.token)
+    assert tokens == [1, 2, 3]  # ... the token never does
+    third.lease.complete(3)
+    expiring = client.get_or_reserve("expiring")
+    assert isinstance(expiring, dibs.Acquired)
+    clock.now += 31  # past its ttl on the fake clock: nobody took it over
+    assert client.reap() == 1
+    assert client.status("expiring").fence == 1
+    assert [state.key.name for state in client.list()] == ["k"]  # done; the reaped key is a tombstone

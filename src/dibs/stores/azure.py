@@ -15,7 +15,9 @@ Layout inside the container (``PREFIX`` is optional)::
     PREFIX/artifacts/<sha256 of the key>-<fence>-<h>   a completed key's payload (h: from its checksum)
 
 Names come from :attr:`dibs.keys.Key.digest` only, never from the key's text, so no key can reach
-outside the prefix.
+outside the prefix. A record blob is never deleted: ``forget``, ``prune``, ``reap`` and ``discard``
+replace it with a tombstone that keeps the fence, so fences (and with them payload names) never
+repeat, and a payload delete that arrives late can only hit a blob no record names any more.
 
 Time
     Expiry is judged by the Blob service's clock: every read takes ``now`` from the ``Date`` header of
@@ -91,7 +93,7 @@ from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, Reservatio
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
 from dibs.stores import codec, decoder, redact_url, transitions
-from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, _Removal, skip
+from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 
 __all__ = ["AzureBlobStore", "ServiceClock", "parse_url"]
@@ -803,37 +805,16 @@ class AzureBlobStore(RecordStore):
 
         self._call(f"create container {self.container!r}", None, create)
 
-    def _swap(self, key: Key, version: object, new: KeyState | _Removal, old: KeyState) -> bool | Loaded:
-        swapped = self._remove(key, version) if isinstance(new, _Removal) else self._write(key, version, new)
+    def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool | Loaded:
+        swapped = self._write(key, version, new)
         if swapped is True and old.artifact is not None:
-            kept = None if isinstance(new, _Removal) else new.artifact
+            kept = new.artifact
             if kept is None or self.artifact_name(key, kept) != self.artifact_name(key, old.artifact):
-                # The record no longer names this payload, and fences only grow, so no later record
-                # can name it again: deleting it cannot hurt anyone.
+                # The record no longer names this payload. Records are never deleted (removal writes
+                # a tombstone that keeps the fence), so fences only grow and no later record can name
+                # it again: deleting it cannot hurt anyone, however late this call runs.
                 self._delete_quietly(key, self.artifact_name(key, old.artifact))
         return swapped
-
-    def _remove(self, key: Key, version: object) -> bool | Loaded:
-        if version is None:
-            return True  # no record: nothing to remove
-
-        def delete() -> bool:
-            try:
-                self._container.delete_blob(
-                    self.record_name(key), etag=str(version), match_condition=MatchConditions.IfNotModified
-                )
-            except ResourceNotFoundError:
-                return True  # gone already (our own delete, whose reply was lost, or another's)
-            except HttpResponseError as exc:
-                if _is_conflict(exc):
-                    return False
-                raise
-            return True
-
-        if self._call("remove the record of", key, delete):
-            return True
-        current, etag, now = self._read_raw(key)
-        return self._decode(key, current, now), etag
 
     def _write(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
         name = self.record_name(key)

@@ -33,21 +33,12 @@ from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Stor
 from dibs.stores import transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 
-__all__ = ["REMOVE", "Listing", "RecordStore", "Skipped", "Store"]
+__all__ = ["Listing", "RecordStore", "Skipped", "Store"]
 
 T = TypeVar("T")
 #: A record as read for a compare-and-swap: its state and the store's version of it.
 Loaded = tuple[KeyState, object]
 
-
-class _Removal:
-    """What a change returns to remove the record (see :meth:`RecordStore._swap`)."""
-
-    def __repr__(self) -> str:
-        return "REMOVE"
-
-
-REMOVE = _Removal()
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +54,12 @@ class Skipped:
 class Listing(Iterator[KeyState]):
     """What :meth:`Store.list` returns: the readable records, in key order, and the ones it skipped.
 
+    Tombstones (what removal leaves: a record with only the key's fence, see
+    :func:`~dibs.stores.transitions.tombstone`) are left out here, once for every store: after a
+    prune, ``dibs ls`` would otherwise list every key ever used as "free". Nothing that works through
+    a listing needs them (``reap`` and ``prune`` have nothing left to do to one); reading the key
+    directly still shows its fence.
+
     The one rule of every store for a record it cannot read while listing (a foreign value, a damaged
     row, a directory where a file belongs): skip it, log a warning naming it, count it in
     :attr:`skipped`, and go on with every other key. One bad record must not stop ``dibs ls`` or the
@@ -70,7 +67,8 @@ class Listing(Iterator[KeyState]):
     """
 
     def __init__(self, states: Iterable[KeyState] = (), skipped: Iterable[Skipped] = ()) -> None:
-        self._states = iter(sorted(states, key=lambda state: state.key))
+        kept = (state for state in states if not transitions.is_tombstone(state))
+        self._states = iter(sorted(kept, key=lambda state: state.key))
         self.skipped = tuple(skipped)
 
     def __iter__(self) -> Listing:
@@ -152,20 +150,27 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def reap(self, namespace: str | None = None) -> int:
-        """Clear expired leases nobody took over, and remove records that then hold nothing; returns
-        how many records changed. Unreadable records are skipped (and logged) as by :meth:`list`, and
-        left as they are."""
+        """Clear expired leases nobody took over, and discard records that then hold nothing (they
+        become tombstones: see :meth:`discard`); returns how many records changed. Unreadable records
+        are skipped (and logged) as by :meth:`list`, and left as they are."""
 
     @abc.abstractmethod
     def discard(self, key: Key) -> bool:
-        """Remove the key's record if it holds nothing (no lease, artifact or failure), atomically
-        (a lease taken meanwhile keeps it). ``True`` if a record was removed."""
+        """Turn the key's record into a tombstone if it holds nothing (no lease, artifact or failure),
+        atomically (a lease taken meanwhile keeps it). ``True`` if the record changed (a tombstone
+        already is not changed again).
+
+        No record is ever deleted: a tombstone keeps the key's fence (and its version, where the
+        store compares one), so the next holder's token is higher than every earlier one (see
+        :func:`~dibs.stores.transitions.tombstone`). Listings leave tombstones out.
+        """
 
     @abc.abstractmethod
     def prune(self, namespace: str | None, older_than: float) -> int:
-        """Remove the records :func:`~dibs.stores.transitions.prunable` says are ``older_than`` seconds
-        old by the store's clock (artifacts, failures, and records that hold nothing), each only if it
-        is still so when it is removed; returns how many. Unreadable records are skipped."""
+        """Clear the records :func:`~dibs.stores.transitions.prunable` says are ``older_than`` seconds
+        old by the store's clock (artifacts with their payloads, failures, and records that hold
+        nothing), each only if it is still so when it is cleared, leaving a tombstone (see
+        :meth:`discard`); returns how many records changed. Unreadable records are skipped."""
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """The states of several keys, for the watch hub (stores that can read them together override
@@ -225,10 +230,11 @@ class RecordStore(Store):
         """Read the key's state (``now`` on the store's clock) and a version for :meth:`_swap`."""
 
     @abc.abstractmethod
-    def _swap(self, key: Key, version: object, new: KeyState | _Removal, old: KeyState) -> bool | Loaded:
-        """Write ``new`` (or remove the record, for :data:`REMOVE`) only if the record is still at
-        ``version``; ``False`` if someone changed it. ``old`` is the state ``new`` was decided from
-        (a store that keeps payloads apart deletes the one ``new`` no longer names, after the swap).
+    def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool | Loaded:
+        """Write ``new`` only if the record is still at ``version``; ``False`` if someone changed it.
+        ``old`` is the state ``new`` was decided from (a store that keeps payloads apart deletes the
+        one ``new`` no longer names, after the swap). A record is never deleted (removal writes a
+        tombstone), so no version of it comes back and no late delete hits a payload named again.
 
         A store that had to read the record anyway to tell a lost swap from a lost reply returns that
         read (state and version) instead of ``False``, and the next attempt decides from it.
@@ -240,7 +246,7 @@ class RecordStore(Store):
     def _update(
         self,
         key: Key,
-        change: Callable[[KeyState], tuple[T, KeyState | _Removal | None]],
+        change: Callable[[KeyState], tuple[T, KeyState | None]],
         loaded: Loaded | None = None,
     ) -> T:
         """Apply ``change`` with a compare-and-swap, again on a fresh read while somebody else wins.
@@ -313,20 +319,14 @@ class RecordStore(Store):
         return reaped
 
     def discard(self, key: Key) -> bool:
-        # A record always has a fence of 1 or more: fence 0 is a key without one (nothing to remove).
-        return self._update(
-            key, lambda s: (True, REMOVE) if transitions.holds_nothing(s) and s.fence > 0 else (False, None)
-        )
+        return self._update(key, lambda state: _changed(transitions.discard(state)))
 
     def prune(self, namespace: str | None, older_than: float) -> int:
         pruned = 0
         for state in list(self.list(namespace)):
             if transitions.prunable(state, older_than):
                 try:
-                    pruned += self._update(
-                        state.key,
-                        lambda s: (True, REMOVE) if transitions.prunable(s, older_than) else (False, None),
-                    )
+                    pruned += self._update(state.key, lambda s: _changed(transitions.prune(s, older_than)))
                 except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
                     skip([], str(state.key), exc)
         return pruned

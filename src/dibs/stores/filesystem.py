@@ -31,9 +31,10 @@ Limits (the contract's Time section assumes a store with its own clock; a direct
 * On NFS, ``flock`` is emulated with byte-range locks (NFSv4, or NFSv3 with lockd); without working
   locks, or with aggressive attribute caching, exclusion is not guaranteed. Renames are atomic on the
   server. Prefer a database store across machines; use this one on NFS only after testing your mount.
-* Record files and lock files are never deleted (the record keeps the fence so that it keeps rising
-  after ``forget``; deleting a lock file while processes run would let two of them lock different
-  inodes). Deleting the whole directory while no process uses it resets the store.
+* Record files and lock files are never deleted: ``forget``, ``prune``, ``reap`` and ``discard``
+  leave a tombstone record (a few hundred bytes) that keeps the fence, so it keeps rising and no
+  payload name is ever reused; deleting a lock file while processes run would let two of them lock
+  different inodes. Deleting the whole directory while no process uses it resets the store.
 * Processes of several users can share a store only if every file and directory it creates is
   writable by all of them: give them a common group and a umask of 002 (or a setgid directory with
   default ACLs).
@@ -70,7 +71,7 @@ from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import codec, decoder, redact_url, url_userinfo
-from dibs.stores.base import Listing, RecordStore, Skipped, _Removal, skip
+from dibs.stores.base import Listing, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
 
@@ -231,7 +232,7 @@ class FileStore(RecordStore):
             path=str(path),
         )
 
-    def _swap(self, key: Key, version: object, new: KeyState | _Removal, old: KeyState) -> bool:
+    def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool:
         """Write ``new`` if the record still holds the bytes :meth:`_load` saw.
 
         The slow part (writing and fsyncing the temporary files) happens before the lock; under it are
@@ -240,8 +241,6 @@ class FileStore(RecordStore):
         """
         assert isinstance(version, _Version)
         record = self.record_path(key)
-        if isinstance(new, _Removal):
-            return self._remove(key, version)
         artifact = new.artifact
         publish = artifact if artifact is not None and artifact.fence != version.artifact_fence else None
         drop = version.artifact_fence is not None and (
@@ -268,27 +267,22 @@ class FileStore(RecordStore):
                 leftover.unlink(missing_ok=True)
         with _translating("publish", record):
             _fsync_dir(record.parent)
-            if drop:
-                assert version.artifact_fence is not None
-                self.artifact_path(key, version.artifact_fence).unlink(missing_ok=True)
+        if drop:
+            assert version.artifact_fence is not None
+            self._drop_payload(key, version.artifact_fence)
         return True
 
-    def _remove(self, key: Key, version: _Version) -> bool:
-        """Remove the record if it still holds the bytes :meth:`_load` saw, then its payload. The lock
-        file stays: a process may be waiting on it, and it must keep locking the same inode."""
-        record = self.record_path(key)
-        if version.raw is None:
-            return True  # no record: nothing to remove
-        with self._locked(key):
-            if _read_record(record, key) != version.raw:
-                return False
-            with _translating("remove", record):
-                record.unlink()
-        with _translating("remove", record):
-            _fsync_dir(record.parent)
-            if version.artifact_fence is not None:
-                self.artifact_path(key, version.artifact_fence).unlink(missing_ok=True)
-        return True
+    def _drop_payload(self, key: Key, fence: int) -> None:
+        """Delete the payload of the artifact written under ``fence``, which the record no longer names.
+
+        This runs after the record was replaced, outside the key's lock, so a remover may be paused
+        here while a new holder computes and stores the key. That is safe only because the record is
+        never deleted (removal writes a tombstone that keeps the fence): the new holder's fence is
+        higher, so its payload has another name, and no later record can name this one again.
+        """
+        path = self.artifact_path(key, fence)
+        with _translating("remove", path):
+            path.unlink(missing_ok=True)
 
     # -- Listing and watching ---------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores.base import Listing, RecordStore, _Removal
+from dibs.stores.base import Listing, RecordStore
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
 
@@ -66,14 +66,11 @@ class MemoryStore(RecordStore):
             state = empty(key, now) if current is None else _at(current, now)
             return state, current
 
-    def _swap(self, key: Key, version: object, new: KeyState | _Removal, old: KeyState) -> bool:
+    def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool:
         with self._lock:
             if self._records.get(key.digest) is not version:
                 return False
-            if isinstance(new, _Removal):
-                self._records.pop(key.digest, None)
-            else:
-                self._records[key.digest] = new
+            self._records[key.digest] = new
             self._space.versions[key.digest] = self._space.versions.get(key.digest, 0) + 1
             self._space.changes += 1
             self._space.changed.notify_all()

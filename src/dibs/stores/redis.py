@@ -7,8 +7,9 @@ test runs can share one database; any other query option is handed to redis-py's
 Layout, per key (``digest`` is :attr:`dibs.keys.Key.digest`, never the key's own text):
 
 * ``{prefix}rec:{digest}`` is a hash holding the whole record: format, namespace and name, the fence
-  and attempt counters, the lease, the last failure and the artifact with its payload. The hash
-  outlives releases and ``forget`` so the fence keeps increasing for the life of the key.
+  and attempt counters, the lease, the last failure and the artifact with its payload. The hash is
+  never deleted (and never given an expiry): ``forget``, ``prune``, ``reap`` and ``discard`` clear it
+  down to a tombstone that keeps the fence, so the fence keeps increasing for the life of the store.
 * ``{prefix}chan:{digest}`` is the pub/sub channel that complete, release, force-release, forget and
   reap publish on. Each process's watch hub follows them all with one pattern subscription
   (:class:`_PatternFeed`), so waiters wake at once instead of polling.
@@ -458,8 +459,9 @@ return reply('ok', now, KEYS[1], false, false)
     # KEYS[1]: the key's record hash
     # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: the key's notification channel,
     # ARGV[4]: what to drop: 'lease' (force release), 'expired' (reap), 'result' (forget), 'empty'
-    # (discard: the whole record, if it holds nothing) or 'old' (prune: the whole record, if it is
-    # older than ARGV[5] seconds)
+    # (discard: everything but the fence, if it holds nothing) or 'old' (prune: everything but the
+    # fence, if it is older than ARGV[5] seconds). The hash itself is never deleted: what is left
+    # (a tombstone: format, key, fence, attempts 0) keeps the fence rising (dibs.stores.transitions).
     # Returns {'corrupt', why}, {'changed'} or {'unchanged'}
     LUA_DROP_SCRIPT = (
         _LUA_PRELUDE
@@ -478,14 +480,17 @@ if ARGV[4] == 'result' then
   redis.call('HDEL', KEYS[1], 'artifact_payload', unpack(GROUPS.artifact))
   redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
 elseif ARGV[4] == 'empty' then
-  -- discard: only a record that holds nothing (its fence alone) is removed
-  if rec.lease_id or rec.artifact_fence or rec.failure_count then
+  -- discard: only a record that holds nothing becomes a tombstone (not counted if it is one)
+  if rec.lease_id or rec.artifact_fence or rec.failure_count or rec.attempts == '0' then
     return {'unchanged'}
   end
-  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'attempts', '0')
   return {'changed'}
 elseif ARGV[4] == 'old' then
-  -- prune (ARGV[5]: seconds): see dibs.stores.transitions.prunable
+  -- prune (ARGV[5]: seconds): see dibs.stores.transitions.prunable; a tombstone is not counted again
+  if not (rec.lease_id or rec.artifact_fence or rec.failure_count or rec.attempts ~= '0') then
+    return {'unchanged'}
+  end
   local limit = store_now() - tonumber(ARGV[5])
   if rec.lease_id and tonumber(rec.lease_expires_at) >= limit then
     return {'unchanged'}
@@ -497,7 +502,10 @@ elseif ARGV[4] == 'old' then
   elseif rec.failure_count and tonumber(rec.failure_at) >= limit then
     return {'unchanged'}
   end
-  redis.call('DEL', KEYS[1])
+  drop_lease(KEYS[1])
+  redis.call('HDEL', KEYS[1], 'artifact_payload', unpack(GROUPS.artifact))
+  redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
+  redis.call('HSET', KEYS[1], 'attempts', '0')
 else
   if not rec.lease_id then
     return {'unchanged'}

@@ -12,6 +12,9 @@ One row per key. How each operation stays atomic and cheap:
 * ``heartbeat``, ``complete`` and ``release`` are one token-checked ``UPDATE`` each (fence and random
   lease id in the ``WHERE``); only when it matches no row is the row read again, to explain who has
   the key now.
+* A row is never deleted: ``discard``, ``prune`` and ``reap`` clear it to a tombstone (fence and
+  version kept, a few hundred bytes) with an ``UPDATE`` guarded by the version they read, so a row's
+  version never repeats and no delayed statement can match a newer state of the row.
 * Every statement runs in autocommit mode: SQLAlchemy's default transaction would add ``BEGIN`` and
   ``COMMIT`` round trips to statements that are atomic on their own (and, with PyMySQL, a
   ``ROLLBACK`` when the connection goes back to the pool, so the pool does not reset connections).
@@ -544,7 +547,16 @@ class SQLStore(Store):
             sa.update(t).where(at_version).values(version=t.c.version + 1, failure_count=0, **no_result),
             dialect,
         )
-        self._delete_row = _Prepared(sa.delete(t).where(at_version), dialect)
+        # Removal (discard, prune, the second step of reap) never deletes the row: it leaves a
+        # tombstone that keeps the fence and counts the version up, guarded by the version read. A
+        # deleted row would come back at version 1 and fence 1, so a delayed statement guarded by an
+        # old version could match the new row and remove a live lease (issue 16).
+        self._clear_row = _Prepared(
+            sa.update(t)
+            .where(at_version)
+            .values(version=t.c.version + 1, attempts=0, failure_count=0, **no_lease, **no_result),
+            dialect,
+        )
 
         released = (t.c.version, t.c.version + 1)
         self._release = _Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
@@ -813,7 +825,9 @@ class SQLStore(Store):
         return reaped
 
     def discard(self, key: Key) -> bool:
-        return self._repair(key, transitions.holds_nothing, self._delete_row, "discard")
+        return self._repair(
+            key, lambda state: transitions.discard(state) is not None, self._clear_row, "discard"
+        )
 
     def prune(self, namespace: str | None, older_than: float) -> int:
         pruned = 0
@@ -822,7 +836,10 @@ class SQLStore(Store):
                 continue
             try:
                 pruned += self._repair(
-                    state.key, lambda s: transitions.prunable(s, older_than), self._delete_row, "prune"
+                    state.key,
+                    lambda s: transitions.prune(s, older_than) is not None,
+                    self._clear_row,
+                    "prune",
                 )
             except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
                 skip([], self._where(state.key.digest), exc)

@@ -12,9 +12,14 @@ holds every store to the behaviour written here. The rules are the contract's:
 * ``heartbeat``/``complete``/``release`` are accepted only while the caller's token (fence + lease
   id) is the current one; an expired lease that nobody took over is still current.
 * A maximum lease age caps every extension, including re-entries.
-* ``discard`` removes a record that holds nothing (no lease, artifact or failure), and ``prunable``
-  says which records ``prune`` removes; a removed key starts again from fence 0, which is safe: every
-  token also carries a random lease id that no new record can match.
+* Removal never deletes a record: it leaves a *tombstone* (see :func:`tombstone`), a record that
+  keeps only the key's fence (and, in the SQL store, the row's version). ``discard`` turns a record
+  that holds nothing into one, ``prune`` one that :func:`prunable` says is old, and ``reap`` clears
+  expired leases and then discards. So a key's fence never goes down for the life of the store: the
+  next holder always gets a higher token than any before it, and a payload named by its fence is
+  never written twice. (Deleting the record and starting again from fence 0 let the next holder
+  print token 1 a second time, and let a delayed compare-and-swap on a re-created record's version
+  match it: issue 16.)
 """
 
 from __future__ import annotations
@@ -42,15 +47,19 @@ from dibs.records import (
 __all__ = [
     "acquire",
     "complete",
+    "discard",
     "explain_lost",
     "fence_exhausted",
     "force_release",
     "forget",
     "heartbeat",
     "holds_nothing",
+    "is_tombstone",
     "prunable",
+    "prune",
     "reap",
     "release",
+    "tombstone",
 ]
 
 MAX_ERROR_LENGTH = 2000
@@ -209,8 +218,41 @@ def holds_nothing(state: KeyState) -> bool:
     return state.lease is None and state.artifact is None and state.failure is None
 
 
+def is_tombstone(state: KeyState) -> bool:
+    """What removal leaves (or a key never used): only counters, so listings leave it out.
+
+    ``attempts`` is 0 too: a record released without a failure holds nothing as well, but still counts
+    its attempts until it is discarded, reaped or pruned (as it used to be listed until it was removed).
+    """
+    return holds_nothing(state) and state.attempts == 0
+
+
+def tombstone(state: KeyState) -> KeyState | None:
+    """The record that removal leaves in place of ``state``: no lease, no artifact, no failure, and its
+    attempts counted from 0 again, but the same fence; ``None`` when it is one already.
+
+    The record is kept rather than deleted so that the key's fence never goes down: the next holder
+    gets fence + 1, a token no earlier holder had, and stores that name payloads or compare versions
+    per record never see a name or a version twice.
+    """
+    if is_tombstone(state):
+        return None
+    return dataclasses.replace(state, lease=None, artifact=None, failure=None, attempts=0)
+
+
+def discard(state: KeyState) -> KeyState | None:
+    """A record that holds nothing becomes a tombstone; ``None`` when there is nothing to change."""
+    return tombstone(state) if holds_nothing(state) else None
+
+
+def prune(state: KeyState, older_than: float) -> KeyState | None:
+    """A record :func:`prunable` says is ``older_than`` seconds old becomes a tombstone; ``None`` when
+    it is not that old, or a tombstone already (which is not counted again)."""
+    return tombstone(state) if prunable(state, older_than) else None
+
+
 def prunable(state: KeyState, older_than: float) -> bool:
-    """Whether ``prune`` removes this record: nobody holds it (or its lease ended ``older_than``
+    """Whether ``prune`` clears this record: nobody holds it (or its lease ended ``older_than``
     seconds ago), and what it keeps is that old: an artifact made before, a failure recorded before,
     or nothing at all."""
     limit = state.now - older_than
