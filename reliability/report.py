@@ -126,6 +126,34 @@ FIXED: list[tuple[str, str, str]] = [
     ),
 ]
 
+_R = "tests/test_removal_races.py::"
+_C = "tests/contract/test_store_contract.py::"
+
+#: What the removal scenario found in the code before issue 16's fix (the store-side fix and its
+#: regression tests came from the removal work; this suite reproduced both defects on every store
+#: before it, and shows zero since).
+FOUND_BY_REMOVALS: list[tuple[str, str, str]] = [
+    (
+        "Removals racing computes, every store (full size, before the fix): `prune`, `reap` and "
+        "`discard` deleted a key's record, so the next holder got fence 1 again: hundreds of `fencing` "
+        "violations per store (up to 26 leases of one key sharing fence 1; reads saw a key's fence go "
+        "from 2 to 1).",
+        "Removal leaves a tombstone that keeps the fence (and, on SQL, the row version); listings hide "
+        "tombstones.",
+        f"{_C}test_tokens_never_rewind_after_removal, {_R}test_two_removers_never_remove_a_live_lease",
+    ),
+    (
+        "MySQL (full size, before the fix): a remover paused between reading a row and its versioned "
+        "`DELETE` matched a re-created row at the same version and deleted a live lease: the holder's "
+        "`complete` was refused and another process was granted the key 0.67 s into the first lease's "
+        "1.5 s ttl (`exclusion (real time)`, key m011).",
+        "Row versions never restart (the row is never deleted), so a delayed statement cannot match a "
+        "newer row.",
+        f"{_R}test_a_paused_sql_remover_cannot_match_a_newer_row, "
+        f"{_R}test_a_delayed_prune_statement_cannot_remove_a_new_holders_lease",
+    ),
+]
+
 #: Defects found by probing dibs with hostile and careless input (issue 12), which this suite did not
 #: catch at the time; fixed, pinned by regression tests, and checked by the hostile scenario since.
 HARDENED: list[tuple[str, str, str]] = [
@@ -446,6 +474,20 @@ def _violations_section(add: Any, results: list[ScenarioResult]) -> None:
             add(f"| {found} | {fix} | {names} |")
     else:
         add("None.")
+    add("")
+    add("### Found by the removal scenario before issue 16's fix")
+    add("")
+    add(
+        "Run against the code before the fix (`src/` as of commit f160cee, with "
+        "`reliability/run --scenarios removal`, seed 20261125), the removal scenario found both defects "
+        "of issue 16: 3034 violations over the six stores. With the fix it finds none (the results above)."
+    )
+    add("")
+    add("| violation | fix | regression test |")
+    add("| --- | --- | --- |")
+    for found, fix, tests in FOUND_BY_REMOVALS:
+        names = "<br>".join(f"`{name}`" for name in tests.split(", "))
+        add(f"| {found} | {fix} | {names} |")
     add("")
     add("### Found by probing with hostile input (issue 12), fixed, and checked here since")
     add("")
