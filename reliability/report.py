@@ -527,6 +527,13 @@ def _limits_section(add: Any) -> None:
         "- Takeover latencies are wall-clock figures on a shared machine; pytest asserts only the "
         "invariants (and liveness with generous timeouts), never a latency."
     )
+    add(
+        "- Removers are paused at two chosen steps (after listing, after the read before a conditional "
+        "write) by wrapping that remover process's own store object, and elsewhere only by SIGSTOPs at "
+        "random moments; a pause between the two statements of one SQL transaction is not injected "
+        "(the repairs run one statement each). A `prune` reports a count, not which keys it removed, so "
+        "any `prune` that may have acted excuses a vanished artifact of any key of its namespace."
+    )
     add("")
 
 
