@@ -526,6 +526,19 @@ def _leases(events: Iterable[Event]) -> dict[str, dict[tuple[int, str], _Lease]]
         for lease in by_key[str(event["key"])].values():
             if lease.first_grant["t0"] < event["t1"]:
                 lease.ends.append(event)
+    # A lease whose own artifact was observed was completed, whatever its complete call reported
+    # (a store may wrongly report a complete that took effect as lost: see _check_outcomes).
+    for event in ordered:
+        identity = event.get("artifact")
+        if not isinstance(identity, dict):
+            continue
+        for lease in by_key[str(event.get("key"))].values():
+            if lease.fence == int(identity["fence"]) and lease.owner == identity["producer"]:
+                if lease.completed_at is None:
+                    lease.completed_at = float(identity["created_at"])
+                if not lease.ends:
+                    own = [e for e in ordered if e["op"] == "complete" and e.get("lease") == lease.lease]
+                    lease.ends.append(own[0] if own else event)
     # Observations by other processes (a Held answer, a read) also confirm how long a lease lives.
     for event in ordered:
         holder = event.get("holder")
@@ -742,6 +755,42 @@ def _check_stale_writes(
                     key,
                     f"{op} with token {fence} by {event['proc']} was accepted after the key was "
                     f"completed with token {done['fence']}",
+                )
+            )
+
+
+def _check_outcomes(
+    events: list[Event], leases: dict[str, dict[tuple[int, str], _Lease]], out: list[Violation]
+) -> None:
+    """A complete the store refused (``LeaseLost``) must not have stored its artifact: the holder is
+    told its value was not stored, and its lease not ended by it. Checked by the artifact itself: an
+    observation anywhere of the artifact of that token, with that checksum and producer."""
+    observed: dict[tuple[str, int, str, str], Event] = {}
+    for event in sorted((e for e in events if "t1" in e), key=lambda e: e["t1"]):
+        identity = event.get("artifact")
+        if isinstance(identity, dict) and "key" in event:
+            ident = (
+                str(event["key"]),
+                int(identity["fence"]),
+                str(identity["checksum"]),
+                str(identity["producer"]),
+            )
+            observed.setdefault(ident, event)
+    for event in events:
+        if event["op"] != "complete" or event.get("result") != "lost":
+            continue
+        lease = leases.get(event["key"], {}).get(_token(event))
+        if lease is None:
+            continue
+        seen = observed.get((event["key"], lease.fence, str(event.get("checksum")), lease.owner))
+        if seen is not None:
+            out.append(
+                Violation(
+                    "complete outcome",
+                    event["key"],
+                    f"{event['proc']}'s complete with token {lease.fence} was refused "
+                    f"({event.get('error')}), but its artifact was stored: {seen['proc']} saw it "
+                    f"({seen['op']})",
                 )
             )
 
@@ -1049,6 +1098,7 @@ def check(events: list[Event], expect: Expectations) -> tuple[list[Violation], S
     removals = _Removals(events)
     _check_fencing(events, leases, out)
     _check_stale_writes(events, leases, expect.clock_tolerance, out)
+    _check_outcomes(events, leases, out)
     _check_artifacts(events, removals, out)
     _Calls(events, expect, out, summary, removals).run()
     return _dedupe(out), summary

@@ -204,3 +204,15 @@ def test_the_checker_excuses_an_overlap_after_a_force_release_but_no_other_remov
     # the force-released holder's heartbeat, accepted after the new grant, is a stale write
     beat = {**first, "op": "heartbeat", "t0": 4.0, "t1": 4.01, "result": "ok"}
     assert _found([first, second, _removal("force_release", 2.0, key="k"), beat]) == ["stale write accepted"]
+
+
+def test_the_checker_flags_a_complete_refused_as_lost_whose_artifact_was_stored() -> None:
+    first = _grant("a", 1, 0.0, ttl=10.0)
+    refused = {**_complete(first, 1.0), "result": "lost", "checksum": "c"}
+    del refused["artifact"]
+    hit = {**_complete(first, 2.0), "proc": "b", "op": "acquire", "result": "present"}
+    assert _found([first, refused]) == []
+    # Its artifact was there after all: a wrong outcome, and the lease counts as ended by it, so a
+    # grant after a prune of that artifact is no exclusion violation.
+    events = [first, refused, hit, _removal("prune", 3.0), _grant("c", 2, 4.0)]
+    assert _found(events) == ["complete outcome"]
