@@ -72,8 +72,9 @@ def test_reduced_reliability_suite_finds_no_violation(
     # The removers really removed while the others computed, and really were paused and stopped.
     removal = next(r for r in results if r.scenario == "removal")
     removed = removal.figures["removals"]
-    for kind in ("prune", "forget", "force_release+discard"):
-        assert removed.get(f"{kind} that removed", 0) > 0, removed
+    for kind in ("prune", "reap", "forget", "force_release+discard"):
+        assert removed.get(f"{kind} calls", 0) > 0, removed
+    assert removed.get("prune that removed", 0) > 0, removed  # the others may find nothing to do
     assert removal.faults["paused removals"] > 0, removal.faults
     assert removal.faults["SIGSTOP remover"] > 0, removal.faults
 
