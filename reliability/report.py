@@ -480,7 +480,7 @@ def _violations_section(add: Any, results: list[ScenarioResult]) -> None:
     add(
         "Run against the code before the fix (`src/` as of commit f160cee, with "
         "`reliability/run --scenarios removal`, seed 20261125), the removal scenario found both defects "
-        "of issue 16: 3034 violations over the six stores. With the fix it finds none (the results above)."
+        "of issue 16: 3034 violations over the six stores. With the fix it finds neither (the results above)."
     )
     add("")
     add("| violation | fix | regression test |")
