@@ -373,8 +373,9 @@ class DibsLockManager(LockManager):
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
 
     def _discard(self, key: Key) -> None:
-        """A released lock leaves no record behind (as Prefect's own managers delete theirs): removed
-        unless someone took the lock meanwhile, which keeps it."""
+        """A released lock leaves nothing behind but a tombstone that keeps its fencing token (as
+        Prefect's own managers delete their lock files), unless someone took the lock meanwhile,
+        which keeps it. The tombstone is not listed, and keeps the next holder's token higher."""
         try:
             self.client.discard(key)
         except ReservationError as exc:  # the lock is released: a leftover record is only clutter
