@@ -272,22 +272,27 @@ def test_complete_returns_what_a_read_returns(url_of: Any) -> None:
 
 PROCESSES = 30 if full_size() else 3
 THREADS = 4
+# The reduced size also makes each process open its whole pool at once (3 connections), so that the
+# test fails where idle connections are never closed; at full size that burst alone (30 x 4) would
+# take the shared server's max_connections of 100, so there the processes only wait, as in the issue.
+BURST = not full_size()
 
 
-def _waiting_process(url: str, ready: Any, results: Any) -> None:
-    """A process whose threads ask at once (a burst that opens every pooled connection), then wait."""
+def _waiting_process(url: str, ready: Any, results: Any, burst: bool = True) -> None:
+    """A process whose threads ask at once (a burst that opens every pooled connection, unless
+    ``burst`` is false), then wait."""
     from dibs.runtime import runtime
 
     client = dibs.Reservations(url, namespace="limits.connections", ttl=300)
     store: Any = client.store
     barrier = threading.Barrier(3)
 
-    def burst() -> None:
+    def burst_call() -> None:
         with store._cursor() as cursor:
             barrier.wait(timeout=60)
             cursor.execute("SELECT 1")
 
-    bursting = [threading.Thread(target=burst) for _ in range(3)]
+    bursting = [threading.Thread(target=burst_call) for _ in range(3 if burst else 0)]
     for thread in bursting:
         thread.start()
     for thread in bursting:

@@ -119,7 +119,7 @@ from dibs.records import (
 from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
-from dibs.stores.sql_bounds import Keeper
+from dibs.stores.sql_bounds import Keeper, PatientPool
 
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
 
@@ -1347,6 +1347,7 @@ def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any
         # Last in, first out: a process that makes one call at a time keeps reusing one connection,
         # and the others stay idle until the keeper closes them (dibs.stores.sql_bounds).
         kwargs.setdefault("pool_use_lifo", True)
+        kwargs.setdefault("poolclass", PatientPool)  # opens another connection only when one is needed
         # Bounded: a caller that finds every connection busy waits for one (up to pool_timeout),
         # instead of opening more until the server refuses every client of the database.
         kwargs.setdefault("max_overflow", 0)

@@ -11,11 +11,14 @@ Why a thread of our own, rather than driver options:
   passes, the connection's socket is shut down from this thread: the blocked driver call wakes at once
   with "connection lost", which the store reports as :class:`~dibs.errors.StoreUnavailable`. The same
   works for every driver that talks over a socket.
-* **A waiting process keeps few connections.** SQLAlchemy's pool keeps every connection it ever
-  opened; a process whose waiters once asked at the same moment kept three for good (four with the
-  listener). Here, pooled connections beyond one that have been idle for :data:`IDLE_SECONDS` are
-  closed (their pool slots stay, and reconnect when next needed), so a process that only waits holds
-  one pooled connection plus PostgreSQL's listener.
+* **A waiting process keeps few connections.** SQLAlchemy's pool opens a connection whenever none is
+  idle, and keeps every connection it ever opened: a process whose waiters once asked at the same
+  moment kept three for good (four with the listener), and thirty such processes ran a server with
+  ``max_connections = 100`` out of connections. Here (:class:`PatientPool`), a call that finds every
+  open connection busy first waits :data:`PATIENCE` seconds for one to come back (a waiter's call
+  takes a few milliseconds) before it opens another, and the keeper closes pooled connections beyond
+  one that have been idle for :data:`IDLE_SECONDS`. So a process that only waits holds one pooled
+  connection plus PostgreSQL's listener, and a busy one still grows to ``pool_size``.
 
 One :class:`Keeper` per store, with one daemon thread started on first use (and again in a forked
 child, where threads do not survive).
@@ -32,10 +35,29 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["IDLE_SECONDS", "Keeper"]
+from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
+from sqlalchemy.util import queue as sqla_queue
+
+
+class PatientPool(QueuePool):
+    """A bounded pool that opens another connection only when the open ones stay busy for
+    :data:`PATIENCE` seconds (see the module docstring)."""
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        opened = self._pool.maxsize + self._overflow  # QueuePool counts its overflow from -pool_size
+        if opened > 0 and self._pool.empty():
+            with contextlib.suppress(sqla_queue.Empty):
+                entry: ConnectionPoolEntry = self._pool.get(True, PATIENCE)
+                return entry
+        return super()._do_get()
+
+
+__all__ = ["IDLE_SECONDS", "PATIENCE", "Keeper", "PatientPool"]
 
 #: Pooled connections beyond one are closed after being idle this long.
 IDLE_SECONDS = 2.0
+#: How long a call waits for a busy pooled connection before it opens another one.
+PATIENCE = 0.25
 _IDLE_SINCE = "dibs_idle_since"
 
 
@@ -95,24 +117,21 @@ class Keeper:
     def _trim(self) -> bool:
         """Close idle pooled connections beyond one that have been idle long enough; ``True`` while
         others remain that may be closed later."""
-        engine = self._engine()
-        queue = getattr(getattr(engine, "pool", None), "_pool", None)
-        if queue is None:  # not a QueuePool (SQLite's own pool): nothing to trim
+        pool = getattr(self._engine(), "pool", None)
+        if not isinstance(pool, QueuePool):  # SQLite's own pool: nothing to trim
             return False
+        queue: Any = pool._pool  # sqlalchemy.util.queue.Queue: its mutex and deque are what we need
         now = time.monotonic()
         with queue.mutex:
-            idle = [record for record in queue.queue if record.dbapi_connection is not None]
             # LIFO pool: the most recently returned connection (the last) is the one kept.
-            candidates = idle[:-1]
+            candidates = list(queue.queue)[:-1]
             stale = [r for r in candidates if now - r.info.get(_IDLE_SINCE, now) >= self._idle_seconds]
             for record in stale:
                 queue.queue.remove(record)
         for record in stale:
-            try:
-                with contextlib.suppress(Exception):
-                    record.close()  # the slot stays: it reconnects when the pool hands it out again
-            finally:
-                queue.put(record)
+            pool._dec_overflow()  # the pool may open another in its place when it needs one
+            with contextlib.suppress(Exception):
+                record.close()
         return len(candidates) > len(stale)
 
     # -- the thread -----------------------------------------------------------------------------------
