@@ -1155,7 +1155,10 @@ class _ListenFeed(ChangeFeed):
         store._ensure_ready()  # the trigger that notifies is created with the schema
         conninfo = store._url.set(drivername="postgresql").render_as_string(hide_password=False)
         try:
-            self._conn = psycopg.connect(conninfo, autocommit=True)
+            # The pool's connection bounds too: a connection attempt gives up after the store's timeout,
+            # and keepalives notice a server that vanished while the listener only waits.
+            bounds = _server_bounds(store._url, store.timeout)
+            self._conn = psycopg.connect(conninfo, autocommit=True, **bounds)
             self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         except psycopg.Error as exc:
             self.close()
