@@ -154,6 +154,9 @@ def test_complete_over_a_silent_network_fails_within_the_timeout(backend: str, u
         error = outcome[0]
         assert isinstance(error, dibs.StoreUnavailable), error
         assert "timeout (1s" in str(error) and "?timeout=" in str(error)
+        # The next call needs a new connection: its attempt gives up too (connect_timeout).
+        with pytest.raises(dibs.StoreUnavailable):
+            store.versions([key])
         store.close()
 
 

@@ -296,16 +296,18 @@ class SQLStore(Store):
             if exc.connection_invalidated:
                 raise self._unavailable(exc) from exc
             raise
-        with self._bounded(connection.connection.dbapi_connection, self.timeout) as ended:
-            try:
-                with connection as conn:
-                    yield conn
-            except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
+        ended = [False]
+        try:
+            # The bound ends before the connection goes back to the pool, and before the errors
+            # below are translated (they need to know whether the bound ended the call).
+            with connection as conn, self._bounded(conn.connection.dbapi_connection, self.timeout) as ended:
+                yield conn
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
+            raise self._unavailable(exc, timed_out=ended[0]) from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
                 raise self._unavailable(exc, timed_out=ended[0]) from exc
-            except sa_exc.DBAPIError as exc:
-                if exc.connection_invalidated:
-                    raise self._unavailable(exc, timed_out=ended[0]) from exc
-                raise
+            raise
 
     @contextlib.contextmanager
     def _bounded(self, dbapi_connection: Any, seconds: float) -> Iterator[list[bool]]:
@@ -1304,9 +1306,21 @@ def _server_bounds(url: URL, timeout: float) -> dict[str, Any]:
     if backend in ("mysql", "mariadb"):
         return {
             "connect_timeout": seconds,
+            # PyMySQL's connect_timeout covers only the TCP connect: these bound the handshake too.
+            # Once connected, they are lifted (_lift_socket_timeouts) and the keeper bounds each call.
+            "read_timeout": seconds,
+            "write_timeout": seconds,
             "init_command": f"SET SESSION innodb_lock_wait_timeout = {seconds}",
         }
     return {}
+
+
+def _lift_socket_timeouts(dbapi_connection: Any, _record: Any) -> None:
+    """A connected PyMySQL connection: its calls are bounded by the keeper (dibs.stores.sql_bounds),
+    whose bound grows with the artifact a ``complete`` sends, not by one fixed socket timeout."""
+    for name in ("_read_timeout", "_write_timeout"):
+        if hasattr(dbapi_connection, name):
+            setattr(dbapi_connection, name, None)
 
 
 def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any], timeout: float) -> Engine:
@@ -1356,7 +1370,10 @@ def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any
         kwargs.setdefault("max_overflow", 0)
         kwargs.setdefault("pool_timeout", 30)
         kwargs.setdefault("pool_recycle", 1800)
-        return sa.create_engine(url, **kwargs)
+        engine = sa.create_engine(url, **kwargs)
+        if backend in ("mysql", "mariadb"):
+            sa.event.listen(engine, "connect", _lift_socket_timeouts)
+        return engine
     except ImportError as exc:
         extra = "postgres" if backend == "postgresql" else "mysql"
         raise ConfigurationError(
