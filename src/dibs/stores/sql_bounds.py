@@ -27,6 +27,7 @@ child, where threads do not survive).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -42,6 +43,12 @@ from sqlalchemy.util import queue as sqla_queue
 class PatientPool(QueuePool):
     """A bounded pool that opens another connection only when the open ones stay busy for
     :data:`PATIENCE` seconds (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # SQLAlchemy names a pool's logger after its class's module, which would put its messages
+        # ("Pool disposed", ...) under the "dibs" logger: keep them under SQLAlchemy's own name.
+        self.logger = logging.getLogger("sqlalchemy.pool.impl.QueuePool")  # type: ignore[assignment]
 
     def _do_get(self) -> ConnectionPoolEntry:
         opened = self._pool.maxsize + self._overflow  # QueuePool counts its overflow from -pool_size
@@ -74,6 +81,9 @@ class Keeper:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._trim_at: float | None = None
+        # When the thread wakes next: a new deadline or trim wakes it earlier only if it is sooner
+        # (a call registers without waking the thread, in the usual case).
+        self._wake_at = 0.0
 
     # -- deadlines ------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -91,8 +101,10 @@ class Keeper:
         with self._lock:
             self._start()
             ticket = self._next_ticket = self._next_ticket + 1
-            self._calls[ticket] = (time.monotonic() + seconds, fileno)
-            self._lock.notify()
+            deadline = time.monotonic() + seconds
+            self._calls[ticket] = (deadline, fileno)
+            if deadline < self._wake_at:
+                self._lock.notify()
         try:
             yield ended
         finally:
@@ -112,7 +124,8 @@ class Keeper:
             self._start()
             if self._trim_at is None:
                 self._trim_at = now + self._idle_seconds
-                self._lock.notify()
+                if self._trim_at < self._wake_at:
+                    self._lock.notify()
 
     def _trim(self) -> bool:
         """Close idle pooled connections beyond one that have been idle long enough; ``True`` while
@@ -145,7 +158,7 @@ class Keeper:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._lock.notify()
+            self._lock.notify()  # the thread ends at once
 
     def _run(self) -> None:
         while True:
@@ -166,7 +179,8 @@ class Keeper:
                     wakes.append(self._trim_at)
                 if not trim:
                     # At most a minute: a store dropped without close() lets the thread end.
-                    self._lock.wait(timeout=max(0.0, min([*wakes, now + 60.0]) - now))
+                    self._wake_at = min([*wakes, now + 60.0])
+                    self._lock.wait(timeout=max(0.0, self._wake_at - now))
                     continue
             if self._trim():  # outside the lock: it takes the pool's own lock
                 with self._lock:
