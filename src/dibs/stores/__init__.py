@@ -139,6 +139,9 @@ def hide_secrets(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+
+
 def redact_url(url: object) -> str:
     """``url`` with every part that may be secret replaced by ``***``: the one way dibs shows a URL.
 
@@ -158,8 +161,8 @@ def redact_url(url: object) -> str:
     """
     text = str(url)
     scheme, sep, rest = text.partition("://")
-    if not sep:
-        scheme, rest = "", text
+    if not sep or not _SCHEME.fullmatch(scheme):  # "0://..." is no scheme (RFC 3986: a letter first)
+        scheme, sep, rest = "", "", text
     hidden = [False] * len(rest)
 
     def hide(start: int, end: int) -> None:
