@@ -122,7 +122,7 @@ from dibs.records import (
     LeaseToken,
     StoreOutcome,
 )
-from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
+from dibs.stores import decoder, hide_secrets, redact_url, sql_fork, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.sql_bounds import Keeper, PatientPool
@@ -281,6 +281,19 @@ class SQLStore(Store):
 
         ``ready=False`` skips the schema check (only the schema check itself uses it).
         """
+        with self._fork_gate(), self._pooled_connection(ready=ready) as connection:
+            yield connection
+
+    def _fork_gate(self) -> contextlib.AbstractContextManager[None]:
+        """SQLite: keep ``os.fork`` out while this thread is inside SQLite (see :mod:`.sql_fork`)."""
+        return sql_fork.GATE.inside() if self.dialect == "sqlite" else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _pooled_connection(self, *, ready: bool = True) -> Iterator[Connection]:
+        """:meth:`_connect` without the fork gate.
+
+        ``ready=False`` skips the schema check (only the schema check itself uses it).
+        """
         if ready:
             self._ensure_ready()
         try:
@@ -330,6 +343,12 @@ class SQLStore(Store):
 
     @contextlib.contextmanager
     def _cursor(self, bound: float | None = None) -> Iterator[Any]:
+        """A DBAPI cursor on a pooled autocommit connection (see :meth:`_pooled_cursor`)."""
+        with self._fork_gate(), self._pooled_cursor(bound) as cursor:
+            yield cursor
+
+    @contextlib.contextmanager
+    def _pooled_cursor(self, bound: float | None = None) -> Iterator[Any]:
         """A DBAPI cursor on a pooled autocommit connection, for the prepared statements.
 
         Errors are translated as :meth:`_connect` does: an operational error or a lost connection
@@ -1164,17 +1183,15 @@ class _DataVersionFeed(_VersionsFeed):
         try:
             cargs, cparams = store.engine.dialect.create_connect_args(store.engine.url)
             cparams["check_same_thread"] = False  # the hub may close it from another thread
-            self._conn = store.engine.dialect.connect(*cargs, **cparams)
+            with sql_fork.GATE.inside():
+                self._conn = store.engine.dialect.connect(*cargs, **cparams)
             self._version = self._data_version()
         except store.engine.dialect.loaded_dbapi.Error as exc:
             self.close()
             raise store._unavailable(exc) from exc
 
     def _data_version(self) -> int:
-        # Under _FORK_GUARD: a fork while this thread is inside SQLite (which it is for a moment every
-        # 4 ms) would leave SQLite's allocator mutex locked in the child, whose first SQLite call
-        # would then hang forever (seen in tests/test_runtime_processes.py under load).
-        with _FORK_GUARD:
+        with sql_fork.GATE.inside():  # no fork in the middle of it (see dibs.stores.sql_fork)
             cursor = self._conn.cursor()
             try:
                 cursor.execute("PRAGMA data_version")
@@ -1194,7 +1211,7 @@ class _DataVersionFeed(_VersionsFeed):
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), sql_fork.GATE.inside():
                 conn.close()
 
 
@@ -1503,16 +1520,6 @@ _IN_LIST = 500
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-#: Held by the SQLite watch hub's probe while it is inside SQLite, and by ``os.fork`` while it forks,
-#: so that no fork happens in the middle of that probe (see ``_DataVersionFeed._data_version``).
-_FORK_GUARD = threading.Lock()
-os.register_at_fork(
-    before=_FORK_GUARD.acquire,
-    after_in_parent=_FORK_GUARD.release,
-    after_in_child=_FORK_GUARD.release,
-)
 
 
 def _dispose_in_forked_children(engine: Engine) -> None:

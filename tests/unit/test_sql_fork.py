@@ -1,0 +1,109 @@
+"""The fork gate of the SQLite store (:mod:`dibs.stores.sql_fork`): ``os.fork`` waits until no dibs
+thread is inside SQLite, so a child never inherits SQLite's mutexes locked."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from dibs.stores import sql_fork
+from dibs.stores.sql_fork import ForkGate
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX")
+
+
+def test_a_fork_waits_for_the_threads_inside_and_keeps_new_ones_out() -> None:
+    gate, order = ForkGate(), []
+    inside, leave, forked = threading.Event(), threading.Event(), threading.Event()
+
+    def user() -> None:
+        with gate.inside():
+            inside.set()
+            leave.wait()
+            order.append("left")
+
+    def fork() -> None:
+        gate.before_fork()
+        order.append("forking")
+        gate.after_fork_in_parent()
+        forked.set()
+
+    threads = [threading.Thread(target=user)]
+    threads[0].start()
+    inside.wait()
+    threads.append(threading.Thread(target=fork))
+    threads[1].start()
+    assert not forked.wait(0.2)  # still inside: the fork waits (a bound on the check, not on speed)
+    leave.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["left", "forking"]
+    with gate.inside():  # and the gate is open again afterwards
+        pass
+
+
+def test_a_thread_may_fork_from_inside_its_own_section() -> None:
+    gate = ForkGate()
+    with gate.inside(), gate.inside():  # re-entrant
+        gate.before_fork()  # does not wait for itself
+        gate.after_fork_in_parent()
+
+
+@contextlib.contextmanager
+def _busy_in_sqlite(gate: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
+    """A thread that calls into SQLite without pause, each call under ``gate``."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        with gate():  # opening a connection is inside SQLite too
+            conn = sqlite3.connect(":memory:", check_same_thread=False)
+        while not stop.is_set():
+            with gate():
+                conn.execute("SELECT randomblob(4096), hex(randomblob(64))").fetchall()
+        with gate():
+            conn.close()
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def _children_that_finish(forks: int) -> int:
+    """Fork ``forks`` children that each make one SQLite call; how many finished (the rest hung and
+    were killed after a generous wait)."""
+    finished = 0
+    for _ in range(forks):
+        pid = os.fork()
+        if pid == 0:  # the child: one SQLite call, then leave without running the parent's cleanup
+            try:
+                sqlite3.connect(":memory:").execute("SELECT randomblob(16)").fetchall()
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                finished += int(os.waitstatus_to_exitcode(status) == 0)
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return finished
+
+
+def test_children_forked_beside_a_thread_busy_in_sqlite_never_hang() -> None:
+    with _busy_in_sqlite(sql_fork.GATE.inside):
+        assert _children_that_finish(40) == 40
