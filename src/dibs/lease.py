@@ -187,11 +187,15 @@ class Lease:
             self._record = state.lease
 
     def keep_alive(
-        self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
+        self,
+        interval: float | None = None,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        on_failed: Callable[[StoreUnavailable], None] | None = None,
     ) -> KeepAlive:
         """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
-        for this lease's ttl)."""
-        return KeepAlive(self, interval or self._client.settings.heartbeat_for(self._record.ttl), on_lost)
+        for this lease's ttl). ``on_failed`` hears each heartbeat that failed and is retried."""
+        interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
+        return KeepAlive(self, interval, on_lost, on_failed)
 
     # -- hand-off -------------------------------------------------------------------------------
     def export(self) -> str:
@@ -256,10 +260,17 @@ class KeepAlive:
     then (or on a definite :class:`LeaseLost`) is the lease declared lost.
     """
 
-    def __init__(self, lease: Lease, interval: float, on_lost: Callable[[LeaseLost], None] | None) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        interval: float,
+        on_lost: Callable[[LeaseLost], None] | None,
+        on_failed: Callable[[StoreUnavailable], None] | None = None,
+    ) -> None:
         self.lease = lease
         self.interval = validate_seconds("heartbeat interval", interval) or 0.0
         self.on_lost = on_lost
+        self.on_failed = on_failed
         self.lost = threading.Event()
         self.error: LeaseLost | None = None
         self.beats = 0
@@ -323,6 +334,8 @@ class KeepAlive:
                     )
                     return
                 log.warning("heartbeat of %s failed, retrying: %s", self.lease.key, exc)
+                if self.on_failed is not None:
+                    self.on_failed(exc)
                 wait = max(self.interval / 4, 0.01)
                 continue
             last_success = time.monotonic()

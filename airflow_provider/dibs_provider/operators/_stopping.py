@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dibs.errors import LeaseLost, ReservationError
+from dibs.errors import LeaseLost, ReservationError, StoreUnavailable
 from dibs.lease import KeepAlive, Lease
 
 if TYPE_CHECKING:
@@ -60,9 +60,12 @@ class KillableLease(Lease):
         return self._killed
 
     def keep_alive(
-        self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
+        self,
+        interval: float | None = None,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        on_failed: Callable[[StoreUnavailable], None] | None = None,
     ) -> KeepAlive:
-        keeper = super().keep_alive(interval, on_lost)
+        keeper = super().keep_alive(interval, on_lost, on_failed)
         with self._guard:
             self._heartbeats = keeper
             killed = self._killed

@@ -1,0 +1,452 @@
+"""The compute-once flow, written once: ask → wait → hit or acquire → hold → report.
+
+:func:`compute_once` is a generator that *decides* and yields what it needs next, as
+:mod:`dibs._waiting` does one level down (and httpx's auth flow, tenacity's ``iter()``):
+
+=====================  =====================================================================  ===============
+step                   what the driver does                                                   sends back
+=====================  =====================================================================  ===============
+:class:`Ask`           one ``get_or_reserve``                                                 the outcome
+:class:`Wait`          wait until the key is done or free, or ``timeout`` passes (or defer:   the outcome
+                       raise :class:`Suspend`, and resume later with the :class:`Waiting`)
+:class:`Hold`          run the work under the lease (``Reservations.hold``: heartbeats, then  a RunReport
+                       complete or release, decided in :mod:`dibs.holding`)
+:class:`RunUnreserved` run the work without a lease (the store is unreachable, policy "run")  its value
+an :class:`~dibs.events.Event`  hand it to the observers                                      nothing
+=====================  =====================================================================  ===============
+
+An exception a step raises is thrown back into the flow, which decides (the store unreachable at
+the first ask or after a wait: the ``on_store_unavailable`` policy) or lets it through. The policies
+live here once: store unavailable, refresh → minimum token, the timeout and its wording, the report.
+:func:`drive` and :func:`adrive` carry a flow out in a thread or on an event loop; a front end only
+says how each step is done (:class:`FlowIO`) and translates the events (log lines, XComs, states).
+
+A flow that waits can stop there and resume in another process: :class:`Waiting` is all it needs
+(Airflow's operator defers at :class:`Wait` and resumes from its trigger's event).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+from dibs import events, holding
+from dibs._waiting import AskAcquire
+from dibs.backoff import Deadline
+from dibs.errors import StoreUnavailable
+from dibs.events import Emitter, Event
+from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.runtime import runtime
+
+if TYPE_CHECKING:
+    from dibs.client import AsyncReservations, Reservations
+
+__all__ = [
+    "Ask",
+    "AsyncSteps",
+    "Call",
+    "Flow",
+    "FlowIO",
+    "Hold",
+    "RunUnreserved",
+    "Steps",
+    "Suspend",
+    "Wait",
+    "Waiting",
+    "adrive",
+    "compute_once",
+    "drive",
+]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiting:
+    """What a call has waited so far; all a flow needs to resume at its wait step elsewhere.
+
+    ``started`` is on the flow's clock (``time.time()`` for a flow that may resume on another host:
+    clock skew then shifts only when the waiter's own timeout fires, never who holds the lease).
+    """
+
+    started: float | None = None  # when the key was first found busy; None: never waited
+    deferrals: int = 0
+    holder: str | None = None
+    #: A refresh that found the key busy waits for what that lease stores (its token) or later.
+    min_token: int | None = None
+
+    def seconds(self, now: float) -> float:
+        return 0.0 if self.started is None else max(0.0, now - self.started)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """Ask the store once (``get_or_reserve``); answered with a Hit, Acquired or Busy."""
+
+    ask: AskAcquire
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """Wait on ``busy`` until the key is done or free, at most ``timeout`` seconds (``None``: no
+    limit); answered with a Hit, Acquired, or the last Busy. A driver may defer instead (raise
+    :class:`Suspend`) and resume a new flow from ``waiting``, which already counts this wait."""
+
+    ask: AskAcquire
+    busy: Busy
+    waiting: Waiting
+    timeout: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """Run the work under ``acquired``'s lease; answered with the hold's :class:`RunReport`."""
+
+    acquired: Acquired
+
+
+@dataclasses.dataclass(frozen=True)
+class RunUnreserved:
+    """Run the work without a lease; answered with its value (nothing is stored)."""
+
+    ask: AskAcquire
+
+
+Step = Ask | Wait | Hold | RunUnreserved | Event
+Flow = Generator[Step, Any, RunReport]
+
+
+class Suspend(Exception):
+    """Raised by a :class:`Wait` handler that gives up its thread (an Airflow deferral): the drivers
+    close the flow without deciding anything, and the caller resumes later from ``waiting``."""
+
+    def __init__(self, waiting: Waiting) -> None:
+        super().__init__(waiting)
+        self.waiting = waiting
+
+
+def compute_once(
+    ask: AskAcquire,
+    *,
+    emitter: Emitter,
+    policy: Literal["fail", "run"],
+    timeout: float | None,
+    max_age: float | None,
+    resume: Waiting | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Flow:
+    """The flow of one compute-once call (see the module docstring).
+
+    ``ask`` is the first ask (a refresh asks with ``max_age=0``); ``max_age`` is the call's maximum
+    artifact age for the asks after a refresh found the key busy. ``resume`` continues a call that
+    waited elsewhere; ``clock`` measures waits (``time.time`` when a wait may resume on another host).
+    """
+    started = clock()
+    state: dict[str, Any] = {}
+    try:
+        report = yield from _flow(
+            ask,
+            emitter,
+            policy=policy,
+            timeout=timeout,
+            max_age=max_age,
+            waiting=resume or Waiting(),
+            clock=clock,
+            state=state,
+        )
+    except BaseException as exc:
+        if isinstance(exc, GeneratorExit):  # closed by a driver that suspended: decide nothing
+            raise
+        waiting: Waiting = state.get("waiting", Waiting())
+        yield emitter.make(
+            events.Finished,
+            outcome="failed",
+            seconds=clock() - started,
+            waited_seconds=waiting.seconds(clock()),
+            deferrals=waiting.deferrals,
+            waited_on=waiting.holder,
+            token=state.get("token"),
+            error=str(exc) if isinstance(exc, Exception) else type(exc).__name__,
+            error_type=type(exc).__name__,
+        )
+        raise
+    outcome: events.Ending = report.role
+    if report.role == "computed" and report.took_over_from is not None:
+        outcome = "took_over"
+    waiting = state["waiting"]
+    yield emitter.make(
+        events.Finished,
+        outcome=outcome,
+        seconds=clock() - started,
+        waited_seconds=report.waited_seconds,
+        deferrals=waiting.deferrals,
+        token=report.token,
+        producer=report.producer,
+        waited_on=report.waited_on,
+        took_over_from=report.took_over_from,
+        stored=report.stored,
+    )
+    return report
+
+
+def _flow(
+    ask: AskAcquire,
+    emitter: Emitter,
+    *,
+    policy: Literal["fail", "run"],
+    timeout: float | None,
+    max_age: float | None,
+    waiting: Waiting,
+    clock: Callable[[], float],
+    state: dict[str, Any],
+) -> Flow:
+    if waiting.min_token is not None:  # a refresh resumed: the busy holder's artifact is the fresh one
+        ask = dataclasses.replace(ask, max_age=max_age, min_fence=waiting.min_token)
+    state["waiting"] = waiting
+    yield emitter.make(events.Asked, refresh=ask.max_age == 0.0, min_token=ask.min_fence)
+    try:
+        got: Outcome = yield Ask(ask)
+        while isinstance(got, Busy):
+            busy = got
+            if waiting.started is None:
+                waiting = dataclasses.replace(waiting, started=clock())
+            if ask.max_age == 0.0 and busy.token is not None:
+                # A refresh found the key busy: what that lease stores (or a later one) is fresh, so
+                # concurrent refreshes compute once and share it.
+                ask = dataclasses.replace(ask, max_age=max_age, min_fence=busy.token)
+                waiting = dataclasses.replace(waiting, min_token=busy.token)
+            yield from _busy(emitter, waiting.holder, busy)
+            waiting = state["waiting"] = dataclasses.replace(waiting, holder=busy.holder)
+            remaining = None if timeout is None else max(0.0, timeout - waiting.seconds(clock()))
+            if remaining is not None and remaining <= 0:
+                yield _waited(emitter, waiting, clock, "timeout")
+                raise busy.timed_out(waiting.seconds(clock()))
+            got = yield Wait(ask, busy, waiting, remaining)
+            if isinstance(got, Busy):  # the wait's own deadline passed
+                if got.holder != busy.holder:
+                    yield from _busy(emitter, busy.holder, got)
+                yield _waited(emitter, waiting, clock, "timeout")
+                raise got.timed_out(waiting.seconds(clock()))
+    except StoreUnavailable as exc:
+        if waiting.started is not None:
+            yield _waited(emitter, waiting, clock, "unavailable")
+        if policy == "fail":
+            raise
+        yield emitter.make(events.RanUnreserved, error=str(exc))
+        value = yield RunUnreserved(ask)
+        return RunReport(ask.key, value, "unreserved", None, ask.owner, stored=False)
+    waited = waiting.seconds(clock())
+    if waiting.started is not None:
+        yield _waited(emitter, waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
+    if isinstance(got, Hit):
+        yield emitter.make(
+            events.ArtifactFound,
+            producer=got.producer,
+            token=got.token,
+            size=got.size,
+            waited=waiting.started is not None,
+        )
+        role: Literal["waited", "hit"] = "waited" if waiting.started is not None else "hit"
+        return RunReport(got.key, got.value, role, got.token, got.producer, waited, waiting.holder)
+    lease, failure = got.lease, got.last_failure
+    state["token"] = lease.token
+    yield emitter.make(
+        events.LeaseAcquired,
+        token=lease.token,
+        attempt=lease.attempt,
+        took_over_from=got.took_over_from,
+        last_failure=None if failure is None else failure.error,
+        failures=0 if failure is None else failure.count,
+    )
+    report: RunReport = yield Hold(got)
+    return dataclasses.replace(report, waited_seconds=waited, waited_on=waiting.holder)
+
+
+def _busy(emitter: Emitter, previous: str | None, busy: Busy) -> Generator[Event, Any, None]:
+    if previous is not None and previous != busy.holder:
+        yield emitter.make(
+            events.HolderChanged, previous=previous, holder=busy.holder, expires_in=busy.remaining
+        )
+    failure = busy.last_failure
+    yield emitter.make(
+        events.KeyBusy,
+        holder=busy.holder,
+        expires_in=busy.remaining,
+        attempt=busy.attempt,
+        token=busy.token,
+        last_failure=None if failure is None else failure.error,
+    )
+
+
+def _waited(
+    emitter: Emitter,
+    waiting: Waiting,
+    clock: Callable[[], float],
+    outcome: Literal["hit", "acquired", "timeout", "unavailable"],
+) -> Event:
+    return emitter.make(
+        events.Waited,
+        seconds=waiting.seconds(clock()),
+        outcome=outcome,
+        holder=waiting.holder,
+        deferrals=waiting.deferrals,
+    )
+
+
+class FlowIO(Protocol):
+    """How one front end does each step: the sync driver calls these, the async one awaits them."""
+
+    def ask(self, step: Ask) -> Any: ...
+
+    def wait(self, step: Wait) -> Any: ...
+
+    def hold(self, step: Hold) -> Any: ...
+
+    def run_unreserved(self, step: RunUnreserved) -> Any: ...
+
+
+def _handler(io: FlowIO, step: Step) -> Callable[[Any], Any]:
+    if isinstance(step, Ask):
+        return io.ask
+    if isinstance(step, Wait):
+        return io.wait
+    if isinstance(step, Hold):
+        return io.hold
+    return io.run_unreserved
+
+
+def drive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
+    """Carry a flow out in this thread: events to the observers, every other step to ``io``."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(answer) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            report: RunReport = stop.value
+            return report
+        answer, error = None, None
+        if isinstance(step, Event):
+            if emitter.listening:
+                emitter.send(step)
+            continue
+        try:
+            answer = _handler(io, step)(step)
+        except Suspend:
+            flow.close()
+            raise
+        except BaseException as exc:  # the flow decides: a policy, or it lets it through
+            error = exc
+
+
+async def adrive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
+    """:func:`drive` on an event loop: ``io``'s methods are coroutines, awaited in turn."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(answer) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            report: RunReport = stop.value
+            return report
+        answer, error = None, None
+        if isinstance(step, Event):
+            if emitter.listening:
+                emitter.send(step)
+            continue
+        try:
+            pending: Awaitable[Any] = _handler(io, step)(step)
+            answer = await pending
+        except Suspend:
+            flow.close()
+            raise
+        except BaseException as exc:
+            error = exc
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One compute-once call, ready to drive: its flow and the emitter of its events
+    (:meth:`dibs.Reservations.call` builds one)."""
+
+    flow: Flow
+    emitter: Emitter
+
+    def drive(self, io: FlowIO) -> RunReport:
+        return drive(self.flow, io, self.emitter)
+
+    async def adrive(self, io: FlowIO) -> RunReport:
+        return await adrive(self.flow, io, self.emitter)
+
+
+class Steps:
+    """How a plain client does each step in a thread; a front end overrides what it does otherwise
+    (Airflow defers at :meth:`wait`, ``dibs run`` shows the wait to whoever follows it).
+
+    :param work: what runs under the lease (or unreserved); ``failure_of`` and ``logger`` are
+        :meth:`dibs.Reservations.hold`'s.
+    """
+
+    def __init__(
+        self,
+        client: Reservations,
+        work: Callable[[], Any],
+        *,
+        emit: Emitter | None = None,
+        failure_of: holding.FailureOf | None = None,
+        logger: holding.Logger | None = None,
+    ) -> None:
+        self.client, self.work, self.emit = client, work, emit
+        self.failure_of, self.logger = failure_of, logger
+
+    def ask(self, step: Ask) -> Outcome:
+        c = self.client
+        holding.not_held_here(c.store, step.ask.key)
+        return c._to_outcome(step.ask.key, c._ask_store(step.ask))
+
+    def wait(self, step: Wait) -> Outcome:
+        c = self.client
+        return c._to_outcome(step.ask.key, c._wait_store(step.ask, Deadline(step.timeout)))
+
+    def hold(self, step: Hold) -> RunReport:
+        return self.client.hold(
+            step.acquired, self.work, failure_of=self.failure_of, logger=self.logger, emit=self.emit
+        )
+
+    def run_unreserved(self, step: RunUnreserved) -> Any:
+        return self.work()
+
+
+class AsyncSteps:
+    """:class:`Steps` for event loops: the store's part in the runtime's I/O executor, the work awaited."""
+
+    def __init__(
+        self,
+        client: AsyncReservations,
+        work: Callable[[], Awaitable[Any]],
+        *,
+        emit: Emitter | None = None,
+        failure_of: holding.FailureOf | None = None,
+        logger: holding.Logger | None = None,
+    ) -> None:
+        self.client, self.work, self.emit = client, work, emit
+        self.failure_of, self.logger = failure_of, logger
+
+    async def ask(self, step: Ask) -> Outcome:
+        c = self.client.client
+        holding.not_held_here(c.store, step.ask.key)
+        return await self.client._outcome(step.ask.key, await runtime().io(c._ask_store, step.ask))
+
+    async def wait(self, step: Wait) -> Outcome:
+        outcome = await self.client._wait_store(step.ask, Deadline(step.timeout))
+        return await self.client._outcome(step.ask.key, outcome)
+
+    async def hold(self, step: Hold) -> RunReport:
+        return await self.client.hold(
+            step.acquired, self.work, failure_of=self.failure_of, logger=self.logger, emit=self.emit
+        )
+
+    async def run_unreserved(self, step: RunUnreserved) -> Any:
+        return await self.work()
