@@ -151,7 +151,9 @@ class LeaseAcquired(Event):
     token: int
     attempt: int
     took_over_from: str | None = None
+    #: The key's last recorded failure (``failures`` of them so far), and whose it was.
     last_failure: str | None = None
+    last_failure_owner: str | None = None
     failures: int = 0
 
 

@@ -258,6 +258,7 @@ def _flow(
         attempt=lease.attempt,
         took_over_from=got.took_over_from,
         last_failure=None if failure is None else failure.error,
+        last_failure_owner=None if failure is None else failure.owner,
         failures=0 if failure is None else failure.count,
     )
     report: RunReport = yield Hold(got)

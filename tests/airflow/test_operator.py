@@ -317,7 +317,7 @@ def test_store_down_at_the_first_ask_fails_the_task_under_policy_fail(
     unreachable_conn: Callable[[str], str], make_context: Any
 ) -> None:
     work = Work()
-    with pytest.raises(dibs.StoreUnavailable, match="127.0.0.1"):
+    with pytest.raises(dibs.StoreUnavailable, match=r"127\.0\.0\.1"):
         operator(work, dibs_conn_id=unreachable_conn("fail")).execute(make_context())
     assert work.calls == 0
 
