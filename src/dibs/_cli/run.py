@@ -95,9 +95,8 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
         )
         try:
             report = call.drive(_RunSteps(client, call, console, stops, running))
-        except Stopped as stop:
-            if not narrator.holding:
-                _let_go_if_ours(client, key, owner, stop.signum, stops)
+        except Stopped as stop:  # before the hold (which defers stops): a lease just granted is let go
+            _let_go_if_ours(client, key, owner, stop.signum, stops)
             raise
         except CommandStopped as stop:
             console.say(
@@ -179,7 +178,6 @@ class _Narrator:
         self.console = console
         self.waited_on: str | None = None
         self.waited = 0.0
-        self.holding = False
 
     def __call__(self, event: events.Event) -> None:
         if isinstance(event, events.Waited):
@@ -187,7 +185,6 @@ class _Narrator:
         elif isinstance(event, events.ArtifactFound):
             _announce_hit(self.console, event, self.waited, self.waited_on)
         elif isinstance(event, events.LeaseAcquired):
-            self.holding = True
             _announce_acquired(self.console, event, self.waited_on)
 
 
