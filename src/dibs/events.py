@@ -109,9 +109,14 @@ class KeyBusy(Event):
 
     holder: str
     expires_in: float
+    #: How long the holder has held it (store clock), and its lease attempt on this key.
+    held_for: float
     attempt: int
     token: int | None
+    #: The key's last recorded failure (``failures`` of them so far), and whose it was.
     last_failure: str | None = None
+    last_failure_owner: str | None = None
+    failures: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,6 +155,8 @@ class LeaseAcquired(Event):
 
     token: int
     attempt: int
+    #: When the lease was granted, on the store's clock.
+    acquired_at: float
     took_over_from: str | None = None
     #: The key's last recorded failure (``failures`` of them so far), and whose it was.
     last_failure: str | None = None

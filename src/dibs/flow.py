@@ -256,6 +256,7 @@ def _flow(
         events.LeaseAcquired,
         token=lease.token,
         attempt=lease.attempt,
+        acquired_at=lease.record.acquired_at,
         took_over_from=got.took_over_from,
         last_failure=None if failure is None else failure.error,
         last_failure_owner=None if failure is None else failure.owner,
@@ -275,9 +276,12 @@ def _busy(emitter: Emitter, previous: str | None, busy: Busy) -> Generator[Event
         events.KeyBusy,
         holder=busy.holder,
         expires_in=busy.remaining,
+        held_for=max(0.0, busy.now - busy.since),
         attempt=busy.attempt,
         token=busy.token,
         last_failure=None if failure is None else failure.error,
+        last_failure_owner=None if failure is None else failure.owner,
+        failures=0 if failure is None else failure.count,
     )
 
 
