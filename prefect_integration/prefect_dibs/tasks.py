@@ -43,7 +43,7 @@ from dibs import Reservations, events, keys
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, validate_seconds
 from dibs.errors import ConfigurationError, StoreUnavailable
-from dibs.flow import AsyncSteps, Steps, Wait
+from dibs.flow import AsyncSteps, Call, Steps, Wait
 from dibs.keys import Key
 from dibs.outcomes import Acquired, Busy, Hit, RunReport
 from dibs.runtime import runtime
@@ -305,6 +305,28 @@ class _Reservation:
         _say_unreserved(logger, key, str(exc))
         return key
 
+    def call(
+        self,
+        ctx: Any,
+        logger: Logger,
+        *,
+        client: Reservations,
+        timeout: float | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> tuple[Call, _Narrator]:
+        """This task run's compute-once call (:mod:`dibs.flow`), and the narrator of its events."""
+        narrator = _Narrator(ctx, logger, self)
+        call = client.call(
+            self.key_name(args, kwargs),
+            owner=_owner(ctx),
+            timeout=timeout,
+            refresh=self.refresh_wanted(ctx),
+            frontend="prefect",
+            observer=narrator,
+        )
+        return call, narrator
+
     # -- sync ----------------------------------------------------------------------------------------
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ctx = _runs.task_run_context()
@@ -318,15 +340,7 @@ class _Reservation:
                 ctx, RunReport(report_key, value, "unreserved", None, _owner(ctx), stored=False), logger
             )
             return value
-        narrator = _Narrator(ctx, logger, self)
-        call = client.call(
-            self.key_name(args, kwargs),
-            owner=_owner(ctx),
-            timeout=timeout,
-            refresh=self.refresh_wanted(ctx),
-            frontend="prefect",
-            observer=narrator,
-        )
+        call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
         steps = _TaskSteps(client, lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger)
         steps.narrator = narrator
         report = call.drive(steps)
@@ -369,15 +383,7 @@ class _Reservation:
             report = RunReport(report_key, value, "unreserved", None, _owner(ctx), stored=False)
             await self.apublish(ctx, report, logger)
             return value
-        narrator = _Narrator(ctx, logger, self)
-        call = client.call(
-            self.key_name(args, kwargs),
-            owner=_owner(ctx),
-            timeout=timeout,
-            refresh=self.refresh_wanted(ctx),
-            frontend="prefect",
-            observer=narrator,
-        )
+        call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
         steps = _AsyncTaskSteps(
             client.aio(), lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger
         )
@@ -502,15 +508,7 @@ class _TaskSteps(Steps):
     narrator: _Narrator
 
     def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        got, self.narrator.seen = wait_for_key(
-            self.client,
-            step.ask.key,
-            step.ask.owner,
-            step.busy,
-            self.narrator.watch(),
-            timeout=step.timeout,
-            min_token=step.ask.min_fence,
-        )
+        got, self.narrator.seen = wait_for_key(self.client, **_waiting_on(step, self.narrator))
         return got
 
 
@@ -520,16 +518,21 @@ class _AsyncTaskSteps(AsyncSteps):
     narrator: _Narrator
 
     async def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        got, self.narrator.seen = await await_key(
-            self.client,
-            step.ask.key,
-            step.ask.owner,
-            step.busy,
-            self.narrator.watch(),
-            timeout=step.timeout,
-            min_token=step.ask.min_fence,
-        )
+        got, self.narrator.seen = await await_key(self.client, **_waiting_on(step, self.narrator))
         return got
+
+
+def _waiting_on(step: Wait, narrator: _Narrator) -> dict[str, Any]:
+    """What :func:`wait_for_key` and :func:`await_key` take from the flow's wait step."""
+    ask = step.ask
+    return {
+        "key": ask.key,
+        "owner": ask.owner,
+        "busy": step.busy,
+        "watch": narrator.watch(),
+        "timeout": step.timeout,
+        "min_token": ask.min_fence,
+    }
 
 
 def _block_wait_timeout(store: StoreSpec) -> float | None:
