@@ -491,6 +491,8 @@ class Reservations:
             try:
                 value = work()
             except BaseException as exc:
+                # Heartbeats end first: one running after the release would report a false "lease lost".
+                keeper.stop()
                 holding.release_after(lease, exc, failure_of, logger, emit)
                 raise
         return holding.store_value(

@@ -194,3 +194,38 @@ def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: di
     with pytest.raises(dibs.WaitTimeout, match=r"after 90\.0s: still held by 'alice'"):
         while True:
             resumed.send(None)
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_failed_work_stops_its_heartbeats_before_releasing(
+    client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch, face: str
+) -> None:
+    """A heartbeat still running after the release would find the lease gone and report a false
+    "lease lost": both faces of ``hold`` stop the heartbeats first (the sync one used to release
+    while its heartbeat thread still ran)."""
+    order: list[str] = []
+    stop, release = dibs.KeepAlive.stop, dibs.Lease.release
+
+    def stopping(self: dibs.KeepAlive) -> None:
+        order.append("stop heartbeats")
+        stop(self)
+
+    def releasing(self: dibs.Lease, error: object = None) -> None:
+        order.append("release")
+        release(self, error)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dibs.KeepAlive, "stop", stopping)
+    monkeypatch.setattr(dibs.Lease, "release", releasing)
+
+    def fail() -> None:
+        raise KeyError("partition 7")
+
+    async def afail() -> None:
+        fail()
+
+    with pytest.raises(KeyError):
+        if face == "sync":
+            client.run("k", fail)
+        else:
+            asyncio.run(client.aio().run("k", afail))
+    assert order[:2] == ["stop heartbeats", "release"]
