@@ -34,6 +34,7 @@ from tests.cli_harness import running
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/dibs"
 KEY = "matrix"
 OTHER = "other-worker"
+NEXT = "next-worker"
 VALUE = {"rows": 3}
 
 
@@ -55,6 +56,8 @@ SCENARIOS = [
     Scenario("compute", COMPUTED, "computed"),
     Scenario("hit", ("asked", "artifact_found", "finished"), "hit"),
     Scenario("wait", ("asked", "key_busy", "waited", "artifact_found", "finished"), "waited"),
+    Scenario("holder_changes", ("asked", "key_busy", "holder_changed", "waited", "artifact_found",
+                                "finished"), "waited", cli=False),  # a CLI waiter may win the key between
     Scenario("holder_dies", AFTER_A_WAIT, "took_over"),
     Scenario("holder_fails", AFTER_A_WAIT, "computed"),
     Scenario("work_fails", ("asked", "lease_acquired", "work_failed", "lease_released", "finished"), "failed",
@@ -196,6 +199,7 @@ class Stage:
         # Kept open for the whole test: every client of this process shares its store object.
         self.client = dibs.Reservations(url, ttl=30)
         self.held: dibs.Lease | None = None
+        self.next: dibs.Lease | None = None
         name = scenario.name
         if name in {"hit", "refresh", "max_age"}:
             got = self.client.get_or_reserve(KEY, owner=OTHER)
@@ -205,6 +209,8 @@ class Stage:
                 _eventually(lambda: _age(self.client) > scenario.call["max_age"])
         elif name in {"wait", "holder_fails", "timeout"}:
             self.held = self._hold(ttl=30)
+        elif name == "holder_changes":  # short: a waiter that only asks at its expiry is not slow
+            self.held = self._hold(ttl=2.0)
         elif name == "holder_dies":
             self._hold(ttl=1.0)  # never renewed: it expires, and the waiter takes over
         elif name == "store_down_at_complete":
@@ -229,6 +235,17 @@ class Stage:
             held.complete(VALUE)
         elif self.scenario.name == "holder_fails":
             held.release(RuntimeError("the holder failed"))
+        elif self.scenario.name == "holder_changes":  # it passes to another worker
+            held.release()
+            got = self.client.get_or_reserve(KEY, owner=NEXT)
+            assert isinstance(got, dibs.Acquired)
+            self.next = got.lease
+
+    def on_changed(self) -> None:
+        """The front end saw the key pass to the next worker: that one completes it."""
+        if self.next is not None:
+            self.next.complete(VALUE)
+            self.next = None
 
     def target(self) -> str:
         return UNREACHABLE if self.scenario.name.startswith("store_down_at_first_ask") else self.url
@@ -273,6 +290,9 @@ def test_every_front_end_reports_the_same_steps_and_ending(
         heard.append(event)
         if isinstance(event, dibs.KeyBusy):
             stage.on_busy()
+        elif isinstance(event, dibs.HolderChanged):
+            assert (event.previous, event.holder) == (OTHER, NEXT)
+            stage.on_changed()
 
     try:
         with dibs.observe(observe):

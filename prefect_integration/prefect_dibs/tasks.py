@@ -43,6 +43,7 @@ from dibs import Reservations, events, keys
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, validate_seconds
 from dibs.errors import ConfigurationError, StoreUnavailable
+from dibs.events import Emitter
 from dibs.flow import AsyncSteps, Call, Steps, Wait
 from dibs.keys import Key
 from dibs.outcomes import Acquired, Busy, Hit, RunReport
@@ -433,6 +434,10 @@ class _Narrator:
         if isinstance(event, events.KeyBusy) and not self.announced:
             self.announced = True
             self.reservation.announce_wait(self.ctx, self.logger, event)
+        elif isinstance(event, events.HolderChanged):
+            holder = _runs.holder_link(event.holder)
+            self.logger.info("%s changed hands: now held by %s", event.key, holder)
+            _runs.mark_state(self.ctx, "Waiting", f"waiting for {event.key} held by {event.holder!r}")
         elif isinstance(event, events.Waited):
             self.waited = event
         elif isinstance(event, events.ArtifactFound):
@@ -442,15 +447,17 @@ class _Narrator:
         elif isinstance(event, events.RanUnreserved):
             _say_unreserved(self.logger, event.key, event.error)
 
-    def watch(self) -> Watch:
-        """What this run says while it waits: a new holder at once (logs and state), and every
-        ``progress_interval`` seconds that it still waits."""
-        logger, ctx = self.logger, self.ctx
+    def watch(self, step: Wait, emit: Emitter | None) -> Watch:
+        """What this run hears while it waits: a new holder at once (a ``HolderChanged`` event, which
+        its logs and state then say), and every ``progress_interval`` seconds that it still waits."""
+        logger = self.logger
+        last = [step.busy.holder]
 
         def changed(seen: Seen) -> None:
             busy = seen.busy
-            logger.info("%s changed hands: now held by %s", busy.key, _runs.holder_link(busy.holder))
-            _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
+            if emit is not None:
+                emit(events.HolderChanged, previous=last[0], holder=busy.holder, expires_in=busy.remaining)
+            last[0] = busy.holder
 
         def progress(seen: Seen, waited: float) -> None:
             logger.info(
@@ -508,7 +515,7 @@ class _TaskSteps(Steps):
     narrator: _Narrator
 
     def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        got, self.narrator.seen = wait_for_key(self.client, **_waiting_on(step, self.narrator))
+        got, self.narrator.seen = wait_for_key(self.client, **_waiting_on(step, self.narrator, self.emit))
         return got
 
 
@@ -518,18 +525,18 @@ class _AsyncTaskSteps(AsyncSteps):
     narrator: _Narrator
 
     async def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        got, self.narrator.seen = await await_key(self.client, **_waiting_on(step, self.narrator))
+        got, self.narrator.seen = await await_key(self.client, **_waiting_on(step, self.narrator, self.emit))
         return got
 
 
-def _waiting_on(step: Wait, narrator: _Narrator) -> dict[str, Any]:
+def _waiting_on(step: Wait, narrator: _Narrator, emit: Emitter | None) -> dict[str, Any]:
     """What :func:`wait_for_key` and :func:`await_key` take from the flow's wait step."""
     ask = step.ask
     return {
         "key": ask.key,
         "owner": ask.owner,
         "busy": step.busy,
-        "watch": narrator.watch(),
+        "watch": narrator.watch(step, emit),
         "timeout": step.timeout,
         "min_token": ask.min_fence,
     }

@@ -407,10 +407,13 @@ class Reservations:
             raise _gave_up(result.key, deadline, busy=result)
         return result, first
 
-    def _wait_store(self, ask: AskAcquire, deadline: Deadline) -> StoreOutcome:
-        """Ask until the key is not busy or ``deadline`` passes, woken by the watch hub."""
+    def _wait_store(
+        self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome:
+        """Ask until the key is not busy or ``deadline`` passes, woken by the watch hub; ``held``
+        hears who holds it meanwhile."""
         with runtime().subscribe(self.store, ask.key) as subscription:
-            loop = acquire_until(ask, deadline, self.backoff, lambda: subscription.following)
+            loop = acquire_until(ask, deadline, self.backoff, lambda: subscription.following, held)
             return drive(loop, self.store, subscription)
 
     def wait(
@@ -765,11 +768,13 @@ class AsyncReservations:
             raise _gave_up(result.key, deadline, busy=result)
         return result, first
 
-    async def _wait_store(self, ask: AskAcquire, deadline: Deadline) -> StoreOutcome:
+    async def _wait_store(
+        self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome:
         """:meth:`Reservations._wait_store`, awaited on the watch hub (no thread per waiter)."""
         c = self.client
         with runtime().subscribe(c.store, ask.key) as subscription:
-            loop = acquire_until(ask, deadline, c.backoff, lambda: subscription.following)
+            loop = acquire_until(ask, deadline, c.backoff, lambda: subscription.following, held)
             return await adrive(loop, _AsyncStoreIO(c), subscription)
 
     async def wait(

@@ -38,6 +38,7 @@ from dibs.backoff import Deadline
 from dibs.errors import StoreUnavailable
 from dibs.events import Emitter, Event
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.records import Held
 from dibs.runtime import runtime
 
 if TYPE_CHECKING:
@@ -413,7 +414,8 @@ class Steps:
 
     def wait(self, step: Wait) -> Outcome:
         c = self.client
-        return c._to_outcome(step.ask.key, c._wait_store(step.ask, Deadline(step.timeout)))
+        outcome = c._wait_store(step.ask, Deadline(step.timeout), _holder_changes(step, self.emit))
+        return c._to_outcome(step.ask.key, outcome)
 
     def hold(self, step: Hold) -> RunReport:
         return self.client.hold(
@@ -445,7 +447,8 @@ class AsyncSteps:
         return await self.client._outcome(step.ask.key, await runtime().io(c._ask_store, step.ask))
 
     async def wait(self, step: Wait) -> Outcome:
-        outcome = await self.client._wait_store(step.ask, Deadline(step.timeout))
+        changes = _holder_changes(step, self.emit)
+        outcome = await self.client._wait_store(step.ask, Deadline(step.timeout), changes)
         return await self.client._outcome(step.ask.key, outcome)
 
     async def hold(self, step: Hold) -> RunReport:
@@ -455,3 +458,19 @@ class AsyncSteps:
 
     async def run_unreserved(self, step: RunUnreserved) -> Any:
         return await self.work()
+
+
+def _holder_changes(step: Wait, emit: Emitter | None) -> Callable[[Held], None] | None:
+    """What a wait tells the observers when the key changes hands while it waits (``HolderChanged``)."""
+    if emit is None:
+        return None
+    last = [step.busy.holder]
+
+    def held(answer: Held) -> None:
+        holder = answer.lease.owner
+        if holder != last[0]:
+            expires_in = max(0.0, answer.lease.expires_at - answer.now)
+            emit(events.HolderChanged, previous=last[0], holder=holder, expires_in=expires_in)
+            last[0] = holder
+
+    return held

@@ -344,14 +344,7 @@ class _TaskSteps(Steps):
                 min_token=step.waiting.min_token,
             )
             raise _Deferral(step.waiting, trigger)
-        return self.client.acquire(
-            busy.key,
-            step.ask.owner,
-            timeout=step.timeout,
-            max_age=step.ask.max_age,
-            min_token=step.ask.min_fence,
-            raise_on_timeout=False,
-        )
+        return super().wait(step)
 
     def hold(self, step: Hold) -> RunReport:
         acquired = step.acquired
