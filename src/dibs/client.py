@@ -917,20 +917,35 @@ def _stop_and_release(
     holding.release_after(lease, exc, failure_of, logger, emit)
 
 
-def _log_event(event: Event) -> None:
-    """The Python front end's log lines: the ``dibs`` logger's words for a few of the flow's events."""
-    if isinstance(event, events.ArtifactFound):
-        log.info("%s: using the artifact stored by %s (token %s)", event.key, event.producer, event.token)
-    elif isinstance(event, events.LeaseAcquired) and event.took_over_from:
-        log.warning(
-            "%s: took over the expired lease of %s (token %s)", event.key, event.took_over_from, event.token
-        )
-    elif isinstance(event, events.RanUnreserved):
-        log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", event.key, event.error)
-    elif (
-        isinstance(event, events.Finished) and event.error_type == "StoreUnavailable" and event.token is None
-    ):
-        log.error("store unavailable for %s, not running it (policy 'fail'): %s", event.key, event.error)
+class _LogEvents:
+    """The Python front end's log lines: the ``dibs`` logger's words for a few of the flow's events
+    (only these are built when nobody else listens)."""
+
+    kinds = frozenset({events.ArtifactFound, events.LeaseAcquired, events.RanUnreserved, events.Finished})
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, events.ArtifactFound):
+            log.info("%s: using the artifact stored by %s (token %s)", event.key, event.producer, event.token)
+        elif isinstance(event, events.LeaseAcquired) and event.took_over_from:
+            log.warning(
+                "%s: took over the expired lease of %s (token %s)",
+                event.key,
+                event.took_over_from,
+                event.token,
+            )
+        elif isinstance(event, events.RanUnreserved):
+            log.warning(
+                "store unavailable for %s, running unreserved (policy 'run'): %s", event.key, event.error
+            )
+        elif (
+            isinstance(event, events.Finished)
+            and event.error_type == "StoreUnavailable"
+            and event.token is None
+        ):
+            log.error("store unavailable for %s, not running it (policy 'fail'): %s", event.key, event.error)
+
+
+_log_event = _LogEvents()
 
 
 def _gave_up(

@@ -312,35 +312,65 @@ _COMPLAINED_LOCK = threading.Lock()
 
 class Emitter:
     """The events of one call: fills in the fields every event shares and hands each event to the
-    process's observers, the client's and the call's own (a front end's translator)."""
+    process's observers, the client's and the call's own (a front end's translator).
+
+    A call's own observer may say which event types it wants (a ``kinds`` attribute, a set of
+    types): an event nobody wants is never even built, which keeps a call that nobody watches cheap.
+    """
 
     def __init__(
         self, key: Key, owner: str, frontend: str, groups: Iterable[Observers | Observer | None]
     ) -> None:
         self.key, self.owner, self.frontend = key, owner, frontend
         self.call = next(_CALLS)
-        self._groups = [group for group in groups if group is not None]
+        chosen = [group for group in groups if group is not None]
+        self._sets = tuple(group for group in chosen if isinstance(group, Observers))
+        self._direct = tuple(group for group in chosen if not isinstance(group, Observers))
+        kinds: set[type[Event]] | None = set()
+        for observer in self._direct:
+            wanted = getattr(observer, "kinds", None)
+            if wanted is None or kinds is None:
+                kinds = None  # this one wants every event
+            else:
+                kinds.update(wanted)
+        self._kinds = kinds
 
     @property
     def listening(self) -> bool:
-        return any(bool(group) if isinstance(group, Observers) else True for group in self._groups)
+        """Whether anybody hears any event of this call."""
+        return bool(self._direct) or any(self._sets)
+
+    def wants(self, kind: type[Event]) -> bool:
+        """Whether anybody hears events of type ``kind``."""
+        for group in self._sets:
+            if group:
+                return True
+        return self._kinds is None or kind in self._kinds
 
     def make(self, kind: type[_E], **fields: Any) -> _E:
         """An event of this call."""
         return kind(key=self.key, owner=self.owner, frontend=self.frontend, call=self.call, **fields)
 
     def __call__(self, kind: type[Event], **fields: Any) -> None:
-        """Build and send an event, unless nobody listens."""
-        if self.listening:
+        """Build and send an event, unless nobody wants it."""
+        if self.wants(kind):
             self.send(self.make(kind, **fields))
 
     def send(self, event: Event) -> None:
-        for group in self._groups:
-            for observer in group if isinstance(group, Observers) else (group,):
-                try:
-                    observer(event)
-                except Exception:
-                    _complain_once(observer, event)
+        for group in self._sets:
+            for observer in group:
+                _deliver(observer, event)
+        for observer in self._direct:
+            wanted = getattr(observer, "kinds", None)
+            if wanted is None or type(event) in wanted:
+                _deliver(observer, event)
+
+
+def _deliver(observer: Observer, event: Event) -> None:
+    try:
+        observer(event)
+    except Exception:
+        _complain_once(observer, event)
 
 
 def _complain_once(observer: Observer, event: Event) -> None:

@@ -161,7 +161,8 @@ def compute_once(
         if isinstance(exc, GeneratorExit):  # closed by a driver that suspended: decide nothing
             raise
         waiting: Waiting = state.get("waiting", Waiting())
-        yield emitter.make(
+        yield from _tell(
+            emitter,
             events.Finished,
             outcome="failed",
             seconds=clock() - started,
@@ -177,7 +178,8 @@ def compute_once(
     if report.role == "computed" and report.took_over_from is not None:
         outcome = "took_over"
     waiting = state["waiting"]
-    yield emitter.make(
+    yield from _tell(
+        emitter,
         events.Finished,
         outcome=outcome,
         seconds=clock() - started,
@@ -206,7 +208,7 @@ def _flow(
     if waiting.min_token is not None:  # a refresh resumed: the busy holder's artifact is the fresh one
         ask = dataclasses.replace(ask, max_age=max_age, min_fence=waiting.min_token)
     state["waiting"] = waiting
-    yield emitter.make(events.Asked, refresh=ask.max_age == 0.0, min_token=ask.min_fence)
+    yield from _tell(emitter, events.Asked, refresh=ask.max_age == 0.0, min_token=ask.min_fence)
     try:
         got: Outcome = yield Ask(ask)
         while isinstance(got, Busy):
@@ -222,27 +224,28 @@ def _flow(
             waiting = state["waiting"] = dataclasses.replace(waiting, holder=busy.holder)
             remaining = None if timeout is None else max(0.0, timeout - waiting.seconds(clock()))
             if remaining is not None and remaining <= 0:
-                yield _waited(emitter, waiting, clock, "timeout")
+                yield from _waited(emitter, waiting, clock, "timeout")
                 raise busy.timed_out(waiting.seconds(clock()))
             got = yield Wait(ask, busy, waiting, remaining)
             if isinstance(got, Busy):  # the wait's own deadline passed
                 if got.holder != busy.holder:
                     yield from _busy(emitter, busy.holder, got)
-                yield _waited(emitter, waiting, clock, "timeout")
+                yield from _waited(emitter, waiting, clock, "timeout")
                 raise got.timed_out(waiting.seconds(clock()))
     except StoreUnavailable as exc:
         if waiting.started is not None:
-            yield _waited(emitter, waiting, clock, "unavailable")
+            yield from _waited(emitter, waiting, clock, "unavailable")
         if policy == "fail":
             raise
-        yield emitter.make(events.RanUnreserved, error=str(exc))
+        yield from _tell(emitter, events.RanUnreserved, error=str(exc))
         value = yield RunUnreserved(ask)
         return RunReport(ask.key, value, "unreserved", None, ask.owner, stored=False)
     waited = waiting.seconds(clock())
     if waiting.started is not None:
-        yield _waited(emitter, waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
+        yield from _waited(emitter, waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
     if isinstance(got, Hit):
-        yield emitter.make(
+        yield from _tell(
+            emitter,
             events.ArtifactFound,
             producer=got.producer,
             token=got.token,
@@ -253,7 +256,8 @@ def _flow(
         return RunReport(got.key, got.value, role, got.token, got.producer, waited, waiting.holder)
     lease, failure = got.lease, got.last_failure
     state["token"] = lease.token
-    yield emitter.make(
+    yield from _tell(
+        emitter,
         events.LeaseAcquired,
         token=lease.token,
         attempt=lease.attempt,
@@ -267,13 +271,21 @@ def _flow(
     return dataclasses.replace(report, waited_seconds=waited, waited_on=waiting.holder)
 
 
+def _tell(emitter: Emitter, kind: type[Event], **fields: Any) -> Generator[Event, Any, None]:
+    """Yield an event of ``kind`` for the driver to deliver, unless nobody wants it (then it is not
+    even built)."""
+    if emitter.wants(kind):
+        yield emitter.make(kind, **fields)
+
+
 def _busy(emitter: Emitter, previous: str | None, busy: Busy) -> Generator[Event, Any, None]:
     if previous is not None and previous != busy.holder:
-        yield emitter.make(
-            events.HolderChanged, previous=previous, holder=busy.holder, expires_in=busy.remaining
+        yield from _tell(
+            emitter, events.HolderChanged, previous=previous, holder=busy.holder, expires_in=busy.remaining
         )
     failure = busy.last_failure
-    yield emitter.make(
+    yield from _tell(
+        emitter,
         events.KeyBusy,
         holder=busy.holder,
         expires_in=busy.remaining,
@@ -291,8 +303,9 @@ def _waited(
     waiting: Waiting,
     clock: Callable[[], float],
     outcome: Literal["hit", "acquired", "timeout", "unavailable"],
-) -> Event:
-    return emitter.make(
+) -> Generator[Event, Any, None]:
+    yield from _tell(
+        emitter,
         events.Waited,
         seconds=waiting.seconds(clock()),
         outcome=outcome,
@@ -335,8 +348,7 @@ def drive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
             return report
         answer, error = None, None
         if isinstance(step, Event):
-            if emitter.listening:
-                emitter.send(step)
+            emitter.send(step)
             continue
         try:
             answer = _handler(io, step)(step)
@@ -359,8 +371,7 @@ async def adrive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
             return report
         answer, error = None, None
         if isinstance(step, Event):
-            if emitter.listening:
-                emitter.send(step)
+            emitter.send(step)
             continue
         try:
             pending: Awaitable[Any] = _handler(io, step)(step)

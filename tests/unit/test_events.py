@@ -10,7 +10,7 @@ import pytest
 
 import dibs
 from dibs import flow
-from dibs.events import Emitter
+from dibs.events import Emitter, Observers
 from dibs.stores.memory import MemoryStore
 
 
@@ -160,7 +160,7 @@ def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: di
     flow resumed from the :class:`~dibs.flow.Waiting` it carried counts the whole wait."""
     now = [100.0]
     key = client.key("k")
-    emitter = Emitter(key, "bob", "test", ())
+    emitter = Emitter(key, "bob", "test", (lambda event: None,))
     ask = client._ask(key, "bob", None, None, refresh=True)
     busy = dibs.Busy(key, "alice", 0.0, 30.0, 1, 0.0, token=4)
     steps = flow.compute_once(
@@ -229,3 +229,15 @@ def test_a_failed_work_stops_its_heartbeats_before_releasing(
         else:
             asyncio.run(client.aio().run("k", afail))
     assert order[:2] == ["stop heartbeats", "release"]
+
+
+def test_a_call_nobody_listens_to_builds_no_event(client: dibs.Reservations) -> None:
+    key = client.key("k")
+    quiet = flow.compute_once(
+        client._ask(key, "bob", None, None),
+        emitter=Emitter(key, "bob", "test", (Observers(),)),
+        policy="fail",
+        timeout=None,
+        max_age=None,
+    )
+    assert isinstance(next(quiet), flow.Ask)  # no Asked before it: nobody wanted one
