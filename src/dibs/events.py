@@ -104,7 +104,15 @@ class Asked(Event):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class KeyBusy(Event):
+class _FailuresSoFar:
+    #: The key's last recorded failure (``failures`` of them so far), and whose it was.
+    last_failure: str | None = None
+    last_failure_owner: str | None = None
+    failures: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KeyBusy(_FailuresSoFar, Event):
     """Someone else holds a live lease: the call waits (or defers) on ``holder``."""
 
     holder: str
@@ -113,10 +121,6 @@ class KeyBusy(Event):
     held_for: float
     attempt: int
     token: int | None
-    #: The key's last recorded failure (``failures`` of them so far), and whose it was.
-    last_failure: str | None = None
-    last_failure_owner: str | None = None
-    failures: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,7 +154,7 @@ class ArtifactFound(Event):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LeaseAcquired(Event):
+class LeaseAcquired(_FailuresSoFar, Event):
     """The call holds the lease and runs the work (``took_over_from``: an expired holder's)."""
 
     token: int
@@ -158,10 +162,6 @@ class LeaseAcquired(Event):
     #: When the lease was granted, on the store's clock.
     acquired_at: float
     took_over_from: str | None = None
-    #: The key's last recorded failure (``failures`` of them so far), and whose it was.
-    last_failure: str | None = None
-    last_failure_owner: str | None = None
-    failures: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from dibs import events, holding
 from dibs._waiting import AskAcquire
@@ -336,51 +336,53 @@ def _handler(io: FlowIO, step: Step) -> Callable[[Any], Any]:
     return io.run_unreserved
 
 
+@dataclasses.dataclass(frozen=True)
+class _Done:
+    report: RunReport
+
+
+def _advance(flow: Flow, answer: Any, error: BaseException | None, emitter: Emitter) -> Step | _Done:
+    """Send the last step's answer (or throw its error) into the flow, hand the events it yields to
+    the observers, and return its next step (or :class:`_Done`)."""
+    try:
+        step = flow.send(answer) if error is None else flow.throw(error)
+        while isinstance(step, Event):
+            emitter.send(step)
+            step = flow.send(None)
+    except StopIteration as stop:
+        return _Done(stop.value)
+    return step
+
+
 def drive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
     """Carry a flow out in this thread: events to the observers, every other step to ``io``."""
     answer: Any = None
     error: BaseException | None = None
-    while True:
+    while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
         try:
-            step = flow.send(answer) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            report: RunReport = stop.value
-            return report
-        answer, error = None, None
-        if isinstance(step, Event):
-            emitter.send(step)
-            continue
-        try:
-            answer = _handler(io, step)(step)
+            answer, error = _handler(io, step)(step), None
         except Suspend:
             flow.close()
             raise
         except BaseException as exc:  # the flow decides: a policy, or it lets it through
-            error = exc
+            answer, error = None, exc
+    return step.report
 
 
 async def adrive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
     """:func:`drive` on an event loop: ``io``'s methods are coroutines, awaited in turn."""
     answer: Any = None
     error: BaseException | None = None
-    while True:
+    while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
+        pending: Awaitable[Any] = _handler(io, step)(step)
         try:
-            step = flow.send(answer) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            report: RunReport = stop.value
-            return report
-        answer, error = None, None
-        if isinstance(step, Event):
-            emitter.send(step)
-            continue
-        try:
-            pending: Awaitable[Any] = _handler(io, step)(step)
-            answer = await pending
+            answer, error = await pending, None
         except Suspend:
             flow.close()
             raise
         except BaseException as exc:
-            error = exc
+            answer, error = None, exc
+    return step.report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,18 +400,17 @@ class Call:
         return await adrive(self.flow, io, self.emitter)
 
 
-class Steps:
-    """How a plain client does each step in a thread; a front end overrides what it does otherwise
-    (Airflow defers at :meth:`wait`, ``dibs run`` shows the wait to whoever follows it).
+ClientT = TypeVar("ClientT")
+WorkT = TypeVar("WorkT")
 
-    :param work: what runs under the lease (or unreserved); ``failure_of`` and ``logger`` are
-        :meth:`dibs.Reservations.hold`'s.
-    """
+
+class _HowToHold(Generic[ClientT, WorkT]):
+    """What both faces of the steps are given: the client, the work, and how the hold reports."""
 
     def __init__(
         self,
-        client: Reservations,
-        work: Callable[[], Any],
+        client: ClientT,
+        work: Callable[[], WorkT],
         *,
         emit: Emitter | None = None,
         failure_of: holding.FailureOf | None = None,
@@ -417,6 +418,17 @@ class Steps:
     ) -> None:
         self.client, self.work, self.emit = client, work, emit
         self.failure_of, self.logger = failure_of, logger
+
+
+class Steps(_HowToHold["Reservations", Any]):
+    """How a plain client does each step in a thread; a front end overrides what it does otherwise
+    (Airflow defers at :meth:`wait`, ``dibs run`` shows the wait to whoever follows it).
+
+    :param work: what runs under the lease (or unreserved); ``failure_of`` and ``logger`` are
+        :meth:`dibs.Reservations.hold`'s.
+    """
+
+    client: Reservations
 
     def ask(self, step: Ask) -> Outcome:
         c = self.client
@@ -437,20 +449,10 @@ class Steps:
         return self.work()
 
 
-class AsyncSteps:
+class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
     """:class:`Steps` for event loops: the store's part in the runtime's I/O executor, the work awaited."""
 
-    def __init__(
-        self,
-        client: AsyncReservations,
-        work: Callable[[], Awaitable[Any]],
-        *,
-        emit: Emitter | None = None,
-        failure_of: holding.FailureOf | None = None,
-        logger: holding.Logger | None = None,
-    ) -> None:
-        self.client, self.work, self.emit = client, work, emit
-        self.failure_of, self.logger = failure_of, logger
+    client: AsyncReservations
 
     async def ask(self, step: Ask) -> Outcome:
         c = self.client.client
