@@ -166,7 +166,7 @@ def compute_once(
             events.Finished,
             outcome="failed",
             seconds=clock() - started,
-            waited_seconds=waiting.seconds(clock()),
+            waited_seconds=state.get("waited", waiting.seconds(clock())),
             deferrals=waiting.deferrals,
             waited_on=waiting.holder,
             token=state.get("token"),
@@ -227,9 +227,7 @@ def _flow(
                 yield from _waited(emitter, waiting, clock, "timeout")
                 raise busy.timed_out(waiting.seconds(clock()))
             got = yield Wait(ask, busy, waiting, remaining)
-            if isinstance(got, Busy):  # the wait's own deadline passed
-                if got.holder != busy.holder:
-                    yield from _busy(emitter, busy.holder, got)
+            if isinstance(got, Busy):  # the wait's own deadline passed (it reported new holders)
                 yield from _waited(emitter, waiting, clock, "timeout")
                 raise got.timed_out(waiting.seconds(clock()))
     except StoreUnavailable as exc:
@@ -240,7 +238,7 @@ def _flow(
         yield from _tell(emitter, events.RanUnreserved, error=str(exc))
         value = yield RunUnreserved(ask)
         return RunReport(ask.key, value, "unreserved", None, ask.owner, stored=False)
-    waited = waiting.seconds(clock())
+    waited = state["waited"] = waiting.seconds(clock())
     if waiting.started is not None:
         yield from _waited(emitter, waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
     if isinstance(got, Hit):
