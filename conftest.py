@@ -2,7 +2,9 @@
 
 - ``tests/prefect/harness.py``: one Prefect API server per session, shared by ``tests/prefect/`` and
   the Prefect snippets of the docs;
-- ``tests/docs/plugin.py``: the code blocks of the README and ``docs/`` collected as tests (Sybil).
+- ``tests/docs/plugin.py``: the code blocks of the README and ``docs/`` collected as tests (Sybil);
+- ``tests/serial.py``: the ``serial`` marker on the multi-process scenarios, which ``scripts/test``
+  runs one at a time after the rest has run in parallel.
 """
 
-pytest_plugins = ["tests.prefect.harness", "tests.docs.plugin"]
+pytest_plugins = ["tests.prefect.harness", "tests.docs.plugin", "tests.serial"]

@@ -52,8 +52,8 @@ class DelegatingStore(Store):
     ) -> ArtifactRecord:
         return self.inner.complete(key, token, serializer, payload, checksum)
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
-        self.inner.release(key, token, error)
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
+        self.inner.release(key, token, error, counted=counted)
 
     def force_release(self, key: Key) -> bool:
         return self.inner.force_release(key)
@@ -168,9 +168,9 @@ class CountingStore(DelegatingStore):
         self.record("complete")
         return super().complete(key, token, serializer, payload, checksum)
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         self.record("release")
-        super().release(key, token, error)
+        super().release(key, token, error, counted=counted)
 
     def read_many(self, keys: Sequence[Key]) -> list[KeyState]:
         self.record("read_many")

@@ -9,16 +9,22 @@ recorded history against the contract's safety invariants:
 
 * at most one live lease per key at any store instant (and, independently of any clock, no takeover
   sooner than a ttl after the previous holder's last confirmed extension);
-* no write accepted with a stale fencing token;
-* at most one artifact per key: the first completion wins and is never replaced;
+* fences only go up for the life of the store, removals included; no write accepted with a stale
+  fencing token;
+* at most one artifact per key: the first completion wins and is never replaced, unless a
+  ``forget`` or ``prune`` may have removed it (and then no artifact is lost or corrupted: see
+  :func:`reliability.history.check`);
 * every waiter returns (the artifact, the lease, or its own timeout), with the right value.
+
+Records are also removed while all this happens (scenario 7: prune, reap, forget, force_release
+with discard; two removers at once, paused removers).
 
 Run it with ``reliability/run`` (full size; writes ``RELIABILITY.md``) or ``reliability/run --ci``
 (reduced). ``tests/test_reliability.py`` runs the reduced version under pytest.
 
 Modules: :mod:`~reliability.history` (recording and the checker), :mod:`~reliability.faults` (the
 TCP fault proxy, signals, libfaketime), :mod:`~reliability.targets` (one isolated space per store),
-:mod:`~reliability.workers` (what child processes run), :mod:`~reliability.scenarios` (the six
+:mod:`~reliability.workers` (what child processes run), :mod:`~reliability.scenarios` (the seven
 scenarios), :mod:`~reliability.hostile` (the hostile-input cases) and :mod:`~reliability.report`
 (``RELIABILITY.md``).
 """

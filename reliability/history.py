@@ -22,6 +22,7 @@ Checking
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -258,10 +259,10 @@ class RecordingStore(Store):
         )
         return artifact
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         t0 = now()
         try:
-            self.inner.release(key, token, error)
+            self.inner.release(key, token, error, counted=counted)
         except Exception as exc:
             self._failed("release", key, t0, exc, fence=token.fence, lease=token.lease_id)
             raise
@@ -276,32 +277,46 @@ class RecordingStore(Store):
             failed=error is not None,
         )
 
-    def force_release(self, key: Key) -> bool:
+    def _removal(self, op: str, key: Key | None, call: Callable[[], Any], **fields: Any) -> Any:
+        """One removal (or repair) call, recorded with its outcome: the checker needs to know that a
+        removal *may* have happened even when its reply was lost (``result`` other than ``ok``)."""
+        where = {"key": key.name} if key is not None else {}
         t0 = now()
-        changed = self.inner.force_release(key)
-        self.recorder.emit("force_release", key=key.name, t0=t0, t1=now(), result="ok", changed=changed)
-        return changed
+        try:
+            answer = call()
+        except Exception as exc:
+            self.recorder.emit(
+                op, t0=t0, t1=now(), result=outcome_of(exc), error=str(exc)[:500], **where, **fields
+            )
+            raise
+        self.recorder.emit(op, t0=t0, t1=now(), result="ok", changed=answer, **where, **fields)
+        return answer
+
+    def force_release(self, key: Key) -> bool:
+        return bool(self._removal("force_release", key, lambda: self.inner.force_release(key)))
 
     def forget(self, key: Key) -> bool:
-        t0 = now()
-        changed = self.inner.forget(key)
-        self.recorder.emit("forget", key=key.name, t0=t0, t1=now(), result="ok", changed=changed)
-        return changed
+        return bool(self._removal("forget", key, lambda: self.inner.forget(key)))
 
     def discard(self, key: Key) -> bool:
-        t0 = now()
-        changed = self.inner.discard(key)
-        self.recorder.emit("discard", key=key.name, t0=t0, t1=now(), result="ok", changed=changed)
-        return changed
+        return bool(self._removal("discard", key, lambda: self.inner.discard(key)))
 
     def prune(self, namespace: str | None, older_than: float) -> int:
-        return self.inner.prune(namespace, older_than)
+        return int(
+            self._removal(
+                "prune",
+                None,
+                lambda: self.inner.prune(namespace, older_than),
+                namespace=namespace,
+                older_than=older_than,
+            )
+        )
 
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         return self.inner.list(namespace)
 
     def reap(self, namespace: str | None = None) -> int:
-        return self.inner.reap(namespace)
+        return int(self._removal("reap", None, lambda: self.inner.reap(namespace), namespace=namespace))
 
     def read_many(self, keys: Sequence[Key]) -> list[KeyState]:
         """The watch hub's reads, recorded like reads: a waiter may return what the hub read for it."""
@@ -420,8 +435,51 @@ class _Lease:
     ends: list[Event] = dataclasses.field(default_factory=list)  # complete/release ok or ambiguous
 
     def ended_by(self, t: float) -> bool:
-        """Whether the holder had asked to end the lease (and it may have ended) before real time ``t``."""
+        """Whether the lease may have ended early before real time ``t``: its holder had asked to end
+        it (complete, release), or an operator's ``force_release`` of the key had been sent."""
         return any(end["t0"] < t for end in self.ends)
+
+
+#: The removals that may take a key's artifact away (``forget`` of the key, ``prune`` of its
+#: namespace). ``reap`` and ``discard`` only clear expired leases and records that hold nothing.
+ARTIFACT_REMOVALS = ("forget", "prune")
+#: Every removal or repair the checker knows (recorded by :class:`RecordingStore`).
+REMOVALS = ("forget", "prune", "reap", "discard", "force_release")
+
+
+def _may_have_acted(event: Event) -> bool:
+    """A removal changed something, or may have: it said so, or its reply was lost."""
+    return event.get("result") != "ok" or bool(event.get("changed"))
+
+
+class _Removals:
+    """The removals in a history, for the checks that a removal legitimately excuses."""
+
+    def __init__(self, events: Iterable[Event]) -> None:
+        self.forgets: dict[str, list[Event]] = defaultdict(list)
+        self.prunes: list[Event] = []  # a prune may remove any key of its namespace
+        self.force_releases: dict[str, list[Event]] = defaultdict(list)
+        for event in events:
+            op = event["op"]
+            if op not in REMOVALS or "t1" not in event or not _may_have_acted(event):
+                continue
+            if op == "forget":
+                self.forgets[str(event["key"])].append(event)
+            elif op == "prune":
+                self.prunes.append(event)
+            elif op == "force_release":
+                self.force_releases[str(event["key"])].append(event)
+
+    def removes_artifacts(self, key: str) -> bool:
+        return bool(self.forgets.get(key)) or bool(self.prunes)
+
+    def artifact_removal(self, key: str, after: float, before: float) -> Event | None:
+        """A removal of ``key``'s artifact that may have taken effect inside ``(after, before)``: it
+        ended after ``after`` and began before ``before``."""
+        for event in (*self.forgets.get(key, ()), *self.prunes):
+            if event["t1"] > after and event["t0"] < before:
+                return event
+        return None
 
 
 def _token(event: Event) -> tuple[int, str]:
@@ -431,6 +489,7 @@ def _token(event: Event) -> tuple[int, str]:
 def _leases(events: Iterable[Event]) -> dict[str, dict[tuple[int, str], _Lease]]:
     by_key: dict[str, dict[tuple[int, str], _Lease]] = defaultdict(dict)
     ordered = sorted((e for e in events if "t1" in e), key=lambda e: e["t1"])
+    forced: list[Event] = []
     for event in ordered:
         op, result, key = event["op"], event.get("result"), str(event.get("key"))
         if op == "acquire" and result == "granted":
@@ -459,6 +518,27 @@ def _leases(events: Iterable[Event]) -> dict[str, dict[tuple[int, str], _Lease]]
                 lease.ends.append(event)
                 if op == "complete" and result == "ok":
                     lease.completed_at = float(event["at"])
+        elif op == "force_release" and _may_have_acted(event):
+            forced.append(event)
+    # An operator's force_release ends whichever lease the key had when it acted: any lease granted
+    # before the force_release returned.
+    for event in forced:
+        for lease in by_key[str(event["key"])].values():
+            if lease.first_grant["t0"] < event["t1"]:
+                lease.ends.append(event)
+    # A lease whose own artifact was observed was completed, whatever its complete call reported
+    # (a store may wrongly report a complete that took effect as lost: see _check_outcomes).
+    for event in ordered:
+        identity = event.get("artifact")
+        if not isinstance(identity, dict):
+            continue
+        for lease in by_key[str(event.get("key"))].values():
+            if lease.fence == int(identity["fence"]) and lease.owner == identity["producer"]:
+                if lease.completed_at is None:
+                    lease.completed_at = float(identity["created_at"])
+                if not lease.ends:
+                    own = [e for e in ordered if e["op"] == "complete" and e.get("lease") == lease.lease]
+                    lease.ends.append(own[0] if own else event)
     # Observations by other processes (a Held answer, a read) also confirm how long a lease lives.
     for event in ordered:
         holder = event.get("holder")
@@ -469,6 +549,18 @@ def _leases(events: Iterable[Event]) -> dict[str, dict[tuple[int, str], _Lease]]
     return by_key
 
 
+def _granted_before(a: _Lease, b: _Lease) -> bool:
+    """Whether the store granted ``a`` before ``b``: by real time when the two grant calls did not
+    overlap (no clock or fence needed), else by fence (the store's own order, when fencing holds;
+    the fencing checks report it when it does not)."""
+    ga, gb = a.first_grant, b.first_grant
+    if ga["t1"] < gb["t0"]:
+        return True
+    if gb["t1"] < ga["t0"]:
+        return False
+    return (a.fence, ga["t1"]) < (b.fence, gb["t1"])
+
+
 def _check_exclusion(
     leases: dict[str, dict[tuple[int, str], _Lease]], tolerance: float, out: list[Violation]
 ) -> float | None:
@@ -476,8 +568,10 @@ def _check_exclusion(
 
     *Store time*: the intervals ``[acquired_at, end)`` the store itself reported, where ``end`` is
     the latest expiry the store confirmed, or the artifact's creation time once completed. A lease
-    whose holder released it may end earlier than the store ever said; that overlap is excused
-    only when the release was sent before the next grant returned.
+    whose holder released it (or that an operator force-released) may end earlier than the store
+    ever said; that overlap is excused only when the release was sent before the next grant returned.
+    Removals that are not repairs (``forget``, ``prune``, ``reap``, ``discard``) never excuse an
+    overlap: they may only take away leases that had already expired.
 
     *Real time* (needs no clock but the local monotonic one): when the store extended A's lease to
     ``store-now + ttl`` inside ``[E.t0, E.t1]`` and later granted B inside ``[G.t0, G.t1]``, with
@@ -486,16 +580,24 @@ def _check_exclusion(
     """
     closest: float | None = None
     for key, tokens in leases.items():
-        ordered = sorted(tokens.values(), key=lambda lease: (lease.fence, lease.first_grant["t1"]))
-        for i, a in enumerate(ordered):
-            for b in ordered[i + 1 :]:
-                if a.fence == b.fence:
-                    out.append(
-                        Violation(
-                            "fencing", key, f"two leases share fence {a.fence}: {a.owner!r} and {b.owner!r}"
-                        )
+        ordered = sorted(tokens.values(), key=lambda lease: (lease.first_grant["t1"], lease.fence))
+        sharing: dict[int, list[str]] = defaultdict(list)
+        for lease in ordered:
+            sharing[lease.fence].append(lease.owner)
+        for fence, owners in sharing.items():
+            if len(owners) > 1:
+                out.append(
+                    Violation(
+                        "fencing",
+                        key,
+                        f"{len(owners)} leases share fence {fence}: {', '.join(map(repr, owners))}",
                     )
-                    continue
+                )
+        for i, first in enumerate(ordered):
+            for second in ordered[i + 1 :]:
+                if first.fence == second.fence:
+                    continue  # reported above
+                a, b = (first, second) if _granted_before(first, second) else (second, first)
                 end = (
                     a.confirmed_expiry if a.completed_at is None else min(a.completed_at, a.confirmed_expiry)
                 )
@@ -537,24 +639,60 @@ def _check_exclusion(
     return closest
 
 
-def _check_fencing(leases: dict[str, dict[tuple[int, str], _Lease]], out: list[Violation]) -> None:
-    """A grant that starts after another one returned must carry a strictly greater fence.
+def _check_fencing(
+    events: list[Event], leases: dict[str, dict[tuple[int, str], _Lease]], out: list[Violation]
+) -> None:
+    """Fences only go up, for the life of the store, removals included (the contract's guarantee 7).
 
-    Removal keeps a tombstone with the key's fence (``discard``, ``prune`` and ``reap`` never delete a
-    record), so this holds across removals too; no scenario removes one yet."""
+    A grant that starts after another one returned must carry a strictly greater fence; and the
+    key's fence as any later read reports it (a removed record's too) may never be below a fence
+    granted or read before that read began: a fence that went down lets a later token repeat or
+    undercut an earlier one."""
     for key, tokens in leases.items():
         grants = sorted((lease.first_grant for lease in tokens.values()), key=lambda e: e["t0"])
         for i, later in enumerate(grants):
-            for earlier in grants[:i]:
-                if earlier["t1"] < later["t0"] and int(later["fence"]) <= int(earlier["fence"]):
-                    out.append(
-                        Violation(
-                            "fencing",
-                            key,
-                            f"fence went from {earlier['fence']} ({earlier['owner']!r}) to {later['fence']} "
-                            f"({later['owner']!r}), although the second grant began after the first returned",
-                        )
+            returned = [earlier for earlier in grants[:i] if earlier["t1"] < later["t0"]]
+            earlier = max(returned, key=lambda e: int(e["fence"]), default=None)
+            if earlier is not None and int(later["fence"]) <= int(earlier["fence"]):
+                out.append(
+                    Violation(
+                        "fencing",
+                        key,
+                        f"fence went from {earlier['fence']} ({earlier['owner']!r}) to {later['fence']} "
+                        f"({later['owner']!r}), although the second grant began after the first returned",
                     )
+                )
+    seen: dict[str, list[tuple[float, float, int, Event]]] = defaultdict(list)
+    for event in events:
+        if event["op"] in ("read", "final") and event.get("result", "ok") == "ok" and "key_fence" in event:
+            seen[event["key"]].append((event["t0"], event["t1"], int(event["key_fence"]), event))
+        elif event["op"] == "acquire" and event.get("result") == "granted":
+            seen[event["key"]].append((event["t0"], event["t1"], int(event["fence"]), event))
+    for key, fences in seen.items():
+        by_end = sorted(fences, key=lambda f: f[1])
+        highest: list[tuple[float, int, Event]] = []  # (t1, the highest fence seen by then, its event)
+        for _, t1, fence, event in by_end:
+            if not highest or fence > highest[-1][1]:
+                highest.append((t1, fence, event))
+            else:
+                highest.append((t1, highest[-1][1], highest[-1][2]))
+        ends = [h[0] for h in highest]
+        for t0, _, fence, event in sorted(fences, key=lambda f: f[0]):
+            if event["op"] not in ("read", "final"):
+                continue
+            i = bisect.bisect_left(ends, t0) - 1
+            if i >= 0 and highest[i][1] > fence:
+                before = highest[i][2]
+                out.append(
+                    Violation(
+                        "fencing",
+                        key,
+                        f"the key's fence went down: {before['proc']} saw fence {highest[i][1]} "
+                        f"({before['op']}), then {event['proc']} read fence {fence} in a read begun "
+                        "after that",
+                    )
+                )
+                break  # one per key: the rest of its history follows from it
 
 
 def _check_stale_writes(
@@ -563,7 +701,10 @@ def _check_stale_writes(
     tolerance: float,
     out: list[Violation],
 ) -> None:
-    """No write is accepted with a token that a newer grant (or a stored artifact) made stale."""
+    """No write is accepted with a token that a newer grant (or a stored artifact) made stale.
+
+    *Newer* is judged by real time where the two grant calls did not overlap, else by fence
+    (:func:`_granted_before`), so that a fence that went backwards cannot hide a stale write."""
     completes_ok: dict[str, list[Event]] = defaultdict(list)
     for event in events:
         if event["op"] == "complete" and event.get("result") == "ok":
@@ -573,8 +714,13 @@ def _check_stale_writes(
         if op not in ("heartbeat", "complete", "release") or event.get("result") != "ok":
             continue
         key, fence = event["key"], int(event["fence"])
+        mine = leases.get(key, {}).get(_token(event))
         for newer in leases.get(key, {}).values():
-            if newer.fence <= fence:
+            if newer is mine:
+                continue
+            if mine is not None and not _granted_before(mine, newer):
+                continue
+            if mine is None and newer.fence <= fence:
                 continue
             grant = newer.first_grant
             if grant["t1"] < event["t0"]:
@@ -597,49 +743,161 @@ def _check_stale_writes(
                 )
         for done in completes_ok[key]:
             same = int(done["fence"]) == fence and done.get("lease") == event.get("lease")
-            if done["t1"] < event["t0"] and not (same and op == "complete"):
-                out.append(
-                    Violation(
-                        "stale write accepted",
-                        key,
-                        f"{op} with token {fence} by {event['proc']} was accepted after the key was "
-                        "completed "
-                        f"with token {done['fence']}",
-                    )
+            if done["t1"] >= event["t0"] or (same and op == "complete"):
+                continue
+            # A token granted after that completion (the artifact was removed meanwhile: the
+            # artifact checks judge whether it may have been) is not stale because of it.
+            if mine is not None and mine.first_grant["t1"] > done["t0"] and not same:
+                continue
+            out.append(
+                Violation(
+                    "stale write accepted",
+                    key,
+                    f"{op} with token {fence} by {event['proc']} was accepted after the key was "
+                    f"completed with token {done['fence']}",
                 )
+            )
+
+
+def _check_outcomes(
+    events: list[Event], leases: dict[str, dict[tuple[int, str], _Lease]], out: list[Violation]
+) -> None:
+    """A complete the store refused (``LeaseLost``) must not have stored its artifact: the holder is
+    told its value was not stored, and its lease not ended by it. Checked by the artifact itself: an
+    observation anywhere of the artifact of that token, with that checksum and producer."""
+    observed: dict[tuple[str, int, str, str], Event] = {}
+    for event in sorted((e for e in events if "t1" in e), key=lambda e: e["t1"]):
+        identity = event.get("artifact")
+        if isinstance(identity, dict) and "key" in event:
+            ident = (
+                str(event["key"]),
+                int(identity["fence"]),
+                str(identity["checksum"]),
+                str(identity["producer"]),
+            )
+            observed.setdefault(ident, event)
+    for event in events:
+        if event["op"] != "complete" or event.get("result") != "lost":
+            continue
+        lease = leases.get(event["key"], {}).get(_token(event))
+        if lease is None:
+            continue
+        seen = observed.get((event["key"], lease.fence, str(event.get("checksum")), lease.owner))
+        if seen is not None:
+            out.append(
+                Violation(
+                    "complete outcome",
+                    event["key"],
+                    f"{event['proc']}'s complete with token {lease.fence} was refused "
+                    f"({event.get('error')}), but its artifact was stored: {seen['proc']} saw it "
+                    f"({seen['op']})",
+                )
+            )
 
 
 def _artifact_key(identity: dict[str, Any]) -> tuple[Any, ...]:
     return identity["fence"], identity["checksum"], identity["producer"]
 
 
-def _check_artifacts(events: list[Event], out: list[Violation]) -> None:
-    """At most one artifact per key, never replaced: every observation names the same one."""
-    seen: dict[str, dict[tuple[Any, ...], Event]] = defaultdict(dict)
-    for event in sorted(
-        (e for e in events if "t1" in e or "t0" in e), key=lambda e: float(e.get("t1", e.get("t0", 0)))
-    ):
+def _observations(events: list[Event]) -> dict[str, list[tuple[float, float, tuple[Any, ...] | None, Event]]]:
+    """Per key, what each event says the key's artifact was at some instant inside ``[t0, t1]``:
+    its identity, or ``None`` for none (a grant or a Held answer: no artifact was there; a read
+    without one). Calls whose outcome is unknown say nothing."""
+    seen: dict[str, list[tuple[float, float, tuple[Any, ...] | None, Event]]] = defaultdict(list)
+    for event in events:
+        op, result = event["op"], event.get("result")
+        if "t0" not in event or "key" not in event:
+            continue
         identity = event.get("artifact")
-        if isinstance(identity, dict):
-            seen[event["key"]].setdefault(_artifact_key(identity), event)
-    for key, identities in seen.items():
-        if len(identities) > 1:
-            described = "; ".join(
-                f"fence {ident[0]} by {ident[2]!r} (first seen by {ev['proc']} in {ev['op']})"
-                for ident, ev in identities.items()
-            )
+        ident = _artifact_key(identity) if isinstance(identity, dict) else None
+        says = {
+            "complete": result == "ok",
+            "acquire": result in ("present", "granted", "held"),
+            "read": result == "ok",
+            "final": "error" not in event,
+        }
+        if not says.get(op, False):
+            continue
+        t0 = float(event["t0"])
+        seen[str(event["key"])].append((t0, float(event.get("t1", t0)), ident, event))
+    return seen
+
+
+def _describe(ident: tuple[Any, ...] | None) -> str:
+    return "no artifact" if ident is None else f"the artifact of fence {ident[0]} by {ident[2]!r}"
+
+
+def _check_artifacts(events: list[Event], removals: _Removals, out: list[Violation]) -> None:
+    """No stored artifact is lost or replaced, except by a removal that may have taken it.
+
+    Without a ``forget`` or ``prune`` in the history, every observation of a key's artifact names
+    the same one, and only one completion is accepted (the first wins, never replaced). With them,
+    an artifact X may disappear, but only through one: once X was certainly stored (an observation
+    of it returned), a later observation of anything else (another artifact, or none) requires a
+    removal that ended after X could have been stored and began before that observation returned;
+    and X, once seen gone, never comes back."""
+    observations = _observations(events)
+    for key, seen in observations.items():
+        if not removals.removes_artifacts(key):
+            first: dict[tuple[Any, ...], Event] = {}
+            for _, _, ident, event in sorted(seen, key=lambda s: s[1]):
+                if ident is not None:
+                    first.setdefault(ident, event)
+            if len(first) > 1:
+                described = "; ".join(
+                    f"fence {ident[0]} by {ident[2]!r} (first seen by {ev['proc']} in {ev['op']})"
+                    for ident, ev in first.items()
+                )
+                detail = f"{len(first)} different artifacts observed: {described}"
+                out.append(Violation("single artifact", key, detail))
+            accepted = sorted({int(e["fence"]) for _, _, i, e in seen if e["op"] == "complete"})
+            if len(accepted) > 1:
+                out.append(Violation("single artifact", key, f"completes accepted for tokens {accepted}"))
+        idents = {ident for _, _, ident, _ in seen if ident is not None}
+        for ident in idents:
+            mine = [s for s in seen if s[2] == ident]
+            born = min(s[0] for s in mine)  # it was stored no earlier than this
+            stored_by = min(s[1] for s in mine)  # and certainly by this
+            last_seen = max(s[0] for s in mine)
+            others = [s for s in seen if s[2] != ident and s[0] > stored_by]
+            if not others:
+                continue
+            gone = min(others, key=lambda s: s[1])
+            if removals.artifact_removal(key, born, gone[1]) is None:
+                event, witness = gone[3], mine[0][3]
+                out.append(
+                    Violation(
+                        "no lost artifact",
+                        key,
+                        f"{_describe(ident)} was stored (seen by {witness['proc']} in {witness['op']}), "
+                        f"then {event['proc']} saw {_describe(gone[2])} ({event['op']}) although no "
+                        "forget or prune could have removed it in between",
+                    )
+                )
+            back = [s for s in others if s[1] < last_seen]
+            if back:
+                event = min(back, key=lambda s: s[1])[3]
+                out.append(
+                    Violation(
+                        "no lost artifact",
+                        key,
+                        f"{_describe(ident)} came back: {event['proc']} saw {_describe(back[0][2])} "
+                        f"({event['op']}), and a later observation showed the old artifact again",
+                    )
+                )
+    for event in events:
+        if event["op"] in ("read", "acquire", "complete") and event.get("result") in (
+            "corrupt",
+            "error:ArtifactCorrupted",
+        ):
             out.append(
                 Violation(
-                    "single artifact", key, f"{len(identities)} different artifacts observed: {described}"
+                    "no lost artifact",
+                    event.get("key"),
+                    f"{event['proc']}'s {event['op']} found a damaged record or payload: "
+                    f"{event.get('error')}",
                 )
             )
-    fences: dict[str, set[int]] = defaultdict(set)
-    for event in events:
-        if event["op"] == "complete" and event.get("result") == "ok":
-            fences[event["key"]].add(int(event["fence"]))
-    for key, accepted in fences.items():
-        if len(accepted) > 1:
-            out.append(Violation("single artifact", key, f"completes accepted for tokens {sorted(accepted)}"))
 
 
 class _Calls:
@@ -650,9 +908,14 @@ class _Calls:
     LOUD = ("WARNING", "ERROR", "CRITICAL")
 
     def __init__(
-        self, events: list[Event], expect: Expectations, out: list[Violation], summary: Summary
+        self,
+        events: list[Event],
+        expect: Expectations,
+        out: list[Violation],
+        summary: Summary,
+        removals: _Removals,
     ) -> None:
-        self.expect, self.out, self.summary = expect, out, summary
+        self.expect, self.out, self.summary, self.removals = expect, out, summary, removals
         self.invokes: dict[tuple[str, str], Event] = {}
         self.returns: dict[tuple[str, str], Event] = {}
         self.logs: dict[str, list[Event]] = defaultdict(list)
@@ -690,6 +953,14 @@ class _Calls:
             for log in logs
         )
 
+    def _invoked_at(self, ret: Event) -> float:
+        invoke: Event = self.invokes.get((ret["proc"], ret["owner"]), ret)
+        return float(invoke["t0"] if "t0" in invoke else ret["t1"])
+
+    def _final_t1(self, key: str) -> float:
+        final: Event = self.finals[key]
+        return float(final["t1"] if "t1" in final else final["t0"])
+
     def final_artifact(self, key: str) -> dict[str, Any] | None:
         artifact = self.finals.get(key, {}).get("artifact")
         return artifact if isinstance(artifact, dict) else None
@@ -714,6 +985,13 @@ class _Calls:
                     self.flag("waiter returns", ret["key"], f"{ret['proc']} timed out: {ret.get('error')}")
             elif ret["result"] == "raised:StoreUnavailable":
                 self.unavailable(ret)
+            elif ret["result"] in ("raised:ArtifactCorrupted", "raised:CorruptRecord"):
+                self.flag(
+                    "no lost artifact",
+                    ret["key"],
+                    f"{ret['proc']} {ret['result']} (a payload gone or damaged while its record still "
+                    f"named it): {ret.get('error')}",
+                )
             else:
                 self.flag("clear errors", ret["key"], f"{ret['proc']} {ret['result']}: {ret.get('error')}")
         self.executed()
@@ -745,7 +1023,11 @@ class _Calls:
                     f"{proc} reported its value as not stored, but the stored artifact is its own "
                     f"(token {final['fence']}): the outcome was not re-read",
                 )
-        elif key in self.finals and (not final or final.get("producer") != ret["owner"]):
+        elif (
+            key in self.finals
+            and (not final or final.get("producer") != ret["owner"])
+            and self.removals.artifact_removal(key, self._invoked_at(ret), self._final_t1(key)) is None
+        ):
             self.flag(
                 "no lost artifact",
                 key,
@@ -813,10 +1095,12 @@ def check(events: list[Event], expect: Expectations) -> tuple[list[Violation], S
             lost.add((event["key"], int(event["fence"])))
     summary.leases_lost = len(lost)
     summary.closest_takeover = _check_exclusion(leases, expect.clock_tolerance, out)
-    _check_fencing(leases, out)
+    removals = _Removals(events)
+    _check_fencing(events, leases, out)
     _check_stale_writes(events, leases, expect.clock_tolerance, out)
-    _check_artifacts(events, out)
-    _Calls(events, expect, out, summary).run()
+    _check_outcomes(events, leases, out)
+    _check_artifacts(events, removals, out)
+    _Calls(events, expect, out, summary, removals).run()
     return _dedupe(out), summary
 
 

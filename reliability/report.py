@@ -126,6 +126,34 @@ FIXED: list[tuple[str, str, str]] = [
     ),
 ]
 
+_R = "tests/test_removal_races.py::"
+_C = "tests/contract/test_store_contract.py::"
+
+#: What the removal scenario found in the code before issue 16's fix (the store-side fix and its
+#: regression tests came from the removal work; this suite reproduced both defects on every store
+#: before it, and shows zero since).
+FOUND_BY_REMOVALS: list[tuple[str, str, str]] = [
+    (
+        "Removals racing computes, every store (full size, before the fix): `prune`, `reap` and "
+        "`discard` deleted a key's record, so the next holder got fence 1 again: hundreds of `fencing` "
+        "violations per store (up to 26 leases of one key sharing fence 1; reads saw a key's fence go "
+        "from 2 to 1).",
+        "Removal leaves a tombstone that keeps the fence (and, on SQL, the row version); listings hide "
+        "tombstones.",
+        f"{_C}test_tokens_never_rewind_after_removal, {_R}test_two_removers_never_remove_a_live_lease",
+    ),
+    (
+        "MySQL (full size, before the fix): a remover paused between reading a row and its versioned "
+        "`DELETE` matched a re-created row at the same version and deleted a live lease: the holder's "
+        "`complete` was refused and another process was granted the key 0.67 s into the first lease's "
+        "1.5 s ttl (`exclusion (real time)`, key m011).",
+        "Row versions never restart (the row is never deleted), so a delayed statement cannot match a "
+        "newer row.",
+        f"{_R}test_a_paused_sql_remover_cannot_match_a_newer_row, "
+        f"{_R}test_a_delayed_prune_statement_cannot_remove_a_new_holders_lease",
+    ),
+]
+
 #: Defects found by probing dibs with hostile and careless input (issue 12), which this suite did not
 #: catch at the time; fixed, pinned by regression tests, and checked by the hostile scenario since.
 HARDENED: list[tuple[str, str, str]] = [
@@ -227,6 +255,7 @@ _SCENARIO_TITLES = {
     "faults": "4. store faults",
     "skew": "5. clock skew +-10 min",
     "hostile": "6. hostile input",
+    "removal": "7. removals racing",
 }
 
 
@@ -310,6 +339,7 @@ def render(
     _faults_section(add, by_store)
     _skew_section(add, by_store)
     _hostile_section(add, by_store)
+    _removal_section(add, by_store)
     _violations_section(add, results)
     _limits_section(add)
     return "\n".join(lines)
@@ -336,8 +366,34 @@ def _checked_section(add: Any) -> None:
         "accepted with a token that a newer grant or a stored artifact made stale."
     )
     add(
-        "- **One artifact per key**: every observation of a key's artifact (hits, reads, the final read) "
-        "names the same one; the first completion wins and is never replaced."
+        "- **Fences only go up, removals included**: a key's fence as any read reports it (a removed "
+        "record's too) is never below a fence granted or read before that read began; no two leases of "
+        "a key share a fence."
+    )
+    add(
+        "- **One artifact per key**: where nothing removes artifacts, every observation of a key's "
+        "artifact (hits, reads, the final read) names the same one; the first completion wins and is "
+        "never replaced."
+    )
+    add(
+        "- **No stored artifact lost or corrupted** (with removals): an artifact may disappear only "
+        "through a `forget` of its key or a `prune` of its namespace. Precisely, *lost* is any of: (1) "
+        "once an artifact was certainly stored (an observation of it returned: the holder's accepted "
+        "`complete`, a hit, a read), a later observation shows another artifact or none, and no "
+        "`forget`/`prune` call ended after the artifact could have been stored and began before that "
+        "observation returned; (2) an artifact seen gone is seen again later (it came back); (3) a "
+        "caller was told its value was stored (`stored=True`) and the final read shows another "
+        "artifact or none with no `forget`/`prune` since the call began; (4) a reader got a wrong value, "
+        "or `ArtifactCorrupted`/`CorruptRecord` (a payload deleted or damaged while its record still "
+        "named it). `reap`, `discard` and `force_release` never take an artifact away, so they excuse "
+        "nothing here."
+    )
+    add(
+        "- **Removals and exclusion**: only `force_release` (an operator's repair) may end a live lease "
+        "early, and then its holder's later heartbeat and complete must be refused; `prune`, `reap`, "
+        "`forget` and `discard` may only remove leases that had already expired, so they never excuse "
+        "an overlap of two leases. *Newer* and *stale* tokens are judged by real time where two grant "
+        "calls did not overlap, so that a fence that went backwards cannot hide a stale write."
     )
     add(
         "- **Every waiter returns** with the right value (or its own timeout where the scenario allows); "
@@ -378,7 +434,9 @@ def _results_section(
             f"{sizes.pause_trials} SIGSTOP trials; store faults for {sizes.fault_seconds:g}s with "
             f"{sizes.fault_procs} proxied processes and one direct bystander over {sizes.fault_keys} keys; "
             f"clock skew with {sizes.skew_procs} processes x {sizes.skew_keys} keys plus {sizes.skew_kills} "
-            f"skewed SIGKILL trials; {sizes.fuzz_examples} fuzzed keys and as many fuzzed URLs per store."
+            f"skewed SIGKILL trials; {sizes.fuzz_examples} fuzzed keys and as many fuzzed URLs per store; "
+            f"removals for {sizes.removal_seconds:g}s: {sizes.removal_procs} computing processes over "
+            f"{sizes.removal_keys} keys, three removers, {sizes.removal_kills} killed holders."
         )
         add("")
 
@@ -417,6 +475,20 @@ def _violations_section(add: Any, results: list[ScenarioResult]) -> None:
     else:
         add("None.")
     add("")
+    add("### Found by the removal scenario before issue 16's fix")
+    add("")
+    add(
+        "Run against the code before the fix (`src/` as of commit f160cee, with "
+        "`reliability/run --scenarios removal`, seed 20261125), the removal scenario found both defects "
+        "of issue 16: 3034 violations over the six stores. With the fix it finds neither (the results above)."
+    )
+    add("")
+    add("| violation | fix | regression test |")
+    add("| --- | --- | --- |")
+    for found, fix, tests in FOUND_BY_REMOVALS:
+        names = "<br>".join(f"`{name}`" for name in tests.split(", "))
+        add(f"| {found} | {fix} | {names} |")
+    add("")
     add("### Found by probing with hostile input (issue 12), fixed, and checked here since")
     add("")
     add(
@@ -454,6 +526,13 @@ def _limits_section(add: Any) -> None:
     add(
         "- Takeover latencies are wall-clock figures on a shared machine; pytest asserts only the "
         "invariants (and liveness with generous timeouts), never a latency."
+    )
+    add(
+        "- Removers are paused at two chosen steps (after listing, after the read before a conditional "
+        "write) by wrapping that remover process's own store object, and elsewhere only by SIGSTOPs at "
+        "random moments; a pause between the two statements of one SQL transaction is not injected "
+        "(the repairs run one statement each). A `prune` reports a count, not which keys it removed, so "
+        "any `prune` that may have acted excuses a vanished artifact of any key of its namespace."
     )
     add("")
 
@@ -636,4 +715,51 @@ def _hostile_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -
             continue
         cells = [str(result.figures.get("cases", {}).get(name, 0)) for name in categories]
         add(f"| {store} | " + " | ".join(cells) + f" | **{len(result.unexpected)}** |")
+    add("")
+
+
+def _removal_section(add: Any, by_store: dict[str, dict[str, ScenarioResult]]) -> None:
+    add("## Removals racing the scenario")
+    add("")
+    add(
+        "Records are removed while they are being used (issue 16). Processes compute the same keys again "
+        "and again (ttl 1.5 s, work up to 0.8 s, so some leases are heartbeated and some not) while "
+        "three removers run, each picking at random, every 10-150 ms: `prune(older_than=0)`, `reap`, "
+        "`forget` of a key, or `force_release` then `discard` of a key (an operator freeing a stuck key "
+        "for good). Two removers run at once; the harness SIGSTOPs one of them at random moments, "
+        "whatever it is doing, and SIGCONTs it up to two ttls later; the third pauses inside its own "
+        "removals (half the time, up to two ttls) right after listing the records it will remove, and "
+        "right after reading the record it is about to change, before its compare-and-swap "
+        "(`reliability/workers.py`, `_pause_points`: before the SQL stores' version-guarded statement, "
+        "the file and Azure stores' conditional write; Redis decides in one script). Holders are "
+        "SIGKILLed soon after their grant, so that expired leases are there for `reap` and `prune` "
+        "to race the waiters that take them over. Then the removers stop, every key is computed once "
+        "more, and read."
+    )
+    add("")
+    add(
+        "| store | compute calls | grants | prune | reap | forget | force_release + discard | "
+        "paused inside a removal | remover SIGSTOPs | holders SIGKILLed | violations |"
+    )
+    add("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for store, scenarios_of in by_store.items():
+        result = scenarios_of.get("removal")
+        if result is None or result.skipped:
+            continue
+        done = result.figures.get("removals", {})
+        cells = [
+            f"{done.get(f'{kind} calls', 0)} ({done.get(f'{kind} that removed', 0)})"
+            for kind in ("prune", "reap", "forget", "force_release+discard")
+        ]
+        add(
+            f"| {store} | {result.trials} | {result.figures.get('grants', 0)} | " + " | ".join(cells) + " | "
+            f"{result.faults.get('paused removals', 0)} | {result.faults.get('SIGSTOP remover', 0)} | "
+            f"{result.faults.get('SIGKILL', 0)} | **{len(result.unexpected)}** |"
+        )
+    add("")
+    add(
+        "Each removal column: calls (of which removed or changed something). The violations are those of "
+        "every check above (exclusion, fences, stale writes, no lost artifact, every caller returns the "
+        "right value), over the whole history of the scenario."
+    )
     add("")

@@ -1,4 +1,4 @@
-"""The six scenarios, each run against one store (a :class:`~reliability.targets.Target`).
+"""The seven scenarios, each run against one store (a :class:`~reliability.targets.Target`).
 
 Every scenario starts real processes (see :mod:`reliability.workers`), injects its faults, reads
 every key it used once more at the end (the ``final`` events), and hands the merged history to
@@ -16,6 +16,11 @@ run in a few minutes on two cores.
                    clock decides; the local-clock stores' limit is shown as expected violations.
 6. ``hostile``     fuzzed keys, malformed URLs, corrupted and foreign records, tampered artifacts,
                    unsigned pickles (:mod:`reliability.hostile`).
+7. ``removal``     removers (prune, reap, forget, force_release + discard) run while processes compute
+                   the same keys again and again: two removers at once, one of them SIGSTOPped at
+                   random, a third paused inside its removals (between listing and removing, and
+                   between reading a record and writing it back), holders SIGKILLed so that expired
+                   leases are there to reap. Exclusion, fences that only go up, and no artifact lost.
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class Sizes:
     skew_keys: int
     skew_kills: int
     fuzz_examples: int
+    removal_procs: int
+    removal_keys: int
+    removal_seconds: float
+    removal_kills: int
 
 
 FULL = Sizes(
@@ -80,6 +89,10 @@ FULL = Sizes(
     skew_keys=150,
     skew_kills=6,
     fuzz_examples=300,
+    removal_procs=6,
+    removal_keys=24,
+    removal_seconds=40.0,
+    removal_kills=20,
 )
 CI = Sizes(
     contention_procs=6,
@@ -94,6 +107,10 @@ CI = Sizes(
     skew_keys=24,
     skew_kills=2,
     fuzz_examples=25,
+    removal_procs=3,
+    removal_keys=8,
+    removal_seconds=6.0,
+    removal_kills=3,
 )
 
 
@@ -317,11 +334,13 @@ class Run:
                 fields: dict[str, Any] = {"key": name, "t0": time.monotonic()}
                 try:
                     state = client.store.read(key)
+                    fields["key_fence"] = state.fence
                     if state.artifact is not None:
                         fields["artifact"] = history.artifact_identity(state.artifact)
                         fields["value_ok"] = client.decode(key, state.artifact) == expected_value(name)
                 except Exception as exc:  # recorded and judged by the checker
                     fields["error"] = f"{type(exc).__name__}: {exc}"
+                fields["t1"] = time.monotonic()
                 self.mark("final", **fields)
         finally:
             client.close()
@@ -956,6 +975,128 @@ def hostile(run: Run) -> None:
     cases.run_all(run)
 
 
+# -- 7. removals during the scenario ---------------------------------------------------------------
+
+REMOVAL_TTL = 1.5
+
+
+def _stop_and_continue(run: Run, remover: Child, stop: float, counts: Counter[str]) -> None:
+    """SIGSTOP the remover at random moments (whatever it is doing) and SIGCONT it up to two ttls later."""
+    while time.monotonic() < stop and remover.alive():
+        time.sleep(run.rng.uniform(0.1, 0.6))
+        try:
+            at = faults.signal_child(remover.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        run.mark("signal", sig="STOP", proc=remover.proc, t0=at)
+        counts["SIGSTOP remover"] += 1
+        time.sleep(run.rng.uniform(0.05, 2 * REMOVAL_TTL))
+        try:
+            at = faults.signal_child(remover.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        run.mark("signal", sig="CONT", proc=remover.proc, t0=at)
+
+
+def _doomed_holders(run: Run, keys: list[str], stop: float, doomed: list[str], counts: Counter[str]) -> None:
+    """Start holders that are SIGKILLed soon after they get their lease (often before their first
+    heartbeat), so that expired leases nobody took over yet are there for reap and prune to race."""
+    count = run.sizes.removal_kills
+    for n in range(count):
+        if time.monotonic() > stop - 1.0:
+            return
+        key = run.rng.choice(keys)
+        proc = f"doomed-{n:03d}"
+        doomed.append(proc)
+        holder = run.launcher.start(
+            run.spec(proc, "race", [key], ttl=REMOVAL_TTL, work=(60.0, 60.0), timeout=30)
+        )
+        run.wait_for(proc, _exec_started, timeout=3.0, child=holder)
+        time.sleep(run.rng.uniform(0.0, REMOVAL_TTL / 3))
+        try:
+            at = faults.signal_child(holder.pid, signal.SIGKILL)
+            counts["SIGKILL"] += 1
+            run.mark("signal", sig="KILL", proc=proc, key=key, delivered=True, t0=at)
+        except ProcessLookupError:
+            pass
+        holder.join(5)
+        time.sleep(max(0.0, run.rng.uniform(0.5, 1.5) * (stop - time.monotonic()) / max(1, count - n)))
+
+
+def removals(run: Run) -> None:
+    sizes = run.sizes
+    keys = [f"m{i:03d}" for i in range(sizes.removal_keys)]
+    start = time.monotonic() + 1.0 + 0.15 * (sizes.removal_procs + 3)
+    stop = start + sizes.removal_seconds
+    common = {"ttl": REMOVAL_TTL, "start_mono": start, "stop_mono": stop}
+    loopers = [
+        run.launcher.start(run.spec(f"looper-{w:02d}", "loop", keys, work=(0.01, 0.8), timeout=60, **common))
+        for w in range(sizes.removal_procs)
+    ]
+    # Two removers at once, one of them stopped and continued at random by the harness; a third
+    # pauses inside its own removals (see workers._pause_points).
+    free = run.launcher.start(run.spec("remover-free", "remove", keys, gap=(0.01, 0.15), **common))
+    stopped = run.launcher.start(run.spec("remover-stopped", "remove", keys, gap=(0.01, 0.15), **common))
+    paused = run.launcher.start(
+        run.spec(
+            "remover-paused",
+            "remove",
+            keys,
+            gap=(0.01, 0.15),
+            pause_chance=0.5,
+            pause_seconds=(0.05, 2 * REMOVAL_TTL),
+            **common,
+        )
+    )
+    counts: Counter[str] = Counter()
+    doomed: list[str] = []
+    time.sleep(max(0.0, start - time.monotonic()))
+    threads = [
+        threading.Thread(target=_stop_and_continue, args=(run, stopped, stop, counts)),
+        threading.Thread(target=_doomed_holders, args=(run, keys, stop, doomed, counts)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    run.hung(run.join([free, stopped, paused, *loopers], timeout=90 + 4 * REMOVAL_TTL))
+    # The removers are gone: every key must now be computed (again) and stay stored.
+    closer = run.launcher.start(run.spec("closer", "race", keys, ttl=30.0, timeout=60))
+    run.hung(run.join([closer], timeout=90))
+    run.finalize(keys)
+    events = run.check(
+        Expectations(
+            complete_keys=frozenset(keys),
+            killed=frozenset(doomed),
+            clock_tolerance=run.target.clock_tolerance,
+        )
+    )
+    done: Counter[str] = Counter()
+    for event in events:
+        if event["op"] in history.REMOVALS and event.get("proc", "").startswith("remover"):
+            name = "force_release+discard" if event["op"] in ("force_release", "discard") else event["op"]
+            if event["op"] != "discard":
+                done[f"{name} calls"] += 1
+            if event.get("result") == "ok" and event.get("changed"):
+                done[f"{name} that removed"] += 1
+    pauses = Counter(e["point"] for e in events if e["op"] == "pause")
+    points: list[str] = next(
+        (e["points"] for e in events if e["op"] == "pause points" and e["proc"] == "remover-paused"), []
+    )
+    run.result.trials = sum(1 for e in events if e["op"] == "compute" and e["phase"] == "invoke")
+    run.result.trial_unit = "compute calls racing removals"
+    for kind in ("prune", "reap", "forget", "force_release+discard"):
+        run.result.faults[kind] = done[f"{kind} calls"]
+    run.result.faults["paused removals"] = sum(pauses.values())
+    run.result.faults.update(counts)
+    run.result.figures["removals"] = dict(done)
+    run.result.figures["pauses"] = dict(pauses)
+    run.result.figures["pause points"] = points
+    run.result.figures["grants"] = run.result.summary.grants
+    run.result.figures["leases lost"] = run.result.summary.leases_lost
+    run.result.figures["ttl"] = REMOVAL_TTL
+
+
 SCENARIOS: dict[str, Callable[[Run], Any]] = {
     "contention": contention,
     "kill": kill_holders,
@@ -963,6 +1104,7 @@ SCENARIOS: dict[str, Callable[[Run], Any]] = {
     "faults": store_faults,
     "skew": clock_skew,
     "hostile": hostile,
+    "removal": removals,
 }
 
 

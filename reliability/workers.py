@@ -181,7 +181,98 @@ def _until_done(worker: Worker) -> None:
         attempt += 1
 
 
-ROLES = {"race": _race, "threads": _threads, "until_done": _until_done}
+def _loop(worker: Worker) -> None:
+    """Walk the keys again and again, in a new random order each round, until ``stop_mono``: the
+    keys that removers forget or prune meanwhile are computed again, under new leases."""
+    _wait_until(worker.spec.get("start_mono"))
+    stop = float(worker.spec["stop_mono"])
+    keys = list(worker.spec["keys"])
+    attempt = 0
+    while time.monotonic() < stop:
+        worker.rng.shuffle(keys)
+        for key in keys:
+            if time.monotonic() >= stop:
+                break
+            worker.compute(key, attempt)
+        attempt += 1
+
+
+#: Where a paused remover stops (see :func:`_pause_points`): after listing the records it will work
+#: on, and after reading the one record it is about to change, before its compare-and-swap.
+PAUSE_POINTS = ("after list", "after read")
+
+
+def _pause_points(worker: Worker, store: Any) -> list[str]:
+    """Make the remover's own store pause at the steps of a removal, at random: between listing and
+    removing, and between reading a record and writing it back conditionally (the SQL stores'
+    ``_read`` before their versioned UPDATE/DELETE, the record stores' ``_load`` before their
+    compare-and-swap; Redis decides in one script, so only the first applies). Only this test
+    process's store object is wrapped; dibs itself is unchanged. Returns the points installed."""
+    spec = worker.spec
+    chance = float(spec.get("pause_chance", 0.0))
+    low, high = spec.get("pause_seconds", (0.0, 0.0))
+    installed: list[str] = []
+
+    def pausing(point: str, call: Any) -> Any:
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            answer = call(*args, **kwargs)
+            if point == "after list":
+                answer = list(answer)  # list() is lazy on some stores: pause after it really ran
+            if worker.rng.random() < chance:
+                seconds = worker.rng.uniform(low, high)
+                worker.recorder.emit("pause", point=point, t0=now(), seconds=seconds)
+                time.sleep(seconds)
+            return answer
+
+        return paused
+
+    if chance <= 0:
+        return installed
+    store.list = pausing("after list", store.list)
+    installed.append("after list")
+    # The SQL stores' repairs read with _read and then run a versioned statement; the record stores
+    # (file, Azure) read with _load and then compare-and-swap. Redis's _read is a script that lists
+    # and reads, not a step before a conditional write, so it is left alone.
+    name = "_read" if callable(getattr(store, "_repair", None)) else "_load"
+    if callable(getattr(store, name, None)):
+        setattr(store, name, pausing("after read", getattr(store, name)))
+        installed.append(f"after read ({name})")
+    return installed
+
+
+def _remove(worker: Worker) -> None:
+    """A remover: until ``stop_mono``, one removal after another on the keys the others compute:
+    ``prune(older_than=0)``, ``reap``, ``forget`` of a key, and ``force_release`` then ``discard``
+    of a key (an operator freeing a stuck key for good). Each is recorded by the recording store
+    (its kind, key or namespace, outcome); a failed one is recorded and the remover goes on."""
+    _wait_until(worker.spec.get("start_mono"))
+    assert worker.client is not None
+    client = worker.client
+    inner = client.store.inner if isinstance(client.store, RecordingStore) else client.store
+    worker.recorder.emit("pause points", t0=now(), points=_pause_points(worker, inner))
+    stop = float(worker.spec["stop_mono"])
+    keys = list(worker.spec["keys"])
+    weights = dict(worker.spec.get("removals", {"prune": 1, "reap": 1, "forget": 1, "force_release": 1}))
+    kinds = list(weights)
+    low, high = worker.spec.get("gap", (0.02, 0.2))
+    while time.monotonic() < stop:
+        kind = worker.rng.choices(kinds, [weights[k] for k in kinds])[0]
+        key = worker.rng.choice(keys)
+        try:
+            if kind == "prune":
+                client.prune(0)
+            elif kind == "reap":
+                client.reap()
+            elif kind == "forget":
+                client.forget(key)
+            elif client.force_release(key):
+                client.discard(key)
+        except dibs.ReservationError:
+            pass  # recorded by the recording store; a remover's failure is judged there
+        time.sleep(worker.rng.uniform(low, high))
+
+
+ROLES = {"race": _race, "threads": _threads, "until_done": _until_done, "loop": _loop, "remove": _remove}
 
 
 def run(spec: dict[str, Any]) -> None:

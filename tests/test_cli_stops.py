@@ -5,7 +5,8 @@
   recorded (the lease's ttl is ten minutes, so expiry cannot be what frees it); nothing is stored;
   dibs exits 130/143 without a traceback.
 * A COMMAND that ignores the stop is killed after ``--kill-after``.
-* ``dibs run`` killed outright (SIGKILL) takes COMMAND and COMMAND's own children with it.
+* ``dibs run`` killed outright (SIGKILL) takes COMMAND and COMMAND's own children with it, on Linux
+  also a child that left COMMAND's process group (``setsid``).
 * An interrupted waiter (``dibs wait``, a waiting ``dibs run``) exits 130/143 and says nothing more.
 """
 
@@ -101,7 +102,7 @@ def test_a_stop_reaches_the_command_once_and_frees_the_key_at_once(
     state = dibs.Reservations(any_store).status("nightly")
     assert state.lease is None  # released: its ttl of ten minutes is far from over
     assert state.artifact is None
-    assert state.failure is not None and state.failure.count == 1
+    assert state.failure is not None and state.failure.count == 0  # recorded, but a stop is no failure
     how = "interrupted" if sig == signal.SIGINT else "terminated"
     assert state.failure.error.startswith(f"stopped by {sig.name}: dibs run was {how}, and command ")
     assert state.failure.error.endswith("exited with status 3")
@@ -152,6 +153,46 @@ def test_a_killed_dibs_run_takes_its_command_and_its_children_with_it(
         for pid in (command, child):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+#: COMMAND whose child leaves COMMAND's process group for a session of its own (as ``setsid`` does).
+HAS_A_SETSID_CHILD = r"""
+import os, subprocess, sys, time
+from pathlib import Path
+here = Path(sys.argv[1])
+quiet = subprocess.DEVNULL  # holding no pipe of dibs's, it cannot keep the test waiting for its output
+child = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(600)"],
+    start_new_session=True, stdin=quiet, stdout=quiet, stderr=quiet,
+)
+(here / "child").write_text(str(child.pid))
+(here / "pid").write_text(str(os.getpid()))
+child.wait()
+"""
+
+
+def test_a_killed_dibs_run_takes_a_child_that_left_the_group_with_it(
+    sqlite_store: str, tmp_path: Path
+) -> None:
+    # Issue 16, item 11: a setsid child of a SIGKILLed holder finished after the next holder started.
+    if not sys.platform.startswith("linux"):
+        pytest.skip(
+            "the guard finds children that left the group through /proc (Linux); elsewhere "
+            "only the process group is stopped, as the README says"
+        )
+    command = [sys.executable, "-c", HAS_A_SETSID_CHILD, str(tmp_path)]
+    with running("run", "--store", sqlite_store, "--key", "setsid", "--", *command) as run:
+        pid, child = _pid(tmp_path / "pid"), _pid(tmp_path / "child")
+        try:
+            assert os.getsid(child) == child != os.getpgid(pid)  # out of the command's group and session
+            run.signal(signal.SIGKILL)
+            assert run.finish() == -signal.SIGKILL
+            eventually(lambda: process_gone(pid), f"the command (pid {pid}) to end with dibs run")
+            eventually(lambda: process_gone(child), f"its setsid child (pid {child}) to end with dibs run")
+        finally:  # on failure, leave no orphan behind
+            for leftover in (pid, child):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(leftover, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -136,6 +136,40 @@ def test_dibs_ls_never_prints_the_password(capsys: pytest.CaptureFixture[str]) -
         assert TAIL not in out + err and "dibs:" in err
 
 
+#: Query passwords holding what ends a query value (issue 16, item 10: '@' and '&' leaked a tail).
+QUERY_PASSWORDS = [f"se@cr{TAIL}", f"se&cr{TAIL}", f"a&b@{TAIL}", f"s?e#c/r@{TAIL}", f"se%40cr{TAIL}"]
+
+
+def test_no_password_in_any_cli_line_repr_or_url_whatever_the_url_form(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dibs.cli import main
+
+    redis_base = _service_url(redis_backend).split("?", maxsplit=1)[0]
+    forms = [
+        f"{redis_base}?password={{pw}}",
+        f"{redis_base}?password={{pw}}&prefix=x:",
+        "sqlite://u:{pw}@/",
+        "redis://:{pw}@127.0.0.1:1/0",
+        "postgresql+psycopg://u:{pw}@127.0.0.1:1/x",
+        "file://u:{pw}@localhost/tmp/x",
+        "azure://c?sas_token={pw}",
+        "memory://u:{pw}@x",
+    ]
+    for form in forms:
+        for password in QUERY_PASSWORDS:
+            url = form.format(pw=password)
+            for command in (["ls"], ["show", "k"], ["release", "k"]):
+                main([*command, "--store", url])
+                out, err = capsys.readouterr()
+                assert TAIL not in out + err, (command, url, out + err)
+            try:
+                with dibs.Reservations(url) as client:
+                    assert TAIL not in repr(client) + client.store.url, url
+            except dibs.ReservationError as exc:
+                assert TAIL not in str(exc), url
+
+
 def test_the_prefect_block_refuses_every_password_in_its_url() -> None:
     pytest.importorskip("prefect")
     from pydantic import ValidationError
@@ -226,7 +260,7 @@ def _duration_inputs(tmp_path: Path) -> dict[str, object]:
         "timeout ": lambda v: client.wait("k", timeout=v),
         "backoff initial": lambda v: Backoff(initial=v),
         "backoff notify_maximum": lambda v: Backoff(notify_maximum=v),
-        "heartbeat interval": lambda v: _keep_alive(client, v),
+        "heartbeat_interval ": lambda v: _keep_alive(client, v),
         "lock_timeout": lambda v: FileStore(tmp_path / "fs", lock_timeout=v),
         "watch_interval": lambda v: open_store(f"file://{tmp_path}/fs?watch_interval={quote(str(v))}"),
         "busy_timeout": lambda v: open_store(f"sqlite:///{tmp_path / 'b.db'}?busy_timeout={quote(str(v))}"),
@@ -251,6 +285,86 @@ def test_every_duration_input_is_bounded_with_an_error_naming_it(tmp_path: Path,
         with pytest.raises(dibs.ConfigurationError, match=setting.strip()) as caught:
             give(value)  # type: ignore[operator]
         assert repr(value) in str(caught.value) or str(value) in str(caught.value), (setting, caught.value)
+
+
+def _floor_inputs(tmp_path: Path) -> dict[str, object]:
+    """Every entry point that takes a ttl or a heartbeat interval, as a function of the value."""
+    client = dibs.Reservations(f"sqlite:///{tmp_path / 'f.db'}", namespace="hardening.floor")
+    inputs: dict[str, object] = {
+        "client ttl": lambda v: dibs.Reservations("memory://", ttl=v),
+        "client heartbeat_interval": lambda v: dibs.Reservations("memory://", heartbeat_interval=v),
+        "settings": lambda v: dibs.Settings(ttl=v),
+        "a call's ttl": lambda v: client.get_or_reserve("k", ttl=v),
+        "keep_alive": lambda v: _keep_alive(client, v),
+    }
+    try:
+        import json
+
+        from airflow.sdk import Connection
+
+        from dibs_provider.hooks.dibs import settings_from_connection
+
+        def connection(name: str) -> Callable[[object], object]:
+            return lambda v: settings_from_connection(
+                Connection(conn_id="floor", conn_type="dibs", extra=json.dumps({name: v}))
+            )
+
+        inputs["airflow connection ttl"] = connection("ttl")
+        inputs["airflow connection heartbeat_interval"] = connection("heartbeat_interval")
+    except ImportError:
+        pass
+    try:
+        from prefect_dibs import DibsStore, reserved
+
+        inputs["prefect @reserved ttl"] = lambda v: reserved("memory://", ttl=v)
+        inputs["prefect @reserved heartbeat_interval"] = lambda v: reserved("memory://", heartbeat_interval=v)
+        inputs["prefect block ttl"] = lambda v: DibsStore(url="memory://", ttl=v).settings()
+    except ImportError:
+        pass
+    return inputs
+
+
+@pytest.mark.parametrize("value", [1e-9, 0.001, 0.0499])
+def test_a_ttl_or_heartbeat_interval_below_the_floor_is_refused_everywhere(
+    tmp_path: Path, value: float
+) -> None:
+    # ttl=1e-9 was accepted: the heartbeat spun at 2,609 writes/s on SQLite, and a rival still took
+    # the key (issue 16, item 6).
+    from dibs.settings import MIN_HEARTBEAT_INTERVAL, MIN_TTL
+
+    for where, give in _floor_inputs(tmp_path).items():
+        name = "heartbeat_interval" if "heartbeat" in where or where == "keep_alive" else "ttl"
+        floor = MIN_HEARTBEAT_INTERVAL if name == "heartbeat_interval" else MIN_TTL
+        with pytest.raises(dibs.ConfigurationError, match=f"{name}.*at least {floor:g} seconds") as caught:
+            give(value)  # type: ignore[operator]
+        assert repr(value) in str(caught.value), (where, caught.value)
+
+
+def test_the_floors_themselves_are_accepted() -> None:
+    from dibs.settings import MIN_HEARTBEAT_INTERVAL, MIN_TTL
+
+    client = dibs.Reservations("memory://", ttl=MIN_TTL, heartbeat_interval=MIN_HEARTBEAT_INTERVAL)
+    assert (client.ttl, client.heartbeat_interval) == (MIN_TTL, MIN_HEARTBEAT_INTERVAL)
+    assert dibs.Settings(ttl=MIN_TTL).heartbeat_every >= MIN_HEARTBEAT_INTERVAL
+    # A lease that can never be extended (its maximum age is its ttl) cannot spin: a Prefect lock's
+    # hold_timeout=0.1 asks for one.
+    got = client.get_or_reserve("short", ttl=0.1, max_lease_age=0.1)
+    assert isinstance(got, dibs.Acquired) and got.lease.record.max_expires_at == got.lease.record.expires_at
+    with pytest.raises(dibs.ConfigurationError, match="ttl must be at least"):
+        client.get_or_reserve("longer", ttl=0.1, max_lease_age=0.2)
+
+
+def test_dibs_run_refuses_a_ttl_below_the_floor_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dibs.cli import main
+
+    status = main(
+        ["run", "--store", f"sqlite:///{tmp_path / 'c.db'}", "--key", "k", "--ttl", "1e-9", "--", "true"]
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and "ttl must be at least 0.15 seconds, got 1e-09" in err
+    assert "Traceback" not in err
 
 
 def test_the_documented_maximum_is_accepted_and_one_more_second_is_not() -> None:
@@ -674,6 +788,78 @@ def test_an_over_long_table_name_is_refused_before_the_database_sees_it(sql_url:
     with dibs.Reservations(f"{base}?table={longest}", namespace="hardening.table") as client:
         assert client.run("k", lambda: 1) == 1
     _drop_table(base, longest)
+
+
+def _with_table(url: str, table: str) -> str:
+    import re
+
+    if "table=" in url:
+        return re.sub(r"table=[^&]*", f"table={table}", url)
+    return f"{url}{'&' if '?' in url else '?'}table={table}"
+
+
+@pytest.mark.parametrize("sql_url", SQL_BACKENDS, indirect=True)
+def test_a_table_that_is_not_a_dibs_table_is_refused_naming_it(sql_url: str) -> None:
+    # ?table=pg_class raised a raw ProgrammingError (issue 16, item 10); so did any table of one's own.
+    import sqlalchemy as sa
+
+    from dibs.stores.sql import SQLStore
+
+    for reserved in ("pg_class", "sqlite_master", "PG_foo"):
+        with pytest.raises(dibs.ConfigurationError, match=rf"table={reserved!r}.*reserve") as caught:
+            dibs.Reservations(_with_table(sql_url, reserved))
+        assert "Traceback" not in str(caught.value)
+    name = f"foreign_{uuid_suffix()}"
+    url = _with_table(sql_url, name)
+    store = open_store(url)
+    assert isinstance(store, SQLStore)
+    with store.engine.begin() as conn:
+        if store.schema:
+            conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{store.schema}"'))
+        sa.Table(name, sa.MetaData(schema=store.schema), sa.Column("id", sa.Integer)).create(conn)
+    try:
+        with pytest.raises(dibs.ConfigurationError, match=rf"table={name!r} .* is not a dibs table"):
+            dibs.Reservations(store).status("k")
+    finally:
+        store.close()
+        if not sql_url.startswith("sqlite"):
+            _drop_table(sql_url.split("?", maxsplit=1)[0], name)
+
+
+@pytest.mark.parametrize("sql_url", SQL_BACKENDS, indirect=True)
+def test_a_row_version_at_the_largest_bigint_is_a_corrupt_record_not_a_traceback(
+    sql_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # PostgreSQL: 'dibs release' printed a traceback (DataError: bigint out of range), as did
+    # release and heartbeat: every write increments the row's version (issue 16, item 10).
+    import sqlalchemy as sa
+
+    from dibs.cli import main
+    from dibs.records import MAX_FENCE
+    from dibs.stores.sql import SQLStore
+
+    client = dibs.Reservations(sql_url, namespace="hardening.version")
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired) and isinstance(client.store, SQLStore)
+    with client.store.engine.begin() as conn:
+        conn.execute(sa.update(client.store.t).values(version=MAX_FENCE))
+    for call in (got.lease.heartbeat, got.lease.release, lambda: got.lease.complete(1)):
+        with pytest.raises(dibs.CorruptRecord, match=r"hardening.version/k at row .* row version"):
+            call()
+    status = main(["release", "k", "--store", sql_url, "--namespace", "hardening.version"])
+    err = capsys.readouterr().err
+    assert status != 0 and "hardening.version/k" in err and "row version" in err
+    assert "Traceback" not in err and "DataError" not in err
+    client.close()
+
+
+def test_sqlite_table_names_differing_only_by_case_are_refused(tmp_path: Path) -> None:
+    # SQLite ignores the case of table names: table=Abc and table=abc silently shared one table.
+    base = f"sqlite:///{tmp_path / 'case.db'}"
+    with pytest.raises(dibs.ConfigurationError, match=r"table='Abc'.*same table as 'abc'.*\?table=abc"):
+        dibs.Reservations(f"{base}?table=Abc")
+    with dibs.Reservations(f"{base}?table=abc") as client:
+        assert client.run("k", lambda: 1) == 1
 
 
 def uuid_suffix() -> str:

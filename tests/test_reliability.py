@@ -1,7 +1,9 @@
 """The reliability suite (``reliability/``) at its reduced size, on every available store.
 
 The same scenarios as ``reliability/run --ci``: processes racing, holders SIGKILLed and SIGSTOPped,
-connections cut through a fault proxy, client clocks skewed with libfaketime, hostile input. Every
+connections cut through a fault proxy, client clocks skewed with libfaketime, hostile input, and
+records removed (prune, reap, forget, force_release + discard, by two removers at once and a paused
+one) while processes compute the same keys. Every
 store operation is recorded and the history is checked against the contract's invariants; these
 tests assert that no *unexpected* violation was found. Expected ones (the local-clock stores under
 clock skew, a documented limit) are allowed, and latencies are never asserted: the measured figures
@@ -67,6 +69,14 @@ def test_reduced_reliability_suite_finds_no_violation(
     assert all(r.trials > 0 for r in ran), [(r.scenario, r.trials) for r in ran]
     kill = next(r for r in results if r.scenario == "kill")
     assert kill.faults["SIGKILL"] > 0  # the scenario really killed holders
+    # The removers really removed while the others computed, and really were paused and stopped.
+    removal = next(r for r in results if r.scenario == "removal")
+    removed = removal.figures["removals"]
+    for kind in ("prune", "reap", "forget", "force_release+discard"):
+        assert removed.get(f"{kind} calls", 0) > 0, removed
+    assert removed.get("prune that removed", 0) > 0, removed  # the others may find nothing to do
+    assert removal.faults["paused removals"] > 0, removal.faults
+    assert removal.faults["SIGSTOP remover"] > 0, removal.faults
 
 
 def test_reduced_clock_skew_finds_no_unexpected_violation(
@@ -107,3 +117,103 @@ def test_the_folder_check_accepts_what_a_killed_writer_leaves_and_flags_names_ma
         Path("store/records/.features-2026-11-25.json.0123456789abcdef.tmp"),
         Path("store/records/features-2026-11-25.json"),
     ]
+
+
+# -- the checker on hand-written histories: each removal rule can fail, and removals excuse only
+# what they may do ------------------------------------------------------------------------------------
+
+
+def _grant(proc: str, fence: int, t0: float, *, ttl: float = 10.0) -> dict[str, object]:
+    return {
+        "proc": proc,
+        "op": "acquire",
+        "key": "k",
+        "t0": t0,
+        "t1": t0 + 0.01,
+        "result": "granted",
+        "owner": f"{proc}/k/0",
+        "fence": fence,
+        "lease": f"lease-{proc}-{fence}",
+        "acquired_at": 1000 + t0,
+        "expires_at": 1000 + t0 + ttl,
+        "ttl": ttl,
+    }
+
+
+def _complete(grant: dict[str, object], t0: float) -> dict[str, object]:
+    artifact = {
+        "fence": grant["fence"],
+        "checksum": "c",
+        "producer": grant["owner"],
+        "created_at": 0,
+        "size": 1,
+    }
+    return {
+        "proc": grant["proc"],
+        "op": "complete",
+        "key": "k",
+        "t0": t0,
+        "t1": t0 + 0.01,
+        "result": "ok",
+        "fence": grant["fence"],
+        "lease": grant["lease"],
+        "at": 1000 + t0,
+        "artifact": artifact,
+    }
+
+
+def _removal(op: str, t0: float, **fields: object) -> dict[str, object]:
+    return {"proc": "remover", "op": op, "t0": t0, "t1": t0 + 0.01, "result": "ok", "changed": True, **fields}
+
+
+def _found(events: list[dict[str, object]]) -> list[str]:
+    from reliability import history
+
+    violations, _ = history.check(events, history.Expectations())  # type: ignore[arg-type]
+    return sorted({v.invariant for v in violations})
+
+
+def test_the_checker_flags_a_fence_that_a_removal_sent_backwards() -> None:
+    first = _grant("a", 3, 0.0)
+    events = [first, _complete(first, 1.0), _removal("prune", 2.0), _grant("b", 1, 3.0)]
+    assert _found(events) == ["fencing"]
+    read = {"proc": "c", "op": "read", "key": "k", "t0": 4.0, "t1": 4.01, "result": "ok", "key_fence": 0}
+    assert _found([first, _complete(first, 1.0), _removal("prune", 2.0), read]) == ["fencing"]
+    assert _found([first, _complete(first, 1.0), _removal("prune", 2.0), _grant("b", 4, 3.0)]) == []
+
+
+def test_the_checker_lets_an_artifact_go_only_through_a_forget_or_prune() -> None:
+    first = _grant("a", 1, 0.0)
+    second = _grant("b", 2, 3.0)
+    stored = [first, _complete(first, 1.0), second, _complete(second, 4.0)]
+    assert _found(stored) == ["no lost artifact", "single artifact"]
+    assert _found([*stored, _removal("forget", 2.0, key="k")]) == []
+    assert _found([*stored, _removal("prune", 2.0, namespace="rel.removal")]) == []
+    # reap and discard never take an artifact away, and a forget after the second grant is too late
+    assert "no lost artifact" in _found([*stored, _removal("reap", 2.0), _removal("discard", 2.0, key="k")])
+    assert "no lost artifact" in _found([*stored, _removal("forget", 3.5, key="k")])
+    # a forget that changed nothing removed nothing
+    assert "no lost artifact" in _found([*stored, _removal("forget", 2.0, key="k", changed=False)])
+
+
+def test_the_checker_excuses_an_overlap_after_a_force_release_but_no_other_removal() -> None:
+    first = _grant("a", 1, 0.0, ttl=10.0)
+    second = _grant("b", 2, 3.0, ttl=10.0)  # granted while the first one's lease still ran
+    assert "exclusion (store clock)" in _found([first, second, _removal("prune", 2.0)])
+    assert "exclusion (store clock)" in _found([first, second, _removal("reap", 2.0)])
+    assert _found([first, second, _removal("force_release", 2.0, key="k")]) == []
+    # the force-released holder's heartbeat, accepted after the new grant, is a stale write
+    beat = {**first, "op": "heartbeat", "t0": 4.0, "t1": 4.01, "result": "ok"}
+    assert _found([first, second, _removal("force_release", 2.0, key="k"), beat]) == ["stale write accepted"]
+
+
+def test_the_checker_flags_a_complete_refused_as_lost_whose_artifact_was_stored() -> None:
+    first = _grant("a", 1, 0.0, ttl=10.0)
+    refused = {**_complete(first, 1.0), "result": "lost", "checksum": "c"}
+    del refused["artifact"]
+    hit = {**_complete(first, 2.0), "proc": "b", "op": "acquire", "result": "present"}
+    assert _found([first, refused]) == []
+    # Its artifact was there after all: a wrong outcome, and the lease counts as ended by it, so a
+    # grant after a prune of that artifact is no exclusion violation.
+    events = [first, refused, hit, _removal("prune", 3.0), _grant("c", 2, 4.0)]
+    assert _found(events) == ["complete outcome"]

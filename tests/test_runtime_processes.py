@@ -53,8 +53,13 @@ def test_a_forked_child_builds_its_own_store_and_the_parent_keeps_its_own(proces
     done: multiprocessing.Queue = FORK.Queue()  # type: ignore[type-arg]
     child = FORK.Process(target=_child, args=(process_store_url, held.lease.export(), done))
     child.start()
-    result = done.get(timeout=120)
-    child.join(timeout=60)
+    try:
+        result = done.get(timeout=120)
+        child.join(timeout=60)
+    finally:
+        if child.is_alive():  # a child stuck at its first store call must fail the test, not hang it
+            child.kill()
+            child.join()
     assert result == ("ok", True), result  # the child had a store of its own
     waiter.join(timeout=120)
     assert len(woken) == 1 and isinstance(woken[0], dibs.Hit) and woken[0].value == child.pid

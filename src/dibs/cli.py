@@ -101,8 +101,9 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "COMMAND runs in its own process group, reading /dev/null when stdin is a terminal. SIGINT, SIGTERM "
         "and SIGHUP are forwarded to that group; after --kill-after seconds (or at a second signal) it is "
         "killed. The key is then released with 'stopped by SIGINT' (or SIGTERM, SIGHUP) recorded, and "
-        "nothing is stored. If dibs itself is killed outright, a guard process kills COMMAND's group, so "
-        "COMMAND never outlives its lease.",
+        "nothing is stored. If dibs itself is killed outright, a guard process kills COMMAND's group (and, "
+        "on Linux, its descendants that left the group, e.g. with setsid), so COMMAND never outlives its "
+        "lease; a daemon that double-forked out of the process tree escapes.",
         _exits(
             "  0      the artifact was printed: computed here, waited for, or already stored",
             "  N      COMMAND's own non-zero status (128+N when signal N killed it); the failure is recorded",

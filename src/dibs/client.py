@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
 
 from dibs import events, flow, holding, keys
 from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
@@ -38,7 +39,10 @@ from dibs.records import ArtifactRecord, FailureRecord, Granted, Held, KeyState,
 from dibs.runtime import runtime
 from dibs.serializers import Serializer, SignedPickleSerializer, load_artifact, resolve_serializer
 from dibs.settings import Settings, StoreUnavailablePolicy, validate_timings
-from dibs.stores import Store
+from dibs.stores import Store, redact_url
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 __all__ = ["AsyncReservations", "Reservations"]
 
@@ -178,7 +182,8 @@ class Reservations:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Reservations({self.store.url!r}, namespace={self.namespace!r}, ttl={self.ttl:g})"
+        # store.url is redacted by every dibs store; a store of the user's may not be.
+        return f"Reservations({redact_url(self.store.url)!r}, namespace={self.namespace!r}, ttl={self.ttl:g})"
 
     def _terms(self, ttl: float | None, max_lease_age: float | None) -> tuple[float, float | None]:
         """The ttl and maximum age of one lease: the call's, else the client's; checked together."""
@@ -699,7 +704,7 @@ class AsyncReservations:
         ask = c._ask(
             c.key(key), owner, ttl, max_lease_age, max_age=max_age, refresh=refresh, min_token=min_token
         )
-        return await self._outcome(ask.key, await runtime().io(c._ask_store, ask))
+        return await self._outcome(ask.key, await _AsyncStoreIO(c).acquire(ask))
 
     @overload
     async def acquire(
@@ -767,6 +772,10 @@ class AsyncReservations:
         if isinstance(result, Busy) and raise_on_timeout:
             raise _gave_up(result.key, deadline, busy=result)
         return result, first
+
+    async def _ask_store(self, ask: AskAcquire) -> StoreOutcome:
+        """One ask in the I/O executor; a cancelled caller leaves nothing held (:class:`_AsyncStoreIO`)."""
+        return await _AsyncStoreIO(self.client).acquire(ask)
 
     async def _wait_store(
         self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
@@ -898,10 +907,75 @@ class _AsyncStoreIO:
         self._client = client
 
     async def acquire(self, ask: AskAcquire) -> StoreOutcome:
-        return await runtime().io(self._client._ask_store, ask)
+        """One ask in the I/O executor. A cancelled caller leaves nothing held.
+
+        Cancelling the await does not stop a store call already running in the executor thread: the
+        store may still grant the lease after the caller has gone, and then nobody would hold it but
+        the store, for a whole ttl (issue 16, item 4). So the call is a ``concurrent.futures`` future
+        of our own: when the awaiting coroutine is cancelled, a callback on that future releases any
+        lease it grants. The callback runs when the store call ends, in the executor, whatever the
+        event loop does meanwhile (a second cancel, the loop closing): the release is shielded.
+        """
+        import asyncio
+
+        client = self._client
+        future = runtime().executor().submit(client._ask_store, ask)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(functools.partial(_release_unreceived, client, ask))
+            raise
 
     async def read(self, key: Key) -> KeyState:
         return await runtime().io(self._client.store.read, key)
+
+
+def _release_unreceived(client: Reservations, ask: AskAcquire, future: Future[StoreOutcome]) -> None:
+    """``future`` (a store ask whose caller was cancelled) ended: release the lease it granted, if any.
+
+    Not a failure (the caller was stopped before it could start), so nothing is recorded. Never raises:
+    this runs in an executor's callback, where an exception would only be logged by the executor.
+    """
+    if future.cancelled() or future.exception() is not None:
+        return  # never ran, or the store refused: nothing was granted
+    outcome = future.result()
+    if not isinstance(outcome, Granted) or not _granted_by_this_ask(outcome):
+        return
+    if not threading.current_thread().name.startswith(runtime().IO_THREAD_PREFIX):
+        # The store answered before the cancellation landed, so this runs where the callback was
+        # added (an event loop's thread): do the store call in the executor instead of blocking it.
+        try:
+            runtime().executor().submit(_release_quietly, client, ask.key, outcome)
+            return
+        except RuntimeError:  # the executor is shut down (interpreter exit): release here
+            pass
+    _release_quietly(client, ask.key, outcome)
+
+
+def _granted_by_this_ask(outcome: Granted) -> bool:
+    """Whether the ask made this lease (new, or taken over) rather than re-entering one its owner
+    already held: that one belongs to whoever took it first, and a cancelled re-entry must not free it.
+
+    A lease made by the ask starts at the store's now and ends a ttl later (a maximum lease age is
+    at least a ttl, so it does not cap a new lease); a re-entered one started earlier, and its expiry
+    was moved to now + ttl. The tolerance covers float rounding in the stores' arithmetic.
+    """
+    lease = outcome.lease
+    return abs(lease.expires_at - lease.ttl - lease.acquired_at) <= 1e-3
+
+
+def _release_quietly(client: Reservations, key: Key, outcome: Granted) -> None:
+    try:
+        client.store.release(key, outcome.lease.token, None)
+    except Exception as exc:  # lost meanwhile, or the store is unreachable: the lease expires after its ttl
+        log.warning(
+            "%s: the lease granted to a cancelled acquire could not be released (%s); "
+            "it expires after its ttl",
+            key,
+            exc,
+        )
+    else:
+        log.info("%s: released the lease granted to a cancelled acquire (token %s)", key, outcome.lease.token)
 
 
 def _stop_and_release(
@@ -964,6 +1038,8 @@ def _gave_up(
         why = (
             f"not computed: its last attempt failed ({failure.count} failure(s); last by {failure.owner!r}: "
             f"{failure.error})"
+            if not holding.is_stop(failure.error)
+            else f"not computed: its last holder, {failure.owner!r}, was {failure.error}"
         )
     else:
         why = "not computed yet, and nobody is computing it"

@@ -39,7 +39,6 @@ from dibs.errors import StoreUnavailable
 from dibs.events import Emitter, Event
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.records import Held
-from dibs.runtime import runtime
 
 if TYPE_CHECKING:
     from dibs.client import AsyncReservations, Reservations
@@ -455,7 +454,7 @@ class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
     async def ask(self, step: Ask) -> Outcome:
         c = self.client.client
         holding.not_held_here(c.store, step.ask.key)
-        return await self.client._outcome(step.ask.key, await runtime().io(c._ask_store, step.ask))
+        return await self.client._outcome(step.ask.key, await self.client._ask_store(step.ask))
 
     async def wait(self, step: Wait) -> Outcome:
         changes = _holder_changes(step, self.emit)

@@ -10,7 +10,8 @@ event                              decision
 =================================  ===========================================================
 the work raises (anything, also    release the lease with the failure recorded, so a waiter
 ``KeyboardInterrupt``, a           takes over at once; re-raise. A stop (not an ``Exception``)
-cancellation, ``SystemExit``)      is recorded as ``stopped: ...``. A caller may say that an
+cancellation, ``SystemExit``)      is recorded as ``stopped: ...`` but not counted towards
+                                   ``max_failures`` (:func:`is_stop`). A caller may say that an
                                    exception is no failure (Airflow's skip): released, not counted
 releasing fails                    log it (the lease expires after its ttl); the work's own error
                                    is what the caller sees
@@ -50,6 +51,7 @@ __all__ = [
     "failure_text",
     "heartbeat_reporter",
     "holding",
+    "is_stop",
     "lost_reporter",
     "not_held_here",
     "release_after",
@@ -79,13 +81,24 @@ _HELD_HERE: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.Con
 )
 
 
+#: How every recorded stop begins (``stopped: KeyboardInterrupt``, ``stopped by SIGTERM: ...``,
+#: Airflow's ``stopped: the task was killed (on_kill)``): see :func:`is_stop`.
+STOP_PREFIX = "stopped"
+
+
 def failure_text(exc: BaseException) -> str:
     """How a failure is recorded: ``Type: message``; a stop (Ctrl-C, a cancellation, ``SystemExit``)
     as ``stopped: Type``."""
     if isinstance(exc, Exception):
         return f"{type(exc).__name__}: {exc}"
     detail = str(exc)
-    return f"stopped: {type(exc).__name__}" + (f": {detail}" if detail else "")
+    return f"{STOP_PREFIX}: {type(exc).__name__}" + (f": {detail}" if detail else "")
+
+
+def is_stop(recorded: str) -> bool:
+    """Whether a recorded release is a stop: recorded, so waiters can say why the key is free, but
+    not a failure, so it never counts towards ``max_failures`` (nothing failed: someone stopped it)."""
+    return recorded == STOP_PREFIX or recorded.startswith((f"{STOP_PREFIX}:", f"{STOP_PREFIX} by "))
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import json
 import math
 import pathlib
 import re
+import unicodedata
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -122,13 +123,20 @@ def validate_owner(owner: object) -> str:
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Key:
-    """A validated namespace + name. Construct it directly or with :meth:`parse`."""
+    """A validated namespace + name. Construct it directly or with :meth:`parse`.
+
+    The name is kept in Unicode normalization form C (NFC): ``"café"`` typed with a combining accent
+    (NFD, as macOS file names and some keyboards give it) and with the precomposed ``é`` look the same
+    and must be the same key, so they are (issue 16, item 11). Namespaces are ASCII: nothing to do.
+    """
 
     namespace: str
     name: str
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
+        if isinstance(self.name, str):  # before the checks: NFC may change the length
+            object.__setattr__(self, "name", unicodedata.normalize("NFC", self.name))
         validate_name(self.name)
 
     @classmethod
@@ -145,10 +153,19 @@ class Key:
     @property
     def digest(self) -> str:
         """SHA-256 hex of namespace and name: the only form in which stores use a key as an address."""
-        return hashlib.sha256(f"{self.namespace}\x00{self.name}".encode()).hexdigest()
+        return address(self.namespace, self.name)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def address(namespace: str, name: str) -> str:
+    """The SHA-256 hex digest of ``namespace`` and ``name`` as given (a :class:`Key`'s :attr:`~Key.digest`).
+
+    Exposed for the record decoder: a record written before names were NFC-normalized sits at the
+    address of its name as it was written, which a :class:`Key` no longer computes.
+    """
+    return hashlib.sha256(f"{namespace}\x00{name}".encode()).hexdigest()
 
 
 def _canonical(value: Any) -> Any:

@@ -24,11 +24,13 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from dibs import holding
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
 from dibs.serializers import dump_artifact
+from dibs.settings import validate_timings
 
 if TYPE_CHECKING:
     from dibs.client import Reservations
@@ -165,9 +167,15 @@ class Lease:
         )
 
     def release(self, error: BaseException | str | None = None) -> None:
-        """End the lease without an artifact so a waiter takes over now; ``error`` is recorded."""
-        summary = error if isinstance(error, str) or error is None else f"{type(error).__name__}: {error}"
-        self._client.store.release(self.key, self._record.token, summary)
+        """End the lease without an artifact so a waiter takes over now; ``error`` is recorded.
+
+        A stop (a recorded text that :func:`dibs.holding.is_stop` recognizes: Ctrl-C, a cancellation,
+        a kill) is recorded but not counted as a failure, so it never makes ``max_failures`` refuse
+        the key. Every front end words its stops that way, so this is the one place that decides.
+        """
+        summary = error if isinstance(error, str) or error is None else holding.failure_text(error)
+        counted = summary is None or not holding.is_stop(summary)
+        self._client.store.release(self.key, self._record.token, summary, counted=counted)
         self._ended = True
 
     def verify(self) -> None:
@@ -193,7 +201,11 @@ class Lease:
         on_failed: Callable[[StoreUnavailable], None] | None = None,
     ) -> KeepAlive:
         """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
-        for this lease's ttl). ``on_failed`` hears each heartbeat that failed and is retried."""
+        for this lease's ttl). A given ``interval`` follows the settings' rules (at least
+        :data:`~dibs.settings.MIN_HEARTBEAT_INTERVAL`). ``on_failed`` hears each heartbeat that failed
+        and is retried."""
+        if interval is not None:
+            interval = validate_timings(heartbeat_interval=interval)[1]
         interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
         return KeepAlive(self, interval, on_lost, on_failed)
 

@@ -83,7 +83,12 @@ class LeaseRecord:
 
 @dataclasses.dataclass(frozen=True)
 class FailureRecord:
-    """Why the last holder released without an artifact, and how many times that has happened."""
+    """Why the last holder released without an artifact, and how many of those releases were failures.
+
+    A stop (Ctrl-C, a cancellation, a kill) is recorded here too, so waiters can say why the key is
+    free, but not counted: ``count`` is 0 when only stops were ever recorded, and ``max_failures``
+    counts failures only.
+    """
 
     count: int
     error: str

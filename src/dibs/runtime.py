@@ -61,6 +61,8 @@ class Runtime:
     MAX_IDLE = 8
     #: Threads of the I/O executor shared by every async caller of the process.
     IO_THREADS = 4
+    #: The name prefix of the I/O executor's threads (a callback can tell whether it runs in one).
+    IO_THREAD_PREFIX = "dibs-io"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -137,7 +139,9 @@ class Runtime:
 
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.IO_THREADS, thread_name_prefix="dibs-io")
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.IO_THREADS, thread_name_prefix=self.IO_THREAD_PREFIX
+                )
             return self._executor
 
     async def io(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:

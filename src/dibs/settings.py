@@ -17,11 +17,24 @@ from dibs.errors import ConfigurationError
 from dibs.keys import validate_namespace
 from dibs.serializers import Serializer, resolve_serializer
 
-__all__ = ["DEFAULT_TTL", "Settings", "StoreUnavailablePolicy", "validate_timings"]
+__all__ = [
+    "DEFAULT_TTL",
+    "MIN_HEARTBEAT_INTERVAL",
+    "MIN_TTL",
+    "Settings",
+    "StoreUnavailablePolicy",
+    "validate_timings",
+]
 
 DEFAULT_TTL = 60.0
 #: A heartbeat every third of the ttl: two may fail in a row before the lease is at risk.
 HEARTBEATS_PER_TTL = 3
+#: The shortest heartbeat interval dibs accepts: 50 ms. Below it a holder does nothing but write to
+#: the store (``ttl=1e-9`` once heartbeated 2,609 times a second on SQLite, issue 16 item 6), and a
+#: lease that short cannot survive one store round trip anyway, so a rival takes the key regardless.
+MIN_HEARTBEAT_INTERVAL = 0.05
+#: The shortest ttl: room for the default three heartbeats, none of them below the interval floor.
+MIN_TTL = HEARTBEATS_PER_TTL * MIN_HEARTBEAT_INTERVAL
 
 StoreUnavailablePolicy = Literal["fail", "run"]
 
@@ -32,12 +45,30 @@ def validate_timings(
     """Check whichever of the three timings are given, alone and against each other.
 
     Returns them as floats (``None`` where not given). The rules: each is a positive, finite, bounded
-    number of seconds; heartbeats come more often than the ttl (or the lease would expire between
-    two of them); a maximum lease age is at least one ttl.
+    number of seconds; the ttl is at least :data:`MIN_TTL` (unless the maximum lease age is no longer
+    than the ttl, so the lease is never extended) and the heartbeat interval at least
+    :data:`MIN_HEARTBEAT_INTERVAL` (shorter ones only spin against the store); heartbeats come more
+    often than the ttl (or the lease would expire between two of them); a maximum lease age is at
+    least one ttl. Every entry point (the client and its per-call ttl, ``Lease.keep_alive``, the
+    Airflow connection and operators, the Prefect block and ``@reserved``, ``dibs run --ttl``) ends
+    up here.
     """
     checked_ttl = validate_seconds("ttl", ttl, allow_none=True)
     interval = validate_seconds("heartbeat_interval", heartbeat_interval, allow_none=True)
     max_age = validate_seconds("max_lease_age", max_lease_age, allow_none=True)
+    # A lease whose maximum age is its ttl can never be extended: however short, it cannot spin (a
+    # Prefect lock with hold_timeout=0.1 is one). Only leases that heartbeat need the floor.
+    capped = checked_ttl is not None and max_age is not None and max_age <= checked_ttl
+    for name, value, floor in (
+        ("ttl", None if capped else checked_ttl, MIN_TTL),
+        ("heartbeat_interval", interval, MIN_HEARTBEAT_INTERVAL),
+    ):
+        if value is not None and value < floor:
+            raise ConfigurationError(
+                f"{name} must be at least {floor:g} seconds, got {value!r}: a shorter one only makes the "
+                "holder write to the store in a loop, and a rival takes the key anyway",
+                setting=name,
+            )
     if checked_ttl is not None and interval is not None and interval >= checked_ttl:
         raise ConfigurationError(
             f"heartbeat_interval ({interval:g}s) must be shorter than ttl ({checked_ttl:g}s), or the lease "

@@ -137,6 +137,28 @@ def test_release_with_failure_frees_the_key_at_once_and_records_why(store: Store
     assert failure is not None and failure.count == 2
 
 
+def test_a_stop_is_recorded_but_not_counted_as_a_failure(store: Store) -> None:
+    # Ctrl-C, a cancellation or a kill counted towards max_failures though nothing failed (issue 16,
+    # item 11): a stop is recorded, so waiters can say why, with the failure count left as it was.
+    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    store.release(KEY, lease.token, "stopped: KeyboardInterrupt", counted=False)
+    state = store.read(KEY)
+    assert state.lease is None and state.failure is not None
+    assert (state.failure.count, state.failure.owner, state.failure.error) == (
+        0,
+        "alice",
+        "stopped: KeyboardInterrupt",
+    )
+    lease = _granted(store.acquire(KEY, "bob", 60, None))
+    store.release(KEY, lease.token, "ValueError: bad partition")
+    lease = _granted(store.acquire(KEY, "carol", 60, None))
+    store.release(KEY, lease.token, "stopped by SIGTERM", counted=False)
+    failure = store.read(KEY).failure
+    assert failure is not None and (failure.count, failure.owner) == (1, "carol")
+    assert failure.error == "stopped by SIGTERM"
+    assert [state.key for state in store.list(KEY.namespace)] == [KEY]  # listing decodes it too
+
+
 def test_release_without_error_records_no_failure(store: Store) -> None:
     lease = _granted(store.acquire(KEY, "alice", 60, None))
     store.release(KEY, lease.token)

@@ -70,9 +70,15 @@ pytest_collect_file = _Docs(
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Pages that need Airflow are to run: migrate its metadata database meanwhile (airflow_db.py)."""
-    if not session.config.option.collectonly and any(
-        AIRFLOW in (needs(item.path) or ()) for item in session.items
+    """Pages that need Airflow are to run: migrate its metadata database meanwhile (airflow_db.py).
+
+    Not in a pytest-xdist worker: every worker collects every test but runs only its share, so the
+    one that runs such a page migrates when the page first needs the database (``copy_to``), and the
+    others do not spend a core on a migration nobody uses."""
+    if (
+        not session.config.option.collectonly
+        and not hasattr(session.config, "workerinput")
+        and any(AIRFLOW in (needs(item.path) or ()) for item in session.items)
     ):
         airflow_db.MIGRATED.start()
 

@@ -159,7 +159,7 @@ def test_keep_alive_reports_a_lost_lease_to_the_work(client: dibs.Reservations) 
     got = client.get_or_reserve("k", owner="alice")
     assert isinstance(got, dibs.Acquired)
     told = threading.Event()
-    with got.lease.keep_alive(interval=0.01, on_lost=lambda _: told.set()) as keeper:
+    with got.lease.keep_alive(interval=0.05, on_lost=lambda _: told.set()) as keeper:
         client.force_release("k")
         assert told.wait(30)
         with pytest.raises(dibs.LeaseLost, match="released"):

@@ -2,11 +2,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from pathlib import Path
 
 import pytest
 
+import dibs
 from dibs import InvalidKey, Key
 from dibs.keys import MAX_NAME_LENGTH, canonical_json, derive_key, digest, format_key
+from dibs.records import Granted
+from dibs.stores.memory import MemoryStore
 
 
 @pytest.mark.parametrize("namespace", ["default", "team.features", "a-b_c.d9", "X"])
@@ -100,3 +104,26 @@ def test_redact_url_hides_passwords_and_secret_parameters(url: str, secret: str)
     redacted = redact_url(url)
     assert secret not in redacted and "***" in redacted
     assert redacted.partition("://")[0] == url.partition("://")[0]
+
+
+def test_names_that_differ_only_by_unicode_normalization_are_one_key() -> None:
+    # "café" with a combining accent (NFD, as macOS file names give it) and with "é" were two keys.
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    assert Key("ns", nfd) == Key("ns", nfc) and Key("ns", nfd).name == nfc
+    assert Key("ns", nfd).digest == Key("ns", nfc).digest
+    client = dibs.Reservations(MemoryStore(), ttl=60)
+    assert isinstance(client.get_or_reserve(nfd, owner="alice"), dibs.Acquired)
+    busy = client.get_or_reserve(nfc, owner="bob")
+    assert isinstance(busy, dibs.Busy) and busy.holder == "alice"
+
+
+def test_a_record_written_under_a_non_nfc_name_before_normalization_still_lists(tmp_path: Path) -> None:
+    from dibs.stores import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 'old.db'}")
+    old = Key("ns", "x")
+    object.__setattr__(old, "name", "cafe\u0301")  # as a dibs before NFC keys wrote it
+    assert isinstance(store.acquire(old, "alice", 60, None), Granted)
+    listed = list(store.list("ns"))
+    assert [state.key.name for state in listed] == ["caf\u00e9"] and listed[0].lease is not None
+    store.close()

@@ -332,6 +332,49 @@ def test_a_cancelled_async_work_releases_its_lease() -> None:
     assert state.failure.error == "stopped: CancelledError"
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
+def test_a_stop_never_counts_towards_max_failures(stop: type[BaseException]) -> None:
+    # With max_failures=1 the call after a Ctrl-C got TooManyFailures, though nothing had failed.
+    client = dibs.Reservations(MemoryStore(), ttl=60, max_failures=1)
+
+    def stopped() -> None:
+        raise stop
+
+    with pytest.raises(stop):
+        client.run("k", stopped)
+    failure = client.status("k").failure
+    assert failure is not None and failure.count == 0 and failure.error.startswith("stopped: ")
+    with pytest.raises(dibs.WaitTimeout, match=r"was stopped: "):
+        client.wait("k", timeout=0, for_artifact=True)
+    with pytest.raises(ValueError):  # a real failure still counts
+        client.run("k", lambda: int("x"))
+    with pytest.raises(dibs.TooManyFailures, match="failed 1 times"):
+        client.run("k", lambda: 1)
+
+
+def test_a_cancelled_async_work_does_not_count_towards_max_failures() -> None:
+    client = dibs.Reservations(MemoryStore(), ttl=60, max_failures=1)
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        work = asyncio.ensure_future(client.aio().run("k", forever))
+        await started.wait()
+        work.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await work
+        assert await client.aio().run("k", _one) == 1
+
+    asyncio.run(scenario())
+
+
+async def _one() -> int:
+    return 1
+
+
 def test_the_async_hold_stores_the_value_like_the_sync_one() -> None:
     client = dibs.Reservations(MemoryStore(), ttl=60)
 

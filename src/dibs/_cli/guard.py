@@ -12,13 +12,20 @@ and keeps the write end of a pipe to it that nothing else holds:
   whole process group (COMMAND and everything it started), then SIGKILL after the grace period.
 
 This works wherever there are process groups (Linux, macOS, the BSDs), unlike Linux's parent-death
-signal, and it reaches COMMAND's children too, not only COMMAND itself. The guard is run as a plain
-script (``python -I -S guard.py GRACE``) and imports nothing but the standard library, so it starts in
-a few milliseconds and never imports dibs.
+signal, and it reaches COMMAND's children too, not only COMMAND itself. A descendant that left the
+group (``setsid``, ``start_new_session=True``) would escape a signal to the group; on Linux the guard
+therefore also reads ``/proc`` before signalling, and stops every process that descends from a
+member of the group, whatever its group or session (issue 16, item 11: such a child of a SIGKILLed
+``dibs run`` finished after the next holder had started). What still escapes is what has left the
+process tree before ``dibs run`` died: a daemon that double-forked, so that init adopted it.
+
+The guard is run as a plain script (``python -I -S guard.py GRACE``) and imports nothing but the
+standard library, so it starts in a few milliseconds and never imports dibs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -42,15 +49,75 @@ def main(argv: list[str]) -> int:
 
 
 def stop_group(group: int, grace: float) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left of it after ``grace`` seconds."""
-    if not _signal(group, signal.SIGTERM):
+    """SIGTERM the process group and the descendants that left it, then SIGKILL whatever is left of
+    them after ``grace`` seconds."""
+    strays = descendants_outside(group)  # before any signal: while the tree still leads to them
+    for pid in strays:
+        _kill(pid, signal.SIGTERM)
+    if not _signal(group, signal.SIGTERM) and not strays:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not _signal(group, 0):
+        strays = {pid for pid in strays if _runs(pid)}
+        if not _signal(group, 0) and not strays:
             return
         time.sleep(_POLL_SECONDS)
     _signal(group, signal.SIGKILL)
+    for pid in strays:
+        _kill(pid, signal.SIGKILL)
+
+
+def descendants_outside(group: int) -> set[int]:
+    """The processes that descend from a member of process group ``group`` but are not in it (Linux:
+    from ``/proc``; elsewhere, and when ``/proc`` cannot be read, none)."""
+    parents: dict[int, int] = {}
+    members: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        stat = _stat(entry) if entry.isdigit() else None
+        if stat is not None:
+            pid, (_, ppid, pgrp) = int(entry), stat
+            parents[pid] = ppid
+            if pgrp == group:
+                members.add(pid)
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    pending = list(members)
+    while pending:
+        for child in children.get(pending.pop(), ()):
+            if child not in members and child not in found:
+                found.add(child)
+                pending.append(child)
+    found.discard(os.getpid())
+    return found
+
+
+def _stat(pid: str) -> tuple[str, int, int] | None:
+    """State, parent pid and process group of ``pid`` from ``/proc/PID/stat``; ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+        # The command name may hold spaces and parentheses: the fields follow the last ')'.
+        state, ppid, pgrp = data[data.rfind(b")") + 2 :].split()[:3]
+        return state.decode(), int(ppid), int(pgrp)
+    except (OSError, ValueError):
+        return None
+
+
+def _runs(pid: int) -> bool:
+    """Whether ``pid`` still runs code (a zombie nobody reaped yet does not)."""
+    stat = _stat(str(pid))
+    return stat is not None and stat[0] != "Z"
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or no longer ours
+        os.kill(pid, sig)
 
 
 def _signal(group: int, sig: int) -> bool:

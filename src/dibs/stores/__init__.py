@@ -69,8 +69,10 @@ _SECRET_QUERY = re.compile(
 )
 
 # A URL nested in a query value (``account_url=https://user:pw@host``): its password runs to the last
-# ``@`` before the value ends (``&`` or whitespace), so it may contain ``/``, ``?``, ``#`` or ``@``.
-_NESTED_USERINFO = re.compile(r"(//[^/@:?&#\s]*:)[^\s&]*@")
+# ``@`` of the text, so it may contain ``/``, ``?``, ``#``, ``&`` or ``@`` (an unencoded ``&`` would end
+# the value for a parser, but may well be part of the password).
+_NESTED_URL = re.compile(r"=[A-Za-z][A-Za-z0-9+.-]*://")
+_NESTED_USERINFO = re.compile(r"(//[^/@:?&#\s]*:)\S*@")
 
 
 def _userinfo_end(rest: str) -> int:
@@ -83,8 +85,15 @@ def _userinfo_end(rest: str) -> int:
     """
     if rest.startswith("/"):  # sqlite:///path, file:///path: no authority at all
         return -1
-    nested = rest.find("://")
-    return rest.rfind("@", 0, len(rest) if nested == -1 else nested)
+    nested = _NESTED_URL.search(rest)
+    if nested is None:
+        return rest.rfind("@")
+    before = rest.rfind("@", 0, nested.start())
+    if before == -1 and ":" in rest[: nested.start()]:
+        # No '@' before the "nested URL", but a ':' that may start a password: the "nested URL" may
+        # be part of that password (``u:X?y=A://B@host``). Hide to the last '@' (safe, if too much).
+        return rest.rfind("@")
+    return before
 
 
 def url_userinfo(url: str) -> str | None:
@@ -103,7 +112,9 @@ def url_userinfo(url: str) -> str | None:
 def url_secrets(url: str) -> tuple[str, ...]:
     """The secret values in ``url`` (its password, secret-looking query values), as written and decoded.
 
-    For :func:`hide_secrets`: a driver's message may quote them in either form.
+    For :func:`hide_secrets`: a driver's message may quote them in either form. A query secret is
+    given both as a driver would cut it (at the next ``&``) and as :func:`redact_url` hides it (to
+    the end of the URL: an unencoded ``&`` may be part of it).
     """
     found: list[str] = []
     userinfo = url_userinfo(url)
@@ -111,6 +122,7 @@ def url_secrets(url: str) -> tuple[str, ...]:
         found.append(userinfo.partition(":")[2])
     for match in _SECRET_QUERY.finditer(url):
         found.append(match.group(0)[len(match.group(1)) :])
+        found.append(url[match.end(1) :])
     decoded = [urllib.parse.unquote(value) for value in found]
     return tuple(dict.fromkeys(value for value in (*found, *decoded) if value))
 
@@ -127,31 +139,50 @@ def hide_secrets(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password and secret-looking query values replaced by ``***``, for logs.
+def redact_url(url: object) -> str:
+    """``url`` with every part that may be secret replaced by ``***``: the one way dibs shows a URL.
 
-    The password is everything between the first ``:`` of the user part and the *last* ``@`` (see
-    :func:`_userinfo_end`), so an unencoded password containing ``@``, ``:``, ``/``, ``?`` or ``#``
-    is hidden whole. Text without ``://`` (a mistyped ``redis:/:pw@host``, a ``user:pw@host``) gets
-    the same treatment from its start. The result never raises, whatever the input.
+    Every message, ``repr``, ``store.url``, log line and CLI line that names a store URL shows it
+    through here. Passwords are often pasted unencoded, so each rule hides the widest span the
+    secret might cover, and a character that two rules disagree about is hidden (for logs, hiding
+    too much is the safe mistake):
+
+    * the password of the user part: from the first ``:`` of the user part to the *last* ``@`` (see
+      :func:`_userinfo_end`), so one holding ``@``, ``:``, ``/``, ``?`` or ``#`` is hidden whole;
+    * a secret-looking query value (``password=``, ``sas_token=``, ``sig=``, ...): to the end of the
+      URL, since an unencoded ``&``, ``#`` or ``@`` may be part of it (later options are hidden too);
+    * the password of a URL nested in a query value (``account_url=https://user:pw@host``).
+
+    Text without ``://`` (a mistyped ``redis:/:pw@host``, a ``user:pw@host``) gets the same treatment
+    from its start. The result never raises, whatever the input (not even for a non-string).
     """
     text = str(url)
     scheme, sep, rest = text.partition("://")
     if not sep:
         scheme, rest = "", text
+    hidden = [False] * len(rest)
+
+    def hide(start: int, end: int) -> None:
+        hidden[start:end] = [True] * (end - start)
+
     at = _userinfo_end(rest)
     if at != -1:
-        user, has_password, _ = rest[:at].partition(":")
-        if has_password:
-            rest = f"{user}:***@{rest[at + 1 :]}"
-    # A URL inside a query value (``account_url=https://user:pw@host``) may carry a password too.
-    rest = _NESTED_USERINFO.sub(r"\1***@", rest)
-    rest = _SECRET_QUERY.sub(_hide, rest)
-    return f"{scheme}://{rest}" if sep else rest
-
-
-def _hide(match: re.Match[str]) -> str:
-    return f"{match.group(1)}***"
+        colon = rest.find(":", 0, at)
+        if colon != -1:
+            hide(colon + 1, at)
+    for nested in _NESTED_USERINFO.finditer(rest):
+        hide(nested.end(1), nested.end() - 1)
+    query_secret = _SECRET_QUERY.search(rest)
+    if query_secret is not None:
+        hide(query_secret.end(1), len(rest))
+    shown: list[str] = []
+    for index, char in enumerate(rest):
+        if not hidden[index]:
+            shown.append(char)
+        elif index == 0 or not hidden[index - 1]:
+            shown.append("***")
+    redacted = "".join(shown)
+    return f"{scheme}://{redacted}" if sep else redacted
 
 
 def open_store(url: str) -> Store:

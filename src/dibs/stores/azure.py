@@ -307,11 +307,11 @@ def _check_account_url(url: str, account_url: str) -> str:
     try:
         parts = urlsplit(account_url)
     except ValueError:
-        raise _bad_url(url, f"account_url {account_url!r} is not a URL") from None
+        raise _bad_url(url, f"account_url {redact_url(account_url)!r} is not a URL") from None
     if parts.scheme not in ("https", "http") or not parts.netloc:
         raise _bad_url(
             url,
-            f"account_url {account_url!r} must be an http(s) URL such as "
+            f"account_url {redact_url(account_url)!r} must be an http(s) URL such as "
             "https://myaccount.blob.core.windows.net",
         )
     # Any '@' (not only one in the netloc urlsplit finds: a password holding '/' ends it early).
@@ -391,7 +391,7 @@ def connect(
         if settings.account_url is not None and not _same_endpoint(endpoint, settings.account_url):
             raise ConfigurationError(
                 f"the connection string from {source} names the endpoint {endpoint!r}, but the URL's "
-                f"account_url is {settings.account_url!r}: drop one of them"
+                f"account_url is {redact_url(settings.account_url)!r}: drop one of them"
             )
         return service
 
@@ -437,7 +437,7 @@ def _service(settings: AzureSettings, credential: Any, options: dict[str, Any]) 
     except (ValueError, TypeError) as exc:
         # e.g. "Token credential is only supported with HTTPS", or no account name in the endpoint.
         raise ConfigurationError(
-            f"cannot use account_url {settings.account_url!r} for azure://{settings.container}: "
+            f"cannot use account_url {redact_url(settings.account_url)!r} for azure://{settings.container}: "
             f"{_scrub(str(exc), settings.secrets)}"
         ) from None
 
@@ -670,7 +670,7 @@ class AzureBlobStore(RecordStore):
         query = "&".join(
             f"{name}={value}" for name, value in {"account_url": self._endpoint, **self._url_options}.items()
         )
-        return f"azure://{self.container}{path}?{query}"
+        return redact_url(f"azure://{self.container}{path}?{query}")  # the one way a URL is shown
 
     # Names --------------------------------------------------------------------------------------
 

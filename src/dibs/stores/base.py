@@ -130,8 +130,9 @@ class Store(abc.ABC):
         """Store the artifact and end the lease atomically, only while ``token`` is current."""
 
     @abc.abstractmethod
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
-        """End the lease without an artifact, recording ``error`` as a failure when given."""
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
+        """End the lease without an artifact, recording ``error`` when given: as a failure (its count
+        goes up) unless ``counted`` is false, for a stop, which is recorded but not counted."""
 
     @abc.abstractmethod
     def force_release(self, key: Key) -> bool:
@@ -296,8 +297,8 @@ class RecordStore(Store):
             key, lambda state: transitions.complete(state, token, serializer, payload, checksum)
         )
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
-        self._update(key, lambda state: (None, transitions.release(state, token, error)))
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
+        self._update(key, lambda state: (None, transitions.release(state, token, error, counted)))
 
     def force_release(self, key: Key) -> bool:
         return self._update(key, lambda state: _changed(transitions.force_release(state)))

@@ -18,8 +18,8 @@ The rules:
   one (:data:`MAX_COUNT`), times between 1970 and the end of the year 9999 (:data:`MAX_TIMESTAMP`,
   so every time can be shown as a date);
 * groups: a lease, a failure and an artifact are each wholly present or wholly absent; a lease's
-  fence is the record's fence, an artifact's fence is not above it, and a failure was counted at
-  least once.
+  fence is the record's fence, an artifact's fence is not above it, and a failure's count is 0 or
+  more (0: only stops were recorded, which are not counted).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Mapping
 
 from dibs.errors import CorruptRecord, InvalidKey
-from dibs.keys import Key
+from dibs.keys import Key, address
 from dibs.records import (
     MAX_COUNT,
     MAX_FENCE,
@@ -126,7 +126,8 @@ def decode(
         found = _key(fields, textual)
         if key is not None and found != key:
             raise _Damage(f"it belongs to key {found}")
-        if digest is not None and found.digest != digest:
+        # A record written before key names were NFC-normalized sits at its name's own address.
+        if digest is not None and digest not in (found.digest, _written_address(fields, textual)):
             raise _Damage(f"it names key {found}, whose digest differs from the address it is stored at")
         key = found
         if expected_format is not None:
@@ -144,6 +145,10 @@ def _key(fields: Mapping[str, object], textual: bool) -> Key:
         return Key(namespace, name)
     except InvalidKey as exc:
         raise _Damage(f"it names an invalid key: {exc}") from None
+
+
+def _written_address(fields: Mapping[str, object], textual: bool) -> str:
+    return address(_text(fields, "namespace", textual), _text(fields, "name", textual))
 
 
 def _text(fields: Mapping[str, object], name: str, textual: bool) -> str:
@@ -235,7 +240,7 @@ def _state(r: _Reader, key: Key, now: float, payload: bytes) -> KeyState:
     failure = None
     if r.present(FAILURE_FIELDS):
         failure = FailureRecord(
-            count=r.integer("failure_count", low=1),
+            count=r.integer("failure_count", low=0),
             error=r.text("failure_error", empty=True),
             owner=r.text("failure_owner"),
             at=r.seconds("failure_at"),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import KeyState
+from dibs.stores import redact_url
 from dibs.stores.base import Listing, RecordStore
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 from dibs.stores.transitions import empty
@@ -51,13 +52,13 @@ class MemoryStore(RecordStore):
     def from_url(cls, url: str) -> MemoryStore:
         if not url.startswith("memory://"):
             raise ConfigurationError(
-                f"not a memory store URL: {url!r}; expected 'memory://' or 'memory://NAME'"
+                f"not a memory store URL: {redact_url(url)!r}; expected 'memory://' or 'memory://NAME'"
             )
         return cls(url.removeprefix("memory://"))
 
     @property
     def url(self) -> str:
-        return f"memory://{self._name}"
+        return redact_url(f"memory://{self._name}")
 
     def _load(self, key: Key) -> tuple[KeyState, object]:
         with self._lock:

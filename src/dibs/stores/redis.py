@@ -248,9 +248,6 @@ local function load_record(key, namespace, name)
   if rec.artifact_fence and not at_most(rec.artifact_fence, rec.fence) then
     return false, 'its artifact_fence ' .. rec.artifact_fence .. ' is above its fence ' .. rec.fence
   end
-  if rec.failure_count == '0' then
-    return false, 'its failure_count is 0, outside 1..' .. MAX_COUNT
-  end
   return rec
 end
 
@@ -428,7 +425,8 @@ return reply('ok', now, KEYS[1], false, false)
 
     # KEYS[1]: the key's record hash
     # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id,
-    # ARGV[5]: '1' to record a failure, else '0', ARGV[6]: the error text (already truncated),
+    # ARGV[5]: '1' to record a failure, '2' to record a stop (not counted), else '0',
+    # ARGV[6]: the error text (already truncated),
     # ARGV[7]: the key's notification channel
     # Returns {'corrupt', why} or {'ok'|'lost', now, false, FIELDS...}
     LUA_RELEASE_SCRIPT = (
@@ -442,9 +440,9 @@ end
 if not is_current(rec, ARGV[3], ARGV[4]) then
   return reply('lost', now, KEYS[1], false, false)
 end
-if ARGV[5] == '1' then
+if ARGV[5] ~= '0' then
   local count = rec.failure_count or '0'
-  if count ~= MAX_COUNT then
+  if ARGV[5] == '1' and count ~= MAX_COUNT then
     count = num(tonumber(count) + 1)
   end
   redis.call('HSET', KEYS[1], 'failure_count', count, 'failure_error', ARGV[6],
@@ -680,7 +678,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             created_at=state.artifact.created_at,
         )
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         reply = self._run(
             self._release,
             key,
@@ -689,7 +687,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             key.name,
             token.fence,
             token.lease_id,
-            "0" if error is None else "1",
+            "0" if error is None else ("1" if counted else "2"),
             "" if error is None else error[:MAX_ERROR_LENGTH],
             self.channel(key),
         )

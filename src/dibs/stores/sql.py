@@ -40,7 +40,9 @@ may lose the last transactions on power loss, which costs at worst a recomputati
 ``?synchronous=FULL`` to the URL to fsync every commit (about 10x slower per acquire, measured).
 
 URL options (removed before SQLAlchemy sees the URL): ``table`` (default ``dibs_reservations``, at
-most 50 ASCII letters, digits and ``_``), ``schema`` (PostgreSQL/MySQL schema to create the table in,
+most 50 ASCII letters, digits and ``_``; lower case on SQLite, which ignores the case of table names;
+never a name the databases reserve, ``pg_*`` or ``sqlite_*``; a table that exists must be dibs's own),
+``schema`` (PostgreSQL/MySQL schema to create the table in,
 at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLite), ``pool_size``
 (PostgreSQL/MySQL connections per process, default 3).
 
@@ -88,6 +90,7 @@ from dibs.errors import ArtifactTooLarge, ConfigurationError, CorruptRecord, Sto
 from dibs.keys import Key, validate_owner
 from dibs.records import (
     MAX_COUNT,
+    MAX_FENCE,
     ArtifactRecord,
     KeyState,
     LeaseRecord,
@@ -118,6 +121,9 @@ MAX_TABLE_NAME = 50
 # The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
 _MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
 MAX_SCHEMA_NAME = 63
+#: Table names the databases keep for themselves (PostgreSQL's catalogs come first on the search path,
+#: SQLite refuses to create them, MySQL's are in its own schemas): never a dibs table.
+_RESERVED_TABLE_PREFIXES = ("pg_", "sqlite_", "mysql_", "information_schema")
 
 
 def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
@@ -362,6 +368,7 @@ class SQLStore(Store):
                     else:
                         self.metadata.create_all(conn, checkfirst=True)
                     self._check_schema_version(conn)
+                    self._check_is_ours(conn)
                 return
             except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
                 # Another process created the table between our check and our CREATE (SQLite, MySQL).
@@ -407,6 +414,23 @@ class SQLStore(Store):
             # the real error (a StoreUnavailable) with SQLAlchemy's PendingRollbackError.
             if not conn.invalidated:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
+
+    def _check_is_ours(self, conn: Connection) -> None:
+        """Refuse a ``?table=`` that names a table dibs did not create (``CREATE ... IF NOT EXISTS``
+        keeps it as it is): every operation would otherwise fail with the driver's raw error."""
+        try:
+            columns = {
+                column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)
+            }
+        except sa_exc.NoSuchTableError:
+            columns = set()  # e.g. a system catalog found first on PostgreSQL's search path
+        missing = sorted(set(self.t.c.keys()) - columns)
+        if missing:
+            raise ConfigurationError(
+                f"table={self.table_name!r} in {self.url} is not a dibs table (it lacks the column(s) "
+                f"{', '.join(missing)}); give dibs a table of its own, e.g. ?table=dibs_reservations",
+                store=self.url,
+            )
 
     def _check_schema_version(self, conn: Connection) -> None:
         found = conn.execute(
@@ -479,7 +503,8 @@ class SQLStore(Store):
         # Besides the token: the row must still be this key's (a write never lands in a row that
         # claims another key), and it must have the owner that complete and release copy into the
         # artifact or the failure (else the write would turn a damaged lease into a damaged
-        # artifact). A refused write is explained by a read, which reports the row as corrupt.
+        # artifact). A refused write is explained by a read, which reports the row as corrupt. So is a
+        # row whose version cannot be incremented (BIGINT overflow: a raw DataError, or on SQLite a REAL).
         holding = sa.and_(
             t.c.key_hash == p("p_key_hash"),
             t.c.fence == p("p_fence"),
@@ -487,6 +512,7 @@ class SQLStore(Store):
             t.c.namespace == p("p_namespace"),
             t.c.name == p("p_name"),
             t.c.owner.is_not(None),
+            t.c.version < MAX_FENCE,
         )
         extended = now + p("p_ttl", type_=sa.Double)
         capped = sa.case(
@@ -572,11 +598,24 @@ class SQLStore(Store):
         self._release_failed = _Prepared(
             sa.update(t).where(holding).ordered_values(*failure, released, *cleared), dialect
         )
+        # A stop: recorded like a failure, but its count stays as it is.
+        stopped = ((t.c.failure_count, t.c.failure_count), *failure[1:])
+        self._release_stopped = _Prepared(
+            sa.update(t).where(holding).ordered_values(*stopped, released, *cleared), dialect
+        )
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
         row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
-        return self._state(key, row), row["version"]
+        state, version = self._state(key, row), row["version"]
+        if version is not None and not (isinstance(version, int) and 0 < version < MAX_FENCE):
+            # Every write increments it: at the largest BIGINT the row can never change again.
+            raise decoder.corrupt(
+                key,
+                self._where(row["key_hash"]),
+                f"its row version {version!r} is not an integer from 1 to {MAX_FENCE - 1}",
+            )
+        return state, version
 
     def _where(self, key_hash: object) -> str:
         return f"row {key_hash!s:.64} of table {self.table_name} ({self.url})"
@@ -769,11 +808,11 @@ class SQLStore(Store):
             return 2 * len(payload) + 3
         return len(payload) + sum(payload.count(byte) for byte in _MYSQL_ESCAPED) + 10
 
-    def release(self, key: Key, token: LeaseToken, error: str | None = None) -> None:
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         values = self._holding(key, token)
         statement = self._release
         if error is not None:
-            statement = self._release_failed
+            statement = self._release_failed if counted else self._release_stopped
             values["p_error"] = error[: transitions.MAX_ERROR_LENGTH]
         with self._cursor() as cursor:
             if statement.execute(cursor, values) != 1:
@@ -969,12 +1008,16 @@ class _DataVersionFeed(_VersionsFeed):
             raise store._unavailable(exc) from exc
 
     def _data_version(self) -> int:
-        cursor = self._conn.cursor()
-        try:
-            cursor.execute("PRAGMA data_version")
-            return int(cursor.fetchone()[0])
-        finally:
-            cursor.close()
+        # Under _FORK_GUARD: a fork while this thread is inside SQLite (which it is for a moment every
+        # 4 ms) would leave SQLite's allocator mutex locked in the child, whose first SQLite call
+        # would then hang forever (seen in tests/test_runtime_processes.py under load).
+        with _FORK_GUARD:
+            cursor = self._conn.cursor()
+            try:
+                cursor.execute("PRAGMA data_version")
+                return int(cursor.fetchone()[0])
+            finally:
+                cursor.close()
 
     def probe(self, timeout: float) -> bool:
         self.pause(timeout)
@@ -1068,8 +1111,9 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         raise ConfigurationError(
-            f"SQLite store URL {str(url)!r} names no file; an in-memory SQLite database cannot be shared "
-            "between processes. Use e.g. 'sqlite:////var/lib/dibs/dibs.db' (or memory:// for one process)"
+            f"SQLite store URL {redact_url(str(url))!r} names no file; an in-memory SQLite database cannot "
+            "be shared between processes. Use e.g. 'sqlite:////var/lib/dibs/dibs.db' (or memory:// for one "
+            "process)"
         )
     synchronous = options.get("synchronous", "NORMAL").upper()
     if synchronous not in _SYNCHRONOUS:
@@ -1087,6 +1131,19 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
                 f"{name}={value[:20]!r}... is {len(value)} characters long; at most {longest} are allowed "
                 "(the names dibs derives from it must fit PostgreSQL's and MySQL's 63-character limit)"
             )
+    table = options.get("table")
+    if table is not None and table.lower().startswith(_RESERVED_TABLE_PREFIXES):
+        raise ConfigurationError(
+            f"table={table!r} starts with a prefix the databases reserve for their own tables "
+            f"({', '.join(_RESERVED_TABLE_PREFIXES)}); give dibs a table of its own, e.g. "
+            "?table=dibs_reservations"
+        )
+    if table is not None and parsed.get_backend_name() == "sqlite" and table != table.lower():
+        # SQLite compares table names without case: 'Abc' and 'abc' would silently be one table.
+        raise ConfigurationError(
+            f"table={table!r}: SQLite ignores the case of table names, so this would be the same table "
+            f"as {table.lower()!r}; write it in lower case (?table={table.lower()})"
+        )
     return parsed, options
 
 
@@ -1190,6 +1247,16 @@ def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
         yield items[start : start + size]
 
 
+#: Held by the SQLite watch hub's probe while it is inside SQLite, and by ``os.fork`` while it forks,
+#: so that no fork happens in the middle of that probe (see ``_DataVersionFeed._data_version``).
+_FORK_GUARD = threading.Lock()
+os.register_at_fork(
+    before=_FORK_GUARD.acquire,
+    after_in_parent=_FORK_GUARD.release,
+    after_in_child=_FORK_GUARD.release,
+)
+
+
 def _dispose_in_forked_children(engine: Engine) -> None:
     """A forked child must not reuse its parent's pooled connections (they share one socket/file)."""
     if not _ENGINES:
@@ -1263,6 +1330,6 @@ def _row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     fields = {name: row[column] for name, column in _ROW_FIELDS.items()}
     has_lease = any(row[column] is not None for column in _LEASE_COLUMNS)
     fields["lease_fence"] = row["fence"] if has_lease else None
-    if row["failure_count"] == 0:
+    if row["failure_count"] == 0 and row["failure_at"] is None:  # 0 with a failure: only stops
         fields["failure_count"] = None
     return fields

@@ -183,13 +183,15 @@ def complete(
     return artifact, dataclasses.replace(state, lease=None, artifact=artifact)
 
 
-def release(state: KeyState, token: LeaseToken, error: str | None) -> KeyState:
+def release(state: KeyState, token: LeaseToken, error: str | None, counted: bool = True) -> KeyState:
+    """End the lease; ``error`` is recorded, and counted as a failure unless ``counted`` is false (a
+    stop: Ctrl-C, a cancellation, a kill is recorded so waiters can say why, but is not a failure)."""
     lease = _current(state, token)
     if lease is None:
         raise explain_lost(state, token, "release")
     failure = state.failure
     if error is not None:
-        count = min((failure.count if failure is not None else 0) + 1, MAX_COUNT)
+        count = min((failure.count if failure is not None else 0) + int(counted), MAX_COUNT)
         failure = FailureRecord(count=count, error=error[:MAX_ERROR_LENGTH], owner=lease.owner, at=state.now)
     return dataclasses.replace(state, lease=None, failure=failure)
 

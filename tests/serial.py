@@ -1,0 +1,52 @@
+"""Which tests must run alone: the ``serial`` marker, applied by path (a plugin of the root conftest.py).
+
+``scripts/test`` runs the suite in two parts: ``pytest -n N --dist loadfile -m "not serial"`` (the
+single-process tests on every core, each file on one worker, in order) then ``pytest -m serial`` (one
+test at a time). The serial ones are the real multi-process scenarios: processes racing, holders
+SIGKILLed or SIGSTOPped past their ttl, connection counts, the demo, Airflow and Prefect deployments.
+They are correct under load, but they measure handoffs and spawn many processes each: beside another
+test they only get slower and noisier, and they would slow their neighbour. Marking them here, by
+file, keeps the list in one place (a new file of that kind is added to ``SERIAL``); a test marked
+``slow`` anywhere is serial too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Test files whose every test is serial (paths relative to the repository).
+SERIAL = frozenset(
+    {
+        "tests/test_processes.py",  # SIGKILL takeover, SIGSTOP fencing, exactly-once across processes
+        "tests/test_reliability.py",  # the reliability scenarios at their reduced size
+        "tests/test_waiting_scale.py",  # many waiters; counts connections (tests/scale.py)
+        "tests/test_runtime_processes.py",  # forked processes sharing the runtime
+        "tests/test_demo.py",  # the demo: several processes, a holder killed, repeated
+        "tests/test_cli_stops.py",  # SIGINT/SIGTERM/SIGKILL to dibs run and its command's group
+        "tests/airflow/test_deployment.py",  # api-server, scheduler, dag-processor, triggerer
+        "tests/airflow/test_trigger_scale.py",  # 1,000 deferred waiters; counts connections
+        "tests/airflow/test_integration.py",  # dag.test() in spawned processes, SIGTERM and kills
+        "tests/prefect/test_deployments.py",  # prefect server start and a served deployment
+        "tests/prefect/test_processes.py",  # flow runs in processes, SIGKILLed holders
+    }
+)
+
+
+def is_serial(item: pytest.Item) -> bool:
+    """Whether ``item`` must run alone: its file is in ``SERIAL``, or it is marked ``slow``."""
+    try:
+        relative = item.path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:  # a test outside the repository (pytest given another rootdir)
+        relative = ""
+    return relative in SERIAL or item.get_closest_marker("slow") is not None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_serial(item):
+            item.add_marker(pytest.mark.serial)
