@@ -316,6 +316,9 @@ def test_every_front_end_reports_the_same_steps_and_ending(
         assert acquired.last_failure == "RuntimeError: the holder failed"
     if scenario.name == "holder_dies":
         assert finished.took_over_from == OTHER
+    if scenario.name in {"stop", "work_fails"}:  # a stop is recorded, but is no failure
+        (failed,) = [e for e in heard if isinstance(e, dibs.WorkFailed)]
+        assert failed.counted is (scenario.name == "work_fails")
 
 
 def _frontend_name(frontend: str) -> str:

@@ -73,6 +73,35 @@ def test_an_acquire_cancelled_while_the_granting_store_call_runs_leaves_nothing_
     assert state.failure is None  # not a failure: the caller was stopped before it began
 
 
+def test_a_compute_cancelled_while_the_granting_store_call_runs_leaves_nothing_held(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through the compute-once flow (``AsyncReservations.compute`` asks through the flow's
+    async steps, which must keep this guarantee), and the work never runs."""
+    granted, proceed = threading.Event(), threading.Event()
+    monkeypatch.setattr(store, "acquire", _blocking_acquire(store, granted, proceed))
+    client = dibs.Reservations(store, ttl=60)
+    ran: list[str] = []
+
+    async def work() -> str:
+        ran.append("work")
+        return "value"
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(client.aio().compute("k", work, owner="alice"))
+        await asyncio.to_thread(granted.wait, SAFETY)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proceed.set()
+
+    asyncio.run(scenario())
+    _drain_io_executor()
+    state = client.status("k")
+    assert state.lease is None, f"a lease nobody received is still held: {state.lease}"
+    assert ran == []
+
+
 def test_a_cancelled_re_entry_leaves_its_owners_lease_held(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -202,7 +202,8 @@ class NotStored(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkFailed(Event):
-    """The work raised; ``counted`` is false for what the caller says is no failure (a skip)."""
+    """The work raised; ``counted`` (towards ``max_failures``) is false for a stop and for what the
+    caller says is no failure (Airflow's skip)."""
 
     token: int
     error: str

@@ -150,10 +150,9 @@ def release_after(
 ) -> None:
     """The work raised ``exc``: release the lease with the failure recorded, never raising."""
     error = failure_text(exc) if failure_of is None else failure_of(exc)
-    if emit is not None:
-        emit(
-            events.WorkFailed, token=lease.token, error=error or failure_text(exc), counted=error is not None
-        )
+    if emit is not None:  # counted towards max_failures: neither a skip (None) nor a stop
+        counted = error is not None and not is_stop(error)
+        emit(events.WorkFailed, token=lease.token, error=error or failure_text(exc), counted=counted)
     try:
         lease.release(error)
         if emit is not None:
