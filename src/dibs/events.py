@@ -41,7 +41,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
 from dibs.keys import Key
@@ -261,9 +260,7 @@ class Observation:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
