@@ -160,37 +160,33 @@ def compute_once(
         if isinstance(exc, GeneratorExit):  # closed by a driver that suspended: decide nothing
             raise
         waiting: Waiting = state.get("waiting", Waiting())
-        yield from _tell(
-            emitter,
-            events.Finished,
-            outcome="failed",
-            seconds=clock() - started,
-            waited_seconds=state.get("waited", waiting.seconds(clock())),
-            deferrals=waiting.deferrals,
-            waited_on=waiting.holder,
-            token=state.get("token"),
-            error=str(exc) if isinstance(exc, Exception) else type(exc).__name__,
-            error_type=type(exc).__name__,
-        )
+        ending: dict[str, Any] = {
+            "outcome": "failed",
+            "waited_seconds": state.get("waited", waiting.seconds(clock())),
+            "waited_on": waiting.holder,
+            "token": state.get("token"),
+            "error": str(exc) if isinstance(exc, Exception) else type(exc).__name__,
+            "error_type": type(exc).__name__,
+        }
+        yield from _finished(emitter, ending, started, clock, waiting)
         raise
-    outcome: events.Ending = report.role
-    if report.role == "computed" and report.took_over_from is not None:
-        outcome = "took_over"
-    waiting = state["waiting"]
-    yield from _tell(
-        emitter,
-        events.Finished,
-        outcome=outcome,
-        seconds=clock() - started,
-        waited_seconds=report.waited_seconds,
-        deferrals=waiting.deferrals,
-        token=report.token,
-        producer=report.producer,
-        waited_on=report.waited_on,
-        took_over_from=report.took_over_from,
-        stored=report.stored,
-    )
+    took_over = report.role == "computed" and report.took_over_from is not None
+    ending = {field: getattr(report, field) for field in _REPORTED}
+    ending["outcome"] = "took_over" if took_over else report.role
+    yield from _finished(emitter, ending, started, clock, state["waiting"])
     return report
+
+
+#: What :class:`~dibs.events.Finished` repeats of the call's :class:`RunReport`.
+_REPORTED = ("waited_seconds", "token", "producer", "waited_on", "took_over_from", "stored")
+
+
+def _finished(
+    emitter: Emitter, ending: dict[str, Any], started: float, clock: Callable[[], float], waiting: Waiting
+) -> Generator[Event, Any, None]:
+    yield from _tell(
+        emitter, events.Finished, seconds=clock() - started, deferrals=waiting.deferrals, **ending
+    )
 
 
 def _flow(

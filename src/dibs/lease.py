@@ -207,7 +207,11 @@ class Lease:
         if interval is not None:
             interval = validate_timings(heartbeat_interval=interval)[1]
         interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
-        return KeepAlive(self, interval, on_lost, on_failed)
+        return self._kept(KeepAlive(self, interval, on_lost, on_failed))
+
+    def _kept(self, keeper: KeepAlive) -> KeepAlive:
+        """The heartbeats :meth:`keep_alive` made for this lease (a subclass may keep hold of them)."""
+        return keeper
 
     # -- hand-off -------------------------------------------------------------------------------
     def export(self) -> str:
