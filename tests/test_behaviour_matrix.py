@@ -71,6 +71,9 @@ SCENARIOS = [
     Scenario("store_down_at_complete", ("asked", "lease_acquired", "not_stored", "finished"), "computed",
              call={"policy": "run", "ttl": 1.0}, cli=False),
     Scenario("refresh", COMPUTED, "computed", call={"refresh": True}),
+    # Another refresh holds the key: its value is the fresh one, shared (not the old, not computed again).
+    Scenario("refresh_while_busy", ("asked", "key_busy", "waited", "artifact_found", "finished"), "waited",
+             call={"refresh": True}),
     Scenario("max_age", COMPUTED, "computed", call={"max_age": 0.05}),
     Scenario("timeout", ("asked", "key_busy", "waited", "finished"), "failed", call={"timeout": 0},
              raises=dibs.WaitTimeout),
@@ -209,6 +212,11 @@ class Stage:
                 _eventually(lambda: _age(self.client) > scenario.call["max_age"])
         elif name in {"wait", "holder_fails", "timeout"}:
             self.held = self._hold(ttl=30)
+        elif name == "refresh_while_busy":
+            got = self.client.get_or_reserve(KEY, owner=OTHER)
+            assert isinstance(got, dibs.Acquired)
+            got.lease.complete({"old": True})
+            self.held = self._hold(ttl=30, refresh=True)
         elif name == "holder_changes":  # short: a waiter that only asks at its expiry is not slow
             self.held = self._hold(ttl=2.0)
         elif name == "holder_dies":
@@ -220,9 +228,9 @@ class Stage:
 
             monkeypatch.setattr(self.client.store, "complete", unreachable)
 
-    def _hold(self, ttl: float) -> dibs.Lease:
+    def _hold(self, ttl: float, *, refresh: bool = False) -> dibs.Lease:
         with dibs.Reservations(self.url, ttl=ttl) as short:
-            got = short.get_or_reserve(KEY, owner=OTHER)
+            got = short.get_or_reserve(KEY, owner=OTHER, refresh=refresh)
         assert isinstance(got, dibs.Acquired)
         return dibs.Lease(self.client, got.lease.record)
 
@@ -231,7 +239,7 @@ class Stage:
         if self.held is None:
             return
         held, self.held = self.held, None
-        if self.scenario.name == "wait":
+        if self.scenario.name in {"wait", "refresh_while_busy"}:
             held.complete(VALUE)
         elif self.scenario.name == "holder_fails":
             held.release(RuntimeError("the holder failed"))
@@ -338,7 +346,7 @@ def test_dibs_run_ends_the_same_way(scenario: Scenario, url: str, monkeypatch: p
     args += ["--max-age", str(call["max_age"])] if "max_age" in call else []
     command = ["--", sys.executable, "-c", script]
     try:
-        if scenario.name in {"wait", "holder_fails"}:
+        if scenario.name in {"wait", "holder_fails", "refresh_while_busy"}:
             with running(*args, *command) as waiter:
                 waiter.wait_for_line(f'"holder": "{OTHER}"')
                 stage.on_busy()
