@@ -183,6 +183,20 @@ def test_resume_timeout_raises_wait_timeout_naming_the_holder(
         op.execute_complete(make_context(), event=run_trigger(trigger))
 
 
+def test_resume_after_a_timeout_takes_an_artifact_stored_at_the_last_moment(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    # The resumed task asks once more, as every dibs waiter does when its timeout passes: a result
+    # stored after the trigger gave up is used, not thrown away for a WaitTimeout.
+    lease = client.get_or_reserve(KEY, owner="slow-holder").lease  # type: ignore[union-attr]
+    op, context = operator(Work(), reservation_wait_timeout=0.2), make_context()
+    event = run_trigger(deferred(op, context).trigger)
+    assert event["status"] == "timeout"
+    lease.complete({"rows": 7})
+    assert op.execute_complete(context, event=event) == {"rows": 7}
+    assert outcome(context)["role"] == "waited" and outcome(context)["deferrals"] == 1
+
+
 def test_wait_timeout_counts_the_whole_wait_across_deferrals(
     client: dibs.Reservations, make_context: Any
 ) -> None:

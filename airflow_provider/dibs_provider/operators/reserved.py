@@ -246,8 +246,10 @@ class ReservedOperatorMixin(BaseOperator):
         )
         waited = waiting.seconds(time.time())
         if ev["status"] == "timeout":
-            raise error_from_event(ev)
-        if ev["status"] == "error":
+            # The flow decides, as for every waiter: one more ask, then the timeout (in the one wording
+            # of every dibs wait) unless the key was done or freed at the last moment.
+            self.log.info("dibs: %s: the wait timeout passed in the triggerer; asking once more", ev["key"])
+        elif ev["status"] == "error":
             error = error_from_event(ev)
             if not isinstance(error, StoreUnavailable):
                 raise error
