@@ -317,6 +317,7 @@ def test_every_front_end_reports_the_same_steps_and_ending(
     assert isinstance(finished, dibs.Finished) and finished.outcome == scenario.outcome
     assert {event.call for event in heard} == {finished.call}  # one call, one number
     assert {event.frontend for event in heard} == {_frontend_name(frontend)}
+    assert {event.store for event in heard} == {stage.target().split(":")[0].split("+")[0]}
     if scenario.name == "store_down_at_complete":
         assert finished.stored is False
     if scenario.name == "holder_fails":

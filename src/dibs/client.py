@@ -559,7 +559,9 @@ class Reservations:
         timeout = validate_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         ask = self._ask(k, owner, None, None, max_age=max_age, refresh=refresh)
         translate = _log_event if frontend == "python" else None  # the other front ends say it their way
-        emitter = Emitter(k, owner, frontend, (events.PROCESS, self.observers, translate, observer))
+        kind = self.store.url.split("://", 1)[0].split("+", 1)[0].lower()  # as stores are chosen by URL
+        observers = (events.PROCESS, self.observers, translate, observer)
+        emitter = Emitter(k, owner, frontend, observers, store=kind)
         steps = flow.compute_once(
             ask,
             emitter=emitter,

@@ -14,9 +14,9 @@ One call's events, in order (``*``: only when it happens)::
     Asked → RanUnreserved → Finished(unreserved)            (store unreachable, policy "run")
     Asked → … → Finished(failed)                            (timeout, store down with "fail", …)
 
-Every event carries the key, the owner that asked, the front end, the number of its call (the same
-for every event of one compute-once call, so a tracer can group them into one span) and the wall
-clock time it happened. Durations are measured on the caller's monotonic clock.
+Every event carries the key, the owner that asked, the front end, the kind of store, the number of
+its call (the same for every event of one compute-once call, so a tracer can group them into one
+span) and the wall clock time it happened. Durations are measured on the caller's monotonic clock.
 
 Observers::
 
@@ -85,6 +85,8 @@ class Event:
     frontend: str
     #: The compute-once call this step belongs to: one number per call in this process.
     call: int
+    #: The kind of store (its URL's scheme: ``sqlite``, ``postgresql``, ``redis``, ``azure``, ...).
+    store: str = ""
     #: Wall-clock time (``time.time()``) when it happened.
     at: float = dataclasses.field(default_factory=time.time)
 
@@ -317,9 +319,15 @@ class Emitter:
     """
 
     def __init__(
-        self, key: Key, owner: str, frontend: str, groups: Iterable[Observers | Observer | None]
+        self,
+        key: Key,
+        owner: str,
+        frontend: str,
+        groups: Iterable[Observers | Observer | None],
+        *,
+        store: str = "",
     ) -> None:
-        self.key, self.owner, self.frontend = key, owner, frontend
+        self.key, self.owner, self.frontend, self.store = key, owner, frontend, store
         self.call = next(_CALLS)
         chosen = [group for group in groups if group is not None]
         self._sets = tuple(group for group in chosen if isinstance(group, Observers))
@@ -347,7 +355,9 @@ class Emitter:
 
     def make(self, kind: type[_E], **fields: Any) -> _E:
         """An event of this call."""
-        return kind(key=self.key, owner=self.owner, frontend=self.frontend, call=self.call, **fields)
+        return kind(
+            key=self.key, owner=self.owner, frontend=self.frontend, store=self.store, call=self.call, **fields
+        )
 
     def __call__(self, kind: type[Event], **fields: Any) -> None:
         """Build and send an event, unless nobody wants it."""
