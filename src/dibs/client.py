@@ -123,6 +123,9 @@ class Reservations:
         self._closed = False
         #: This client's observers (see :mod:`dibs.events`); :meth:`observe` adds one.
         self.observers = Observers()
+        # What events call the store: its URL's scheme, as stores are chosen by URL (read once: a
+        # store's url is redacted on every read).
+        self._store_kind = self.store.url.split("://", 1)[0].split("+", 1)[0].lower()
 
     def observe(self, observer: Observer) -> Observation:
         """Hear every event of this client's compute-once calls; ``close()`` the result to stop."""
@@ -559,9 +562,8 @@ class Reservations:
         timeout = validate_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         ask = self._ask(k, owner, None, None, max_age=max_age, refresh=refresh)
         translate = _log_event if frontend == "python" else None  # the other front ends say it their way
-        kind = self.store.url.split("://", 1)[0].split("+", 1)[0].lower()  # as stores are chosen by URL
         observers = (events.PROCESS, self.observers, translate, observer)
-        emitter = Emitter(k, owner, frontend, observers, store=kind)
+        emitter = Emitter(k, owner, frontend, observers, store=self._store_kind)
         steps = flow.compute_once(
             ask,
             emitter=emitter,

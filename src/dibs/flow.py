@@ -174,10 +174,11 @@ def compute_once(
         }
         yield from _finished(emitter, ending, started, clock, waiting)
         raise
-    took_over = report.role == "computed" and report.took_over_from is not None
-    ending = {field: getattr(report, field) for field in _REPORTED}
-    ending["outcome"] = "took_over" if took_over else report.role
-    yield from _finished(emitter, ending, started, clock, state["waiting"])
+    if emitter.wants(events.Finished):
+        took_over = report.role == "computed" and report.took_over_from is not None
+        ending = {field: getattr(report, field) for field in _REPORTED}
+        ending["outcome"] = "took_over" if took_over else report.role
+        yield from _finished(emitter, ending, started, clock, state["waiting"])
     return report
 
 
