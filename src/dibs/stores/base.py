@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import ClassVar, Self, TypeVar
 
-from dibs.errors import CorruptRecord, ReservationError, StoreUnavailable
+from dibs.errors import ArtifactTooLarge, CorruptRecord, ReservationError, StoreUnavailable
 from dibs.keys import Key, validate_owner
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 
-__all__ = ["Listing", "RecordStore", "Skipped", "Store"]
+__all__ = ["Listing", "RecordStore", "Skipped", "Store", "refuse_too_large"]
 
 T = TypeVar("T")
 #: A record as read for a compare-and-swap: its state and the store's version of it.
@@ -335,3 +335,25 @@ class RecordStore(Store):
 
 def _changed(new_state: KeyState | None) -> tuple[bool, KeyState | None]:
     return new_state is not None, new_state
+
+
+def refuse_too_large(
+    key: Key, payload_size: int, needed: int, limit: int, *, where: str, remedy: str
+) -> None:
+    """Refuse, before anything is sent, a ``complete`` whose write (``needed`` bytes for a payload of
+    ``payload_size``) is more than the store takes in one write (``limit``, named by ``where``).
+
+    Every store that has such a limit calls this first: a store that is sent too much fails in its own
+    way (Redis and MySQL drop the connection, which looks like a network failure and was re-sent for a
+    whole ttl; SQLite raised a raw driver error and left the key held). :class:`ArtifactTooLarge` is a
+    :class:`~dibs.errors.SerializationError`, so the client releases the lease with the failure
+    recorded and returns the value to its own caller, as it does for a value it cannot serialize.
+    """
+    if needed > limit:
+        raise ArtifactTooLarge(
+            f"cannot store the artifact of {key}: its {payload_size:,} bytes make a {needed:,}-byte write, "
+            f"more than {where} ({limit:,} bytes); nothing was stored. {remedy}",
+            key=str(key),
+            size=payload_size,
+            limit=limit,
+        )

@@ -2,7 +2,15 @@
 
 URL: ``redis://[user:password@]host[:port][/db][?prefix=dibs:&socket_timeout=10]`` (``rediss://`` for
 TLS). ``prefix`` (default ``dibs:``) starts every Redis key dibs writes, so several applications or
-test runs can share one database; any other query option is handed to redis-py's connection pool.
+test runs can share one database; ``max_artifact_size`` (bytes) sets a limit below the server's own;
+any other query option is handed to redis-py's connection pool.
+
+The largest artifact is known before it is sent: the server's ``proto-max-bulk-len`` (one value of a
+command, 512 MB by default) and ``client-query-buffer-limit`` (the whole command), read once with
+``CONFIG GET`` (512 MB when the server refuses ``CONFIG``, as managed services do), or the lower
+``max_artifact_size``. A larger artifact is :class:`~dibs.errors.ArtifactTooLarge` at once; sent,
+it made Redis drop the connection, which the client took for a network failure and re-sent for a
+whole ttl.
 
 Layout, per key (``digest`` is :attr:`dibs.keys.Key.digest`, never the key's own text):
 
@@ -73,7 +81,7 @@ from dibs.records import (
     new_lease_id,
 )
 from dibs.stores import decoder, redact_url, transitions, url_userinfo
-from dibs.stores.base import Listing, Skipped, Store, skip
+from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
 
@@ -98,6 +106,10 @@ _DEFAULTS: dict[str, Any] = {
 _SCAN_BATCH = 500
 #: Connections per store and process, the watch hub's subscription included (``?max_connections=``).
 DEFAULT_MAX_CONNECTIONS = 4
+#: Redis's default ``proto-max-bulk-len``: the limit assumed when the server refuses ``CONFIG GET``.
+DEFAULT_VALUE_LIMIT = 512 * 1024 * 1024
+#: Room in the command for what ``complete`` sends besides the payload (the key, token, checksum...).
+_COMMAND_OVERHEAD = 4096
 
 #: What a script returns: ``{status, now, extra, FIELDS...[, payload]}`` or ``{"corrupt", why}``.
 _Reply = list[Any]
@@ -536,7 +548,8 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
 
     def __init__(self, url: str) -> None:
         self._url = redact_url(url)
-        client_url, self._prefix = _parse_url(url, self._url)
+        client_url, self._prefix, self.max_artifact_size = _parse_url(url, self._url)
+        self._value_limit: int | None = None  # read from the server on the first complete
         try:
             # One bounded pool per store, shared by every client of the process (dibs.runtime): the
             # watch hub's subscription holds one connection of it, operations the rest, and a caller
@@ -647,9 +660,38 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         assert state.lease is not None
         return state.lease
 
+    def value_limit(self) -> int:
+        """The most bytes one artifact may have here: the server's limits on one value and on one
+        command (read once), or ``max_artifact_size`` when that is lower."""
+        if self._value_limit is None:
+            limits = []
+            for setting, room in (
+                ("proto-max-bulk-len", 0),
+                ("client-query-buffer-limit", _COMMAND_OVERHEAD),
+            ):
+                with self._service("read the server's limits", None):
+                    try:
+                        found = self._client.config_get(setting).get(setting)
+                    except redis.exceptions.ResponseError:  # CONFIG refused (managed services, ACLs)
+                        found = None  # then Redis's default is assumed
+                limits.append(int(found) - room if found is not None else DEFAULT_VALUE_LIMIT)
+            self._value_limit = min(limits)
+        if self.max_artifact_size is not None:
+            return min(self._value_limit, self.max_artifact_size)
+        return self._value_limit
+
     def complete(
         self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
     ) -> ArtifactRecord:
+        refuse_too_large(
+            key,
+            len(payload),
+            len(payload),
+            self.value_limit(),
+            where=f"Redis at {self._url} takes in one value (proto-max-bulk-len, client-query-buffer-limit"
+            " or ?max_artifact_size=)",
+            remedy="Raise the server's limits, or store the data elsewhere and return a reference to it",
+        )
         reply = self._run(
             self._complete,
             key,
@@ -950,8 +992,9 @@ def _check_duration(name: str, text: str, bad: Callable[[str], ConfigurationErro
         raise bad(exc.message) from None
 
 
-def _parse_url(url: str, redacted: str) -> tuple[str, str]:
-    """Split the store URL into the URL redis-py gets and the key prefix, checking what dibs can."""
+def _parse_url(url: str, redacted: str) -> tuple[str, str, int | None]:
+    """Split the store URL into the URL redis-py gets, the key prefix and ``max_artifact_size``,
+    checking what dibs can."""
 
     def bad(problem: str) -> ConfigurationError:
         return ConfigurationError(
@@ -983,10 +1026,16 @@ def _parse_url(url: str, redacted: str) -> tuple[str, str]:
     if parts.path not in {"", "/"} and not re.fullmatch(r"/\d+", parts.path):
         raise bad(f"the database {parts.path.lstrip('/')!r} is not a number (use e.g. '/0')")
     kept, prefixes = [], []
+    max_size: int | None = None
     for item in parts.query.split("&") if parts.query else []:
         name, _, value = item.partition("=")
         if urllib.parse.unquote(name) == "prefix":
             prefixes.append(urllib.parse.unquote(value))
+        elif urllib.parse.unquote(name) == "max_artifact_size":
+            text = urllib.parse.unquote(value)
+            if not text.isdigit() or int(text) < 1:
+                raise bad(f"max_artifact_size={text!r} is not a whole number of bytes, 1 or more")
+            max_size = int(text)
         elif urllib.parse.unquote(name) in _DURATIONS:
             _check_duration(urllib.parse.unquote(name), urllib.parse.unquote(value), bad)
             kept.append(item)
@@ -1000,4 +1049,4 @@ def _parse_url(url: str, redacted: str) -> tuple[str, str]:
             f"the prefix {prefix!r} is not 1 to 100 of letters, digits and '_.:/|-' (e.g. 'dibs:' or "
             "'team-a:dibs:')"
         )
-    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), prefix
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), prefix, max_size

@@ -44,7 +44,9 @@ most 50 ASCII letters, digits and ``_``; lower case on SQLite, which ignores the
 never a name the databases reserve, ``pg_*`` or ``sqlite_*``; a table that exists must be dibs's own),
 ``schema`` (PostgreSQL/MySQL schema to create the table in,
 at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLite), ``pool_size``
-(PostgreSQL/MySQL connections per process, default 3).
+(PostgreSQL/MySQL connections per process, default 3), ``timeout`` (seconds, PostgreSQL/MySQL: how
+long one call may wait for the server, default 10) and ``max_artifact_size`` (bytes: a limit below the
+database's own, for every database).
 
 One store object serves every client of a process (:mod:`dibs.runtime`): one bounded pool, one
 schema check (a single read when the tables exist; nothing is sent before the first operation),
@@ -64,6 +66,27 @@ Hostile and careless input, and a server that goes away:
 * When the server has ended a pooled connection (a restart, ``pg_terminate_backend``), the whole
   pool is dropped, and the operations that are safe to repeat (``read``, ``list``, ``acquire``,
   ``heartbeat``) run once more on a fresh connection; ``complete`` and ``release`` are not repeated.
+* A MySQL/MariaDB deadlock (1213) or lock wait timeout (1205) is an answer, not a lost reply: the
+  server rolled the statement back, so every operation (``complete`` and ``release`` too) runs again,
+  a few times, before it is reported.
+
+Limits, checked or enforced by the client, so that no call outlives what the lease can wait:
+
+* **Value size.** Each database's limit on one write is known before anything is sent: SQLite's
+  ``SQLITE_LIMIT_LENGTH`` of the connection (a row, 1,000,000,000 bytes by default), PostgreSQL's
+  1 GB for a ``bytea`` value, MySQL's ``max_allowed_packet`` for the whole statement, or a lower
+  ``?max_artifact_size=``. A larger artifact is :class:`~dibs.errors.ArtifactTooLarge`; the client
+  then releases the lease and returns the value to its own caller.
+* **Time.** Every call on a pooled PostgreSQL/MySQL connection is bounded on the client
+  (:mod:`dibs.stores.sql_bounds`) by ``timeout`` seconds, plus a second per
+  :data:`BYTES_PER_SECOND` of an artifact being stored; past it the connection is shut and the call
+  is :class:`~dibs.errors.StoreUnavailable`. The server is told the same bound (PostgreSQL's
+  ``statement_timeout``, MySQL's ``innodb_lock_wait_timeout``), so lock waits end there cleanly first,
+  and new connections give up after ``timeout`` (``connect_timeout``). Keep the ttl several times
+  ``timeout``: a heartbeat that times out is retried until the lease would expire.
+* **Connections.** Pooled connections beyond one are closed after two idle seconds, so a process
+  that only waits holds one pooled connection, plus PostgreSQL's listener: two. A server that
+  refuses more clients gets an error that says what to change.
 """
 
 from __future__ import annotations
@@ -71,7 +94,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
+import math
 import os
+import random
 import threading
 import time
 import weakref
@@ -86,7 +111,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
 from dibs.config import validate_seconds
-from dibs.errors import ArtifactTooLarge, ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key, validate_owner
 from dibs.records import (
     MAX_COUNT,
@@ -98,8 +123,9 @@ from dibs.records import (
     StoreOutcome,
 )
 from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
-from dibs.stores.base import Listing, Skipped, Store, skip
+from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
+from dibs.stores.sql_bounds import Keeper, PatientPool
 
 __all__ = ["SCHEMA_VERSION", "SQLStore"]
 
@@ -109,11 +135,23 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "dibs_changes"
-_OPTIONS = ("table", "schema", "synchronous", "busy_timeout", "pool_size")
+_OPTIONS = ("table", "schema", "synchronous", "busy_timeout", "pool_size", "timeout", "max_artifact_size")
 #: Connections per store and process for PostgreSQL and MySQL (``?pool_size=``). The store object is
 #: shared by every client of the process (dibs.runtime) and PostgreSQL's watch hub adds one listening
 #: connection, so a process holds at most DEFAULT_POOL_SIZE + 1, however many tasks wait in it.
 DEFAULT_POOL_SIZE = 3
+#: Seconds one PostgreSQL/MySQL call may wait for the server (``?timeout=``); see the module docstring.
+DEFAULT_TIMEOUT = 10.0
+#: The slowest transfer a ``complete`` is allowed: its bound grows by a second per this many bytes.
+BYTES_PER_SECOND = 8 * 1024 * 1024
+#: PostgreSQL's largest ``bytea`` value (1 GB less its 4-byte header): the payload's limit there.
+POSTGRES_MAX_BYTEA = 0x3FFFFFFF - 4
+#: What a row holds besides the payload and the texts complete writes (numbers, digests, a failure).
+_ROW_OVERHEAD = 16 * 1024
+#: MySQL/MariaDB errors that mean the statement was rolled back by the server, so it may run again:
+#: 1213 deadlock, 1205 lock wait timeout. How often, before the error is reported.
+_ROLLED_BACK = (1213, 1205)
+_ROLLED_BACK_ATTEMPTS = 5
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Identifiers are at most 63 characters in PostgreSQL (64 in MySQL); the longest name derived from the
 # table is its index, "ix_<table>_namespace" (13 more), then "<table>_notify" and "<table>_meta".
@@ -207,7 +245,13 @@ class SQLStore(Store):
         self.table_name = options.get("table", "dibs_reservations")
         self.schema = options.get("schema")
         self.metadata, self.t, self.meta = _tables(self.table_name, self.schema, self.dialect)
-        self.engine = _make_engine(sa_url, options, engine_kwargs)
+        self.timeout = _seconds_option(options, "timeout", DEFAULT_TIMEOUT)
+        self.max_artifact_size = _bytes_option(options, "max_artifact_size")
+        self.engine = _make_engine(sa_url, options, engine_kwargs, self.timeout)
+        self._keeper: Keeper | None = None
+        if self.dialect != "sqlite":
+            keeper = self._keeper = Keeper(self.engine)
+            sa.event.listen(self.engine, "checkin", lambda _dbapi, record: keeper.returned(record))
         self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
         self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
         _dispose_in_forked_children(self.engine)
@@ -226,6 +270,8 @@ class SQLStore(Store):
 
     def close(self) -> None:
         super().close()
+        if self._keeper is not None:
+            self._keeper.close()
         self.engine.dispose()
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -259,23 +305,37 @@ class SQLStore(Store):
             if exc.connection_invalidated:
                 raise self._unavailable(exc) from exc
             raise
+        ended = [False]
         try:
-            with connection as conn:
+            # The bound ends before the connection goes back to the pool, and before the errors
+            # below are translated (they need to know whether the bound ended the call).
+            with connection as conn, self._bounded(conn.connection.dbapi_connection, self.timeout) as ended:
                 yield conn
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
-            raise self._unavailable(exc) from exc
+            raise self._unavailable(exc, timed_out=ended[0]) from exc
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated:
-                raise self._unavailable(exc) from exc
+                raise self._unavailable(exc, timed_out=ended[0]) from exc
             raise
 
     @contextlib.contextmanager
-    def _cursor(self) -> Iterator[Any]:
+    def _bounded(self, dbapi_connection: Any, seconds: float) -> Iterator[list[bool]]:
+        """Bound the block's wait for the server (see :mod:`dibs.stores.sql_bounds`); the flag it
+        yields is ``[True]`` afterwards if the bound ended it."""
+        if self._keeper is None:  # SQLite: no network, and the busy timeout bounds its lock waits
+            yield [False]
+            return
+        with self._keeper.bounded(dbapi_connection, seconds) as ended:
+            yield ended
+
+    @contextlib.contextmanager
+    def _cursor(self, bound: float | None = None) -> Iterator[Any]:
         """A DBAPI cursor on a pooled autocommit connection, for the prepared statements.
 
         Errors are translated as :meth:`_connect` does: an operational error or a lost connection
         (which is invalidated, so the pool replaces it) is :class:`StoreUnavailable`; any other
-        database error is raised as SQLAlchemy's exception for it.
+        database error is raised as SQLAlchemy's exception for it. The block may wait for the server
+        ``bound`` seconds (default: the store's ``timeout``) before its connection is shut.
         """
         self._ensure_ready()
         dbapi = self.engine.dialect.loaded_dbapi
@@ -285,18 +345,22 @@ class SQLStore(Store):
             # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
             raise self._unavailable(exc) from exc
         cursor = None
+        ended = [False]
         try:
-            cursor = connection.cursor()
-            yield cursor
+            seconds = self.timeout if bound is None else bound
+            with self._bounded(connection.dbapi_connection, seconds) as ended:
+                cursor = connection.cursor()
+                yield cursor
         except dbapi.Error as exc:
-            lost = self.engine.dialect.is_disconnect(exc, connection, cursor)
+            lost = ended[0] or self.engine.dialect.is_disconnect(exc, connection, cursor)
             if lost:
                 connection.invalidate(exc)
+            if lost and not ended[0]:
                 # The server ended this connection (a restart, pg_terminate_backend): it will have
                 # ended the other idle ones too. Drop them all now, or each would fail one later call.
                 self.engine.dispose()
             if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
-                raise self._unavailable(exc, disconnected=lost) from exc
+                raise self._unavailable(exc, disconnected=lost and not ended[0], timed_out=ended[0]) from exc
             dialect = self.engine.dialect
             raise sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect) from exc
         finally:
@@ -311,33 +375,65 @@ class SQLStore(Store):
         first = text.splitlines()[0] if text else type(error).__name__
         return hide_secrets(first, self._secrets)[:limit]
 
-    def _unavailable(self, exc: Exception, *, disconnected: bool = False) -> StoreUnavailable:
-        """``disconnected``: the server had closed the connection (see :meth:`_repeatable`)."""
+    def _unavailable(
+        self, exc: Exception, *, disconnected: bool = False, timed_out: bool = False
+    ) -> StoreUnavailable:
+        """``disconnected``: the server had closed the connection (see :meth:`_repeatable`);
+        ``timed_out``: the call's bound shut it (see :mod:`dibs.stores.sql_bounds`)."""
         orig = getattr(exc, "orig", None) or exc
         why = f"{type(orig).__name__}: {self._first_line(orig, 300)}"
+        if timed_out:
+            why = (
+                f"no answer within the store's timeout ({self.timeout:g}s, ?timeout= in the URL), so the "
+                f"connection was closed ({why})"
+            )
+        elif _too_many_clients(why):
+            why += (
+                f"; every process holds up to {getattr(self.engine.pool, 'size', lambda: '?')()} pooled "
+                "connections of this store "
+                "(one while it only waits) plus, on PostgreSQL, one listener: lower ?pool_size= in the "
+                "store URL, raise the server's max_connections, or put PgBouncer in session mode "
+                "(LISTEN needs it) in front of the server"
+            )
         error = StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
         error.disconnected = disconnected  # type: ignore[attr-defined]  # not a field: never pickled
+        error.rolled_back = (  # type: ignore[attr-defined]
+            self.dialect in ("mysql", "mariadb") and _error_code(orig) in _ROLLED_BACK
+        )
         return error
 
-    def _repeatable(self, operation: Callable[[Any], T]) -> T:
-        """Run ``operation`` on a cursor; if its pooled connection turns out to have been closed by
-        the server, run it once more on a fresh one.
+    def _repeatable(
+        self, operation: Callable[[Any], T], *, after_lost: bool = True, bound: float | None = None
+    ) -> T:
+        """Run ``operation`` on a cursor, again when the server's answer says it changed nothing.
 
-        Only for operations that are safe to repeat even if the first attempt reached the server and
-        only its reply was lost: reads, ``acquire`` (a second attempt by the same owner re-enters
-        the lease the first one may have taken) and ``heartbeat`` (extending twice is extending).
-        ``complete`` and ``release`` are never repeated blindly: a lost reply there is resolved by
-        reading the key again (see :meth:`dibs.Lease.complete`).
+        A MySQL deadlock or lock wait timeout (the server rolled the statement back) is retried for
+        every operation, a few times. A pooled connection that turns out to have been closed by the
+        server is retried once on a fresh one, but only when ``after_lost``: for operations that are
+        safe to repeat even if the first attempt reached the server and only its reply was lost:
+        reads, ``acquire`` (a second attempt by the same owner re-enters the lease the first one may
+        have taken) and ``heartbeat`` (extending twice is extending). ``complete`` and ``release``
+        are never repeated blindly: a lost reply there is resolved by reading the key again (see
+        :meth:`dibs.Lease.complete`).
         """
-        try:
-            with self._cursor() as cursor:
-                return operation(cursor)
-        except StoreUnavailable as exc:
-            if not getattr(exc, "disconnected", False):
-                raise
-            log.info("%s: a pooled connection had been closed by the server; trying a fresh one", self.url)
-        with self._cursor() as cursor:
-            return operation(cursor)
+        lost_once = False
+        rolled_back = 0
+        while True:
+            try:
+                with self._cursor(bound) as cursor:
+                    return operation(cursor)
+            except StoreUnavailable as exc:
+                if getattr(exc, "rolled_back", False) and rolled_back < _ROLLED_BACK_ATTEMPTS - 1:
+                    rolled_back += 1
+                    log.info("%s: the server rolled a statement back (%s); running it again", self.url, exc)
+                    time.sleep(random.uniform(0.0, 0.01 * 2**rolled_back))  # let the other side finish
+                    continue
+                if not (after_lost and getattr(exc, "disconnected", False)) or lost_once:
+                    raise
+                lost_once = True
+                log.info(
+                    "%s: a pooled connection had been closed by the server; trying a fresh one", self.url
+                )
 
     def _ensure_ready(self) -> None:
         """Check (and if needed create) the schema before the first operation, once per process and
@@ -527,19 +623,28 @@ class SQLStore(Store):
         self._heartbeat = _Prepared(heartbeat, dialect)
 
         cleared = tuple((t.c[name], None) for name in _LEASE_COLUMNS)
+        producer: Any = t.c.owner
+        created_at: Any = now
+        if not dialect.update_returning:
+            # MySQL/MariaDB have no UPDATE ... RETURNING: the statement also keeps the two values the
+            # caller cannot know in session variables, read back by _stored_variables (see complete).
+            server_now = now.compile(dialect=dialect)
+            producer = sa.literal_column(f"(@dibs_producer := {dialect.identifier_preparer.quote('owner')})")
+            created_at = sa.literal_column(f"(@dibs_created_at := CAST({server_now} AS DOUBLE))")
+        self._stored_variables = "SELECT @dibs_producer, @dibs_created_at"
         # MySQL applies SET assignments left to right: read ``owner`` before the lease columns clear it.
         complete = (
             sa.update(t)
             .where(holding)
             .ordered_values(
-                (t.c.producer, t.c.owner),
+                (t.c.producer, producer),
                 (t.c.artifact_fence, t.c.fence),
                 (t.c.version, t.c.version + 1),
                 (t.c.serializer, p("p_serializer")),
                 (t.c.payload, p("p_payload")),
                 (t.c.size, p("p_size")),
                 (t.c.checksum, p("p_checksum")),
-                (t.c.created_at, now),
+                (t.c.created_at, created_at),
                 *cleared,
             )
         )
@@ -549,10 +654,6 @@ class SQLStore(Store):
             self._complete = _Prepared(complete, dialect, stored)
         else:
             self._complete = _Prepared(complete, dialect)
-        # Without RETURNING (MySQL/MariaDB), what complete stored is read back without the payload,
-        # which the caller has: re-reading a large artifact just written would double its transfer.
-        read_stored = sa.select(*(t.c[name] for name in stored)).where(t.c.key_hash == p("p_key_hash"))
-        self._read_stored = _Prepared(read_stored, dialect, stored)
 
         at_version = sa.and_(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
         no_lease = dict.fromkeys(_LEASE_COLUMNS)
@@ -750,9 +851,9 @@ class SQLStore(Store):
             "p_checksum": checksum,
         }
         statement = self._complete
-        with self._cursor() as cursor:
-            if self.dialect in ("mysql", "mariadb"):
-                self._check_packet_size(cursor, key, values)
+
+        def attempt(cursor: Any) -> ArtifactRecord:
+            self._check_size(cursor, key, values)
             if statement.columns:  # UPDATE ... RETURNING: the stored artifact, in the same statement
                 rows = statement.fetch_all(cursor, values)
                 if len(rows) != 1:
@@ -760,13 +861,68 @@ class SQLStore(Store):
                 return _stored_artifact(rows[0], payload)
             if statement.execute(cursor, values) != 1:
                 raise self._lost(cursor, key, token, "complete")
-            rows = self._read_stored.fetch_all(cursor, {"p_key_hash": key.digest})
-            if len(rows) == 1 and rows[0]["artifact_fence"] == token.fence:
-                return _stored_artifact(rows[0], payload)
-            state = self._read(cursor, key)[0]  # pragma: no cover - only a forget racing this very call
-        if state.artifact is None:  # pragma: no cover
-            raise transitions.explain_lost(state, token, "complete")
-        return state.artifact  # pragma: no cover
+            # MySQL/MariaDB have no UPDATE ... RETURNING: the statement kept what it wrote that the
+            # caller does not know (the producer, the server's time) in session variables. Reading
+            # them back cannot race with anything: a prune, forget or new holder right after the
+            # update would have made a read of the row tell a stored artifact as a lost one.
+            cursor.execute(self._stored_variables)
+            producer, created_at = cursor.fetchone()
+            return ArtifactRecord(
+                serializer=serializer,
+                payload=bytes(payload),
+                size=len(payload),
+                checksum=checksum,
+                producer=producer.decode() if isinstance(producer, bytes) else str(producer),
+                fence=token.fence,
+                created_at=float(created_at),
+            )
+
+        # Not repeated after a lost connection: its outcome is unknown (see _repeatable).
+        return self._repeatable(attempt, after_lost=False, bound=self._bound_for(len(payload)))
+
+    def _bound_for(self, size: int) -> float:
+        """How long a call that sends ``size`` bytes may wait for the server (see the module docstring)."""
+        return self.timeout + size / BYTES_PER_SECOND
+
+    def _check_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
+        """Refuse (with :class:`ArtifactTooLarge`) a ``complete`` the database would refuse, or that
+        is over ``max_artifact_size``, before anything is sent (see :func:`refuse_too_large`)."""
+        payload: bytes = values["p_payload"]
+        if self.max_artifact_size is not None:
+            refuse_too_large(
+                key,
+                len(payload),
+                len(payload),
+                self.max_artifact_size,
+                where=f"this store's max_artifact_size of {self.url}",
+                remedy="Raise ?max_artifact_size= in the store URL, or store the data elsewhere and return a "
+                "reference to it",
+            )
+        if self.dialect in ("mysql", "mariadb"):
+            self._check_packet_size(cursor, key, values)
+        elif self.dialect == "sqlite":
+            import sqlite3
+
+            limit = int(cursor.connection.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+            others = sum(len(str(value).encode()) for name, value in values.items() if name != "p_payload")
+            refuse_too_large(
+                key,
+                len(payload),
+                len(payload) + others + _ROW_OVERHEAD,
+                limit,
+                where="SQLite takes in one row (SQLITE_LIMIT_LENGTH)",
+                remedy="Use a store for large values (PostgreSQL, Azure), or store the data elsewhere "
+                "and return a reference to it",
+            )
+        elif self.dialect == "postgresql":
+            refuse_too_large(
+                key,
+                len(payload),
+                len(payload),
+                POSTGRES_MAX_BYTEA,
+                where="PostgreSQL takes in one bytea value",
+                remedy="Store the data elsewhere (e.g. Azure blobs) and return a reference to it",
+            )
 
     def _check_packet_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
         """Refuse (with :class:`ArtifactTooLarge`) a complete that MySQL/MariaDB would refuse.
@@ -782,16 +938,15 @@ class SQLStore(Store):
         payload = values["p_payload"]
         others = sum(2 * len(str(value).encode()) for name, value in values.items() if name != "p_payload")
         needed = self._literal_size(cursor, payload) + others + len(self._complete.sql) + 64
-        if needed > self._max_packet:
-            raise ArtifactTooLarge(
-                f"cannot store the artifact of {key}: its {len(payload):,} bytes make a {needed:,}-byte "
-                f"statement, more than this {self.dialect} server's max_allowed_packet ({self._max_packet:,} "
-                "bytes); nothing was stored. Raise max_allowed_packet on the server, or store the data "
-                "elsewhere and return a reference to it",
-                key=str(key),
-                size=len(payload),
-                limit=self._max_packet,
-            )
+        refuse_too_large(
+            key,
+            len(payload),
+            needed,
+            self._max_packet,
+            where=f"this {self.dialect} server's max_allowed_packet",
+            remedy="Raise max_allowed_packet on the server, or store the data elsewhere and return a "
+            "reference to it",
+        )
 
     def _literal_size(self, cursor: Any, payload: bytes) -> int:
         """How many bytes the driver's literal of ``payload`` takes: PyMySQL 1.1 and later write hex
@@ -814,9 +969,12 @@ class SQLStore(Store):
         if error is not None:
             statement = self._release_failed if counted else self._release_stopped
             values["p_error"] = error[: transitions.MAX_ERROR_LENGTH]
-        with self._cursor() as cursor:
+
+        def attempt(cursor: Any) -> None:
             if statement.execute(cursor, values) != 1:
                 raise self._lost(cursor, key, token, "release")
+
+        self._repeatable(attempt, after_lost=False)
 
     # -- repair -----------------------------------------------------------------------------------------
     # Each reads the row first (so a damaged row is reported as CorruptRecord, as on every store, and
@@ -824,14 +982,19 @@ class SQLStore(Store):
     def _repair(
         self, key: Key, wanted: Callable[[KeyState], bool], statement: _Prepared, action: str
     ) -> bool:
-        with self._cursor() as cursor:
+
+        def attempt(cursor: Any) -> bool:
             for _ in range(16):
                 state, version = self._read(cursor, key)
                 if version is None or not wanted(state):
                     return False
                 if statement.execute(cursor, {"p_key_hash": key.digest, "p_version": version}) == 1:
                     return True
-        raise StoreUnavailable(f"{key} kept changing while trying to {action} it", key=str(key))
+            raise StoreUnavailable(f"{key} kept changing while trying to {action} it", key=str(key))
+
+        # Only a rolled-back statement runs again: after a lost reply, a second attempt would not
+        # know whether the first one changed the row.
+        return self._repeatable(attempt, after_lost=False)
 
     def force_release(self, key: Key) -> bool:
         return self._repair(key, lambda state: state.lease is not None, self._drop_lease, "force-release")
@@ -1054,7 +1217,10 @@ class _ListenFeed(ChangeFeed):
         store._ensure_ready()  # the trigger that notifies is created with the schema
         conninfo = store._url.set(drivername="postgresql").render_as_string(hide_password=False)
         try:
-            self._conn = psycopg.connect(conninfo, autocommit=True)
+            # The pool's connection bounds too: a connection attempt gives up after the store's timeout,
+            # and keepalives notice a server that vanished while the listener only waits.
+            bounds = _server_bounds(store._url, store.timeout)
+            self._conn = psycopg.connect(conninfo, autocommit=True, **bounds)
             self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         except psycopg.Error as exc:
             self.close()
@@ -1147,7 +1313,91 @@ def _split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
     return parsed, options
 
 
-def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any]) -> Engine:
+def _seconds_option(options: Mapping[str, str], name: str, default: float) -> float:
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"{name}={text!r} must be a number of seconds (default {default:g})"
+        ) from None
+    seconds = validate_seconds(name, value, maximum=86400)
+    assert seconds is not None
+    return seconds
+
+
+def _bytes_option(options: Mapping[str, str], name: str) -> int | None:
+    text = options.get(name)
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigurationError(f"{name}={text!r} must be a whole number of bytes, 1 or more")
+    return int(text)
+
+
+def _error_code(error: BaseException) -> int | None:
+    """A MySQL driver error's number (``args[0]``), if it has one."""
+    code = error.args[0] if error.args else None
+    return code if isinstance(code, int) else None
+
+
+def _too_many_clients(message: str) -> bool:
+    """The server refused a connection because it has as many as it takes."""
+    text = message.lower()
+    return (
+        "too many clients" in text
+        or "too many connections" in text
+        or "remaining connection slots are reserved" in text
+    )
+
+
+def _server_bounds(url: URL, timeout: float) -> dict[str, Any]:
+    """Connection arguments that bound, on the server's side too, how long one call may take.
+
+    PostgreSQL: the server cancels a statement after ``timeout`` (``statement_timeout``: a lock
+    wait ends with a clean error, before the client's bound shuts the connection), libpq gives up a
+    connection attempt after ``timeout``, and TCP keepalives and ``tcp_user_timeout`` notice a peer
+    that vanished. MySQL/MariaDB: ``innodb_lock_wait_timeout`` ends a lock wait (error 1205, which is
+    retried) within ``timeout``; PyMySQL's ``connect_timeout`` bounds the connection attempt.
+    """
+    seconds = max(1, math.ceil(timeout))
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        options = f"-c statement_timeout={int(timeout * 1000)}"
+        if url.query.get("options"):
+            options = f"{url.query['options']} {options}"
+        return {
+            "connect_timeout": max(2, seconds),  # libpq takes no less than 2
+            "options": options,
+            "keepalives": 1,
+            "keepalives_idle": seconds,
+            "keepalives_interval": max(1, seconds // 3),
+            "keepalives_count": 3,
+            "tcp_user_timeout": int(timeout * 1000),
+        }
+    if backend in ("mysql", "mariadb"):
+        return {
+            "connect_timeout": seconds,
+            # PyMySQL's connect_timeout covers only the TCP connect: these bound the handshake too.
+            # Once connected, they are lifted (_lift_socket_timeouts) and the keeper bounds each call.
+            "read_timeout": seconds,
+            "write_timeout": seconds,
+            "init_command": f"SET SESSION innodb_lock_wait_timeout = {seconds}",
+        }
+    return {}
+
+
+def _lift_socket_timeouts(dbapi_connection: Any, _record: Any) -> None:
+    """A connected PyMySQL connection: its calls are bounded by the keeper (dibs.stores.sql_bounds),
+    whose bound grows with the artifact a ``complete`` sends, not by one fixed socket timeout."""
+    for name in ("_read_timeout", "_write_timeout"):
+        if hasattr(dbapi_connection, name):
+            setattr(dbapi_connection, name, None)
+
+
+def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any], timeout: float) -> Engine:
     kwargs: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", **engine_kwargs}
     if kwargs["isolation_level"] == "AUTOCOMMIT":
         # No transaction is ever left open, so there is nothing to reset when a connection goes back
@@ -1184,12 +1434,20 @@ def _make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any
                 f"{DEFAULT_POOL_SIZE})"
             )
         kwargs.setdefault("pool_size", int(pool_size))
+        kwargs.setdefault("connect_args", _server_bounds(url, timeout))
+        # Last in, first out: a process that makes one call at a time keeps reusing one connection,
+        # and the others stay idle until the keeper closes them (dibs.stores.sql_bounds).
+        kwargs.setdefault("pool_use_lifo", True)
+        kwargs.setdefault("poolclass", PatientPool)  # opens another connection only when one is needed
         # Bounded: a caller that finds every connection busy waits for one (up to pool_timeout),
         # instead of opening more until the server refuses every client of the database.
         kwargs.setdefault("max_overflow", 0)
         kwargs.setdefault("pool_timeout", 30)
         kwargs.setdefault("pool_recycle", 1800)
-        return sa.create_engine(url, **kwargs)
+        engine = sa.create_engine(url, **kwargs)
+        if backend in ("mysql", "mariadb"):
+            sa.event.listen(engine, "connect", _lift_socket_timeouts)
+        return engine
     except ImportError as exc:
         extra = "postgres" if backend == "postgresql" else "mysql"
         raise ConfigurationError(

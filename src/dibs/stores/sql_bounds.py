@@ -1,0 +1,211 @@
+"""Bounds on the SQL store's server connections: how long one call may wait, and how many stay open.
+
+Why a thread of our own, rather than driver options:
+
+* **No call waits longer than its bound.** libpq (psycopg) has no client-side read timeout: a network
+  that goes silent after a statement was sent (a dead proxy, a partitioned host) leaves the caller
+  blocked until the kernel gives up on the TCP connection, minutes later; the server-side
+  ``statement_timeout`` cannot help, since the server never hears of the statement. PyMySQL has socket
+  timeouts, but fixed per connection, while a ``complete`` carrying a large artifact legitimately takes
+  longer than a read. So each call on a pooled connection registers a deadline here, and when it
+  passes, the connection's socket is shut down from this thread: the blocked driver call wakes at once
+  with "connection lost", which the store reports as :class:`~dibs.errors.StoreUnavailable`. The same
+  works for every driver that talks over a socket.
+* **A waiting process keeps few connections.** SQLAlchemy's pool opens a connection whenever none is
+  idle, and keeps every connection it ever opened: a process whose waiters once asked at the same
+  moment kept three for good (four with the listener), and thirty such processes ran a server with
+  ``max_connections = 100`` out of connections. Here (:class:`PatientPool`), a call that finds every
+  open connection busy first waits :data:`PATIENCE` seconds for one to come back (a waiter's call
+  takes a few milliseconds) before it opens another, and the keeper closes pooled connections beyond
+  one that have been idle for :data:`IDLE_SECONDS`. So a process that only waits holds one pooled
+  connection plus PostgreSQL's listener, and a busy one still grows to ``pool_size``.
+
+One :class:`Keeper` per store, with one daemon thread started on first use (and again in a forked
+child, where threads do not survive).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
+from sqlalchemy.util import queue as sqla_queue
+
+
+class PatientPool(QueuePool):
+    """A bounded pool that opens another connection only when the open ones stay busy for
+    :data:`PATIENCE` seconds (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # SQLAlchemy names a pool's logger after its class's module, which would put its messages
+        # ("Pool disposed", ...) under the "dibs" logger: keep them under SQLAlchemy's own name.
+        self.logger = logging.getLogger("sqlalchemy.pool.impl.QueuePool")  # type: ignore[assignment]
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        opened = self._pool.maxsize + self._overflow  # QueuePool counts its overflow from -pool_size
+        if opened > 0 and self._pool.empty():
+            with contextlib.suppress(sqla_queue.Empty):
+                entry: ConnectionPoolEntry = self._pool.get(True, PATIENCE)
+                return entry
+        return super()._do_get()
+
+
+__all__ = ["IDLE_SECONDS", "PATIENCE", "Keeper", "PatientPool"]
+
+#: Pooled connections beyond one are closed after being idle this long.
+IDLE_SECONDS = 2.0
+#: How long a call waits for a busy pooled connection before it opens another one.
+PATIENCE = 0.25
+_IDLE_SINCE = "dibs_idle_since"
+
+
+class Keeper:
+    """Deadlines of the calls in flight on one store's pool, and the trimming of its idle connections."""
+
+    def __init__(self, engine: Any, *, idle_seconds: float = IDLE_SECONDS) -> None:
+        self._engine = weakref.ref(engine)
+        self._idle_seconds = idle_seconds
+        self._lock = threading.Condition()
+        self._calls: dict[int, tuple[float, int]] = {}  # ticket -> (deadline, socket file descriptor)
+        self._ended: set[int] = set()
+        self._next_ticket = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._trim_at: float | None = None
+        # When the thread wakes next: a new deadline or trim wakes it earlier only if it is sooner
+        # (a call registers without waking the thread, in the usual case).
+        self._wake_at = 0.0
+
+    # -- deadlines ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def bounded(self, dbapi_connection: Any, seconds: float) -> Iterator[list[bool]]:
+        """Shut ``dbapi_connection``'s socket down if the block has not ended within ``seconds``.
+
+        Yields a one-item list that is ``[True]`` afterwards when the deadline ended the call (the
+        caller then reports a timeout rather than a lost connection).
+        """
+        ended = [False]
+        fileno = _fileno(dbapi_connection)
+        if fileno is None:  # not a socket (SQLite): nothing to bound here
+            yield ended
+            return
+        with self._lock:
+            self._start()
+            ticket = self._next_ticket = self._next_ticket + 1
+            deadline = time.monotonic() + seconds
+            self._calls[ticket] = (deadline, fileno)
+            if deadline < self._wake_at:
+                self._lock.notify()
+        try:
+            yield ended
+        finally:
+            with self._lock:
+                # Under the lock: once unregistered, the thread never touches this socket again.
+                self._calls.pop(ticket, None)
+                if ticket in self._ended:
+                    self._ended.discard(ticket)
+                    ended[0] = True
+
+    # -- idle connections -----------------------------------------------------------------------------
+    def returned(self, connection_record: Any) -> None:
+        """A connection went back to the pool: note when, and trim the idle ones later."""
+        now = time.monotonic()
+        connection_record.info[_IDLE_SINCE] = now
+        with self._lock:
+            self._start()
+            if self._trim_at is None:
+                self._trim_at = now + self._idle_seconds
+                if self._trim_at < self._wake_at:
+                    self._lock.notify()
+
+    def _trim(self) -> bool:
+        """Close idle pooled connections beyond one that have been idle long enough; ``True`` while
+        others remain that may be closed later."""
+        pool = getattr(self._engine(), "pool", None)
+        if not isinstance(pool, QueuePool):  # SQLite's own pool: nothing to trim
+            return False
+        queue: Any = pool._pool  # sqlalchemy.util.queue.Queue: its mutex and deque are what we need
+        now = time.monotonic()
+        with queue.mutex:
+            # LIFO pool: the most recently returned connection (the last) is the one kept.
+            candidates = list(queue.queue)[:-1]
+            stale = [r for r in candidates if now - r.info.get(_IDLE_SINCE, now) >= self._idle_seconds]
+            for record in stale:
+                queue.queue.remove(record)
+        for record in stale:
+            pool._dec_overflow()  # the pool may open another in its place when it needs one
+            with contextlib.suppress(Exception):
+                record.close()
+        return len(candidates) > len(stale)
+
+    # -- the thread -----------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start the thread if it is not running (first use, or a forked child). Holds the lock."""
+        if self._closed or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._thread = threading.Thread(target=self._run, name="dibs-sql-keeper", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()  # the thread ends at once
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed or self._engine() is None:
+                    return
+                now = time.monotonic()
+                for ticket, (deadline, fileno) in list(self._calls.items()):
+                    if deadline <= now:
+                        del self._calls[ticket]
+                        self._ended.add(ticket)
+                        _shut_down(fileno)
+                trim = self._trim_at is not None and self._trim_at <= now
+                if trim:
+                    self._trim_at = None
+                wakes = [deadline for deadline, _ in self._calls.values()]
+                if self._trim_at is not None:
+                    wakes.append(self._trim_at)
+                if not trim:
+                    # At most a minute: a store dropped without close() lets the thread end.
+                    self._wake_at = min([*wakes, now + 60.0])
+                    self._lock.wait(timeout=max(0.0, self._wake_at - now))
+                    continue
+            if self._trim():  # outside the lock: it takes the pool's own lock
+                with self._lock:
+                    if self._trim_at is None:
+                        self._trim_at = time.monotonic() + self._idle_seconds
+
+
+def _fileno(dbapi_connection: Any) -> int | None:
+    """The socket of a DBAPI connection: psycopg's ``fileno()``, PyMySQL's ``_sock``."""
+    with contextlib.suppress(Exception):
+        if hasattr(dbapi_connection, "_sock"):
+            sock = dbapi_connection._sock
+            return None if sock is None else int(sock.fileno())
+        if hasattr(dbapi_connection, "fileno") and hasattr(dbapi_connection, "pgconn"):
+            return int(dbapi_connection.fileno())
+    return None
+
+
+def _shut_down(fileno: int) -> None:
+    """Shut the socket down for both directions: a driver blocked reading or writing wakes at once
+    with a lost connection. A duplicate descriptor is used, so the driver's own stays valid (and is
+    closed by the driver); the shutdown applies to the socket both share."""
+    with contextlib.suppress(OSError):
+        duplicate = socket.socket(fileno=os.dup(fileno))
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        finally:
+            duplicate.close()
