@@ -187,15 +187,16 @@ def _progress(watch: Watch, seen: Seen, deadline: Deadline, last: float) -> floa
     return now
 
 
-def expiry_cause(acquired: Acquired, seen: Seen | None, *, limit: str) -> str:
-    """Why the lease ``acquired`` took over had expired, as far as this waiter saw it.
+def expiry_cause(took_over_from: str, acquired_at: float, seen: Seen | None, *, limit: str) -> str:
+    """Why the lease of ``took_over_from``, taken over at ``acquired_at`` (store clock), had expired, as
+    far as this waiter saw it.
 
     A lease that expired at its maximum age (``limit``: Prefect's ``hold_timeout``, or a block's
     ``max_lease_age``) ran out, whatever its holder did; one that expired earlier was not renewed.
     """
-    lease = seen.lease if seen is not None and seen.busy.holder == acquired.took_over_from else None
+    lease = seen.lease if seen is not None and seen.busy.holder == took_over_from else None
     if lease is None:
         return f"its lease had expired (its holder stopped heartbeating, or its {limit} ran out)"
-    if lease.max_expires_at is not None and acquired.lease.record.acquired_at >= lease.max_expires_at:
+    if lease.max_expires_at is not None and acquired_at >= lease.max_expires_at:
         return f"its {limit} ({lease.max_expires_at - lease.acquired_at:g}s) ran out"
     return "its holder stopped heartbeating, so its lease expired"

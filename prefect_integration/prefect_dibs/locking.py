@@ -296,7 +296,9 @@ class DibsLockManager(LockManager):
                 "took over the cache lock %r from %s: %s",
                 key.name,
                 _runs.holder_link(_runs.lock_run(outcome.took_over_from)),
-                expiry_cause(outcome, seen, limit="hold_timeout"),
+                expiry_cause(
+                    outcome.took_over_from, outcome.lease.record.acquired_at, seen, limit="hold_timeout"
+                ),
             )
         lease = outcome.lease
         with self._held_lock:

@@ -34,19 +34,19 @@ part for users who want to keep Prefect's cache; ``@reserved`` also shares the r
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import inspect
-import time
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
-from dibs import Reservations, keys
+from dibs import Reservations, events, keys
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, validate_seconds
 from dibs.errors import ConfigurationError, StoreUnavailable
+from dibs.events import Emitter
+from dibs.flow import AsyncSteps, Call, Steps, Wait
 from dibs.keys import Key
-from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.outcomes import Acquired, Busy, Hit, RunReport
 from dibs.runtime import runtime
 from dibs.serializers import Serializer
 from dibs.settings import validate_timings
@@ -273,7 +273,8 @@ class _Reservation:
             return self.refresh
         return _runs.refresh_cache(ctx)
 
-    def announce_wait(self, ctx: Any, logger: Logger, busy: Busy) -> None:
+    def announce_wait(self, ctx: Any, logger: Logger, busy: events.KeyBusy) -> None:
+        """The run found the key busy: say on whom it waits, and show ``Waiting``."""
         logger.info(
             "%s is being computed by %s (lease attempt %d on this key, for %.1fs so far); waiting for its "
             "result instead of computing it again (its lease runs %.1fs more unless renewed: if that run "
@@ -281,143 +282,84 @@ class _Reservation:
             busy.key,
             _runs.holder_link(busy.holder),
             busy.attempt,
-            max(0.0, busy.now - busy.since),
-            busy.remaining,
+            busy.held_for,
+            busy.expires_in,
         )
         if busy.last_failure is not None:
             logger.info(
                 "%s failed %d time(s) before; last error from %r: %s",
                 busy.key,
-                busy.last_failure.count,
-                busy.last_failure.owner,
-                busy.last_failure.error,
+                busy.failures,
+                busy.last_failure_owner,
+                busy.last_failure,
             )
         _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
 
-    def watch(self, ctx: Any, logger: Logger) -> Watch:
-        """What this run says while it waits: a new holder at once (logs and state), and every
-        ``progress_interval`` seconds that it still waits."""
-
-        def changed(seen: Seen) -> None:
-            busy = seen.busy
-            logger.info("%s changed hands: now held by %s", busy.key, _runs.holder_link(busy.holder))
-            _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
-
-        def progress(seen: Seen, waited: float) -> None:
-            logger.info(
-                "still waiting for %s: held by %r, %.0fs so far", seen.busy.key, seen.busy.holder, waited
-            )
-
-        return Watch(changed, progress, self.progress_interval)
-
-    def announce_acquired(
-        self, ctx: Any, logger: Logger, got: Acquired, waited_on: str | None, seen: Seen | None
-    ) -> None:
-        if got.took_over_from is not None:
-            logger.warning(
-                "%s: took over from %r: %s; computing it now (token %d)",
-                got.key,
-                got.took_over_from,
-                expiry_cause(got, seen, limit="maximum lease age"),
-                got.lease.token,
-            )
-        elif waited_on is not None:
-            logger.info("%s: %r released it without a result; computing it now", got.key, waited_on)
-        else:
-            logger.info("%s: not computed yet; this run computes it (token %d)", got.key, got.lease.token)
-        if got.last_failure is not None:
-            logger.info(
-                "%s failed %d time(s) before; last error from %r: %s",
-                got.key,
-                got.last_failure.count,
-                got.last_failure.owner,
-                got.last_failure.error,
-            )
-        if waited_on is not None:
-            _runs.mark_state(ctx, "Running", f"computing {got.key}")
-
-    @staticmethod
-    def hit_report(got: Hit, waited: float, waited_on: str | None, logger: Logger) -> tuple[RunReport, str]:
-        """How a run that used the artifact reports it, and the message of its ``Cached`` state."""
-        role: Literal["waited", "hit"] = "waited" if waited_on is not None else "hit"
-        if role == "waited":
-            logger.info(
-                "%s: computed by %r while this run waited %.1fs; using its artifact (token %d)",
-                got.key,
-                got.producer,
-                waited,
-                got.token,
-            )
-            message = f"dibs: {got.key} was computed by {got.producer!r} while this run waited {waited:.1f}s"
-        else:
-            logger.info(
-                "%s: already computed by %r; using its artifact (token %d)", got.key, got.producer, got.token
-            )
-            message = f"dibs: {got.key} was already computed by {got.producer!r}"
-        report = RunReport(got.key, got.value, role, got.token, got.producer, waited, waited_on)
-        return report, f"{message} (token {got.token})"
-
     def unreserved(
+        self, logger: Logger, args: tuple[Any, ...], kwargs: dict[str, Any], exc: StoreUnavailable
+    ) -> Key:
+        """The store could not even be opened (no client, so no flow): re-raise ``exc`` unless the
+        block's policy says to run unreserved; then log it as the flow would and return the key."""
+        if _unreachable_policy(self.store) == "fail":
+            raise exc
+        key = Key(self.settings.namespace or "default", self.key_name(args, kwargs))
+        _say_unreserved(logger, key, str(exc))
+        return key
+
+    def call(
         self,
-        client: Reservations | None,
+        ctx: Any,
         logger: Logger,
+        *,
+        client: Reservations,
+        timeout: float | None,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        exc: StoreUnavailable,
-    ) -> Key:
-        """Re-raise ``exc`` unless the policy says to run unreserved; then log it and return the key.
-
-        The policy is the client's, or, when the store could not even be opened, the block's.
-        """
-        policy = client.on_store_unavailable if client is not None else _unreachable_policy(self.store)
-        if policy == "fail":
-            raise exc
-        namespace = client.namespace if client is not None else self.settings.namespace or "default"
-        key = Key(namespace, self.key_name(args, kwargs))
-        logger.warning(
-            "the dibs store is unreachable (%s); running %s unreserved (on_store_unavailable='run')", exc, key
+    ) -> tuple[Call, _Narrator]:
+        """This task run's compute-once call (:mod:`dibs.flow`), and the narrator of its events."""
+        narrator = _Narrator(ctx, logger, self)
+        call = client.call(
+            self.key_name(args, kwargs),
+            owner=_owner(ctx),
+            timeout=timeout,
+            refresh=self.refresh_wanted(ctx),
+            frontend="prefect",
+            observer=narrator,
         )
-        return key
+        return call, narrator
 
     # -- sync ----------------------------------------------------------------------------------------
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
-        owner = _runs.task_run_owner(ctx) if ctx is not None else default_owner()
-        waited_on: str | None = None
-        seen: Seen | None = None
-        client: Reservations | None = None
-        started = time.monotonic()
         try:
             client, timeout = self.resolve()
-            key = client.key(self.key_name(args, kwargs))
-            refresh = self.refresh_wanted(ctx)
-            started = time.monotonic()  # waiting starts now: opening the store is not waiting
-            got: Outcome = client.get_or_reserve(key, owner, refresh=refresh)
-            min_token = got.token if refresh and isinstance(got, Busy) else None  # its result is fresh
-            if isinstance(got, Busy):
-                self.announce_wait(ctx, logger, got)
-                got, seen = wait_for_key(
-                    client, key, owner, got, self.watch(ctx, logger), timeout=timeout, min_token=min_token
-                )
-                waited_on = seen.busy.holder
-                if isinstance(got, Busy):
-                    raise got.timed_out(time.monotonic() - started)
         except StoreUnavailable as exc:
-            report_key = self.unreserved(client, logger, args, kwargs, exc)
+            report_key = self.unreserved(logger, args, kwargs, exc)
             value = self.fn(*args, **kwargs)
-            self.publish(ctx, RunReport(report_key, value, "unreserved", None, owner, stored=False), logger)
+            self.publish(
+                ctx, RunReport(report_key, value, "unreserved", None, _owner(ctx), stored=False), logger
+            )
             return value
-        waited = time.monotonic() - started
-        if isinstance(got, Hit):
-            report, message = self.hit_report(got, waited, waited_on, logger)
-            self.publish(ctx, report, logger)
-            return _cached.as_cached(ctx, self, report, message)
-        self.announce_acquired(ctx, logger, got, waited_on, seen)
-        held = client.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
-        report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+        call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
+        steps = _TaskSteps(client, lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger)
+        steps.narrator = narrator
+        report = call.drive(steps)
         self.publish(ctx, report, logger)
-        return report.value
+        return self.returned(ctx, report)
+
+    def returned(self, ctx: Any, report: RunReport) -> Any:
+        """What the task returns: a value it used from the store ends ``Cached``, as Prefect's own hits do."""
+        if report.role not in ("hit", "waited"):
+            return report.value
+        if report.role == "waited":
+            message = (
+                f"dibs: {report.key} was computed by {report.producer!r} while this run waited "
+                f"{report.waited_seconds:.1f}s"
+            )
+        else:
+            message = f"dibs: {report.key} was already computed by {report.producer!r}"
+        return _cached.as_cached(ctx, self, report, f"{message} (token {report.token})")
 
     def publish(self, ctx: Any, report: RunReport, logger: Logger) -> None:
         if not self.artifact or ctx is None:
@@ -431,47 +373,25 @@ class _Reservation:
 
     # -- async ---------------------------------------------------------------------------------------
     async def arun(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """:meth:`run` for coroutine tasks: the same steps, awaited; the task's loop is never blocked."""
+        """:meth:`run` for coroutine tasks: the same flow, awaited; the task's loop is never blocked."""
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
-        owner = _runs.task_run_owner(ctx) if ctx is not None else default_owner()
-        waited_on: str | None = None
-        seen: Seen | None = None
-        client: Reservations | None = None
-        started = time.monotonic()
         try:
-            resolved, timeout = await runtime().io(self.resolve)
-            client, aclient = resolved, resolved.aio()
-            key = resolved.key(self.key_name(args, kwargs))
-            refresh = self.refresh_wanted(ctx)
-            started = time.monotonic()  # waiting starts now: opening the store is not waiting
-            got: Outcome = await aclient.get_or_reserve(key, owner, refresh=refresh)
-            min_token = got.token if refresh and isinstance(got, Busy) else None  # its result is fresh
-            if isinstance(got, Busy):
-                self.announce_wait(ctx, logger, got)
-                got, seen = await await_key(
-                    aclient, key, owner, got, self.watch(ctx, logger), timeout=timeout, min_token=min_token
-                )
-                waited_on = seen.busy.holder
-                if isinstance(got, Busy):
-                    raise got.timed_out(time.monotonic() - started)
+            client, timeout = await runtime().io(self.resolve)
         except StoreUnavailable as exc:
-            report_key = self.unreserved(client, logger, args, kwargs, exc)
+            report_key = self.unreserved(logger, args, kwargs, exc)
             value = await self.fn(*args, **kwargs)
-            await self.apublish(
-                ctx, RunReport(report_key, value, "unreserved", None, owner, stored=False), logger
-            )
-            return value
-        waited = time.monotonic() - started
-        if isinstance(got, Hit):
-            report, message = self.hit_report(got, waited, waited_on, logger)
+            report = RunReport(report_key, value, "unreserved", None, _owner(ctx), stored=False)
             await self.apublish(ctx, report, logger)
-            return _cached.as_cached(ctx, self, report, message)
-        self.announce_acquired(ctx, logger, got, waited_on, seen)
-        held = await aclient.hold(got, lambda: self.fn(*args, **kwargs), logger=logger)
-        report = dataclasses.replace(held, waited_seconds=waited, waited_on=waited_on)
+            return value
+        call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
+        steps = _AsyncTaskSteps(
+            client.aio(), lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger
+        )
+        steps.narrator = narrator
+        report = await call.adrive(steps)
         await self.apublish(ctx, report, logger)
-        return report.value
+        return self.returned(ctx, report)
 
     async def apublish(self, ctx: Any, report: RunReport, logger: Logger) -> None:
         if not self.artifact or ctx is None:
@@ -484,6 +404,142 @@ class _Reservation:
             )
         except Exception as exc:  # a summary must never fail the task
             logger.debug("could not publish the dibs summary artifact: %s", exc)
+
+
+def _owner(ctx: Any) -> str:
+    return _runs.task_run_owner(ctx) if ctx is not None else default_owner()
+
+
+def _say_unreserved(logger: Logger, key: Key | str, error: str) -> None:
+    logger.warning(
+        "the dibs store is unreachable (%s); running %s unreserved (on_store_unavailable='run')", error, key
+    )
+
+
+class _Narrator:
+    """The flow's events in a Prefect run's words: its log lines and its ``Waiting``/``Running`` states.
+
+    While the run waits, :mod:`prefect_dibs._watching` tells it at once when the key changes hands and
+    every ``progress_interval`` that it still waits (:meth:`watch`); it also remembers the holders it saw,
+    to explain a takeover.
+    """
+
+    def __init__(self, ctx: Any, logger: Logger, reservation: _Reservation) -> None:
+        self.ctx, self.logger, self.reservation = ctx, logger, reservation
+        self.seen: Seen | None = None
+        self.waited: events.Waited | None = None
+        self.announced = False
+
+    def __call__(self, event: events.Event) -> None:
+        if isinstance(event, events.KeyBusy) and not self.announced:
+            self.announced = True
+            self.reservation.announce_wait(self.ctx, self.logger, event)
+        elif isinstance(event, events.HolderChanged):
+            holder = _runs.holder_link(event.holder)
+            self.logger.info("%s changed hands: now held by %s", event.key, holder)
+            _runs.mark_state(self.ctx, "Waiting", f"waiting for {event.key} held by {event.holder!r}")
+        elif isinstance(event, events.Waited):
+            self.waited = event
+        elif isinstance(event, events.ArtifactFound):
+            self._found(event)
+        elif isinstance(event, events.LeaseAcquired):
+            self._acquired(event)
+        elif isinstance(event, events.RanUnreserved):
+            _say_unreserved(self.logger, event.key, event.error)
+
+    def watch(self, step: Wait, emit: Emitter | None) -> Watch:
+        """What this run hears while it waits: a new holder at once (a ``HolderChanged`` event, which
+        its logs and state then say), and every ``progress_interval`` seconds that it still waits."""
+        logger = self.logger
+        last = [step.busy.holder]
+
+        def changed(seen: Seen) -> None:
+            busy = seen.busy
+            if emit is not None:
+                emit(events.HolderChanged, previous=last[0], holder=busy.holder, expires_in=busy.remaining)
+            last[0] = busy.holder
+
+        def progress(seen: Seen, waited: float) -> None:
+            logger.info(
+                "still waiting for %s: held by %r, %.0fs so far", seen.busy.key, seen.busy.holder, waited
+            )
+
+        return Watch(changed, progress, self.reservation.progress_interval)
+
+    def _found(self, got: events.ArtifactFound) -> None:
+        if got.waited:
+            waited = 0.0 if self.waited is None else self.waited.seconds
+            self.logger.info(
+                "%s: computed by %r while this run waited %.1fs; using its artifact (token %d)",
+                got.key,
+                got.producer,
+                waited,
+                got.token,
+            )
+        else:
+            self.logger.info(
+                "%s: already computed by %r; using its artifact (token %d)", got.key, got.producer, got.token
+            )
+
+    def _acquired(self, got: events.LeaseAcquired) -> None:
+        logger = self.logger
+        waited_on = None if self.waited is None else self.waited.holder
+        if got.took_over_from is not None:
+            logger.warning(
+                "%s: took over from %r: %s; computing it now (token %d)",
+                got.key,
+                got.took_over_from,
+                expiry_cause(got.took_over_from, got.acquired_at, self.seen, limit="maximum lease age"),
+                got.token,
+            )
+        elif waited_on is not None:
+            logger.info("%s: %r released it without a result; computing it now", got.key, waited_on)
+        else:
+            logger.info("%s: not computed yet; this run computes it (token %d)", got.key, got.token)
+        if got.last_failure is not None:
+            logger.info(
+                "%s failed %d time(s) before; last error from %r: %s",
+                got.key,
+                got.failures,
+                got.last_failure_owner,
+                got.last_failure,
+            )
+        if waited_on is not None:
+            _runs.mark_state(self.ctx, "Running", f"computing {got.key}")
+
+
+class _TaskSteps(Steps):
+    """A Prefect task's steps: the wait goes through :func:`wait_for_key`, which keeps the run's logs
+    and state naming whoever holds the key now."""
+
+    narrator: _Narrator
+
+    def wait(self, step: Wait) -> Hit | Acquired | Busy:
+        got, self.narrator.seen = wait_for_key(self.client, **_waiting_on(step, self.narrator, self.emit))
+        return got
+
+
+class _AsyncTaskSteps(AsyncSteps):
+    """:class:`_TaskSteps` for coroutine tasks."""
+
+    narrator: _Narrator
+
+    async def wait(self, step: Wait) -> Hit | Acquired | Busy:
+        got, self.narrator.seen = await await_key(self.client, **_waiting_on(step, self.narrator, self.emit))
+        return got
+
+
+def _waiting_on(step: Wait, narrator: _Narrator, emit: Emitter | None) -> dict[str, Any]:
+    """What :func:`wait_for_key` and :func:`await_key` take from the flow's wait step."""
+    ask = step.ask
+    return {
+        "key": ask.key,
+        "owner": ask.owner,
+        "busy": step.busy,
+        "watch": narrator.watch(step, emit),
+        "timeout": step.timeout,
+        "min_token": ask.min_fence,
+    }
 
 
 def _block_wait_timeout(store: StoreSpec) -> float | None:

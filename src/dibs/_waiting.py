@@ -80,16 +80,23 @@ def _pause_for(
 
 
 def acquire_until(
-    ask: AskAcquire, deadline: Deadline, backoff: Backoff, following: Callable[[], bool]
+    ask: AskAcquire,
+    deadline: Deadline,
+    backoff: Backoff,
+    following: Callable[[], bool],
+    held: Callable[[Held], None] | None = None,
 ) -> Loop[StoreOutcome]:
     """Ask until the answer is not :class:`Held` or the deadline passes; returns the last answer.
 
-    ``following()`` says whether the hub follows the store right now (then the backstop can be slow).
+    ``following()`` says whether the hub follows the store right now (then the backstop can be slow);
+    ``held(answer)`` hears every busy answer, from an ask or a delivered change (who holds it now).
     """
     attempt = 0
     outcome = yield ask
     while True:
         assert isinstance(outcome, StoreOutcome), outcome
+        if isinstance(outcome, Held) and held is not None:
+            held(outcome)
         if not isinstance(outcome, Held) or deadline.expired:
             return outcome
         holder_remaining = outcome.lease.expires_at - outcome.now

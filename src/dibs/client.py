@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
 
-from dibs import holding, keys
+from dibs import events, flow, holding, keys
 from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, default_store_url, validate_seconds
@@ -28,10 +28,10 @@ from dibs.errors import (
     ConfigurationError,
     ReservationError,
     SerializationError,
-    StoreUnavailable,
     TooManyFailures,
     WaitTimeout,
 )
+from dibs.events import Emitter, Event, Observation, Observer, Observers
 from dibs.keys import Key
 from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
@@ -121,6 +121,15 @@ class Reservations:
                 )
             self.store, self._shared = runtime().share_store(url), True
         self._closed = False
+        #: This client's observers (see :mod:`dibs.events`); :meth:`observe` adds one.
+        self.observers = Observers()
+        # What events call the store: its URL's scheme, as stores are chosen by URL (read once: a
+        # store's url is redacted on every read).
+        self._store_kind = self.store.url.split("://", 1)[0].split("+", 1)[0].lower()
+
+    def observe(self, observer: Observer) -> Observation:
+        """Hear every event of this client's compute-once calls; ``close()`` the result to stop."""
+        return self.observers.add(observer)
 
     # -- settings, for reading ----------------------------------------------------------------------
     @property
@@ -400,13 +409,20 @@ class Reservations:
         first = outcome if isinstance(outcome, Held) else None
         if first is not None and not deadline.expired:
             ask = self._ask_again(ask, first, max_age)
-            with runtime().subscribe(self.store, ask.key) as subscription:
-                loop = acquire_until(ask, deadline, self.backoff, lambda: subscription.following)
-                outcome = drive(loop, self.store, subscription)
+            outcome = self._wait_store(ask, deadline)
         result = self._to_outcome(ask.key, outcome)
         if isinstance(result, Busy) and raise_on_timeout:
             raise _gave_up(result.key, deadline, busy=result)
         return result, first
+
+    def _wait_store(
+        self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome:
+        """Ask until the key is not busy or ``deadline`` passes, woken by the watch hub; ``held``
+        hears who holds it meanwhile."""
+        with runtime().subscribe(self.store, ask.key) as subscription:
+            loop = acquire_until(ask, deadline, self.backoff, lambda: subscription.following, held)
+            return drive(loop, self.store, subscription)
 
     def wait(
         self,
@@ -464,6 +480,7 @@ class Reservations:
         *,
         failure_of: holding.FailureOf | None = None,
         logger: holding.Logger | None = None,
+        emit: Emitter | None = None,
     ) -> RunReport:
         """Run ``work()`` while holding the lease: heartbeats, then complete or release (see
         :mod:`dibs.holding` for every decision). Returns how it went; ``report.value`` is the value.
@@ -471,18 +488,32 @@ class Reservations:
         :param failure_of: how a failure of ``work`` is recorded (``None``: not as a failure);
             default ``Type: message``.
         :param logger: where the decisions are logged (an orchestrator's task logger, say).
+        :param emit: the call's :class:`~dibs.events.Emitter`, to hear what happens (see :mod:`dibs.flow`).
         """
         lease = got.lease if isinstance(got, Acquired) else got
         took_over_from = got.took_over_from if isinstance(got, Acquired) else None
         logger = logger or log
-        with holding.holding(self.store, lease.key), lease.keep_alive(on_lost=holding.lost_reporter(logger)):
+        keeper = lease.keep_alive(
+            on_lost=holding.lost_reporter(logger, emit, lease.token),
+            on_failed=holding.heartbeat_reporter(emit, lease.token),
+        )
+        started = time.monotonic()
+        with holding.holding(self.store, lease.key), keeper:
             try:
                 value = work()
             except BaseException as exc:
-                holding.release_after(lease, exc, failure_of, logger)
+                # Heartbeats end first: one running after the release would report a false "lease lost".
+                keeper.stop()
+                holding.release_after(lease, exc, failure_of, logger, emit)
                 raise
         return holding.store_value(
-            lease, value, took_over_from=took_over_from, policy=self.on_store_unavailable, logger=logger
+            lease,
+            value,
+            took_over_from=took_over_from,
+            policy=self.on_store_unavailable,
+            logger=logger,
+            emit=emit,
+            compute_seconds=time.monotonic() - started,
         )
 
     def compute(
@@ -496,53 +527,53 @@ class Reservations:
         timeout: float | None = None,
         max_age: float | None = None,
         refresh: bool = False,
+        observer: Observer | None = None,
     ) -> RunReport:
         """Get the key's value, computing it with ``fn(*args, **kwargs)`` only if nobody else does.
 
         Says how the value was obtained: ``computed``, ``waited``, ``hit``, or ``unreserved`` (the
         store was unreachable and ``on_store_unavailable="run"``). ``max_age`` and ``refresh`` are
         :meth:`acquire`'s: an artifact that old, or any with ``refresh``, is computed again.
+        ``observer`` hears this call's events (besides the client's and the process's observers).
         """
+        call = self.call(
+            key, owner=owner, timeout=timeout, max_age=max_age, refresh=refresh, observer=observer
+        )
+        return call.drive(flow.Steps(self, lambda: fn(*args, **(kwargs or {})), emit=call.emitter))
+
+    def call(
+        self,
+        key: str | Key,
+        *,
+        owner: str | None = None,
+        timeout: float | None = None,
+        max_age: float | None = None,
+        refresh: bool = False,
+        resume: flow.Waiting | None = None,
+        frontend: str = "python",
+        observer: Observer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> flow.Call:
+        """One compute-once call, not started: its flow and the emitter of its events (for front ends
+        that drive the flow themselves, see :mod:`dibs.flow`). ``resume`` continues a call that waited
+        elsewhere (``clock`` then must be ``time.time``, which a resumed wait can be measured on)."""
+        k = self.key(key)
         owner = owner or default_owner()
-        ask = self._ask(self.key(key), owner, None, None, max_age=max_age, refresh=refresh)
-        started = time.monotonic()
-        try:
-            got, waited_on = self._acquire(ask, Deadline(timeout), max_age, raise_on_timeout=True)
-        except StoreUnavailable as exc:
-            if self.on_store_unavailable == "fail":
-                log.error("store unavailable for %s, not running it (policy 'fail'): %s", ask.key, exc)
-                raise
-            log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", ask.key, exc)
-            return RunReport(ask.key, fn(*args, **(kwargs or {})), "unreserved", None, owner, stored=False)
-        assert not isinstance(got, Busy)
-        waited = time.monotonic() - started
-        if isinstance(got, Hit):
-            return self._hit_report(got, waited_on, waited)
-        self._log_acquired(got)
-        report = self.hold(got, lambda: fn(*args, **(kwargs or {})))
-        return self._held_report(report, waited_on, waited)
-
-    @staticmethod
-    def _hit_report(got: Hit, waited_on: Held | None, waited: float) -> RunReport:
-        role: Literal["waited", "hit"] = "waited" if waited_on is not None else "hit"
-        holder = waited_on.lease.owner if waited_on is not None else None
-        log.info("%s: using the artifact stored by %s (token %s)", got.key, got.producer, got.token)
-        return RunReport(got.key, got.value, role, got.token, got.producer, waited, holder)
-
-    @staticmethod
-    def _held_report(report: RunReport, waited_on: Held | None, waited: float) -> RunReport:
-        holder = waited_on.lease.owner if waited_on is not None else None
-        return dataclasses.replace(report, waited_seconds=waited, waited_on=holder)
-
-    @staticmethod
-    def _log_acquired(got: Acquired) -> None:
-        if got.took_over_from:
-            log.warning(
-                "%s: took over the expired lease of %s (token %s)",
-                got.key,
-                got.took_over_from,
-                got.lease.token,
-            )
+        timeout = validate_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        ask = self._ask(k, owner, None, None, max_age=max_age, refresh=refresh)
+        translate = _log_event if frontend == "python" else None  # the other front ends say it their way
+        observers = (events.PROCESS, self.observers, translate, observer)
+        emitter = Emitter(k, owner, frontend, observers, store=self._store_kind)
+        steps = flow.compute_once(
+            ask,
+            emitter=emitter,
+            policy=self.on_store_unavailable,
+            timeout=timeout,
+            max_age=self._max_age(max_age),
+            resume=resume,
+            clock=clock,
+        )
+        return flow.Call(steps, emitter)
 
     def run(self, key: str | Key, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)``, computed once across every process racing on ``key``."""
@@ -740,13 +771,24 @@ class AsyncReservations:
         first = outcome if isinstance(outcome, Held) else None
         if first is not None and not deadline.expired:
             ask = c._ask_again(ask, first, max_age)
-            with runtime().subscribe(c.store, ask.key) as subscription:
-                loop = acquire_until(ask, deadline, c.backoff, lambda: subscription.following)
-                outcome = await adrive(loop, io, subscription)
+            outcome = await self._wait_store(ask, deadline)
         result = await self._outcome(ask.key, outcome)
         if isinstance(result, Busy) and raise_on_timeout:
             raise _gave_up(result.key, deadline, busy=result)
         return result, first
+
+    async def _ask_store(self, ask: AskAcquire) -> StoreOutcome:
+        """One ask in the I/O executor; a cancelled caller leaves nothing held (:class:`_AsyncStoreIO`)."""
+        return await _AsyncStoreIO(self.client).acquire(ask)
+
+    async def _wait_store(
+        self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome:
+        """:meth:`Reservations._wait_store`, awaited on the watch hub (no thread per waiter)."""
+        c = self.client
+        with runtime().subscribe(c.store, ask.key) as subscription:
+            loop = acquire_until(ask, deadline, c.backoff, lambda: subscription.following, held)
+            return await adrive(loop, _AsyncStoreIO(c), subscription)
 
     async def wait(
         self,
@@ -791,6 +833,7 @@ class AsyncReservations:
         *,
         failure_of: holding.FailureOf | None = None,
         logger: holding.Logger | None = None,
+        emit: Emitter | None = None,
     ) -> RunReport:
         """:meth:`Reservations.hold` for a coroutine: the same decisions, with the store's part in the
         I/O executor. Heartbeats run in their own thread, so they go on even while the work hogs the loop.
@@ -803,23 +846,34 @@ class AsyncReservations:
         took_over_from = got.took_over_from if isinstance(got, Acquired) else None
         logger = logger or log
         rt = runtime()
+        started = time.monotonic()
         with holding.holding(c.store, lease.key):
-            keeper = lease.keep_alive(on_lost=holding.lost_reporter(logger))
+            keeper = lease.keep_alive(
+                on_lost=holding.lost_reporter(logger, emit, lease.token),
+                on_failed=holding.heartbeat_reporter(emit, lease.token),
+            )
             keeper.__enter__()
             try:
                 value = await work()
             except BaseException as exc:
                 # Shielded: a second cancellation must not stop the release that frees the key.
-                await asyncio.shield(rt.io(_stop_and_release, keeper, lease, exc, failure_of, logger))
+                release = functools.partial(
+                    _stop_and_release, keeper, lease, exc, failure_of=failure_of, logger=logger, emit=emit
+                )
+                await asyncio.shield(rt.io(release))
                 raise
             await rt.io(keeper.stop)  # it may join a heartbeat in flight: not on the loop
         return await rt.io(
-            holding.store_value,
-            lease,
-            value,
-            took_over_from=took_over_from,
-            policy=c.on_store_unavailable,
-            logger=logger,
+            functools.partial(
+                holding.store_value,
+                lease,
+                value,
+                took_over_from=took_over_from,
+                policy=c.on_store_unavailable,
+                logger=logger,
+                emit=emit,
+                compute_seconds=time.monotonic() - started,
+            )
         )
 
     async def compute(
@@ -833,28 +887,14 @@ class AsyncReservations:
         timeout: float | None = None,
         max_age: float | None = None,
         refresh: bool = False,
+        observer: Observer | None = None,
     ) -> RunReport:
         """:meth:`Reservations.compute` for a coroutine function."""
-        c = self.client
-        owner = owner or default_owner()
-        ask = c._ask(c.key(key), owner, None, None, max_age=max_age, refresh=refresh)
-        started = time.monotonic()
-        try:
-            got, waited_on = await self._acquire(ask, Deadline(timeout), max_age, raise_on_timeout=True)
-        except StoreUnavailable as exc:
-            if c.on_store_unavailable == "fail":
-                log.error("store unavailable for %s, not running it (policy 'fail'): %s", ask.key, exc)
-                raise
-            log.warning("store unavailable for %s, running unreserved (policy 'run'): %s", ask.key, exc)
-            value = await fn(*args, **(kwargs or {}))
-            return RunReport(ask.key, value, "unreserved", None, owner, stored=False)
-        assert not isinstance(got, Busy)
-        waited = time.monotonic() - started
-        if isinstance(got, Hit):
-            return c._hit_report(got, waited_on, waited)
-        c._log_acquired(got)
-        report = await self.hold(got, lambda: fn(*args, **(kwargs or {})))
-        return c._held_report(report, waited_on, waited)
+        call = self.client.call(
+            key, owner=owner, timeout=timeout, max_age=max_age, refresh=refresh, observer=observer
+        )
+        steps = flow.AsyncSteps(self, lambda: fn(*args, **(kwargs or {})), emit=call.emitter)
+        return await call.adrive(steps)
 
     async def run(
         self, key: str | Key, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
@@ -946,11 +986,44 @@ def _stop_and_release(
     keeper: Any,
     lease: Lease,
     exc: BaseException,
+    *,
     failure_of: holding.FailureOf | None,
     logger: holding.Logger,
+    emit: Emitter | None,
 ) -> None:
     keeper.stop()
-    holding.release_after(lease, exc, failure_of, logger)
+    holding.release_after(lease, exc, failure_of, logger, emit)
+
+
+class _LogEvents:
+    """The Python front end's log lines: the ``dibs`` logger's words for a few of the flow's events
+    (only these are built when nobody else listens)."""
+
+    kinds = frozenset({events.ArtifactFound, events.LeaseAcquired, events.RanUnreserved, events.Finished})
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, events.ArtifactFound):
+            log.info("%s: using the artifact stored by %s (token %s)", event.key, event.producer, event.token)
+        elif isinstance(event, events.LeaseAcquired) and event.took_over_from:
+            log.warning(
+                "%s: took over the expired lease of %s (token %s)",
+                event.key,
+                event.took_over_from,
+                event.token,
+            )
+        elif isinstance(event, events.RanUnreserved):
+            log.warning(
+                "store unavailable for %s, running unreserved (policy 'run'): %s", event.key, event.error
+            )
+        elif (
+            isinstance(event, events.Finished)
+            and event.error_type == "StoreUnavailable"
+            and event.token is None
+        ):
+            log.error("store unavailable for %s, not running it (policy 'fail'): %s", event.key, event.error)
+
+
+_log_event = _LogEvents()
 
 
 def _gave_up(

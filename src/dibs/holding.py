@@ -35,11 +35,13 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from dibs import events
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.outcomes import RunReport
 
 if TYPE_CHECKING:
+    from dibs.events import Emitter
     from dibs.lease import Lease
     from dibs.stores.base import Store
 
@@ -47,6 +49,7 @@ __all__ = [
     "FailureOf",
     "Logger",
     "failure_text",
+    "heartbeat_reporter",
     "holding",
     "is_stop",
     "lost_reporter",
@@ -118,18 +121,42 @@ def not_held_here(store: Store, key: Key) -> None:
         )
 
 
-def lost_reporter(logger: Logger) -> Callable[[LeaseLost], None]:
+def lost_reporter(logger: Logger, emit: Emitter | None = None, token: int = 0) -> Callable[[LeaseLost], None]:
     def lost(error: LeaseLost) -> None:
         logger.warning("%s; the work goes on, but its value will not be stored", error)
+        if emit is not None:
+            emit(events.LostLease, token=token, error=error.message)
 
     return lost
 
 
-def release_after(lease: Lease, exc: BaseException, failure_of: FailureOf | None, logger: Logger) -> None:
+def heartbeat_reporter(emit: Emitter | None, token: int) -> Callable[[StoreUnavailable], None] | None:
+    """What a failed heartbeat (retried) tells the observers, if anyone listens."""
+    if emit is None:
+        return None
+
+    def failed(error: StoreUnavailable) -> None:
+        emit(events.HeartbeatFailed, token=token, error=str(error))
+
+    return failed
+
+
+def release_after(
+    lease: Lease,
+    exc: BaseException,
+    failure_of: FailureOf | None,
+    logger: Logger,
+    emit: Emitter | None = None,
+) -> None:
     """The work raised ``exc``: release the lease with the failure recorded, never raising."""
     error = failure_text(exc) if failure_of is None else failure_of(exc)
+    if emit is not None:  # counted towards max_failures: neither a skip (None) nor a stop
+        counted = error is not None and not is_stop(error)
+        emit(events.WorkFailed, token=lease.token, error=error or failure_text(exc), counted=counted)
     try:
         lease.release(error)
+        if emit is not None:
+            emit(events.LeaseReleased, token=lease.token, error=error)
     except LeaseLost as lost:
         logger.warning(
             "%s: the work failed after the lease was lost (%s); nothing to release", lease.key, lost
@@ -147,6 +174,8 @@ def store_value(
     took_over_from: str | None,
     policy: Literal["fail", "run"],
     logger: Logger,
+    emit: Emitter | None = None,
+    compute_seconds: float = 0.0,
 ) -> RunReport:
     """The work returned ``value``: store it as the key's artifact, deciding as the module docstring says."""
     key = lease.key
@@ -156,10 +185,21 @@ def store_value(
             key, value, "computed", lease.token, lease.owner, took_over_from=took_over_from, stored=stored
         )
 
+    def not_stored(reason: Literal["serialization", "fenced", "unavailable"], error: Exception) -> None:
+        if emit is not None:
+            emit(
+                events.NotStored,
+                token=lease.token,
+                reason=reason,
+                error=str(error),
+                compute_seconds=compute_seconds,
+            )
+
     try:
-        lease.complete(value)
+        record = lease.complete(value)
     except SerializationError as exc:
-        release_after(lease, exc, None, logger)
+        not_stored("serialization", exc)
+        release_after(lease, exc, None, logger, emit)
         logger.error(
             "%s: computed, but the value cannot be stored as its artifact (%s); it is returned to this run "
             "only, and the lease was released with this error, so every run computes for itself until "
@@ -171,6 +211,7 @@ def store_value(
     except LeaseLost as exc:
         # Fenced out: someone else owns the key now. The value is still right for this caller.
         logger.warning("%s: computed, but not stored: %s", key, exc)
+        not_stored("fenced", exc)
         return report(stored=False)
     except StoreUnavailable as exc:
         # Lease.complete already read the key again for a whole ttl: the store stayed unreachable.
@@ -178,6 +219,9 @@ def store_value(
             logger.error("%s: computed, but the store failed while storing it (policy 'fail'): %s", key, exc)
             raise
         logger.warning("%s: computed, but not stored: the store is unavailable (policy 'run'): %s", key, exc)
+        not_stored("unavailable", exc)
         return report(stored=False)
     logger.info("%s: stored its artifact (token %s)", key, lease.token)
+    if emit is not None:
+        emit(events.ArtifactStored, token=lease.token, size=record.size, compute_seconds=compute_seconds)
     return report(stored=True)

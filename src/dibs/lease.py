@@ -195,14 +195,23 @@ class Lease:
             self._record = state.lease
 
     def keep_alive(
-        self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
+        self,
+        interval: float | None = None,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        on_failed: Callable[[StoreUnavailable], None] | None = None,
     ) -> KeepAlive:
         """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
         for this lease's ttl). A given ``interval`` follows the settings' rules (at least
-        :data:`~dibs.settings.MIN_HEARTBEAT_INTERVAL`)."""
+        :data:`~dibs.settings.MIN_HEARTBEAT_INTERVAL`). ``on_failed`` hears each heartbeat that failed
+        and is retried."""
         if interval is not None:
             interval = validate_timings(heartbeat_interval=interval)[1]
-        return KeepAlive(self, interval or self._client.settings.heartbeat_for(self._record.ttl), on_lost)
+        interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
+        return self._kept(KeepAlive(self, interval, on_lost, on_failed))
+
+    def _kept(self, keeper: KeepAlive) -> KeepAlive:
+        """The heartbeats :meth:`keep_alive` made for this lease (a subclass may keep hold of them)."""
+        return keeper
 
     # -- hand-off -------------------------------------------------------------------------------
     def export(self) -> str:
@@ -267,10 +276,17 @@ class KeepAlive:
     then (or on a definite :class:`LeaseLost`) is the lease declared lost.
     """
 
-    def __init__(self, lease: Lease, interval: float, on_lost: Callable[[LeaseLost], None] | None) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        interval: float,
+        on_lost: Callable[[LeaseLost], None] | None,
+        on_failed: Callable[[StoreUnavailable], None] | None = None,
+    ) -> None:
         self.lease = lease
         self.interval = validate_seconds("heartbeat interval", interval) or 0.0
         self.on_lost = on_lost
+        self.on_failed = on_failed
         self.lost = threading.Event()
         self.error: LeaseLost | None = None
         self.beats = 0
@@ -334,6 +350,8 @@ class KeepAlive:
                     )
                     return
                 log.warning("heartbeat of %s failed, retrying: %s", self.lease.key, exc)
+                if self.on_failed is not None:
+                    self.on_failed(exc)
                 wait = max(self.interval / 4, 0.01)
                 continue
             last_success = time.monotonic()

@@ -183,6 +183,20 @@ def test_resume_timeout_raises_wait_timeout_naming_the_holder(
         op.execute_complete(make_context(), event=run_trigger(trigger))
 
 
+def test_resume_after_a_timeout_takes_an_artifact_stored_at_the_last_moment(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    # The resumed task asks once more, as every dibs waiter does when its timeout passes: a result
+    # stored after the trigger gave up is used, not thrown away for a WaitTimeout.
+    lease = client.get_or_reserve(KEY, owner="slow-holder").lease  # type: ignore[union-attr]
+    op, context = operator(Work(), reservation_wait_timeout=0.2), make_context()
+    event = run_trigger(deferred(op, context).trigger)
+    assert event["status"] == "timeout"
+    lease.complete({"rows": 7})
+    assert op.execute_complete(context, event=event) == {"rows": 7}
+    assert outcome(context)["role"] == "waited" and outcome(context)["deferrals"] == 1
+
+
 def test_wait_timeout_counts_the_whole_wait_across_deferrals(
     client: dibs.Reservations, make_context: Any
 ) -> None:
@@ -216,20 +230,14 @@ def test_not_deferrable_waits_in_the_worker(
 ) -> None:
     lease = client.get_or_reserve(KEY, owner="holder").lease  # type: ignore[union-attr]
     waiting = threading.Event()
-    real_acquire = dibs.Reservations.acquire
-
-    def acquire(self: dibs.Reservations, *args: Any, **kwargs: Any) -> Any:
-        waiting.set()  # the task found the key busy and is about to wait for it
-        return real_acquire(self, *args, **kwargs)
-
-    monkeypatch.setattr(dibs.Reservations, "acquire", acquire)
     work, context, result = Work(), make_context(), []
     op = operator(work, reservation_deferrable=False)
-    worker = threading.Thread(target=lambda: result.append(op.execute(context)))
-    worker.start()
-    assert waiting.wait(30)
-    lease.complete({"rows": 5})
-    worker.join(30)
+    with dibs.observe(lambda e: isinstance(e, dibs.KeyBusy) and waiting.set()):  # about to wait
+        worker = threading.Thread(target=lambda: result.append(op.execute(context)))
+        worker.start()
+        assert waiting.wait(30)
+        lease.complete({"rows": 5})
+        worker.join(30)
     assert result == [{"rows": 5}] and work.calls == 0
     assert outcome(context)["role"] == "waited" and outcome(context)["waited_on"] == "holder"
 
@@ -484,13 +492,7 @@ def test_on_kill_releases_the_key_at_once_and_stops_the_wrapped_work(
 
     # A second run's reserved task waits in its worker for the same key, holding nothing.
     waiting = threading.Event()
-    real_acquire = dibs.Reservations.acquire
-
-    def acquire(self: dibs.Reservations, *args: Any, **kwargs: Any) -> Any:
-        waiting.set()
-        return real_acquire(self, *args, **kwargs)
-
-    monkeypatch.setattr(dibs.Reservations, "acquire", acquire)
+    finding_it_busy = dibs.observe(lambda e: isinstance(e, dibs.KeyBusy) and waiting.set())
     work, waiter_context, waiter_result = Work(), make_context(run_id="r2"), []
     waiter = operator(work, reservation_deferrable=False)
 
@@ -504,6 +506,7 @@ def test_on_kill_releases_the_key_at_once_and_stops_the_wrapped_work(
         holder.on_kill()  # what the task runner's SIGTERM handler calls, here from another thread
         holder_thread.join(30)
         waiter_thread.join(30)
+    finding_it_busy.close()
 
     # The wrapped operator's own on_kill stopped its work, and the task failed with that work's error.
     assert [str(e) for e in failures] == ["the command was terminated"]

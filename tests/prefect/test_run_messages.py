@@ -216,7 +216,8 @@ def test_a_reserved_task_follows_a_takeover_while_it_waits(
     with dibs.Reservations(dibs_url, ttl=1) as short:
         assert isinstance(short.get_or_reserve(key, owner="dead-worker"), dibs.Acquired)  # never renewed
     waiting_client = prefect_dibs.tasks.resolve_client(dibs_url, prefect_dibs.tasks.ClientSettings())
-    gate = Gate(waiting_client, monkeypatch, "prefect-task-run:build-")
+    # The task's first ask is the flow's own (dibs.flow); get_or_reserve is how its wait asks again.
+    gate = Gate(waiting_client, monkeypatch, "prefect-task-run:build-", free=0)
     task_runs: list[UUID] = []
 
     @reserved(dibs_url, key=key)

@@ -9,24 +9,7 @@ import pytest
 
 import dibs
 from dibs.stores.memory import MemoryStore
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def client(clock: FakeClock) -> dibs.Reservations:
-    return dibs.Reservations(MemoryStore(clock=clock), namespace="unit", ttl=30)
+from tests.unit.conftest import FakeClock
 
 
 def test_get_or_reserve_answers_hit_acquired_busy(client: dibs.Reservations) -> None:

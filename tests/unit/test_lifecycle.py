@@ -10,19 +10,7 @@ import dibs
 from dibs.runtime import runtime
 from dibs.stores.memory import MemoryStore
 from tests.scale import wait_until
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+from tests.unit.conftest import FakeClock
 
 
 def test_an_artifact_older_than_max_age_is_computed_again(clock: FakeClock) -> None:

@@ -20,7 +20,6 @@ store is slow to answer, the task still stops, and the lease expires after its t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dibs.errors import LeaseLost, ReservationError
@@ -44,7 +43,7 @@ RELEASE_WAIT = 3.0
 class KillableLease(Lease):
     """A held lease that :meth:`kill` can end from another thread (or a signal handler) while the work runs.
 
-    :meth:`kill` stops the heartbeats of the hold loop (:meth:`keep_alive` remembers them), then releases
+    :meth:`kill` stops the heartbeats of the hold loop (:meth:`_kept` remembers them), then releases
     the lease with the given failure. A kill comes once; after it, the hold loop's own :meth:`release`
     is a no-op (the lease was released with the kill's failure already).
     """
@@ -59,10 +58,7 @@ class KillableLease(Lease):
     def killed(self) -> bool:
         return self._killed
 
-    def keep_alive(
-        self, interval: float | None = None, on_lost: Callable[[LeaseLost], None] | None = None
-    ) -> KeepAlive:
-        keeper = super().keep_alive(interval, on_lost)
+    def _kept(self, keeper: KeepAlive) -> KeepAlive:
         with self._guard:
             self._heartbeats = keeper
             killed = self._killed

@@ -36,7 +36,6 @@ Three ways in, one implementation (:class:`ReservedOperatorMixin`):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import time
@@ -48,25 +47,16 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 
-from dibs import Acquired, Busy, Hit, Reservations
+from dibs import Acquired, Busy, Hit, Reservations, RunReport, events
 from dibs.config import validate_seconds
-from dibs.errors import (
-    ConfigurationError,
-    InvalidKey,
-    StoreUnavailable,
-    WaitTimeout,
-)
+from dibs.errors import ConfigurationError, InvalidKey, StoreUnavailable
+from dibs.flow import Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
 from dibs.holding import failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.operators._stopping import KillableLease, release_killed
-from dibs_provider.triggers.reservation import (
-    ReservationEvent,
-    ReservationTrigger,
-    error_from_event,
-    parse_event,
-)
+from dibs_provider.triggers.reservation import ReservationTrigger, error_from_event, parse_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -95,35 +85,6 @@ def task_owner(context: Context) -> str:
     """The lease owner of a task: the logical task, without the try number, so retries re-enter."""
     ti = context["ti"]
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Waiting:
-    """What this task has waited so far: carried through deferrals by the trigger's event.
-
-    ``started`` is Unix time on whichever worker first found the key busy, and a later resume may run
-    on another host. That is fine for what it serves, the waiter's *own* timeout and the logs: clock
-    skew shifts when a timeout fires, never who holds the lease (the store's clock decides that).
-    """
-
-    started: float | None = None  # Unix time the key was first found busy; None: never waited
-    deferrals: int = 0
-    holder: str | None = None
-    waited_seconds: float = 0.0
-    #: A refresh that found the key busy waits for what that lease stores (its token) or later.
-    min_token: int | None = None
-
-    @classmethod
-    def from_event(cls, event: ReservationEvent) -> _Waiting:
-        started = float(event["wait_started"])
-        waited = max(0.0, time.time() - started)
-        return cls(started, int(event["deferrals"]), event.get("holder"), waited, event.get("min_token"))
-
-    def remaining(self, timeout: float | None) -> float | None:
-        if timeout is None:
-            return None
-        elapsed = 0.0 if self.started is None else time.time() - self.started
-        return max(0.0, timeout - elapsed)
 
 
 class ReservedOperatorMixin(BaseOperator):
@@ -260,7 +221,7 @@ class ReservedOperatorMixin(BaseOperator):
 
     # -- Airflow entry points -------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
-        return self._reserve(context, _Waiting())
+        return self._reserve(context, None)
 
     def on_kill(self) -> None:
         """Airflow is stopping this task (mark failed, a stopped run, SIGTERM): if its work holds the key,
@@ -277,10 +238,18 @@ class ReservedOperatorMixin(BaseOperator):
         Only ``event`` is used: defer kwargs do not reach this method on every code path.
         """
         ev = parse_event(event)
-        waiting = _Waiting.from_event(ev)
+        waiting = Waiting(
+            started=float(ev["wait_started"]),
+            deferrals=int(ev["deferrals"]),
+            holder=ev.get("holder"),
+            min_token=ev.get("min_token"),
+        )
+        waited = waiting.seconds(time.time())
         if ev["status"] == "timeout":
-            raise error_from_event(ev)
-        if ev["status"] == "error":
+            # The flow decides, as for every waiter: one more ask, then the timeout (in the one wording
+            # of every dibs wait) unless the key was done or freed at the last moment.
+            self.log.info("dibs: %s: the wait timeout passed in the triggerer; asking once more", ev["key"])
+        elif ev["status"] == "error":
             error = error_from_event(ev)
             if not isinstance(error, StoreUnavailable):
                 raise error
@@ -292,7 +261,7 @@ class ReservedOperatorMixin(BaseOperator):
                 ev["key"],
                 ev.get("producer"),
                 ev.get("token"),
-                waiting.waited_seconds,
+                waited,
                 waiting.deferrals,
             )
         else:
@@ -302,231 +271,211 @@ class ReservedOperatorMixin(BaseOperator):
                 ev["key"],
                 ev.get("state"),
                 f": last holder failed with {failure}" if failure else "",
-                waiting.waited_seconds,
+                waited,
             )
         return self._reserve(context, waiting)
 
-    # -- the decision -------------------------------------------------------------------------------
+    # -- the flow ----------------------------------------------------------------------------------
     def _hook(self) -> DibsHook:
         return DibsHook(self.dibs_conn_id, namespace=self.reservation_namespace, ttl=self.reservation_ttl)
 
-    def _reserve(self, context: Context, waiting: _Waiting) -> Any:
+    def _reserve(self, context: Context, waiting: Waiting | None) -> Any:
+        """Drive the core's compute-once flow (:mod:`dibs.flow`): the wait step defers, the events
+        become this task's log lines and its ``dibs_outcome`` XCom."""
         name = self.resolve_reservation_key(context)
         owner = task_owner(context)
         hook = self._hook()
         timeout = (
             self.reservation_wait_timeout if self.reservation_wait_timeout is not None else hook.wait_timeout
         )
-        refresh = waiting.min_token is None and self.refresh_requested()
         with hook.get_client() as client:
+            call = client.call(
+                name,
+                owner=owner,
+                timeout=timeout,
+                max_age=self.reservation_max_age,
+                refresh=self.refresh_requested(),
+                resume=waiting,
+                frontend="airflow",
+                observer=_Narrator(self, context, client),
+                clock=time.time,  # a wait resumes on whichever worker runs execute_complete
+            )
             try:
-                outcome = client.get_or_reserve(
-                    name,
-                    owner,
-                    max_age=self.reservation_max_age,
-                    refresh=refresh,
-                    min_token=waiting.min_token,
-                )
-                if isinstance(outcome, Busy):
-                    if refresh:  # the holder's result is the fresh one: wait for it, do not compute again
-                        waiting = dataclasses.replace(waiting, min_token=outcome.token)
-                    outcome, waiting = self._wait(client, outcome, owner, waiting, timeout)
-            except StoreUnavailable as exc:
-                # The same policy as Reservations.run: the connection's on_store_unavailable decides
-                # between failing clearly and running the work without a lease (never a wrong result).
-                return self._run_unreserved(context, client, name, owner, waiting, error=exc)
-            if isinstance(outcome, Hit):
-                return self._use_artifact(context, outcome, owner, waiting)
-            return self._run_work(context, client, outcome, owner, waiting)
+                report = call.drive(_TaskSteps(self, context, client, call))
+            except _Deferral as deferral:
+                self.defer(trigger=deferral.trigger, method_name="execute_complete")
+            return report.value
 
-    def _wait(
-        self, client: Reservations, busy: Busy, owner: str, waiting: _Waiting, timeout: float | None
-    ) -> tuple[Hit | Acquired, _Waiting]:
-        started = waiting.started if waiting.started is not None else time.time()
-        waiting = dataclasses.replace(waiting, started=started, holder=busy.holder)
-        remaining = waiting.remaining(timeout)
-        if remaining is not None and remaining <= 0:
-            raise WaitTimeout(
-                f"gave up on {busy.key} after {time.time() - started:.1f}s (wait timeout {timeout:g}s): "
-                f"held by {busy.holder!r} ({_holding(busy)})",
-                key=str(busy.key),
+
+class _Deferral(Suspend):
+    """The flow's wait step, as this task's deferral to :class:`ReservationTrigger`."""
+
+    def __init__(self, waiting: Waiting, trigger: ReservationTrigger) -> None:
+        super().__init__(waiting)
+        self.trigger = trigger
+
+
+class _TaskSteps(Steps):
+    """How a reserved task does the flow's steps: it defers at the wait (unless not deferrable), and
+    holds the lease as a :class:`KillableLease` so that ``on_kill`` can free the key at once."""
+
+    def __init__(
+        self, operator: ReservedOperatorMixin, context: Context, client: Reservations, call: Call
+    ) -> None:
+        super().__init__(
+            client,
+            self._work,
+            emit=call.emitter,
+            failure_of=_failure_of,
+            logger=operator.log,
+        )
+        self.operator, self.context = operator, context
+
+    def wait(self, step: Wait) -> Hit | Acquired | Busy:
+        op, busy = self.operator, step.busy
+        if op.reservation_deferrable:
+            trigger = ReservationTrigger(
+                busy.key.name,
+                namespace=busy.key.namespace,
+                dibs_conn_id=op.dibs_conn_id,
+                timeout=step.timeout,
                 holder=busy.holder,
+                wait_started=step.waiting.started,
+                deferrals=step.waiting.deferrals + 1,
+                max_age=op.reservation_max_age,
+                min_token=step.waiting.min_token,
             )
-        failure = f"; the previous lease failed: {busy.last_failure.error}" if busy.last_failure else ""
-        if self.reservation_deferrable:
-            self.log.info(
-                "dibs: %s is held by %s (%s)%s; deferring until it is done or free, without holding a "
-                "worker slot",
-                busy.key,
-                busy.holder,
-                _holding(busy),
-                failure,
-            )
-            self.defer(
-                trigger=ReservationTrigger(
-                    busy.key.name,
-                    namespace=busy.key.namespace,
-                    dibs_conn_id=self.dibs_conn_id,
-                    timeout=remaining,
-                    holder=busy.holder,
-                    wait_started=started,
-                    deferrals=waiting.deferrals + 1,
-                    max_age=self.reservation_max_age,
-                    min_token=waiting.min_token,
-                ),
-                method_name="execute_complete",
-            )
-        self.log.info(
-            "dibs: %s is held by %s (%s)%s; waiting in the worker",
-            busy.key,
-            busy.holder,
-            _holding(busy),
-            failure,
-        )
-        got = client.acquire(
-            busy.key, owner, timeout=remaining, max_age=self.reservation_max_age, min_token=waiting.min_token
-        )
-        return got, dataclasses.replace(waiting, waited_seconds=time.time() - started)
+            raise _Deferral(step.waiting, trigger)
+        return super().wait(step)
 
-    def _use_artifact(self, context: Context, hit: Hit, owner: str, waiting: _Waiting) -> Any:
-        role: Role = "hit" if waiting.started is None else "waited"
-        if role == "hit":
-            self.log.info(
-                "dibs: %s was already computed by %s (token %s); returning its artifact, running nothing",
-                hit.key,
-                hit.producer,
-                hit.token,
-            )
-        else:
-            self.log.info(
-                "dibs: using the artifact of %s stored by %s (token %s) after waiting %.1fs on %s",
-                hit.key,
-                hit.producer,
-                hit.token,
-                waiting.waited_seconds,
-                waiting.holder,
-            )
-        self._push_outcome(
-            context, role, str(hit.key), owner, waiting, token=hit.token, producer=hit.producer, stored=True
-        )
-        return hit.value
+    def hold(self, step: Hold) -> RunReport:
+        acquired = step.acquired
+        # A lease on_kill can end from the task's SIGTERM handler while the work runs (see ._stopping).
+        held = KillableLease(self.client, acquired.lease.record)
+        self.operator._dibs_lease = held
+        try:
+            return super().hold(Hold(Acquired(held, acquired.took_over_from, acquired.last_failure)))
+        finally:
+            self.operator._dibs_lease = None
 
-    def _run_work(
-        self, context: Context, client: Reservations, acquired: Acquired, owner: str, waiting: _Waiting
-    ) -> Any:
-        lease = acquired.lease
-        if acquired.took_over_from:
-            self.log.warning(
+    def run_unreserved(self, step: RunUnreserved) -> Any:
+        return self.operator.execute_reserved(self.context)
+
+    def _work(self) -> Any:
+        try:
+            return self.operator.execute_reserved(self.context)
+        except TaskDeferred:
+            key = self.client.key(self.operator.resolve_reservation_key(self.context))
+            raise ConfigurationError(
+                f"{self.operator.task_id}: the wrapped operator deferred while holding the lease on {key}; "
+                "a reserved operator must finish its work in execute(): turn its own deferrable mode "
+                "off (e.g. deferrable=False)",
+                key=str(key),
+            ) from None
+
+
+class _Narrator:
+    """The flow's events in a reserved task's words: its log lines, and the ``dibs_outcome`` XCom."""
+
+    def __init__(self, operator: ReservedOperatorMixin, context: Context, client: Reservations) -> None:
+        self.operator, self.context, self.client = operator, context, client
+        self.waited: events.Waited | None = None
+
+    def __call__(self, event: events.Event) -> None:
+        log = self.operator.log
+        if isinstance(event, events.KeyBusy):
+            failure = f"; the previous lease failed: {event.last_failure}" if event.last_failure else ""
+            how = (
+                "deferring until it is done or free, without holding a worker slot"
+                if self.operator.reservation_deferrable
+                else "waiting in the worker"
+            )
+            log.info(
+                "dibs: %s is held by %s (%s)%s; %s", event.key, event.holder, _holding(event), failure, how
+            )
+        elif isinstance(event, events.Waited):
+            self.waited = event
+        elif isinstance(event, events.ArtifactFound):
+            if not event.waited:
+                log.info(
+                    "dibs: %s was already computed by %s (token %s); returning its artifact, running nothing",
+                    event.key,
+                    event.producer,
+                    event.token,
+                )
+            else:
+                waited = self.waited
+                log.info(
+                    "dibs: using the artifact of %s stored by %s (token %s) after waiting %.1fs on %s",
+                    event.key,
+                    event.producer,
+                    event.token,
+                    0.0 if waited is None else waited.seconds,
+                    None if waited is None else waited.holder,
+                )
+        elif isinstance(event, events.LeaseAcquired):
+            self._acquired(event)
+        elif isinstance(event, events.RanUnreserved):
+            log.warning(
+                "dibs: the store is unavailable for %s; running the work unreserved (on_store_unavailable "
+                "'run'): other runs may compute it too, and the result is not stored: %s",
+                event.key,
+                event.error,
+            )
+        elif isinstance(event, events.Finished):
+            self._finished(event)
+
+    def _acquired(self, event: events.LeaseAcquired) -> None:
+        log, max_lease_age = self.operator.log, self.client.max_lease_age
+        if event.took_over_from:
+            log.warning(
                 "dibs: took over %s from %s, whose lease had expired: it was not renewed in time (a crashed "
                 "or stalled worker)%s (token %s)",
-                lease.key,
-                acquired.took_over_from,
-                ""
-                if client.max_lease_age is None
-                else f" or it reached max_lease_age ({client.max_lease_age:g}s)",
-                lease.token,
+                event.key,
+                event.took_over_from,
+                "" if max_lease_age is None else f" or it reached max_lease_age ({max_lease_age:g}s)",
+                event.token,
             )
-        if acquired.last_failure is not None:
-            self.log.info(
+        if event.last_failure is not None:
+            log.info(
                 "dibs: %s failed %d time(s) before; last error from %s: %s",
-                lease.key,
-                acquired.last_failure.count,
-                acquired.last_failure.owner,
-                acquired.last_failure.error,
+                event.key,
+                event.failures,
+                event.last_failure_owner,
+                event.last_failure,
             )
-        self.log.info("dibs: acquired %s as %s (token %s); running the work", lease.key, owner, lease.token)
+        log.info("dibs: acquired %s as %s (token %s); running the work", event.key, event.owner, event.token)
 
-        def work() -> Any:
-            try:
-                return self.execute_reserved(context)
-            except TaskDeferred:
-                raise ConfigurationError(
-                    f"{self.task_id}: the wrapped operator deferred while holding the lease on {lease.key}; "
-                    "a reserved operator must finish its work in execute(): turn its own deferrable mode "
-                    "off (e.g. deferrable=False)",
-                    key=str(lease.key),
-                ) from None
-
-        # A lease on_kill can end from the task's SIGTERM handler while the work runs (see ._stopping).
-        held = KillableLease(client, lease.record)
-        self._dibs_lease = held
-        try:
-            report = client.hold(
-                Acquired(held, acquired.took_over_from, acquired.last_failure),
-                work,
-                failure_of=_failure_of,
-                logger=self.log,
-            )
-        finally:
-            self._dibs_lease = None
-        self._push_outcome(
-            context,
-            "computed",
-            str(lease.key),
-            owner,
-            waiting,
-            token=lease.token,
-            producer=owner,
-            stored=report.stored,
-            took_over_from=acquired.took_over_from,
-        )
-        return report.value
-
-    def _run_unreserved(
-        self,
-        context: Context,
-        client: Reservations,
-        name: str,
-        owner: str,
-        waiting: _Waiting,
-        *,
-        error: StoreUnavailable,
-    ) -> Any:
-        key = str(client.key(name))
-        if client.on_store_unavailable == "fail":
-            self.log.error(
-                "dibs: the store is unavailable for %s, not running the work (on_store_unavailable "
-                "'fail'): %s",
-                key,
-                error,
-            )
-            raise error
-        self.log.warning(
-            "dibs: the store is unavailable for %s; running the work unreserved (on_store_unavailable "
-            "'run'): other runs may compute it too, and the result is not stored: %s",
-            key,
-            error,
-        )
-        value = self.execute_reserved(context)
-        self._push_outcome(
-            context, "unreserved", key, owner, waiting, token=None, producer=owner, stored=False
-        )
-        return value
-
-    def _push_outcome(
-        self,
-        context: Context,
-        role: Role,
-        key: str,
-        owner: str,
-        waiting: _Waiting,
-        **details: Any,
-    ) -> None:
-        outcome = {
+    def _finished(self, event: events.Finished) -> None:
+        if event.outcome == "failed":
+            if event.error_type == "StoreUnavailable" and event.token is None:
+                self.operator.log.error(
+                    "dibs: the store is unavailable for %s, not running the work (on_store_unavailable "
+                    "'fail'): %s",
+                    event.key,
+                    event.error,
+                )
+            return
+        role = "computed" if event.outcome == "took_over" else event.outcome
+        outcome: dict[str, Any] = {
             "role": role,
-            "key": key,
-            "owner": owner,
-            "waited_on": waiting.holder,
-            "waited_seconds": round(waiting.waited_seconds, 3),
-            "deferrals": waiting.deferrals,
-            **details,
+            "key": str(event.key),
+            "owner": event.owner,
+            "waited_on": event.waited_on,
+            "waited_seconds": round(event.waited_seconds, 3),
+            "deferrals": event.deferrals,
+            "token": event.token,
+            "producer": event.producer,
+            "stored": event.stored,
         }
-        context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=outcome)
+        if role == "computed":
+            outcome["took_over_from"] = event.took_over_from
+        self.context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=outcome)
 
 
-def _holding(busy: Busy) -> str:
+def _holding(busy: events.KeyBusy) -> str:
     """How long the holder's lease runs, said so that it is not read as Airflow's try number."""
-    return f"lease attempt {busy.attempt} on this key, expires in {busy.remaining:.1f}s unless renewed"
+    return f"lease attempt {busy.attempt} on this key, expires in {busy.expires_in:.1f}s unless renewed"
 
 
 def _failure_of(exc: BaseException) -> str | None:

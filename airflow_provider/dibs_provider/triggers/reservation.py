@@ -11,7 +11,8 @@ status      meaning; what the resumed task does
 ``done``    the artifact exists; the task reads it and returns it (no work)
 ``free``    nobody holds the key any more (released with a failure, or the holder's lease expired);
             the task asks again and runs the work itself if it wins, or defers again if not
-``timeout`` the waiter's own timeout passed while the key was still held: :class:`dibs.WaitTimeout`
+``timeout`` the waiter's own timeout passed while the key was still held; the task asks once more
+            and fails with :class:`dibs.WaitTimeout` unless the key was done or freed meanwhile
 ``error``   the store failed or the key is unusable: the matching :mod:`dibs.errors` exception
 ==========  =========================================================================================
 

@@ -1,10 +1,11 @@
 """``dibs run`` and ``dibs wait``: wait for a key, compute it under its lease, hand out its artifact.
 
-Both wait with one call of the public API (``Reservations.acquire`` / ``Reservations.wait``), so a
-timeout is the core's, in the core's words; a :class:`~dibs._cli.watch.KeyWatch` shows the wait to
-whoever follows it. ``dibs run`` then holds the lease through ``Reservations.hold`` (the core decides
-what a failure, a lost lease or an unreachable store means) while :class:`~dibs._cli.command.Command`
-runs COMMAND. With ``--json`` both print one envelope::
+``dibs run`` drives the core's compute-once flow (:mod:`dibs.flow`), so a timeout is the core's, in
+the core's words, and the core decides what a failure, a lost lease or an unreachable store means; its
+progress lines translate the flow's events. While it waits, a :class:`~dibs._cli.watch.KeyWatch` shows
+the wait to whoever follows it; while it holds the lease, :class:`~dibs._cli.command.Command` runs
+COMMAND. ``dibs wait`` waits with one call of the public API (``Reservations.wait``). With
+``--json`` both print one envelope::
 
     {"key": "default/k", "role": "computed" | "waited" | "hit", "token": 3, "producer": "...",
      "waited_seconds": 1.25, "waited_on": "..." | null, "took_over_from": "..." | null,
@@ -20,7 +21,7 @@ import sys
 import time
 from typing import Any, Literal
 
-from dibs import holding
+from dibs import events, holding
 from dibs._cli.command import Command, CommandFailed, CommandNotStarted, CommandStopped
 from dibs._cli.console import Console
 from dibs._cli.stops import Stopped, StopSignals, signal_name
@@ -29,8 +30,9 @@ from dibs._cli.watch import KeyWatch, Sight
 from dibs.client import Reservations
 from dibs.config import default_owner
 from dibs.errors import ConfigurationError, ReservationError
+from dibs.flow import Call, Hold, Steps, Wait
 from dibs.keys import Key
-from dibs.outcomes import Acquired, Busy, Hit
+from dibs.outcomes import Acquired, Busy, Hit, RunReport
 
 __all__ = ["run", "wait"]
 
@@ -78,110 +80,112 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
     owner = args.owner or default_owner()
     with Reservations(args.store, namespace=args.namespace, ttl=args.ttl, serializer="bytes") as client:
         key = client.key(args.key)
-        started = time.monotonic()
+        narrator = _Narrator(console)
+        call = client.call(
+            key,
+            owner=owner,
+            timeout=args.timeout,
+            max_age=args.max_age,
+            refresh=args.refresh,
+            frontend="cli",
+            observer=narrator,
+        )
+        running = Command(
+            command, stream=None if args.json else sys.stdout.buffer, kill_after=args.kill_after
+        )
         try:
-            got, waited_on = _turn(
-                client, key, owner, args.timeout, console, refresh=args.refresh, max_age=args.max_age
-            )
-        except Stopped as stop:
+            report = call.drive(_RunSteps(client, call, console, stops, running))
+        except Stopped as stop:  # before the hold (which defers stops): a lease just granted is let go
             _let_go_if_ours(client, key, owner, stop.signum, stops)
             raise
-        waited = time.monotonic() - started if waited_on else 0.0
-        if isinstance(got, Hit):
-            _announce_hit(console, got, waited, waited_on)
-            role: Literal["waited", "hit"] = "waited" if waited_on else "hit"
-            return _deliver(args, Result(key, role, got.token, got.producer, got.value, waited, waited_on))
-        _announce_acquired(console, got, waited_on)
-        return _compute(
-            args, console, stops, client, got, command=command, waited=waited, waited_on=waited_on
-        )
+        except CommandStopped as stop:
+            console.say(
+                "stopped",
+                f"{key}: {stop}; its output is not stored, and the lease was given up with the stop recorded",
+                key=str(key),
+                signal=signal_name(stop.signum),
+            )
+            return 128 + stop.signum
+        except CommandFailed as failed:
+            console.event(
+                "failed",
+                f"{key}: {failed}; the lease was given up with the failure recorded",
+                key=str(key),
+                status=failed.status,
+            )
+            return failed.exit_status
+        except CommandNotStarted as exc:
+            console.problem("error", str(exc))
+            return EXIT_NOT_STARTED
+        if report.role != "computed":
+            role: Literal["waited", "hit"] = "waited" if report.role == "waited" else "hit"
+            assert report.token is not None and report.producer is not None
+            return _deliver(
+                args,
+                Result(
+                    key,
+                    role,
+                    report.token,
+                    report.producer,
+                    report.value,
+                    report.waited_seconds,
+                    report.waited_on,
+                ),
+            )
+        stops.raise_if_received()  # a stop while the artifact was being stored: stored, then stop
+        if args.json:
+            assert report.token is not None and report.producer is not None
+            result = Result(
+                key,
+                "computed",
+                report.token,
+                report.producer,
+                report.value,
+                report.waited_seconds,
+                report.waited_on,
+                report.took_over_from,
+                report.stored,
+            )
+            print(json.dumps(result.envelope()))
+        return 0
 
 
-def _turn(
-    client: Reservations,
-    key: Key,
-    owner: str,
-    timeout: float | None,
-    console: Console,
-    *,
-    refresh: bool = False,
-    max_age: float | None = None,
-) -> tuple[Hit | Acquired, str | None]:
-    """The key's artifact or its lease, waiting for another holder if there is one (and naming it).
+class _RunSteps(Steps):
+    """How ``dibs run`` does the flow's steps: a wait shows the key to whoever follows it
+    (:class:`KeyWatch`); the hold runs COMMAND with stops forwarded to it, never interrupting the release."""
 
-    A refresh that finds the key held waits for what that holder stores (``min_token``): concurrent
-    refreshes compute once, and an older artifact never answers one."""
-    started = time.monotonic()
-    first = client.get_or_reserve(key, owner, refresh=refresh, max_age=max_age)
-    if not isinstance(first, Busy):
-        return first, None
-    with KeyWatch(console, client, key, me=owner) as watch:
-        watch.see(Sight.of_busy(first))
-        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        got = client.acquire(
-            key,
-            owner,
-            timeout=remaining,
-            raise_on_timeout=False,
-            max_age=max_age,
-            min_token=first.token if refresh else None,
-        )
-    if isinstance(got, Busy):
-        raise got.timed_out(time.monotonic() - started)
-    return got, first.holder
+    def __init__(
+        self, client: Reservations, call: Call, console: Console, stops: StopSignals, running: Command
+    ) -> None:
+        super().__init__(client, lambda: running.run(stops), emit=call.emitter, failure_of=_recorded_as)
+        self.console, self.stops, self.running = console, stops, running
 
+    def wait(self, step: Wait) -> Hit | Acquired | Busy:
+        with KeyWatch(self.console, self.client, step.ask.key, me=step.ask.owner) as watch:
+            watch.see(Sight.of_busy(step.busy))
+            return super().wait(step)
 
-def _compute(
-    args: argparse.Namespace,
-    console: Console,
-    stops: StopSignals,
-    client: Reservations,
-    got: Acquired,
-    *,
-    command: list[str],
-    waited: float,
-    waited_on: str | None,
-) -> int:
-    key = got.key
-    running = Command(command, stream=None if args.json else sys.stdout.buffer, kill_after=args.kill_after)
-    try:
+    def hold(self, step: Hold) -> RunReport:
         # Deferred for the whole hold: a stop reaches COMMAND, and never interrupts the release.
-        with stops.deferred(running.forward):
-            report = client.hold(got, lambda: running.run(stops), failure_of=_recorded_as)
-    except CommandStopped as stop:
-        console.say(
-            "stopped",
-            f"{key}: {stop}; its output is not stored, and the lease was given up with the stop recorded",
-            key=str(key),
-            signal=signal_name(stop.signum),
-        )
-        return 128 + stop.signum
-    except CommandFailed as failed:
-        console.event(
-            "failed",
-            f"{key}: {failed}; the lease was given up with the failure recorded",
-            key=str(key),
-            status=failed.status,
-        )
-        return failed.exit_status
-    except CommandNotStarted as exc:
-        console.problem("error", str(exc))
-        return EXIT_NOT_STARTED
-    stops.raise_if_received()  # a stop while the artifact was being stored: stored, then stop
-    if args.json:
-        result = Result(
-            key,
-            "computed",
-            got.lease.token,
-            got.lease.owner,
-            report.value,
-            waited,
-            waited_on,
-            got.took_over_from,
-            report.stored,
-        )
-        print(json.dumps(result.envelope()))
-    return 0
+        with self.stops.deferred(self.running.forward):
+            return super().hold(step)
+
+
+class _Narrator:
+    """The flow's events as ``dibs run``'s progress lines (the console's events)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.waited_on: str | None = None
+        self.waited = 0.0
+
+    def __call__(self, event: events.Event) -> None:
+        if isinstance(event, events.Waited):
+            self.waited_on, self.waited = event.holder, event.seconds
+        elif isinstance(event, events.ArtifactFound):
+            _announce_hit(self.console, event, self.waited, self.waited_on)
+        elif isinstance(event, events.LeaseAcquired):
+            _announce_acquired(self.console, event, self.waited_on)
 
 
 def _recorded_as(exc: BaseException) -> str:
@@ -208,7 +212,9 @@ def _let_go_if_ours(client: Reservations, key: Key, owner: str, signum: int, sto
             pass  # the lease expires after its ttl
 
 
-def _announce_hit(console: Console, got: Hit, waited: float, waited_on: str | None) -> None:
+def _announce_hit(
+    console: Console, got: Hit | events.ArtifactFound, waited: float, waited_on: str | None
+) -> None:
     fields: dict[str, Any] = {
         "key": str(got.key),
         "token": got.token,
@@ -226,36 +232,35 @@ def _announce_hit(console: Console, got: Hit, waited: float, waited_on: str | No
         console.event("hit", f"{got.key}: already computed by {got.producer!r} (token {got.token})", **fields)
 
 
-def _announce_acquired(console: Console, got: Acquired, waited_on: str | None) -> None:
-    key, lease, failure = got.key, got.lease, got.last_failure
-    attempt = lease.record.attempt
-    fields: dict[str, Any] = {"key": str(key), "token": lease.token, "attempt": attempt}
+def _announce_acquired(console: Console, got: events.LeaseAcquired, waited_on: str | None) -> None:
+    key, token, attempt = got.key, got.token, got.attempt
+    fields: dict[str, Any] = {"key": str(key), "token": token, "attempt": attempt}
     if got.took_over_from:
         console.event(
             "takeover",
             f"{key}: took over from {got.took_over_from!r}, whose lease expired; computing it "
-            f"(attempt {attempt}, token {lease.token})",
+            f"(attempt {attempt}, token {token})",
             notable=True,
             took_over_from=got.took_over_from,
             **fields,
         )
-    elif failure is not None:
+    elif got.last_failure is not None:
         console.event(
             "retry",
-            f"{key}: the last attempt failed ({failure.owner!r}: {failure.error}); computing it again "
-            f"(attempt {attempt}, token {lease.token})",
+            f"{key}: the last attempt failed ({got.last_failure_owner!r}: {got.last_failure}); computing it "
+            f"again (attempt {attempt}, token {token})",
             notable=waited_on is not None,
             **fields,
         )
     elif waited_on:
         console.event(
             "holder",
-            f"{key}: {waited_on!r} let go of it; computing it here (token {lease.token})",
+            f"{key}: {waited_on!r} let go of it; computing it here (token {token})",
             notable=True,
             **fields,
         )
     else:
-        console.event("computing", f"{key}: computing it (token {lease.token})", **fields)
+        console.event("computing", f"{key}: computing it (token {token})", **fields)
 
 
 # -- dibs wait --------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ holding the queue's lock hung the survivors for ever.)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -18,10 +17,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import dibs
+from dibs import flow
 from dibs.client import Reservations
-from dibs.errors import ReservationError
-from dibs.lease import Lease
-from dibs.outcomes import Acquired, Hit
 
 __all__ = ["STEPS", "TTL", "main"]
 
@@ -37,48 +35,38 @@ def report(kind: str, detail: str = "", value: Any = None) -> None:
     sys.stdout.flush()
 
 
-def _train(lease: Lease, name: str, seconds: float) -> dict[str, Any]:
-    """The slow computation: sleeps in steps, heartbeating in the background, reporting progress."""
-    with lease.keep_alive() as heartbeats:
-        for step in range(STEPS):
-            time.sleep(seconds / STEPS)
-            heartbeats.check()  # a lost lease must not go on to store a result
-            report("progress", f"{(step + 1) * 100 // STEPS}%")
+def _train(name: str, seconds: float) -> dict[str, Any]:
+    """The slow computation: sleeps in steps, reporting progress (the flow heartbeats meanwhile)."""
+    for step in range(STEPS):
+        time.sleep(seconds / STEPS)
+        report("progress", f"{(step + 1) * 100 // STEPS}%")
     return {"model": "churn-v3", "auc": 0.91, "trained_by": name}
 
 
+def _narrate(event: dibs.Event) -> None:
+    """The flow's events as the demo's reports (what a pipeline's own observer would do)."""
+    if isinstance(event, dibs.Asked):
+        report("asking")
+    elif isinstance(event, dibs.KeyBusy):
+        report("waiting", f"on {event.holder}, whose lease has {event.expires_in:.1f}s left")
+    elif isinstance(event, dibs.LeaseAcquired):
+        took = f", took over from {event.took_over_from}" if event.took_over_from else ""
+        report(
+            "computing",
+            f"token {event.token}{took}",
+            {"token": event.token, "took_over_from": event.took_over_from},
+        )
+
+
 def get_value(client: Reservations, key: str, name: str, seconds: float) -> None:
-    """Hit, compute, or wait and try again: the loop every caller of ``get_or_reserve`` writes."""
-    report("asking")
-    while True:
-        outcome = client.get_or_reserve(key, owner=name)
-        if isinstance(outcome, Hit):
-            report("hit", f"artifact by {outcome.producer}", outcome.value)
-            return
-        if isinstance(outcome, Acquired):
-            lease = outcome.lease
-            took = f", took over from {outcome.took_over_from}" if outcome.took_over_from else ""
-            report(
-                "computing",
-                f"token {lease.token}{took}",
-                {"token": lease.token, "took_over_from": outcome.took_over_from},
-            )
-            try:
-                value = _train(lease, name, seconds)
-            except BaseException as exc:
-                # A waiter takes over now instead of after the ttl; if even that fails (the lease
-                # was lost, the store is down), the ttl frees the key anyway.
-                with contextlib.suppress(ReservationError):
-                    lease.release(exc)
-                raise
-            lease.complete(value)
-            report("done", f"stored with token {lease.token}", value)
-            return
-        report("waiting", f"on {outcome.holder}, whose lease has {outcome.remaining:.1f}s left")
-        hit = client.wait(key)  # returns on completion, or once the lease is released or expires
-        if hit is not None:
-            report("hit", f"artifact by {hit.producer}", hit.value)
-            return
+    """Hit, compute, or wait and take over: one ``compute`` call, whose events say what happened."""
+    # Driven as any front end does (dibs.flow): the demo says it in its own reports, not in log lines.
+    call = client.call(key, owner=name, frontend="demo", observer=_narrate)
+    got = call.drive(flow.Steps(client, lambda: _train(name, seconds), emit=call.emitter))
+    if got.role == "computed":
+        report("done", f"stored with token {got.token}", got.value)
+    else:
+        report("hit", f"artifact by {got.producer}", got.value)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,0 +1,399 @@
+"""What happened, step by step, in every compute-once call: typed events, and the observers that hear them.
+
+Every front end (``Reservations.run``/``compute`` and their async twins, the Airflow operators,
+prefect_dibs, ``dibs run``) drives the one flow of :mod:`dibs.flow`, and that flow reports each step
+as an event. Log lines, XComs, Prefect states, CLI progress, and later metrics, traces and UI pages
+are *observers* of these events, never code threaded through each front end.
+
+One call's events, in order (``*``: only when it happens)::
+
+    Asked → KeyBusy* → HolderChanged* → Waited* → ArtifactFound → Finished(hit | waited)
+    Asked → [KeyBusy … Waited]* → LeaseAcquired → HeartbeatFailed* → LostLease*
+          → ArtifactStored | NotStored → Finished(computed | took_over)
+          → WorkFailed → LeaseReleased* → Finished(failed)
+    Asked → RanUnreserved → Finished(unreserved)            (store unreachable, policy "run")
+    Asked → … → Finished(failed)                            (timeout, store down with "fail", …)
+
+Every event carries the key, the owner that asked, the front end, the kind of store, the number of
+its call (the same for every event of one compute-once call, so a tracer can group them into one
+span) and the wall clock time it happened. Durations are measured on the caller's monotonic clock.
+
+Observers::
+
+    def count(event: dibs.Event) -> None:
+        ...
+
+    with dibs.observe(count):           # every call of this process
+        ...
+    client.observe(count)               # only this client's calls
+
+An observer runs synchronously in the thread (or on the event loop) where the step happened (heartbeat
+failures come from the heartbeat thread), so it must be quick and must not block: hand the event to a
+queue if it needs I/O. An observer that raises is logged once (with its traceback) and otherwise
+ignored: an observer never changes a result. With nobody listening an event costs one check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, Self, TypeVar
+
+from dibs.keys import Key
+
+__all__ = [
+    "ArtifactFound",
+    "Asked",
+    "Emitter",
+    "Event",
+    "Finished",
+    "HeartbeatFailed",
+    "HolderChanged",
+    "KeyBusy",
+    "LeaseAcquired",
+    "LeaseReleased",
+    "LostLease",
+    "NotStored",
+    "Observation",
+    "Observer",
+    "Observers",
+    "RanUnreserved",
+    "Waited",
+    "WorkFailed",
+    "observe",
+]
+
+log = logging.getLogger("dibs")
+
+#: How a compute-once call ended, as :class:`Finished` says (and a metric would count it).
+Ending = Literal["computed", "took_over", "waited", "hit", "unreserved", "failed"]
+
+#: Which front end drove the flow.
+Frontend = Literal["python", "airflow", "prefect", "cli"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Event:
+    """One step of one compute-once call. Subclasses add what that step knows."""
+
+    key: Key
+    owner: str
+    frontend: str
+    #: The compute-once call this step belongs to: one number per call in this process.
+    call: int
+    #: The kind of store (its URL's scheme: ``sqlite``, ``postgresql``, ``redis``, ``azure``, ...).
+    store: str = ""
+    #: Wall-clock time (``time.time()``) when it happened.
+    at: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        """``asked``, ``key_busy``, ``lease_acquired``, …: the event's type in snake case."""
+        return _snake(type(self).__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Asked(Event):
+    """The call asked the store for the key (``refresh``: even beside an artifact)."""
+
+    refresh: bool = False
+    min_token: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _FailuresSoFar:
+    #: The key's last recorded failure (``failures`` of them so far), and whose it was.
+    last_failure: str | None = None
+    last_failure_owner: str | None = None
+    failures: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KeyBusy(_FailuresSoFar, Event):
+    """Someone else holds a live lease: the call waits (or defers) on ``holder``."""
+
+    holder: str
+    expires_in: float
+    #: How long the holder has held it (store clock), and its lease attempt on this key.
+    held_for: float
+    attempt: int
+    token: int | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HolderChanged(Event):
+    """While the call waited, the key passed from ``previous`` to ``holder``."""
+
+    previous: str
+    holder: str
+    expires_in: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Waited(Event):
+    """The wait ended after ``seconds`` (across deferrals): with the artifact (``hit``), the lease
+    (``acquired``), a ``timeout``, or the store ``unavailable``."""
+
+    seconds: float
+    outcome: Literal["hit", "acquired", "timeout", "unavailable"]
+    holder: str | None
+    deferrals: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArtifactFound(Event):
+    """The key's artifact answers the call (``waited``: it appeared while the call waited)."""
+
+    producer: str
+    token: int
+    size: int
+    waited: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LeaseAcquired(_FailuresSoFar, Event):
+    """The call holds the lease and runs the work (``took_over_from``: an expired holder's)."""
+
+    token: int
+    attempt: int
+    #: When the lease was granted, on the store's clock.
+    acquired_at: float
+    took_over_from: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeartbeatFailed(Event):
+    """A heartbeat could not reach the store; it is retried until the lease would have expired."""
+
+    token: int
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LostLease(Event):
+    """The lease is no longer this call's (taken over, or the store unreachable for a whole ttl)."""
+
+    token: int
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArtifactStored(Event):
+    """The work's value is the key's artifact now."""
+
+    token: int
+    size: int
+    compute_seconds: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NotStored(Event):
+    """The work's value is returned to this call only: it could not be ``serialized``, the lease was
+    ``fenced`` out, or the store was ``unavailable`` (policy ``run``; with ``fail`` the call fails)."""
+
+    token: int
+    reason: Literal["serialization", "fenced", "unavailable"]
+    error: str
+    compute_seconds: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkFailed(Event):
+    """The work raised; ``counted`` (towards ``max_failures``) is false for a stop and for what the
+    caller says is no failure (Airflow's skip)."""
+
+    token: int
+    error: str
+    counted: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LeaseReleased(Event):
+    """The lease ended without an artifact (``error``: what was recorded), so a waiter takes over."""
+
+    token: int
+    error: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RanUnreserved(Event):
+    """The store could not be reached and the policy said to run the work without a lease."""
+
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Finished(Event):
+    """The call ended: how (``outcome``), after how long, and the report it returned (``None``
+    when it failed: then ``error`` says why)."""
+
+    outcome: Ending
+    seconds: float
+    waited_seconds: float = 0.0
+    deferrals: int = 0
+    token: int | None = None
+    producer: str | None = None
+    waited_on: str | None = None
+    took_over_from: str | None = None
+    stored: bool = False
+    error: str | None = None
+    #: The exception's type when it failed (``StoreUnavailable``, ``WaitTimeout``, ``KeyError``, …).
+    error_type: str | None = None
+
+
+Observer = Callable[[Event], object]
+
+_E = TypeVar("_E", bound=Event)
+
+
+class Observation:
+    """A registered observer: ``close()`` (or leaving the ``with`` block) stops it."""
+
+    def __init__(self, observers: Observers, observer: Observer) -> None:
+        self._observers, self.observer = observers, observer
+
+    def close(self) -> None:
+        self._observers.remove(self.observer)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Observers:
+    """A set of observers that any thread may change while others emit.
+
+    Emitting reads a tuple that is replaced, never changed, so it takes no lock.
+    """
+
+    def __init__(self) -> None:
+        self._all: tuple[Observer, ...] = ()
+        self._lock = threading.Lock()
+
+    def add(self, observer: Observer) -> Observation:
+        if not callable(observer):
+            raise TypeError(f"an observer is a callable taking one dibs.Event, got {observer!r}")
+        with self._lock:
+            self._all = (*self._all, observer)
+        return Observation(self, observer)
+
+    def remove(self, observer: Observer) -> None:
+        with self._lock:
+            if observer in self._all:
+                index = self._all.index(observer)
+                self._all = self._all[:index] + self._all[index + 1 :]
+
+    def __bool__(self) -> bool:
+        return bool(self._all)
+
+    def __iter__(self) -> Any:
+        return iter(self._all)
+
+
+#: Observers of every call in this process.
+PROCESS = Observers()
+
+
+def observe(observer: Observer) -> Observation:
+    """Hear every event of every compute-once call of this process; ``close()`` the result to stop."""
+    return PROCESS.add(observer)
+
+
+_CALLS = itertools.count(1)
+_COMPLAINED: set[int] = set()
+_COMPLAINED_LOCK = threading.Lock()
+
+
+class Emitter:
+    """The events of one call: fills in the fields every event shares and hands each event to the
+    process's observers, the client's and the call's own (a front end's translator).
+
+    A call's own observer may say which event types it wants (a ``kinds`` attribute, a set of
+    types): an event nobody wants is never even built, which keeps a call that nobody watches cheap.
+    """
+
+    def __init__(
+        self,
+        key: Key,
+        owner: str,
+        frontend: str,
+        groups: Iterable[Observers | Observer | None],
+        *,
+        store: str = "",
+    ) -> None:
+        self.key, self.owner, self.frontend, self.store = key, owner, frontend, store
+        self.call = next(_CALLS)
+        chosen = [group for group in groups if group is not None]
+        self._sets = tuple(group for group in chosen if isinstance(group, Observers))
+        self._direct = tuple(group for group in chosen if not isinstance(group, Observers))
+        kinds: set[type[Event]] | None = set()
+        for observer in self._direct:
+            wanted = getattr(observer, "kinds", None)
+            if wanted is None or kinds is None:
+                kinds = None  # this one wants every event
+            else:
+                kinds.update(wanted)
+        self._kinds = kinds
+
+    @property
+    def listening(self) -> bool:
+        """Whether anybody hears any event of this call."""
+        return bool(self._direct) or any(self._sets)
+
+    def wants(self, kind: type[Event]) -> bool:
+        """Whether anybody hears events of type ``kind``."""
+        for group in self._sets:
+            if group:
+                return True
+        return self._kinds is None or kind in self._kinds
+
+    def make(self, kind: type[_E], **fields: Any) -> _E:
+        """An event of this call."""
+        return kind(
+            key=self.key, owner=self.owner, frontend=self.frontend, store=self.store, call=self.call, **fields
+        )
+
+    def __call__(self, kind: type[Event], **fields: Any) -> None:
+        """Build and send an event, unless nobody wants it."""
+        if self.wants(kind):
+            self.send(self.make(kind, **fields))
+
+    def send(self, event: Event) -> None:
+        for group in self._sets:
+            for observer in group:
+                _deliver(observer, event)
+        for observer in self._direct:
+            wanted = getattr(observer, "kinds", None)
+            if wanted is None or type(event) in wanted:
+                _deliver(observer, event)
+
+
+def _deliver(observer: Observer, event: Event) -> None:
+    try:
+        observer(event)
+    except Exception:
+        _complain_once(observer, event)
+
+
+def _complain_once(observer: Observer, event: Event) -> None:
+    with _COMPLAINED_LOCK:
+        if id(observer) in _COMPLAINED:
+            return
+        _COMPLAINED.add(id(observer))
+    log.exception(
+        "dibs: the observer %r raised on %s of %s; the call goes on (further errors of this observer "
+        "are not logged)",
+        observer,
+        event.name,
+        event.key,
+    )
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))

@@ -1,0 +1,366 @@
+"""One behaviour matrix: the same scenarios through every front end, the same events and outcome.
+
+Every front end drives the one compute-once flow (:mod:`dibs.flow`), so a scenario must look the same
+from each of them: the same sequence of events (heard by a process-wide observer) and the same ending.
+The front ends in this process are ``Reservations.compute``, ``AsyncReservations.compute``, the Airflow
+operator (``execute`` called directly, waiting in the worker) and a ``prefect_dibs`` ``@reserved``
+function; ``dibs run`` runs as a real subprocess, so only its outcome (the ``--json`` envelope, or its
+exit status) is compared. Each scenario runs on SQLite and on PostgreSQL.
+
+The other party of a scenario (a holder that completes, fails or dies) acts through a plain client
+when the front end reports ``key_busy``: the events are then the same however the threads interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dibs
+from tests.cli_harness import dibs as run_dibs
+from tests.cli_harness import running
+
+#: Nothing listens on port 1: a store that refuses connections at once.
+UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/dibs"
+KEY = "matrix"
+OTHER = "other-worker"
+NEXT = "next-worker"
+VALUE = {"rows": 3}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    events: tuple[str, ...]
+    outcome: str
+    #: What the front end's call gets: ``ttl``, ``timeout``, ``refresh``, ``max_age``, ``policy``.
+    call: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The error the call ends with (``None``: it returns the value).
+    raises: type[BaseException] | None = None
+    cli: bool = True  # whether dibs run can play it
+
+
+COMPUTED = ("asked", "lease_acquired", "artifact_stored", "finished")
+AFTER_A_WAIT = ("asked", "key_busy", "waited", "lease_acquired", "artifact_stored", "finished")
+SCENARIOS = [
+    Scenario("compute", COMPUTED, "computed"),
+    Scenario("hit", ("asked", "artifact_found", "finished"), "hit"),
+    Scenario("wait", ("asked", "key_busy", "waited", "artifact_found", "finished"), "waited"),
+    Scenario("holder_changes", ("asked", "key_busy", "holder_changed", "waited", "artifact_found",
+                                "finished"), "waited", cli=False),  # a CLI waiter may win the key between
+    Scenario("holder_dies", AFTER_A_WAIT, "took_over"),
+    Scenario("holder_fails", AFTER_A_WAIT, "computed"),
+    Scenario("work_fails", ("asked", "lease_acquired", "work_failed", "lease_released", "finished"), "failed",
+             raises=ValueError),
+    Scenario("stop", ("asked", "lease_acquired", "work_failed", "lease_released", "finished"), "failed",
+             raises=KeyboardInterrupt, cli=False),
+    Scenario("store_down_at_first_ask", ("asked", "ran_unreserved", "finished"), "unreserved",
+             call={"policy": "run"}, cli=False),
+    Scenario("store_down_at_first_ask_fail", ("asked", "finished"), "failed",
+             raises=dibs.StoreUnavailable),
+    Scenario("store_down_at_complete", ("asked", "lease_acquired", "not_stored", "finished"), "computed",
+             call={"policy": "run", "ttl": 1.0}, cli=False),
+    Scenario("refresh", COMPUTED, "computed", call={"refresh": True}),
+    # Another refresh holds the key: its value is the fresh one, shared (not the old, not computed again).
+    Scenario("refresh_while_busy", ("asked", "key_busy", "waited", "artifact_found", "finished"), "waited",
+             call={"refresh": True}),
+    Scenario("max_age", COMPUTED, "computed", call={"max_age": 0.05}),
+    Scenario("timeout", ("asked", "key_busy", "waited", "finished"), "failed", call={"timeout": 0},
+             raises=dibs.WaitTimeout),
+]  # fmt: skip
+
+
+# -- the front ends: each computes KEY with ``work`` and returns its value ------------------------------
+Work = Callable[[], Any]
+
+
+def python_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
+    with dibs.Reservations(url, **_client_settings(call)) as client:
+        return (
+            client.run(KEY, work)
+            if not _per_call(call)
+            else client.compute(KEY, work, **_per_call(call)).value
+        )
+
+
+def async_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
+    async def awork() -> Any:
+        try:
+            return work()
+        except KeyboardInterrupt:
+            raise asyncio.CancelledError from None  # how a coroutine's work is stopped
+
+    async def main() -> Any:
+        with dibs.Reservations(url, **_client_settings(call)) as client:
+            return (await client.aio().compute(KEY, awork, **_per_call(call))).value
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+
+
+def airflow_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
+    _airflow_environment(tmp_path)
+    from dibs_provider.operators.reserved import ReservedPythonOperator
+
+    extra = {"store_url": url, "on_store_unavailable": call.get("policy", "fail")}
+    if "ttl" in call:
+        extra["ttl"] = call["ttl"]
+    os.environ["AIRFLOW_CONN_DIBS_MATRIX"] = json.dumps({"conn_type": "dibs", "extra": extra})
+    try:
+        operator = ReservedPythonOperator(
+            task_id="t",
+            python_callable=work,
+            reservation_key=KEY,
+            dibs_conn_id="dibs_matrix",
+            reservation_deferrable=False,
+            reservation_wait_timeout=call.get("timeout"),
+            reservation_max_age=call.get("max_age"),
+            reservation_refresh=call.get("refresh", False),
+        )
+        ti = _TaskInstance()
+        return operator.execute({"ti": ti, "task_instance": ti, "run_id": "run_1"})  # type: ignore[arg-type]
+    finally:
+        del os.environ["AIRFLOW_CONN_DIBS_MATRIX"]
+
+
+def prefect_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
+    from prefect_dibs import reserved
+
+    def build() -> Any:
+        return work()
+
+    client = dibs.Reservations(url, **_client_settings(call), max_age=call.get("max_age"))
+    with client:
+        wrapped = reserved(client, key=KEY, timeout=call.get("timeout"), refresh=call.get("refresh", False))(
+            build
+        )
+        return wrapped()
+
+
+FRONTENDS = {
+    "python": python_frontend,
+    "async": async_frontend,
+    "airflow": airflow_frontend,
+    "prefect": prefect_frontend,
+}
+
+
+def _client_settings(call: dict[str, Any]) -> dict[str, Any]:
+    return {"ttl": call.get("ttl", 30.0), "on_store_unavailable": call.get("policy", "fail")}
+
+
+def _per_call(call: dict[str, Any]) -> dict[str, Any]:
+    names = {"timeout", "refresh", "max_age"}
+    return {name: value for name, value in call.items() if name in names}
+
+
+class _TaskInstance:
+    dag_id, run_id, task_id, map_index, try_number = "dag", "run_1", "t", -1, 1
+
+    def __init__(self) -> None:
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def _airflow_environment(tmp_path: Path) -> None:
+    """Airflow reads its configuration when first imported: give it a throw-away home (as
+    tests/airflow/conftest.py does for its own tests), unless it is imported already."""
+    pytest.importorskip("airflow.sdk")
+    if "airflow" not in sys.modules or "AIRFLOW_HOME" not in os.environ:
+        home = Path(tempfile.mkdtemp(prefix="dibs-matrix-airflow-"))
+        os.environ.setdefault("AIRFLOW_HOME", str(home))
+        os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+# -- the stores and the other party ---------------------------------------------------------------------
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    module = importlib.import_module(f"tests.backends.{request.param}")
+    with module.isolated_url(tmp_path) as isolated:
+        yield isolated
+
+
+class Stage:
+    """Sets a scenario up on the store, and plays the other party when the front end finds KEY busy."""
+
+    def __init__(self, url: str, scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.url, self.scenario = url, scenario
+        # Kept open for the whole test: every client of this process shares its store object.
+        self.client = dibs.Reservations(url, ttl=30)
+        self.held: dibs.Lease | None = None
+        self.next: dibs.Lease | None = None
+        name = scenario.name
+        if name in {"hit", "refresh", "max_age"}:
+            got = self.client.get_or_reserve(KEY, owner=OTHER)
+            assert isinstance(got, dibs.Acquired)
+            got.lease.complete(VALUE if name == "hit" else {"old": True})
+            if name == "max_age":  # until the store's clock says the artifact is older than max_age
+                _eventually(lambda: _age(self.client) > scenario.call["max_age"])
+        elif name in {"wait", "holder_fails", "timeout"}:
+            self.held = self._hold(ttl=30)
+        elif name == "refresh_while_busy":
+            got = self.client.get_or_reserve(KEY, owner=OTHER)
+            assert isinstance(got, dibs.Acquired)
+            got.lease.complete({"old": True})
+            self.held = self._hold(ttl=30, refresh=True)
+        elif name == "holder_changes":  # short: a waiter that only asks at its expiry is not slow
+            self.held = self._hold(ttl=2.0)
+        elif name == "holder_dies":
+            self._hold(ttl=1.0)  # never renewed: it expires, and the waiter takes over
+        elif name == "store_down_at_complete":
+
+            def unreachable(*args: Any, **kwargs: Any) -> Any:
+                raise dibs.StoreUnavailable("the store went away (matrix)")
+
+            monkeypatch.setattr(self.client.store, "complete", unreachable)
+
+    def _hold(self, ttl: float, *, refresh: bool = False) -> dibs.Lease:
+        with dibs.Reservations(self.url, ttl=ttl) as short:
+            got = short.get_or_reserve(KEY, owner=OTHER, refresh=refresh)
+        assert isinstance(got, dibs.Acquired)
+        return dibs.Lease(self.client, got.lease.record)
+
+    def on_busy(self) -> None:
+        """The front end found KEY busy and is about to wait: the holder completes or fails now."""
+        if self.held is None:
+            return
+        held, self.held = self.held, None
+        if self.scenario.name in {"wait", "refresh_while_busy"}:
+            held.complete(VALUE)
+        elif self.scenario.name == "holder_fails":
+            held.release(RuntimeError("the holder failed"))
+        elif self.scenario.name == "holder_changes":  # it passes to another worker
+            held.release()
+            got = self.client.get_or_reserve(KEY, owner=NEXT)
+            assert isinstance(got, dibs.Acquired)
+            self.next = got.lease
+
+    def on_changed(self) -> None:
+        """The front end saw the key pass to the next worker: that one completes it."""
+        if self.next is not None:
+            self.next.complete(VALUE)
+            self.next = None
+
+    def target(self) -> str:
+        return UNREACHABLE if self.scenario.name.startswith("store_down_at_first_ask") else self.url
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _age(client: dibs.Reservations) -> float:
+    state = client.status(KEY)
+    assert state.artifact is not None
+    return state.now - state.artifact.created_at
+
+
+def _eventually(condition: Callable[[], bool]) -> None:
+    from tests.cli_harness import eventually
+
+    eventually(condition, "the store's clock to move on")
+
+
+def _work(scenario: Scenario) -> Work:
+    def work() -> Any:
+        if scenario.name == "work_fails":
+            raise ValueError("bad day")
+        if scenario.name == "stop":
+            raise KeyboardInterrupt
+        return VALUE
+
+    return work
+
+
+# -- the matrix -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+@pytest.mark.parametrize("frontend", sorted(FRONTENDS))
+def test_every_front_end_reports_the_same_steps_and_ending(
+    frontend: str, scenario: Scenario, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage = Stage(url, scenario, monkeypatch)
+    heard: list[dibs.Event] = []
+
+    def observe(event: dibs.Event) -> None:
+        heard.append(event)
+        if isinstance(event, dibs.KeyBusy):
+            stage.on_busy()
+        elif isinstance(event, dibs.HolderChanged):
+            assert (event.previous, event.holder) == (OTHER, NEXT)
+            stage.on_changed()
+
+    try:
+        with dibs.observe(observe):
+            if scenario.raises is None:
+                value = FRONTENDS[frontend](stage.target(), _work(scenario), scenario.call, tmp_path)
+                assert value == VALUE
+            else:
+                with pytest.raises(scenario.raises):
+                    FRONTENDS[frontend](stage.target(), _work(scenario), scenario.call, tmp_path)
+    finally:
+        stage.close()
+    assert tuple(event.name for event in heard) == scenario.events
+    finished = heard[-1]
+    assert isinstance(finished, dibs.Finished) and finished.outcome == scenario.outcome
+    assert {event.call for event in heard} == {finished.call}  # one call, one number
+    assert {event.frontend for event in heard} == {_frontend_name(frontend)}
+    assert {event.store for event in heard} == {stage.target().split(":")[0].split("+")[0]}
+    if scenario.name == "store_down_at_complete":
+        assert finished.stored is False
+    if scenario.name == "holder_fails":
+        (acquired,) = [e for e in heard if isinstance(e, dibs.LeaseAcquired)]
+        assert acquired.last_failure == "RuntimeError: the holder failed"
+    if scenario.name == "holder_dies":
+        assert finished.took_over_from == OTHER
+    if scenario.name in {"stop", "work_fails"}:  # a stop is recorded, but is no failure
+        (failed,) = [e for e in heard if isinstance(e, dibs.WorkFailed)]
+        assert failed.counted is (scenario.name == "work_fails")
+
+
+def _frontend_name(frontend: str) -> str:
+    return "python" if frontend == "async" else frontend
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.cli], ids=lambda s: s.name)
+def test_dibs_run_ends_the_same_way(scenario: Scenario, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dibs run`` in its own process: the same scenarios end the same way (its ``--json`` envelope,
+    or a failing exit status)."""
+    stage = Stage(url, scenario, monkeypatch)
+    call = scenario.call
+    script = "import sys; sys.exit(3)" if scenario.name == "work_fails" else "print('built')"
+    args = ["--json", "-v", "run", "--store", stage.target(), "--key", KEY, "--ttl", str(call.get("ttl", 30))]
+    args += ["--timeout", str(call["timeout"])] if "timeout" in call else []
+    args += ["--refresh"] if call.get("refresh") else []
+    args += ["--max-age", str(call["max_age"])] if "max_age" in call else []
+    command = ["--", sys.executable, "-c", script]
+    try:
+        if scenario.name in {"wait", "holder_fails", "refresh_while_busy"}:
+            with running(*args, *command) as waiter:
+                waiter.wait_for_line(f'"holder": "{OTHER}"')
+                stage.on_busy()
+                status, stdout = waiter.finish(), waiter.stdout.decode()
+        else:
+            result = run_dibs(*args, *command, check=False)
+            status, stdout = result.returncode, result.stdout
+    finally:
+        stage.close()
+    if scenario.outcome == "failed":
+        assert status != 0
+        return
+    assert status == 0, stdout
+    envelope = json.loads(stdout.splitlines()[-1])
+    outcome = "took_over" if envelope["took_over_from"] else envelope["role"]
+    assert outcome == scenario.outcome

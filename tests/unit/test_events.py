@@ -1,0 +1,226 @@
+"""The flow's events and the observer API: what a call reports, and that observers never break it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+import dibs
+from dibs import flow
+from dibs.events import Emitter, Observers
+from dibs.stores.memory import MemoryStore
+from tests.unit.conftest import FakeClock
+
+
+@pytest.fixture
+def heard(client: dibs.Reservations) -> Iterator[list[dibs.Event]]:
+    events: list[dibs.Event] = []
+    with client.observe(events.append):
+        yield events
+
+
+def names(events: list[dibs.Event]) -> list[str]:
+    return [event.name for event in events]
+
+
+def test_a_computed_call_reports_each_step_in_order(
+    client: dibs.Reservations, heard: list[dibs.Event]
+) -> None:
+    assert client.run("k", lambda: [1, 2]) == [1, 2]
+    assert names(heard) == ["asked", "lease_acquired", "artifact_stored", "finished"]
+    stored, finished = heard[2], heard[3]
+    assert isinstance(stored, dibs.ArtifactStored) and stored.size == len(b"[1,2]") and stored.token == 1
+    assert isinstance(finished, dibs.Finished)
+    assert (finished.outcome, finished.token, finished.stored) == ("computed", 1, True)
+    assert {event.call for event in heard} == {heard[0].call}  # one call, one number
+    assert {str(event.key) for event in heard} == {"unit/k"}
+    assert {event.frontend for event in heard} == {"python"}
+
+
+def test_a_hit_and_a_failure_report_their_own_steps(
+    client: dibs.Reservations, heard: list[dibs.Event]
+) -> None:
+    client.run("k", lambda: 1)
+    heard.clear()
+    client.run("k", lambda: 2)
+    assert names(heard) == ["asked", "artifact_found", "finished"]
+    assert isinstance(heard[-1], dibs.Finished) and heard[-1].outcome == "hit"
+    heard.clear()
+
+    def fail() -> None:
+        raise KeyError("partition 7")
+
+    with pytest.raises(KeyError):
+        client.run("bad", fail)
+    assert names(heard) == ["asked", "lease_acquired", "work_failed", "lease_released", "finished"]
+    failed, finished = heard[2], heard[-1]
+    assert isinstance(failed, dibs.WorkFailed) and failed.error == "KeyError: 'partition 7'"
+    assert isinstance(finished, dibs.Finished)
+    assert (finished.outcome, finished.error_type, finished.token) == ("failed", "KeyError", 1)
+
+
+def test_an_observer_that_raises_is_logged_once_and_never_breaks_the_call(
+    client: dibs.Reservations, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: dibs.Event) -> None:
+        raise RuntimeError("observer bug")
+
+    with client.observe(broken), caplog.at_level(logging.ERROR, "dibs"):
+        assert client.run("k", lambda: 1) == 1
+        assert client.run("k", lambda: 2) == 1
+    complaints = [r for r in caplog.records if "observer" in r.getMessage()]
+    assert len(complaints) == 1 and "RuntimeError: observer bug" in (complaints[0].exc_text or "")
+
+
+def test_process_observers_hear_every_client_until_closed(clock: FakeClock) -> None:
+    heard: list[dibs.Event] = []
+    one = dibs.Reservations(MemoryStore(clock=clock), namespace="a")
+    two = dibs.Reservations(MemoryStore(clock=clock), namespace="b")
+    with dibs.observe(heard.append):
+        one.run("k", lambda: 1)
+        two.run("k", lambda: 2)
+    one.run("other", lambda: 3)  # closed: not heard
+    assert sorted({str(event.key) for event in heard}) == ["a/k", "b/k"]
+
+
+def test_a_call_observer_hears_only_its_call(client: dibs.Reservations) -> None:
+    heard: list[dibs.Event] = []
+    client.compute("k", lambda: 1, observer=heard.append)
+    client.compute("other", lambda: 1)
+    assert {str(event.key) for event in heard} == {"unit/k"}
+
+
+def test_store_unavailable_at_the_first_ask_follows_the_policy_and_says_so(clock: FakeClock) -> None:
+    class Down(MemoryStore):
+        def acquire(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            raise dibs.StoreUnavailable("store down")
+
+    heard: list[dibs.Event] = []
+    lenient = dibs.Reservations(Down(clock=clock), on_store_unavailable="run")
+    assert lenient.compute("k", lambda: 7, observer=heard.append).role == "unreserved"
+    assert names(heard) == ["asked", "ran_unreserved", "finished"]
+    assert isinstance(heard[-1], dibs.Finished) and heard[-1].outcome == "unreserved"
+    heard.clear()
+    strict = dibs.Reservations(Down(clock=clock))
+    with pytest.raises(dibs.StoreUnavailable):
+        strict.compute("k", lambda: 7, observer=heard.append)
+    assert names(heard) == ["asked", "finished"]
+    assert isinstance(heard[-1], dibs.Finished) and heard[-1].error_type == "StoreUnavailable"
+
+
+def test_a_wait_that_times_out_reports_the_holder(client: dibs.Reservations) -> None:
+    held = client.get_or_reserve("k", owner="alice")
+    assert isinstance(held, dibs.Acquired)
+    heard: list[dibs.Event] = []
+    with pytest.raises(dibs.WaitTimeout, match="still held by 'alice'"):
+        client.compute("k", lambda: 1, timeout=0, observer=heard.append)
+    assert names(heard) == ["asked", "key_busy", "waited", "finished"]
+    busy, waited = heard[1], heard[2]
+    assert isinstance(busy, dibs.KeyBusy) and (busy.holder, busy.expires_in) == ("alice", 30)
+    assert isinstance(waited, dibs.Waited) and (waited.outcome, waited.holder) == ("timeout", "alice")
+
+
+def test_the_async_face_reports_the_same_steps(client: dibs.Reservations, heard: list[dibs.Event]) -> None:
+    async def work() -> int:
+        return 5
+
+    async def main() -> None:
+        assert await client.aio().run("k", work) == 5
+        assert await client.aio().run("k", work) == 5
+
+    asyncio.run(main())
+    assert names(heard) == [
+        *["asked", "lease_acquired", "artifact_stored", "finished"],
+        *["asked", "artifact_found", "finished"],
+    ]
+
+
+def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: dibs.Reservations) -> None:
+    """A flow driven by hand: it stops at its wait step (as an Airflow operator defers), and a new
+    flow resumed from the :class:`~dibs.flow.Waiting` it carried counts the whole wait."""
+    now = [100.0]
+    key = client.key("k")
+    emitter = Emitter(key, "bob", "test", (lambda event: None,))
+    ask = client._ask(key, "bob", None, None, refresh=True)
+    busy = dibs.Busy(key, "alice", 0.0, 30.0, 1, 0.0, token=4)
+    steps = flow.compute_once(
+        ask, emitter=emitter, policy="fail", timeout=60, max_age=None, clock=lambda: now[0]
+    )
+    assert isinstance(next(steps), dibs.Asked)
+    assert isinstance(steps.send(None), flow.Ask)
+    assert isinstance(steps.send(busy), dibs.KeyBusy)
+    wait = steps.send(None)
+    assert isinstance(wait, flow.Wait)
+    assert wait.waiting == flow.Waiting(started=100.0, holder="alice", min_token=4)
+    assert wait.ask.min_fence == 4 and wait.ask.max_age is None  # the refresh waits for alice's result
+    steps.close()
+
+    now[0] = 190.0  # resumed 90 s later: past the 60 s timeout
+    resumed = flow.compute_once(
+        ask,
+        emitter=emitter,
+        policy="fail",
+        timeout=60,
+        max_age=None,
+        resume=wait.waiting,
+        clock=lambda: now[0],
+    )
+    asked = next(resumed)
+    assert isinstance(asked, dibs.Asked) and asked.min_token == 4 and not asked.refresh
+    assert isinstance(resumed.send(None), flow.Ask)
+    assert isinstance(resumed.send(busy), dibs.KeyBusy)
+    waited = resumed.send(None)
+    assert isinstance(waited, dibs.Waited) and (waited.seconds, waited.outcome) == (90.0, "timeout")
+    with pytest.raises(dibs.WaitTimeout, match=r"after 90\.0s: still held by 'alice'"):
+        while True:
+            resumed.send(None)
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_failed_work_stops_its_heartbeats_before_releasing(
+    client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch, face: str
+) -> None:
+    """A heartbeat still running after the release would find the lease gone and report a false
+    "lease lost": both faces of ``hold`` stop the heartbeats first (the sync one used to release
+    while its heartbeat thread still ran)."""
+    order: list[str] = []
+    stop, release = dibs.KeepAlive.stop, dibs.Lease.release
+
+    def stopping(self: dibs.KeepAlive) -> None:
+        order.append("stop heartbeats")
+        stop(self)
+
+    def releasing(self: dibs.Lease, error: object = None) -> None:
+        order.append("release")
+        release(self, error)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dibs.KeepAlive, "stop", stopping)
+    monkeypatch.setattr(dibs.Lease, "release", releasing)
+
+    def fail() -> None:
+        raise KeyError("partition 7")
+
+    async def afail() -> None:
+        fail()
+
+    with pytest.raises(KeyError):
+        if face == "sync":
+            client.run("k", fail)
+        else:
+            asyncio.run(client.aio().run("k", afail))
+    assert order[:2] == ["stop heartbeats", "release"]
+
+
+def test_a_call_nobody_listens_to_builds_no_event(client: dibs.Reservations) -> None:
+    key = client.key("k")
+    quiet = flow.compute_once(
+        client._ask(key, "bob", None, None),
+        emitter=Emitter(key, "bob", "test", (Observers(),)),
+        policy="fail",
+        timeout=None,
+        max_age=None,
+    )
+    assert isinstance(next(quiet), flow.Ask)  # no Asked before it: nobody wanted one
