@@ -116,6 +116,31 @@ def test_a_cancelled_re_entry_leaves_its_owners_lease_held(
     assert state.lease is not None and state.lease.token == first.lease.record.token
 
 
+def test_a_re_entry_cancelled_at_once_under_a_lease_age_cap_leaves_the_lease_held(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prefect's lock manager asks with max_lease_age equal to the ttl: a re-entry then has the times
+    # of a new lease (its expiry is capped at acquired_at + ttl), and must still not be released.
+    client = dibs.Reservations(store, ttl=60, max_lease_age=60)
+    first = client.get_or_reserve("k", "alice")
+    assert isinstance(first, dibs.Acquired)
+    granted, proceed = threading.Event(), threading.Event()
+    monkeypatch.setattr(store, "acquire", _blocking_acquire(store, granted, proceed))
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(client.aio().acquire("k", "alice"))
+        await asyncio.to_thread(granted.wait, SAFETY)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proceed.set()
+
+    asyncio.run(scenario())
+    _drain_io_executor()
+    state = client.status("k")
+    assert state.lease is not None and state.lease.token == first.lease.record.token
+
+
 def test_an_acquire_cancelled_after_the_store_answered_leaves_nothing_held(store: Store) -> None:
     client = dibs.Reservations(store, ttl=60)
 

@@ -959,13 +959,8 @@ def _release_unreceived(client: Reservations, ask: AskAcquire, future: Future[St
 def _granted_by_this_ask(outcome: Granted) -> bool:
     """Whether the ask made this lease (new, or taken over) rather than re-entering one its owner
     already held: that one belongs to whoever took it first, and a cancelled re-entry must not free it.
-
-    A lease made by the ask starts at the store's now and ends a ttl later (a maximum lease age is
-    at least a ttl, so it does not cap a new lease); a re-entered one started earlier, and its expiry
-    was moved to now + ttl. The tolerance covers float rounding in the stores' arithmetic.
-    """
-    lease = outcome.lease
-    return abs(lease.expires_at - lease.ttl - lease.acquired_at) <= 1e-3
+    The store says which (:attr:`~dibs.records.Granted.reentered`)."""
+    return not outcome.reentered
 
 
 def _release_quietly(client: Reservations, key: Key, outcome: Granted) -> None:

@@ -184,6 +184,9 @@ class Granted:
     lease: LeaseRecord
     failure: FailureRecord | None = None
     took_over_from: str | None = None
+    #: The owner's own live lease, given again with its expiry extended (no new token): a caller that
+    #: did not receive this answer (a cancelled ask) must not release it, it belongs to the first ask.
+    reentered: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

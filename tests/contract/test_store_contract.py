@@ -63,6 +63,16 @@ def test_same_owner_reenters_with_the_same_token_and_a_later_expiry(store: Store
     assert again.expires_at > first.expires_at
 
 
+def test_a_grant_says_whether_it_re_entered_the_owners_own_lease(store: Store) -> None:
+    # What a cancelled ask needs to know: a lease it made may be released, a re-entered one may not
+    # (it belongs to the first ask). Asked at once, under a maximum lease age equal to the ttl, the
+    # two leases look alike by their times, so the store must say it.
+    made, again = store.acquire(KEY, "alice", 30, 30), store.acquire(KEY, "alice", 30, 30)
+    assert isinstance(made, Granted) and isinstance(again, Granted)
+    assert (made.reentered, again.reentered) == (False, True)
+    assert again.lease.token == made.lease.token
+
+
 def test_complete_stores_the_artifact_once_for_everyone(open_isolated_store: Callable[[], Store]) -> None:
     writer, reader = open_isolated_store(), open_isolated_store()
     lease = _granted(writer.acquire(KEY, "alice", 30, None))

@@ -323,7 +323,7 @@ class RedisStore(Store):
     # ARGV[5]: maximum lease age in seconds, or '' for none, ARGV[6]: lease id for a new lease,
     # ARGV[7]: the oldest artifact the caller takes, as a maximum age in seconds, or '' for any,
     # ARGV[8]: the lowest fencing token of an artifact the caller takes (decimal), or ''
-    # Returns {'corrupt', why} or {'present'|'granted'|'held', now, took_over_from, FIELDS...}; a
+    # Returns {'corrupt', why} or {'present'|'granted'|'reentered'|'held', now, took_over_from, FIELDS...}; a
     # 'present' reply ends with the artifact payload. A stale artifact is no hit: the lease can be
     # taken beside it, and complete replaces it.
     LUA_ACQUIRE_SCRIPT = (
@@ -353,7 +353,7 @@ if rec.lease_id and rec.lease_owner == ARGV[3] and (max_expires == nil or now < 
   -- The same owner again: its own lease, same token, expiry extended.
   redis.call('HSET', KEYS[1], 'lease_expires_at', num(capped_expiry(now, ttl, max_expires)),
     'lease_ttl', ARGV[4])
-  return reply('granted', now, KEYS[1], false, false)
+  return reply('reentered', now, KEYS[1], false, false)
 end
 if rec.lease_id and now < tonumber(rec.lease_expires_at) then
   return reply('held', now, KEYS[1], false, false)
@@ -641,7 +641,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         if status == b"held":
             return Held(state.lease, state.now, state.failure)
         took_over_from = None if reply[2] is None else str(reply[2].decode("utf-8"))
-        return Granted(state.lease, state.failure, took_over_from)
+        return Granted(state.lease, state.failure, took_over_from, reentered=status == b"reentered")
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         reply = self._run(

@@ -94,7 +94,7 @@ def acquire(
         renewed = dataclasses.replace(
             lease, expires_at=_capped_expiry(now, ttl, lease.max_expires_at), ttl=ttl
         )
-        return Granted(renewed, state.failure), dataclasses.replace(state, lease=renewed)
+        return Granted(renewed, state.failure, reentered=True), dataclasses.replace(state, lease=renewed)
     if lease is not None and lease.live_at(now):
         return Held(lease, now, state.failure), None
     if state.fence >= MAX_FENCE:
