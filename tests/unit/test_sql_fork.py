@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sqlite3
 import sys
 import threading
@@ -107,3 +108,32 @@ def _children_that_finish(forks: int) -> int:
 def test_children_forked_beside_a_thread_busy_in_sqlite_never_hang() -> None:
     with _busy_in_sqlite(sql_fork.GATE.inside):
         assert _children_that_finish(40) == 40
+
+
+def test_a_forked_child_forgets_the_parents_bounded_calls() -> None:
+    # The child shares the parent's sockets: its keeper must never shut one of them at the deadline
+    # of a call the parent made (the parent may be using that connection for another call by then).
+    from dibs.stores.sql_bounds import Keeper
+
+    class Engine:  # what the keeper needs of an engine: something to refer to weakly
+        pool = None
+
+    engine, (ours, theirs) = Engine(), socket.socketpair()
+    keeper = Keeper(engine)
+
+    class Connection:
+        def __init__(self, sock: socket.socket) -> None:
+            self._sock = sock  # PyMySQL's attribute, which the keeper reads
+
+    try:
+        with keeper.bounded(Connection(ours), 600):
+            pid = os.fork()
+            if pid == 0:  # the child: nothing of the parent's is in flight here
+                os._exit(0 if not keeper._calls and not keeper._ended else 1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert len(keeper._calls) == 1  # the parent's own call is still bounded
+    finally:
+        keeper.close()
+        ours.close()
+        theirs.close()

@@ -80,9 +80,10 @@ Limits, checked or enforced by the client, so that no call outlives what the lea
 * **Time.** Every call on a pooled PostgreSQL/MySQL connection is bounded on the client
   (:mod:`dibs.stores.sql_bounds`) by ``timeout`` seconds, plus a second per
   :data:`BYTES_PER_SECOND` of an artifact being stored; past it the connection is shut and the call
-  is :class:`~dibs.errors.StoreUnavailable`. The server is told the same bound (PostgreSQL's
-  ``statement_timeout``, MySQL's ``innodb_lock_wait_timeout``), so lock waits end there cleanly first,
-  and new connections give up after ``timeout`` (``connect_timeout``). Keep the ttl several times
+  is :class:`~dibs.errors.StoreUnavailable`. The server ends lock waits at 0.8 ``timeout``
+  (PostgreSQL's ``lock_timeout``, MySQL's ``innodb_lock_wait_timeout``), so they end there cleanly
+  first (a clean error, retried where safe), and new connections give up after ``timeout``
+  (``connect_timeout``). Keep the ttl several times
   ``timeout``: a heartbeat that times out is retried until the lease would expire.
 * **Connections.** Pooled connections beyond one are closed after two idle seconds, so a process
   that only waits holds one pooled connection, plus PostgreSQL's listener: two. A server that
@@ -143,7 +144,7 @@ DEFAULT_POOL_SIZE = 3
 #: Seconds one PostgreSQL/MySQL call may wait for the server (``?timeout=``); see the module docstring.
 DEFAULT_TIMEOUT = 10.0
 #: The slowest transfer a ``complete`` is allowed: its bound grows by a second per this many bytes.
-BYTES_PER_SECOND = 8 * 1024 * 1024
+BYTES_PER_SECOND = 1024 * 1024  # a slow link: a generous bound, never a cut of a healthy write
 #: PostgreSQL's largest ``bytea`` value (1 GB less its 4-byte header): the payload's limit there.
 POSTGRES_MAX_BYTEA = 0x3FFFFFFF - 4
 #: What a row holds besides the payload and the texts complete writes (numbers, digests, a failure).
@@ -386,6 +387,9 @@ class SQLStore(Store):
             if cursor is not None:
                 with contextlib.suppress(dbapi.Error):
                     cursor.close()
+            if ended[0] and connection.dbapi_connection is not None:
+                # The bound shut its socket just as the call succeeded: never hand it to the next call.
+                connection.invalidate()
             connection.close()
 
     def _first_line(self, error: BaseException, limit: int) -> str:
@@ -1373,16 +1377,18 @@ def _too_many_clients(message: str) -> bool:
 def _server_bounds(url: URL, timeout: float) -> dict[str, Any]:
     """Connection arguments that bound, on the server's side too, how long one call may take.
 
-    PostgreSQL: the server cancels a statement after ``timeout`` (``statement_timeout``: a lock
-    wait ends with a clean error, before the client's bound shuts the connection), libpq gives up a
+    PostgreSQL: a lock wait ends with a clean error after 0.8 ``timeout`` (``lock_timeout``), before
+    the client's bound shuts the connection (a long write is bounded by the keeper alone), libpq gives up a
     connection attempt after ``timeout``, and TCP keepalives and ``tcp_user_timeout`` notice a peer
     that vanished. MySQL/MariaDB: ``innodb_lock_wait_timeout`` ends a lock wait (error 1205, which is
-    retried) within ``timeout``; PyMySQL's ``connect_timeout`` bounds the connection attempt.
+    retried) within 0.8 ``timeout``; PyMySQL's ``connect_timeout`` bounds the connection attempt.
     """
     seconds = max(1, math.ceil(timeout))
     backend = url.get_backend_name()
     if backend == "postgresql":
-        options = f"-c statement_timeout={int(timeout * 1000)}"
+        # lock_timeout, not statement_timeout: a complete writing a large artifact may rightly take
+        # longer than a lock wait should (the keeper's bound grows with its size; this would not).
+        options = f"-c lock_timeout={int(timeout * 800)}"
         if url.query.get("options"):
             options = f"{url.query['options']} {options}"
         return {
@@ -1401,7 +1407,7 @@ def _server_bounds(url: URL, timeout: float) -> dict[str, Any]:
             # Once connected, they are lifted (_lift_socket_timeouts) and the keeper bounds each call.
             "read_timeout": seconds,
             "write_timeout": seconds,
-            "init_command": f"SET SESSION innodb_lock_wait_timeout = {seconds}",
+            "init_command": f"SET SESSION innodb_lock_wait_timeout = {max(1, int(timeout * 0.8))}",
         }
     return {}
 

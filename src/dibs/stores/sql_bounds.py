@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
@@ -75,7 +75,8 @@ class Keeper:
         self._engine = weakref.ref(engine)
         self._idle_seconds = idle_seconds
         self._lock = threading.Condition()
-        self._calls: dict[int, tuple[float, int]] = {}  # ticket -> (deadline, socket file descriptor)
+        # ticket -> (deadline, socket file descriptor, the connection it must still belong to)
+        self._calls: dict[int, tuple[float, int, Callable[[], Any]]] = {}
         self._ended: set[int] = set()
         self._next_ticket = 0
         self._thread: threading.Thread | None = None
@@ -84,6 +85,7 @@ class Keeper:
         # When the thread wakes next: a new deadline or trim wakes it earlier only if it is sooner
         # (a call registers without waking the thread, in the usual case).
         self._wake_at = 0.0
+        _KEEPERS.add(self)
 
     # -- deadlines ------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -102,7 +104,7 @@ class Keeper:
             self._start()
             ticket = self._next_ticket = self._next_ticket + 1
             deadline = time.monotonic() + seconds
-            self._calls[ticket] = (deadline, fileno)
+            self._calls[ticket] = (deadline, fileno, _ref(dbapi_connection))
             if deadline < self._wake_at:
                 self._lock.notify()
         try:
@@ -114,6 +116,16 @@ class Keeper:
                 if ticket in self._ended:
                     self._ended.discard(ticket)
                     ended[0] = True
+
+    def _after_fork_in_child(self) -> None:
+        """The child has none of the parent's threads or calls: it must not shut the sockets it
+        shares with the parent (their calls are the parent's), nor wait on a lock a parent thread held."""
+        self._lock = threading.Condition()
+        self._calls = {}
+        self._ended = set()
+        self._thread = None
+        self._trim_at = None
+        self._wake_at = 0.0
 
     # -- idle connections -----------------------------------------------------------------------------
     def returned(self, connection_record: Any) -> None:
@@ -166,15 +178,18 @@ class Keeper:
                 if self._closed or self._engine() is None:
                     return
                 now = time.monotonic()
-                for ticket, (deadline, fileno) in list(self._calls.items()):
+                for ticket, (deadline, fileno, connection) in list(self._calls.items()):
                     if deadline <= now:
                         del self._calls[ticket]
                         self._ended.add(ticket)
-                        _shut_down(fileno)
+                        # Only if the number is still that connection's socket: a driver that
+                        # closed its socket in the call may see the number reused by another.
+                        if _fileno(connection()) == fileno:
+                            _shut_down(fileno)
                 trim = self._trim_at is not None and self._trim_at <= now
                 if trim:
                     self._trim_at = None
-                wakes = [deadline for deadline, _ in self._calls.values()]
+                wakes = [deadline for deadline, _, _ in self._calls.values()]
                 if self._trim_at is not None:
                     wakes.append(self._trim_at)
                 if not trim:
@@ -186,6 +201,25 @@ class Keeper:
                 with self._lock:
                     if self._trim_at is None:
                         self._trim_at = time.monotonic() + self._idle_seconds
+
+
+def _ref(connection: Any) -> Callable[[], Any]:
+    """A weak reference to ``connection`` where it allows one (else a strong one, for the call's life)."""
+    try:
+        return weakref.ref(connection)
+    except TypeError:
+        return lambda: connection
+
+
+_KEEPERS: weakref.WeakSet[Keeper] = weakref.WeakSet()
+
+
+def _reset_keepers_in_child() -> None:
+    for keeper in list(_KEEPERS):
+        keeper._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_keepers_in_child)
 
 
 def _fileno(dbapi_connection: Any) -> int | None:
