@@ -29,6 +29,7 @@ heartbeats lose the lease          logged when it happens; the work goes on (its
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
@@ -86,10 +87,21 @@ _HELD_HERE: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.Con
 STOP_PREFIX = "stopped"
 
 
+#: What stops work on purpose rather than failing it. Any other ``BaseException`` is a failure: an
+#: Airflow task timeout (``AirflowTaskTimeout`` derives from ``BaseException`` so that user code does
+#: not catch it) is work that took too long, and must count towards ``max_failures``.
+STOPS: tuple[type[BaseException], ...] = (
+    KeyboardInterrupt,
+    SystemExit,
+    asyncio.CancelledError,
+    GeneratorExit,
+)
+
+
 def failure_text(exc: BaseException) -> str:
-    """How a failure is recorded: ``Type: message``; a stop (Ctrl-C, a cancellation, ``SystemExit``)
-    as ``stopped: Type``."""
-    if isinstance(exc, Exception):
+    """How a failure is recorded: ``Type: message``; a stop (Ctrl-C, a cancellation, ``SystemExit``:
+    :data:`STOPS`) as ``stopped: Type``."""
+    if not isinstance(exc, STOPS):
         return f"{type(exc).__name__}: {exc}"
     detail = str(exc)
     return f"{STOP_PREFIX}: {type(exc).__name__}" + (f": {detail}" if detail else "")

@@ -352,6 +352,27 @@ def test_a_stop_never_counts_towards_max_failures(stop: type[BaseException]) -> 
         client.run("k", lambda: 1)
 
 
+class TaskTimeout(BaseException):
+    """Like Airflow's AirflowTaskTimeout: a BaseException, so that user code does not catch it."""
+
+
+def test_a_base_exception_that_is_no_stop_counts_as_a_failure() -> None:
+    # Only the stops are exempt (Ctrl-C, SystemExit, cancellation): work ended by a task timeout
+    # took too long, and must count towards max_failures, or it would be retried for ever.
+    client = dibs.Reservations(MemoryStore(), ttl=60, max_failures=1)
+
+    def too_slow() -> None:
+        raise TaskTimeout("took more than 60s")
+
+    with pytest.raises(TaskTimeout):
+        client.run("k", too_slow)
+    failure = client.status("k").failure
+    assert failure is not None and failure.count == 1
+    assert failure.error == "TaskTimeout: took more than 60s"
+    with pytest.raises(dibs.TooManyFailures, match="failed 1 times"):
+        client.run("k", lambda: 1)
+
+
 def test_a_cancelled_async_work_does_not_count_towards_max_failures() -> None:
     client = dibs.Reservations(MemoryStore(), ttl=60, max_failures=1)
     started = asyncio.Event()
