@@ -291,6 +291,23 @@ def test_an_unstorable_result_is_returned_unshared_and_frees_the_key(
     assert context["ti"].xcoms["dibs_outcome"]["stored"] is False
 
 
+def test_an_outcome_that_cannot_be_pushed_fails_the_task(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    # The dibs_outcome XCom is pushed by the task itself, not by an observer (whose errors are only
+    # logged): a task whose XCom backend refuses it fails, as any Airflow task would.
+    context = make_context()
+
+    def refuse(key: str, value: Any) -> None:
+        raise RuntimeError("the XCom backend is down")
+
+    context["ti"].xcom_push = refuse
+    with pytest.raises(RuntimeError, match="XCom backend is down"):
+        operator(Work()).execute(context)
+    state = client.status(KEY)
+    assert state.artifact is not None  # the work's result was stored before the push failed
+
+
 # -- the store cannot be reached: the connection's policy decides, as for Reservations.run -----------------
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/dibs"  # nothing listens on port 1: refused at once
 

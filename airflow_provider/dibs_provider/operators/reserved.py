@@ -289,6 +289,7 @@ class ReservedOperatorMixin(BaseOperator):
             self.reservation_wait_timeout if self.reservation_wait_timeout is not None else hook.wait_timeout
         )
         with hook.get_client() as client:
+            narrator = _Narrator(self, context, client)
             call = client.call(
                 name,
                 owner=owner,
@@ -297,13 +298,17 @@ class ReservedOperatorMixin(BaseOperator):
                 refresh=self.refresh_requested(),
                 resume=waiting,
                 frontend="airflow",
-                observer=_Narrator(self, context, client),
+                observer=narrator,
                 clock=time.time,  # a wait resumes on whichever worker runs execute_complete
             )
             try:
                 report = call.drive(_TaskSteps(self, context, client, call))
             except _Deferral as deferral:
                 self.defer(trigger=deferral.trigger, method_name="execute_complete")
+            if narrator.outcome is not None:
+                # Pushed here, not from the observer: observers' errors are only logged, and a task
+                # whose XCom could not be pushed must fail as any Airflow task would.
+                context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=narrator.outcome)
             return report.value
 
 
@@ -375,11 +380,14 @@ class _TaskSteps(Steps):
 
 
 class _Narrator:
-    """The flow's events in a reserved task's words: its log lines, and the ``dibs_outcome`` XCom."""
+    """The flow's events in a reserved task's words: its log lines, and the ``dibs_outcome`` XCom
+    (which the task pushes after the call)."""
 
     def __init__(self, operator: ReservedOperatorMixin, context: Context, client: Reservations) -> None:
         self.operator, self.context, self.client = operator, context, client
         self.waited: events.Waited | None = None
+        #: The ``dibs_outcome`` XCom, once the call finished with a value (the task pushes it).
+        self.outcome: dict[str, Any] | None = None
 
     def __call__(self, event: events.Event) -> None:
         log = self.operator.log
@@ -470,7 +478,7 @@ class _Narrator:
         }
         if role == "computed":
             outcome["took_over_from"] = event.took_over_from
-        self.context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=outcome)
+        self.outcome = outcome
 
 
 def _holding(busy: events.KeyBusy) -> str:
