@@ -235,6 +235,55 @@ HARDENED: list[tuple[str, str, str]] = [
         "protect is documented in `dibs.serializers` and `docs/contract.md`.",
         f"{_H}test_a_signed_artifact_copied_to_another_key_or_fence_is_refused",
     ),
+    (
+        "Issue 16 (measured on main): values over Redis's 512 MB or SQLite's blob limit were re-sent "
+        "for a ttl (Redis) or raised a raw `DataError` and left the key held (SQLite); a silent network "
+        "before `complete` blocked PostgreSQL for 45 s and longer; 30 waiting PostgreSQL processes held "
+        "98 connections and 17 of 90 calls failed with `too many clients`; under a concurrent prune "
+        "MariaDB holders were told their stored artifact was not stored, and a deadlock (1213) reached "
+        "a caller.",
+        "Every store knows its size limit and refuses before sending (`ArtifactTooLarge`, lease "
+        "released, value returned); PostgreSQL/MySQL calls bounded by `?timeout=` on the client and the "
+        "server; the SQL pool waits 0.25 s before opening another connection and closes idle ones "
+        'beyond one (two per waiting process, measured); "too many clients" names `pool_size` and '
+        "PgBouncer in session mode; deadlocks and lock wait timeouts retried; MariaDB's `complete` "
+        "reads what it wrote from session variables.",
+        "`tests/test_limits.py` (every test)",
+    ),
+    (
+        "Issue 16: a cancelled `aio().acquire` could leave the key held by nobody for the ttl (the "
+        "store call finished in the executor after the cancel); a cancelled re-entry must not free its "
+        "owner's lease.",
+        "The ask is a future of dibs's own; on cancellation a callback releases the lease that ask "
+        "made, in the executor, whatever the loop does.",
+        "`tests/test_cancellation.py` (every store: cancelled during and after the store call, at "
+        "random small delays, and a re-entry)",
+    ),
+    (
+        "Issue 16: `ttl=1e-9` was accepted (heartbeats at 2,609 writes/s on SQLite, and a rival still "
+        "took the key).",
+        "`validate_timings` refuses a ttl below 0.15 s and a heartbeat interval below 50 ms, at every "
+        "entry point.",
+        "`tests/test_hardening.py::test_a_ttl_or_heartbeat_interval_below_the_floor_is_refused_everywhere`<br>`tests/test_hardening.py::test_dibs_run_refuses_a_ttl_below_the_floor_in_one_line`",
+    ),
+    (
+        "Issue 16: a Redis `?password=` holding `@` or `&` leaked its tail; `sqlite://u:PASSWORD@/` was "
+        "echoed whole; a PostgreSQL row version of 2^63-1 made `dibs release` print a `DataError`; "
+        "`?table=pg_class` raised a raw `ProgrammingError`; SQLite `table=Abc` and `table=abc` were one "
+        "table.",
+        "`redact_url` hides the widest span a secret may cover and is the one way a URL is shown "
+        "(fuzzed with hypothesis); the SQL store guards its row version (`CorruptRecord`) and refuses "
+        "reserved, foreign and (on SQLite) upper-case table names.",
+        "`tests/unit/test_redaction.py`<br>`tests/test_hardening.py::test_no_password_in_any_cli_line_repr_or_url_whatever_the_url_form`<br>`tests/test_hardening.py::test_a_row_version_at_the_largest_bigint_is_a_corrupt_record_not_a_traceback`<br>`tests/test_hardening.py::test_a_table_that_is_not_a_dibs_table_is_refused_naming_it`<br>`tests/test_hardening.py::test_sqlite_table_names_differing_only_by_case_are_refused`",
+    ),
+    (
+        "Issue 16: stops (Ctrl-C, `SystemExit`, cancellation, `on_kill`) counted towards "
+        "`max_failures`; NFC and NFD spellings of a key name were two keys; a `setsid` child of a "
+        "SIGKILLed `dibs run` outlived it.",
+        "Stops are recorded but not counted (`Store.release(counted=False)`); key names are "
+        "NFC-normalized; the guard also stops, on Linux, descendants that left the process group.",
+        "`tests/contract/test_store_contract.py::test_a_stop_is_recorded_but_not_counted_as_a_failure`<br>`tests/unit/test_runtime.py::test_a_stop_never_counts_towards_max_failures`<br>`tests/unit/test_keys.py::test_names_that_differ_only_by_unicode_normalization_are_one_key`<br>`tests/test_cli_stops.py::test_a_killed_dibs_run_takes_a_child_that_left_the_group_with_it`",
+    ),
 ]
 
 #: Violations found in stores maintained separately (reported to their maintainers, fixed by them).
@@ -520,8 +569,8 @@ def _limits_section(add: Any) -> None:
     )
     add(
         "- Partitions are stalls of the proxied traffic that heal (up to 1.6 x ttl). A peer that "
-        "stays silent forever is not injected: the SQL drivers have no client-side read timeout, so "
-        "such a call would wait until TCP gives up."
+        "stays silent forever is not injected here; `tests/test_limits.py` checks that a PostgreSQL or "
+        "MySQL call over a silent network ends with `StoreUnavailable` after the store's `timeout`."
     )
     add(
         "- Takeover latencies are wall-clock figures on a shared machine; pytest asserts only the "
