@@ -51,6 +51,22 @@ def _blocking_acquire(store: Store, granted: threading.Event, proceed: threading
     return acquire
 
 
+def _cancel_once_granted(ask: Callable[[], Any], granted: threading.Event, proceed: threading.Event) -> None:
+    """Start ``ask()`` on an event loop, cancel it once the (blocked) store call has granted, then let
+    that store call return: the moment where the store holds a lease that no caller will receive."""
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(ask())
+        await asyncio.to_thread(granted.wait, SAFETY)  # the store has granted; its call has not returned
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proceed.set()
+
+    asyncio.run(scenario())
+    _drain_io_executor()
+
+
 @pytest.mark.parametrize("call", ["acquire", "compute"])
 def test_an_acquire_cancelled_while_the_granting_store_call_runs_leaves_nothing_held(
     store: Store, monkeypatch: pytest.MonkeyPatch, call: str
@@ -71,16 +87,7 @@ def test_an_acquire_cancelled_while_the_granting_store_call_runs_leaves_nothing_
             return client.aio().acquire("k", "alice")
         return client.aio().compute("k", work, owner="alice")
 
-    async def scenario() -> None:
-        task = asyncio.ensure_future(asking())
-        await asyncio.to_thread(granted.wait, SAFETY)  # the store has granted; its call has not returned
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        proceed.set()
-
-    asyncio.run(scenario())
-    _drain_io_executor()
+    _cancel_once_granted(asking, granted, proceed)
     state = client.status("k")
     assert state.lease is None, f"a lease nobody received is still held: {state.lease}"
     assert state.failure is None  # not a failure: the caller was stopped before it began
@@ -105,16 +112,7 @@ def test_a_cancelled_re_entry_leaves_its_owners_lease_held(
     granted, proceed = threading.Event(), threading.Event()
     monkeypatch.setattr(store, "acquire", _blocking_acquire(store, granted, proceed))
 
-    async def scenario() -> None:
-        task = asyncio.ensure_future(client.aio().acquire("k", "alice"))
-        await asyncio.to_thread(granted.wait, SAFETY)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        proceed.set()
-
-    asyncio.run(scenario())
-    _drain_io_executor()
+    _cancel_once_granted(lambda: client.aio().acquire("k", "alice"), granted, proceed)
     state = client.status("k")
     assert state.lease is not None and state.lease.token == first.lease.record.token
 
