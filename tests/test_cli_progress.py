@@ -116,7 +116,11 @@ def test_with_json_and_v_every_event_is_a_json_line(store: str) -> None:
             run.wait_for_line('"event": "waiting"')
         assert run.finish() == 0
     events = [json.loads(line) for line in run.lines]
-    assert [e["event"] for e in events][:2] == ["waiting", "takeover"]
+    # Between the wait and the takeover at most the expiry itself, if the waiter looked while nobody
+    # held the key (a busy machine can delay its next ask past the lease's end).
+    names = [e["event"] for e in events]
+    takeover = names.index("takeover")
+    assert names[0] == "waiting" and set(names[1:takeover]) <= {"expired"}, names
     assert events[0]["holder"] == "crashed-worker" and events[0]["expires_in"] > 0
-    assert events[1]["took_over_from"] == "crashed-worker"
+    assert events[takeover]["took_over_from"] == "crashed-worker"
     assert json.loads(run.stdout)["took_over_from"] == "crashed-worker"
