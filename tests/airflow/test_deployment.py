@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,8 +205,16 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
         lambda: deployment.deferred_while_computing(waiting, computing=0),
         f"{RUNS - 1} runs to defer on the holder",
     )
+    held_retry = deployment.work / f"hold-retry-{holder_run}"
+    held_retry.touch()  # the holder's retry waits for the takeover (see the DAG)
     os.kill(int(victim), signal.SIGKILL)
+    killed = time.monotonic()
     (deployment.work / "gate-kill").touch()  # the taker's computation may finish at once
+    components.wait_until(
+        lambda: len(deployment.lines("executions-kill.txt")) == 2, "a waiter to take over the key"
+    )
+    print(f"a waiter took over {time.monotonic() - killed:.1f}s after the holder was killed")
+    held_retry.unlink()
     every = [holder_run, *waiting]
     states = components.wait_until(
         lambda: deployment.finished(every), f"{RUNS} runs to finish after the kill"
@@ -238,9 +247,9 @@ def _assert_one_computation(
     waited_on = {computed["outcome"]["owner"], computed["outcome"].get("took_over_from")}
     for result in results.values():
         outcome = result["outcome"]
-        assert outcome["key"] == computed["outcome"]["key"] and outcome["token"] == fence
-        assert outcome["role"] in ("computed", "waited", "hit")
-        assert outcome["producer"] == computed["outcome"]["owner"]
+        assert outcome["key"] == computed["outcome"]["key"] and outcome["token"] == fence, results
+        assert outcome["role"] in ("computed", "waited", "hit"), results
+        assert outcome["producer"] == computed["outcome"]["owner"], results
         if outcome["role"] == "waited":  # on the producer, or on the holder it took over from
             assert outcome["waited_on"] in waited_on and outcome["deferrals"] >= 1
     return computed

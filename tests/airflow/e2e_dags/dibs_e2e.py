@@ -30,12 +30,27 @@ def _append(name: str, line: str) -> None:
         out.write(line + "\n")
 
 
+def _retry_after_the_takeover(context: Any) -> None:
+    """Hold a retry back while the test holds its run back (``hold-retry-<run id>`` exists).
+
+    The test's killed holder must be taken over by a waiter, and its own retry must then find the
+    taker's artifact. Which comes first otherwise depends on how fast a busy machine starts the
+    waiters' tasks: a retry that asks first re-enters its own expired lease (token 1), as a retry
+    should, and the takeover the test is about never happens.
+    """
+    ti = context["ti"]
+    held = Path(os.environ["DIBS_E2E_DIR"]) / f"hold-retry-{ti.run_id}"
+    deadline = time.monotonic() + HOLD_AT_MOST
+    while ti.try_number > 1 and held.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 # A SIGKILLed holder is taken over about 6 s after its last heartbeat. Retries as in production: the
-# killed holder's run retries well after the takeover (and finds the artifact; retrying before it,
-# the holder would re-enter its own lease, as a retry should), and a waiter that Airflow
-# fails by mistake (a trigger that fires before the scheduler has seen the deferral's exit: see
-# apache/airflow#66374 and #72716) retries instead of failing its DAG run.
-@task.reserved(ttl=6, retries=2, retry_delay=dt.timedelta(seconds=30))
+# killed holder's run retries after the takeover (the test holds it back until then, see above) and
+# finds the artifact, and a waiter that Airflow fails by mistake (a trigger that fires before the
+# scheduler has seen the deferral's exit: see apache/airflow#66374 and #72716) retries instead of
+# failing its DAG run.
+@task.reserved(ttl=6, retries=2, retry_delay=dt.timedelta(seconds=30), pre_execute=_retry_after_the_takeover)
 def build_features(scenario: str) -> dict[str, Any]:
     _append(f"executions-{scenario}.txt", str(os.getpid()))
     gate = Path(os.environ["DIBS_E2E_DIR"]) / f"gate-{scenario}"
