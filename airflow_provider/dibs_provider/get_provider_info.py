@@ -43,6 +43,10 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {"integration-name": _INTEGRATION, "python-modules": ["dibs_provider.triggers.reservation"]}
         ],
+        "extra-links": ["dibs_provider.links.reservation.ReservationLink"],
+        "plugins": [
+            {"name": "dibs", "plugin-class": "dibs_provider.plugins.reservations.DibsReservationsPlugin"}
+        ],
         "task-decorators": [
             {"name": "reserved", "class-name": "dibs_provider.decorators.reserved.reserved_task"}
         ],

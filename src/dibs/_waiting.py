@@ -181,8 +181,17 @@ class _AsyncIO(Protocol):
     async def read(self, key: Key) -> KeyState: ...
 
 
-async def adrive(loop: Loop[T], io: _AsyncIO, subscription: Subscription) -> T:
-    """Run a waiting loop on an event loop: the same decisions, awaited; the loop is never blocked."""
+async def adrive(
+    loop: Loop[T],
+    io: _AsyncIO,
+    subscription: Subscription,
+    seen: Callable[[KeyState], None] | None = None,
+) -> T:
+    """Run a waiting loop on an event loop: the same decisions, awaited; the loop is never blocked.
+
+    ``seen`` is shown every state of the key the loop reads or is notified of (a watcher's log of who
+    holds the key); it must not raise.
+    """
     answer: object = None
     try:
         while True:
@@ -193,6 +202,8 @@ async def adrive(loop: Loop[T], io: _AsyncIO, subscription: Subscription) -> T:
                 answer = await io.read(request.key)
             else:
                 answer = await subscription.wait_async(request.seconds)
+            if seen is not None and isinstance(answer, KeyState):
+                seen(answer)
     except StopIteration as stop:
         result: T = stop.value
         return result

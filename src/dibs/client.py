@@ -798,8 +798,14 @@ class AsyncReservations:
         for_artifact: bool = False,
         max_age: float | None = None,
         min_token: int | None = None,
+        seen: Callable[[KeyState], None] | None = None,
     ) -> Hit | None:
-        """:meth:`Reservations.wait`, awaited."""
+        """:meth:`Reservations.wait`, awaited.
+
+        ``seen`` is shown every state of the key this wait reads or is notified of, the first one
+        included, so a watcher can say who holds the key and when that changes without reading it
+        again (Airflow's trigger logs it); it must not raise.
+        """
         c = self.client
         k = c.key(key)
         max_age = c._max_age(max_age)
@@ -807,6 +813,8 @@ class AsyncReservations:
         deadline = Deadline(timeout)
         io = _AsyncStoreIO(c)
         state = await io.read(k)
+        if seen is not None:
+            seen(state)
         if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
             with runtime().subscribe(c.store, k) as subscription:
                 loop = read_until(
@@ -818,7 +826,7 @@ class AsyncReservations:
                     max_age=max_age,
                     min_fence=min_token,
                 )
-                state = await adrive(loop, io, subscription)
+                state = await adrive(loop, io, subscription, seen)
         if state.artifact is not None and state.artifact.size > _DECODE_ON_LOOP_BYTES:
             return await runtime().io(c._settled, state, deadline, for_artifact, max_age, min_token)
         return c._settled(state, deadline, for_artifact, max_age, min_token)

@@ -23,7 +23,9 @@ import secrets
 import signal
 import sys
 import time
+import urllib.parse
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,9 @@ import pytest
 
 pytest.importorskip("airflow")
 
+from tests.airflow import _reservations_page as page
 from tests.components import Components, free_port, run_at_once
-from tests.services import full_size, unavailable
+from tests.services import full_size, services_required, unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +106,7 @@ class Airflow:
             AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME="0.5",
             AIRFLOW_CONN_DIBS_DEFAULT=json.dumps(store),
             DIBS_E2E_DIR=str(self.work),
+            **page.auth_environment(tmp_path / "auth"),
             PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         )
         self.env = env
@@ -190,6 +194,7 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
         lambda: deployment.deferred_while_computing(shared, computing=1),
         f"{RUNS - 1} runs to defer while one computes",
     )
+    _check_what_people_see(deployment, components, shared)
     (deployment.work / "gate-share").touch()
     states = components.wait_until(lambda: deployment.finished(shared), f"{RUNS} DAG runs to finish")
     assert states == dict.fromkeys(shared, "success"), components.tails()
@@ -232,6 +237,64 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
         holder_run,
     )
     print(f"waiters that Airflow failed by mistake and retried: {sorted(r[0] for r in retried)}")
+
+
+def _check_what_people_see(deployment: Airflow, components: Components, run_ids: list[str]) -> None:
+    """While one run holds the key and the others are deferred: the waiters' rendered
+    ``reservation_key`` and "Reservation" link name the derived key, the API lists the dibs plugin,
+    and the Reservations page, in headless Chromium, shows the key, its holder and its waiters to an
+    admin, and to a viewer who cannot release it."""
+    states = deployment.task_states(run_ids)
+    (holder_run,) = [run for run, state in states.items() if state == "running"]
+    waiting = sorted(run for run in run_ids if run != holder_run)
+
+    def rendered_keys() -> dict[str, Any] | None:
+        rows = deployment.sql(
+            "SELECT run_id, rendered_fields FROM rendered_task_instance_fields WHERE dag_id = %s"
+            " AND task_id = 'build_features' AND run_id = ANY(%s)",
+            DAG_ID,
+            waiting,
+        )
+        keys = {run: (fields or {}).get("reservation_key") for run, fields in rows}
+        return keys if sorted(keys) == waiting and all(keys.values()) else None
+
+    # Written when each waiter's task process deferred: the key derived at run time, not null.
+    keys = components.wait_until(rendered_keys, "the waiters' rendered reservation_key")
+    (key,) = set(keys.values())
+    assert key.startswith("build_features/"), key
+
+    base = f"http://127.0.0.1:{deployment.port}"
+    admin = page.token(base, "admin")
+    plugins = page.api(base, admin, "/api/v2/plugins")["plugins"]
+    (dibs,) = [plugin for plugin in plugins if plugin["name"] == "dibs"]
+    assert [app["url_prefix"] for app in dibs["fastapi_apps"]] == ["/dibs"]
+    assert [view["name"] for view in dibs["external_views"]] == ["Reservations"]
+    links = page.api(
+        base, admin, f"/api/v2/dags/{DAG_ID}/dagRuns/{waiting[0]}/taskInstances/build_features/links"
+    )
+    assert links["extra_links"]["Reservation"] == "/dibs/?" + urllib.parse.urlencode(
+        {"conn": "dibs_default", "key": key}
+    )
+
+    missing = page.browser_missing()
+    if missing is not None:
+        if services_required():
+            pytest.fail(f"the Reservations page cannot be checked: {missing}", pytrace=False)
+        warnings.warn(f"the Reservations page was not checked in a browser: {missing}", stacklevel=1)
+        return
+    seen = page.check_page(base, key=key, shots=deployment.work.parent)
+    for user in ("admin", "viewer"):
+        saw = seen[user]
+        assert saw["status"] == 200 and saw["rows"] == 1 and saw["state"] == "held", (user, saw)
+        assert f"{DAG_ID} / {holder_run}" in saw["holder"], (user, saw)
+        assert saw["holder_href"] == f"/dags/{DAG_ID}/runs/{holder_run}/tasks/build_features", saw
+        assert sorted(w.split(" / ")[1].split(" ")[0] for w in saw["waiters"]) == waiting, (user, saw)
+    assert seen["admin"]["release_buttons"] == 1
+    viewer = seen["viewer"]
+    assert viewer["release_buttons"] == 0
+    assert viewer["confirm_status"] == 403 and "edit permission" in viewer["confirm_text"], viewer
+    assert viewer["post_status"] == 403  # and the key stays held: one computation (checked after)
+    assert seen["screenshot"].read_bytes().startswith(b"\x89PNG")
 
 
 def _assert_one_computation(

@@ -55,6 +55,7 @@ from dibs.holding import failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
+from dibs_provider.links.reservation import ReservationLink
 from dibs_provider.operators._stopping import KillableLease, release_killed
 from dibs_provider.triggers.reservation import ReservationTrigger, error_from_event, parse_event
 
@@ -122,6 +123,13 @@ class ReservedOperatorMixin(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("reservation_key", "reservation_refresh")
+
+    #: The task instance's "Reservation" button: its key on the provider's Reservations page.
+    operator_extra_links = (ReservationLink(),)
+    #: A derived key is known only at run time: the task records it in its rendered fields (Airflow
+    #: writes them again when the task process ends, a deferral included), so a waiting task shows
+    #: its key where users look, instead of ``reservation_key: null``.
+    overwrite_rtif_after_execution: bool = True
 
     #: The lease of the work running now, for :meth:`on_kill` (``None`` while nothing runs).
     _dibs_lease: KillableLease | None = None
@@ -283,6 +291,7 @@ class ReservedOperatorMixin(BaseOperator):
         """Drive the core's compute-once flow (:mod:`dibs.flow`): the wait step defers, the events
         become this task's log lines and its ``dibs_outcome`` XCom."""
         name = self.resolve_reservation_key(context)
+        self.reservation_key = name  # the rendered field and the extra link show the derived key
         owner = task_owner(context)
         hook = self._hook()
         timeout = (
@@ -612,6 +621,7 @@ def reserved_operator(operator_class: type[OperatorT]) -> type[ReservedOperatorM
         "__qualname__": name,
         "__doc__": f"{operator_class.__name__}, reserved with dibs (see ReservedOperatorMixin).",
         "template_fields": (*operator_class.template_fields, "reservation_key", "reservation_refresh"),
+        "operator_extra_links": (*operator_class.operator_extra_links, ReservationLink()),
     }
     # new_class picks Airflow's operator metaclass from the bases, as a class statement would.
     reserved = types.new_class(

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any, Literal, NotRequired, TypedDict
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from dibs import errors
 from dibs.errors import ReservationError, WaitTimeout
+from dibs.records import KeyState
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 
 __all__ = ["ReservationEvent", "ReservationTrigger", "error_from_event", "parse_event"]
@@ -159,6 +161,7 @@ class ReservationTrigger(BaseTrigger):
                     for_artifact=self.for_artifact,
                     max_age=self.max_age,
                     min_token=self.min_token,
+                    seen=_HolderLog(self.log, key),
                 )
                 state = None if hit is not None else await client.status(self.key)
             finally:
@@ -180,6 +183,38 @@ class ReservationTrigger(BaseTrigger):
             started,
             state=state.status,
             last_failure=state.failure.error if state.failure is not None else None,
+        )
+
+
+class _HolderLog:
+    """The trigger's log of what it waits on: the key, its holder and when the holder's lease expires,
+    said once at the start and again whenever another lease holds the key (a takeover, a new holder
+    after a failure), so the triggerer's log of a deferred task names the run it waits for."""
+
+    def __init__(self, log: Any, key: str) -> None:
+        self.log, self.key = log, key
+        self.holder: tuple[str, int] | None = None
+        self.started = False
+
+    def __call__(self, state: KeyState) -> None:
+        lease = state.live_lease
+        holder = None if lease is None else (lease.owner, int(lease.token.fence))
+        if self.started and holder == self.holder:
+            return
+        first, self.started, self.holder = not self.started, True, holder
+        if lease is None:
+            if first:
+                self.log.info("dibs: waiting on %s, which nobody holds now (%s)", self.key, state.status)
+            return
+        expires = datetime.fromtimestamp(lease.expires_at, tz=UTC).isoformat(timespec="seconds")
+        self.log.info(
+            "dibs: %s on %s, held by %s (token %s); the lease expires at %s (in %.1fs) unless renewed",
+            "waiting" if first else "now waiting",
+            self.key,
+            lease.owner,
+            lease.token.fence,
+            expires,
+            lease.expires_at - state.now,
         )
 
 
