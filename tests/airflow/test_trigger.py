@@ -152,3 +152,47 @@ def test_unknown_error_types_map_to_the_base_class() -> None:
 def test_malformed_events_are_rejected_clearly(payload: Any) -> None:
     with pytest.raises(errors.ReservationError, match="ReservationTrigger did not fire"):
         parse_event(payload)
+
+
+def _until(condition: Any, what: str, bound: float = 30.0) -> None:
+    """Poll ``condition`` (from the scenario's thread) until it holds; fail after ``bound`` seconds."""
+    import time
+
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_logs_the_key_its_holder_and_expiry_at_start_and_when_the_holder_changes(store_url: str) -> None:
+    # What a deferred task's log says while it waits: the key, who holds it and until when, and the new
+    # holder when one takes over from an expired lease (for_artifact keeps the trigger watching).
+    import structlog
+
+    def said(*parts: str) -> list[str]:
+        messages = [str(entry["event"]) for entry in list(logs)]
+        return [m for m in messages if all(part in m for part in parts)]
+
+    with (
+        structlog.testing.capture_logs() as logs,
+        dibs.Reservations(store_url, ttl=0.5) as short,
+        dibs.Reservations(store_url, ttl=30) as other,
+    ):
+        first = short.get_or_reserve("k", owner="dag/run_1/t/-1")
+        assert isinstance(first, dibs.Acquired)
+
+        def take_over_then_complete() -> None:
+            _until(lambda: said("waiting on default/k", "held by dag/run_1/t/-1"), "the first log line")
+            _until(lambda: short.status("k").status == "expired", "the first lease to expire")
+            second = other.get_or_reserve("k", owner="dag/run_2/t/-1")
+            assert isinstance(second, dibs.Acquired) and second.took_over_from == "dag/run_1/t/-1"
+            _until(lambda: said("now waiting on default/k", "held by dag/run_2/t/-1"), "the new holder")
+            second.lease.complete({"v": 2})
+
+        fired = first_event(ReservationTrigger("k", for_artifact=True), take_over_then_complete)
+
+    assert fired["status"] == "done" and fired["producer"] == "dag/run_2/t/-1"
+    (start,) = said("waiting on default/k", "held by dag/run_1/t/-1")
+    assert "(token 1)" in start and "the lease expires at 20" in start and "unless renewed" in start
+    (change,) = said("now waiting on default/k", "held by dag/run_2/t/-1 (token 2)")
+    assert len(said("held by")) == 2  # said once per holder, not at every read
