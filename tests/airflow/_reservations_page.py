@@ -116,3 +116,30 @@ def check_page(base: str, *, key: str, shots: Path) -> dict[str, Any]:
         finally:
             browser.close()
     return seen
+
+
+def forget_through_page(base: str, *, key: str) -> dict[str, Any]:
+    """As ``admin``: find the key, press "Forget…", read the confirmation, confirm; what was seen."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), headless=True)
+        try:
+            context = browser.new_context()
+            context.add_cookies([{"name": "_token", "value": token(base, "admin"), "url": base}])
+            page = context.new_page()
+            page.goto(f"{base}/dibs/?state=done&name={urllib.request.quote(key, safe='')}")
+            row = page.locator(f'tr[data-key="{key}"]')
+            seen["state"] = row.locator(".state").inner_text()
+            row.get_by_text("Forget…").click()
+            seen["confirm"] = page.locator("h1").inner_text()
+            page.get_by_role("button", name="Forget this key").click()
+            page.wait_for_load_state()
+            seen["notice"] = page.get_by_role("status").inner_text()
+            after = page.locator(f'tr[data-key="{key}"]')
+            seen["after"] = [after.locator(".state").inner_text(), after.locator("td").nth(6).inner_text()]
+            context.close()
+        finally:
+            browser.close()
+    return seen

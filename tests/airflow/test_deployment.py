@@ -200,6 +200,7 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
     assert states == dict.fromkeys(shared, "success"), components.tails()
     (builder,) = deployment.lines("executions-share.txt")  # one computation for every run
     _assert_one_computation(deployment, "share", shared, builder, fence=1)
+    _forget_through_the_page(deployment)
 
     # 2. The holder's task process is SIGKILLed while the others are deferred: one of them takes over.
     holder_run, waiting = "kill-holder", [f"kill-{i}" for i in range(1, RUNS)]
@@ -295,6 +296,21 @@ def _check_what_people_see(deployment: Airflow, components: Components, run_ids:
     assert viewer["confirm_status"] == 403 and "edit permission" in viewer["confirm_text"], viewer
     assert viewer["post_status"] == 403  # and the key stays held: one computation (checked after)
     assert seen["screenshot"].read_bytes().startswith(b"\x89PNG")
+
+
+def _forget_through_the_page(deployment: Airflow) -> None:
+    """An admin forgets the stored key on the Reservations page: asked first, then done and logged
+    in Airflow's audit log under the admin's name."""
+    if page.browser_missing() is not None:
+        return  # said (or failed) by _check_what_people_see
+    (key,) = {r["outcome"]["key"] for r in _results(deployment, "share").values()}
+    name = key.removeprefix("e2e/")
+    seen = page.forget_through_page(f"http://127.0.0.1:{deployment.port}", key=name)
+    assert seen["state"] == "done" and seen["confirm"] == f"Forget {key}?", seen
+    # The record stays, holding nothing: free, no artifact (its fence keeps tokens rising).
+    assert seen["notice"] == f"forgot {key}" and seen["after"] == ["free", ""], seen
+    audit = deployment.sql("SELECT owner, extra FROM log WHERE event = 'dibs.forget'")
+    assert [(owner, json.loads(extra)["key"]) for owner, extra in audit] == [("admin", key)]
 
 
 def _assert_one_computation(
