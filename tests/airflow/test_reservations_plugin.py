@@ -1,0 +1,146 @@
+"""The Reservations page's parts that need no API server: owners as task instances, connections found
+in the environment, a real SQLite store's keys joined to their waiters and filtered, the task's link,
+the plugin's registration and the page's escaping. The page itself, served by a real API server and
+read in Chromium, is checked by test_deployment.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from airflow.sdk import Connection
+
+import dibs
+from dibs_provider.get_provider_info import get_provider_info
+from dibs_provider.hooks.dibs import settings_from_connection
+from dibs_provider.links.reservation import ReservationLink
+from dibs_provider.plugins._keys import KeyRow, Source, TaskRef, Waiter, _env_conn_type, _fill
+from dibs_provider.plugins.reservations import DibsReservationsPlugin
+
+
+def test_a_reserved_task_owner_is_a_task_instance_with_its_pages() -> None:
+    ref = TaskRef.parse("etl/manual__2026-01-01T00:00:00+00:00/build.features/3")
+    assert ref == TaskRef("etl", "manual__2026-01-01T00:00:00+00:00", "build.features", 3)
+    assert ref.run_url == "/dags/etl/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+    assert ref.task_url == ref.run_url + "/tasks/build.features/mapped/3"
+    assert ref.label == "build.features[3]"
+    unmapped = TaskRef.parse("etl/r1/t/-1")
+    assert unmapped is not None and unmapped.task_url == "/dags/etl/runs/r1/tasks/t"
+
+
+@pytest.mark.parametrize("owner", [None, "", "host-42:pid-7", "a/b/c/not-a-number", "/run/t/-1", "a/b"])
+def test_other_owners_have_no_task_instance(owner: str | None) -> None:
+    assert TaskRef.parse(owner) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "conn_type"),
+    [
+        (json.dumps({"conn_type": "dibs", "extra": {"store_url": "sqlite:////x.db"}}), "dibs"),
+        ("dibs://?store_url=redis%3A%2F%2Fcache", "dibs"),
+        ("postgresql://u@db/x", "postgresql"),
+        ("{not json", None),
+    ],
+)
+def test_environment_connections_are_recognised_by_type(value: str, conn_type: str | None) -> None:
+    assert _env_conn_type(value) == conn_type
+
+
+def _waiter(key: str, run_id: str) -> Waiter:
+    return Waiter("dibs_default", None, key, TaskRef("etl", run_id, "t", -1), 1, 1.0)
+
+
+def _rows(store_url: str, waiters: list[Waiter], **filters: Any) -> list[KeyRow]:
+    settings = settings_from_connection(
+        Connection(conn_id="dibs_default", conn_type="dibs", extra=json.dumps({"store_url": store_url}))
+    )
+    source = Source(["dibs_default"], settings.display_url, "default")
+    _fill(source, settings, waiters, **{"state": None, "name": None, "key": None, **filters})
+    assert source.error is None
+    return source.rows
+
+
+def test_a_store_s_keys_are_joined_to_the_tasks_waiting_on_them(
+    client: dibs.Reservations, store_url: str
+) -> None:
+    client.get_or_reserve("features-held", owner="etl/r1/t/-1")
+    done = client.get_or_reserve("features-done", owner="etl/r0/t/-1").lease  # type: ignore[union-attr]
+    done.complete({"rows": 42})
+    failed = client.get_or_reserve("model-failed", owner="etl/r2/t/-1").lease  # type: ignore[union-attr]
+    failed.release(ValueError("bad input"))
+    waiters = [_waiter("features-held", "r3"), _waiter("features-held", "r4"), _waiter("never-seen", "r5")]
+
+    rows = {row.name: row for row in _rows(store_url, waiters)}
+    held = rows["features-held"]
+    assert (held.status, held.holder, held.token) == ("held", "etl/r1/t/-1", 1)
+    assert held.holder_task == TaskRef("etl", "r1", "t", -1)
+    assert held.expires_in is not None and 0 < held.expires_in <= 30
+    assert sorted(w.task.run_id for w in held.waiters) == ["r3", "r4"]
+    assert rows["features-done"].status == "done" and rows["features-done"].producer == "etl/r0/t/-1"
+    assert rows["features-done"].size is not None and rows["features-done"].size > 0
+    assert rows["model-failed"].status == "failed" and "ValueError: bad input" in str(
+        rows["model-failed"].failure
+    )
+    # A key a task waits on but the store has no record of (yet) is shown too, with its waiter.
+    assert rows["never-seen"].status == "free" and [w.task.run_id for w in rows["never-seen"].waiters] == [
+        "r5"
+    ]
+    assert [r.name for r in rows.values()][:1] == ["features-held"]  # held keys first
+
+    assert [r.name for r in _rows(store_url, waiters, state="done")] == ["features-done"]
+    waited = _rows(store_url, waiters, state="waited-on")
+    assert [r.name for r in waited] == ["features-held", "never-seen"]
+    assert [r.name for r in _rows(store_url, waiters, name="FEATURES")] == ["features-held", "features-done"]
+    assert [r.name for r in _rows(store_url, waiters, name="*-failed")] == ["model-failed"]
+    assert [r.name for r in _rows(store_url, waiters, key="features")] == []  # a key is exact
+
+
+def test_the_task_link_opens_the_page_at_its_key() -> None:
+    class Task:
+        reservation_key = "build/ab12"
+        dibs_conn_id = "dibs_other"
+        reservation_namespace = None
+
+    assert ReservationLink().get_link(Task(), ti_key=None) == "/dibs/?conn=dibs_other&key=build%2Fab12"  # type: ignore[arg-type]
+    Task.reservation_key = None  # type: ignore[assignment]
+    assert ReservationLink().get_link(Task(), ti_key=None) == ""  # type: ignore[arg-type]
+
+
+def test_the_plugin_is_registered_as_official_providers_do() -> None:
+    info = get_provider_info()
+    (plugin,) = info["plugins"]
+    assert plugin["plugin-class"] == "dibs_provider.plugins.reservations.DibsReservationsPlugin"
+    assert info["extra-links"] == ["dibs_provider.links.reservation.ReservationLink"]
+    assert DibsReservationsPlugin.name == plugin["name"] == "dibs"
+    (view,) = DibsReservationsPlugin.external_views
+    assert (view["href"], view["url_route"], view["category"]) == ("/dibs/", "dibs", "browse")
+    from importlib.metadata import entry_points
+
+    (entry,) = [e for e in entry_points(group="airflow.plugins") if e.name == "dibs"]
+    assert entry.load() is DibsReservationsPlugin
+
+
+def test_the_page_escapes_what_the_store_holds() -> None:
+    from dibs_provider.plugins._app import _render, create_app
+
+    paths = {getattr(route, "path", None) for route in create_app().routes}
+    assert {"/", "/confirm", "/keys/{action}"} <= paths
+    evil = KeyRow(namespace="default", name="<script>alert(1)</script>", status="failed", failure="<b>x</b>")
+    html = _render(
+        "reservations.html",
+        sources=[Source(["dibs_default"], "sqlite:///x", "default", rows=[evil])],
+        states=("held",),
+        state="",
+        name="",
+        key="",
+        conn="",
+        done="",
+        can_edit=True,
+        user="admin",
+    ).body.decode()
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<b>x</b>" not in html and "Forget…" in html and "Release…" not in html
