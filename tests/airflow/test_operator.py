@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
@@ -367,6 +368,27 @@ def derived(make_context: Any, op_kwargs: dict[str, Any], context: Any = None, *
     kwargs.setdefault("task_id", "t")
     op = ReservedPythonOperator(python_callable=build, op_kwargs=op_kwargs, **kwargs)
     return op.resolve_reservation_key(make_context(**(context or {})))
+
+
+def test_a_derived_key_is_shown_where_users_look_and_derived_again_by_the_next_call(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    # Airflow's rendered field and the task's Reservation link show the key a waiting task derived
+    # (not null); the same operator object asked again with other inputs derives its key again.
+    from dibs_provider.links.reservation import ReservationLink
+
+    op = ReservedPythonOperator(task_id="t", python_callable=build, op_kwargs={"day": "d1"})
+    first = op.resolve_reservation_key(make_context())
+    client.get_or_reserve(first, owner="other/run/t/-1")
+    deferred(op, make_context(run_id="r1"))
+    assert op.reservation_key == first and first.startswith("build/")
+    assert "reservation_key" in op.template_fields and op.overwrite_rtif_after_execution
+    link = ReservationLink().get_link(op, ti_key=None)  # type: ignore[arg-type]
+    assert link == "/dibs/?" + urlencode({"conn": "dibs_default", "key": first})
+    assert op.execute(make_context(run_id="r2", ds="2024-05-05")) == "d1-eu"  # ds is an input of build
+    assert op.reservation_key != first and op.reservation_key == derived(
+        make_context, {"day": "d1"}, context={"ds": "2024-05-05"}
+    )
 
 
 def test_derived_keys_are_shared_by_identical_calls_only(make_context: Any) -> None:

@@ -131,6 +131,9 @@ class ReservedOperatorMixin(BaseOperator):
     #: its key where users look, instead of ``reservation_key: null``.
     overwrite_rtif_after_execution: bool = True
 
+    #: The key this task derived and put in ``reservation_key``, so a later call derives it again.
+    _derived_key: str | None = None
+
     #: The lease of the work running now, for :meth:`on_kill` (``None`` while nothing runs).
     _dibs_lease: KillableLease | None = None
 
@@ -196,7 +199,7 @@ class ReservedOperatorMixin(BaseOperator):
 
     def resolve_reservation_key(self, context: Context) -> str:
         key = self.reservation_key
-        if key is None:
+        if key is None or key is self._derived_key:  # derived (and shown) by an earlier call: again
             return self.default_reservation_key(context)
         if not isinstance(key, str) or not key.strip():
             raise InvalidKey(
@@ -291,7 +294,8 @@ class ReservedOperatorMixin(BaseOperator):
         """Drive the core's compute-once flow (:mod:`dibs.flow`): the wait step defers, the events
         become this task's log lines and its ``dibs_outcome`` XCom."""
         name = self.resolve_reservation_key(context)
-        self.reservation_key = name  # the rendered field and the extra link show the derived key
+        if name is not self.reservation_key:  # derived: shown in the rendered field and the link
+            self.reservation_key = self._derived_key = name
         owner = task_owner(context)
         hook = self._hook()
         timeout = (
