@@ -113,6 +113,10 @@ def check_page(base: str, *, key: str, shots: Path) -> dict[str, Any]:
                     )
                     seen[user]["post_status"] = posted.status
                 context.close()
+            anonymous = p.request.new_context()  # no session cookie: sent to Airflow's login
+            response = anonymous.get(f"{base}/dibs/", max_redirects=0)
+            seen["anonymous"] = (response.status, response.headers.get("location"))
+            anonymous.dispose()
         finally:
             browser.close()
     return seen

@@ -296,6 +296,8 @@ def _check_what_people_see(deployment: Airflow, components: Components, run_ids:
     assert viewer["confirm_status"] == 403 and "edit permission" in viewer["confirm_text"], viewer
     assert viewer["post_status"] == 403  # and the key stays held: one computation (checked after)
     assert seen["screenshot"].read_bytes().startswith(b"\x89PNG")
+    status, location = seen["anonymous"]
+    assert status == 303 and location.endswith("/auth/login"), seen["anonymous"]
 
 
 def _forget_through_the_page(deployment: Airflow) -> None:
