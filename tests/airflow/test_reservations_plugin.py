@@ -130,9 +130,20 @@ def test_the_page_escapes_what_the_store_holds() -> None:
     paths = {getattr(route, "path", None) for route in create_app().routes}
     assert {"/", "/confirm", "/keys/{action}"} <= paths
     evil = KeyRow(namespace="default", name="<script>alert(1)</script>", status="failed", failure="<b>x</b>")
+    hidden = TaskRef("secret_dag", "r9", "t", -1)
+    shown = TaskRef("open_dag", "r1", "t", -1)
+    held = KeyRow(
+        namespace="default",
+        name="k",
+        status="held",
+        holder="secret_dag/r9/t/-1",
+        holder_task=hidden,
+        waiters=(Waiter("dibs_default", None, "k", shown, 1, None),),
+    )
     html = _render(
         "reservations.html",
-        sources=[Source(["dibs_default"], "sqlite:///x", "default", rows=[evil])],
+        sources=[Source(["dibs_default"], "sqlite:///x", "default", rows=[evil, held])],
+        readable={"open_dag"},
         states=("held",),
         state="",
         name="",
@@ -143,4 +154,7 @@ def test_the_page_escapes_what_the_store_holds() -> None:
         user="admin",
     ).body.decode()
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    assert "<b>x</b>" not in html and "Forget…" in html and "Release…" not in html
+    assert "<b>x</b>" not in html and html.count("Forget…") == 1 and html.count("Release…") == 1
+    # DAG-level access: a holder in a DAG this user cannot read is not named; a readable waiter is.
+    assert "secret_dag" not in html and "r9" not in html and "a task of a DAG you cannot read" in html
+    assert 'href="/dags/open_dag/runs/r1/tasks/t"' in html

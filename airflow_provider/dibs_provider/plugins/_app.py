@@ -150,6 +150,8 @@ def create_app() -> FastAPI:
             done=done or "",
             can_edit=can_edit(user, None),
             user=user.get_name(),
+            # Holders and waiters of DAGs this user may not read are not named (DAG-level access).
+            readable=get_auth_manager().get_authorized_dag_ids(user=user, session=session),
         )
 
     @app.get("/confirm", response_class=HTMLResponse, dependencies=[_can_read])

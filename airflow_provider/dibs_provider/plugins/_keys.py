@@ -112,6 +112,7 @@ class KeyRow:
     artifact_age: float | None = None
     size: int | None = None
     producer: str | None = None
+    producer_task: TaskRef | None = None
     failure: str | None = None
     failure_owner: str | None = None
     failures: int = 0
@@ -133,6 +134,7 @@ class KeyRow:
             artifact_age=None if artifact is None else max(0.0, state.now - artifact.created_at),
             size=None if artifact is None else artifact.size,
             producer=None if artifact is None else artifact.producer,
+            producer_task=None if artifact is None else TaskRef.parse(artifact.producer),
             failure=None if failure is None else failure.error,
             failure_owner=None if failure is None else failure.owner,
             failures=0 if failure is None else failure.count,
