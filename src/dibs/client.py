@@ -259,6 +259,12 @@ class Reservations:
 
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
         """The value of a stored artifact, after its integrity check."""
+        if artifact.serializer == REFERENCE:  # read through a client without the payload store
+            raise ConfigurationError(
+                f"artifact of {key} is kept in a payload store (its record holds a reference); give this "
+                "client the writers' payload store: Reservations(..., payloads=URL) or DIBS_PAYLOADS_URL",
+                key=str(key),
+            )
         payload = artifact.verified_payload(key)
         reader = self._reader_for(key, artifact.serializer)
         try:
@@ -284,12 +290,6 @@ class Reservations:
             return resolve_serializer(name)
         if name == SignedPickleSerializer.name and self.settings.signing_key is not None:
             return SignedPickleSerializer(self.settings.signing_key)
-        if name == REFERENCE:
-            raise ConfigurationError(
-                f"artifact of {key} is kept in a payload store (its record holds a reference); give this "
-                "client the writers' payload store: Reservations(..., payloads=URL) or DIBS_PAYLOADS_URL",
-                key=str(key),
-            )
         raise SerializationError(
             f"artifact of {key} was written with serializer {name!r}, which this client (serializer "
             f"{self.serializer.name!r}) cannot read safely; configure the writer's serializer "
@@ -473,8 +473,15 @@ class Reservations:
         """
         k = self.key(key)
         max_age = self._max_age(max_age)
-        holding.not_held_here(self.store, k)
         deadline = Deadline(timeout)
+        state = self._wait_state(k, deadline, for_artifact, max_age, min_token)
+        return self._settled(state, deadline, for_artifact, max_age, min_token)
+
+    def _wait_state(
+        self, k: Key, deadline: Deadline, for_artifact: bool, max_age: float | None, min_token: int | None
+    ) -> KeyState:
+        """:meth:`wait`'s state, before its artifact is decoded (``dibs wait`` streams a large one)."""
+        holding.not_held_here(self.store, k)
         state = self.store.read(k)  # as in acquire: subscribe only once the key turns out to be busy
         if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
             with runtime().subscribe(self.store, k) as subscription:
@@ -488,7 +495,7 @@ class Reservations:
                     min_fence=min_token,
                 )
                 state = drive(loop, self.store, subscription)
-        return self._settled(state, deadline, for_artifact, max_age, min_token)
+        return state
 
     def _settled(
         self,
