@@ -57,10 +57,12 @@ class _FileWriter(PayloadWriter):
         target = self._store.path(sha256)
         existing = self._store.stat(sha256)
         if existing is not None and existing.size == self.size:
-            self._temp.unlink(missing_ok=True)
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.utime(target)  # put again: a writer is about to publish it (see collect)
-            if target.exists():
+            except FileNotFoundError:
+                pass  # removed meanwhile: this copy takes its place
+            else:
+                self._temp.unlink(missing_ok=True)
                 return
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self._temp, target)  # a damaged or vanished copy is replaced by this whole one

@@ -13,9 +13,12 @@ it unchanged:
   reads the payload and checks size and SHA-256;
 * a missing, truncated or mismatched payload is a **miss**, never an error and never a wrong value:
   ``acquire`` reads the payload of a hit before returning it, and on a bad one asks again taking only
-  a newer artifact (``min_fence``), so the caller gets the lease and computes again; ``read`` (what
-  waiters and the watch hub use) checks that a finished key's payload is there whole, and leaves the
-  artifact out if not. A warning names the payload's URI;
+  a newer artifact (``min_fence``), so the caller gets the lease and computes again; ``read_many``
+  (the watch hub's read, for waiters) reads a finished key's payload once for all of them, and leaves
+  the artifact out if it is bad; ``read`` (``status``, ``wait``) checks that a finished key's payload
+  is there whole, and reads it only when asked to. A warning names the payload's URI. What remains
+  is a payload that goes bad between ``read`` and the caller's decode: that one raises
+  :class:`~dibs.payloads.PayloadUnavailable` (still never a wrong value);
 * ``forget``, ``prune`` and ``reap`` then remove the payloads no record refers to (:mod:`.collect`).
 """
 
@@ -113,8 +116,9 @@ class ReferencingStore(Store):
     def _miss(self, key: Key, error: Exception) -> None:
         log.warning("%s: its artifact is treated as missing, and the key computes again: %s", key, error)
 
-    def _checked(self, state: KeyState) -> KeyState:
-        """``state`` with its reference resolved, or without its artifact if that one cannot be served."""
+    def _checked(self, state: KeyState, *, load: bool = False) -> KeyState:
+        """``state`` with its reference resolved, or without its artifact if that one cannot be served;
+        with ``load``, a finished key's payload is read (and checked) now, for the waiters to take."""
         artifact = state.artifact
         if artifact is None or artifact.serializer != REFERENCE:
             return state
@@ -123,6 +127,13 @@ class ReferencingStore(Store):
         except ArtifactCorrupted as exc:
             self._miss(state.key, exc)
             return dataclasses.replace(state, artifact=None)
+        if state.live_lease is None and load:
+            try:
+                loaded = referenced.verified_payload(state.key)
+            except ArtifactCorrupted as exc:
+                self._miss(state.key, exc)
+                return dataclasses.replace(state, artifact=None)
+            return dataclasses.replace(state, artifact=dataclasses.replace(referenced, loaded=loaded))
         if state.live_lease is None:  # a finished key: a waiter is about to take it
             found = self.payloads.stat(referenced.reference.sha256)
             if found is None or found.size != referenced.size:
@@ -139,7 +150,8 @@ class ReferencingStore(Store):
         return self._checked(self.records.read(key))
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
-        return [self._checked(state) for state in self.records.read_many(keys)]
+        # The watch hub's read: one load of a finished key's payload serves every waiter of the process.
+        return [self._checked(state, load=True) for state in self.records.read_many(keys)]
 
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         return self.records.list(namespace)  # listings carry no payloads: references stay as they are
