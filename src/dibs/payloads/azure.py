@@ -119,11 +119,11 @@ class AzurePayloadStore(PayloadStore):
     def writer(self) -> PayloadWriter:
         return _SpoolingWriter(self)
 
-    def put(self, data: bytes | bytearray | memoryview, serializer: str = "bytes") -> Payload:
-        whole = (
-            data if isinstance(data, bytes) else bytes(data)
-        )  # the SDK takes bytes (a bytes value: no copy)
-        payload = Payload(hashlib.sha256(whole).hexdigest(), len(whole), serializer)
+    def put(
+        self, data: bytes | bytearray | memoryview, serializer: str = "bytes", *, sha256: str | None = None
+    ) -> Payload:
+        whole = data if isinstance(data, bytes) else bytes(data)  # the SDK takes bytes (a bytes value: as is)
+        payload = Payload(sha256 or hashlib.sha256(whole).hexdigest(), len(whole), serializer)
         self._upload(payload.sha256, whole, payload.size)
         return payload
 

@@ -95,12 +95,19 @@ class PayloadWriter(abc.ABC):
 
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
+        self._known: str | None = None
         self.size = 0
         self._done = False
 
+    def vouch(self, sha256: str) -> None:
+        """The digest of what will be written, computed by the caller from the same bytes: not computed
+        again (one SHA-256 pass less on the hand-off's writing side)."""
+        self._known = sha256
+
     def write(self, chunk: bytes | bytearray | memoryview) -> int:
         view = memoryview(chunk).cast("B")
-        self._hash.update(view)
+        if self._known is None:
+            self._hash.update(view)
         self.size += len(view)
         self._write(view)
         return len(view)
@@ -108,7 +115,7 @@ class PayloadWriter(abc.ABC):
     def commit(self, serializer: str = "bytes") -> Payload:
         """Move the bytes into place under their digest; a payload with these bytes may already be there."""
         self._done = True
-        payload = Payload(self._hash.hexdigest(), self.size, serializer)
+        payload = Payload(self._known or self._hash.hexdigest(), self.size, serializer)
         self._commit(payload.sha256)
         return payload
 
@@ -176,10 +183,15 @@ class PayloadStore(abc.ABC):
         """Where the payload is, for people (warnings, ``dibs show``)."""
         return f"{self.url.rstrip('/')}/{sha256}"
 
-    def put(self, data: bytes | bytearray | memoryview, serializer: str = "bytes") -> Payload:
-        """``data`` as a payload (written in chunks: no copy of it is made)."""
+    def put(
+        self, data: bytes | bytearray | memoryview, serializer: str = "bytes", *, sha256: str | None = None
+    ) -> Payload:
+        """``data`` as a payload (written in chunks: no copy of it is made); ``sha256``, when the caller
+        has just computed it from ``data``, is used instead of computing it again."""
         view = memoryview(data).cast("B")
         with self.writer() as writer:
+            if sha256 is not None:
+                writer.vouch(sha256)
             for start in range(0, len(view), CHUNK):
                 writer.write(view[start : start + CHUNK])
             return writer.commit(serializer)

@@ -28,6 +28,7 @@ import builtins
 import dataclasses
 import logging
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 
 from dibs.errors import ArtifactCorrupted, LeaseLost
@@ -61,6 +62,8 @@ class ReferencedArtifact(ArtifactRecord):
     source: PayloadStore = dataclasses.field(compare=False, repr=False)
     #: The payload's bytes when they were read (and checked) already.
     loaded: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
+    #: What keeps ``loaded`` shared while this record lives (see :meth:`ReferencingStore._load`).
+    keep: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def verified_payload(self, key: Key) -> bytes:
         if self.loaded is not None:
@@ -69,6 +72,14 @@ class ReferencedArtifact(ArtifactRecord):
             return read_verified(self.source, self.reference, self.uri)
         except PayloadUnavailable as exc:
             raise PayloadUnavailable(f"artifact of {key}: {exc}", key=str(key), uri=self.uri) from None
+
+
+class _Loading:
+    """One payload being read, or read: shared while any record that carries it lives."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.data: bytes | None = None
 
 
 class ReferencingStore(Store):
@@ -87,6 +98,7 @@ class ReferencingStore(Store):
         self.inline_limit = inline_limit
         self.grace = grace
         self._lock = threading.Lock()
+        self._loading: weakref.WeakValueDictionary[str, _Loading] = weakref.WeakValueDictionary()
         #: Everything this store's collections removed so far (``dibs prune`` reports the difference).
         self.freed = Freed()
 
@@ -113,6 +125,19 @@ class ReferencingStore(Store):
             source=self.payloads,
         )
 
+    def _load(self, key: Key, referenced: ReferencedArtifact) -> tuple[bytes, _Loading]:
+        """The payload's bytes, checked, read once however many threads of the process ask at the same
+        time (the watch hub for its waiters, a waiter's own ask): one copy in memory, not one each."""
+        digest = referenced.reference.sha256
+        with self._lock:
+            loading = self._loading.get(digest)
+            if loading is None:
+                loading = self._loading[digest] = _Loading()
+        with loading.lock:
+            if loading.data is None:
+                loading.data = referenced.verified_payload(key)
+            return loading.data, loading
+
     def _miss(self, key: Key, error: Exception) -> None:
         log.warning("%s: its artifact is treated as missing, and the key computes again: %s", key, error)
 
@@ -129,11 +154,13 @@ class ReferencingStore(Store):
             return dataclasses.replace(state, artifact=None)
         if state.live_lease is None and load:
             try:
-                loaded = referenced.verified_payload(state.key)
+                loaded, keep = self._load(state.key, referenced)
             except ArtifactCorrupted as exc:
                 self._miss(state.key, exc)
                 return dataclasses.replace(state, artifact=None)
-            return dataclasses.replace(state, artifact=dataclasses.replace(referenced, loaded=loaded))
+            return dataclasses.replace(
+                state, artifact=dataclasses.replace(referenced, loaded=loaded, keep=keep)
+            )
         if state.live_lease is None:  # a finished key: a waiter is about to take it
             found = self.payloads.stat(referenced.reference.sha256)
             if found is None or found.size != referenced.size:
@@ -173,8 +200,8 @@ class ReferencingStore(Store):
             artifact = outcome.artifact
             try:
                 referenced = self._referenced(key, artifact)
-                loaded = referenced.verified_payload(key)
-                return Present(dataclasses.replace(referenced, loaded=loaded))
+                loaded, keep = self._load(key, referenced)
+                return Present(dataclasses.replace(referenced, loaded=loaded, keep=keep))
             except ArtifactCorrupted as exc:
                 self._miss(key, exc)
             # Only a newer artifact counts now: the lease is granted beside this one, which the new
@@ -194,13 +221,12 @@ class ReferencingStore(Store):
             return self._publish(key, token, stored, None)
         if len(payload) <= self.inline_limit:
             return self.records.complete(key, token, serializer, payload, checksum)
-        stored = self.payloads.put(payload, serializer)
-        if stored.checksum != checksum:
+        if not checksum.startswith("sha256:"):
             raise ArtifactCorrupted(
-                f"artifact of {key}: the payload changed while it was written "
-                f"({stored.checksum} != {checksum})",
-                key=str(key),
+                f"artifact of {key}: not a checksum dibs writes: {checksum!r}", key=str(key)
             )
+        # The lease computed the checksum from these very bytes: the writer does not hash them again.
+        stored = self.payloads.put(payload, serializer, sha256=checksum.removeprefix("sha256:"))
         return self._publish(key, token, stored, payload)
 
     def _publish(self, key: Key, token: LeaseToken, stored: Payload, data: bytes | None) -> ArtifactRecord:
