@@ -30,6 +30,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from dibs.errors import ArtifactCorrupted, LeaseLost
 from dibs.keys import Key
@@ -57,13 +58,24 @@ class ReferencedArtifact(ArtifactRecord):
     ``serializer``, ``size`` and ``checksum`` are the payload's. :meth:`verified_payload` returns its
     bytes, checked (:class:`~dibs.payloads.PayloadUnavailable` if they are not the recorded ones)."""
 
-    reference: Payload
-    uri: str
-    source: PayloadStore = dataclasses.field(compare=False, repr=False)
+    # Keyword-only: whatever fields ArtifactRecord gains (with defaults or not), these stay valid.
+    reference: Payload = dataclasses.field(kw_only=True)
+    uri: str = dataclasses.field(kw_only=True)
+    source: PayloadStore = dataclasses.field(kw_only=True, compare=False, repr=False)
     #: The payload's bytes when they were read (and checked) already.
-    loaded: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
+    loaded: bytes | None = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
     #: What keeps ``loaded`` shared while this record lives (see :meth:`ReferencingStore._load`).
-    keep: object = dataclasses.field(default=None, compare=False, repr=False)
+    keep: object = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
+
+    @classmethod
+    def of(
+        cls, artifact: ArtifactRecord, document: bytes, payload: Payload, **where: Any
+    ) -> ReferencedArtifact:
+        """``artifact`` (as its record store has it: every field it has is kept) standing for ``payload``."""
+        fields = {field.name: getattr(artifact, field.name) for field in dataclasses.fields(ArtifactRecord)}
+        fields |= {"serializer": payload.serializer, "payload": document, "size": payload.size}
+        fields["checksum"] = payload.checksum
+        return cls(**fields, reference=payload, **where)
 
     def verified_payload(self, key: Key) -> bytes:
         if self.loaded is not None:
@@ -112,18 +124,7 @@ class ReferencingStore(Store):
     # -- reading ------------------------------------------------------------------------------------
     def _referenced(self, key: Key, artifact: ArtifactRecord) -> ReferencedArtifact:
         payload, uri = decode(artifact.payload, f"artifact of {key}")
-        return ReferencedArtifact(
-            serializer=payload.serializer,
-            payload=artifact.payload,
-            size=payload.size,
-            checksum=payload.checksum,
-            producer=artifact.producer,
-            fence=artifact.fence,
-            created_at=artifact.created_at,
-            reference=payload,
-            uri=uri,
-            source=self.payloads,
-        )
+        return ReferencedArtifact.of(artifact, artifact.payload, payload, uri=uri, source=self.payloads)
 
     def _load(self, key: Key, referenced: ReferencedArtifact) -> tuple[bytes, _Loading]:
         """The payload's bytes, checked, read once however many threads of the process ask at the same
@@ -239,19 +240,7 @@ class ReferencingStore(Store):
             raise
         if data is not None and self.payloads.stat(stored.sha256) is None:
             self.payloads.put(data, stored.serializer)  # a collection removed it in the instant before
-        return ReferencedArtifact(
-            serializer=stored.serializer,
-            payload=document,
-            size=stored.size,
-            checksum=stored.checksum,
-            producer=record.producer,
-            fence=record.fence,
-            created_at=record.created_at,
-            reference=stored,
-            uri=uri,
-            source=self.payloads,
-            loaded=data,
-        )
+        return ReferencedArtifact.of(record, document, stored, uri=uri, source=self.payloads, loaded=data)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         return self.records.heartbeat(key, token, ttl)
