@@ -50,11 +50,27 @@ __all__ = [
 
 PAYLOADS_URL_ENV = "DIBS_PAYLOADS_URL"
 
-_STORES: dict[str, PayloadStore] = {}
-_REFERENCING: weakref.WeakKeyDictionary[Store, dict[tuple[str, int, float], ReferencingStore]] = (
-    weakref.WeakKeyDictionary()
-)
-_LOCK = threading.Lock()
+
+class _Opened:
+    """The payload stores and referencing stores of this process, shared by its clients."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stores: dict[str, PayloadStore] = {}
+        self.referencing: weakref.WeakKeyDictionary[Store, dict[tuple[str, int, float], ReferencingStore]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+
+_OPENED = _Opened()
+
+
+def _forget_after_fork() -> None:
+    # A forked child opens its own (as dibs.runtime does): the parent's clients and locks are not the child's.
+    _OPENED.__init__()  # type: ignore[misc]
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def default_payloads_url() -> str | None:
@@ -95,10 +111,10 @@ def open_payload_store(url: str) -> PayloadStore:
     """The payload store at ``url``, shared by every client of the process (opening one sends nothing)."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(f"payloads must be a payload store URL or a PayloadStore, got {url!r}")
-    with _LOCK:
-        store = _STORES.get(url)
+    with _OPENED.lock:
+        store = _OPENED.stores.get(url)
         if store is None:
-            store = _STORES[url] = _open(url)
+            store = _OPENED.stores[url] = _open(url)
         return store
 
 
@@ -118,8 +134,8 @@ def referencing(
         )
     store = payloads if isinstance(payloads, PayloadStore) else open_payload_store(payloads)
     combination = (f"{store.url}#{id(store)}", inline_limit, float(grace))
-    with _LOCK:
-        made = _REFERENCING.setdefault(records, {})
+    with _OPENED.lock:
+        made = _OPENED.referencing.setdefault(records, {})
         found = made.get(combination)
         if found is None:
             found = made[combination] = ReferencingStore(
