@@ -220,3 +220,24 @@ def test_streaming_needs_a_payload_store_and_a_reference_needs_its_reader_config
             client.run("big", lambda: os.urandom(BIG))
         with pytest.raises(ConfigurationError, match="payloads="):
             plain.run("big", lambda: b"never")
+
+
+def test_async_callers_get_large_values_through_the_payload_store(
+    records_url: str, payloads_url: str
+) -> None:
+    import asyncio
+
+    big = os.urandom(BIG)
+
+    async def compute() -> bytes:
+        return big
+
+    async def never() -> bytes:
+        raise AssertionError("a hit computes nothing")
+
+    async def both() -> tuple[bytes, bytes]:
+        with _client(records_url, payloads_url) as client:
+            aio = client.aio()
+            return await aio.run("k", compute), await aio.run("k", never)
+
+    assert asyncio.run(both()) == (big, big)
