@@ -32,6 +32,8 @@ SERIAL = frozenset(
         "tests/airflow/test_integration.py",  # dag.test() in spawned processes, SIGTERM and kills
         "tests/prefect/test_deployments.py",  # prefect server start and a served deployment
         "tests/prefect/test_processes.py",  # flow runs in processes, SIGKILLed holders
+        "tests/payloads/test_memory.py",  # a large payload across processes; peak RSS of each
+        "tests/payloads/test_faults.py",  # payload faults: writers SIGKILLed mid-upload, concurrent prune
     }
 )
 

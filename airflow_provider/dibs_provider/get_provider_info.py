@@ -65,6 +65,15 @@ def get_provider_info() -> dict[str, Any]:
                         ),
                         "schema": {"type": ["string", "null"], "format": "url"},
                     },
+                    "payloads_url": {
+                        "label": "Payload store URL",
+                        "description": (
+                            "Where results over 64 KiB go, apart from the store's records, e.g. "
+                            "file:///shared/dibs or azure://container/prefix?account_url=...; the store "
+                            "keeps a reference. Empty: DIBS_PAYLOADS_URL, else results stay in the records."
+                        ),
+                        "schema": {"type": ["string", "null"], "format": "url"},
+                    },
                     "namespace": {
                         "label": "Namespace",
                         "description": "Dot-separated words (e.g. team.features); keys in different "

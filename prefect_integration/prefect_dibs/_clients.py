@@ -30,7 +30,7 @@ __all__ = ["ClientSettings", "StoreSpec", "is_url", "resolve_client", "spec_iden
 #: What ``store=`` accepts: a URL, a ``DibsStore`` block or its saved name, a client, or ``None``.
 StoreSpec: TypeAlias = "str | DibsStore | Reservations | None"
 
-_CACHE: dict[tuple[str | None, Settings], Reservations] = {}
+_CACHE: dict[tuple[str | None, Settings, str | None], Reservations] = {}
 _BLOCKS: dict[str, DibsStore] = {}  # saved blocks by name: loaded once per process
 _CACHE_LOCK = threading.Lock()
 
@@ -80,18 +80,21 @@ def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()
     if isinstance(store, DibsStore):
         client_settings = store.settings(**overrides)
         url = store.store_url()
+        payloads = store.payloads_url
     elif store is None or isinstance(store, str):
         client_settings = Settings().replace(**overrides)
-        url = store
+        url, payloads = store, None
     else:
         raise ConfigurationError(
             f"store= must be a store URL, a DibsStore block or its name, a dibs.Reservations client or "
             f"None, got {type(store).__name__}"
         )
     with _CACHE_LOCK:
-        client = _CACHE.get((url, client_settings))
+        client = _CACHE.get((url, client_settings, payloads))
         if client is None:
-            client = _CACHE[url, client_settings] = Reservations(url, settings=client_settings)
+            client = _CACHE[url, client_settings, payloads] = Reservations(
+                url, settings=client_settings, payloads=payloads
+            )
         return client
 
 
@@ -121,7 +124,7 @@ def spec_identity(store: StoreSpec) -> Any:
     from prefect_dibs.blocks import DibsStore
 
     if isinstance(store, DibsStore):
-        return ("block", store.store_url(), store.settings())
+        return ("block", store.store_url(), store.settings(), store.payloads_url)
     if isinstance(store, Reservations):
         return ("client", id(store))
     return ("spec", store)

@@ -119,6 +119,35 @@ class DibsStore(Block):
         description="When the store cannot be reached: 'fail' the task, or 'run' it unreserved (logged).",
     )
 
+    payloads_url: str | None = Field(
+        default=None,
+        title="Payload store URL",
+        description=(
+            "Where results over 64 KiB go, apart from the store's records, without secrets, e.g. "
+            "'file:///shared/dibs' or 'azure://container/prefix?account_url=https://ACCOUNT.blob.core."
+            "windows.net' (credentials from the environment). Empty: DIBS_PAYLOADS_URL, else results "
+            "stay in the records."
+        ),
+        examples=["file:///shared/dibs"],
+    )
+
+    @field_validator("payloads_url")
+    @classmethod
+    def _payloads_url_without_secrets(cls, url: str | None) -> str | None:
+        if url is None or not url.strip():
+            return None
+        url = url.strip()
+        if "://" not in url:
+            raise ValueError(
+                f"{redact_url(url)!r} is not a payload store URL; expected e.g. 'file:///shared/dibs'"
+            )
+        if redact_url(url) != url:
+            raise ValueError(
+                "the payload store URL contains a secret, which this plain field would show; let the "
+                f"process find its credential (e.g. AZURE_STORAGE_CONNECTION_STRING): {redact_url(url)}"
+            )
+        return url
+
     @field_validator("url")
     @classmethod
     def _url_without_secrets(cls, url: str | None) -> str | None:
@@ -177,7 +206,7 @@ class DibsStore(Block):
     def get_client(self, **overrides: Any) -> Reservations:
         """A :class:`dibs.Reservations` client on this store (cheap: every client of a process shares
         the store; close it when done). ``overrides`` replace the block's settings, e.g. ``ttl=10``."""
-        return Reservations(self.store_url(), settings=self.settings(**overrides))
+        return Reservations(self.store_url(), settings=self.settings(**overrides), payloads=self.payloads_url)
 
     def lock_manager(self, **overrides: Any) -> DibsLockManager:
         """A :class:`~prefect_dibs.DibsLockManager` on this store, for Prefect's SERIALIZABLE caching."""

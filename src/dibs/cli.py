@@ -39,7 +39,8 @@ from dibs.errors import (
     StoreUnavailable,
     WaitTimeout,
 )
-from dibs.records import KeyState
+from dibs.payloads import PAYLOADS_URL_ENV, ReferencedArtifact, ReferencingStore
+from dibs.records import ArtifactRecord, KeyState
 from dibs.stores import transitions
 from dibs.stores.base import Listing
 
@@ -191,6 +192,13 @@ def _add_globals(parser: argparse.ArgumentParser, *, after_command: bool) -> Non
         **unset,
     )
     parser.add_argument("--namespace", "-n", help=f"key namespace (default: {DEFAULT_NAMESPACE})", **unset)
+    parser.add_argument(
+        "--payloads",
+        metavar="URL",
+        help="payload store for artifacts over 64 KiB, e.g. file:///shared/dibs "
+        f"(default: ${PAYLOADS_URL_ENV}, else none: artifacts stay in the records)",
+        **unset,
+    )
     parser.add_argument(
         "--json",
         action="store_true",
@@ -429,7 +437,7 @@ def _dispatch(args: argparse.Namespace, console: Console, stops: StopSignals) ->
         return running.run(args, console, stops)
     if args.command == "wait":
         return running.wait(args, console)
-    with Reservations(args.store, namespace=args.namespace) as client:
+    with Reservations(args.store, namespace=args.namespace, payloads=args.payloads) as client:
         return _admin(args, client)
 
 
@@ -503,7 +511,19 @@ def _prune(args: argparse.Namespace, client: Reservations) -> int:
             print(f"would prune {len(doomed)} record(s) older than {older} (dry run: nothing removed)")
         _say_skipped(listing)
         return 0
+    store = client.store
+    before = store.freed if isinstance(store, ReferencingStore) else None
     count = client.prune(args.older_than, all_namespaces=args.all)
+    if isinstance(store, ReferencingStore) and before is not None:  # payloads no record refers to any more
+        freed = store.freed.bytes - before.bytes
+        payloads = store.freed.payloads - before.payloads
+        _say(
+            args,
+            {"pruned": count, "payloads_removed": payloads, "bytes_freed": freed},
+            f"pruned {count} record(s) older than {older}; "
+            f"removed {payloads} payload(s), {freed:,} bytes freed",
+        )
+        return 0
     _say(args, {"pruned": count}, f"pruned {count} record(s) older than {older}")
     return 0
 
@@ -575,8 +595,10 @@ def _details(state: KeyState) -> dict[str, Any]:
             "max_expires_at": instant(lease.max_expires_at),
         }
     if state.artifact is not None:
-        artifact = dataclasses.asdict(state.artifact)
-        artifact.pop("payload")
+        fields = (field.name for field in dataclasses.fields(ArtifactRecord) if field.name != "payload")
+        artifact = {name: getattr(state.artifact, name) for name in fields}
+        if isinstance(state.artifact, ReferencedArtifact):  # kept in a payload store: say where
+            artifact["payload"] = state.artifact.uri
         artifact["created_at"] = instant(state.artifact.created_at)
         doc |= {f"artifact_{k}": v for k, v in artifact.items()}
     if state.failure is not None:

@@ -17,8 +17,11 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager
+from os import PathLike
+from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
 
 from dibs import events, flow, holding, keys
 from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
@@ -35,6 +38,15 @@ from dibs.events import Emitter, Event, Observation, Observer, Observers
 from dibs.keys import Key
 from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.payloads import (
+    DEFAULT_GRACE,
+    DEFAULT_INLINE_LIMIT,
+    REFERENCE,
+    Payload,
+    PayloadStore,
+    default_payloads_url,
+    referencing,
+)
 from dibs.records import ArtifactRecord, FailureRecord, Granted, Held, KeyState, Present, StoreOutcome
 from dibs.runtime import runtime
 from dibs.serializers import Serializer, SignedPickleSerializer, load_artifact, resolve_serializer
@@ -72,6 +84,10 @@ class Reservations:
     :param settings: a ready :class:`~dibs.settings.Settings`, or the same settings one by one:
         ``namespace``, ``ttl``, ``heartbeat_interval``, ``max_lease_age``, ``max_age``, ``max_failures``,
         ``on_store_unavailable``, ``serializer``, ``signing_key``, ``backoff`` (see :class:`Settings`).
+    :param payloads: a payload store (URL or :class:`~dibs.payloads.PayloadStore`) for artifacts
+        larger than ``payload_inline_limit`` bytes (default 64 KiB); ``None``: ``DIBS_PAYLOADS_URL``,
+        else every artifact stays in its record. ``payload_grace``: see :mod:`dibs.payloads.collect`.
+        See docs/payloads.md.
     """
 
     def __init__(
@@ -89,6 +105,9 @@ class Reservations:
         max_failures: int | None = None,
         on_store_unavailable: StoreUnavailablePolicy = DEFAULTS.on_store_unavailable,
         settings: Settings | None = None,
+        payloads: PayloadStore | str | None = None,
+        payload_inline_limit: int = DEFAULT_INLINE_LIMIT,
+        payload_grace: float = DEFAULT_GRACE,
     ) -> None:
         chosen: dict[str, Any] = {
             "namespace": namespace,
@@ -120,6 +139,13 @@ class Reservations:
                     f"store must be a store URL, a dibs Store or None, got {type(store).__name__}"
                 )
             self.store, self._shared = runtime().share_store(url), True
+        self._records = self.store
+        payloads = payloads if payloads is not None else default_payloads_url()
+        if payloads is not None:  # large artifacts apart (dibs.payloads): the record store stays as it is
+            validate_seconds("payload_grace", payload_grace, allow_zero=True)
+            self.store = referencing(
+                self.store, payloads, inline_limit=payload_inline_limit, grace=payload_grace
+            )
         self._closed = False
         #: This client's observers (see :mod:`dibs.events`); :meth:`observe` adds one.
         self.observers = Observers()
@@ -174,7 +200,7 @@ class Reservations:
         process; a store passed in as an object is left to its owner)."""
         if self._shared and not self._closed:
             self._closed = True
-            runtime().return_store(self.store)
+            runtime().return_store(self._records)
 
     def __enter__(self) -> Self:
         return self
@@ -233,6 +259,12 @@ class Reservations:
 
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
         """The value of a stored artifact, after its integrity check."""
+        if artifact.serializer == REFERENCE:  # read through a client without the payload store
+            raise ConfigurationError(
+                f"artifact of {key} is kept in a payload store (its record holds a reference); give this "
+                "client the writers' payload store: Reservations(..., payloads=URL) or DIBS_PAYLOADS_URL",
+                key=str(key),
+            )
         payload = artifact.verified_payload(key)
         reader = self._reader_for(key, artifact.serializer)
         try:
@@ -441,8 +473,15 @@ class Reservations:
         """
         k = self.key(key)
         max_age = self._max_age(max_age)
-        holding.not_held_here(self.store, k)
         deadline = Deadline(timeout)
+        state = self._wait_state(k, deadline, for_artifact, max_age, min_token)
+        return self._settled(state, deadline, for_artifact, max_age, min_token)
+
+    def _wait_state(
+        self, k: Key, deadline: Deadline, for_artifact: bool, max_age: float | None, min_token: int | None
+    ) -> KeyState:
+        """:meth:`wait`'s state, before its artifact is decoded (``dibs wait`` streams a large one)."""
+        holding.not_held_here(self.store, k)
         state = self.store.read(k)  # as in acquire: subscribe only once the key turns out to be busy
         if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
             with runtime().subscribe(self.store, k) as subscription:
@@ -456,7 +495,7 @@ class Reservations:
                     min_fence=min_token,
                 )
                 state = drive(loop, self.store, subscription)
-        return self._settled(state, deadline, for_artifact, max_age, min_token)
+        return state
 
     def _settled(
         self,
@@ -666,6 +705,33 @@ class Reservations:
         seconds = validate_seconds("older_than", older_than, allow_zero=True)
         assert seconds is not None
         return self.store.prune(None if all_namespaces else self.namespace, seconds)
+
+    # -- large artifacts as files and streams (dibs.payloads) ---------------------------------------
+    def put_payload(
+        self,
+        source: bytes | bytearray | memoryview | str | PathLike[str] | IO[bytes],
+        *,
+        serializer: str = "bytes",
+    ) -> Payload:
+        """Store a file (path), a stream or bytes in the payload store, streaming; return the result
+        from the work (or ``lease.complete`` it) and the lease publishes a reference to it without
+        loading it. ``serializer`` names the format of the bytes (readers of the value decode it so)."""
+        from dibs.payloads import streams
+
+        return streams.put(self, source, serializer)
+
+    def open_artifact(self, key: str | Key) -> IO[bytes]:
+        """The key's artifact as stored, as a binary stream (checked as it is read: see
+        :func:`dibs.payloads.streams.open_artifact`)."""
+        from dibs.payloads import streams
+
+        return streams.open_artifact(self, self.key(key))
+
+    def artifact_path(self, key: str | Key) -> AbstractContextManager[Path]:
+        """``with client.artifact_path(key) as path:`` the key's artifact as a local file, checked."""
+        from dibs.payloads import streams
+
+        return streams.artifact_path(self, self.key(key))
 
     def aio(self) -> AsyncReservations:
         """The async face of this client, sharing its store and settings."""

@@ -28,6 +28,9 @@ from dibs import holding
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
+from dibs.payloads.base import Payload
+from dibs.payloads.references import REFERENCE
+from dibs.payloads.references import encode as encode_reference
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
 from dibs.serializers import dump_artifact
 from dibs.settings import validate_timings
@@ -95,6 +98,11 @@ class Lease:
         connection may have dropped after the store had already stored the artifact. The key is then
         read again (see :meth:`_settle_complete`) instead of reporting a failure that may be false.
         """
+        if isinstance(value, Payload):  # in the payload store already (put_payload): publish a reference
+            from dibs.payloads.streams import referencing_store
+
+            referencing_store(self._client, "completing a lease with a Payload")
+            return self._complete_with(REFERENCE, encode_reference(value, ""), value.checksum)
         serializer = self._client.serializer
         try:
             payload = dump_artifact(serializer, value, self.key, self.token)  # signatures bind key + fence
@@ -107,13 +115,13 @@ class Lease:
                 key=str(self.key),
                 value_type=type(value).__name__,
             ) from exc
-        digest = checksum(payload)
+        return self._complete_with(serializer.name, payload, checksum(payload))
+
+    def _complete_with(self, serializer: str, payload: bytes, digest: str) -> ArtifactRecord:
         try:
-            record = self._client.store.complete(
-                self.key, self._record.token, serializer.name, payload, digest
-            )
+            record = self._client.store.complete(self.key, self._record.token, serializer, payload, digest)
         except StoreUnavailable as exc:
-            record = self._settle_complete(serializer.name, payload, digest, exc)
+            record = self._settle_complete(serializer, payload, digest, exc)
         self._ended = True
         return record
 

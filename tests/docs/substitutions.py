@@ -13,6 +13,8 @@ shown                                  run
 ``http://127.0.0.1:4200/api``          the session's Prefect test server (``prefect server start``
                                        listens on port 4200; the tests do not own that port)
 ``sqlite:////tmp/NAME``                ``sqlite:///<the document's temporary directory>/NAME``
+``file:///tmp/NAME``                   ``file://<the document's temporary directory>/NAME`` (a
+                                       payload folder, docs/payloads.md)
 ``time.sleep(N)``                      ``time.sleep(0.5)``: the sleep stands for the expensive
                                        part of a demonstration, and only its length changes
 =====================================  ==========================================================
@@ -27,6 +29,7 @@ from pathlib import Path
 POSTGRES_URL = re.compile(r"postgresql\+psycopg://[\w.-]+@[\w.-]+(?::\d+)?/\w+")
 PREFECT_SERVER_API = "http://127.0.0.1:4200/api"
 TMP_SQLITE_URL = re.compile(r"sqlite:////tmp/([\w.-]+)")
+TMP_FILE_URL = re.compile(r"file:///tmp/([\w.-]+)")
 SLEEP = re.compile(r"\btime\.sleep\(\s*\d+(?:\.\d+)?\s*\)")
 DEMONSTRATION_SLEEP = "time.sleep(0.5)"
 
@@ -41,4 +44,5 @@ def substitute(
     if PREFECT_SERVER_API in source:
         source = source.replace(PREFECT_SERVER_API, prefect_api())
     source = TMP_SQLITE_URL.sub(lambda match: f"sqlite:///{workdir / match.group(1)}", source)
+    source = TMP_FILE_URL.sub(lambda match: (workdir / match.group(1)).as_uri(), source)
     return SLEEP.sub(DEMONSTRATION_SLEEP, source)

@@ -27,6 +27,9 @@ password               the store's password, inserted into ``store_url``'s ``use
 ``max_failures``       after this many recorded failures a key is refused until ``dibs forget``
 ``on_store_unavailable`` ``fail`` (default) or ``run``: run the work unreserved when the store is
                        unreachable (logged), so the store never changes a result
+``payloads_url``       a payload store for results over 64 KiB (``file:///shared/dibs``,
+                       ``azure://...``; see docs/payloads.md); empty: ``DIBS_PAYLOADS_URL``, else
+                       results stay in the store's records
 =====================  ======================================================================
 
 All of them but ``store_url`` and ``wait_timeout`` become one :class:`dibs.Settings`, checked by the
@@ -77,6 +80,7 @@ EXTRA_FIELDS = (
     "max_age",
     "max_failures",
     "on_store_unavailable",
+    "payloads_url",
 )
 
 # Stores addressed by a local path or a process name: there is no server to send a password to.
@@ -107,6 +111,8 @@ class DibsSettings:
     source: str
     settings: Settings = dataclasses.field(default_factory=Settings)
     wait_timeout: float | None = None
+    #: The payload store for large results (may carry a credential: shown redacted only).
+    payloads_url: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def display_url(self) -> str:
@@ -134,7 +140,7 @@ class DibsSettings:
         except ConfigurationError as exc:
             # The core names the setting (e.g. heartbeat_interval >= ttl); add where it came from.
             raise ConfigurationError(f"{self.source}: {exc.message}", **exc.fields) from exc
-        return Reservations(self.store_url, settings=settings)
+        return Reservations(self.store_url, settings=settings, payloads=self.payloads_url)
 
 
 def _bad(conn_id: str, field: str, problem: str) -> ConfigurationError:
@@ -280,8 +286,25 @@ def settings_from_connection(conn: Connection) -> DibsSettings:
         field = exc.fields.get("setting", "extra")
         raise _bad(conn_id, f"extra {field!r}", exc.message.removeprefix(f"{field} ")) from exc
     return DibsSettings(
-        store_url=url, source=source, settings=settings, wait_timeout=_seconds(conn_id, extra, "wait_timeout")
+        store_url=url,
+        source=source,
+        settings=settings,
+        wait_timeout=_seconds(conn_id, extra, "wait_timeout"),
+        payloads_url=_payloads_url(conn_id, extra.get("payloads_url")),
     )
+
+
+def _payloads_url(conn_id: str, value: object) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str) or "://" not in value:
+        raise _bad(
+            conn_id,
+            "extra 'payloads_url'",
+            "must be a payload store URL such as file:///shared/dibs or "
+            f"azure://container/prefix?account_url=..., got {redact_url(str(value))!r}",
+        )
+    return value.strip()
 
 
 def _count(conn_id: str, extra: dict[str, Any], name: str) -> int | None:

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -91,6 +92,8 @@ class Command:
         self.process: subprocess.Popen[bytes] | None = None
         self.kill_at: float | None = None
         self.killed = False
+        #: Where stdout goes instead of memory, when set (``dibs run --payloads``: a payload being written).
+        self.sink: Callable[[bytes], object] | None = None
 
     def run(self, stops: StopSignals) -> bytes:
         """Run COMMAND to its end and return its stdout; raise one of this module's errors otherwise."""
@@ -135,7 +138,10 @@ class Command:
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     break
-                chunks.append(chunk)
+                if self.sink is not None:
+                    self.sink(chunk)
+                else:
+                    chunks.append(chunk)
                 self._tee(chunk)
         process.stdout.close()
         return b"".join(chunks)

@@ -24,15 +24,18 @@ from typing import Any, Literal
 from dibs import events, holding
 from dibs._cli.command import Command, CommandFailed, CommandNotStarted, CommandStopped
 from dibs._cli.console import Console
+from dibs._cli.spool import stream_out, streams, work_of
 from dibs._cli.stops import Stopped, StopSignals, signal_name
 from dibs._cli.text import artifact_text, duration
 from dibs._cli.watch import KeyWatch, Sight
+from dibs.backoff import Deadline
 from dibs.client import Reservations
 from dibs.config import default_owner
 from dibs.errors import ConfigurationError, ReservationError
 from dibs.flow import Call, Hold, Steps, Wait
 from dibs.keys import Key
 from dibs.outcomes import Acquired, Busy, Hit, RunReport
+from dibs.payloads import Payload
 
 __all__ = ["run", "wait"]
 
@@ -55,7 +58,11 @@ class Result:
     stored: bool = True
 
     def envelope(self) -> dict[str, Any]:
-        value, encoding = artifact_text(self.value)
+        if isinstance(self.value, Payload):  # streamed into the payload store: where it is, not what
+            value: Any = {"sha256": self.value.sha256, "size": self.value.size}
+            encoding = "payload"
+        else:
+            value, encoding = artifact_text(self.value)
         return {
             "key": str(self.key),
             "role": self.role,
@@ -78,7 +85,9 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
     if not command:
         raise ConfigurationError("give the command after '--', e.g. dibs run --key K -- ./build.sh")
     owner = args.owner or default_owner()
-    with Reservations(args.store, namespace=args.namespace, ttl=args.ttl, serializer="bytes") as client:
+    with Reservations(
+        args.store, namespace=args.namespace, ttl=args.ttl, serializer="bytes", payloads=args.payloads
+    ) as client:
         key = client.key(args.key)
         narrator = _Narrator(console)
         call = client.call(
@@ -157,7 +166,7 @@ class _RunSteps(Steps):
     def __init__(
         self, client: Reservations, call: Call, console: Console, stops: StopSignals, running: Command
     ) -> None:
-        super().__init__(client, lambda: running.run(stops), emit=call.emitter, failure_of=_recorded_as)
+        super().__init__(client, work_of(client, running, stops), emit=call.emitter, failure_of=_recorded_as)
         self.console, self.stops, self.running = console, stops, running
 
     def wait(self, step: Wait) -> Hit | Acquired | Busy:
@@ -267,12 +276,20 @@ def _announce_acquired(console: Console, got: events.LeaseAcquired, waited_on: s
 
 
 def wait(args: argparse.Namespace, console: Console) -> int:
-    with Reservations(args.store, namespace=args.namespace) as client:
+    with Reservations(args.store, namespace=args.namespace, payloads=args.payloads) as client:
         key = client.key(args.key)
         started = time.monotonic()
         state = client.status(key)
         if state.artifact is not None:
             artifact = state.artifact
+            if streams(args, artifact):  # a payload: printed as it is read, never whole in memory
+                console.event(
+                    "hit",
+                    f"{key}: already computed by {artifact.producer!r} (token {artifact.fence})",
+                    key=str(key),
+                    token=artifact.fence,
+                )
+                return stream_out(artifact)
             value = client.decode(key, artifact)
             console.event(
                 "hit",
@@ -286,7 +303,21 @@ def wait(args: argparse.Namespace, console: Console) -> int:
             remaining = (
                 None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
             )
-            hit = client.wait(key, timeout=remaining, for_artifact=True)
+            deadline = Deadline(remaining)
+            found = client._wait_state(key, deadline, True, client.max_age, None)
+            if found.artifact is not None and streams(args, found.artifact):
+                artifact = found.artifact
+                held_by = state.live_lease.owner if state.live_lease is not None else None
+                console.event(
+                    "waited",
+                    f"{key}: computed by {artifact.producer!r} (token {artifact.fence}) after "
+                    f"{duration(time.monotonic() - started)}",
+                    key=str(key),
+                    token=artifact.fence,
+                    waited_on=held_by or artifact.producer,
+                )
+                return stream_out(artifact)
+            hit = client._settled(found, deadline, True, client.max_age, None)
         assert hit is not None  # for_artifact: only an artifact (or an error) ends the wait
         waited = time.monotonic() - started
         held_by = state.live_lease.owner if state.live_lease is not None else None

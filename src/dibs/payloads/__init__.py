@@ -1,0 +1,144 @@
+"""Large artifacts apart from coordination: records in the store, payloads in a folder, Azure Blob
+or any fsspec file system.
+
+``Reservations(url, payloads="file:///shared/dibs")`` keeps artifacts up to an inline limit (64 KiB by
+default) in the record, as without a payload store, and writes larger ones to the payload store,
+content-addressed by SHA-256, publishing only a small reference through the record store's fenced
+``complete``. Readers check size and digest; a missing, truncated or mismatched payload is a miss
+(the key computes again), never a wrong value. See docs/payloads.md.
+
+==============================  =============================================================
+URL                              payload store
+==============================  =============================================================
+``file:///shared/dibs``          :class:`~dibs.payloads.files.FilePayloadStore`
+``azure://container/prefix``     :class:`~dibs.payloads.azure.AzurePayloadStore` (``azure`` extra)
+``s3://…``, ``gs://…``, ``…``    :class:`~dibs.payloads.fsspec.FsspecPayloadStore` (``fsspec`` extra)
+==============================  =============================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import weakref
+
+from dibs.errors import ConfigurationError
+from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
+from dibs.payloads.collect import DEFAULT_GRACE
+from dibs.payloads.references import REFERENCE
+from dibs.payloads.referencing import DEFAULT_INLINE_LIMIT, ReferencedArtifact, ReferencingStore
+from dibs.stores.base import Store
+
+__all__ = [
+    "DEFAULT_GRACE",
+    "DEFAULT_INLINE_LIMIT",
+    "PAYLOADS_URL_ENV",
+    "REFERENCE",
+    "Freed",
+    "Payload",
+    "PayloadStore",
+    "PayloadUnavailable",
+    "PayloadWriter",
+    "ReferencedArtifact",
+    "ReferencingStore",
+    "StoredPayload",
+    "default_payloads_url",
+    "open_payload_store",
+    "referencing",
+]
+
+PAYLOADS_URL_ENV = "DIBS_PAYLOADS_URL"
+
+
+class _Opened:
+    """The payload stores and referencing stores of this process, shared by its clients."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stores: dict[str, PayloadStore] = {}
+        self.referencing: weakref.WeakKeyDictionary[Store, dict[tuple[str, int, float], ReferencingStore]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+
+_OPENED = _Opened()
+
+
+def _forget_after_fork() -> None:
+    # A forked child opens its own (as dibs.runtime does): the parent's clients and locks are not the child's.
+    _OPENED.__init__()  # type: ignore[misc]
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def default_payloads_url() -> str | None:
+    """``DIBS_PAYLOADS_URL`` if set (``None``: artifacts stay in the records, as without payloads)."""
+    return os.environ.get(PAYLOADS_URL_ENV, "").strip() or None
+
+
+def _open(url: str) -> PayloadStore:
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "file":
+        from dibs.payloads.files import FilePayloadStore
+
+        return FilePayloadStore.from_url(url)
+    if scheme == "azure":
+        module = "dibs.payloads.azure"
+        extra = "azure"
+        name = "AzurePayloadStore"
+    elif scheme and scheme not in {"memory", "sqlite", "postgresql", "mysql", "redis"}:
+        module, extra, name = "dibs.payloads.fsspec", "fsspec", "FsspecPayloadStore"
+    else:
+        raise ConfigurationError(
+            f"payloads={url!r} is not a payload store URL; use file:///absolute/folder, "
+            "azure://container/prefix?account_url=... or an fsspec URL such as s3://bucket/prefix",
+            setting="payloads",
+        )
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"payloads={url!r} needs the {extra!r} extra (pip install 'dibs[{extra}]'): {exc}",
+            setting="payloads",
+        ) from exc
+    store: PayloadStore = cls.from_url(url)
+    return store
+
+
+def open_payload_store(url: str) -> PayloadStore:
+    """The payload store at ``url``, shared by every client of the process (opening one sends nothing)."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(f"payloads must be a payload store URL or a PayloadStore, got {url!r}")
+    with _OPENED.lock:
+        store = _OPENED.stores.get(url)
+        if store is None:
+            store = _OPENED.stores[url] = _open(url)
+        return store
+
+
+def referencing(
+    records: Store,
+    payloads: PayloadStore | str,
+    *,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+    grace: float = DEFAULT_GRACE,
+) -> ReferencingStore:
+    """``records`` with its large artifacts in ``payloads``: one such store per combination in the
+    process, so that its clients share one watch hub as they share the record store."""
+    if isinstance(inline_limit, bool) or not isinstance(inline_limit, int) or inline_limit < 0:
+        raise ConfigurationError(
+            f"payload_inline_limit must be a number of bytes (0 or more), got {inline_limit!r}",
+            setting="payload_inline_limit",
+        )
+    store = payloads if isinstance(payloads, PayloadStore) else open_payload_store(payloads)
+    combination = (f"{store.url}#{id(store)}", inline_limit, float(grace))
+    with _OPENED.lock:
+        made = _OPENED.referencing.setdefault(records, {})
+        found = made.get(combination)
+        if found is None:
+            found = made[combination] = ReferencingStore(
+                records, store, inline_limit=inline_limit, grace=grace
+            )
+        return found

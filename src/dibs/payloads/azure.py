@@ -1,0 +1,218 @@
+"""Payloads in Azure Blob Storage: ``azure://CONTAINER[/PREFIX]?account_url=...`` (the ``azure`` extra).
+
+The URL, its options and the credential order are the Azure record store's (see
+:mod:`dibs.stores.azure`): the same URL may serve both, as payloads live under their own folder::
+
+    PREFIX/payloads/sha256/<64 hex digits>     one payload, named by its SHA-256
+
+A payload is written by the SDK's block upload (blocks staged, then one block list committed), so a
+reader sees the whole blob or none. A stream is first spooled to a local temporary file while its
+digest is computed (the name must be known before the upload; memory stays at one chunk), then
+uploaded in parallel blocks; bytes already in memory are uploaded from there. Putting a payload that
+is there already only updates its metadata, which refreshes its Last-Modified time (see
+:mod:`dibs.payloads.collect`). A delete is conditional on the ETag read just before (the service
+refuses it if the payload was put again since), so a writer's refresh always wins over a collection.
+Uncommitted blocks of a writer that died are dropped by the service itself after a week.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import tempfile
+from collections.abc import Iterator
+from typing import IO, Any, cast
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    AzureError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+
+from dibs.errors import StoreUnavailable
+from dibs.payloads.base import Payload, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
+from dibs.stores import redact_url
+from dibs.stores.azure import AzureSettings, connect, parse_url
+
+__all__ = ["AzurePayloadStore"]
+
+
+class _SpoolingWriter(PayloadWriter):
+    def __init__(self, store: AzurePayloadStore) -> None:
+        super().__init__()
+        self._store = store
+        self._spool = tempfile.TemporaryFile(prefix="dibs-payload-")  # noqa: SIM115 (closed by commit/abort)
+
+    def _write(self, view: memoryview) -> None:
+        self._spool.write(view)
+
+    def _commit(self, sha256: str) -> None:
+        try:
+            self._spool.seek(0)
+            self._store._upload(sha256, self._spool, self.size)
+        finally:
+            self._spool.close()
+
+    def _abort(self) -> None:
+        self._spool.close()
+
+
+class _Downloaded(io.RawIOBase):
+    """A downloading blob as a readable binary stream (``read(n)`` returns the SDK's bytes as they are)."""
+
+    def __init__(self, downloader: Any, uri: str) -> None:
+        super().__init__()
+        self._downloader, self._uri = downloader, uri
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            data: bytes = self._downloader.read(-1 if size is None else size)
+        except ResourceNotFoundError:
+            raise PayloadUnavailable(f"payload {self._uri} is missing") from None
+        except AzureError as exc:
+            raise StoreUnavailable(f"reading payload {self._uri} failed: {type(exc).__name__}") from exc
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+class AzurePayloadStore(PayloadStore):
+    """Payloads in a blob container (see the module docstring)."""
+
+    def __init__(self, settings: AzureSettings, url: str) -> None:
+        self._settings = settings
+        self._url = redact_url(url)
+        self._connection = connect(settings)
+        self._container = self._connection.service.get_container_client(settings.container)
+        self._folder = f"{settings.prefix.rstrip('/')}/payloads/sha256/".lstrip("/")
+
+    @classmethod
+    def from_url(cls, url: str) -> AzurePayloadStore:
+        return cls(parse_url(url), url)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def _name(self, sha256: str) -> str:
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
+        return self._folder + sha256
+
+    def uri(self, sha256: str) -> str:
+        return f"azure://{self._settings.container}/{self._name(sha256)}"
+
+    def _unavailable(self, doing: str, exc: AzureError) -> StoreUnavailable:
+        return StoreUnavailable(f"{doing} in {self._url} failed: {type(exc).__name__}: {exc.message}")
+
+    # -- writing ------------------------------------------------------------------------------------
+    def writer(self) -> PayloadWriter:
+        return _SpoolingWriter(self)
+
+    def put(
+        self, data: bytes | bytearray | memoryview, serializer: str = "bytes", *, sha256: str | None = None
+    ) -> Payload:
+        whole = data if isinstance(data, bytes) else bytes(data)  # the SDK takes bytes (a bytes value: as is)
+        payload = Payload(sha256 or hashlib.sha256(whole).hexdigest(), len(whole), serializer)
+        self._upload(payload.sha256, whole, payload.size)
+        return payload
+
+    def _refresh(self, sha256: str, size: int) -> bool:
+        """Whether the payload is there whole; if so its Last-Modified is refreshed (put again)."""
+        blob = self._container.get_blob_client(self._name(sha256))
+        try:
+            if blob.get_blob_properties().size != size:
+                return False
+            blob.set_blob_metadata({"dibs_put": "again"})
+        except ResourceNotFoundError:
+            return False
+        return True
+
+    def _upload(self, sha256: str, data: IO[bytes] | bytes, size: int) -> None:
+        try:
+            if self._refresh(sha256, size):
+                return
+            for attempt in (1, 2):
+                try:
+                    self._container.upload_blob(
+                        self._name(sha256),
+                        cast(Any, data),
+                        length=size,
+                        overwrite=True,  # the same bytes, or a damaged copy this one replaces
+                        max_concurrency=self._settings.max_concurrency,
+                        metadata={"dibs_sha256": sha256},
+                    )
+                    return
+                except ResourceNotFoundError:
+                    if attempt == 2:
+                        raise
+                    # The container does not exist yet: created on first write, as the record store does.
+                    with contextlib.suppress(ResourceExistsError):
+                        self._container.create_container()
+                    if not isinstance(data, bytes):
+                        data.seek(0)
+        except AzureError as exc:
+            raise self._unavailable(f"storing payload {sha256}", exc) from exc
+
+    # -- reading ------------------------------------------------------------------------------------
+    def open(self, sha256: str) -> IO[bytes]:
+        try:
+            downloader = self._container.download_blob(
+                self._name(sha256), max_concurrency=self._settings.max_concurrency
+            )
+        except ResourceNotFoundError:
+            raise PayloadUnavailable(f"payload {self.uri(sha256)} is missing") from None
+        except AzureError as exc:
+            raise self._unavailable(f"reading payload {sha256}", exc) from exc
+        return cast(IO[bytes], _Downloaded(downloader, self.uri(sha256)))
+
+    def stat(self, sha256: str) -> StoredPayload | None:
+        try:
+            found = self._container.get_blob_client(self._name(sha256)).get_blob_properties()
+        except ResourceNotFoundError:
+            return None
+        except AzureError as exc:
+            raise self._unavailable(f"reading payload {sha256}", exc) from exc
+        return StoredPayload(sha256, found.size, found.last_modified.timestamp())
+
+    def list(self) -> Iterator[StoredPayload]:
+        try:
+            for blob in self._container.list_blobs(name_starts_with=self._folder):
+                sha256 = blob.name[len(self._folder) :]
+                if len(sha256) == 64:
+                    yield StoredPayload(sha256, blob.size, blob.last_modified.timestamp())
+        except ResourceNotFoundError:
+            return  # no container yet: no payloads
+        except AzureError as exc:
+            raise self._unavailable("listing payloads", exc) from exc
+
+    # -- removing -----------------------------------------------------------------------------------
+    def delete(self, sha256: str, *, unchanged_since: float) -> int:
+        blob = self._container.get_blob_client(self._name(sha256))
+        try:
+            found = blob.get_blob_properties()
+            if found.last_modified.timestamp() >= unchanged_since:
+                return 0
+            blob.delete_blob(etag=found.etag, match_condition=MatchConditions.IfNotModified)
+        except (ResourceNotFoundError, ResourceModifiedError):
+            return 0  # gone already, or put again since it was read: kept
+        except AzureError as exc:
+            if getattr(exc, "status_code", None) == 412:
+                return 0
+            raise self._unavailable(f"removing payload {sha256}", exc) from exc
+        return int(found.size)
+
+    def close(self) -> None:
+        self._connection.service.close()
+        if self._connection.owned_credential is not None:
+            self._connection.owned_credential.close()

@@ -1,0 +1,156 @@
+"""Payloads in a folder: ``file:///shared/dibs`` (a local disk, or a shared POSIX file system).
+
+Layout (created on first use)::
+
+    <root>/sha256/ab/<64 hex digits>    one payload, named by its SHA-256
+    <root>/partial/<random>.part        a payload being written (moved into place once whole)
+
+A payload is written under ``partial/``, flushed to disk, then renamed into ``sha256/``: a reader sees
+a whole payload or none. Two writers of the same bytes rename the same content onto one name, so
+the second one's rename is harmless; a writer that finds the payload already there removes its copy
+and refreshes the payload's modification time instead (see :mod:`dibs.payloads.collect` for why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from dibs.errors import ConfigurationError
+from dibs.payloads.base import Freed, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
+
+__all__ = ["FilePayloadStore"]
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _checked(sha256: str) -> str:
+    if not _DIGEST.fullmatch(sha256):
+        raise ValueError(f"not a SHA-256 in hex: {sha256!r}")  # never a path from outside
+    return sha256
+
+
+class _FileWriter(PayloadWriter):
+    def __init__(self, store: FilePayloadStore) -> None:
+        super().__init__()
+        self._store = store
+        partial = store.root / "partial"
+        partial.mkdir(parents=True, exist_ok=True)
+        self._temp = partial / f"{secrets.token_hex(12)}.part"
+        self._file = open(self._temp, "xb")  # noqa: SIM115 (closed by commit or abort)
+
+    def _write(self, view: memoryview) -> None:
+        self._file.write(view)
+
+    def _commit(self, sha256: str) -> None:
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+        target = self._store.path(sha256)
+        existing = self._store.stat(sha256)
+        if existing is not None and existing.size == self.size:
+            try:
+                os.utime(target)  # put again: a writer is about to publish it (see collect)
+            except FileNotFoundError:
+                pass  # removed meanwhile: this copy takes its place
+            else:
+                self._temp.unlink(missing_ok=True)
+                return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._temp, target)  # a damaged or vanished copy is replaced by this whole one
+
+    def _abort(self) -> None:
+        self._file.close()
+        self._temp.unlink(missing_ok=True)
+
+
+class FilePayloadStore(PayloadStore):
+    """Payloads in a folder (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    @classmethod
+    def from_url(cls, url: str) -> FilePayloadStore:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "file" or parsed.netloc not in ("", "localhost") or not parsed.path:
+            raise ConfigurationError(
+                f"a folder payload store URL is file:///absolute/folder, got {url!r}", setting="payloads"
+            )
+        return cls(urllib.parse.unquote(parsed.path))
+
+    @property
+    def url(self) -> str:
+        return self.root.resolve().as_uri()
+
+    def path(self, sha256: str) -> Path:
+        digest = _checked(sha256)
+        return self.root / "sha256" / digest[:2] / digest
+
+    def writer(self) -> PayloadWriter:
+        return _FileWriter(self)
+
+    def open(self, sha256: str) -> IO[bytes]:
+        try:
+            return open(self.path(sha256), "rb")
+        except FileNotFoundError:
+            raise PayloadUnavailable(f"payload {self.uri(sha256)} is missing") from None
+        except OSError as exc:
+            raise PayloadUnavailable(f"payload {self.uri(sha256)} cannot be read: {exc}") from exc
+
+    def stat(self, sha256: str) -> StoredPayload | None:
+        try:
+            found = self.path(sha256).stat()
+        except FileNotFoundError:
+            return None
+        return StoredPayload(sha256, found.st_size, found.st_mtime)
+
+    def delete(self, sha256: str, *, unchanged_since: float) -> int:
+        found = self.stat(sha256)
+        if found is None or found.modified >= unchanged_since:
+            return 0
+        try:
+            self.path(sha256).unlink()
+        except FileNotFoundError:
+            return 0
+        return found.size
+
+    def list(self) -> Iterator[StoredPayload]:
+        top = self.root / "sha256"
+        if not top.is_dir():
+            return
+        for folder in sorted(top.iterdir()):
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder):
+                if _DIGEST.fullmatch(entry.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        found = entry.stat(follow_symlinks=False)
+                        yield StoredPayload(entry.name, found.st_size, found.st_mtime)
+
+    def discard_partial(self, *, unchanged_since: float) -> Freed:
+        freed = Freed()
+        partial = self.root / "partial"
+        if not partial.is_dir():
+            return freed
+        for entry in os.scandir(partial):
+            with contextlib.suppress(FileNotFoundError):
+                found = entry.stat(follow_symlinks=False)
+                if entry.name.endswith(".part") and found.st_mtime < unchanged_since:
+                    os.unlink(entry.path)
+                    freed = freed + Freed(1, found.st_size)
+        return freed
+
+    def local_path(self, sha256: str) -> Path | None:
+        return self.path(sha256)
+
+    def uri(self, sha256: str) -> str:
+        return self.path(sha256).resolve().as_uri()

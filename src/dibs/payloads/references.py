@@ -1,0 +1,57 @@
+"""The small record that stands for a large artifact: ``(uri, sha256, size, serializer)``.
+
+A reference is an artifact like any other to the record store: its serializer is :data:`REFERENCE`,
+its payload a short JSON document, and its checksum **the payload's** SHA-256 (not the document's),
+so listings, which carry no payloads, still say which payload each record refers to (what the
+collector needs), and a holder that re-reads its key after a lost reply recognises its own artifact
+by the checksum it computed. The record store's fenced ``complete`` publishes it, so a fenced-out
+holder's reference is never published, whatever the payload store holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from dibs.errors import ArtifactCorrupted
+from dibs.payloads.base import Payload
+
+__all__ = ["REFERENCE", "decode", "encode"]
+
+#: The serializer name of a reference record.
+REFERENCE = "dibs-ref"
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def encode(payload: Payload, uri: str) -> bytes:
+    doc = {
+        "v": 1,
+        "uri": uri,
+        "sha256": payload.sha256,
+        "size": payload.size,
+        "serializer": payload.serializer,
+    }
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode(document: bytes, where: str) -> tuple[Payload, str]:
+    """The payload a reference names, and its URI; :class:`ArtifactCorrupted` naming ``where`` if the
+    document is not a reference this dibs writes."""
+    try:
+        doc = json.loads(document)
+        sha256, size, serializer, uri = doc["sha256"], doc["size"], doc["serializer"], doc["uri"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ArtifactCorrupted(f"{where}: the payload reference cannot be read ({exc!r})") from None
+    if (
+        doc.get("v") != 1
+        or not isinstance(sha256, str)
+        or not _SHA256.fullmatch(sha256)
+        or isinstance(size, bool)
+        or not isinstance(size, int)
+        or size < 0
+        or not isinstance(serializer, str)
+        or not isinstance(uri, str)
+    ):
+        raise ArtifactCorrupted(f"{where}: the payload reference is not one this dibs writes: {doc!r:.200}")
+    return Payload(sha256, size, serializer), uri

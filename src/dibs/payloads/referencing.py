@@ -1,0 +1,288 @@
+"""A record store whose large artifacts live in a payload store: what ``Reservations(payloads=...)`` uses.
+
+:class:`ReferencingStore` is a :class:`~dibs.stores.Store` around any record store, so every caller
+(the client, the flow, the Airflow and Prefect front ends, the CLI, the contract suite) goes through
+it unchanged:
+
+* ``complete`` with a payload larger than the inline limit puts the payload in the payload store
+  first, then completes the record with a small reference (:mod:`.references`), fenced by the record
+  store as always. A refused (fenced-out) complete leaves the payload unpublished, and it is removed
+  by the collector's rule (:mod:`.collect`);
+* what it reads back carries a :class:`ReferencedArtifact`: it looks like the artifact that was
+  stored (its serializer, size and checksum), and its :meth:`~ReferencedArtifact.verified_payload`
+  reads the payload and checks size and SHA-256;
+* a missing, truncated or mismatched payload is a **miss**, never an error and never a wrong value:
+  ``acquire`` reads the payload of a hit before returning it, and on a bad one asks again taking only
+  a newer artifact (``min_fence``), so the caller gets the lease and computes again; ``read_many``
+  (the watch hub's read, for waiters) reads a finished key's payload once for all of them, and leaves
+  the artifact out if it is bad; ``read`` (``status``, ``wait``) checks that a finished key's payload
+  is there whole, and reads it only when asked to. A warning names the payload's URI. What remains
+  is a payload that goes bad between ``read`` and the caller's decode: that one raises
+  :class:`~dibs.payloads.PayloadUnavailable` (still never a wrong value);
+* ``forget``, ``prune`` and ``reap`` then remove the payloads no record refers to (:mod:`.collect`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import logging
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from dibs.errors import ArtifactCorrupted, LeaseLost
+from dibs.keys import Key
+from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable
+from dibs.payloads.collect import DEFAULT_GRACE, collect, referenced_digest
+from dibs.payloads.references import REFERENCE, decode, encode
+from dibs.payloads.verify import read_verified
+from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Present, StoreOutcome
+from dibs.stores.base import Store
+from dibs.stores.feeds import ChangeFeed
+
+__all__ = ["DEFAULT_INLINE_LIMIT", "ReferencedArtifact", "ReferencingStore"]
+
+log = logging.getLogger("dibs.payloads")
+
+#: Artifacts up to this many bytes stay in the record (64 KiB).
+DEFAULT_INLINE_LIMIT = 64 * 1024
+#: How many bad payloads in a row one ask steps over before it gives up (each is a newer artifact).
+_MAX_MISSES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferencedArtifact(ArtifactRecord):
+    """An artifact whose payload is in a payload store. ``payload`` is the reference document;
+    ``serializer``, ``size`` and ``checksum`` are the payload's. :meth:`verified_payload` returns its
+    bytes, checked (:class:`~dibs.payloads.PayloadUnavailable` if they are not the recorded ones)."""
+
+    # Keyword-only: whatever fields ArtifactRecord gains (with defaults or not), these stay valid.
+    reference: Payload = dataclasses.field(kw_only=True)
+    uri: str = dataclasses.field(kw_only=True)
+    source: PayloadStore = dataclasses.field(kw_only=True, compare=False, repr=False)
+    #: The payload's bytes when they were read (and checked) already.
+    loaded: bytes | None = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
+    #: What keeps ``loaded`` shared while this record lives (see :meth:`ReferencingStore._load`).
+    keep: object = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
+
+    @classmethod
+    def of(
+        cls, artifact: ArtifactRecord, document: bytes, payload: Payload, **where: Any
+    ) -> ReferencedArtifact:
+        """``artifact`` (as its record store has it: every field it has is kept) standing for ``payload``."""
+        fields = {field.name: getattr(artifact, field.name) for field in dataclasses.fields(ArtifactRecord)}
+        fields |= {"serializer": payload.serializer, "payload": document, "size": payload.size}
+        fields["checksum"] = payload.checksum
+        return cls(**fields, reference=payload, **where)
+
+    def verified_payload(self, key: Key) -> bytes:
+        if self.loaded is not None:
+            return self.loaded
+        try:
+            return read_verified(self.source, self.reference, self.uri)
+        except PayloadUnavailable as exc:
+            raise PayloadUnavailable(f"artifact of {key}: {exc}", key=str(key), uri=self.uri) from None
+
+
+class _Loading:
+    """One payload being read, or read: shared while any record that carries it lives."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.data: bytes | None = None
+
+
+class ReferencingStore(Store):
+    """``records`` for the coordination, ``payloads`` for artifacts above ``inline_limit`` bytes."""
+
+    def __init__(
+        self,
+        records: Store,
+        payloads: PayloadStore,
+        *,
+        inline_limit: int = DEFAULT_INLINE_LIMIT,
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
+        self.records = records
+        self.payloads = payloads
+        self.inline_limit = inline_limit
+        self.grace = grace
+        self._lock = threading.Lock()
+        self._loading: weakref.WeakValueDictionary[str, _Loading] = weakref.WeakValueDictionary()
+        #: Everything this store's collections removed so far (``dibs prune`` reports the difference).
+        self.freed = Freed()
+
+    @property
+    def url(self) -> str:
+        return self.records.url
+
+    def __repr__(self) -> str:
+        return f"ReferencingStore({self.records.url!r}, payloads={self.payloads.url!r})"
+
+    # -- reading ------------------------------------------------------------------------------------
+    def _referenced(self, key: Key, artifact: ArtifactRecord) -> ReferencedArtifact:
+        payload, uri = decode(artifact.payload, f"artifact of {key}")
+        return ReferencedArtifact.of(artifact, artifact.payload, payload, uri=uri, source=self.payloads)
+
+    def _load(self, key: Key, referenced: ReferencedArtifact) -> tuple[bytes, _Loading]:
+        """The payload's bytes, checked, read once however many threads of the process ask at the same
+        time (the watch hub for its waiters, a waiter's own ask): one copy in memory, not one each."""
+        digest = referenced.reference.sha256
+        with self._lock:
+            loading = self._loading.get(digest)
+            if loading is None:
+                loading = self._loading[digest] = _Loading()
+        with loading.lock:
+            if loading.data is None:
+                loading.data = referenced.verified_payload(key)
+            return loading.data, loading
+
+    def _miss(self, key: Key, error: Exception) -> None:
+        log.warning("%s: its artifact is treated as missing, and the key computes again: %s", key, error)
+
+    def _checked(self, state: KeyState, *, load: bool = False) -> KeyState:
+        """``state`` with its reference resolved, or without its artifact if that one cannot be served;
+        with ``load``, a finished key's payload is read (and checked) now, for the waiters to take."""
+        artifact = state.artifact
+        if artifact is None or artifact.serializer != REFERENCE:
+            return state
+        try:
+            referenced = self._referenced(state.key, artifact)
+        except ArtifactCorrupted as exc:
+            self._miss(state.key, exc)
+            return dataclasses.replace(state, artifact=None)
+        if state.live_lease is None and load:
+            try:
+                loaded, keep = self._load(state.key, referenced)
+            except ArtifactCorrupted as exc:
+                self._miss(state.key, exc)
+                return dataclasses.replace(state, artifact=None)
+            return dataclasses.replace(
+                state, artifact=dataclasses.replace(referenced, loaded=loaded, keep=keep)
+            )
+        if state.live_lease is None:  # a finished key: a waiter is about to take it
+            found = self.payloads.stat(referenced.reference.sha256)
+            if found is None or found.size != referenced.size:
+                why = (
+                    "is missing"
+                    if found is None
+                    else f"has {found.size:,} bytes, {referenced.size:,} recorded"
+                )
+                self._miss(state.key, PayloadUnavailable(f"payload {referenced.uri} {why}"))
+                return dataclasses.replace(state, artifact=None)
+        return dataclasses.replace(state, artifact=referenced)
+
+    def read(self, key: Key) -> KeyState:
+        return self._checked(self.records.read(key))
+
+    def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
+        # The watch hub's read: one load of a finished key's payload serves every waiter of the process.
+        return [self._checked(state, load=True) for state in self.records.read_many(keys)]
+
+    def list(self, namespace: str | None = None) -> Iterator[KeyState]:
+        return self.records.list(namespace)  # listings carry no payloads: references stay as they are
+
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
+        outcome = self.records.acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
+        for _ in range(_MAX_MISSES):
+            if not isinstance(outcome, Present) or outcome.artifact.serializer != REFERENCE:
+                return outcome
+            artifact = outcome.artifact
+            try:
+                referenced = self._referenced(key, artifact)
+                loaded, keep = self._load(key, referenced)
+                return Present(dataclasses.replace(referenced, loaded=loaded, keep=keep))
+            except ArtifactCorrupted as exc:
+                self._miss(key, exc)
+            # Only a newer artifact counts now: the lease is granted beside this one, which the new
+            # artifact replaces (as a refresh does).
+            min_fence = max(min_fence or 0, artifact.fence + 1)
+            outcome = self.records.acquire(
+                key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
+            )
+        return outcome
+
+    # -- writing ------------------------------------------------------------------------------------
+    def complete(
+        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    ) -> ArtifactRecord:
+        if serializer == REFERENCE:  # the payload is in the payload store already (a streamed artifact)
+            stored, _ = decode(payload, f"artifact of {key}")
+            return self._publish(key, token, stored, None)
+        if len(payload) <= self.inline_limit:
+            return self.records.complete(key, token, serializer, payload, checksum)
+        if not checksum.startswith("sha256:"):
+            raise ArtifactCorrupted(
+                f"artifact of {key}: not a checksum dibs writes: {checksum!r}", key=str(key)
+            )
+        # The lease computed the checksum from these very bytes: the writer does not hash them again.
+        stored = self.payloads.put(payload, serializer, sha256=checksum.removeprefix("sha256:"))
+        return self._publish(key, token, stored, payload)
+
+    def _publish(self, key: Key, token: LeaseToken, stored: Payload, data: bytes | None) -> ArtifactRecord:
+        uri = self.payloads.uri(stored.sha256)
+        document = encode(stored, uri)
+        try:
+            record = self.records.complete(key, token, REFERENCE, document, stored.checksum)
+        except LeaseLost:
+            self.collect([stored.sha256])  # never published: removed unless someone else needs it
+            raise
+        if data is not None and self.payloads.stat(stored.sha256) is None:
+            self.payloads.put(data, stored.serializer)  # a collection removed it in the instant before
+        return ReferencedArtifact.of(record, document, stored, uri=uri, source=self.payloads, loaded=data)
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        return self.records.heartbeat(key, token, ttl)
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
+        self.records.release(key, token, error, counted=counted)
+
+    def force_release(self, key: Key) -> bool:
+        return self.records.force_release(key)
+
+    # -- removal ------------------------------------------------------------------------------------
+    def collect(self, candidates: Sequence[str] | None = None) -> Freed:
+        """Remove the payloads no record refers to (only ``candidates``, when given), see :mod:`.collect`."""
+        freed = collect(self.records, self.payloads, grace=self.grace, candidates=candidates)
+        with self._lock:
+            self.freed = self.freed + freed
+        return freed
+
+    def forget(self, key: Key) -> bool:
+        before = self.records.read(key).artifact
+        forgotten = self.records.forget(key)
+        digest = None if before is None else referenced_digest(before.serializer, before.checksum)
+        if forgotten and digest is not None:
+            self.collect([digest])
+        return forgotten
+
+    def discard(self, key: Key) -> bool:
+        return self.records.discard(key)  # only records that hold nothing: no payload to remove
+
+    def reap(self, namespace: str | None = None) -> int:
+        reaped = self.records.reap(namespace)
+        self.collect()  # a writer killed mid-upload leaves a payload nothing refers to
+        return reaped
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        pruned = self.records.prune(namespace, older_than)
+        self.collect()
+        return pruned
+
+    def change_feed(self) -> ChangeFeed | None:
+        return self.records.change_feed()
+
+    def close(self) -> None:
+        """Stop this store's watch hub; the record and payload stores belong to whoever opened them."""
+        super().close()

@@ -1,0 +1,107 @@
+"""Artifacts as files and streams, never whole in memory: the API Airflow, Prefect and the CLI share.
+
+Writing: :func:`put` stores a file, a stream or bytes in the client's payload store and returns a
+:class:`~dibs.payloads.Payload`; a work function returns it (or a lease completes with it), and the
+lease publishes a reference to it without loading it. Reading: :func:`open_artifact` opens a key's
+artifact as a stream that checks size and digest as it is read, and :func:`artifact_path` gives it
+as a local file, checked before it is handed out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from dibs.errors import ConfigurationError, ReservationError
+from dibs.keys import Key
+from dibs.payloads.base import CHUNK, Payload
+from dibs.payloads.references import REFERENCE
+from dibs.payloads.referencing import ReferencedArtifact, ReferencingStore
+from dibs.payloads.verify import VerifyingReader
+
+if TYPE_CHECKING:
+    from dibs.client import Reservations
+
+__all__ = ["ArtifactNotFound", "artifact_path", "open_artifact", "put", "referencing_store"]
+
+
+class ArtifactNotFound(ReservationError, LookupError):
+    """The key has no artifact to open."""
+
+
+def referencing_store(client: Reservations, what: str) -> ReferencingStore:
+    store = client.store
+    if not isinstance(store, ReferencingStore):
+        raise ConfigurationError(
+            f"{what} needs a payload store: Reservations(..., payloads='file:///shared/dibs') "
+            "(or DIBS_PAYLOADS_URL, or --payloads in the CLI)",
+            setting="payloads",
+        )
+    return store
+
+
+def put(
+    client: Reservations,
+    source: bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes],
+    serializer: str,
+) -> Payload:
+    payloads = referencing_store(client, "put_payload").payloads
+    if isinstance(source, bytes | bytearray | memoryview):
+        return payloads.put(source, serializer)
+    if isinstance(source, str | os.PathLike):
+        with open(source, "rb") as stream:
+            return payloads.put_stream(stream, serializer)
+    return payloads.put_stream(source, serializer)
+
+
+def _artifact(client: Reservations, key: Key) -> ReferencedArtifact | bytes:
+    state = client.store.read(key)
+    artifact = state.artifact
+    if artifact is None:
+        raise ArtifactNotFound(f"{key} has no artifact to open (it is {state.status})", key=str(key))
+    if isinstance(artifact, ReferencedArtifact):
+        return artifact
+    if artifact.serializer == REFERENCE:
+        referencing_store(client, f"reading the artifact of {key}")
+    return artifact.verified_payload(key)
+
+
+def open_artifact(client: Reservations, key: Key) -> IO[bytes]:
+    """The artifact's stored bytes (as its serializer wrote them), as a binary stream. For a payload,
+    reading to the end raises :class:`PayloadUnavailable` if the bytes were not the recorded ones."""
+    found = _artifact(client, key)
+    if isinstance(found, bytes):
+        return io.BytesIO(found)
+    raw = found.source.open(found.reference.sha256)
+    return io.BufferedReader(VerifyingReader(raw, found.reference, found.uri), CHUNK)
+
+
+@contextlib.contextmanager
+def artifact_path(client: Reservations, key: Key) -> Iterator[Path]:
+    """The artifact's stored bytes as a local file, checked before it is handed out. A folder payload
+    store hands out its own file (read it, do not change it); elsewhere a temporary copy, removed
+    when the block ends."""
+    found = _artifact(client, key)
+    if isinstance(found, ReferencedArtifact):
+        local = found.source.local_path(found.reference.sha256)
+        if local is not None:
+            with open_artifact(client, key) as stream:
+                while stream.read(CHUNK):
+                    pass  # the whole file is checked before anybody reads it
+            yield local
+            return
+    with tempfile.TemporaryDirectory(prefix="dibs-artifact-") as folder:
+        path = Path(folder) / "artifact"
+        with open(path, "wb") as out:
+            if isinstance(found, bytes):
+                out.write(found)
+            else:
+                with open_artifact(client, key) as stream:
+                    while chunk := stream.read(CHUNK):
+                        out.write(chunk)
+        yield path

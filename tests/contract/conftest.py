@@ -1,0 +1,37 @@
+"""The contract suite runs every record store twice: as it is, and with a payload store beside it.
+
+With a payload store (:class:`dibs.payloads.ReferencingStore`, inline limit 0), every non-empty
+artifact the tests store goes to a folder of payloads and the record keeps only a reference: the
+same tests then check that a record store and its payload store together still keep the contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dibs.payloads import ReferencingStore
+from dibs.payloads.files import FilePayloadStore
+from dibs.stores import Store, open_store
+
+
+@pytest.fixture(params=["records", "payloads"])
+def open_isolated_store(
+    request: pytest.FixtureRequest, store_url: str, tmp_path: Path
+) -> Iterator[Callable[[], Store]]:
+    """Opens stores on one isolated space (and one payload folder); all are closed after the test."""
+    opened: list[Store] = []
+    payloads = FilePayloadStore(tmp_path / "payloads")
+
+    def opener() -> Store:
+        store = open_store(store_url)
+        opened.append(store)
+        if request.param == "payloads":
+            return ReferencingStore(store, payloads, inline_limit=0, grace=0.0)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()

@@ -1,0 +1,50 @@
+"""``dibs`` with a payload store: small outputs stay in the record, large ones are streamed into the
+payload store; ``show`` names the payload, ``prune`` reports the bytes it freed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from tests.cli_harness import dibs
+from tests.payloads.conftest import payload_files
+
+
+def test_run_wait_show_and_prune_with_a_payload_store(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'dibs.db'}"
+    payloads = (tmp_path / "payloads").as_uri()
+    big = "head -c 300000 /dev/zero | tr '\\0' x"
+    first = dibs("run", "--payloads", payloads, "--key", "big", "--", "sh", "-c", big, store=store)
+    assert first.stdout == "x" * 300_000
+    assert dibs("wait", "--payloads", payloads, "big", store=store).stdout == "x" * 300_000
+    assert (
+        dibs("run", "--payloads", payloads, "--key", "small", "--", "echo", "hi", store=store).stdout
+        == "hi\n"
+    )
+    assert len(payload_files(tmp_path)) == 1  # only the large output
+
+    shown = json.loads(dibs("show", "--json", "--payloads", payloads, "big", store=store).stdout)
+    assert (
+        shown["artifact_size"] == 300_000 and shown["artifact_payload"] == payload_files(tmp_path)[0].as_uri()
+    )
+
+    # The environment variable works as the option does; --json says where a streamed output went.
+    env = {"DIBS_PAYLOADS_URL": payloads, "DIBS_STORE_URL": store}
+    envelope = json.loads(
+        dibs("--json", "run", "--key", "other", "--", "sh", "-c", big + " | tr x y", env=env).stdout
+    )
+    assert envelope["encoding"] == "payload" and envelope["value"]["size"] == 300_000
+
+    # A payload store's collection is younger-than-a-minute-proof: prune now removes the records only.
+    pruned = json.loads(dibs("prune", "--json", "--older-than", "0s", env=env).stdout)
+    assert pruned["pruned"] == 3 and pruned["payloads_removed"] == 0 and pruned["bytes_freed"] == 0
+    assert len(payload_files(tmp_path)) == 2
+    for path in payload_files(tmp_path):  # an hour later, as far as the payloads' times tell
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+    pruned = json.loads(dibs("prune", "--json", "--older-than", "0s", env=env).stdout)
+    assert (pruned["payloads_removed"], pruned["bytes_freed"]) == (2, 600_000)
+    assert payload_files(tmp_path) == []
+    said = dibs("prune", "--older-than", "0s", env=env).stdout
+    assert "removed 0 payload(s), 0 bytes freed" in said

@@ -1,0 +1,243 @@
+"""Large artifacts in a payload store: what goes where, readers verify, a bad payload is a miss,
+streams, and the lifecycle (forget/prune/reap remove what no record refers to, safely)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+import dibs
+from dibs.errors import ConfigurationError, LeaseLost
+from dibs.payloads import REFERENCE, PayloadUnavailable, ReferencingStore
+from dibs.payloads.references import decode
+from dibs.records import Granted
+from tests.payloads.conftest import payload_files
+
+BIG = 200_000  # above the default 64 KiB inline limit
+
+
+def _client(records_url: str, payloads_url: str, **kwargs: object) -> dibs.Reservations:
+    return dibs.Reservations(
+        records_url, payloads=payloads_url, serializer="bytes", payload_grace=0.0, **kwargs
+    )  # type: ignore[arg-type]
+
+
+def _raw(client: dibs.Reservations, key: str) -> dibs.records.ArtifactRecord:
+    """The artifact as the record store holds it (under the referencing store)."""
+    assert isinstance(client.store, ReferencingStore)
+    artifact = client.store.records.read(client.key(key)).artifact
+    assert artifact is not None
+    return artifact
+
+
+def test_small_values_stay_in_the_record_large_ones_are_referenced(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    with _client(records_url, payloads_url) as client:
+        small, big = b"s" * 1000, os.urandom(BIG)
+        assert client.run("small", lambda: small) == small
+        assert client.run("big", lambda: big) == big
+        assert _raw(client, "small").serializer == "bytes" and _raw(client, "small").payload == small
+        record = _raw(client, "big")
+        assert record.serializer == REFERENCE and len(record.payload) < 1024
+        reference, uri = decode(record.payload, "test")
+        assert (reference.size, reference.sha256) == (BIG, hashlib.sha256(big).hexdigest())
+        (only,) = payload_files(tmp_path)
+        assert only.read_bytes() == big and only.as_uri() == uri
+        # Another client (another process would be the same) reads it back, checked.
+        with _client(records_url, payloads_url) as other:
+            hit = other.get_or_reserve("big")
+            assert isinstance(hit, dibs.Hit) and hit.value == big and hit.size == BIG
+
+
+def test_the_inline_limit_is_configurable(records_url: str, payloads_url: str, tmp_path: Path) -> None:
+    with _client(records_url, payloads_url, payload_inline_limit=10) as client:
+        assert client.run("k", lambda: b"eleven byte") == b"eleven byte"
+        assert _raw(client, "k").serializer == REFERENCE
+    with pytest.raises(ConfigurationError, match="payload_inline_limit"):
+        _client(records_url, payloads_url, payload_inline_limit=-1)
+
+
+def test_json_and_signed_pickle_values_round_trip_through_payloads(
+    records_url: str, payloads_url: str
+) -> None:
+    value = {"rows": list(range(30_000))}
+    with dibs.Reservations(records_url, payloads=payloads_url) as client:
+        assert client.run("json", lambda: value) == value
+        assert _raw(client, "json").serializer == REFERENCE
+        assert client.run("json", lambda: None) == value  # a hit
+    with dibs.Reservations(
+        records_url, payloads=payloads_url, serializer="pickle", signing_key="k" * 32
+    ) as client:
+        assert client.run("pickle", lambda: value) == value
+        assert client.run("pickle", lambda: None) == value
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated", "longer", "bit flipped"])
+def test_a_bad_payload_is_a_miss_that_computes_again(
+    records_url: str, payloads_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    first, second = os.urandom(BIG), os.urandom(BIG)
+    with _client(records_url, payloads_url) as client:
+        client.run("k", lambda: first)
+        (path,) = payload_files(tmp_path)
+        if fault == "missing":
+            path.unlink()
+        elif fault == "truncated":
+            path.write_bytes(first[: BIG // 2])
+        elif fault == "longer":
+            path.write_bytes(first + b"x")
+        else:
+            path.write_bytes(bytes([first[0] ^ 1]) + first[1:])
+        with caplog.at_level(logging.WARNING, logger="dibs.payloads"):
+            report = client.compute("k", lambda: second)
+        assert (report.role, report.value) == ("computed", second)
+        assert path.as_uri() in caplog.text and "computes again" in caplog.text
+        assert client.run("k", lambda: b"never") == second  # the new artifact is a hit
+
+
+def test_a_waiter_treats_a_missing_payload_as_a_free_key(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    with _client(records_url, payloads_url) as client:
+        client.run("k", lambda: os.urandom(BIG))
+        payload_files(tmp_path)[0].unlink()
+        assert client.status("k").artifact is None  # a finished key whose payload is gone: nothing to take
+        assert client.wait("k", timeout=5) is None  # free: the next ask computes
+        with pytest.raises(dibs.WaitTimeout):
+            client.wait("k", timeout=0.2, for_artifact=True)
+
+
+def test_identical_payloads_are_stored_once(records_url: str, payloads_url: str, tmp_path: Path) -> None:
+    same = os.urandom(BIG)
+    with _client(records_url, payloads_url) as client:
+        for key in ("a", "b", "c"):
+            client.run(key, lambda: same)
+        assert len(payload_files(tmp_path)) == 1
+        # forgetting one key keeps the payload the others still refer to
+        assert client.forget("a")
+        assert len(payload_files(tmp_path)) == 1
+        assert client.run("b", lambda: b"never") == same
+        assert client.forget("b") and client.forget("c")
+        assert payload_files(tmp_path) == []
+
+
+def test_forget_and_prune_remove_payloads_nobody_refers_to(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    with _client(records_url, payloads_url) as client:
+        client.run("a", lambda: os.urandom(BIG))
+        client.run("b", lambda: os.urandom(BIG))
+        assert len(payload_files(tmp_path)) == 2
+        client.forget("a")
+        assert len(payload_files(tmp_path)) == 1
+        store = client.store
+        assert isinstance(store, ReferencingStore)
+        before = store.freed
+        assert client.prune(0) == 2  # b's artifact, and a's record (emptied by forget)
+        assert payload_files(tmp_path) == []
+        assert (store.freed.payloads - before.payloads, store.freed.bytes - before.bytes) == (1, BIG)
+
+
+def test_a_payload_written_under_a_live_lease_survives_a_collection(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    # The writer that has uploaded but not yet completed: nothing refers to its payload yet.
+    with _client(records_url, payloads_url) as client:
+        store = client.store
+        assert isinstance(store, ReferencingStore)
+        got = client.get_or_reserve("k")
+        assert isinstance(got, dibs.Acquired)
+        uploaded = store.payloads.put(os.urandom(BIG))
+        assert client.prune(0) == 0 and client.reap() == 0
+        assert store.payloads.stat(uploaded.sha256) is not None
+        got.lease.complete(uploaded)  # it publishes what it uploaded
+        assert client.run("k", lambda: b"never") == store.payloads.open(uploaded.sha256).read()
+        assert store.collect().payloads == 0  # referenced
+
+
+def test_the_grace_keeps_recent_payloads(records_url: str, payloads_url: str, tmp_path: Path) -> None:
+    with dibs.Reservations(records_url, payloads=payloads_url, serializer="bytes") as client:  # grace 60 s
+        client.run("k", lambda: os.urandom(BIG))
+        client.forget("k")
+        assert len(payload_files(tmp_path)) == 1  # too recent to tell from a writer about to publish it
+    with _client(records_url, payloads_url) as client:
+        client.prune(0)
+        assert payload_files(tmp_path) == []
+
+
+def test_a_fenced_out_holder_publishes_nothing_and_its_payload_goes(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    with _client(records_url, payloads_url) as client:
+        store = client.store
+        assert isinstance(store, ReferencingStore)
+        key = client.key("k")
+        old = store.acquire(key, "old", 60, None)
+        assert isinstance(old, Granted)
+        client.force_release(key)  # the operator's repair: the old holder is fenced out
+        new = client.acquire("k", timeout=0)
+        assert isinstance(new, dibs.Acquired)
+        new.lease.complete(b"n" * BIG)
+        stale = os.urandom(BIG)
+        with pytest.raises(LeaseLost):
+            dibs.Lease(client, old.lease).complete(stale)
+        assert client.run("k", lambda: b"never") == b"n" * BIG
+        assert [p.read_bytes() for p in payload_files(tmp_path)] == [b"n" * BIG]  # the stale one is gone
+
+
+def test_streams_in_and_out(records_url: str, payloads_url: str, tmp_path: Path) -> None:
+    source = tmp_path / "export.parquet"
+    source.write_bytes(os.urandom(3 * 1024 * 1024 + 5))
+    with _client(records_url, payloads_url) as client:
+        report = client.compute("file", lambda: client.put_payload(source))
+        assert report.role == "computed" and isinstance(report.value, dibs.payloads.Payload)
+        with client.open_artifact("file") as stream:
+            assert stream.read() == source.read_bytes()
+        with client.artifact_path("file") as path:
+            assert path.read_bytes() == source.read_bytes()
+        assert client.run("file", lambda: b"never") == source.read_bytes()  # a value, for Python callers
+        # A payload changed in place: a stream says so at its end, a path is refused before use.
+        (stored,) = payload_files(tmp_path)
+        stored.write_bytes(b"\0" + source.read_bytes()[1:])
+        with client.open_artifact("file") as stream, pytest.raises(PayloadUnavailable, match="SHA-256"):
+            stream.read()
+        with pytest.raises(PayloadUnavailable), client.artifact_path("file"):
+            pass
+
+
+def test_streaming_needs_a_payload_store_and_a_reference_needs_its_reader_configured(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    with dibs.Reservations(records_url, serializer="bytes") as plain:
+        with pytest.raises(ConfigurationError, match="payload store"):
+            plain.put_payload(b"x")
+        with _client(records_url, payloads_url) as client:
+            client.run("big", lambda: os.urandom(BIG))
+        with pytest.raises(ConfigurationError, match="payloads="):
+            plain.run("big", lambda: b"never")
+
+
+def test_async_callers_get_large_values_through_the_payload_store(
+    records_url: str, payloads_url: str
+) -> None:
+    import asyncio
+
+    big = os.urandom(BIG)
+
+    async def compute() -> bytes:
+        return big
+
+    async def never() -> bytes:
+        raise AssertionError("a hit computes nothing")
+
+    async def both() -> tuple[bytes, bytes]:
+        with _client(records_url, payloads_url) as client:
+            aio = client.aio()
+            return await aio.run("k", compute), await aio.run("k", never)
+
+    assert asyncio.run(both()) == (big, big)
