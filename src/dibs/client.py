@@ -553,21 +553,25 @@ class Reservations:
         frontend: str = "python",
         observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        on_store_unavailable: StoreUnavailablePolicy | None = None,
     ) -> flow.Call:
         """One compute-once call, not started: its flow and the emitter of its events (for front ends
         that drive the flow themselves, see :mod:`dibs.flow`). ``resume`` continues a call that waited
-        elsewhere (``clock`` then must be ``time.time``, which a resumed wait can be measured on)."""
+        elsewhere (``clock`` then must be ``time.time``, which a resumed wait can be measured on);
+        ``ttl``, ``max_lease_age`` and ``on_store_unavailable`` override the client's for this call."""
         k = self.key(key)
         owner = owner or default_owner()
         timeout = validate_seconds("timeout", timeout, allow_none=True, allow_zero=True)
-        ask = self._ask(k, owner, None, None, max_age=max_age, refresh=refresh)
+        ask = self._ask(k, owner, ttl, max_lease_age, max_age=max_age, refresh=refresh)
         translate = _log_event if frontend == "python" else None  # the other front ends say it their way
         observers = (events.PROCESS, self.observers, translate, observer)
         emitter = Emitter(k, owner, frontend, observers, store=self._store_kind)
         steps = flow.compute_once(
             ask,
             emitter=emitter,
-            policy=self.on_store_unavailable,
+            policy=on_store_unavailable or self.on_store_unavailable,
             timeout=timeout,
             max_age=self._max_age(max_age),
             resume=resume,

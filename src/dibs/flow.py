@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from dibs import events, holding
@@ -42,7 +42,7 @@ from dibs.backoff import Deadline
 from dibs.errors import StoreUnavailable
 from dibs.events import Emitter, Event
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
-from dibs.records import Held
+from dibs.records import Held, LeaseRecord
 
 if TYPE_CHECKING:
     from dibs.client import AsyncReservations, Reservations
@@ -403,7 +403,15 @@ WorkT = TypeVar("WorkT")
 
 
 class _HowToHold(Generic[ClientT, WorkT]):
-    """What both faces of the steps are given: the client, the work, and how the hold reports."""
+    """What both faces of the steps are given: the client, the work, and how the hold reports.
+
+    While a wait step runs, :attr:`seen` is the last lease it found on the key (a front end explains a
+    takeover with it: did the holder stop heartbeating, or reach its maximum age?), and with
+    :attr:`progress_every` set, a :class:`~dibs.events.StillWaiting` event comes that often.
+    """
+
+    #: Seconds between two :class:`~dibs.events.StillWaiting` events while a wait lasts (``None``: none).
+    progress_every: float | None = None
 
     def __init__(
         self,
@@ -416,6 +424,38 @@ class _HowToHold(Generic[ClientT, WorkT]):
     ) -> None:
         self.client, self.work, self.emit = client, work, emit
         self.failure_of, self.logger = failure_of, logger
+        self.seen: LeaseRecord | None = None
+
+    def _watcher(self, step: Wait) -> Callable[[Held], None]:
+        """What a wait does with every busy answer it gets: remember the lease, and tell the observers
+        when the key changes hands (``HolderChanged``)."""
+        last = [step.busy.holder]
+        emit = self.emit
+
+        def held(answer: Held) -> None:
+            lease = self.seen = answer.lease
+            if lease.owner != last[0]:
+                if emit is not None:
+                    expires_in = max(0.0, lease.expires_at - answer.now)
+                    emit(events.HolderChanged, previous=last[0], holder=lease.owner, expires_in=expires_in)
+                last[0] = lease.owner
+
+        return held
+
+    def _parts(self, step: Wait) -> Iterator[Deadline]:
+        """The wait in parts of at most :attr:`progress_every` seconds; between two parts (the key
+        still busy) a ``StillWaiting`` event. The caller stops at an answer that is not busy."""
+        whole = Deadline(step.timeout)
+        every = self.progress_every
+        while True:
+            remaining = whole.remaining
+            if every is None or (remaining is not None and remaining <= every):
+                yield whole
+                return
+            yield Deadline(every)
+            if self.emit is not None:
+                holder = step.busy.holder if self.seen is None else self.seen.owner
+                self.emit(events.StillWaiting, holder=holder, seconds=whole.elapsed)
 
 
 class Steps(_HowToHold["Reservations", Any]):
@@ -434,8 +474,11 @@ class Steps(_HowToHold["Reservations", Any]):
         return c._to_outcome(step.ask.key, c._ask_store(step.ask))
 
     def wait(self, step: Wait) -> Outcome:
-        c = self.client
-        outcome = c._wait_store(step.ask, Deadline(step.timeout), _holder_changes(step, self.emit))
+        c, watcher = self.client, self._watcher(step)
+        for part in self._parts(step):
+            outcome = c._wait_store(step.ask, part, watcher)
+            if not isinstance(outcome, Held):
+                break
         return c._to_outcome(step.ask.key, outcome)
 
     def hold(self, step: Hold) -> RunReport:
@@ -458,9 +501,12 @@ class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
         return await self.client._outcome(step.ask.key, await self.client._ask_store(step.ask))
 
     async def wait(self, step: Wait) -> Outcome:
-        changes = _holder_changes(step, self.emit)
-        outcome = await self.client._wait_store(step.ask, Deadline(step.timeout), changes)
-        return await self.client._outcome(step.ask.key, outcome)
+        c, watcher = self.client, self._watcher(step)
+        for part in self._parts(step):
+            outcome = await c._wait_store(step.ask, part, watcher)
+            if not isinstance(outcome, Held):
+                break
+        return await c._outcome(step.ask.key, outcome)
 
     async def hold(self, step: Hold) -> RunReport:
         return await self.client.hold(
@@ -469,19 +515,3 @@ class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
 
     async def run_unreserved(self, step: RunUnreserved) -> Any:
         return await self.work()
-
-
-def _holder_changes(step: Wait, emit: Emitter | None) -> Callable[[Held], None] | None:
-    """What a wait tells the observers when the key changes hands while it waits (``HolderChanged``)."""
-    if emit is None:
-        return None
-    last = [step.busy.holder]
-
-    def held(answer: Held) -> None:
-        holder = answer.lease.owner
-        if holder != last[0]:
-            expires_in = max(0.0, answer.lease.expires_at - answer.now)
-            emit(events.HolderChanged, previous=last[0], holder=holder, expires_in=expires_in)
-            last[0] = holder
-
-    return held

@@ -267,6 +267,14 @@ def _announce_acquired(console: Console, got: events.LeaseAcquired, waited_on: s
 
 
 def wait(args: argparse.Namespace, console: Console) -> int:
+    """``dibs wait``: until KEY is done or nobody holds it, reserving nothing.
+
+    Not on the compute-once flow (:mod:`dibs.flow`), on purpose: every ask of the flow, its waits'
+    included, may be *granted* the lease (that is how a waiter takes over a dead holder), and a
+    ``dibs wait`` must never hold what it does not compute. It uses the flow's waiting loop's reading
+    twin instead (:meth:`dibs.Reservations.wait`, :func:`dibs._waiting.read_until`): the same hub, the
+    same backstop and expiry rules, and the same timeout wording; only asks are replaced by reads.
+    """
     with Reservations(args.store, namespace=args.namespace) as client:
         key = client.key(args.key)
         started = time.monotonic()
