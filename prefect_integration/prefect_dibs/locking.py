@@ -45,8 +45,8 @@ from dibs.backoff import Backoff
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, ReservationError, WaitTimeout
 from dibs.flow import Ask, AsyncSteps, Call, Hold, Steps
+from dibs.holding import HeldLease
 from dibs.keys import Key, validate_namespace
-from dibs.lease import KeepAlive, Lease
 from dibs.outcomes import Acquired, Busy, Outcome, RunReport
 from dibs.runtime import runtime
 from dibs.settings import validate_timings
@@ -61,23 +61,6 @@ log = logging.getLogger("prefect_dibs.locking")
 #: Waiters on stores that cannot notify poll at most this often by default. Prefect's own managers
 #: poll every 0.1 s; a lock hand-off is on the critical path of every waiting task, and a read is cheap.
 DEFAULT_LOCK_BACKOFF = Backoff(initial=0.01, maximum=0.25)
-
-
-@dataclasses.dataclass
-class _Held:
-    """A lease this manager took, and the heartbeats keeping it alive (``None``: short enough not to)."""
-
-    lease: Lease
-    keeper: KeepAlive | None
-
-    def stop(self) -> None:
-        if self.keeper is not None:
-            self.keeper.stop()
-
-    def alive_with(self, lease: Lease) -> bool:
-        """Whether this is ``lease`` (same token) and its heartbeats, if any, still succeed."""
-        same = self.lease.record.token == lease.record.token
-        return same and (self.keeper is None or not self.keeper.lost.is_set())
 
 
 class DibsLockManager(LockManager):
@@ -128,7 +111,7 @@ class DibsLockManager(LockManager):
     def _init_runtime(self) -> None:
         self._client: Reservations | None = None
         self._client_lock = threading.Lock()
-        self._held: dict[Key, _Held] = {}
+        self._held: dict[Key, HeldLease] = {}
         self._lost_by: dict[Key, str] = {}  # holders whose lock expired while this manager held it
         self._held_lock = threading.Lock()
 
@@ -301,22 +284,23 @@ class DibsLockManager(LockManager):
         )
         with self._held_lock:
             current = self._held.get(key)
-            if current is not None and current.alive_with(lease):
+            if current is not None and current.lease.record.token == lease.record.token and current.alive:
                 return report  # re-entry of a lock this manager already keeps alive
-        held = _Held(lease, None)
-        if hold_timeout is None or hold_timeout > lease.record.ttl:
-            # Heartbeats start before the lock is published here, so a release racing with this
-            # acquisition always finds a lease whose heartbeats it can stop.
-            held.keeper = lease.keep_alive(on_lost=lambda error: self._lost(key, held, error))
-            held.keeper.__enter__()
+        # Heartbeats (unless the lock lives less than a ttl) start before the lock is published here,
+        # so a release racing with this acquisition always finds a lease whose heartbeats it can stop.
+        held = HeldLease(
+            lease,
+            on_lost=lambda error: self._lost(key, held, error),
+            heartbeats=hold_timeout is None or hold_timeout > lease.record.ttl,
+        )
         with self._held_lock:
             stale = self._held.get(key)
             self._held[key] = held
         if stale is not None:
-            stale.stop()
+            stale.drop()
         return report
 
-    def _lost(self, key: Key, held: _Held, error: LeaseLost) -> None:
+    def _lost(self, key: Key, held: HeldLease, error: LeaseLost) -> None:
         # Called from the heartbeat thread: forget the lease (the store already has).
         with self._held_lock:
             if self._held.get(key) is held:
@@ -342,9 +326,8 @@ class DibsLockManager(LockManager):
             if lost_here:
                 del self._lost_by[k]
         if held is not None:
-            held.stop()
             try:
-                held.lease.release()
+                held.let_go()
                 self._discard(k)
                 return
             except LeaseLost as exc:
@@ -367,7 +350,7 @@ class DibsLockManager(LockManager):
         # the current lease (and its token) atomically, so the release is fenced like any other.
         outcome = client.get_or_reserve(k, live.owner)
         if isinstance(outcome, Acquired):
-            outcome.lease.release()
+            HeldLease(outcome.lease, heartbeats=False).let_go()
             self._discard(k)
         elif isinstance(outcome, Busy):
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
@@ -387,9 +370,8 @@ class DibsLockManager(LockManager):
             held_now = list(self._held.items())
             self._held.clear()
         for _, held in held_now:
-            held.stop()
             with contextlib.suppress(LeaseLost):  # expired meanwhile: nothing left to release
-                held.lease.release()
+                held.let_go()
                 self._discard(held.lease.key)
 
     # -- inspecting and waiting ------------------------------------------------------------------------

@@ -475,7 +475,7 @@ class Reservations:
 
     def hold(
         self,
-        got: Acquired | Lease,
+        got: Acquired | Lease | holding.HeldLease,
         work: Callable[[], T],
         *,
         failure_of: holding.FailureOf | None = None,
@@ -485,36 +485,22 @@ class Reservations:
         """Run ``work()`` while holding the lease: heartbeats, then complete or release (see
         :mod:`dibs.holding` for every decision). Returns how it went; ``report.value`` is the value.
 
+        :param got: the lease, or a :class:`~dibs.holding.HeldLease` already keeping it (one that
+            something else may end meanwhile: Airflow's ``on_kill``); then the other parameters are its.
         :param failure_of: how a failure of ``work`` is recorded (``None``: not as a failure);
             default ``Type: message``.
         :param logger: where the decisions are logged (an orchestrator's task logger, say).
         :param emit: the call's :class:`~dibs.events.Emitter`, to hear what happens (see :mod:`dibs.flow`).
         """
-        lease = got.lease if isinstance(got, Acquired) else got
-        took_over_from = got.took_over_from if isinstance(got, Acquired) else None
-        logger = logger or log
-        keeper = lease.keep_alive(
-            on_lost=holding.lost_reporter(logger, emit, lease.token),
-            on_failed=holding.heartbeat_reporter(emit, lease.token),
-        )
+        held = _held(got, failure_of, logger, emit)
         started = time.monotonic()
-        with holding.holding(self.store, lease.key), keeper:
+        with holding.holding(self.store, held.lease.key):
             try:
                 value = work()
             except BaseException as exc:
-                # Heartbeats end first: one running after the release would report a false "lease lost".
-                keeper.stop()
-                holding.release_after(lease, exc, failure_of, logger, emit)
+                held.fail(exc)
                 raise
-        return holding.store_value(
-            lease,
-            value,
-            took_over_from=took_over_from,
-            policy=self.on_store_unavailable,
-            logger=logger,
-            emit=emit,
-            compute_seconds=time.monotonic() - started,
-        )
+        return held.store(value, policy=self.on_store_unavailable, compute_seconds=time.monotonic() - started)
 
     def compute(
         self,
@@ -832,7 +818,7 @@ class AsyncReservations:
 
     async def hold(
         self,
-        got: Acquired | Lease,
+        got: Acquired | Lease | holding.HeldLease,
         work: Callable[[], Awaitable[T]],
         *,
         failure_of: holding.FailureOf | None = None,
@@ -845,40 +831,19 @@ class AsyncReservations:
         """
         import asyncio
 
-        c = self.client
-        lease = got.lease if isinstance(got, Acquired) else got
-        took_over_from = got.took_over_from if isinstance(got, Acquired) else None
-        logger = logger or log
         rt = runtime()
+        held = _held(got, failure_of, logger, emit)
         started = time.monotonic()
-        with holding.holding(c.store, lease.key):
-            keeper = lease.keep_alive(
-                on_lost=holding.lost_reporter(logger, emit, lease.token),
-                on_failed=holding.heartbeat_reporter(emit, lease.token),
-            )
-            keeper.__enter__()
+        with holding.holding(self.client.store, held.lease.key):
             try:
                 value = await work()
             except BaseException as exc:
                 # Shielded: a second cancellation must not stop the release that frees the key.
-                release = functools.partial(
-                    _stop_and_release, keeper, lease, exc, failure_of=failure_of, logger=logger, emit=emit
-                )
-                await asyncio.shield(rt.io(release))
+                await asyncio.shield(rt.io(held.fail, exc))
                 raise
-            await rt.io(keeper.stop)  # it may join a heartbeat in flight: not on the loop
-        return await rt.io(
-            functools.partial(
-                holding.store_value,
-                lease,
-                value,
-                took_over_from=took_over_from,
-                policy=c.on_store_unavailable,
-                logger=logger,
-                emit=emit,
-                compute_seconds=time.monotonic() - started,
-            )
-        )
+        policy = self.client.on_store_unavailable
+        seconds = time.monotonic() - started
+        return await rt.io(functools.partial(held.store, value, policy=policy, compute_seconds=seconds))
 
     async def compute(
         self,
@@ -981,17 +946,20 @@ def _release_quietly(client: Reservations, key: Key, outcome: Granted) -> None:
         log.info("%s: released the lease granted to a cancelled acquire (token %s)", key, outcome.lease.token)
 
 
-def _stop_and_release(
-    keeper: Any,
-    lease: Lease,
-    exc: BaseException,
-    *,
+def _held(
+    got: Acquired | Lease | holding.HeldLease,
     failure_of: holding.FailureOf | None,
-    logger: holding.Logger,
+    logger: holding.Logger | None,
     emit: Emitter | None,
-) -> None:
-    keeper.stop()
-    holding.release_after(lease, exc, failure_of, logger, emit)
+) -> holding.HeldLease:
+    """The lease a hold keeps: the one given, or one that starts heartbeating now."""
+    if isinstance(got, holding.HeldLease):
+        return got
+    lease = got.lease if isinstance(got, Acquired) else got
+    took_over_from = got.took_over_from if isinstance(got, Acquired) else None
+    return holding.HeldLease(
+        lease, took_over_from=took_over_from, failure_of=failure_of, logger=logger or log, emit=emit
+    )
 
 
 class _LogEvents:

@@ -426,6 +426,17 @@ class _HowToHold(Generic[ClientT, WorkT]):
         self.failure_of, self.logger = failure_of, logger
         self.seen: LeaseRecord | None = None
 
+    def held(self, acquired: Acquired) -> holding.HeldLease:
+        """The lease of a :class:`Hold` step, heartbeating from now on (a front end that must reach it
+        from elsewhere, Airflow's ``on_kill``, keeps it before handing it to the hold)."""
+        return holding.HeldLease(
+            acquired.lease,
+            took_over_from=acquired.took_over_from,
+            failure_of=self.failure_of,
+            logger=self.logger,
+            emit=self.emit,
+        )
+
     def _watcher(self, step: Wait) -> Callable[[Held], None]:
         """What a wait does with every busy answer it gets: remember the lease, and tell the observers
         when the key changes hands (``HolderChanged``)."""
@@ -482,9 +493,7 @@ class Steps(_HowToHold["Reservations", Any]):
         return c._to_outcome(step.ask.key, outcome)
 
     def hold(self, step: Hold) -> RunReport:
-        return self.client.hold(
-            step.acquired, self.work, failure_of=self.failure_of, logger=self.logger, emit=self.emit
-        )
+        return self.client.hold(self.held(step.acquired), self.work)
 
     def run_unreserved(self, step: RunUnreserved) -> Any:
         return self.work()
@@ -509,9 +518,7 @@ class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
         return await c._outcome(step.ask.key, outcome)
 
     async def hold(self, step: Hold) -> RunReport:
-        return await self.client.hold(
-            step.acquired, self.work, failure_of=self.failure_of, logger=self.logger, emit=self.emit
-        )
+        return await self.client.hold(self.held(step.acquired), self.work)
 
     async def run_unreserved(self, step: RunUnreserved) -> Any:
         return await self.work()

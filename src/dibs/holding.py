@@ -24,7 +24,15 @@ the store stays unreachable at     the client's ``on_store_unavailable``: ``"fai
                                    value, not stored; either way it is logged
 heartbeats lose the lease          logged when it happens; the work goes on (its value is still
                                    right), and ``complete`` is then refused as above
+the lease is let go from outside   (a lock released, Airflow's ``on_kill``) the heartbeats stop,
+the work                           then the lease is released with what happened recorded; the
+                                   work's own ending afterwards releases nothing again
 =================================  ===========================================================
+
+Every lease held while something runs is held through one :class:`HeldLease`: the sync and async
+``hold``, ``with lease:``, Airflow's ``on_kill``, ``DibsLockManager`` (whose hold spans two of
+Prefect's calls) and ``dibs run``. Its heartbeats always stop before the lease ends, so a late
+heartbeat never reports a false "lease lost", and a lease ends once, whoever ends it first.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -43,11 +52,12 @@ from dibs.outcomes import RunReport
 
 if TYPE_CHECKING:
     from dibs.events import Emitter
-    from dibs.lease import Lease
+    from dibs.lease import KeepAlive, Lease
     from dibs.stores.base import Store
 
 __all__ = [
     "FailureOf",
+    "HeldLease",
     "Logger",
     "failure_text",
     "heartbeat_reporter",
@@ -237,3 +247,95 @@ def store_value(
     if emit is not None:
         emit(events.ArtifactStored, token=lease.token, size=record.size, compute_seconds=compute_seconds)
     return report(stored=True)
+
+
+class HeldLease:
+    """A lease while it is held: its heartbeats, and the one way it ends (see the module docstring).
+
+    Heartbeats start at once (``heartbeats=False``: none, for a lease shorter than its ttl); a lost
+    lease is logged and heard by ``emit`` and ``on_lost``. Then exactly one ending counts:
+    :meth:`fail` (the work raised), :meth:`store` (it returned a value), :meth:`let_go` (ended from
+    outside: a lock released, a task killed, from any thread), :meth:`close` (a ``with`` block
+    ended) or :meth:`drop` (lost or replaced: nothing to release). Each stops the heartbeats first.
+    After one ending, the others release nothing; a value stored after a :meth:`let_go` is refused by
+    the store (fenced) and returned to its caller only.
+    """
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        took_over_from: str | None = None,
+        failure_of: FailureOf | None = None,
+        logger: Logger | None = None,
+        emit: Emitter | None = None,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        heartbeats: bool = True,
+    ) -> None:
+        self.lease, self.took_over_from = lease, took_over_from
+        self.failure_of, self.logger, self.emit = failure_of, logger or log, emit
+        self._guard = threading.Lock()
+        self._ended = False
+        self.keeper: KeepAlive | None = None
+        if heartbeats:
+            reporter = lost_reporter(self.logger, emit, lease.token)
+
+            def lost(error: LeaseLost) -> None:
+                reporter(error)
+                if on_lost is not None:
+                    on_lost(error)
+
+            self.keeper = lease.keep_alive(on_lost=lost, on_failed=heartbeat_reporter(emit, lease.token))
+            self.keeper.__enter__()
+
+    @property
+    def alive(self) -> bool:
+        """Whether it has not ended, and its heartbeats (if any) still succeed."""
+        return not self._ended and (self.keeper is None or not self.keeper.lost.is_set())
+
+    def _end(self) -> bool:
+        """Stop the heartbeats (one in flight finishes first: it never sees the lease ended); whether
+        this is the first ending."""
+        with self._guard:
+            first, self._ended = not self._ended, True
+        if self.keeper is not None:
+            self.keeper.stop()
+        return first
+
+    def fail(self, exc: BaseException) -> None:
+        """The work raised ``exc``: release with the failure recorded; never raises."""
+        if self._end():
+            release_after(self.lease, exc, self.failure_of, self.logger, self.emit)
+
+    def store(self, value: Any, *, policy: Literal["fail", "run"], compute_seconds: float = 0.0) -> RunReport:
+        """The work returned ``value``: store it as the key's artifact (:func:`store_value`)."""
+        self._end()
+        return store_value(
+            self.lease,
+            value,
+            took_over_from=self.took_over_from,
+            policy=policy,
+            logger=self.logger,
+            emit=self.emit,
+            compute_seconds=compute_seconds,
+        )
+
+    def let_go(self, error: str | None = None) -> None:
+        """End it from outside the work (any thread), recording ``error`` (``None``: nothing failed).
+        Raises what the release raises (:class:`~dibs.errors.LeaseLost` if it had ended meanwhile)."""
+        if self._end():
+            self.lease.release(error)
+
+    def drop(self) -> None:
+        """Stop keeping it, releasing nothing: it was lost or replaced (nothing is left to release)."""
+        self._end()
+
+    def close(self, exc: BaseException | None) -> None:
+        """A ``with lease:`` block ended (``exc``: how): release the lease unless the block completed
+        or released it; a lease already lost is only logged."""
+        if not self._end() or self.lease.ended:
+            return
+        try:
+            self.lease.release(exc)
+        except LeaseLost:
+            self.logger.warning("lease on %s was already lost when its block ended", self.lease.key)

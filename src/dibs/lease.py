@@ -79,6 +79,11 @@ class Lease:
     def record(self) -> LeaseRecord:
         return self._record
 
+    @property
+    def ended(self) -> bool:
+        """Whether this handle completed or released the lease."""
+        return self._ended
+
     def __repr__(self) -> str:
         return f"Lease(key={str(self.key)!r}, owner={self.owner!r}, token={self.token})"
 
@@ -207,11 +212,7 @@ class Lease:
         if interval is not None:
             interval = validate_timings(heartbeat_interval=interval)[1]
         interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
-        return self._kept(KeepAlive(self, interval, on_lost, on_failed))
-
-    def _kept(self, keeper: KeepAlive) -> KeepAlive:
-        """The heartbeats :meth:`keep_alive` made for this lease (a subclass may keep hold of them)."""
-        return keeper
+        return KeepAlive(self, interval, on_lost, on_failed)
 
     # -- hand-off -------------------------------------------------------------------------------
     def export(self) -> str:
@@ -254,19 +255,13 @@ class Lease:
 
     # -- context manager: keep alive while the block runs, release on error -------------------------
     def __enter__(self) -> Self:
-        self._keeper = self.keep_alive()
-        self._keeper.__enter__()
+        self._held = holding.HeldLease(self, logger=log)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._keeper.__exit__(exc_type, exc, tb)
-        if not self._ended:
-            try:
-                self.release(exc)
-            except LeaseLost:
-                log.warning("lease on %s was already lost when its block ended", self.key)
+        self._held.close(exc)
 
 
 class KeepAlive:

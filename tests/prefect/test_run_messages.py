@@ -158,7 +158,7 @@ def test_a_lock_wait_names_the_task_run_holding_it_and_follows_a_takeover(
 
     # The holding run freezes (no more heartbeats); another holder takes the lock over at its expiry,
     # while the waiter's next question is held back, so the key changes hands under the waiter.
-    holding._held[holding._key(key)].stop()
+    holding._held[holding._key(key)].keeper.stop()  # type: ignore[union-attr]
     wait_until(
         lambda: taking_over.acquire_lock(key, holder="new-holder", acquire_timeout=0), what="a takeover"
     )
@@ -197,7 +197,8 @@ def test_a_flow_level_transaction_says_in_the_flow_run_whom_it_waits_for_and_why
     wait_until(lambda: flow_runs, what="the flow run to start")
     (flow_run,) = flow_runs
     assert "held by 'other-process'" in _line("waiting for the cache lock", flow_run_id=flow_run)
-    other._held[other._key(key)].stop()  # the other process freezes: its lock expires after its ttl
+    # The other process freezes: its lock expires after its ttl.
+    other._held[other._key(key)].keeper.stop()  # type: ignore[union-attr]
     thread.join(BOUND)
     assert result == ["done"]
     took_over = _line("took over the cache lock", flow_run_id=flow_run)

@@ -205,9 +205,8 @@ def _let_go_if_ours(client: Reservations, key: Key, owner: str, signum: int, sto
                 return
             got = client.get_or_reserve(key, owner)
             if isinstance(got, Acquired):
-                got.lease.release(
-                    f"stopped by {signal_name(signum)} (dibs run was stopped before its command ran)"
-                )
+                stopped = f"stopped by {signal_name(signum)} (dibs run was stopped before its command ran)"
+                holding.HeldLease(got.lease, heartbeats=False).let_go(stopped)
         except ReservationError:
             pass  # the lease expires after its ttl
 
