@@ -50,7 +50,7 @@ from dibs.runtime import runtime
 from dibs.serializers import Serializer
 from dibs.settings import validate_timings
 from prefect_dibs import _cached, _runs
-from prefect_dibs._clients import ClientSettings, StoreSpec, is_url, resolve_client
+from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url, load_block, resolve_client
 from prefect_dibs._takeover import expiry_cause
 
 __all__ = ["KeySpec", "reserved"]
@@ -500,23 +500,17 @@ class _Narrator:
 
 
 def _block_wait_timeout(store: StoreSpec) -> float | None:
-    from prefect_dibs import _clients
-    from prefect_dibs.blocks import DibsStore
-
     if isinstance(store, str) and not is_url(store):
-        store = _clients._load_block(store)
-    return store.wait_timeout if isinstance(store, DibsStore) else None
+        store = load_block(store)
+    return store.wait_timeout if isinstance(store, StoreBlock) else None
 
 
 def _unreachable_policy(store: StoreSpec) -> str:
-    from prefect_dibs import _clients
-    from prefect_dibs.blocks import DibsStore
-
     if isinstance(store, Reservations):
         return store.on_store_unavailable
     if isinstance(store, str) and not is_url(store):
-        store = _clients._load_block(store)
-    return store.on_store_unavailable if isinstance(store, DibsStore) else "fail"
+        store = load_block(store)
+    return store.on_store_unavailable if isinstance(store, StoreBlock) else "fail"
 
 
 _ROLE_WORDS = {

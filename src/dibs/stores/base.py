@@ -84,6 +84,11 @@ def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
     skipped.append(Skipped(where, str(error)))
 
 
+#: What runs when any store closes, with the store: the process's runtime adds its own (it stops
+#: the store's watch hub, so no listening connection outlives the store). Stores know nothing above them.
+CLOSE_HOOKS: list[Callable[[Store], None]] = []
+
+
 class Store(abc.ABC):
     """One-attempt atomic operations on reservation records. See the module docstring."""
 
@@ -198,9 +203,8 @@ class Store(abc.ABC):
         Subclasses that hold connections extend this (and call it): it stops the process's watch hub
         of this store, so no listening connection outlives the store.
         """
-        from dibs.runtime import runtime  # the runtime imports stores: resolve it at call time
-
-        runtime().stop_hub(self)
+        for hook in CLOSE_HOOKS:
+            hook(self)
 
     def __enter__(self) -> Self:
         return self
