@@ -45,7 +45,10 @@ from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.records import Held, LeaseRecord
 
 if TYPE_CHECKING:
-    from dibs.client import AsyncReservations, Reservations
+    from dibs.backoff import Deadline as DeadlineT
+    from dibs.keys import Key
+    from dibs.records import StoreOutcome
+    from dibs.stores.base import Store
 
 __all__ = [
     "Ask",
@@ -398,6 +401,41 @@ class Call:
         return await adrive(self.flow, io, self.emitter)
 
 
+class Client(Protocol):
+    """What :class:`Steps` does each step with: a :class:`dibs.Reservations` (described here rather
+    than imported, so that this module stays below the client that drives it)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    def _ask_store(self, ask: AskAcquire) -> StoreOutcome: ...
+
+    def _wait_store(
+        self, ask: AskAcquire, deadline: DeadlineT, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome: ...
+
+    def _to_outcome(self, key: Key, outcome: StoreOutcome) -> Outcome: ...
+
+    def hold(self, got: holding.HeldLease, work: Callable[[], Any]) -> RunReport: ...
+
+
+class AsyncClient(Protocol):
+    """What :class:`AsyncSteps` does each step with: a :class:`dibs.AsyncReservations`."""
+
+    @property
+    def client(self) -> Client: ...
+
+    async def _ask_store(self, ask: AskAcquire) -> StoreOutcome: ...
+
+    async def _wait_store(
+        self, ask: AskAcquire, deadline: DeadlineT, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome: ...
+
+    async def _outcome(self, key: Key, outcome: StoreOutcome) -> Outcome: ...
+
+    async def hold(self, got: holding.HeldLease, work: Callable[[], Awaitable[Any]]) -> RunReport: ...
+
+
 ClientT = TypeVar("ClientT")
 WorkT = TypeVar("WorkT")
 
@@ -469,7 +507,7 @@ class _HowToHold(Generic[ClientT, WorkT]):
                 self.emit(events.StillWaiting, holder=holder, seconds=whole.elapsed)
 
 
-class Steps(_HowToHold["Reservations", Any]):
+class Steps(_HowToHold[Client, Any]):
     """How a plain client does each step in a thread; a front end overrides what it does otherwise
     (Airflow defers at :meth:`wait`, ``dibs run`` shows the wait to whoever follows it).
 
@@ -477,7 +515,7 @@ class Steps(_HowToHold["Reservations", Any]):
         :meth:`dibs.Reservations.hold`'s.
     """
 
-    client: Reservations
+    client: Client
 
     def ask(self, step: Ask) -> Outcome:
         c = self.client
@@ -499,10 +537,10 @@ class Steps(_HowToHold["Reservations", Any]):
         return self.work()
 
 
-class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
+class AsyncSteps(_HowToHold[AsyncClient, Awaitable[Any]]):
     """:class:`Steps` for event loops: the store's part in the runtime's I/O executor, the work awaited."""
 
-    client: AsyncReservations
+    client: AsyncClient
 
     async def ask(self, step: Ask) -> Outcome:
         c = self.client.client

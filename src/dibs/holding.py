@@ -37,25 +37,27 @@ heartbeat never reports a false "lease lost", and a lease ends once, whoever end
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dibs import events
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
+from dibs.lease import Keeping
 from dibs.outcomes import RunReport
+from dibs.stops import STOP_PREFIX, STOPS, failure_text, is_stop
 
 if TYPE_CHECKING:
     from dibs.events import Emitter
-    from dibs.lease import KeepAlive, Lease
+    from dibs.lease import Lease
     from dibs.stores.base import Store
 
 __all__ = [
+    "STOPS",
+    "STOP_PREFIX",
     "FailureOf",
     "HeldLease",
     "Logger",
@@ -90,37 +92,6 @@ class Logger(Protocol):
 _HELD_HERE: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
     "dibs_held_here", default=frozenset()
 )
-
-
-#: How every recorded stop begins (``stopped: KeyboardInterrupt``, ``stopped by SIGTERM: ...``,
-#: Airflow's ``stopped: the task was killed (on_kill)``): see :func:`is_stop`.
-STOP_PREFIX = "stopped"
-
-
-#: What stops work on purpose rather than failing it. Any other ``BaseException`` is a failure: an
-#: Airflow task timeout (``AirflowTaskTimeout`` derives from ``BaseException`` so that user code does
-#: not catch it) is work that took too long, and must count towards ``max_failures``.
-STOPS: tuple[type[BaseException], ...] = (
-    KeyboardInterrupt,
-    SystemExit,
-    asyncio.CancelledError,
-    GeneratorExit,
-)
-
-
-def failure_text(exc: BaseException) -> str:
-    """How a failure is recorded: ``Type: message``; a stop (Ctrl-C, a cancellation, ``SystemExit``:
-    :data:`STOPS`) as ``stopped: Type``."""
-    if not isinstance(exc, STOPS):
-        return f"{type(exc).__name__}: {exc}"
-    detail = str(exc)
-    return f"{STOP_PREFIX}: {type(exc).__name__}" + (f": {detail}" if detail else "")
-
-
-def is_stop(recorded: str) -> bool:
-    """Whether a recorded release is a stop: recorded, so waiters can say why the key is free, but
-    not a failure, so it never counts towards ``max_failures`` (nothing failed: someone stopped it)."""
-    return recorded == STOP_PREFIX or recorded.startswith((f"{STOP_PREFIX}:", f"{STOP_PREFIX} by "))
 
 
 @contextlib.contextmanager
@@ -249,8 +220,9 @@ def store_value(
     return report(stored=True)
 
 
-class HeldLease:
-    """A lease while it is held: its heartbeats, and the one way it ends (see the module docstring).
+class HeldLease(Keeping):
+    """A lease while its work runs: :class:`~dibs.lease.Keeping` (its heartbeats and its one ending)
+    with the decisions of this module for how the work ended.
 
     Heartbeats start at once (``heartbeats=False``: none, for a lease shorter than its ttl); a lost
     lease is logged and heard by ``emit`` and ``on_lost``. Then exactly one ending counts:
@@ -272,35 +244,17 @@ class HeldLease:
         on_lost: Callable[[LeaseLost], None] | None = None,
         heartbeats: bool = True,
     ) -> None:
-        self.lease, self.took_over_from = lease, took_over_from
+        self.took_over_from = took_over_from
         self.failure_of, self.logger, self.emit = failure_of, logger or log, emit
-        self._guard = threading.Lock()
-        self._ended = False
-        self.keeper: KeepAlive | None = None
-        if heartbeats:
-            reporter = lost_reporter(self.logger, emit, lease.token)
+        reporter = lost_reporter(self.logger, emit, lease.token)
 
-            def lost(error: LeaseLost) -> None:
-                reporter(error)
-                if on_lost is not None:
-                    on_lost(error)
+        def lost(error: LeaseLost) -> None:
+            reporter(error)
+            if on_lost is not None:
+                on_lost(error)
 
-            self.keeper = lease.keep_alive(on_lost=lost, on_failed=heartbeat_reporter(emit, lease.token))
-            self.keeper.__enter__()
-
-    @property
-    def alive(self) -> bool:
-        """Whether it has not ended, and its heartbeats (if any) still succeed."""
-        return not self._ended and (self.keeper is None or not self.keeper.lost.is_set())
-
-    def _end(self) -> bool:
-        """Stop the heartbeats (one in flight finishes first: it never sees the lease ended); whether
-        this is the first ending."""
-        with self._guard:
-            first, self._ended = not self._ended, True
-        if self.keeper is not None:
-            self.keeper.stop()
-        return first
+        failed = heartbeat_reporter(emit, lease.token)
+        super().__init__(lease, on_lost=lost, on_failed=failed, heartbeats=heartbeats)
 
     def fail(self, exc: BaseException) -> None:
         """The work raised ``exc``: release with the failure recorded; never raises."""
@@ -319,23 +273,3 @@ class HeldLease:
             emit=self.emit,
             compute_seconds=compute_seconds,
         )
-
-    def let_go(self, error: str | None = None) -> None:
-        """End it from outside the work (any thread), recording ``error`` (``None``: nothing failed).
-        Raises what the release raises (:class:`~dibs.errors.LeaseLost` if it had ended meanwhile)."""
-        if self._end():
-            self.lease.release(error)
-
-    def drop(self) -> None:
-        """Stop keeping it, releasing nothing: it was lost or replaced (nothing is left to release)."""
-        self._end()
-
-    def close(self, exc: BaseException | None) -> None:
-        """A ``with lease:`` block ended (``exc``: how): release the lease unless the block completed
-        or released it; a lease already lost is only logged."""
-        if not self._end() or self.lease.ended:
-            return
-        try:
-            self.lease.release(exc)
-        except LeaseLost:
-            self.logger.warning("lease on %s was already lost when its block ended", self.lease.key)

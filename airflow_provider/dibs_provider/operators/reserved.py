@@ -324,6 +324,8 @@ class _TaskSteps(Steps):
     """How a reserved task does the flow's steps: it defers at the wait (unless not deferrable), and
     holds the lease where ``on_kill`` can free the key at once (a :class:`~dibs.holding.HeldLease`)."""
 
+    client: Reservations
+
     def __init__(
         self, operator: ReservedOperatorMixin, context: Context, client: Reservations, call: Call
     ) -> None:

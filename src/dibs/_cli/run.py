@@ -154,6 +154,8 @@ class _RunSteps(Steps):
     """How ``dibs run`` does the flow's steps: a wait shows the key to whoever follows it
     (:class:`KeyWatch`); the hold runs COMMAND with stops forwarded to it, never interrupting the release."""
 
+    client: Reservations
+
     def __init__(
         self, client: Reservations, call: Call, console: Console, stops: StopSignals, running: Command
     ) -> None:
