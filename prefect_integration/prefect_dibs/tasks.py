@@ -34,6 +34,7 @@ part for users who want to keep Prefect's cache; ``@reserved`` also shares the r
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -194,6 +195,7 @@ def reserved(
     return decorate
 
 
+@dataclasses.dataclass(eq=False)
 class _Reservation:
     """One reserved function's configuration, and the sync and async ways of running a call of it.
 
@@ -201,30 +203,17 @@ class _Reservation:
     process (Dask, Ray, a process pool) arrives intact and opens its own client there.
     """
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        store: StoreSpec,
-        key: KeySpec | None,
-        version: str | None,
-        exclude: tuple[str, ...],
-        settings: ClientSettings,
-        timeout: float | None,
-        progress_interval: float,
-        artifact: bool,
-        refresh: bool | None,
-    ) -> None:
-        self.fn = fn
-        self.store = store
-        self.key = key
-        self.version = version
-        self.exclude = exclude
-        self.settings = settings
-        self.timeout = timeout
-        self.progress_interval = progress_interval
-        self.artifact = artifact
-        self.refresh = refresh
+    fn: Callable[..., Any]
+    _: dataclasses.KW_ONLY
+    store: StoreSpec
+    key: KeySpec | None
+    version: str | None
+    exclude: tuple[str, ...]
+    settings: ClientSettings
+    timeout: float | None
+    progress_interval: float
+    artifact: bool
+    refresh: bool | None
 
     def wrapper(self) -> Callable[..., Any]:
         fn = self.fn
