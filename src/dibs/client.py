@@ -17,10 +17,10 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from dibs import events, flow, holding, keys
+from dibs._closing import Closing
 from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, default_store_url, validate_seconds
@@ -63,7 +63,7 @@ class _Decorator(Protocol):
     def __call__(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 
-class Reservations:
+class Reservations(Closing):
     """Compute each key once across every process that shares the store.
 
     :param store: a :class:`~dibs.stores.Store`, a store URL, or ``None`` for ``DIBS_STORE_URL`` and
@@ -175,14 +175,6 @@ class Reservations:
         if self._shared and not self._closed:
             self._closed = True
             runtime().return_store(self.store)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         # store.url is redacted by every dibs store; a store of the user's may not be.

@@ -24,9 +24,9 @@ import builtins
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
-from typing import ClassVar, Self, TypeVar
+from typing import ClassVar, TypeVar
 
+from dibs._closing import Closing
 from dibs.errors import ArtifactTooLarge, CorruptRecord, ReservationError, StoreUnavailable
 from dibs.keys import Key, validate_owner
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
@@ -89,7 +89,7 @@ def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
 CLOSE_HOOKS: list[Callable[[Store], None]] = []
 
 
-class Store(abc.ABC):
+class Store(Closing):
     """One-attempt atomic operations on reservation records. See the module docstring."""
 
     #: URL scheme(s) the store registers under, e.g. ``"sqlite"``.
@@ -205,14 +205,6 @@ class Store(abc.ABC):
         """
         for hook in CLOSE_HOOKS:
             hook(self)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
