@@ -36,7 +36,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from typing import Any
+from typing import Any, Self
 
 from prefect.locking.protocol import LockManager
 
@@ -217,12 +217,10 @@ class DibsLockManager(LockManager):
         stopped heartbeating is taken over once it expires."""
         call, narrator = self._call(self.client, key, holder, acquire_timeout, hold_timeout)
         steps = narrator.steps = _LockSteps(self.client, _no_work, emit=call.emitter)
-        steps.manager, steps.holder, steps.hold_timeout = self, holder, hold_timeout
         try:
-            report = call.drive(steps)
+            return self._locked(call.drive(steps.taking(self, holder, hold_timeout)))
         except WaitTimeout:
             return False
-        return self._locked(report)
 
     async def aacquire_lock(
         self,
@@ -235,12 +233,10 @@ class DibsLockManager(LockManager):
         client = await runtime().io(lambda: self.client)  # may load a block: not on the loop
         call, narrator = self._call(client, key, holder, acquire_timeout, hold_timeout)
         steps = narrator.steps = _AsyncLockSteps(client.aio(), _no_work_awaited, emit=call.emitter)
-        steps.manager, steps.holder, steps.hold_timeout = self, holder, hold_timeout
         try:
-            report = await call.adrive(steps)
+            return self._locked(await call.adrive(steps.taking(self, holder, hold_timeout)))
         except WaitTimeout:
             return False
-        return self._locked(report)
 
     def _call(
         self,
@@ -410,12 +406,20 @@ async def _no_work_awaited() -> None:
     """:func:`_no_work` for :class:`_AsyncLockSteps`."""
 
 
-class _LockSteps(Steps):
-    """A lock's steps: an ask that re-enters the holder's own lock, and a hold that keeps the lease."""
+class _Taking:
+    """Which lock the steps take, for whom, and for how long at most."""
 
     manager: DibsLockManager
     holder: str
     hold_timeout: float | None
+
+    def taking(self, manager: DibsLockManager, holder: str, hold_timeout: float | None) -> Self:
+        self.manager, self.holder, self.hold_timeout = manager, holder, hold_timeout
+        return self
+
+
+class _LockSteps(_Taking, Steps):
+    """A lock's steps: an ask that re-enters the holder's own lock, and a hold that keeps the lease."""
 
     def ask(self, step: Ask) -> Outcome:
         got = super().ask(step)
@@ -426,12 +430,8 @@ class _LockSteps(Steps):
         return self.manager._keep(step.acquired, self.hold_timeout)
 
 
-class _AsyncLockSteps(AsyncSteps):
+class _AsyncLockSteps(_Taking, AsyncSteps):
     """:class:`_LockSteps` for event loops."""
-
-    manager: DibsLockManager
-    holder: str
-    hold_timeout: float | None
 
     async def ask(self, step: Ask) -> Outcome:
         got = await super().ask(step)
