@@ -3,9 +3,10 @@
 Every front end drives the one compute-once flow (:mod:`dibs.flow`), so a scenario must look the same
 from each of them: the same sequence of events (heard by a process-wide observer) and the same ending.
 The front ends in this process are ``Reservations.compute``, ``AsyncReservations.compute``, the Airflow
-operator (``execute`` called directly, waiting in the worker) and a ``prefect_dibs`` ``@reserved``
-function; ``dibs run`` runs as a real subprocess, so only its outcome (the ``--json`` envelope, or its
-exit status) is compared. Each scenario runs on SQLite and on PostgreSQL.
+operator and ``@task.reserved`` (``execute`` called directly, waiting in the worker), a ``prefect_dibs``
+``@reserved`` function, and (for the scenarios that ask a lock the same question) ``DibsLockManager``;
+``dibs run`` runs as a real subprocess, so only its outcome (the ``--json`` envelope, or its exit
+status) is compared. Each scenario runs on SQLite and on PostgreSQL.
 
 The other party of a scenario (a holder that completes, fails or dies) acts through a plain client
 when the front end reports ``key_busy``: the events are then the same however the threads interleave.
@@ -14,6 +15,7 @@ when the front end reports ``key_busy``: the events are then the same however th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -114,11 +116,7 @@ def airflow_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path)
     _airflow_environment(tmp_path)
     from dibs_provider.operators.reserved import ReservedPythonOperator
 
-    extra = {"store_url": url, "on_store_unavailable": call.get("policy", "fail")}
-    if "ttl" in call:
-        extra["ttl"] = call["ttl"]
-    os.environ["AIRFLOW_CONN_DIBS_MATRIX"] = json.dumps({"conn_type": "dibs", "extra": extra})
-    try:
+    with _dibs_connection(url, call):
         operator = ReservedPythonOperator(
             task_id="t",
             python_callable=work,
@@ -131,8 +129,57 @@ def airflow_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path)
         )
         ti = _TaskInstance()
         return operator.execute({"ti": ti, "task_instance": ti, "run_id": "run_1"})  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _dibs_connection(url: str, call: dict[str, Any]) -> Iterator[None]:
+    """The Airflow connection ``dibs_matrix`` on ``url``, with the call's policy and ttl."""
+    extra = {"store_url": url, "on_store_unavailable": call.get("policy", "fail")}
+    if "ttl" in call:
+        extra["ttl"] = call["ttl"]
+    os.environ["AIRFLOW_CONN_DIBS_MATRIX"] = json.dumps({"conn_type": "dibs", "extra": extra})
+    try:
+        yield
     finally:
         del os.environ["AIRFLOW_CONN_DIBS_MATRIX"]
+
+
+def airflow_task_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
+    """``@task.reserved``: the operator a TaskFlow task decorated with it builds."""
+    _airflow_environment(tmp_path)
+    from dibs_provider.decorators.reserved import _ReservedDecoratedOperator
+
+    def build() -> Any:
+        return work()
+
+    with _dibs_connection(url, call):
+        operator = _ReservedDecoratedOperator(
+            task_id="t",
+            python_callable=build,
+            key=KEY,
+            conn_id="dibs_matrix",
+            deferrable=False,
+            wait_timeout=call.get("timeout"),
+            max_age=call.get("max_age"),
+            refresh=call.get("refresh", False),
+        )
+        ti = _TaskInstance()
+        return operator.execute({"ti": ti, "task_instance": ti, "run_id": "run_1"})  # type: ignore[arg-type]
+
+
+def lock_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
+    """prefect_dibs's ``DibsLockManager`` as Prefect's SERIALIZABLE isolation uses it: take the lock,
+    run the work, release it. A lock stores no artifact, and a lock not taken within its timeout is
+    ``False`` (here raised as the same ``WaitTimeout`` the other front ends raise, to compare them)."""
+    from prefect_dibs import DibsLockManager
+
+    manager = DibsLockManager(url, namespace="default", ttl=call.get("ttl", 30.0))
+    if not manager.acquire_lock(KEY, holder="matrix-holder", acquire_timeout=call.get("timeout")):
+        raise dibs.WaitTimeout("the lock was not taken within its acquire_timeout")
+    try:
+        return work()
+    finally:
+        manager.release_lock(KEY, holder="matrix-holder")
 
 
 def prefect_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
@@ -153,7 +200,20 @@ FRONTENDS = {
     "python": python_frontend,
     "async": async_frontend,
     "airflow": airflow_frontend,
+    "airflow_task": airflow_task_frontend,
     "prefect": prefect_frontend,
+}
+
+#: The scenarios that ask a lock the same question: take it, take it over from a holder that died,
+#: see the failure a holder recorded, time out, find the store down. (A lock stores no artifact, so
+#: there is no hit, no wait for a value, no refresh; it records no failure of its own: Prefect's
+#: rollback releases it.)
+LOCK_SCENARIOS = {
+    "compute",
+    "holder_dies",
+    "holder_fails",
+    "timeout",
+    "store_down_at_first_ask_fail",
 }
 
 
@@ -291,6 +351,46 @@ def _work(scenario: Scenario) -> Work:
 def test_every_front_end_reports_the_same_steps_and_ending(
     frontend: str, scenario: Scenario, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _play(
+        FRONTENDS[frontend],
+        _frontend_name(frontend),
+        scenario,
+        expected=scenario.events,
+        url=url,
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
+    )
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.name in LOCK_SCENARIOS], ids=lambda s: s.name)
+def test_a_prefect_lock_reports_the_same_steps_and_ending(
+    scenario: Scenario, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DibsLockManager`` drives the same flow: the same events (but the artifact a lock never
+    stores) and the same ending."""
+    pytest.importorskip("prefect")
+    expected = tuple(name for name in scenario.events if name != "artifact_stored")
+    _play(
+        lock_frontend,
+        "prefect",
+        scenario,
+        expected=expected,
+        url=url,
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
+    )
+
+
+def _play(
+    frontend: Callable[[str, Work, dict[str, Any], Path], Any],
+    frontend_name: str,
+    scenario: Scenario,
+    *,
+    expected: tuple[str, ...],
+    url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     stage = Stage(url, scenario, monkeypatch)
     heard: list[dibs.Event] = []
 
@@ -305,18 +405,18 @@ def test_every_front_end_reports_the_same_steps_and_ending(
     try:
         with dibs.observe(observe):
             if scenario.raises is None:
-                value = FRONTENDS[frontend](stage.target(), _work(scenario), scenario.call, tmp_path)
+                value = frontend(stage.target(), _work(scenario), scenario.call, tmp_path)
                 assert value == VALUE
             else:
                 with pytest.raises(scenario.raises):
-                    FRONTENDS[frontend](stage.target(), _work(scenario), scenario.call, tmp_path)
+                    frontend(stage.target(), _work(scenario), scenario.call, tmp_path)
     finally:
         stage.close()
-    assert tuple(event.name for event in heard) == scenario.events
+    assert tuple(event.name for event in heard) == expected
     finished = heard[-1]
     assert isinstance(finished, dibs.Finished) and finished.outcome == scenario.outcome
     assert {event.call for event in heard} == {finished.call}  # one call, one number
-    assert {event.frontend for event in heard} == {_frontend_name(frontend)}
+    assert {event.frontend for event in heard} == {frontend_name}
     assert {event.store for event in heard} == {stage.target().split(":")[0].split("+")[0]}
     if scenario.name == "store_down_at_complete":
         assert finished.stored is False
@@ -331,7 +431,7 @@ def test_every_front_end_reports_the_same_steps_and_ending(
 
 
 def _frontend_name(frontend: str) -> str:
-    return "python" if frontend == "async" else frontend
+    return {"async": "python", "airflow_task": "airflow"}.get(frontend, frontend)
 
 
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.cli], ids=lambda s: s.name)

@@ -15,23 +15,47 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from dibs import Reservations, Settings
 from dibs.backoff import Backoff
 from dibs.errors import ConfigurationError
 from dibs.serializers import Serializer
 
-if TYPE_CHECKING:
-    from prefect_dibs.blocks import DibsStore
+__all__ = [
+    "BLOCK_TYPE_SLUG",
+    "ClientSettings",
+    "StoreBlock",
+    "StoreSpec",
+    "is_url",
+    "resolve_client",
+    "spec_identity",
+]
 
-__all__ = ["ClientSettings", "StoreSpec", "is_url", "resolve_client", "spec_identity"]
+#: The block type of :class:`~prefect_dibs.DibsStore`: a saved block is loaded by its name through
+#: Prefect's registry of block types, so this module needs nothing of :mod:`prefect_dibs.blocks`
+#: (which builds on the lock manager, which builds on this module).
+BLOCK_TYPE_SLUG = "dibs-store"
+
+
+@runtime_checkable
+class StoreBlock(Protocol):
+    """What a client is made from: a :class:`~prefect_dibs.DibsStore` block."""
+
+    on_store_unavailable: Literal["fail", "run"]
+    wait_timeout: float | None
+    payloads_url: str | None
+
+    def store_url(self) -> str | None: ...
+
+    def settings(self, **overrides: Any) -> Settings: ...
+
 
 #: What ``store=`` accepts: a URL, a ``DibsStore`` block or its saved name, a client, or ``None``.
-StoreSpec: TypeAlias = "str | DibsStore | Reservations | None"
+StoreSpec: TypeAlias = "str | StoreBlock | Reservations | None"
 
 _CACHE: dict[tuple[str | None, Settings, str | None], Reservations] = {}
-_BLOCKS: dict[str, DibsStore] = {}  # saved blocks by name: loaded once per process
+_BLOCKS: dict[str, StoreBlock] = {}  # saved blocks by name: loaded once per process
 _CACHE_LOCK = threading.Lock()
 
 
@@ -65,8 +89,6 @@ class ClientSettings:
 def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()) -> Reservations:
     """The client for ``store`` with ``settings`` applied (see the module docstring). Blocking: it may
     load a block from the Prefect API and open a database; async callers run it in a thread."""
-    from prefect_dibs.blocks import DibsStore
-
     overrides = settings.overrides()
     if isinstance(store, Reservations):
         if overrides:
@@ -76,8 +98,8 @@ def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()
             )
         return store
     if isinstance(store, str) and not is_url(store):
-        store = _load_block(store)
-    if isinstance(store, DibsStore):
+        store = load_block(store)
+    if isinstance(store, StoreBlock):
         client_settings = store.settings(**overrides)
         url = store.store_url()
         payloads = store.payloads_url
@@ -98,8 +120,9 @@ def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()
         return client
 
 
-def _load_block(name: str) -> DibsStore:
-    from prefect_dibs.blocks import DibsStore
+def load_block(name: str) -> StoreBlock:
+    """The saved ``DibsStore`` block ``name``, loaded once per process."""
+    from prefect.blocks.core import Block
 
     with _CACHE_LOCK:
         cached = _BLOCKS.get(name)
@@ -107,8 +130,8 @@ def _load_block(name: str) -> DibsStore:
         return cached
     # ``load`` dispatches on "am I in async code?", which a worker thread of an async task (where the
     # run context was copied) answers yes: ask for the sync implementation explicitly.
-    block = DibsStore.load(name, _sync=True)  # type: ignore[call-arg]  # async_dispatch's switch
-    if not isinstance(block, DibsStore):  # pragma: no cover - defensive: Prefect changed load()
+    block = Block.load(f"{BLOCK_TYPE_SLUG}/{name}", _sync=True)  # type: ignore[call-arg]  # async_dispatch's switch
+    if not isinstance(block, StoreBlock):  # pragma: no cover - defensive: Prefect changed load()
         raise ConfigurationError(f"could not load the DibsStore block {name!r}")
     with _CACHE_LOCK:
         _BLOCKS[name] = block
@@ -121,9 +144,7 @@ def spec_identity(store: StoreSpec) -> Any:
     Two lock managers on the same URL and namespace are interchangeable, so Prefect's cache-policy
     arithmetic (which refuses to combine two *different* lock managers) must see them as equal.
     """
-    from prefect_dibs.blocks import DibsStore
-
-    if isinstance(store, DibsStore):
+    if isinstance(store, StoreBlock):
         return ("block", store.store_url(), store.settings(), store.payloads_url)
     if isinstance(store, Reservations):
         return ("client", id(store))

@@ -36,22 +36,23 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from typing import Any
+from typing import Any, Self
 
 from prefect.locking.protocol import LockManager
 
-from dibs import Reservations
+from dibs import Reservations, events
 from dibs.backoff import Backoff
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, ReservationError, WaitTimeout
+from dibs.flow import Ask, AsyncSteps, Call, Hold, Steps
+from dibs.holding import HeldLease
 from dibs.keys import Key, validate_namespace
-from dibs.lease import KeepAlive, Lease
-from dibs.outcomes import Acquired, Busy, Hit, Outcome
+from dibs.outcomes import Acquired, Busy, Outcome, RunReport
 from dibs.runtime import runtime
 from dibs.settings import validate_timings
 from prefect_dibs import _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, resolve_client, spec_identity
-from prefect_dibs._watching import Seen, Watch, await_key, expiry_cause, wait_for_key
+from prefect_dibs._takeover import expiry_cause
 
 __all__ = ["DibsLockManager"]
 
@@ -60,23 +61,6 @@ log = logging.getLogger("prefect_dibs.locking")
 #: Waiters on stores that cannot notify poll at most this often by default. Prefect's own managers
 #: poll every 0.1 s; a lock hand-off is on the critical path of every waiting task, and a read is cheap.
 DEFAULT_LOCK_BACKOFF = Backoff(initial=0.01, maximum=0.25)
-
-
-@dataclasses.dataclass
-class _Held:
-    """A lease this manager took, and the heartbeats keeping it alive (``None``: short enough not to)."""
-
-    lease: Lease
-    keeper: KeepAlive | None
-
-    def stop(self) -> None:
-        if self.keeper is not None:
-            self.keeper.stop()
-
-    def alive_with(self, lease: Lease) -> bool:
-        """Whether this is ``lease`` (same token) and its heartbeats, if any, still succeed."""
-        same = self.lease.record.token == lease.record.token
-        return same and (self.keeper is None or not self.keeper.lost.is_set())
 
 
 class DibsLockManager(LockManager):
@@ -127,7 +111,7 @@ class DibsLockManager(LockManager):
     def _init_runtime(self) -> None:
         self._client: Reservations | None = None
         self._client_lock = threading.Lock()
-        self._held: dict[Key, _Held] = {}
+        self._held: dict[Key, HeldLease] = {}
         self._lost_by: dict[Key, str] = {}  # holders whose lock expired while this manager held it
         self._held_lock = threading.Lock()
 
@@ -217,6 +201,10 @@ class DibsLockManager(LockManager):
         return min(self.client.ttl, hold), hold
 
     # -- acquiring -----------------------------------------------------------------------------------
+    # A lock is the compute-once flow's ask and wait (dibs.flow): the same timeout, takeover and store
+    # policies as every front end, and the same events. Its hold is not a work's: Prefect takes and
+    # releases a lock in two calls, so the hold step only starts the heartbeats and keeps the lease
+    # (_keep), and release_lock ends it.
     def acquire_lock(
         self,
         key: str,
@@ -227,22 +215,12 @@ class DibsLockManager(LockManager):
         """Take the lock on ``key`` for ``holder``, waiting up to ``acquire_timeout`` seconds (``None``:
         as long as it takes, ``0``: one attempt). Re-entrant for the same holder. A lock whose holder
         stopped heartbeating is taken over once it expires."""
-        k = self._key(key)
-        ttl, max_age = self._terms(hold_timeout)
-        client = self.client
-        owner = _runs.lock_owner(holder)
-        got = client.get_or_reserve(k, owner, ttl=ttl, max_lease_age=max_age)
-        if isinstance(got, Busy) and _runs.lock_holder(got.holder) == holder:
-            # The same holder, asking from another run context: re-enter its lock as its owner.
-            got = client.get_or_reserve(k, got.holder, ttl=ttl, max_lease_age=max_age)
-        wait: _LockWait | None = None
-        seen: Seen | None = None
-        if isinstance(got, Busy) and acquire_timeout != 0:
-            wait = _LockWait(k, got)
-            got, seen = wait_for_key(
-                client, k, owner, got, wait.watch(), timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age
-            )
-        return self._settle(k, got, hold_timeout, wait, seen)
+        call, narrator = self._call(self.client, key, holder, acquire_timeout, hold_timeout)
+        steps = narrator.steps = _LockSteps(self.client, _no_work, emit=call.emitter)
+        try:
+            return self._locked(call.drive(steps.taking(self, holder, hold_timeout)))
+        except WaitTimeout:
+            return False
 
     async def aacquire_lock(
         self,
@@ -252,73 +230,73 @@ class DibsLockManager(LockManager):
         hold_timeout: float | None = None,
     ) -> bool:
         """:meth:`acquire_lock` for event loops: the waiting never blocks the loop."""
-        k = self._key(key)
         client = await runtime().io(lambda: self.client)  # may load a block: not on the loop
-        ttl, max_age = self._terms(hold_timeout)
-        aclient = client.aio()
-        owner = _runs.lock_owner(holder)
-        got = await aclient.get_or_reserve(k, owner, ttl=ttl, max_lease_age=max_age)
-        if isinstance(got, Busy) and _runs.lock_holder(got.holder) == holder:
-            got = await aclient.get_or_reserve(k, got.holder, ttl=ttl, max_lease_age=max_age)
-        wait: _LockWait | None = None
-        seen: Seen | None = None
-        if isinstance(got, Busy) and acquire_timeout != 0:
-            wait = _LockWait(k, got)
-            got, seen = await await_key(
-                aclient, k, owner, got, wait.watch(), timeout=acquire_timeout, ttl=ttl, max_lease_age=max_age
-            )
-        # Settling may stop a stale heartbeat thread (a join): keep it off the loop, in this run's context
-        # (its logger).
-        settle = contextvars.copy_context().run
-        return await runtime().io(settle, self._settle, k, got, hold_timeout, wait, seen)
-
-    def _settle(
-        self,
-        key: Key,
-        outcome: Outcome,
-        hold_timeout: float | None,
-        wait: _LockWait | None,
-        seen: Seen | None,
-    ) -> bool:
-        if isinstance(outcome, Busy):
-            if wait is not None:
-                wait.gave_up()
+        call, narrator = self._call(client, key, holder, acquire_timeout, hold_timeout)
+        steps = narrator.steps = _AsyncLockSteps(client.aio(), _no_work_awaited, emit=call.emitter)
+        try:
+            return self._locked(await call.adrive(steps.taking(self, holder, hold_timeout)))
+        except WaitTimeout:
             return False
-        if isinstance(outcome, Hit):
+
+    def _call(
+        self,
+        client: Reservations,
+        key: str,
+        holder: str,
+        acquire_timeout: float | None,
+        hold_timeout: float | None,
+    ) -> tuple[Call, _LockNarrator]:
+        """One lock acquisition as a compute-once call (never run unreserved: a lock that is not
+        taken protects nothing), and the narrator of its events."""
+        k = self._key(key)
+        ttl, max_age = self._terms(hold_timeout)
+        narrator = _LockNarrator(announce=acquire_timeout != 0)
+        call = client.call(
+            k,
+            owner=_runs.lock_owner(holder),
+            timeout=acquire_timeout,
+            frontend="prefect",
+            observer=narrator,
+            ttl=ttl,
+            max_lease_age=max_age,
+            on_store_unavailable="fail",
+        )
+        return call, narrator
+
+    def _locked(self, report: RunReport) -> bool:
+        if report.role in ("hit", "waited"):
             raise ConfigurationError(
-                f"{key} has an artifact: the lock namespace {self.namespace!r} is shared with reserved "
-                "tasks; give the DibsLockManager a namespace of its own"
+                f"{report.key} has an artifact: the lock namespace {self.namespace!r} is shared with "
+                "reserved tasks; give the DibsLockManager a namespace of its own"
             )
-        if wait is not None:
-            wait.acquired()
-        if outcome.took_over_from is not None:
-            (wait.logger if wait is not None else _LockWait.current_logger()).warning(
-                "took over the cache lock %r from %s: %s",
-                key.name,
-                _runs.holder_link(_runs.lock_run(outcome.took_over_from)),
-                expiry_cause(
-                    outcome.took_over_from, outcome.lease.record.acquired_at, seen, limit="hold_timeout"
-                ),
-            )
-        lease = outcome.lease
+        return True
+
+    def _keep(self, acquired: Acquired, hold_timeout: float | None) -> RunReport:
+        """The flow's hold step for a lock: keep the lease (heartbeating it unless it is shorter than
+        its ttl) until :meth:`release_lock`."""
+        lease, key = acquired.lease, acquired.lease.key
+        report = RunReport(
+            key, None, "computed", lease.token, lease.owner, took_over_from=acquired.took_over_from
+        )
         with self._held_lock:
             current = self._held.get(key)
-            if current is not None and current.alive_with(lease):
-                return True  # re-entry of a lock this manager already keeps alive
-        held = _Held(lease, None)
-        if hold_timeout is None or hold_timeout > lease.record.ttl:
-            # Heartbeats start before the lock is published here, so a release racing with this
-            # acquisition always finds a lease whose heartbeats it can stop.
-            held.keeper = lease.keep_alive(on_lost=lambda error: self._lost(key, held, error))
-            held.keeper.__enter__()
+            if current is not None and current.lease.record.token == lease.record.token and current.alive:
+                return report  # re-entry of a lock this manager already keeps alive
+        # Heartbeats (unless the lock lives less than a ttl) start before the lock is published here,
+        # so a release racing with this acquisition always finds a lease whose heartbeats it can stop.
+        held = HeldLease(
+            lease,
+            on_lost=lambda error: self._lost(key, held, error),
+            heartbeats=hold_timeout is None or hold_timeout > lease.record.ttl,
+        )
         with self._held_lock:
             stale = self._held.get(key)
             self._held[key] = held
         if stale is not None:
-            stale.stop()
-        return True
+            stale.drop()
+        return report
 
-    def _lost(self, key: Key, held: _Held, error: LeaseLost) -> None:
+    def _lost(self, key: Key, held: HeldLease, error: LeaseLost) -> None:
         # Called from the heartbeat thread: forget the lease (the store already has).
         with self._held_lock:
             if self._held.get(key) is held:
@@ -344,9 +322,8 @@ class DibsLockManager(LockManager):
             if lost_here:
                 del self._lost_by[k]
         if held is not None:
-            held.stop()
             try:
-                held.lease.release()
+                held.let_go()
                 self._discard(k)
                 return
             except LeaseLost as exc:
@@ -369,7 +346,7 @@ class DibsLockManager(LockManager):
         # the current lease (and its token) atomically, so the release is fenced like any other.
         outcome = client.get_or_reserve(k, live.owner)
         if isinstance(outcome, Acquired):
-            outcome.lease.release()
+            HeldLease(outcome.lease, heartbeats=False).let_go()
             self._discard(k)
         elif isinstance(outcome, Busy):
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
@@ -389,9 +366,8 @@ class DibsLockManager(LockManager):
             held_now = list(self._held.items())
             self._held.clear()
         for _, held in held_now:
-            held.stop()
             with contextlib.suppress(LeaseLost):  # expired meanwhile: nothing left to release
-                held.lease.release()
+                held.let_go()
                 self._discard(held.lease.key)
 
     # -- inspecting and waiting ------------------------------------------------------------------------
@@ -422,6 +398,89 @@ class DibsLockManager(LockManager):
         return True
 
 
+def _no_work() -> None:
+    """A lock runs no work: what it protects runs between ``acquire_lock`` and ``release_lock``."""
+
+
+async def _no_work_awaited() -> None:
+    """:func:`_no_work` for :class:`_AsyncLockSteps`."""
+
+
+class _Taking:
+    """Which lock the steps take, for whom, and for how long at most."""
+
+    manager: DibsLockManager
+    holder: str
+    hold_timeout: float | None
+
+    def taking(self, manager: DibsLockManager, holder: str, hold_timeout: float | None) -> Self:
+        self.manager, self.holder, self.hold_timeout = manager, holder, hold_timeout
+        return self
+
+
+class _LockSteps(_Taking, Steps):
+    """A lock's steps: an ask that re-enters the holder's own lock, and a hold that keeps the lease."""
+
+    def ask(self, step: Ask) -> Outcome:
+        got = super().ask(step)
+        again = _reentry(step, got, self.holder)
+        return got if again is None else super().ask(again)
+
+    def hold(self, step: Hold) -> RunReport:
+        return self.manager._keep(step.acquired, self.hold_timeout)
+
+
+class _AsyncLockSteps(_Taking, AsyncSteps):
+    """:class:`_LockSteps` for event loops."""
+
+    async def ask(self, step: Ask) -> Outcome:
+        got = await super().ask(step)
+        again = _reentry(step, got, self.holder)
+        return got if again is None else await super().ask(again)
+
+    async def hold(self, step: Hold) -> RunReport:
+        # Keeping may stop a stale heartbeat thread (a join): off the loop, in this run's context.
+        keep = contextvars.copy_context().run
+        return await runtime().io(keep, self.manager._keep, step.acquired, self.hold_timeout)
+
+
+def _reentry(step: Ask, got: Outcome, holder: str) -> Ask | None:
+    """The same holder, asking from another run context, finds its own lock busy: re-enter it as its
+    owner (``None``: nothing to re-enter)."""
+    if isinstance(got, Busy) and _runs.lock_holder(got.holder) == holder:
+        return Ask(dataclasses.replace(step.ask, owner=got.holder))
+    return None
+
+
+class _LockNarrator:
+    """The flow's events in a lock waiter's words (:class:`_LockWait`), and a takeover explained."""
+
+    def __init__(self, *, announce: bool) -> None:
+        self.announce = announce
+        self.wait: _LockWait | None = None
+        self.steps: _LockSteps | _AsyncLockSteps | None = None
+
+    def __call__(self, event: events.Event) -> None:
+        wait = self.wait
+        if isinstance(event, events.KeyBusy) and wait is None and self.announce:
+            self.wait = _LockWait(event.key, event.holder, event.expires_in)
+        elif isinstance(event, events.HolderChanged) and wait is not None:
+            wait.changed(event.holder)
+        elif isinstance(event, events.Waited) and wait is not None:
+            if event.outcome == "acquired":
+                wait.acquired()
+            elif event.outcome in ("timeout", "unavailable"):
+                wait.gave_up()
+        elif isinstance(event, events.LeaseAcquired) and event.took_over_from is not None:
+            seen = None if self.steps is None else self.steps.seen
+            (wait.logger if wait is not None else _LockWait.current_logger()).warning(
+                "took over the cache lock %r from %s: %s",
+                event.key.name,
+                _runs.holder_link(_runs.lock_run(event.took_over_from)),
+                expiry_cause(event.took_over_from, event.acquired_at, seen, limit="hold_timeout"),
+            )
+
+
 class _LockWait:
     """A run waiting for a lock says so, and on whom: in its logs (the task run's; in a flow-level
     transaction, the flow run's) and, in a task run, its state (see :mod:`prefect_dibs._runs`).
@@ -429,7 +488,7 @@ class _LockWait:
     The holder is named by the run that took the lock, not by Prefect's random holder id.
     """
 
-    def __init__(self, key: Key, busy: Busy) -> None:
+    def __init__(self, key: Key, holder: str, remaining: float) -> None:
         self.key = key
         self.ctx = _runs.task_run_context()
         self.logger = self.current_logger()
@@ -438,33 +497,30 @@ class _LockWait:
             "waiting for the cache lock %r held by %s (its lease runs %.1fs more unless renewed; if its "
             "holder dies, this run takes it over)",
             key.name,
-            _runs.holder_link(_runs.lock_run(busy.holder)),
-            busy.remaining,
+            _runs.holder_link(_runs.lock_run(holder)),
+            remaining,
         )
-        self._mark_waiting(busy)
+        self._mark_waiting(holder)
 
     @staticmethod
     def current_logger() -> Any:
         return _runs.run_logger(_runs.task_run_context())
 
-    def watch(self) -> Watch:
-        return Watch(changed=self._changed)
-
     def _say(self, message: str, *args: Any) -> None:
         # Outside any run there is no run log to inform, only the library's own (quietly).
         (self.logger.info if self._in_run else log.debug)(message, *args)
 
-    def _mark_waiting(self, busy: Busy) -> None:
-        run = _runs.lock_run(busy.holder)
+    def _mark_waiting(self, holder: str) -> None:
+        run = _runs.lock_run(holder)
         _runs.mark_state(self.ctx, "Waiting", f"waiting for the cache lock {self.key.name!r} held by {run!r}")
 
-    def _changed(self, seen: Seen) -> None:
+    def changed(self, holder: str) -> None:
         self._say(
             "the cache lock %r changed hands: now held by %s; still waiting",
             self.key.name,
-            _runs.holder_link(_runs.lock_run(seen.busy.holder)),
+            _runs.holder_link(_runs.lock_run(holder)),
         )
-        self._mark_waiting(seen.busy)
+        self._mark_waiting(holder)
 
     def acquired(self) -> None:
         _runs.mark_state(self.ctx, "Running", f"holding the cache lock {self.key.name!r}")

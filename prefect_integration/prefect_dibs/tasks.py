@@ -34,6 +34,7 @@ part for users who want to keep Prefect's cache; ``@reserved`` also shares the r
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -43,16 +44,15 @@ from dibs import Reservations, events, keys
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, validate_seconds
 from dibs.errors import ConfigurationError, StoreUnavailable
-from dibs.events import Emitter
-from dibs.flow import AsyncSteps, Call, Steps, Wait
+from dibs.flow import AsyncSteps, Call, Steps
 from dibs.keys import Key
-from dibs.outcomes import Acquired, Busy, Hit, RunReport
+from dibs.outcomes import RunReport
 from dibs.runtime import runtime
 from dibs.serializers import Serializer
 from dibs.settings import validate_timings
 from prefect_dibs import _cached, _runs
-from prefect_dibs._clients import ClientSettings, StoreSpec, is_url, resolve_client
-from prefect_dibs._watching import Seen, Watch, await_key, expiry_cause, wait_for_key
+from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url, load_block, resolve_client
+from prefect_dibs._takeover import expiry_cause
 
 __all__ = ["KeySpec", "reserved"]
 
@@ -195,6 +195,7 @@ def reserved(
     return decorate
 
 
+@dataclasses.dataclass(eq=False)
 class _Reservation:
     """One reserved function's configuration, and the sync and async ways of running a call of it.
 
@@ -202,30 +203,17 @@ class _Reservation:
     process (Dask, Ray, a process pool) arrives intact and opens its own client there.
     """
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        store: StoreSpec,
-        key: KeySpec | None,
-        version: str | None,
-        exclude: tuple[str, ...],
-        settings: ClientSettings,
-        timeout: float | None,
-        progress_interval: float,
-        artifact: bool,
-        refresh: bool | None,
-    ) -> None:
-        self.fn = fn
-        self.store = store
-        self.key = key
-        self.version = version
-        self.exclude = exclude
-        self.settings = settings
-        self.timeout = timeout
-        self.progress_interval = progress_interval
-        self.artifact = artifact
-        self.refresh = refresh
+    fn: Callable[..., Any]
+    _: dataclasses.KW_ONLY
+    store: StoreSpec
+    key: KeySpec | None
+    version: str | None
+    exclude: tuple[str, ...]
+    settings: ClientSettings
+    timeout: float | None
+    progress_interval: float
+    artifact: bool
+    refresh: bool | None
 
     def wrapper(self) -> Callable[..., Any]:
         fn = self.fn
@@ -342,8 +330,10 @@ class _Reservation:
             )
             return value
         call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
-        steps = _TaskSteps(client, lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger)
-        steps.narrator = narrator
+        steps = narrator.steps = Steps(
+            client, lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger
+        )
+        steps.progress_every = self.progress_interval
         report = call.drive(steps)
         self.publish(ctx, report, logger)
         return self.returned(ctx, report)
@@ -385,10 +375,10 @@ class _Reservation:
             await self.apublish(ctx, report, logger)
             return value
         call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
-        steps = _AsyncTaskSteps(
+        steps = narrator.steps = AsyncSteps(
             client.aio(), lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger
         )
-        steps.narrator = narrator
+        steps.progress_every = self.progress_interval
         report = await call.adrive(steps)
         await self.apublish(ctx, report, logger)
         return self.returned(ctx, report)
@@ -419,14 +409,14 @@ def _say_unreserved(logger: Logger, key: Key | str, error: str) -> None:
 class _Narrator:
     """The flow's events in a Prefect run's words: its log lines and its ``Waiting``/``Running`` states.
 
-    While the run waits, :mod:`prefect_dibs._watching` tells it at once when the key changes hands and
-    every ``progress_interval`` that it still waits (:meth:`watch`); it also remembers the holders it saw,
-    to explain a takeover.
+    While the run waits, the flow's wait step tells it at once when the key changes hands
+    (``HolderChanged``) and every ``progress_interval`` that it still waits (``StillWaiting``); the
+    steps remember the last lease they saw, to explain a takeover.
     """
 
     def __init__(self, ctx: Any, logger: Logger, reservation: _Reservation) -> None:
         self.ctx, self.logger, self.reservation = ctx, logger, reservation
-        self.seen: Seen | None = None
+        self.steps: Steps | AsyncSteps | None = None
         self.waited: events.Waited | None = None
         self.announced = False
 
@@ -438,6 +428,10 @@ class _Narrator:
             holder = _runs.holder_link(event.holder)
             self.logger.info("%s changed hands: now held by %s", event.key, holder)
             _runs.mark_state(self.ctx, "Waiting", f"waiting for {event.key} held by {event.holder!r}")
+        elif isinstance(event, events.StillWaiting):
+            self.logger.info(
+                "still waiting for %s: held by %r, %.0fs so far", event.key, event.holder, event.seconds
+            )
         elif isinstance(event, events.Waited):
             self.waited = event
         elif isinstance(event, events.ArtifactFound):
@@ -446,25 +440,6 @@ class _Narrator:
             self._acquired(event)
         elif isinstance(event, events.RanUnreserved):
             _say_unreserved(self.logger, event.key, event.error)
-
-    def watch(self, step: Wait, emit: Emitter | None) -> Watch:
-        """What this run hears while it waits: a new holder at once (a ``HolderChanged`` event, which
-        its logs and state then say), and every ``progress_interval`` seconds that it still waits."""
-        logger = self.logger
-        last = [step.busy.holder]
-
-        def changed(seen: Seen) -> None:
-            busy = seen.busy
-            if emit is not None:
-                emit(events.HolderChanged, previous=last[0], holder=busy.holder, expires_in=busy.remaining)
-            last[0] = busy.holder
-
-        def progress(seen: Seen, waited: float) -> None:
-            logger.info(
-                "still waiting for %s: held by %r, %.0fs so far", seen.busy.key, seen.busy.holder, waited
-            )
-
-        return Watch(changed, progress, self.reservation.progress_interval)
 
     def _found(self, got: events.ArtifactFound) -> None:
         if got.waited:
@@ -489,7 +464,12 @@ class _Narrator:
                 "%s: took over from %r: %s; computing it now (token %d)",
                 got.key,
                 got.took_over_from,
-                expiry_cause(got.took_over_from, got.acquired_at, self.seen, limit="maximum lease age"),
+                expiry_cause(
+                    got.took_over_from,
+                    got.acquired_at,
+                    None if self.steps is None else self.steps.seen,
+                    limit="maximum lease age",
+                ),
                 got.token,
             )
         elif waited_on is not None:
@@ -508,58 +488,18 @@ class _Narrator:
             _runs.mark_state(self.ctx, "Running", f"computing {got.key}")
 
 
-class _TaskSteps(Steps):
-    """A Prefect task's steps: the wait goes through :func:`wait_for_key`, which keeps the run's logs
-    and state naming whoever holds the key now."""
-
-    narrator: _Narrator
-
-    def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        got, self.narrator.seen = wait_for_key(self.client, **_waiting_on(step, self.narrator, self.emit))
-        return got
-
-
-class _AsyncTaskSteps(AsyncSteps):
-    """:class:`_TaskSteps` for coroutine tasks."""
-
-    narrator: _Narrator
-
-    async def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        got, self.narrator.seen = await await_key(self.client, **_waiting_on(step, self.narrator, self.emit))
-        return got
-
-
-def _waiting_on(step: Wait, narrator: _Narrator, emit: Emitter | None) -> dict[str, Any]:
-    """What :func:`wait_for_key` and :func:`await_key` take from the flow's wait step."""
-    ask = step.ask
-    return {
-        "key": ask.key,
-        "owner": ask.owner,
-        "busy": step.busy,
-        "watch": narrator.watch(step, emit),
-        "timeout": step.timeout,
-        "min_token": ask.min_fence,
-    }
-
-
 def _block_wait_timeout(store: StoreSpec) -> float | None:
-    from prefect_dibs import _clients
-    from prefect_dibs.blocks import DibsStore
-
     if isinstance(store, str) and not is_url(store):
-        store = _clients._load_block(store)
-    return store.wait_timeout if isinstance(store, DibsStore) else None
+        store = load_block(store)
+    return store.wait_timeout if isinstance(store, StoreBlock) else None
 
 
 def _unreachable_policy(store: StoreSpec) -> str:
-    from prefect_dibs import _clients
-    from prefect_dibs.blocks import DibsStore
-
     if isinstance(store, Reservations):
         return store.on_store_unavailable
     if isinstance(store, str) and not is_url(store):
-        store = _clients._load_block(store)
-    return store.on_store_unavailable if isinstance(store, DibsStore) else "fail"
+        store = load_block(store)
+    return store.on_store_unavailable if isinstance(store, StoreBlock) else "fail"
 
 
 _ROLE_WORDS = {

@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from os import PathLike
 from pathlib import Path
-from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from dibs import events, flow, holding, keys
+from dibs._closing import Closing
 from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, default_store_url, validate_seconds
@@ -75,7 +75,7 @@ class _Decorator(Protocol):
     def __call__(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 
-class Reservations:
+class Reservations(Closing):
     """Compute each key once across every process that shares the store.
 
     :param store: a :class:`~dibs.stores.Store`, a store URL, or ``None`` for ``DIBS_STORE_URL`` and
@@ -201,14 +201,6 @@ class Reservations:
         if self._shared and not self._closed:
             self._closed = True
             runtime().return_store(self._records)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         # store.url is redacted by every dibs store; a store of the user's may not be.
@@ -514,7 +506,7 @@ class Reservations:
 
     def hold(
         self,
-        got: Acquired | Lease,
+        got: Acquired | Lease | holding.HeldLease,
         work: Callable[[], T],
         *,
         failure_of: holding.FailureOf | None = None,
@@ -524,36 +516,22 @@ class Reservations:
         """Run ``work()`` while holding the lease: heartbeats, then complete or release (see
         :mod:`dibs.holding` for every decision). Returns how it went; ``report.value`` is the value.
 
+        :param got: the lease, or a :class:`~dibs.holding.HeldLease` already keeping it (one that
+            something else may end meanwhile: Airflow's ``on_kill``); then the other parameters are its.
         :param failure_of: how a failure of ``work`` is recorded (``None``: not as a failure);
             default ``Type: message``.
         :param logger: where the decisions are logged (an orchestrator's task logger, say).
         :param emit: the call's :class:`~dibs.events.Emitter`, to hear what happens (see :mod:`dibs.flow`).
         """
-        lease = got.lease if isinstance(got, Acquired) else got
-        took_over_from = got.took_over_from if isinstance(got, Acquired) else None
-        logger = logger or log
-        keeper = lease.keep_alive(
-            on_lost=holding.lost_reporter(logger, emit, lease.token),
-            on_failed=holding.heartbeat_reporter(emit, lease.token),
-        )
+        held = _held(got, failure_of, logger, emit)
         started = time.monotonic()
-        with holding.holding(self.store, lease.key), keeper:
+        with holding.holding(self.store, held.lease.key):
             try:
                 value = work()
             except BaseException as exc:
-                # Heartbeats end first: one running after the release would report a false "lease lost".
-                keeper.stop()
-                holding.release_after(lease, exc, failure_of, logger, emit)
+                held.fail(exc)
                 raise
-        return holding.store_value(
-            lease,
-            value,
-            took_over_from=took_over_from,
-            policy=self.on_store_unavailable,
-            logger=logger,
-            emit=emit,
-            compute_seconds=time.monotonic() - started,
-        )
+        return held.store(value, policy=self.on_store_unavailable, compute_seconds=time.monotonic() - started)
 
     def compute(
         self,
@@ -592,21 +570,25 @@ class Reservations:
         frontend: str = "python",
         observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ttl: float | None = None,
+        max_lease_age: float | None = None,
+        on_store_unavailable: StoreUnavailablePolicy | None = None,
     ) -> flow.Call:
         """One compute-once call, not started: its flow and the emitter of its events (for front ends
         that drive the flow themselves, see :mod:`dibs.flow`). ``resume`` continues a call that waited
-        elsewhere (``clock`` then must be ``time.time``, which a resumed wait can be measured on)."""
+        elsewhere (``clock`` then must be ``time.time``, which a resumed wait can be measured on);
+        ``ttl``, ``max_lease_age`` and ``on_store_unavailable`` override the client's for this call."""
         k = self.key(key)
         owner = owner or default_owner()
         timeout = validate_seconds("timeout", timeout, allow_none=True, allow_zero=True)
-        ask = self._ask(k, owner, None, None, max_age=max_age, refresh=refresh)
+        ask = self._ask(k, owner, ttl, max_lease_age, max_age=max_age, refresh=refresh)
         translate = _log_event if frontend == "python" else None  # the other front ends say it their way
         observers = (events.PROCESS, self.observers, translate, observer)
         emitter = Emitter(k, owner, frontend, observers, store=self._store_kind)
         steps = flow.compute_once(
             ask,
             emitter=emitter,
-            policy=self.on_store_unavailable,
+            policy=on_store_unavailable or self.on_store_unavailable,
             timeout=timeout,
             max_age=self._max_age(max_age),
             resume=resume,
@@ -902,7 +884,7 @@ class AsyncReservations:
 
     async def hold(
         self,
-        got: Acquired | Lease,
+        got: Acquired | Lease | holding.HeldLease,
         work: Callable[[], Awaitable[T]],
         *,
         failure_of: holding.FailureOf | None = None,
@@ -915,40 +897,19 @@ class AsyncReservations:
         """
         import asyncio
 
-        c = self.client
-        lease = got.lease if isinstance(got, Acquired) else got
-        took_over_from = got.took_over_from if isinstance(got, Acquired) else None
-        logger = logger or log
         rt = runtime()
+        held = _held(got, failure_of, logger, emit)
         started = time.monotonic()
-        with holding.holding(c.store, lease.key):
-            keeper = lease.keep_alive(
-                on_lost=holding.lost_reporter(logger, emit, lease.token),
-                on_failed=holding.heartbeat_reporter(emit, lease.token),
-            )
-            keeper.__enter__()
+        with holding.holding(self.client.store, held.lease.key):
             try:
                 value = await work()
             except BaseException as exc:
                 # Shielded: a second cancellation must not stop the release that frees the key.
-                release = functools.partial(
-                    _stop_and_release, keeper, lease, exc, failure_of=failure_of, logger=logger, emit=emit
-                )
-                await asyncio.shield(rt.io(release))
+                await asyncio.shield(rt.io(held.fail, exc))
                 raise
-            await rt.io(keeper.stop)  # it may join a heartbeat in flight: not on the loop
-        return await rt.io(
-            functools.partial(
-                holding.store_value,
-                lease,
-                value,
-                took_over_from=took_over_from,
-                policy=c.on_store_unavailable,
-                logger=logger,
-                emit=emit,
-                compute_seconds=time.monotonic() - started,
-            )
-        )
+        policy = self.client.on_store_unavailable
+        seconds = time.monotonic() - started
+        return await rt.io(functools.partial(held.store, value, policy=policy, compute_seconds=seconds))
 
     async def compute(
         self,
@@ -1051,17 +1012,20 @@ def _release_quietly(client: Reservations, key: Key, outcome: Granted) -> None:
         log.info("%s: released the lease granted to a cancelled acquire (token %s)", key, outcome.lease.token)
 
 
-def _stop_and_release(
-    keeper: Any,
-    lease: Lease,
-    exc: BaseException,
-    *,
+def _held(
+    got: Acquired | Lease | holding.HeldLease,
     failure_of: holding.FailureOf | None,
-    logger: holding.Logger,
+    logger: holding.Logger | None,
     emit: Emitter | None,
-) -> None:
-    keeper.stop()
-    holding.release_after(lease, exc, failure_of, logger, emit)
+) -> holding.HeldLease:
+    """The lease a hold keeps: the one given, or one that starts heartbeating now."""
+    if isinstance(got, holding.HeldLease):
+        return got
+    lease = got.lease if isinstance(got, Acquired) else got
+    took_over_from = got.took_over_from if isinstance(got, Acquired) else None
+    return holding.HeldLease(
+        lease, took_over_from=took_over_from, failure_of=failure_of, logger=logger or log, emit=emit
+    )
 
 
 class _LogEvents:

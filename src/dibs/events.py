@@ -7,7 +7,7 @@ are *observers* of these events, never code threaded through each front end.
 
 One call's events, in order (``*``: only when it happens)::
 
-    Asked → KeyBusy* → HolderChanged* → Waited* → ArtifactFound → Finished(hit | waited)
+    Asked → KeyBusy* → [HolderChanged | StillWaiting]* → Waited* → ArtifactFound → Finished(hit | waited)
     Asked → [KeyBusy … Waited]* → LeaseAcquired → HeartbeatFailed* → LostLease*
           → ArtifactStored | NotStored → Finished(computed | took_over)
           → WorkFailed → LeaseReleased* → Finished(failed)
@@ -62,6 +62,7 @@ __all__ = [
     "Observer",
     "Observers",
     "RanUnreserved",
+    "StillWaiting",
     "Waited",
     "WorkFailed",
     "observe",
@@ -131,6 +132,15 @@ class HolderChanged(Event):
     previous: str
     holder: str
     expires_in: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StillWaiting(Event):
+    """The call has waited ``seconds`` on ``holder`` so far and waits on (only for a front end that
+    asks to hear it, every so often: prefect_dibs's ``progress_interval``)."""
+
+    holder: str
+    seconds: float
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

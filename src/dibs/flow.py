@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from dibs import events, holding
@@ -42,10 +42,13 @@ from dibs.backoff import Deadline
 from dibs.errors import StoreUnavailable
 from dibs.events import Emitter, Event
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
-from dibs.records import Held
+from dibs.records import Held, LeaseRecord
 
 if TYPE_CHECKING:
-    from dibs.client import AsyncReservations, Reservations
+    from dibs.backoff import Deadline as DeadlineT
+    from dibs.keys import Key
+    from dibs.records import StoreOutcome
+    from dibs.stores.base import Store
 
 __all__ = [
     "Ask",
@@ -398,12 +401,55 @@ class Call:
         return await adrive(self.flow, io, self.emitter)
 
 
+class Client(Protocol):
+    """What :class:`Steps` does each step with: a :class:`dibs.Reservations` (described here rather
+    than imported, so that this module stays below the client that drives it)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    def _ask_store(self, ask: AskAcquire) -> StoreOutcome: ...
+
+    def _wait_store(
+        self, ask: AskAcquire, deadline: DeadlineT, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome: ...
+
+    def _to_outcome(self, key: Key, outcome: StoreOutcome) -> Outcome: ...
+
+    def hold(self, got: holding.HeldLease, work: Callable[[], Any]) -> RunReport: ...
+
+
+class AsyncClient(Protocol):
+    """What :class:`AsyncSteps` does each step with: a :class:`dibs.AsyncReservations`."""
+
+    @property
+    def client(self) -> Client: ...
+
+    async def _ask_store(self, ask: AskAcquire) -> StoreOutcome: ...
+
+    async def _wait_store(
+        self, ask: AskAcquire, deadline: DeadlineT, held: Callable[[Held], None] | None = None
+    ) -> StoreOutcome: ...
+
+    async def _outcome(self, key: Key, outcome: StoreOutcome) -> Outcome: ...
+
+    async def hold(self, got: holding.HeldLease, work: Callable[[], Awaitable[Any]]) -> RunReport: ...
+
+
 ClientT = TypeVar("ClientT")
 WorkT = TypeVar("WorkT")
 
 
 class _HowToHold(Generic[ClientT, WorkT]):
-    """What both faces of the steps are given: the client, the work, and how the hold reports."""
+    """What both faces of the steps are given: the client, the work, and how the hold reports.
+
+    While a wait step runs, :attr:`seen` is the last lease it found on the key (a front end explains a
+    takeover with it: did the holder stop heartbeating, or reach its maximum age?), and with
+    :attr:`progress_every` set, a :class:`~dibs.events.StillWaiting` event comes that often.
+    """
+
+    #: Seconds between two :class:`~dibs.events.StillWaiting` events while a wait lasts (``None``: none).
+    progress_every: float | None = None
 
     def __init__(
         self,
@@ -416,9 +462,52 @@ class _HowToHold(Generic[ClientT, WorkT]):
     ) -> None:
         self.client, self.work, self.emit = client, work, emit
         self.failure_of, self.logger = failure_of, logger
+        self.seen: LeaseRecord | None = None
+
+    def held(self, acquired: Acquired) -> holding.HeldLease:
+        """The lease of a :class:`Hold` step, heartbeating from now on (a front end that must reach it
+        from elsewhere, Airflow's ``on_kill``, keeps it before handing it to the hold)."""
+        return holding.HeldLease(
+            acquired.lease,
+            took_over_from=acquired.took_over_from,
+            failure_of=self.failure_of,
+            logger=self.logger,
+            emit=self.emit,
+        )
+
+    def _watcher(self, step: Wait) -> Callable[[Held], None]:
+        """What a wait does with every busy answer it gets: remember the lease, and tell the observers
+        when the key changes hands (``HolderChanged``)."""
+        last = [step.busy.holder]
+        emit = self.emit
+
+        def held(answer: Held) -> None:
+            lease = self.seen = answer.lease
+            if lease.owner != last[0]:
+                if emit is not None:
+                    expires_in = max(0.0, lease.expires_at - answer.now)
+                    emit(events.HolderChanged, previous=last[0], holder=lease.owner, expires_in=expires_in)
+                last[0] = lease.owner
+
+        return held
+
+    def _parts(self, step: Wait) -> Iterator[Deadline]:
+        """The wait in parts of at most :attr:`progress_every` seconds; between two parts (the key
+        still busy) a ``StillWaiting`` event. The caller stops at an answer that is not busy."""
+        whole = Deadline(step.timeout)
+        every = self.progress_every
+        while True:
+            remaining = whole.remaining
+            if every is None or (remaining is not None and remaining <= every):
+                yield whole
+                return
+            yield Deadline(every)
+            if self.emit is not None:
+                holder = step.busy.holder if self.seen is None else self.seen.owner
+                self.emit(events.StillWaiting, holder=holder, seconds=whole.elapsed)
 
 
-class Steps(_HowToHold["Reservations", Any]):
+class Steps(_HowToHold[Client, Any]):
     """How a plain client does each step in a thread; a front end overrides what it does otherwise
     (Airflow defers at :meth:`wait`, ``dibs run`` shows the wait to whoever follows it).
 
@@ -426,7 +515,7 @@ class Steps(_HowToHold["Reservations", Any]):
         :meth:`dibs.Reservations.hold`'s.
     """
 
-    client: Reservations
+    client: Client
 
     def ask(self, step: Ask) -> Outcome:
         c = self.client
@@ -434,23 +523,24 @@ class Steps(_HowToHold["Reservations", Any]):
         return c._to_outcome(step.ask.key, c._ask_store(step.ask))
 
     def wait(self, step: Wait) -> Outcome:
-        c = self.client
-        outcome = c._wait_store(step.ask, Deadline(step.timeout), _holder_changes(step, self.emit))
+        c, watcher = self.client, self._watcher(step)
+        for part in self._parts(step):
+            outcome = c._wait_store(step.ask, part, watcher)
+            if not isinstance(outcome, Held):
+                break
         return c._to_outcome(step.ask.key, outcome)
 
     def hold(self, step: Hold) -> RunReport:
-        return self.client.hold(
-            step.acquired, self.work, failure_of=self.failure_of, logger=self.logger, emit=self.emit
-        )
+        return self.client.hold(self.held(step.acquired), self.work)
 
     def run_unreserved(self, step: RunUnreserved) -> Any:
         return self.work()
 
 
-class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
+class AsyncSteps(_HowToHold[AsyncClient, Awaitable[Any]]):
     """:class:`Steps` for event loops: the store's part in the runtime's I/O executor, the work awaited."""
 
-    client: AsyncReservations
+    client: AsyncClient
 
     async def ask(self, step: Ask) -> Outcome:
         c = self.client.client
@@ -458,30 +548,15 @@ class AsyncSteps(_HowToHold["AsyncReservations", Awaitable[Any]]):
         return await self.client._outcome(step.ask.key, await self.client._ask_store(step.ask))
 
     async def wait(self, step: Wait) -> Outcome:
-        changes = _holder_changes(step, self.emit)
-        outcome = await self.client._wait_store(step.ask, Deadline(step.timeout), changes)
-        return await self.client._outcome(step.ask.key, outcome)
+        c, watcher = self.client, self._watcher(step)
+        for part in self._parts(step):
+            outcome = await c._wait_store(step.ask, part, watcher)
+            if not isinstance(outcome, Held):
+                break
+        return await c._outcome(step.ask.key, outcome)
 
     async def hold(self, step: Hold) -> RunReport:
-        return await self.client.hold(
-            step.acquired, self.work, failure_of=self.failure_of, logger=self.logger, emit=self.emit
-        )
+        return await self.client.hold(self.held(step.acquired), self.work)
 
     async def run_unreserved(self, step: RunUnreserved) -> Any:
         return await self.work()
-
-
-def _holder_changes(step: Wait, emit: Emitter | None) -> Callable[[Held], None] | None:
-    """What a wait tells the observers when the key changes hands while it waits (``HolderChanged``)."""
-    if emit is None:
-        return None
-    last = [step.busy.holder]
-
-    def held(answer: Held) -> None:
-        holder = answer.lease.owner
-        if holder != last[0]:
-            expires_in = max(0.0, answer.lease.expires_at - answer.now)
-            emit(events.HolderChanged, previous=last[0], holder=holder, expires_in=expires_in)
-            last[0] = holder
-
-    return held

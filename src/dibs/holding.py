@@ -24,12 +24,19 @@ the store stays unreachable at     the client's ``on_store_unavailable``: ``"fai
                                    value, not stored; either way it is logged
 heartbeats lose the lease          logged when it happens; the work goes on (its value is still
                                    right), and ``complete`` is then refused as above
+the lease is let go from outside   (a lock released, Airflow's ``on_kill``) the heartbeats stop,
+the work                           then the lease is released with what happened recorded; the
+                                   work's own ending afterwards releases nothing again
 =================================  ===========================================================
+
+Every lease held while something runs is held through one :class:`HeldLease`: the sync and async
+``hold``, ``with lease:``, Airflow's ``on_kill``, ``DibsLockManager`` (whose hold spans two of
+Prefect's calls) and ``dibs run``. Its heartbeats always stop before the lease ends, so a late
+heartbeat never reports a false "lease lost", and a lease ends once, whoever ends it first.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import logging
@@ -39,7 +46,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from dibs import events
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
+from dibs.lease import Keeping
 from dibs.outcomes import RunReport
+from dibs.stops import STOP_PREFIX, STOPS, failure_text, is_stop
 
 if TYPE_CHECKING:
     from dibs.events import Emitter
@@ -47,7 +56,10 @@ if TYPE_CHECKING:
     from dibs.stores.base import Store
 
 __all__ = [
+    "STOPS",
+    "STOP_PREFIX",
     "FailureOf",
+    "HeldLease",
     "Logger",
     "failure_text",
     "heartbeat_reporter",
@@ -80,37 +92,6 @@ class Logger(Protocol):
 _HELD_HERE: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
     "dibs_held_here", default=frozenset()
 )
-
-
-#: How every recorded stop begins (``stopped: KeyboardInterrupt``, ``stopped by SIGTERM: ...``,
-#: Airflow's ``stopped: the task was killed (on_kill)``): see :func:`is_stop`.
-STOP_PREFIX = "stopped"
-
-
-#: What stops work on purpose rather than failing it. Any other ``BaseException`` is a failure: an
-#: Airflow task timeout (``AirflowTaskTimeout`` derives from ``BaseException`` so that user code does
-#: not catch it) is work that took too long, and must count towards ``max_failures``.
-STOPS: tuple[type[BaseException], ...] = (
-    KeyboardInterrupt,
-    SystemExit,
-    asyncio.CancelledError,
-    GeneratorExit,
-)
-
-
-def failure_text(exc: BaseException) -> str:
-    """How a failure is recorded: ``Type: message``; a stop (Ctrl-C, a cancellation, ``SystemExit``:
-    :data:`STOPS`) as ``stopped: Type``."""
-    if not isinstance(exc, STOPS):
-        return f"{type(exc).__name__}: {exc}"
-    detail = str(exc)
-    return f"{STOP_PREFIX}: {type(exc).__name__}" + (f": {detail}" if detail else "")
-
-
-def is_stop(recorded: str) -> bool:
-    """Whether a recorded release is a stop: recorded, so waiters can say why the key is free, but
-    not a failure, so it never counts towards ``max_failures`` (nothing failed: someone stopped it)."""
-    return recorded == STOP_PREFIX or recorded.startswith((f"{STOP_PREFIX}:", f"{STOP_PREFIX} by "))
 
 
 @contextlib.contextmanager
@@ -237,3 +218,58 @@ def store_value(
     if emit is not None:
         emit(events.ArtifactStored, token=lease.token, size=record.size, compute_seconds=compute_seconds)
     return report(stored=True)
+
+
+class HeldLease(Keeping):
+    """A lease while its work runs: :class:`~dibs.lease.Keeping` (its heartbeats and its one ending)
+    with the decisions of this module for how the work ended.
+
+    Heartbeats start at once (``heartbeats=False``: none, for a lease shorter than its ttl); a lost
+    lease is logged and heard by ``emit`` and ``on_lost``. Then exactly one ending counts:
+    :meth:`fail` (the work raised), :meth:`store` (it returned a value), :meth:`let_go` (ended from
+    outside: a lock released, a task killed, from any thread), :meth:`close` (a ``with`` block
+    ended) or :meth:`drop` (lost or replaced: nothing to release). Each stops the heartbeats first.
+    After one ending, the others release nothing; a value stored after a :meth:`let_go` is refused by
+    the store (fenced) and returned to its caller only.
+    """
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        took_over_from: str | None = None,
+        failure_of: FailureOf | None = None,
+        logger: Logger | None = None,
+        emit: Emitter | None = None,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        heartbeats: bool = True,
+    ) -> None:
+        self.took_over_from = took_over_from
+        self.failure_of, self.logger, self.emit = failure_of, logger or log, emit
+        reporter = lost_reporter(self.logger, emit, lease.token)
+
+        def lost(error: LeaseLost) -> None:
+            reporter(error)
+            if on_lost is not None:
+                on_lost(error)
+
+        failed = heartbeat_reporter(emit, lease.token)
+        super().__init__(lease, on_lost=lost, on_failed=failed, heartbeats=heartbeats)
+
+    def fail(self, exc: BaseException) -> None:
+        """The work raised ``exc``: release with the failure recorded; never raises."""
+        if self._end():
+            release_after(self.lease, exc, self.failure_of, self.logger, self.emit)
+
+    def store(self, value: Any, *, policy: Literal["fail", "run"], compute_seconds: float = 0.0) -> RunReport:
+        """The work returned ``value``: store it as the key's artifact (:func:`store_value`)."""
+        self._end()
+        return store_value(
+            self.lease,
+            value,
+            took_over_from=self.took_over_from,
+            policy=policy,
+            logger=self.logger,
+            emit=self.emit,
+            compute_seconds=compute_seconds,
+        )

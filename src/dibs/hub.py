@@ -28,9 +28,8 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Hashable
-from types import TracebackType
-from typing import Self
 
+from dibs._closing import Closing
 from dibs.errors import StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
@@ -47,7 +46,7 @@ POLL_SECONDS = 0.5
 REOPEN_FIRST, REOPEN_LAST = 0.1, 5.0
 
 
-class Subscription:
+class Subscription(Closing):
     """One waiter's interest in one key, until :meth:`close`.
 
     The hub offers it each new state of the key it reads (or ``None``: "ask the store yourself");
@@ -125,14 +124,6 @@ class Subscription:
             self._closed = True
             if self._hub is not None:
                 self._hub._unsubscribe(self)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

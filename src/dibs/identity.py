@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from dibs.canonical import canonical_json
 from dibs.errors import InvalidKey
 
 __all__ = ["code_identity", "qualified_name"]
@@ -181,8 +182,6 @@ def _bytecode_shape(code: types.CodeType) -> str:
 
 
 def _closure_values(target: Any, fn: Callable[..., Any]) -> dict[str, Any]:
-    from dibs.keys import canonical_json  # keys builds on this module
-
     code = getattr(target, "__code__", None)
     cells = getattr(target, "__closure__", None)
     if not isinstance(code, types.CodeType) or not cells:
@@ -223,8 +222,6 @@ def _closure_values(target: Any, fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _partial_arguments(partial: functools.partial[Any], fn: Callable[..., Any], version: str | None) -> Any:
-    from dibs.keys import canonical_json
-
     arguments = {"args": list(partial.args), "kwargs": dict(partial.keywords)}
     try:
         canonical_json(arguments)

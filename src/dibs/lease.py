@@ -22,9 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from dibs import holding
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
@@ -34,21 +33,38 @@ from dibs.payloads.references import encode as encode_reference
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
 from dibs.serializers import dump_artifact
 from dibs.settings import validate_timings
+from dibs.stops import failure_text, is_stop
 
 if TYPE_CHECKING:
-    from dibs.client import Reservations
+    from dibs.serializers import Serializer
+    from dibs.settings import Settings
+    from dibs.stores.base import Store
 
-__all__ = ["KeepAlive", "Lease"]
+__all__ = ["KeepAlive", "Keeping", "Lease", "LeaseSource"]
 
 log = logging.getLogger("dibs")
 
 _EXPORT_PREFIX = "dibs-lease:"
 
 
+class LeaseSource(Protocol):
+    """What a lease needs of whoever got it (a :class:`dibs.Reservations` client): the store it lives
+    in, the serializer of its artifact, and the settings its heartbeats follow."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def serializer(self) -> Serializer: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
 class Lease:
     """The right to compute one key until ``expires_at`` (store clock). See the module docstring."""
 
-    def __init__(self, client: Reservations, record: LeaseRecord) -> None:
+    def __init__(self, client: LeaseSource, record: LeaseRecord) -> None:
         self._client = client
         self._record = record
         self._ended = False
@@ -81,6 +97,11 @@ class Lease:
     @property
     def record(self) -> LeaseRecord:
         return self._record
+
+    @property
+    def ended(self) -> bool:
+        """Whether this handle completed or released the lease."""
+        return self._ended
 
     def __repr__(self) -> str:
         return f"Lease(key={str(self.key)!r}, owner={self.owner!r}, token={self.token})"
@@ -177,12 +198,12 @@ class Lease:
     def release(self, error: BaseException | str | None = None) -> None:
         """End the lease without an artifact so a waiter takes over now; ``error`` is recorded.
 
-        A stop (a recorded text that :func:`dibs.holding.is_stop` recognizes: Ctrl-C, a cancellation,
+        A stop (a recorded text that :func:`dibs.stops.is_stop` recognizes: Ctrl-C, a cancellation,
         a kill) is recorded but not counted as a failure, so it never makes ``max_failures`` refuse
         the key. Every front end words its stops that way, so this is the one place that decides.
         """
-        summary = error if isinstance(error, str) or error is None else holding.failure_text(error)
-        counted = summary is None or not holding.is_stop(summary)
+        summary = error if isinstance(error, str) or error is None else failure_text(error)
+        counted = summary is None or not is_stop(summary)
         self._client.store.release(self.key, self._record.token, summary, counted=counted)
         self._ended = True
 
@@ -215,11 +236,7 @@ class Lease:
         if interval is not None:
             interval = validate_timings(heartbeat_interval=interval)[1]
         interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
-        return self._kept(KeepAlive(self, interval, on_lost, on_failed))
-
-    def _kept(self, keeper: KeepAlive) -> KeepAlive:
-        """The heartbeats :meth:`keep_alive` made for this lease (a subclass may keep hold of them)."""
-        return keeper
+        return KeepAlive(self, interval, on_lost, on_failed)
 
     # -- hand-off -------------------------------------------------------------------------------
     def export(self) -> str:
@@ -262,19 +279,74 @@ class Lease:
 
     # -- context manager: keep alive while the block runs, release on error -------------------------
     def __enter__(self) -> Self:
-        self._keeper = self.keep_alive()
-        self._keeper.__enter__()
+        self._held = Keeping(self)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._keeper.__exit__(exc_type, exc, tb)
-        if not self._ended:
-            try:
-                self.release(exc)
-            except LeaseLost:
-                log.warning("lease on %s was already lost when its block ended", self.key)
+        self._held.close(exc)
+
+
+class Keeping:
+    """A lease while it is held: its heartbeats, and the one way it ends, whoever ends it first.
+
+    Heartbeats start at once (``heartbeats=False``: none, for a lease shorter than its ttl). Then one
+    ending counts: :meth:`let_go` (from any thread: a lock released, a task killed), :meth:`close` (a
+    ``with`` block ended) or :meth:`drop` (lost or replaced: nothing to release); each stops the
+    heartbeats first, so a late heartbeat never reports a false "lease lost". The hold of a work adds
+    its own endings in :class:`dibs.holding.HeldLease`.
+    """
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        on_failed: Callable[[StoreUnavailable], None] | None = None,
+        heartbeats: bool = True,
+    ) -> None:
+        self.lease = lease
+        self._guard = threading.Lock()
+        self._ended = False
+        self.keeper: KeepAlive | None = None
+        if heartbeats:
+            self.keeper = lease.keep_alive(on_lost=on_lost, on_failed=on_failed)
+            self.keeper.__enter__()
+
+    @property
+    def alive(self) -> bool:
+        """Whether it has not ended, and its heartbeats (if any) still succeed."""
+        return not self._ended and (self.keeper is None or not self.keeper.lost.is_set())
+
+    def _end(self) -> bool:
+        """Stop the heartbeats (one in flight finishes first: it never sees the lease ended); whether
+        this is the first ending."""
+        with self._guard:
+            first, self._ended = not self._ended, True
+        if self.keeper is not None:
+            self.keeper.stop()
+        return first
+
+    def let_go(self, error: str | None = None) -> None:
+        """End it from outside the work (any thread), recording ``error`` (``None``: nothing failed).
+        Raises what the release raises (:class:`~dibs.errors.LeaseLost` if it had ended meanwhile)."""
+        if self._end():
+            self.lease.release(error)
+
+    def drop(self) -> None:
+        """Stop keeping it, releasing nothing: it was lost or replaced (nothing is left to release)."""
+        self._end()
+
+    def close(self, exc: BaseException | None) -> None:
+        """A ``with lease:`` block ended (``exc``: how): release the lease unless the block completed
+        or released it; a lease already lost is only logged."""
+        if not self._end() or self.lease.ended:
+            return
+        try:
+            self.lease.release(exc)
+        except LeaseLost:
+            log.warning("lease on %s was already lost when its block ended", self.lease.key)
 
 
 class KeepAlive:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from dibs.keys import Key
 from dibs.stores import Store, open_store
+from dibs.stores.base import CLOSE_HOOKS
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -193,6 +194,7 @@ def _close_quietly(store: Store) -> None:
 
 _RUNTIME = Runtime()
 os.register_at_fork(after_in_child=_RUNTIME._forget_after_fork)
+CLOSE_HOOKS.append(_RUNTIME.stop_hub)  # a store closing stops its hub
 atexit.register(_RUNTIME.stop_hubs)
 
 

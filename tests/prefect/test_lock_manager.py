@@ -217,7 +217,8 @@ def test_a_holder_that_stops_heartbeating_is_taken_over(
     """A holder that dies stops heartbeating: its lock expires after the ttl and a waiter takes it."""
     crashed = DibsLockManager(lock_url, ttl=1, heartbeat_interval=0.25)
     assert crashed.acquire_lock(key, holder="crashed")
-    crashed._held[crashed._key(key)].stop()  # as if the process froze: no more heartbeats, no release
+    # As if the process froze: no more heartbeats, no release.
+    crashed._held[crashed._key(key)].keeper.stop()  # type: ignore[union-attr]
     waiter = DibsLockManager(lock_url, ttl=1, heartbeat_interval=0.25)
     with caplog.at_level(logging.WARNING, logger="prefect_dibs"):
         assert waiter.acquire_lock(key, holder="waiter", acquire_timeout=60)

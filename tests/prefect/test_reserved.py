@@ -323,6 +323,31 @@ def test_waiting_times_out_with_the_holder_named(dibs_url: str, client: dibs.Res
     got.lease.release()
 
 
+def test_a_waiter_says_every_progress_interval_that_it_still_waits(
+    dibs_url: str, client: dibs.Reservations, caplog: pytest.LogCaptureFixture
+) -> None:
+    got = client.get_or_reserve("slow", owner="someone-else")
+    assert isinstance(got, dibs.Acquired)
+    heard: list[dibs.StillWaiting] = []
+
+    @reserved(dibs_url, key="slow", progress_interval=0.1)
+    def build() -> None:
+        raise AssertionError("must not run while someone else holds the key")
+
+    def observe(event: dibs.Event) -> None:
+        if isinstance(event, dibs.StillWaiting):
+            heard.append(event)
+            if len(heard) == 2:
+                got.lease.complete("built elsewhere")
+
+    with dibs.observe(observe), caplog.at_level("INFO"):
+        assert build() == "built elsewhere"
+    assert [event.holder for event in heard] == ["someone-else", "someone-else"]
+    assert heard[0].seconds < heard[1].seconds
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still waiting for")]
+    assert len(lines) == 2 and "held by 'someone-else'" in lines[0]
+
+
 def test_an_expired_holder_is_taken_over(dibs_url: str) -> None:
     with dibs.Reservations(dibs_url, ttl=0.5) as short:
         dead = short.get_or_reserve("orphan", owner="dead-worker")  # never heartbeats, never completes

@@ -72,27 +72,24 @@ def _state(task_run_id: UUID, name: str, mentioning: str) -> Any:
 
 
 class Gate:
-    """Hold back the ``get_or_reserve`` calls of owners starting with ``owner`` after their first
-    ``free`` calls, until :meth:`open` (clients are shared per process: other owners pass)."""
+    """Hold back the asks (the store's ``acquire``) of owners starting with ``owner`` that would find
+    the key free (its holder's lease gone), until :meth:`open`: the waiter sees that the lease expired,
+    but somebody else takes the key over first. The store object is shared per process: other owners,
+    and asks that find the key still held, pass."""
 
-    def __init__(
-        self, client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch, owner: str, *, free: int = 1
-    ) -> None:
+    def __init__(self, client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch, owner: str) -> None:
         self._opened = threading.Event()
-        self._free = free
         self.held = threading.Event()  # set once a call is being held back
-        real = client.get_or_reserve
+        store = client.store
+        real = store.acquire
 
-        def gated(key: Any, who: str | None = None, **kwargs: Any) -> Any:
-            if who is not None and who.startswith(owner):
-                if self._free > 0:
-                    self._free -= 1
-                else:
-                    self.held.set()
-                    assert self._opened.wait(BOUND), "the test never opened the gate"
-            return real(key, who, **kwargs)
+        def gated(key: Any, who: str, *args: Any, **kwargs: Any) -> Any:
+            if who.startswith(owner) and not self._opened.is_set() and store.read(key).live_lease is None:
+                self.held.set()
+                assert self._opened.wait(BOUND), "the test never opened the gate"
+            return real(key, who, *args, **kwargs)
 
-        monkeypatch.setattr(client, "get_or_reserve", gated)
+        monkeypatch.setattr(store, "acquire", gated)
 
     def open(self) -> None:
         self._opened.set()
@@ -161,7 +158,7 @@ def test_a_lock_wait_names_the_task_run_holding_it_and_follows_a_takeover(
 
     # The holding run freezes (no more heartbeats); another holder takes the lock over at its expiry,
     # while the waiter's next question is held back, so the key changes hands under the waiter.
-    holding._held[holding._key(key)].stop()
+    holding._held[holding._key(key)].keeper.stop()  # type: ignore[union-attr]
     wait_until(
         lambda: taking_over.acquire_lock(key, holder="new-holder", acquire_timeout=0), what="a takeover"
     )
@@ -200,7 +197,8 @@ def test_a_flow_level_transaction_says_in_the_flow_run_whom_it_waits_for_and_why
     wait_until(lambda: flow_runs, what="the flow run to start")
     (flow_run,) = flow_runs
     assert "held by 'other-process'" in _line("waiting for the cache lock", flow_run_id=flow_run)
-    other._held[other._key(key)].stop()  # the other process freezes: its lock expires after its ttl
+    # The other process freezes: its lock expires after its ttl.
+    other._held[other._key(key)].keeper.stop()  # type: ignore[union-attr]
     thread.join(BOUND)
     assert result == ["done"]
     took_over = _line("took over the cache lock", flow_run_id=flow_run)
@@ -216,8 +214,7 @@ def test_a_reserved_task_follows_a_takeover_while_it_waits(
     with dibs.Reservations(dibs_url, ttl=1) as short:
         assert isinstance(short.get_or_reserve(key, owner="dead-worker"), dibs.Acquired)  # never renewed
     waiting_client = prefect_dibs.tasks.resolve_client(dibs_url, prefect_dibs.tasks.ClientSettings())
-    # The task's first ask is the flow's own (dibs.flow); get_or_reserve is how its wait asks again.
-    gate = Gate(waiting_client, monkeypatch, "prefect-task-run:build-", free=0)
+    gate = Gate(waiting_client, monkeypatch, "prefect-task-run:build-")
     task_runs: list[UUID] = []
 
     @reserved(dibs_url, key=key)

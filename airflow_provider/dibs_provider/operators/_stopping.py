@@ -5,12 +5,13 @@ shutdown) by sending its process SIGTERM; the task runner's handler calls the op
 the main thread, *while* ``execute`` still runs there, and the supervisor sends SIGKILL a few seconds
 later. A SIGKILLed holder never releases: without ``on_kill`` its waiters would wait out the ttl.
 
-So the running task keeps its lease as a :class:`KillableLease`, and ``on_kill`` ends it from outside
-the work: the heartbeats stop and the lease is released with the failure recorded
-(:data:`KILLED_FAILURE`), so a waiting run takes the key over at once and its log says why. The
-core's hold loop (:meth:`dibs.Reservations.hold`) still runs the work and reacts to how it ends; what
-it would do after a kill is already done, so it stays quiet: its own release is skipped, and a value
-the work still returns is refused by the store (fencing) like any stale write.
+So the running task keeps its lease as a :class:`dibs.holding.HeldLease` the operator can reach, and
+``on_kill`` ends it from outside the work (:meth:`~dibs.holding.HeldLease.let_go`): the heartbeats stop
+and the lease is released with the failure recorded (:data:`KILLED_FAILURE`), so a waiting run takes
+the key over at once and its log says why. The core's hold loop (:meth:`dibs.Reservations.hold`)
+still runs the work and reacts to how it ends; a held lease ends once, so it stays quiet: its own
+release is skipped, and a value the work still returns is refused by the store (fencing) like any
+stale write.
 
 ``on_kill`` can interrupt the main thread anywhere, even inside a store call holding a lock, so the
 release runs in a helper thread that ``on_kill`` waits for only :data:`RELEASE_WAIT` seconds: if the
@@ -23,14 +24,11 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from dibs.errors import LeaseLost, ReservationError
-from dibs.lease import KeepAlive, Lease
 
 if TYPE_CHECKING:
-    from dibs import Reservations
-    from dibs.holding import Logger
-    from dibs.records import LeaseRecord
+    from dibs.holding import HeldLease, Logger
 
-__all__ = ["KILLED_FAILURE", "RELEASE_WAIT", "KillableLease", "release_killed"]
+__all__ = ["KILLED_FAILURE", "RELEASE_WAIT", "release_killed"]
 
 #: What a key's failure record says when Airflow killed the task holding it.
 KILLED_FAILURE = "stopped: the task was killed (on_kill)"
@@ -40,60 +38,17 @@ KILLED_FAILURE = "stopped: the task was killed (on_kill)"
 RELEASE_WAIT = 3.0
 
 
-class KillableLease(Lease):
-    """A held lease that :meth:`kill` can end from another thread (or a signal handler) while the work runs.
-
-    :meth:`kill` stops the heartbeats of the hold loop (:meth:`_kept` remembers them), then releases
-    the lease with the given failure. A kill comes once; after it, the hold loop's own :meth:`release`
-    is a no-op (the lease was released with the kill's failure already).
-    """
-
-    def __init__(self, client: Reservations, record: LeaseRecord) -> None:
-        super().__init__(client, record)
-        self._guard = threading.Lock()
-        self._heartbeats: KeepAlive | None = None
-        self._killed = False
-
-    @property
-    def killed(self) -> bool:
-        return self._killed
-
-    def _kept(self, keeper: KeepAlive) -> KeepAlive:
-        with self._guard:
-            self._heartbeats = keeper
-            killed = self._killed
-        if killed:
-            keeper.stop()  # killed before the work started: a stopped keeper never starts heartbeating
-        return keeper
-
-    def release(self, error: BaseException | str | None = None) -> None:
-        if self._killed:
-            return  # kill() released it, recording why: nothing is left to release
-        super().release(error)
-
-    def kill(self, failure: str) -> None:
-        """Stop the heartbeats and release with ``failure`` recorded. Raises what the release raises
-        (:class:`~dibs.errors.LeaseLost` when the work had already ended and released or completed)."""
-        with self._guard:
-            if self._killed:
-                return
-            self._killed = True
-            keeper = self._heartbeats
-        if keeper is not None:
-            keeper.stop()  # a heartbeat in flight finishes first: it never sees the released lease
-        super().release(failure)
-
-
-def release_killed(lease: KillableLease, logger: Logger, *, wait: float = RELEASE_WAIT) -> None:
-    """``on_kill``'s part: kill ``lease`` in a helper thread, wait up to ``wait`` seconds, log what happened.
+def release_killed(held: HeldLease, logger: Logger, *, wait: float = RELEASE_WAIT) -> None:
+    """``on_kill``'s part: let ``held`` go in a helper thread, wait up to ``wait`` seconds, log what happened.
 
     Never raises: ``on_kill`` must go on to stop the wrapped operator's own work.
     """
     outcome: list[BaseException | None] = []
+    lease = held.lease
 
     def kill() -> None:
         try:
-            lease.kill(KILLED_FAILURE)
+            held.let_go(KILLED_FAILURE)
         except BaseException as exc:  # reported by the caller, in its own thread
             outcome.append(exc)
         else:

@@ -51,12 +51,12 @@ from dibs import Acquired, Busy, Hit, Reservations, RunReport, events
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, InvalidKey, StoreUnavailable
 from dibs.flow import Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
-from dibs.holding import failure_text
+from dibs.holding import HeldLease, failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.links.reservation import ReservationLink
-from dibs_provider.operators._stopping import KillableLease, release_killed
+from dibs_provider.operators._stopping import release_killed
 from dibs_provider.triggers.reservation import ReservationTrigger, error_from_event, parse_event
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class ReservedOperatorMixin(BaseOperator):
     _derived_key: str | None = None
 
     #: The lease of the work running now, for :meth:`on_kill` (``None`` while nothing runs).
-    _dibs_lease: KillableLease | None = None
+    _dibs_lease: HeldLease | None = None
 
     def __init__(
         self,
@@ -335,7 +335,9 @@ class _Deferral(Suspend):
 
 class _TaskSteps(Steps):
     """How a reserved task does the flow's steps: it defers at the wait (unless not deferrable), and
-    holds the lease as a :class:`KillableLease` so that ``on_kill`` can free the key at once."""
+    holds the lease where ``on_kill`` can free the key at once (a :class:`~dibs.holding.HeldLease`)."""
+
+    client: Reservations
 
     def __init__(
         self, operator: ReservedOperatorMixin, context: Context, client: Reservations, call: Call
@@ -367,12 +369,10 @@ class _TaskSteps(Steps):
         return super().wait(step)
 
     def hold(self, step: Hold) -> RunReport:
-        acquired = step.acquired
         # A lease on_kill can end from the task's SIGTERM handler while the work runs (see ._stopping).
-        held = KillableLease(self.client, acquired.lease.record)
-        self.operator._dibs_lease = held
+        held = self.operator._dibs_lease = self.held(step.acquired)
         try:
-            return super().hold(Hold(Acquired(held, acquired.took_over_from, acquired.last_failure)))
+            return self.client.hold(held, self.work)
         finally:
             self.operator._dibs_lease = None
 

@@ -163,6 +163,8 @@ class _RunSteps(Steps):
     """How ``dibs run`` does the flow's steps: a wait shows the key to whoever follows it
     (:class:`KeyWatch`); the hold runs COMMAND with stops forwarded to it, never interrupting the release."""
 
+    client: Reservations
+
     def __init__(
         self, client: Reservations, call: Call, console: Console, stops: StopSignals, running: Command
     ) -> None:
@@ -214,9 +216,8 @@ def _let_go_if_ours(client: Reservations, key: Key, owner: str, signum: int, sto
                 return
             got = client.get_or_reserve(key, owner)
             if isinstance(got, Acquired):
-                got.lease.release(
-                    f"stopped by {signal_name(signum)} (dibs run was stopped before its command ran)"
-                )
+                stopped = f"stopped by {signal_name(signum)} (dibs run was stopped before its command ran)"
+                holding.HeldLease(got.lease, heartbeats=False).let_go(stopped)
         except ReservationError:
             pass  # the lease expires after its ttl
 
@@ -276,6 +277,14 @@ def _announce_acquired(console: Console, got: events.LeaseAcquired, waited_on: s
 
 
 def wait(args: argparse.Namespace, console: Console) -> int:
+    """``dibs wait``: until KEY is done or nobody holds it, reserving nothing.
+
+    Not on the compute-once flow (:mod:`dibs.flow`), on purpose: every ask of the flow, its waits'
+    included, may be *granted* the lease (that is how a waiter takes over a dead holder), and a
+    ``dibs wait`` must never hold what it does not compute. It uses the flow's waiting loop's reading
+    twin instead (:meth:`dibs.Reservations.wait`, :func:`dibs._waiting.read_until`): the same hub, the
+    same backstop and expiry rules, and the same timeout wording; only asks are replaced by reads.
+    """
     with Reservations(args.store, namespace=args.namespace, payloads=args.payloads) as client:
         key = client.key(args.key)
         started = time.monotonic()

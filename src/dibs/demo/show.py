@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dibs.cli import print_table
+from dibs._cli.text import print_table
 from dibs.client import Reservations
 from dibs.demo.crew import Crew, DeadlinePassed, Event
 from dibs.demo.worker import STEPS, TTL

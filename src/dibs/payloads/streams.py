@@ -26,6 +26,7 @@ from dibs.payloads.verify import VerifyingReader
 
 if TYPE_CHECKING:
     from dibs.client import Reservations
+    from dibs.lease import LeaseSource
 
 __all__ = ["ArtifactNotFound", "artifact_path", "open_artifact", "put", "referencing_store"]
 
@@ -34,7 +35,7 @@ class ArtifactNotFound(ReservationError, LookupError):
     """The key has no artifact to open."""
 
 
-def referencing_store(client: Reservations, what: str) -> ReferencingStore:
+def referencing_store(client: Reservations | LeaseSource, what: str) -> ReferencingStore:
     store = client.store
     if not isinstance(store, ReferencingStore):
         raise ConfigurationError(

@@ -24,9 +24,9 @@ import builtins
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
-from typing import ClassVar, Self, TypeVar
+from typing import ClassVar, TypeVar
 
+from dibs._closing import Closing
 from dibs.errors import ArtifactTooLarge, CorruptRecord, ReservationError, StoreUnavailable
 from dibs.keys import Key, validate_owner
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
@@ -84,7 +84,12 @@ def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
     skipped.append(Skipped(where, str(error)))
 
 
-class Store(abc.ABC):
+#: What runs when any store closes, with the store: the process's runtime adds its own (it stops
+#: the store's watch hub, so no listening connection outlives the store). Stores know nothing above them.
+CLOSE_HOOKS: list[Callable[[Store], None]] = []
+
+
+class Store(Closing):
     """One-attempt atomic operations on reservation records. See the module docstring."""
 
     #: URL scheme(s) the store registers under, e.g. ``"sqlite"``.
@@ -198,17 +203,8 @@ class Store(abc.ABC):
         Subclasses that hold connections extend this (and call it): it stops the process's watch hub
         of this store, so no listening connection outlives the store.
         """
-        from dibs.runtime import runtime  # the runtime imports stores: resolve it at call time
-
-        runtime().stop_hub(self)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        for hook in CLOSE_HOOKS:
+            hook(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

@@ -16,14 +16,13 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Collection, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from dibs.keys import Key
 
 if TYPE_CHECKING:
     from dibs.records import KeyState
-    from dibs.stores.base import Store
 
 __all__ = ["ChangeFeed", "PollingFeed", "ReadPollingFeed", "fingerprint"]
 
@@ -141,13 +140,19 @@ class PollingFeed(ChangeFeed):
                 return ()
 
 
+class _ReadsMany(Protocol):
+    """All a :class:`ReadPollingFeed` needs of its store (any :class:`~dibs.stores.base.Store`)."""
+
+    def read_many(self, keys: Sequence[Key]) -> list[KeyState]: ...
+
+
 class ReadPollingFeed(PollingFeed):
     """The feed of a store that offers nothing cheaper: its tokens are the fingerprints of full reads."""
 
     min_interval = 0.05
     max_interval = 1.0
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: _ReadsMany) -> None:
         super().__init__()
         self._store = store
 
