@@ -274,6 +274,7 @@ class Reservations:
             token=artifact.fence,
             serializer=artifact.serializer,
             size=artifact.size,
+            compute_seconds=artifact.compute_seconds,
         )
 
     def _refused(self, outcome: StoreOutcome) -> FailureRecord | None:
@@ -496,6 +497,7 @@ class Reservations:
         keeper = lease.keep_alive(
             on_lost=holding.lost_reporter(logger, emit, lease.token),
             on_failed=holding.heartbeat_reporter(emit, lease.token),
+            on_beat=holding.beat_reporter(emit, lease.token),
         )
         started = time.monotonic()
         with holding.holding(self.store, lease.key), keeper:
@@ -851,6 +853,7 @@ class AsyncReservations:
             keeper = lease.keep_alive(
                 on_lost=holding.lost_reporter(logger, emit, lease.token),
                 on_failed=holding.heartbeat_reporter(emit, lease.token),
+                on_beat=holding.beat_reporter(emit, lease.token),
             )
             keeper.__enter__()
             try:

@@ -13,6 +13,11 @@ One call's events, in order (``*``: only when it happens)::
           → WorkFailed → LeaseReleased* → Finished(failed)
     Asked → RanUnreserved → Finished(unreserved)            (store unreachable, policy "run")
     Asked → … → Finished(failed)                            (timeout, store down with "fail", …)
+    Asked → KeyBusy → Deferred                              (an Airflow deferral: resumed elsewhere)
+
+While the lease is held, each heartbeat reports ``HeartbeatSent`` (how late it ran). Below every
+call, each store operation reports a ``StoreOperation`` (its duration, and its error's type) to the
+process's observers only (:func:`observe`): a store does not know which client called it.
 
 Every event carries the key, the owner that asked, the front end, the kind of store, the number of
 its call (the same for every event of one compute-once call, so a tracer can group them into one
@@ -48,10 +53,12 @@ from dibs.keys import Key
 __all__ = [
     "ArtifactFound",
     "Asked",
+    "Deferred",
     "Emitter",
     "Event",
     "Finished",
     "HeartbeatFailed",
+    "HeartbeatSent",
     "HolderChanged",
     "KeyBusy",
     "LeaseAcquired",
@@ -62,6 +69,7 @@ __all__ = [
     "Observer",
     "Observers",
     "RanUnreserved",
+    "StoreOperation",
     "Waited",
     "WorkFailed",
     "observe",
@@ -152,6 +160,10 @@ class ArtifactFound(Event):
     token: int
     size: int
     waited: bool = False
+    #: When the artifact was stored (the store's clock): a waiter's hand-off runs from there.
+    stored_at: float = 0.0
+    #: How long its producer computed it (``None``: not recorded): what this call was spared.
+    compute_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -179,6 +191,36 @@ class LostLease(Event):
 
     token: int
     error: str
+    #: ``taken_over``, ``completed``, ``max_lease_age``, ``released`` or ``unreachable``.
+    reason: str = "unknown"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeartbeatSent(Event):
+    """A heartbeat extended the lease, ``lateness`` seconds after it was due (its interval after
+    the last one): a busy process or a slow store shows here before a lease is ever lost."""
+
+    token: int
+    lateness: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Deferred(Event):
+    """The call gave up its thread while waiting (an Airflow deferral); it resumes as a new call."""
+
+    waited_seconds: float
+    holder: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoreOperation(Event):
+    """One store operation (``acquire``, ``heartbeat``, ``complete``, ``release``, ``read``, …) took
+    ``seconds``; ``error_type`` names what it raised (``StoreUnavailable``, ``LeaseLost``, …).
+    ``owner``, ``frontend`` and ``call`` are empty: a store serves every call of the process."""
+
+    operation: str
+    seconds: float
+    error_type: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

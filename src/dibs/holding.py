@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FailureOf",
     "Logger",
+    "beat_reporter",
     "failure_text",
     "heartbeat_reporter",
     "holding",
@@ -137,9 +138,25 @@ def lost_reporter(logger: Logger, emit: Emitter | None = None, token: int = 0) -
     def lost(error: LeaseLost) -> None:
         logger.warning("%s; the work goes on, but its value will not be stored", error)
         if emit is not None:
-            emit(events.LostLease, token=token, error=error.message)
+            emit(
+                events.LostLease,
+                token=token,
+                error=error.message,
+                reason=error.fields.get("reason", "unknown"),
+            )
 
     return lost
+
+
+def beat_reporter(emit: Emitter | None, token: int) -> Callable[[float], None] | None:
+    """What a heartbeat tells the observers (how late it ran), if anyone listens for it."""
+    if emit is None or not emit.wants(events.HeartbeatSent):
+        return None
+
+    def beat(lateness: float) -> None:
+        emit(events.HeartbeatSent, token=token, lateness=lateness)
+
+    return beat
 
 
 def heartbeat_reporter(emit: Emitter | None, token: int) -> Callable[[StoreUnavailable], None] | None:
@@ -208,7 +225,7 @@ def store_value(
             )
 
     try:
-        record = lease.complete(value)
+        record = lease.complete(value, compute_seconds=compute_seconds)
     except SerializationError as exc:
         not_stored("serialization", exc)
         release_after(lease, exc, None, logger, emit)

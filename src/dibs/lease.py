@@ -49,6 +49,8 @@ class Lease:
         self._client = client
         self._record = record
         self._ended = False
+        self._granted = time.monotonic()  # the default compute time of complete() counts from here
+        self._compute_seconds: float | None = None
 
     # -- what the lease is --------------------------------------------------------------------------
     @property
@@ -88,8 +90,11 @@ class Lease:
         self._record = self._client.store.heartbeat(self.key, self._record.token, self._record.ttl)
         return self._record.expires_at
 
-    def complete(self, value: Any) -> ArtifactRecord:
+    def complete(self, value: Any, *, compute_seconds: float | None = None) -> ArtifactRecord:
         """Store ``value`` as the key's artifact and end the lease, fenced by this lease's token.
+
+        ``compute_seconds`` is kept with the artifact (what waiters and hits were spared); by default
+        the time since this lease was granted to this process.
 
         When the store fails during the write (:class:`StoreUnavailable`), the outcome is unknown: the
         connection may have dropped after the store had already stored the artifact. The key is then
@@ -108,9 +113,17 @@ class Lease:
                 value_type=type(value).__name__,
             ) from exc
         digest = checksum(payload)
+        if compute_seconds is None:
+            compute_seconds = time.monotonic() - self._granted
+        self._compute_seconds = max(0.0, compute_seconds)
         try:
             record = self._client.store.complete(
-                self.key, self._record.token, serializer.name, payload, digest
+                self.key,
+                self._record.token,
+                serializer.name,
+                payload,
+                digest,
+                compute_seconds=self._compute_seconds,
             )
         except StoreUnavailable as exc:
             record = self._settle_complete(serializer.name, payload, digest, exc)
@@ -153,7 +166,9 @@ class Lease:
             if artifact is not None or state.lease is None or state.lease.token != token:
                 raise transitions.explain_lost(state, token, "complete")
             try:
-                return store.complete(self.key, token, serializer, payload, digest)
+                return store.complete(
+                    self.key, token, serializer, payload, digest, compute_seconds=self._compute_seconds
+                )
             except StoreUnavailable as exc:
                 error = exc
             except LeaseLost:
@@ -199,15 +214,16 @@ class Lease:
         interval: float | None = None,
         on_lost: Callable[[LeaseLost], None] | None = None,
         on_failed: Callable[[StoreUnavailable], None] | None = None,
+        on_beat: Callable[[float], None] | None = None,
     ) -> KeepAlive:
         """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
         for this lease's ttl). A given ``interval`` follows the settings' rules (at least
         :data:`~dibs.settings.MIN_HEARTBEAT_INTERVAL`). ``on_failed`` hears each heartbeat that failed
-        and is retried."""
+        and is retried; ``on_beat`` each one that succeeded, with how late it ran (seconds)."""
         if interval is not None:
             interval = validate_timings(heartbeat_interval=interval)[1]
         interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
-        return self._kept(KeepAlive(self, interval, on_lost, on_failed))
+        return self._kept(KeepAlive(self, interval, on_lost, on_failed, on_beat))
 
     def _kept(self, keeper: KeepAlive) -> KeepAlive:
         """The heartbeats :meth:`keep_alive` made for this lease (a subclass may keep hold of them)."""
@@ -282,8 +298,10 @@ class KeepAlive:
         interval: float,
         on_lost: Callable[[LeaseLost], None] | None,
         on_failed: Callable[[StoreUnavailable], None] | None = None,
+        on_beat: Callable[[float], None] | None = None,
     ) -> None:
         self.lease = lease
+        self.on_beat = on_beat
         self.interval = validate_seconds("heartbeat interval", interval) or 0.0
         self.on_lost = on_lost
         self.on_failed = on_failed
@@ -331,7 +349,9 @@ class KeepAlive:
     def _run(self) -> None:
         last_success = self._entered
         wait = max(0.0, self._entered + self.interval - time.monotonic())
+        due = self._entered + self.interval
         while not self._stop.wait(wait):
+            late = max(0.0, time.monotonic() - due)
             try:
                 self.lease.heartbeat()
             except LeaseLost as exc:
@@ -346,6 +366,7 @@ class KeepAlive:
                             f"{silent_for:.1f}s, longer than the ttl ({exc})",
                             key=str(self.lease.key),
                             token=self.lease.token,
+                            reason="unreachable",
                         )
                     )
                     return
@@ -353,10 +374,14 @@ class KeepAlive:
                 if self.on_failed is not None:
                     self.on_failed(exc)
                 wait = max(self.interval / 4, 0.01)
+                due = time.monotonic() + wait
                 continue
             last_success = time.monotonic()
             self.beats += 1
+            if self.on_beat is not None:
+                self.on_beat(late)
             wait = self.interval
+            due = time.monotonic() + wait
 
     def _declare_lost(self, error: LeaseLost) -> None:
         self.error = error
