@@ -119,7 +119,9 @@ def test_a_table_from_before_compute_times_gains_the_column_and_keeps_its_rows(
     assert fresh is not None and fresh.compute_seconds is not None and fresh.compute_seconds >= 0
     assert isinstance(new.store, SQLStore)
     with new.store.engine.connect() as conn:
-        columns = {column["name"] for column in sa.inspect(conn).get_columns(new.store.table_name, new.store.schema)}
+        columns = {
+            column["name"] for column in sa.inspect(conn).get_columns(new.store.table_name, new.store.schema)
+        }
         marker = conn.execute(sa.select(new.store.meta.c.value).where(new.store.meta.c.name == "columns"))
         assert "compute_seconds" in columns and marker.scalar() == "1"
     new.close()

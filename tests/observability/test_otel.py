@@ -104,7 +104,9 @@ def race(client: dibs.Reservations, racers: int) -> list[dibs.RunReport]:
     return reports
 
 
-def test_four_racers_and_a_hit_give_the_issues_numbers(client: dibs.Reservations, telemetry: Telemetry) -> None:
+def test_four_racers_and_a_hit_give_the_issues_numbers(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
     reports = race(client, 4)
     assert sorted(report.role for report in reports) == ["computed", "waited", "waited", "waited"]
     hit = client.compute("race", lambda: "never", owner="late")
@@ -128,9 +130,9 @@ def test_four_racers_and_a_hit_give_the_issues_numbers(client: dibs.Reservations
     assert operations[("acquire", None)] >= 5  # every call asked at least once
     assert all(point.value == 0 for point in telemetry.points("dibs.leases.active"))
     assert all(point.value == 0 for point in telemetry.points("dibs.waiters.active"))
-    assert {point.attributes["dibs.store"] for point in telemetry.points("dibs.store.operation.duration")} == {
-        "sqlite"
-    }
+    assert {
+        point.attributes["dibs.store"] for point in telemetry.points("dibs.store.operation.duration")
+    } == {"sqlite"}
 
 
 def test_no_metric_carries_a_key_a_token_or_an_owner(client: dibs.Reservations, telemetry: Telemetry) -> None:
@@ -146,7 +148,9 @@ def test_no_metric_carries_a_key_a_token_or_an_owner(client: dibs.Reservations, 
     assert {"dibs.reservation.outcomes", "dibs.store.operation.duration", "dibs.compute.saved"} <= seen
 
 
-def test_each_call_is_one_span_nested_under_the_callers(client: dibs.Reservations, telemetry: Telemetry) -> None:
+def test_each_call_is_one_span_nested_under_the_callers(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
     tracer = telemetry.tracers.get_tracer("test")
     with tracer.start_as_current_span("airflow task") as parent:
         race(client, 2)  # threads: no active span there, so these spans are roots
@@ -166,7 +170,9 @@ def test_each_call_is_one_span_nested_under_the_callers(client: dibs.Reservation
     assert [event.name for event in own.events] == ["asked", "stored"]
 
     racers = [span for span in spans if span is not own]
-    computed = next(span for span in racers if span.attributes and span.attributes["dibs.outcome"] == "computed")
+    computed = next(
+        span for span in racers if span.attributes and span.attributes["dibs.outcome"] == "computed"
+    )
     waited = next(span for span in racers if span.attributes and span.attributes["dibs.outcome"] == "waited")
     assert waited.attributes is not None and computed.attributes is not None
     assert waited.attributes["dibs.holder"] == computed.attributes["dibs.owner"]
