@@ -17,7 +17,8 @@ One call's events, in order (``*``: only when it happens)::
 
 While the lease is held, each heartbeat reports ``HeartbeatSent`` (how late it ran). Below every
 call, each store operation reports a ``StoreOperation`` (its duration, and its error's type) to the
-process's observers only (:func:`observe`): a store does not know which client called it.
+process's observers (:func:`observe`) that ask for it in their ``kinds`` (a store does not know which
+client called it, and these are not steps of any call): ``kinds = dibs.events.EVERY_KIND``.
 
 Every event carries the key, the owner that asked, the front end, the kind of store, the number of
 its call (the same for every event of one compute-once call, so a tracer can group them into one
@@ -51,6 +52,7 @@ from typing import Any, Literal, Self, TypeVar
 from dibs.keys import Key
 
 __all__ = [
+    "EVERY_KIND",
     "ArtifactFound",
     "Asked",
     "Deferred",
@@ -289,6 +291,29 @@ class Finished(Event):
 
 Observer = Callable[[Event], object]
 
+#: Every kind of event: the ``kinds`` of an observer that also wants :class:`StoreOperation`.
+EVERY_KIND: frozenset[type[Event]] = frozenset(
+    {
+        Asked,
+        KeyBusy,
+        HolderChanged,
+        Waited,
+        ArtifactFound,
+        LeaseAcquired,
+        HeartbeatFailed,
+        HeartbeatSent,
+        LostLease,
+        ArtifactStored,
+        NotStored,
+        WorkFailed,
+        LeaseReleased,
+        RanUnreserved,
+        Deferred,
+        Finished,
+        StoreOperation,
+    }
+)
+
 _E = TypeVar("_E", bound=Event)
 
 
@@ -311,11 +336,13 @@ class Observation:
 class Observers:
     """A set of observers that any thread may change while others emit.
 
-    Emitting reads a tuple that is replaced, never changed, so it takes no lock.
+    Emitting reads a tuple that is replaced, never changed, so it takes no lock. ``operations`` holds
+    the observers that asked for :class:`StoreOperation` (see the module docstring).
     """
 
     def __init__(self) -> None:
         self._all: tuple[Observer, ...] = ()
+        self.operations: tuple[Observer, ...] = ()
         self._lock = threading.Lock()
 
     def add(self, observer: Observer) -> Observation:
@@ -323,6 +350,7 @@ class Observers:
             raise TypeError(f"an observer is a callable taking one dibs.Event, got {observer!r}")
         with self._lock:
             self._all = (*self._all, observer)
+            self._sort()
         return Observation(self, observer)
 
     def remove(self, observer: Observer) -> None:
@@ -330,6 +358,12 @@ class Observers:
             if observer in self._all:
                 index = self._all.index(observer)
                 self._all = self._all[:index] + self._all[index + 1 :]
+                self._sort()
+
+    def _sort(self) -> None:
+        self.operations = tuple(
+            observer for observer in self._all if StoreOperation in (getattr(observer, "kinds", None) or ())
+        )
 
     def __bool__(self) -> bool:
         return bool(self._all)

@@ -195,11 +195,21 @@ def test_a_failed_call_is_an_error_span_and_counted_failed(
     assert [event.name for event in span.events] == ["asked", "work failed"]
 
 
-def test_a_process_observer_hears_each_store_operation_once(client: dibs.Reservations) -> None:
-    heard: list[dibs.Event] = []
+def test_store_operations_reach_the_process_observers_that_ask_for_them_once(
+    client: dibs.Reservations,
+) -> None:
+    class Asking(list[dibs.Event]):
+        kinds = dibs.events.EVERY_KIND
+
+        def __call__(self, event: dibs.Event) -> None:
+            self.append(event)
+
+    plain: list[dibs.Event] = []
+    asking = Asking()
     client.compute("quiet", lambda: 1, owner="me")  # nobody listening: nothing to hear, nothing breaks
-    with dibs.observe(heard.append):
+    with dibs.observe(plain.append), dibs.observe(asking):
         client.compute("quiet", lambda: 1, owner="me")
-    operations = [event for event in heard if isinstance(event, dibs.StoreOperation)]
-    assert [event.operation for event in operations] == ["acquire"]
-    assert operations[0].seconds >= 0 and operations[0].store == "sqlite"
+    assert [event.name for event in plain] == ["asked", "artifact_found", "finished"]  # the call's steps
+    operations = [event for event in asking if isinstance(event, dibs.StoreOperation)]
+    assert [event.operation for event in operations] == ["acquire"]  # one hit: one acquire, timed once
+    assert operations[0].seconds >= 0 and operations[0].store == "sqlite" and operations[0].call == 0

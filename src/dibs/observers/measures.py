@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from dibs import events
@@ -66,56 +66,108 @@ class Measurement:
 
 class Measurer:
     """Turns one event into its measurements, remembering which calls of this process hold a lease
-    or wait (for the two ``.active`` counters). Safe to call from any thread."""
+    or wait (for the two ``.active`` counters). Safe to call from any thread.
+
+    It runs on the caller's path for every event, so it dispatches on the event's type with one dict
+    lookup and reuses each (namespace, store, front end)'s attributes.
+    """
 
     def __init__(self) -> None:
         self._leased: set[int] = set()
         self._waiting: set[int] = set()
         self._lock = threading.Lock()
+        self._commons: dict[tuple[str, str, str], dict[str, str]] = {}
+        self._extra: dict[tuple[tuple[str, str, str], str, str], dict[str, str]] = {}
+        self._dispatch: dict[type[Event], Callable[[Event, dict[str, str], list[Measurement]], None]] = {
+            events.StoreOperation: self._store_operation,  # type: ignore[dict-item]
+            events.Finished: self._finished,  # type: ignore[dict-item]
+            events.KeyBusy: self._key_busy,
+            events.Waited: self._wait_ended,
+            events.Deferred: self._wait_ended,
+            events.LeaseAcquired: self._lease_acquired,
+            events.ArtifactStored: self._computed,  # type: ignore[dict-item]
+            events.NotStored: self._computed,  # type: ignore[dict-item]
+            events.ArtifactFound: self._found,  # type: ignore[dict-item]
+            events.LostLease: self._lost,  # type: ignore[dict-item]
+            events.HeartbeatSent: self._beat,  # type: ignore[dict-item]
+        }
 
     def __call__(self, event: Event) -> list[Measurement]:
-        common = _common(event)
+        handle = self._dispatch.get(type(event))
         out: list[Measurement] = []
-
-        def point(name: str, value: float, **extra: str) -> None:
-            attributes = common if not extra else {**common, **{_attr(k): v for k, v in extra.items()}}
-            out.append(Measurement(name, value, attributes))
-
-        match event:
-            case events.StoreOperation():
-                extra = {"dibs_store_operation": event.operation}
-                if event.error_type is not None:
-                    extra["error_type"] = event.error_type
-                point("dibs.store.operation.duration", event.seconds, **extra)
-            case events.Finished():
-                point("dibs.reservation.outcomes", 1, dibs_outcome=event.outcome)
-                if event.waited_on is not None:
-                    point("dibs.wait.duration", event.waited_seconds, dibs_outcome=event.outcome)
-                if self._left(self._leased, event.call):
-                    point("dibs.leases.active", -1)
-                if self._left(self._waiting, event.call):
-                    point("dibs.waiters.active", -1)
-            case events.KeyBusy():
-                if self._entered(self._waiting, event.call):
-                    point("dibs.waiters.active", 1)
-            case events.Waited() | events.Deferred():
-                if self._left(self._waiting, event.call):
-                    point("dibs.waiters.active", -1)
-            case events.LeaseAcquired():
-                if self._entered(self._leased, event.call):
-                    point("dibs.leases.active", 1)
-            case events.ArtifactStored() | events.NotStored():
-                point("dibs.compute.duration", event.compute_seconds)
-            case events.ArtifactFound():
-                if event.compute_seconds is not None:
-                    point("dibs.compute.saved", event.compute_seconds)
-                if event.waited:
-                    point("dibs.handoff.duration", max(0.0, event.at - event.stored_at))
-            case events.LostLease():
-                point("dibs.lease.lost", 1, dibs_reason=event.reason)
-            case events.HeartbeatSent():
-                point("dibs.heartbeat.lateness", event.lateness)
+        if handle is not None:
+            handle(event, self._common(event), out)
         return out
+
+    def _common(self, event: Event) -> dict[str, str]:
+        which = (event.key.namespace, event.store, event.frontend)
+        found = self._commons.get(which)
+        if found is None:
+            found = {"dibs.namespace": which[0]}
+            if which[1]:
+                found["dibs.store"] = which[1]
+            if which[2]:
+                found["dibs.frontend"] = which[2]
+            self._commons[which] = found
+        return found
+
+    def _with(self, common: dict[str, str], name: str, value: str) -> dict[str, str]:
+        which = (
+            (common["dibs.namespace"], common.get("dibs.store", ""), common.get("dibs.frontend", "")),
+            name,
+            value,
+        )
+        found = self._extra.get(which)
+        if found is None:
+            found = self._extra[which] = {**common, name: value}
+        return found
+
+    def _store_operation(
+        self, event: events.StoreOperation, common: dict[str, str], out: list[Measurement]
+    ) -> None:
+        attributes = self._with(common, "dibs.store.operation", event.operation)
+        if event.error_type is not None:
+            attributes = {**attributes, "error.type": event.error_type}
+        out.append(Measurement("dibs.store.operation.duration", event.seconds, attributes))
+
+    def _finished(self, event: events.Finished, common: dict[str, str], out: list[Measurement]) -> None:
+        attributes = self._with(common, "dibs.outcome", event.outcome)
+        out.append(Measurement("dibs.reservation.outcomes", 1, attributes))
+        if event.waited_on is not None:
+            out.append(Measurement("dibs.wait.duration", event.waited_seconds, attributes))
+        if self._left(self._leased, event.call):
+            out.append(Measurement("dibs.leases.active", -1, common))
+        if self._left(self._waiting, event.call):
+            out.append(Measurement("dibs.waiters.active", -1, common))
+
+    def _key_busy(self, event: Event, common: dict[str, str], out: list[Measurement]) -> None:
+        if self._entered(self._waiting, event.call):
+            out.append(Measurement("dibs.waiters.active", 1, common))
+
+    def _wait_ended(self, event: Event, common: dict[str, str], out: list[Measurement]) -> None:
+        if self._left(self._waiting, event.call):
+            out.append(Measurement("dibs.waiters.active", -1, common))
+
+    def _lease_acquired(self, event: Event, common: dict[str, str], out: list[Measurement]) -> None:
+        if self._entered(self._leased, event.call):
+            out.append(Measurement("dibs.leases.active", 1, common))
+
+    def _computed(
+        self, event: events.ArtifactStored | events.NotStored, common: dict[str, str], out: list[Measurement]
+    ) -> None:
+        out.append(Measurement("dibs.compute.duration", event.compute_seconds, common))
+
+    def _found(self, event: events.ArtifactFound, common: dict[str, str], out: list[Measurement]) -> None:
+        if event.compute_seconds is not None:
+            out.append(Measurement("dibs.compute.saved", event.compute_seconds, common))
+        if event.waited:
+            out.append(Measurement("dibs.handoff.duration", max(0.0, event.at - event.stored_at), common))
+
+    def _lost(self, event: events.LostLease, common: dict[str, str], out: list[Measurement]) -> None:
+        out.append(Measurement("dibs.lease.lost", 1, self._with(common, "dibs.reason", event.reason)))
+
+    def _beat(self, event: events.HeartbeatSent, common: dict[str, str], out: list[Measurement]) -> None:
+        out.append(Measurement("dibs.heartbeat.lateness", event.lateness, common))
 
     def _entered(self, calls: set[int], call: int) -> bool:
         with self._lock:
@@ -130,17 +182,3 @@ class Measurer:
                 return False
             calls.discard(call)
             return True
-
-
-def _common(event: Event) -> dict[str, str]:
-    attributes = {"dibs.namespace": event.key.namespace}
-    if event.store:
-        attributes["dibs.store"] = event.store
-    if event.frontend:
-        attributes["dibs.frontend"] = event.frontend
-    return attributes
-
-
-def _attr(name: str) -> str:
-    """``dibs_store_operation`` → ``dibs.store.operation`` (keyword arguments cannot hold dots)."""
-    return name.replace("_", ".")

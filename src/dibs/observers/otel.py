@@ -17,6 +17,7 @@ token and the holder; its events say what happened (asked, waiting on holder, to
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context, metrics, trace
@@ -51,6 +52,8 @@ class OpenTelemetry:
     :param traces: ``False`` to record metrics only.
     """
 
+    kinds = events.EVERY_KIND  # also the store operations
+
     def __init__(
         self,
         meter_provider: metrics.MeterProvider | None = None,
@@ -59,17 +62,18 @@ class OpenTelemetry:
         traces: bool = True,
     ) -> None:
         meter = metrics.get_meter(_NAME, _version(), meter_provider=meter_provider)
-        self._instruments: dict[str, Any] = {}
+        #: Each metric's ``add`` (counters) or ``record`` (histograms), looked up once.
+        self._points: dict[str, Callable[[float, Mapping[str, str]], None]] = {}
         for name, metric in METRICS.items():
             if metric.kind == "counter":
-                self._instruments[name] = meter.create_counter(name, metric.unit, metric.description)
+                self._points[name] = meter.create_counter(name, metric.unit, metric.description).add
             elif metric.kind == "updown":
-                self._instruments[name] = meter.create_up_down_counter(name, metric.unit, metric.description)
+                self._points[name] = meter.create_up_down_counter(name, metric.unit, metric.description).add
             else:
                 buckets = _STORE_BUCKETS if name.startswith("dibs.store.") else _WORK_BUCKETS
-                self._instruments[name] = meter.create_histogram(
+                self._points[name] = meter.create_histogram(
                     name, metric.unit, metric.description, explicit_bucket_boundaries_advisory=buckets
-                )
+                ).record
         self._tracer = (
             trace.get_tracer(_NAME, _version(), tracer_provider=tracer_provider) if traces else None
         )
@@ -79,11 +83,7 @@ class OpenTelemetry:
 
     def __call__(self, event: Event) -> None:
         for point in self._measure(event):
-            instrument = self._instruments[point.name]
-            if METRICS[point.name].kind == "histogram":
-                instrument.record(point.value, point.attributes)
-            else:
-                instrument.add(point.value, point.attributes)
+            self._points[point.name](point.value, point.attributes)
         if self._tracer is not None and event.call:
             self._trace(event, self._tracer)
 

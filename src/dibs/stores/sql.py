@@ -266,6 +266,7 @@ class SQLStore(Store):
         self._prepare_statements()
         # Nothing is sent to the database before the first operation (see _ensure_ready).
         self._ready = False
+        self._columns_in_place = 0  # how many of _ADDED_COLUMNS the table has (read with its version)
         self._ready_lock = threading.Lock()
 
     @classmethod
@@ -484,9 +485,7 @@ class SQLStore(Store):
         """One read of the schema version when the tables exist (the usual case: nothing is locked or
         re-created); otherwise create them, with racing processes serialized or retrying."""
         with self._connect(ready=False) as conn:
-            if self._schema_version(conn) == SCHEMA_VERSION and self._added_columns(conn) >= len(
-                _ADDED_COLUMNS
-            ):
+            if self._schema_version(conn) == SCHEMA_VERSION and self._columns_in_place >= len(_ADDED_COLUMNS):
                 return
         for attempt in range(5):
             try:
@@ -509,14 +508,17 @@ class SQLStore(Store):
 
         A version newer than this dibs understands is a :class:`ConfigurationError`.
         """
+        meta = self.meta.c
         try:
-            found = conn.execute(
-                sa.select(self.meta.c.value).where(self.meta.c.name == "schema_version")
-            ).scalar()
+            query = sa.select(meta.name, meta.value).where(meta.name.in_(("schema_version", "columns")))
+            rows = {name: value for name, value in conn.execute(query).tuples()}
         except (sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
             if exc.connection_invalidated:
                 raise
             return None  # no such table: created below
+        columns = rows.get("columns")
+        self._columns_in_place = int(columns) if columns is not None and columns.isdigit() else 0
+        found = rows.get("schema_version")
         if found is None:
             return None
         if not found.isdigit() or int(found) > SCHEMA_VERSION:

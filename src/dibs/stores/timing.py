@@ -2,10 +2,10 @@
 
 Every store class gets this once, from :meth:`dibs.stores.base.Store.__init_subclass__`: the key
 operations a class defines itself are wrapped, so no store (nor a test's or a benchmark's proxy store)
-has to remember to time itself. Unobserved, a wrapped operation costs one check of the process's
-observers (a tuple's truth) on top of the call; observed, it reads the clock twice and builds one
-:class:`~dibs.events.StoreOperation`. Stores that call another operation inside one (Azure's complete
-reads first; a proxy around a store) report only the outermost: one operation, one point.
+has to remember to time itself. Unobserved, a wrapped operation costs one check (are there process
+observers that asked for store operations: a tuple's truth) on top of the call; observed, it reads the
+clock twice and builds one :class:`~dibs.events.StoreOperation`. Stores that call another operation
+inside one (Azure's complete reads first; a proxy around a store) report only the outermost.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def timed(operation: str, method: F) -> F:
 
     @functools.wraps(method)
     def operate(self: Any, key: Key, /, *args: Any, **kwargs: Any) -> Any:
-        if not observers._all or getattr(_INSIDE, "busy", False):  # unobserved, or inside another
+        if not observers.operations or getattr(_INSIDE, "busy", False):  # unobserved, or inside another
             return method(self, key, *args, **kwargs)
         _INSIDE.busy = True
         error: str | None = None
@@ -66,7 +66,7 @@ def _tell(store: Any, operation: str, key: Key, seconds: float, error: str | Non
         seconds=seconds,
         error_type=error,
     )
-    for observer in events.PROCESS:
+    for observer in events.PROCESS.operations:
         events._deliver(observer, event)
 
 
