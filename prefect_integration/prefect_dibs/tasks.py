@@ -51,6 +51,7 @@ from dibs.runtime import runtime
 from dibs.serializers import Serializer
 from dibs.settings import validate_timings
 from prefect_dibs import _cached, _runs
+from prefect_dibs import events as prefect_events
 from prefect_dibs._clients import ClientSettings, StoreSpec, is_url, resolve_client
 from prefect_dibs._watching import Seen, Watch, await_key, expiry_cause, wait_for_key
 
@@ -317,6 +318,7 @@ class _Reservation:
         kwargs: dict[str, Any],
     ) -> tuple[Call, _Narrator]:
         """This task run's compute-once call (:mod:`dibs.flow`), and the narrator of its events."""
+        prefect_events.install()  # its outcomes in the Prefect UI's event feed
         narrator = _Narrator(ctx, logger, self)
         call = client.call(
             self.key_name(args, kwargs),
