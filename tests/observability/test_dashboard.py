@@ -39,8 +39,10 @@ def exposition(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
     meters = MeterProvider(metric_readers=[reader])
     url = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'dibs.db'}"
     try:
-        with dibs.observe(OpenTelemetry(meters, traces=False)), dibs.Reservations(url, ttl=0.3) as client:
+        observer = OpenTelemetry(meters, traces=False)
+        with dibs.observe(observer), dibs.Reservations(url, ttl=0.3) as client:
             emit_every_metric(client)
+        observer.flush()
         text = generate_latest(REGISTRY).decode()
     finally:
         meters.shutdown()  # unregisters the reader's collector

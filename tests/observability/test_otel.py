@@ -32,7 +32,10 @@ class Telemetry:
         self.tracers = TracerProvider()
         self.tracers.add_span_processor(SimpleSpanProcessor(self.spans))
 
+    observer: OpenTelemetry
+
     def points(self, name: str) -> list[Any]:
+        self.observer.flush()  # measurements are recorded off the caller's path, a moment later
         data = self.reader.get_metrics_data()
         assert data is not None
         found = []
@@ -53,7 +56,8 @@ class Telemetry:
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
     seen = Telemetry()
-    with dibs.observe(OpenTelemetry(seen.meters, seen.tracers)):
+    seen.observer = OpenTelemetry(seen.meters, seen.tracers)
+    with dibs.observe(seen.observer):
         yield seen
     seen.meters.shutdown()
     seen.tracers.shutdown()

@@ -9,6 +9,9 @@ span per compute-once call::
 
     otel.instrument()          # every call of this process, through the global providers
 
+Measurements are recorded on a thread of their own a moment later (:mod:`dibs.observers.later`), so the
+SDK's work stays off the call's path; :meth:`OpenTelemetry.flush` records them at once.
+
 The span nests under whatever span is active when the call starts (Airflow's task span, Prefect's
 run span, your own), is the active span while the work runs, and carries the key, the owner, the
 token and the holder; its events say what happened (asked, waiting on holder, took over, stored).
@@ -25,6 +28,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from dibs import events
 from dibs.events import Event, Observation
+from dibs.observers.later import Later
 from dibs.observers.measures import METRICS, Measurer
 
 __all__ = ["OpenTelemetry", "instrument"]
@@ -78,14 +82,20 @@ class OpenTelemetry:
             trace.get_tracer(_NAME, _version(), tracer_provider=tracer_provider) if traces else None
         )
         self._measure = Measurer()
+        self._later = Later(lambda point: self._points[point.name](point.value, point.attributes))
         self._spans: dict[int, tuple[Span, object]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
-        for point in self._measure(event):
-            self._points[point.name](point.value, point.attributes)
+        points = self._measure(event)
+        if points:
+            self._later.put(points)  # recorded off the caller's path (see dibs.observers.later)
         if self._tracer is not None and event.call:
             self._trace(event, self._tracer)
+
+    def flush(self) -> None:
+        """Record the measurements still queued now (a reader collecting right after a call wants them)."""
+        self._later.flush()
 
     def _trace(self, event: Event, tracer: trace.Tracer) -> None:
         if isinstance(event, events.Asked):
