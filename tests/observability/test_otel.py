@@ -217,3 +217,36 @@ def test_store_operations_reach_the_process_observers_that_ask_for_them_once(
     operations = [event for event in asking if isinstance(event, dibs.StoreOperation)]
     assert [event.operation for event in operations] == ["acquire"]  # one hit: one acquire, timed once
     assert operations[0].seconds >= 0 and operations[0].store == "sqlite" and operations[0].call == 0
+
+
+def test_heartbeats_report_their_lateness_and_a_lost_lease_its_reason(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    beat, lost = threading.Event(), threading.Event()
+
+    def heard(event: dibs.Event) -> None:
+        if isinstance(event, dibs.HeartbeatSent):
+            beat.set()
+        elif isinstance(event, dibs.LostLease):
+            lost.set()
+
+    with dibs.Reservations(f"sqlite:///{tmp_path / 'short.db'}", namespace="otel", ttl=0.3) as client:
+
+        def work() -> str:
+            assert beat.wait(30), "no heartbeat"
+            client.force_release("released-under-it")  # an operator's repair while the work runs
+            assert lost.wait(30), "the lease was never found lost"
+            return "late"
+
+        report = client.compute("released-under-it", work, owner="me", observer=heard)
+    assert report.role == "computed" and not report.stored
+    (lateness,) = telemetry.points("dibs.heartbeat.lateness")
+    assert lateness.count >= 1 and lateness.min >= 0
+    (lost_point,) = telemetry.points("dibs.lease.lost")
+    assert (lost_point.attributes["dibs.reason"], lost_point.value) == ("released", 1)
+    failed_beats = [
+        point
+        for point in telemetry.points("dibs.store.operation.duration")
+        if point.attributes.get("error.type") == "LeaseLost"
+    ]
+    assert {point.attributes["dibs.store.operation"] for point in failed_beats} >= {"heartbeat"}
