@@ -120,6 +120,8 @@ def test_the_docs_list_every_metric_event_and_name() -> None:
         assert f"`{name}`" in text, f"docs/observability.md does not list {name}"
         for attribute in metric.attributes:
             assert f"`{attribute}`" in text, f"docs/observability.md does not name the attribute {attribute}"
+    every = set(dibs.Event.__subclasses__())
+    assert set(EVERY_KIND) == every  # a new event kind must be added to EVERY_KIND (and documented)
     for kind in EVERY_KIND:
         assert f"`{kind.__name__}`" in text, f"docs/observability.md does not list the event {kind.__name__}"
     from prefect_dibs.events import _NAMES
