@@ -126,8 +126,7 @@ class OpenTelemetry:
                 span.add_event("waiting on holder", _some(holder=event.holder, token=event.token))
             case events.HolderChanged():
                 span.add_event("holder changed", _some(previous=event.previous, holder=event.holder))
-            case events.LeaseAcquired():
-                span.set_attribute("dibs.token", event.token)
+            case events.LeaseAcquired():  # its token is set at the end, with the rest
                 if event.took_over_from is not None:
                     span.add_event("took over", _some(holder=event.took_over_from, token=event.token))
             case events.ArtifactStored():
@@ -135,7 +134,6 @@ class OpenTelemetry:
             case events.NotStored():
                 span.add_event("not stored", _some(reason=event.reason, error=event.error))
             case events.ArtifactFound():
-                span.set_attribute("dibs.token", event.token)
                 span.add_event("artifact found", _some(producer=event.producer, token=event.token))
             case events.LostLease():
                 span.add_event("lease lost", _some(reason=event.reason, error=event.error))
@@ -145,16 +143,18 @@ class OpenTelemetry:
                 span.set_attribute("dibs.deferred", True)
                 self._end(event.call)
             case events.Finished():
-                span.set_attribute("dibs.outcome", event.outcome)
+                # One call for every attribute: the SDK takes its span lock (and checks) per call.
+                ending: dict[str, Any] = {"dibs.outcome": event.outcome}
                 holder = event.waited_on or event.producer
                 if holder is not None:
-                    span.set_attribute("dibs.holder", holder)
+                    ending["dibs.holder"] = holder
                 if event.token is not None:
-                    span.set_attribute("dibs.token", event.token)
+                    ending["dibs.token"] = event.token
                 if event.outcome == "failed":
                     span.set_status(Status(StatusCode.ERROR, event.error or event.error_type or "failed"))
                     if event.error_type:
-                        span.set_attribute("error.type", event.error_type)
+                        ending["error.type"] = event.error_type
+                span.set_attributes(ending)
                 self._end(event.call)
 
     def _end(self, call: int) -> None:
