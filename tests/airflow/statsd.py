@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import socket
 import threading
-from types import TracebackType
 from typing import Self
 
 
@@ -36,9 +35,7 @@ class StatsD:
         self._thread.start()
         return self
 
-    def __exit__(
-        self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self._socket.close()

@@ -31,6 +31,7 @@ import pytest
 
 pytest.importorskip("airflow")
 
+from tests.airflow.statsd import StatsD
 from tests.components import Components, free_port, run_at_once
 from tests.services import full_size, unavailable
 
@@ -78,6 +79,7 @@ class Airflow:
     """One Airflow deployment: the environment of its processes and a view of its metadata."""
 
     def __init__(self, tmp_path: Path, metadata_url: str) -> None:
+        self.statsd = StatsD()  # Airflow's StatsD metrics of every component, dibs's among them
         self.work = tmp_path / "work"
         self.work.mkdir()
         self.port = free_port()
@@ -103,6 +105,7 @@ class Airflow:
             AIRFLOW_CONN_DIBS_DEFAULT=json.dumps(store),
             DIBS_E2E_DIR=str(self.work),
             PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            **self.statsd.env,
         )
         self.env = env
 
@@ -149,6 +152,7 @@ class Airflow:
 @pytest.fixture
 def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Components]]:
     deployment = Airflow(tmp_path, metadata_url)
+    deployment.statsd.__enter__()
     components = Components(tmp_path / "logs", REPO)
     migrated = run_at_once([[AIRFLOW, "db", "migrate"]], deployment.env, REPO)
     assert migrated, "airflow db migrate printed nothing"
@@ -170,6 +174,7 @@ def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Compon
         yield deployment, components
     finally:
         components.stop_all()
+        deployment.statsd.__exit__()
 
 
 def _results(deployment: Airflow, scenario: str) -> dict[str, dict[str, Any]]:
@@ -223,6 +228,21 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
         holder_run,
     )
     print(f"waiters that Airflow failed by mistake and retried: {sorted(r[0] for r in retried)}")
+    _assert_stats(deployment.statsd)
+
+
+def _assert_stats(statsd: StatsD) -> None:
+    """dibs's measurements reached Airflow's StatsD from the task processes and the triggerer."""
+    got = statsd.metrics("dibs.")
+    counted = {name: sum(value for value, _ in points) for name, points in got.items()}
+    # share: one computation, every other run waited; kill: a waiter took over (Airflow's own retries
+    # of waiters may add calls, never remove these)
+    assert counted.get("dibs.reservation.outcomes.computed", 0) >= 1, sorted(got)
+    assert counted.get("dibs.reservation.outcomes.took_over", 0) >= 1, sorted(got)
+    assert counted.get("dibs.reservation.outcomes.waited", 0) >= RUNS - 1, sorted(got)
+    assert counted["dibs.compute.saved_ms"] > 0 and got["dibs.wait.duration.waited"]
+    # the tasks acquire, heartbeat, complete and release; reads are the deferred waits, in the triggerer
+    assert got["dibs.store.operation.duration.read"] and got["dibs.store.operation.duration.acquire"]
 
 
 def _assert_one_computation(
