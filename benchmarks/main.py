@@ -20,7 +20,7 @@ from benchmarks.settings import FULL, SMOKE, Settings
 from benchmarks.targets import ALL_STORES, EXTRA_STORES, Target, open_targets
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("overhead", "handoff", "contention", "takeover", "waiters", "startup", "fanin")
+BENCHMARKS = ("overhead", "handoff", "contention", "takeover", "waiters", "startup", "fanin", "observing")
 REQUIRE_ENV = "DIBS_REQUIRE_SERVICES"
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     log = _Log()
     log(f"dibs benchmarks, {settings.name} mode: {', '.join(only)} on {', '.join(stores)}")
 
-    from benchmarks import contention, fanin, handoff, overhead, report, startup, takeover, waiters
+    from benchmarks import contention, fanin, handoff, observing, overhead, report, startup, takeover, waiters
 
     results: dict[str, Any] = {
         "mode": settings.name,
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings, log, next((t for t in main_targets if t.name == "postgres"), None)
             ),
             "fanin": lambda: fanin.run(main_targets, settings, log, fanin_waiter),
+            "observing": lambda: observing.run(main_targets, settings, log),
         }
         with pool, fanin_waiter:
             failed = _run_all(only, runners, results, log)

@@ -48,9 +48,16 @@ class DelegatingStore(Store):
         return self.inner.heartbeat(key, token, ttl)
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
-        return self.inner.complete(key, token, serializer, payload, checksum)
+        return self.inner.complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         self.inner.release(key, token, error, counted=counted)
@@ -163,10 +170,17 @@ class CountingStore(DelegatingStore):
         return super().heartbeat(key, token, ttl)
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         self.record("complete")
-        return super().complete(key, token, serializer, payload, checksum)
+        return super().complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         self.record("release")

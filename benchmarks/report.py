@@ -74,6 +74,18 @@ def _goal_rows(results: dict[str, Any], stores: list[str]) -> list[list[str]]:
                     if isinstance(data, dict) and "ratio" in data
                 },
             )
+    observing = _ok(results, "observing")
+    if observing:
+        row(
+            "8",
+            "`run` observed through the OpenTelemetry SDK, vs unobserved (median)",
+            "≤ 1.05x",
+            {
+                store: f"{_num(data['ratio']['otel'])}x{_mark(data['ratio']['otel'] <= 1.05)}"
+                for store, data in observing.items()
+                if isinstance(data, dict) and "ratio" in data
+            },
+        )
     handoff = _ok(results, "handoff")
     if handoff:
         counts = sorted(int(n) for n in results["settings"]["handoff_waiters"])
@@ -279,6 +291,37 @@ def _overhead_section(data: dict[str, Any]) -> list[str]:
         )
     lines += _table(
         ["store", "raw µs p50/p99", "store µs", "client µs", "`run` µs", "ratio store / client / run"], rows
+    )
+    return lines
+
+
+def _observing_section(data: dict[str, Any]) -> list[str]:
+    lines = [
+        "## 8. The overhead of observing",
+        "",
+        "`Reservations.run` on a fresh key (reserve + complete), per operation (µs, median and p99): nobody "
+        "listening (the baseline), a process observer that does nothing (every event built and every "
+        "store operation timed), and the OpenTelemetry observer on the real SDK. Ratios: medians against "
+        "the unobserved runs measured alongside.",
+        "",
+    ]
+    rows = []
+    for store in (*ALL_STORES, *EXTRA_STORES):
+        if store not in data or not isinstance(data[store], dict):
+            continue
+        us, ratio = data[store]["us"], data[store]["ratio"]
+        rows.append(
+            [
+                data[store]["label"],
+                *(
+                    f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}"
+                    for kind in ("unobserved", "observed", "otel")
+                ),
+                f"{ratio['observed']:.3f}x / {ratio['otel']:.3f}x",
+            ]
+        )
+    lines += _table(
+        ["store", "unobserved µs p50/p99", "observed µs", "OpenTelemetry µs", "ratio observed / otel"], rows
     )
     return lines
 
@@ -669,6 +712,7 @@ def write(results: dict[str, Any], out: Path, log: Callable[[str], None]) -> Non
         "waiters": _waiters_section,
         "startup": _startup_section,
         "fanin": _fanin_section,
+        "observing": _observing_section,
     }
     for name, section in sections.items():
         data = results["benchmarks"].get(name)

@@ -238,11 +238,20 @@ class RecordingStore(Store):
         return lease
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         t0 = now()
         try:
-            artifact = self.inner.complete(key, token, serializer, payload, checksum)
+            artifact = self.inner.complete(
+                key, token, serializer, payload, checksum, compute_seconds=compute_seconds
+            )
         except Exception as exc:
             self._failed("complete", key, t0, exc, fence=token.fence, lease=token.lease_id, checksum=checksum)
             raise

@@ -205,6 +205,7 @@ EXIT_STATUSES = {
     "forget": {"0", "1", "2", "65", "69", "130"},
     "reap": {"0", "2", "65", "69", "130"},
     "prune": {"0", "2", "65", "69", "130"},
+    "top": {"0", "2", "65", "69", "130"},
 }
 
 
@@ -309,6 +310,49 @@ def test_ls_show_release_forget_reap(store: str) -> None:
     again = lib.Reservations(store, ttl=600).get_or_reserve("held-key", owner="next-worker")
     assert isinstance(again, lib.Acquired) and again.lease.token == 2
     again.lease.release()
+
+
+def test_ls_show_and_top_tell_each_artifacts_compute_time(store: str) -> None:
+    client = lib.Reservations(store, ttl=600)
+    got = client.get_or_reserve("slow-key", owner="builder")
+    assert isinstance(got, lib.Acquired)
+    got.lease.complete("built", compute_seconds=75.0)  # as the work under its lease reported it
+    client.get_or_reserve("held-key", owner="crashed-worker")
+    failing = client.get_or_reserve("bad-key", owner="flaky")
+    assert isinstance(failing, lib.Acquired)
+    failing.lease.release("ValueError: no rows")
+
+    (row,) = [r for r in json.loads(dibs("ls", "--json", store=store).stdout) if r["key"] == "slow-key"]
+    assert row["compute_seconds"] == 75.0 and "by builder in 1m 15s, " in row["detail"]
+    assert " in 1m 15s, " in dibs("ls", store=store).stdout
+    assert (
+        json.loads(dibs("show", "slow-key", "--json", store=store).stdout)["artifact_compute_seconds"] == 75.0
+    )
+
+    doc = json.loads(dibs("top", "--json", store=store).stdout)
+    assert doc["counts"] == {"held": 1, "expired": 0, "done": 1, "failed": 1}
+    (held,) = doc["held"]
+    assert (held["key"], held["holder"], held["token"]) == ("default/held-key", "crashed-worker", 1)
+    assert 0 < held["expires_in_s"] <= 600
+    (latest,) = doc["recent_artifacts"]
+    assert (latest["key"], latest["producer"], latest["compute_seconds"]) == (
+        "default/slow-key",
+        "builder",
+        75.0,
+    )
+    (failure,) = doc["recent_failures"]
+    assert (failure["key"], failure["owner"], failure["error"]) == (
+        "default/bad-key",
+        "flaky",
+        "ValueError: no rows",
+    )
+    screen = dibs("top", store=store).stdout  # not a terminal: printed once
+    assert (
+        screen.startswith("dibs top: default on sqlite:") and "held 1  expired 0  done 1  failed 1" in screen
+    )
+    for section in ("HELD", "LATEST ARTIFACTS", "LATEST FAILURES"):
+        assert f"\n{section}\n" in screen
+    assert "1m 15s" in screen and "crashed-worker" in screen and "ValueError: no rows" in screen
 
 
 def test_readable_names_select_keys_and_name_one_key_or_list_the_candidates(store: str) -> None:

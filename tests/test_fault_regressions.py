@@ -32,15 +32,22 @@ class ReplyLost(MemoryStore):
         self.completes = 0
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         self.completes += 1
         if self.failures > 0:
             self.failures -= 1
             if self.applied:
-                super().complete(key, token, serializer, payload, checksum)
+                super().complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
             raise dibs.StoreUnavailable("connection reset by peer")
-        return super().complete(key, token, serializer, payload, checksum)
+        return super().complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
 
 
 class Unreachable(MemoryStore):

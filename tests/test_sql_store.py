@@ -94,6 +94,39 @@ def test_a_newer_schema_version_is_refused_before_anything_is_written(
         assert conn.execute(sa.select(sa.func.count()).select_from(newer.t)).scalar() == 0
 
 
+def test_a_table_from_before_compute_times_gains_the_column_and_keeps_its_rows(
+    sql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = dibs.Reservations(SQLStore(sql_url), namespace="upgrade")
+    old.run("kept", lambda: {"rows": 3})
+    store = old.store
+    assert isinstance(store, SQLStore)
+    # The table as dibs wrote it before artifacts kept their compute time.
+    with store.engine.connect() as conn:
+        table = store.engine.dialect.identifier_preparer.format_table(store.t)
+        conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN compute_seconds"))
+        conn.execute(sa.delete(store.meta).where(store.meta.c.name == "columns"))
+        conn.commit()
+    old.close()
+    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", set())  # a new process, as after an upgrade
+
+    new = dibs.Reservations(SQLStore(sql_url), namespace="upgrade")  # a store of its own: not yet ready
+    state = new.status("kept")
+    assert state.artifact is not None and state.artifact.compute_seconds is None  # unknown, still served
+    assert new.run("kept", lambda: {"rows": 0}) == {"rows": 3}
+    new.run("fresh", lambda: 1)
+    fresh = new.status("fresh").artifact
+    assert fresh is not None and fresh.compute_seconds is not None and fresh.compute_seconds >= 0
+    assert isinstance(new.store, SQLStore)
+    with new.store.engine.connect() as conn:
+        columns = {
+            column["name"] for column in sa.inspect(conn).get_columns(new.store.table_name, new.store.schema)
+        }
+        marker = conn.execute(sa.select(new.store.meta.c.value).where(new.store.meta.c.name == "columns"))
+        assert "compute_seconds" in columns and marker.scalar() == "1"
+    new.close()
+
+
 def _open(url: str) -> None:
     dibs.Reservations(url).run("first-use", lambda: "made")
 

@@ -51,6 +51,7 @@ from dibs.runtime import runtime
 from dibs.serializers import Serializer
 from dibs.settings import validate_timings
 from prefect_dibs import _cached, _runs
+from prefect_dibs import events as prefect_events
 from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url, load_block, resolve_client
 from prefect_dibs._takeover import expiry_cause
 
@@ -305,6 +306,7 @@ class _Reservation:
         kwargs: dict[str, Any],
     ) -> tuple[Call, _Narrator]:
         """This task run's compute-once call (:mod:`dibs.flow`), and the narrator of its events."""
+        prefect_events.install()  # its outcomes in the Prefect UI's event feed
         narrator = _Narrator(ctx, logger, self)
         call = client.call(
             self.key_name(args, kwargs),

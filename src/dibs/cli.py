@@ -132,6 +132,15 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "terminal the detail is wrapped at word boundaries.",
         _exits("  0      listed (possibly nothing)", _COMMON_EXITS, _STOP_EXITS),
     ),
+    "top": (
+        "the live state of a namespace",
+        "Show what the namespace looks like now, redrawn every --interval seconds on a terminal (Ctrl-C "
+        "ends it): the keys held (holder, token, how long held, when the lease expires), leases expired "
+        "without a taker yet, the latest artifacts (producer, compute time, age) and the latest failures. "
+        "With --once, or when the output is not a terminal, it prints once; --json prints one snapshot. "
+        "Hits and waits are not recorded in the store: the metrics of docs/observability.md count them.",
+        _exits("  0      shown", _COMMON_EXITS, _STOP_EXITS),
+    ),
     "show": (
         "everything about one key",
         "Show everything the store knows about KEY: status, fencing token, lease, artifact and failures.\n\n"
@@ -293,6 +302,16 @@ def _parser() -> argparse.ArgumentParser:
         "name", nargs="?", help="only the keys this names: NAME, NAME@VERSION, NAME/DIGEST-START or a glob"
     )
     listing.add_argument("--all", action="store_true", help="every namespace")
+
+    watch_top = command("top")
+    watch_top.add_argument("--all", action="store_true", help="every namespace")
+    watch_top.add_argument("--once", action="store_true", help="print once and exit")
+    watch_top.add_argument(
+        "--interval",
+        type=_seconds(zero=False),
+        default=2.0,
+        help="seconds between refreshes on a terminal (default: %(default)s)",
+    )
 
     key_help = "the key, or its readable form (NAME, NAME@VERSION, NAME/DIGEST-START) if that names one key"
     command("show").add_argument("key", help=key_help)
@@ -457,6 +476,10 @@ def _admin(args: argparse.Namespace, client: Reservations) -> int:
             print_table(rows, ["namespace", "key", "status", "holder", "token", "detail"], width=width)
         _say_skipped(listing)
         return 0
+    if args.command == "top":
+        from dibs._cli.top import top
+
+        return top(args, client)
     if args.command == "show":
         state = client.status(names.resolve(client, args.key, "a key to show"))
         doc = _details(state)
@@ -551,8 +574,10 @@ def _worth_listing(state: KeyState) -> bool:
 def _summary(state: KeyState) -> dict[str, Any]:
     lease, artifact, failure = state.lease, state.artifact, state.failure
     if artifact is not None:
+        computed = "" if artifact.compute_seconds is None else f" in {duration(artifact.compute_seconds)}"
         detail = (
-            f"{size(artifact.size)} by {artifact.producer}, {duration(state.now - artifact.created_at)} ago"
+            f"{size(artifact.size)} by {artifact.producer}{computed}, "
+            f"{duration(state.now - artifact.created_at)} ago"
         )
     elif lease is not None:
         remaining = lease.expires_at - state.now
@@ -571,6 +596,7 @@ def _summary(state: KeyState) -> dict[str, Any]:
         "status": state.status,
         "holder": lease.owner if lease else None,
         "token": lease.token.fence if lease else (artifact.fence if artifact else None),
+        "compute_seconds": artifact.compute_seconds if artifact else None,
         "detail": detail,
     }
 
@@ -600,6 +626,8 @@ def _details(state: KeyState) -> dict[str, Any]:
         if isinstance(state.artifact, ReferencedArtifact):  # kept in a payload store: say where
             artifact["payload"] = state.artifact.uri
         artifact["created_at"] = instant(state.artifact.created_at)
+        if state.artifact.compute_seconds is not None:  # how long its producer computed it
+            artifact["compute_seconds"] = round(state.artifact.compute_seconds, 3)
         doc |= {f"artifact_{k}": v for k, v in artifact.items()}
     if state.failure is not None:
         doc |= {

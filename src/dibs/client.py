@@ -298,6 +298,7 @@ class Reservations(Closing):
             token=artifact.fence,
             serializer=artifact.serializer,
             size=artifact.size,
+            compute_seconds=artifact.compute_seconds,
         )
 
     def _refused(self, outcome: StoreOutcome) -> FailureRecord | None:

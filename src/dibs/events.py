@@ -13,6 +13,12 @@ One call's events, in order (``*``: only when it happens)::
           → WorkFailed → LeaseReleased* → Finished(failed)
     Asked → RanUnreserved → Finished(unreserved)            (store unreachable, policy "run")
     Asked → … → Finished(failed)                            (timeout, store down with "fail", …)
+    Asked → KeyBusy → Deferred                              (an Airflow deferral: resumed elsewhere)
+
+While the lease is held, each heartbeat reports ``HeartbeatSent`` (how late it ran). Below every
+call, each store operation reports a ``StoreOperation`` (its duration, and its error's type) to the
+process's observers (:func:`observe`) that ask for it in their ``kinds`` (a store does not know which
+client called it, and these are not steps of any call): ``kinds = dibs.events.EVERY_KIND``.
 
 Every event carries the key, the owner that asked, the front end, the kind of store, the number of
 its call (the same for every event of one compute-once call, so a tracer can group them into one
@@ -46,12 +52,15 @@ from typing import Any, Literal, Self, TypeVar
 from dibs.keys import Key
 
 __all__ = [
+    "EVERY_KIND",
     "ArtifactFound",
     "Asked",
+    "Deferred",
     "Emitter",
     "Event",
     "Finished",
     "HeartbeatFailed",
+    "HeartbeatSent",
     "HolderChanged",
     "KeyBusy",
     "LeaseAcquired",
@@ -63,6 +72,7 @@ __all__ = [
     "Observers",
     "RanUnreserved",
     "StillWaiting",
+    "StoreOperation",
     "Waited",
     "WorkFailed",
     "observe",
@@ -162,6 +172,10 @@ class ArtifactFound(Event):
     token: int
     size: int
     waited: bool = False
+    #: When the artifact was stored (the store's clock): a waiter's hand-off runs from there.
+    stored_at: float = 0.0
+    #: How long its producer computed it (``None``: not recorded): what this call was spared.
+    compute_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -189,6 +203,36 @@ class LostLease(Event):
 
     token: int
     error: str
+    #: ``taken_over``, ``completed``, ``max_lease_age``, ``released`` or ``unreachable``.
+    reason: str = "unknown"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeartbeatSent(Event):
+    """A heartbeat extended the lease, ``lateness`` seconds after it was due (its interval after
+    the last one): a busy process or a slow store shows here before a lease is ever lost."""
+
+    token: int
+    lateness: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Deferred(Event):
+    """The call gave up its thread while waiting (an Airflow deferral); it resumes as a new call."""
+
+    waited_seconds: float
+    holder: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoreOperation(Event):
+    """One store operation (``acquire``, ``heartbeat``, ``complete``, ``release``, ``read``, …) took
+    ``seconds``; ``error_type`` names what it raised (``StoreUnavailable``, ``LeaseLost``, …).
+    ``owner``, ``frontend`` and ``call`` are empty: a store serves every call of the process."""
+
+    operation: str
+    seconds: float
+    error_type: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -257,6 +301,29 @@ class Finished(Event):
 
 Observer = Callable[[Event], object]
 
+#: Every kind of event: the ``kinds`` of an observer that also wants :class:`StoreOperation`.
+EVERY_KIND: frozenset[type[Event]] = frozenset(
+    {
+        Asked,
+        KeyBusy,
+        HolderChanged,
+        Waited,
+        ArtifactFound,
+        LeaseAcquired,
+        HeartbeatFailed,
+        HeartbeatSent,
+        LostLease,
+        ArtifactStored,
+        NotStored,
+        WorkFailed,
+        LeaseReleased,
+        RanUnreserved,
+        Deferred,
+        Finished,
+        StoreOperation,
+    }
+)
+
 _E = TypeVar("_E", bound=Event)
 
 
@@ -279,11 +346,13 @@ class Observation:
 class Observers:
     """A set of observers that any thread may change while others emit.
 
-    Emitting reads a tuple that is replaced, never changed, so it takes no lock.
+    Emitting reads a tuple that is replaced, never changed, so it takes no lock. ``operations`` holds
+    the observers that asked for :class:`StoreOperation` (see the module docstring).
     """
 
     def __init__(self) -> None:
         self._all: tuple[Observer, ...] = ()
+        self.operations: tuple[Observer, ...] = ()
         self._lock = threading.Lock()
 
     def add(self, observer: Observer) -> Observation:
@@ -291,6 +360,7 @@ class Observers:
             raise TypeError(f"an observer is a callable taking one dibs.Event, got {observer!r}")
         with self._lock:
             self._all = (*self._all, observer)
+            self._sort()
         return Observation(self, observer)
 
     def remove(self, observer: Observer) -> None:
@@ -298,6 +368,12 @@ class Observers:
             if observer in self._all:
                 index = self._all.index(observer)
                 self._all = self._all[:index] + self._all[index + 1 :]
+                self._sort()
+
+    def _sort(self) -> None:
+        self.operations = tuple(
+            observer for observer in self._all if StoreOperation in (getattr(observer, "kinds", None) or ())
+        )
 
     def __bool__(self) -> bool:
         return bool(self._all)

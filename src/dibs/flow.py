@@ -252,6 +252,8 @@ def _flow(
             token=got.token,
             size=got.size,
             waited=waiting.started is not None,
+            stored_at=got.created_at,
+            compute_seconds=got.compute_seconds,
         )
         role: Literal["waited", "hit"] = "waited" if waiting.started is not None else "hit"
         return RunReport(got.key, got.value, role, got.token, got.producer, waited, waiting.holder)
@@ -355,6 +357,11 @@ def _advance(flow: Flow, answer: Any, error: BaseException | None, emitter: Emit
     return step
 
 
+def _deferred(emitter: Emitter, waiting: Waiting) -> None:
+    if emitter.wants(events.Deferred):
+        emitter(events.Deferred, waited_seconds=waiting.seconds(time.time()), holder=waiting.holder)
+
+
 def drive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
     """Carry a flow out in this thread: events to the observers, every other step to ``io``."""
     answer: Any = None
@@ -362,8 +369,9 @@ def drive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
     while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
         try:
             answer, error = _handler(io, step)(step), None
-        except Suspend:
+        except Suspend as suspend:
             flow.close()
+            _deferred(emitter, suspend.waiting)
             raise
         except BaseException as exc:  # the flow decides: a policy, or it lets it through
             answer, error = None, exc
@@ -378,8 +386,9 @@ async def adrive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
         pending: Awaitable[Any] = _handler(io, step)(step)
         try:
             answer, error = await pending, None
-        except Suspend:
+        except Suspend as suspend:
             flow.close()
+            _deferred(emitter, suspend.waiting)
             raise
         except BaseException as exc:
             answer, error = None, exc

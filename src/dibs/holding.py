@@ -61,6 +61,7 @@ __all__ = [
     "FailureOf",
     "HeldLease",
     "Logger",
+    "beat_reporter",
     "failure_text",
     "heartbeat_reporter",
     "holding",
@@ -118,9 +119,25 @@ def lost_reporter(logger: Logger, emit: Emitter | None = None, token: int = 0) -
     def lost(error: LeaseLost) -> None:
         logger.warning("%s; the work goes on, but its value will not be stored", error)
         if emit is not None:
-            emit(events.LostLease, token=token, error=error.message)
+            emit(
+                events.LostLease,
+                token=token,
+                error=error.message,
+                reason=error.fields.get("reason", "unknown"),
+            )
 
     return lost
+
+
+def beat_reporter(emit: Emitter | None, token: int) -> Callable[[float], None] | None:
+    """What a heartbeat tells the observers (how late it ran), if anyone listens for it."""
+    if emit is None or not emit.wants(events.HeartbeatSent):
+        return None
+
+    def beat(lateness: float) -> None:
+        emit(events.HeartbeatSent, token=token, lateness=lateness)
+
+    return beat
 
 
 def heartbeat_reporter(emit: Emitter | None, token: int) -> Callable[[StoreUnavailable], None] | None:
@@ -189,7 +206,7 @@ def store_value(
             )
 
     try:
-        record = lease.complete(value)
+        record = lease.complete(value, compute_seconds=compute_seconds)
     except SerializationError as exc:
         not_stored("serialization", exc)
         release_after(lease, exc, None, logger, emit)
@@ -254,7 +271,8 @@ class HeldLease(Keeping):
                 on_lost(error)
 
         failed = heartbeat_reporter(emit, lease.token)
-        super().__init__(lease, on_lost=lost, on_failed=failed, heartbeats=heartbeats)
+        beat = beat_reporter(emit, lease.token)
+        super().__init__(lease, on_lost=lost, on_failed=failed, on_beat=beat, heartbeats=heartbeats)
 
     def fail(self, exc: BaseException) -> None:
         """The work raised ``exc``: release with the failure recorded; never raises."""

@@ -68,6 +68,8 @@ class Lease:
         self._client = client
         self._record = record
         self._ended = False
+        self._granted = time.monotonic()  # the default compute time of complete() counts from here
+        self._compute_seconds: float | None = None
 
     # -- what the lease is --------------------------------------------------------------------------
     @property
@@ -112,8 +114,11 @@ class Lease:
         self._record = self._client.store.heartbeat(self.key, self._record.token, self._record.ttl)
         return self._record.expires_at
 
-    def complete(self, value: Any) -> ArtifactRecord:
+    def complete(self, value: Any, *, compute_seconds: float | None = None) -> ArtifactRecord:
         """Store ``value`` as the key's artifact and end the lease, fenced by this lease's token.
+
+        ``compute_seconds`` is kept with the artifact (what waiters and hits were spared); by default
+        the time since this lease was granted to this process.
 
         When the store fails during the write (:class:`StoreUnavailable`), the outcome is unknown: the
         connection may have dropped after the store had already stored the artifact. The key is then
@@ -123,7 +128,9 @@ class Lease:
             from dibs.payloads.streams import referencing_store
 
             referencing_store(self._client, "completing a lease with a Payload")
-            return self._complete_with(REFERENCE, encode_reference(value, ""), value.checksum)
+            return self._complete_with(
+                REFERENCE, encode_reference(value, ""), value.checksum, compute_seconds
+            )
         serializer = self._client.serializer
         try:
             payload = dump_artifact(serializer, value, self.key, self.token)  # signatures bind key + fence
@@ -136,11 +143,23 @@ class Lease:
                 key=str(self.key),
                 value_type=type(value).__name__,
             ) from exc
-        return self._complete_with(serializer.name, payload, checksum(payload))
+        return self._complete_with(serializer.name, payload, checksum(payload), compute_seconds)
 
-    def _complete_with(self, serializer: str, payload: bytes, digest: str) -> ArtifactRecord:
+    def _complete_with(
+        self, serializer: str, payload: bytes, digest: str, compute_seconds: float | None
+    ) -> ArtifactRecord:
+        if compute_seconds is None:
+            compute_seconds = time.monotonic() - self._granted
+        self._compute_seconds = max(0.0, compute_seconds)
         try:
-            record = self._client.store.complete(self.key, self._record.token, serializer, payload, digest)
+            record = self._client.store.complete(
+                self.key,
+                self._record.token,
+                serializer,
+                payload,
+                digest,
+                compute_seconds=self._compute_seconds,
+            )
         except StoreUnavailable as exc:
             record = self._settle_complete(serializer, payload, digest, exc)
         self._ended = True
@@ -182,7 +201,9 @@ class Lease:
             if artifact is not None or state.lease is None or state.lease.token != token:
                 raise transitions.explain_lost(state, token, "complete")
             try:
-                return store.complete(self.key, token, serializer, payload, digest)
+                return store.complete(
+                    self.key, token, serializer, payload, digest, compute_seconds=self._compute_seconds
+                )
             except StoreUnavailable as exc:
                 error = exc
             except LeaseLost:
@@ -228,15 +249,16 @@ class Lease:
         interval: float | None = None,
         on_lost: Callable[[LeaseLost], None] | None = None,
         on_failed: Callable[[StoreUnavailable], None] | None = None,
+        on_beat: Callable[[float], None] | None = None,
     ) -> KeepAlive:
         """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
         for this lease's ttl). A given ``interval`` follows the settings' rules (at least
         :data:`~dibs.settings.MIN_HEARTBEAT_INTERVAL`). ``on_failed`` hears each heartbeat that failed
-        and is retried."""
+        and is retried; ``on_beat`` each one that succeeded, with how late it ran (seconds)."""
         if interval is not None:
             interval = validate_timings(heartbeat_interval=interval)[1]
         interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
-        return KeepAlive(self, interval, on_lost, on_failed)
+        return KeepAlive(self, interval, on_lost, on_failed, on_beat)
 
     # -- hand-off -------------------------------------------------------------------------------
     def export(self) -> str:
@@ -304,6 +326,7 @@ class Keeping:
         *,
         on_lost: Callable[[LeaseLost], None] | None = None,
         on_failed: Callable[[StoreUnavailable], None] | None = None,
+        on_beat: Callable[[float], None] | None = None,
         heartbeats: bool = True,
     ) -> None:
         self.lease = lease
@@ -311,7 +334,7 @@ class Keeping:
         self._ended = False
         self.keeper: KeepAlive | None = None
         if heartbeats:
-            self.keeper = lease.keep_alive(on_lost=on_lost, on_failed=on_failed)
+            self.keeper = lease.keep_alive(on_lost=on_lost, on_failed=on_failed, on_beat=on_beat)
             self.keeper.__enter__()
 
     @property
@@ -362,8 +385,10 @@ class KeepAlive:
         interval: float,
         on_lost: Callable[[LeaseLost], None] | None,
         on_failed: Callable[[StoreUnavailable], None] | None = None,
+        on_beat: Callable[[float], None] | None = None,
     ) -> None:
         self.lease = lease
+        self.on_beat = on_beat
         self.interval = validate_seconds("heartbeat interval", interval) or 0.0
         self.on_lost = on_lost
         self.on_failed = on_failed
@@ -411,7 +436,9 @@ class KeepAlive:
     def _run(self) -> None:
         last_success = self._entered
         wait = max(0.0, self._entered + self.interval - time.monotonic())
+        due = self._entered + self.interval
         while not self._stop.wait(wait):
+            late = max(0.0, time.monotonic() - due)
             try:
                 self.lease.heartbeat()
             except LeaseLost as exc:
@@ -426,6 +453,7 @@ class KeepAlive:
                             f"{silent_for:.1f}s, longer than the ttl ({exc})",
                             key=str(self.lease.key),
                             token=self.lease.token,
+                            reason="unreachable",
                         )
                     )
                     return
@@ -433,10 +461,14 @@ class KeepAlive:
                 if self.on_failed is not None:
                     self.on_failed(exc)
                 wait = max(self.interval / 4, 0.01)
+                due = time.monotonic() + wait
                 continue
             last_success = time.monotonic()
             self.beats += 1
+            if self.on_beat is not None:
+                self.on_beat(late)
             wait = self.interval
+            due = time.monotonic() + wait
 
     def _declare_lost(self, error: LeaseLost) -> None:
         self.error = error

@@ -26,6 +26,8 @@ class Hit:
     token: int
     serializer: str
     size: int
+    #: How long the producer computed it (``None``: not recorded, e.g. an artifact from older dibs).
+    compute_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

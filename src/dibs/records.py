@@ -107,6 +107,10 @@ class ArtifactRecord:
     producer: str
     fence: int
     created_at: float
+    #: How long the producer's work ran under its lease (seconds, its own monotonic clock): what each
+    #: waiter and hit was spared (``dibs.compute.saved``). ``None`` for artifacts stored before dibs
+    #: recorded it, or by a caller that did not say.
+    compute_seconds: float | None = None
 
     def is_fresh(self, now: float, *, max_age: float | None = None, min_fence: int | None = None) -> bool:
         """Whether this artifact still counts at ``now`` (the store's clock): not ``max_age`` seconds old

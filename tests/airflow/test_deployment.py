@@ -35,6 +35,7 @@ import pytest
 pytest.importorskip("airflow")
 
 from tests.airflow import _reservations_page as page
+from tests.airflow.statsd import StatsD
 from tests.components import Components, free_port, run_at_once
 from tests.services import full_size, services_required, unavailable
 
@@ -82,6 +83,7 @@ class Airflow:
     """One Airflow deployment: the environment of its processes and a view of its metadata."""
 
     def __init__(self, tmp_path: Path, metadata_url: str) -> None:
+        self.statsd = StatsD()  # Airflow's StatsD metrics of every component, dibs's among them
         self.work = tmp_path / "work"
         self.work.mkdir()
         self.port = free_port()
@@ -108,6 +110,7 @@ class Airflow:
             DIBS_E2E_DIR=str(self.work),
             **page.auth_environment(tmp_path / "auth"),
             PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            **self.statsd.env,
         )
         self.env = env
 
@@ -154,6 +157,7 @@ class Airflow:
 @pytest.fixture
 def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Components]]:
     deployment = Airflow(tmp_path, metadata_url)
+    deployment.statsd.__enter__()
     components = Components(tmp_path / "logs", REPO)
     migrated = run_at_once([[AIRFLOW, "db", "migrate"]], deployment.env, REPO)
     assert migrated, "airflow db migrate printed nothing"
@@ -175,6 +179,7 @@ def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Compon
         yield deployment, components
     finally:
         components.stop_all()
+        deployment.statsd.__exit__()
 
 
 def _results(deployment: Airflow, scenario: str) -> dict[str, dict[str, Any]]:
@@ -238,6 +243,21 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
         holder_run,
     )
     print(f"waiters that Airflow failed by mistake and retried: {sorted(r[0] for r in retried)}")
+    _assert_stats(deployment.statsd)
+
+
+def _assert_stats(statsd: StatsD) -> None:
+    """dibs's measurements reached Airflow's StatsD from the task processes and the triggerer."""
+    got = statsd.metrics("dibs.")
+    counted = {name: sum(value for value, _ in points) for name, points in got.items()}
+    # share: one computation, every other run waited; kill: a waiter took over (Airflow's own retries
+    # of waiters may add calls, never remove these)
+    assert counted.get("dibs.reservation.outcomes.computed", 0) >= 1, sorted(got)
+    assert counted.get("dibs.reservation.outcomes.took_over", 0) >= 1, sorted(got)
+    assert counted.get("dibs.reservation.outcomes.waited", 0) >= RUNS - 1, sorted(got)
+    assert counted["dibs.compute.saved_ms"] > 0 and got["dibs.wait.duration.waited"]
+    # the tasks acquire, heartbeat, complete and release; reads are the deferred waits, in the triggerer
+    assert got["dibs.store.operation.duration.read"] and got["dibs.store.operation.duration.acquire"]
 
 
 def _check_what_people_see(deployment: Airflow, components: Components, run_ids: list[str]) -> None:

@@ -30,6 +30,7 @@ import dibs
 from dibs_provider.operators._stopping import KILLED_FAILURE
 from tests.airflow._child import run_dags
 from tests.airflow.compat import AIRFLOW_VERSION
+from tests.airflow.statsd import StatsD
 
 pytestmark = pytest.mark.slow
 
@@ -102,11 +103,61 @@ def start(
 def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template_db: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}", "DIBS_IT_DIR": str(work)}
+    statsd = StatsD()
+    env = {"DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}", "DIBS_IT_DIR": str(work), **statsd.env}
     started = time.monotonic()
-    # three runs (three logical dates, so three run ids): three owners
+    # three runs (three logical dates, so three run ids): three owners; the first process then runs a
+    # fourth, after the artifact was stored (its own first run ended with it): a hit
     runs = [[{"dag_id": "dibs_integration", "logical_date": f"2024-01-0{i}"}] for i in (1, 2, 3)]
-    processes = start(tmp_path, template_db, HERE / "dags", env, runs)
+    runs[0].append({"dag_id": "dibs_integration", "logical_date": "2024-01-04"})
+    with statsd:
+        processes = start(tmp_path, template_db, HERE / "dags", env, runs)
+        _run_three(tmp_path, work, processes)
+    elapsed = time.monotonic() - started
+    print(f"three-process integration scenario took {elapsed:.1f}s")
+    assert [p.exitcode for p in processes] == [0, 0, 0], child_logs(tmp_path)
+
+    assert len(lines(work / "executions.txt")) == 1
+    assert len(lines(work / "deferrals.txt")) == 2
+    every = [json.loads(line) for line in lines(tmp_path / "runs.jsonl")]
+    (late,) = [run for run in every if run["logical_date"].startswith("2024-01-04")]
+    done = [run for run in every if run is not late]
+    assert len(done) == 3 and all(run["state"] == "success" for run in every)
+    outcomes = [run["outcomes"]["build_features[-1]"] for run in done]
+    assert sorted(o["role"] for o in outcomes) == ["computed", "waited", "waited"]
+    computed = next(o for o in outcomes if o["role"] == "computed")
+    for outcome in outcomes:
+        assert outcome["key"] == computed["key"] and outcome["token"] == computed["token"]
+        assert outcome["producer"] == computed["owner"]
+        if outcome["role"] == "waited":
+            assert outcome["waited_on"] == computed["owner"] and outcome["deferrals"] == 1
+    assert late["outcomes"]["build_features[-1]"]["role"] == "hit"
+    values = [run["values"]["build_features[-1]"] for run in every]
+    assert values[0] == values[1] == values[2] == values[3] and values[0]["rows"] == 42
+    # downstream tasks of every run received the same artifact through XCom
+    received = [json.loads(line)["value"] for line in lines(work / "results.jsonl")]
+    assert len(received) == 4 and all(value == values[0] for value in received)
+    _assert_stats(statsd)
+
+
+def _assert_stats(statsd: StatsD) -> None:
+    """What Airflow's Stats (StatsD) received from the four runs: one computation, two waits, one hit."""
+    got = statsd.metrics("dibs.")
+    counted = {name: sum(value for value, _ in points) for name, points in got.items()}
+    outcomes = {name.rsplit(".", 1)[1]: n for name, n in counted.items() if ".outcomes." in name}
+    assert outcomes == {"computed": 1, "waited": 2, "hit": 1}, got
+    (compute_ms,) = [value for value, kind in got["dibs.compute.duration"] if kind == "ms"]
+    assert len(got["dibs.wait.duration.waited"]) == 2 and len(got["dibs.handoff.duration"]) == 2
+    # the producer's compute time, credited to the two waiters and the hit (each rounded to a ms)
+    assert abs(counted["dibs.compute.saved_ms"] - 3 * compute_ms) <= 3
+    assert len(got["dibs.store.operation.duration.acquire"]) >= 4  # every call asked at least once
+    assert len(got["dibs.store.operation.duration.complete"]) == 1
+    # the tasks only acquire and complete; reads are the triggers' waits (run in-process by dag.test())
+    assert len(got["dibs.store.operation.duration.read"]) >= 2
+    assert counted["dibs.leases.active"] == 0 and counted["dibs.waiters.active"] == 0
+
+
+def _run_three(tmp_path: Path, work: Path, processes: list[BaseProcess]) -> None:
     try:
         # The run that acquired the key holds it until the two others have found it busy and deferred.
         wait_until(
@@ -122,27 +173,6 @@ def test_three_dag_runs_in_three_processes_compute_once(tmp_path: Path, template
         for process in processes:
             if process.is_alive():
                 process.kill()
-    elapsed = time.monotonic() - started
-    print(f"three-process integration scenario took {elapsed:.1f}s")
-    assert [p.exitcode for p in processes] == [0, 0, 0], child_logs(tmp_path)
-
-    assert len(lines(work / "executions.txt")) == 1
-    assert len(lines(work / "deferrals.txt")) == 2
-    done = [json.loads(line) for line in lines(tmp_path / "runs.jsonl")]
-    assert len(done) == 3 and all(run["state"] == "success" for run in done)
-    outcomes = [run["outcomes"]["build_features[-1]"] for run in done]
-    assert sorted(o["role"] for o in outcomes) == ["computed", "waited", "waited"]
-    computed = next(o for o in outcomes if o["role"] == "computed")
-    for outcome in outcomes:
-        assert outcome["key"] == computed["key"] and outcome["token"] == computed["token"]
-        assert outcome["producer"] == computed["owner"]
-        if outcome["role"] == "waited":
-            assert outcome["waited_on"] == computed["owner"] and outcome["deferrals"] == 1
-    values = [run["values"]["build_features[-1]"] for run in done]
-    assert values[0] == values[1] == values[2] and values[0]["rows"] == 42
-    # downstream tasks of every run received the same artifact through XCom
-    received = [json.loads(line)["value"] for line in lines(work / "results.jsonl")]
-    assert len(received) == 3 and all(value == values[0] for value in received)
 
 
 def test_a_task_stopped_through_on_kill_frees_its_key_at_once(tmp_path: Path, template_db: Path) -> None:

@@ -86,6 +86,24 @@ def test_complete_stores_the_artifact_once_for_everyone(open_isolated_store: Cal
     assert reader.read(KEY).status == "done"
 
 
+def test_the_artifact_keeps_its_compute_time_for_every_reader(
+    open_isolated_store: Callable[[], Store],
+) -> None:
+    writer, reader = open_isolated_store(), open_isolated_store()
+    lease = _granted(writer.acquire(KEY, "alice", 30, None))
+    stored = writer.complete(KEY, lease.token, "bytes", b"v", checksum(b"v"), compute_seconds=12.25)
+    assert stored.compute_seconds == 12.25
+    seen = reader.acquire(KEY, "bob", 30, None)
+    assert isinstance(seen, Present) and seen.artifact.compute_seconds == 12.25
+    assert reader.read(KEY).artifact.compute_seconds == 12.25  # type: ignore[union-attr]
+    (listed,) = reader.list(KEY.namespace)
+    assert listed.artifact is not None and listed.artifact.compute_seconds == 12.25
+    # Recomputed without saying how long it took: unknown, not the old artifact's time.
+    again = _granted(writer.acquire(KEY, "carol", 30, None, max_age=0))
+    writer.complete(KEY, again.token, "bytes", b"w", checksum(b"w"))
+    assert reader.read(KEY).artifact.compute_seconds is None  # type: ignore[union-attr]
+
+
 def test_heartbeat_extends_and_is_refused_with_a_stale_token(store: Store) -> None:
     lease = _granted(store.acquire(KEY, "alice", 1, None))
     extended = store.heartbeat(KEY, lease.token, 60)

@@ -61,6 +61,7 @@ from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
 from dibs.keys import validate_namespace
 from dibs.runtime import runtime
 from dibs.stores import STORE_SCHEMES, hide_secrets, redact_url, url_secrets
+from dibs_provider import stats
 from dibs_provider._compat import AirflowNotFoundException
 
 __all__ = ["DEFAULT_CONN_ID", "DibsHook", "DibsSettings", "settings_from_connection"]
@@ -446,6 +447,7 @@ class DibsHook(BaseHook):
     # -- clients ----------------------------------------------------------------------------------
     def get_client(self) -> Reservations:
         """A client (cheap: it shares the process's store); close it, or use it as a context manager."""
+        stats.install()  # this process's calls show in Airflow's metrics
         return self.get_settings().client(namespace=self.namespace, ttl=self.ttl)
 
     def get_conn(self) -> Reservations:
@@ -458,6 +460,7 @@ class DibsHook(BaseHook):
         The process's first client of a store imports its driver and builds its pool: that runs in
         dibs's I/O executor, never on the loop. Every later one shares them (:mod:`dibs.runtime`).
         """
+        stats.install()  # the triggerer's store operations show in Airflow's metrics
         settings = await self.aget_settings()
         client = await runtime().io(settings.client, namespace=self.namespace, ttl=self.ttl)
         return client.aio()

@@ -215,26 +215,44 @@ class ReferencingStore(Store):
 
     # -- writing ------------------------------------------------------------------------------------
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         if serializer == REFERENCE:  # the payload is in the payload store already (a streamed artifact)
             stored, _ = decode(payload, f"artifact of {key}")
-            return self._publish(key, token, stored, None)
+            return self._publish(key, token, stored, None, compute_seconds)
         if len(payload) <= self.inline_limit:
-            return self.records.complete(key, token, serializer, payload, checksum)
+            return self.records.complete(
+                key, token, serializer, payload, checksum, compute_seconds=compute_seconds
+            )
         if not checksum.startswith("sha256:"):
             raise ArtifactCorrupted(
                 f"artifact of {key}: not a checksum dibs writes: {checksum!r}", key=str(key)
             )
         # The lease computed the checksum from these very bytes: the writer does not hash them again.
         stored = self.payloads.put(payload, serializer, sha256=checksum.removeprefix("sha256:"))
-        return self._publish(key, token, stored, payload)
+        return self._publish(key, token, stored, payload, compute_seconds)
 
-    def _publish(self, key: Key, token: LeaseToken, stored: Payload, data: bytes | None) -> ArtifactRecord:
+    def _publish(
+        self,
+        key: Key,
+        token: LeaseToken,
+        stored: Payload,
+        data: bytes | None,
+        compute_seconds: float | None = None,
+    ) -> ArtifactRecord:
         uri = self.payloads.uri(stored.sha256)
         document = encode(stored, uri)
         try:
-            record = self.records.complete(key, token, REFERENCE, document, stored.checksum)
+            record = self.records.complete(
+                key, token, REFERENCE, document, stored.checksum, compute_seconds=compute_seconds
+            )
         except LeaseLost:
             self.collect([stored.sha256])  # never published: removed unless someone else needs it
             raise

@@ -971,7 +971,14 @@ class AzureBlobStore(RecordStore):
         )
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         # Check the token before uploading anything: a holder that lost its lease should not push a
         # large payload just to have it refused. The read is reused by the swap below.
@@ -981,7 +988,9 @@ class AzureBlobStore(RecordStore):
         try:
             return self._update(
                 key,
-                lambda state: transitions.complete(state, token, serializer, payload, checksum),
+                lambda state: transitions.complete(
+                    state, token, serializer, payload, checksum, compute_seconds=compute_seconds
+                ),
                 loaded=loaded,
             )
         except LeaseLost:

@@ -30,7 +30,7 @@ from dibs._closing import Closing
 from dibs.errors import ArtifactTooLarge, CorruptRecord, ReservationError, StoreUnavailable
 from dibs.keys import Key, validate_owner
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
-from dibs.stores import transitions
+from dibs.stores import timing, transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 
 __all__ = ["Listing", "RecordStore", "Skipped", "Store", "refuse_too_large"]
@@ -97,6 +97,14 @@ class Store(Closing):
     #: Whose clock judges expiry, for the docs and ``dibs show``.
     clock: ClassVar[str] = "the store service's clock"
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Time the key operations this class defines, for observers (see :mod:`dibs.stores.timing`)."""
+        super().__init_subclass__(**kwargs)
+        for operation in timing.TIMED:
+            method = cls.__dict__.get(operation)
+            if callable(method) and not getattr(method, "__isabstractmethod__", False):
+                setattr(cls, operation, timing.timed(operation, method))
+
     @property
     @abc.abstractmethod
     def url(self) -> str:
@@ -130,9 +138,18 @@ class Store(Closing):
 
     @abc.abstractmethod
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
-        """Store the artifact and end the lease atomically, only while ``token`` is current."""
+        """Store the artifact and end the lease atomically, only while ``token`` is current.
+
+        ``compute_seconds`` (how long the work ran) is kept with the artifact when given."""
 
     @abc.abstractmethod
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
@@ -287,10 +304,20 @@ class RecordStore(Store):
         return self._update(key, lambda state: transitions.heartbeat(state, token, ttl))
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         return self._update(
-            key, lambda state: transitions.complete(state, token, serializer, payload, checksum)
+            key,
+            lambda state: transitions.complete(
+                state, token, serializer, payload, checksum, compute_seconds=compute_seconds
+            ),
         )
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:

@@ -109,6 +109,7 @@ _SECTIONS = {
         "producer": "artifact_producer",
         "fence": "artifact_fence",
         "created_at": "artifact_created_at",
+        "compute_seconds": "artifact_compute_seconds",
     },
 }
 

@@ -62,6 +62,8 @@ ARTIFACT_FIELDS = (
     "artifact_fence",
     "artifact_created_at",
 )
+#: Added later, so records written before it still read (``None``: unknown).
+OPTIONAL_ARTIFACT_FIELDS = ("artifact_compute_seconds",)
 #: Every field of a record, in the flat names stores map their native shape onto.
 FIELDS = (
     "format",
@@ -73,6 +75,7 @@ FIELDS = (
     *OPTIONAL_LEASE_FIELDS,
     *FAILURE_FIELDS,
     *ARTIFACT_FIELDS,
+    *OPTIONAL_ARTIFACT_FIELDS,
 )
 
 #: A record is a few hundred bytes (a few kilobytes with a long key, owner and error); a store never
@@ -258,6 +261,11 @@ def _state(r: _Reader, key: Key, now: float, payload: bytes) -> KeyState:
             producer=r.text("artifact_producer"),
             fence=artifact_fence,
             created_at=r.seconds("artifact_created_at"),
+            compute_seconds=(
+                None
+                if r.fields.get("artifact_compute_seconds") is None
+                else r.seconds("artifact_compute_seconds")
+            ),
         )
     return KeyState(
         key=key,

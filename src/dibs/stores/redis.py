@@ -139,6 +139,7 @@ _SECONDS = (
     "lease_max_expires_at",
     "failure_at",
     "artifact_created_at",
+    "artifact_compute_seconds",
 )
 
 
@@ -412,7 +413,8 @@ return reply('ok', now, KEYS[1], false, false)
 
     # KEYS[1]: the key's record hash
     # ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id, ARGV[5]: serializer,
-    # ARGV[6]: payload, ARGV[7]: checksum, ARGV[8]: the key's notification channel
+    # ARGV[6]: payload, ARGV[7]: checksum, ARGV[8]: the key's notification channel,
+    # ARGV[9]: the work's compute time in seconds ('' when unknown)
     # Returns {'corrupt', why} or {'ok'|'lost', now, false, FIELDS...} (without the payload)
     LUA_COMPLETE_SCRIPT = (
         _LUA_PRELUDE
@@ -429,6 +431,12 @@ redis.call('HSET', KEYS[1], 'artifact_serializer', ARGV[5], 'artifact_payload', 
   'artifact_size', num(string.len(ARGV[6])), 'artifact_checksum', ARGV[7],
   'artifact_producer', rec.lease_owner, 'artifact_fence', rec.lease_fence,
   'artifact_created_at', num(now))
+local compute = tonumber(ARGV[9])
+if compute ~= nil and compute >= 0 and compute <= MAX_TIME then
+  redis.call('HSET', KEYS[1], 'artifact_compute_seconds', num(compute))
+else
+  redis.call('HDEL', KEYS[1], 'artifact_compute_seconds')
+end
 drop_lease(KEYS[1])
 redis.call('PUBLISH', ARGV[8], 'complete')
 return reply('ok', now, KEYS[1], false, false)
@@ -487,7 +495,7 @@ if ARGV[4] == 'result' then
   if not (rec.artifact_fence or rec.failure_count) then
     return {'unchanged'}
   end
-  redis.call('HDEL', KEYS[1], 'artifact_payload', unpack(GROUPS.artifact))
+  redis.call('HDEL', KEYS[1], 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
   redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
 elseif ARGV[4] == 'empty' then
   -- discard: only a record that holds nothing becomes a tombstone (not counted if it is one)
@@ -513,7 +521,7 @@ elseif ARGV[4] == 'old' then
     return {'unchanged'}
   end
   drop_lease(KEYS[1])
-  redis.call('HDEL', KEYS[1], 'artifact_payload', unpack(GROUPS.artifact))
+  redis.call('HDEL', KEYS[1], 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
   redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
   redis.call('HSET', KEYS[1], 'attempts', '0')
 else
@@ -681,7 +689,14 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         return self._value_limit
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         refuse_too_large(
             key,
@@ -704,6 +719,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             payload,
             checksum,
             self.channel(key),
+            "" if compute_seconds is None else repr(float(compute_seconds)),
         )
         state = self._state(key, reply)
         if reply[0] == b"lost":
@@ -718,6 +734,7 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             producer=state.artifact.producer,
             fence=state.artifact.fence,
             created_at=state.artifact.created_at,
+            compute_seconds=state.artifact.compute_seconds,
         )
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:

@@ -135,6 +135,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SCHEMA_VERSION = 1
+#: Nullable columns added to the version 1 table since its release, in order. Old dibs ignores them
+#: (so the version stays 1: a mixed fleet keeps working); a table that lacks them gets them with
+#: ``ALTER TABLE ... ADD COLUMN`` on the first use, keeping every row. The ``_meta`` row ``columns``
+#: records how many are in place, so a process checks with the one read it makes anyway.
+_ADDED_COLUMNS = ("compute_seconds",)
 NOTIFY_CHANNEL = "dibs_changes"
 _OPTIONS = ("table", "schema", "synchronous", "busy_timeout", "pool_size", "timeout", "max_artifact_size")
 #: Connections per store and process for PostgreSQL and MySQL (``?pool_size=``). The store object is
@@ -206,6 +211,8 @@ def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, s
         sa.Column("producer", sa.Text),
         sa.Column("artifact_fence", sa.BigInteger),
         sa.Column("created_at", sa.Double),
+        # added after schema version 1 was released: see _ADDED_COLUMNS
+        sa.Column("compute_seconds", sa.Double),
         **charset,
     )
     meta = sa.Table(
@@ -259,6 +266,7 @@ class SQLStore(Store):
         self._prepare_statements()
         # Nothing is sent to the database before the first operation (see _ensure_ready).
         self._ready = False
+        self._columns_in_place = 0  # how many of _ADDED_COLUMNS the table has (read with its version)
         self._ready_lock = threading.Lock()
 
     @classmethod
@@ -477,7 +485,7 @@ class SQLStore(Store):
         """One read of the schema version when the tables exist (the usual case: nothing is locked or
         re-created); otherwise create them, with racing processes serialized or retrying."""
         with self._connect(ready=False) as conn:
-            if self._schema_version(conn) == SCHEMA_VERSION:
+            if self._schema_version(conn) == SCHEMA_VERSION and self._columns_in_place >= len(_ADDED_COLUMNS):
                 return
         for attempt in range(5):
             try:
@@ -488,6 +496,7 @@ class SQLStore(Store):
                         self.metadata.create_all(conn, checkfirst=True)
                     self._check_schema_version(conn)
                     self._check_is_ours(conn)
+                    self._add_columns(conn)
                 return
             except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
                 # Another process created the table between our check and our CREATE (SQLite, MySQL).
@@ -499,14 +508,17 @@ class SQLStore(Store):
 
         A version newer than this dibs understands is a :class:`ConfigurationError`.
         """
+        meta = self.meta.c
         try:
-            found = conn.execute(
-                sa.select(self.meta.c.value).where(self.meta.c.name == "schema_version")
-            ).scalar()
+            query = sa.select(meta.name, meta.value).where(meta.name.in_(("schema_version", "columns")))
+            rows = {name: value for name, value in conn.execute(query).tuples()}
         except (sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
             if exc.connection_invalidated:
                 raise
             return None  # no such table: created below
+        columns = rows.get("columns")
+        self._columns_in_place = int(columns) if columns is not None and columns.isdigit() else 0
+        found = rows.get("schema_version")
         if found is None:
             return None
         if not found.isdigit() or int(found) > SCHEMA_VERSION:
@@ -515,6 +527,30 @@ class SQLStore(Store):
                 f"understands ({SCHEMA_VERSION}); upgrade dibs, or use another table with ?table=NAME"
             )
         return int(found)
+
+    def _added_columns(self, conn: Connection) -> int:
+        """How many of :data:`_ADDED_COLUMNS` the ``_meta`` table says are in place."""
+        found = conn.execute(sa.select(self.meta.c.value).where(self.meta.c.name == "columns")).scalar()
+        return int(found) if found is not None and found.isdigit() else 0
+
+    def _add_columns(self, conn: Connection) -> None:
+        """Add the nullable :data:`_ADDED_COLUMNS` a version 1 table lacks (its rows are kept; old
+        records read the new columns as NULL: unknown), then record that they are there. A racing
+        process that added one first makes this ALTER fail: the caller's retry finds it in place."""
+        if self._added_columns(conn) >= len(_ADDED_COLUMNS):
+            return
+        present = {column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)}
+        preparer = conn.dialect.identifier_preparer
+        table = preparer.format_table(self.t)
+        for name in _ADDED_COLUMNS:
+            if name not in present:
+                kind = self.t.c[name].type.compile(dialect=conn.dialect)
+                conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {preparer.quote(name)} {kind}"))
+        done = str(len(_ADDED_COLUMNS))
+        updated = conn.execute(sa.update(self.meta).where(self.meta.c.name == "columns").values(value=done))
+        if updated.rowcount == 0:
+            with contextlib.suppress(sa_exc.IntegrityError):
+                conn.execute(sa.insert(self.meta).values(name="columns", value=done))
 
     def _create_postgres(self, conn: Connection) -> None:
         # A session-level advisory lock (statements autocommit here) serializes concurrent creators;
@@ -543,7 +579,7 @@ class SQLStore(Store):
             }
         except sa_exc.NoSuchTableError:
             columns = set()  # e.g. a system catalog found first on PostgreSQL's search path
-        missing = sorted(set(self.t.c.keys()) - columns)
+        missing = sorted(set(self.t.c.keys()) - columns - set(_ADDED_COLUMNS))
         if missing:
             raise ConfigurationError(
                 f"table={self.table_name!r} in {self.url} is not a dibs table (it lacks the column(s) "
@@ -668,10 +704,19 @@ class SQLStore(Store):
                 (t.c.size, p("p_size")),
                 (t.c.checksum, p("p_checksum")),
                 (t.c.created_at, created_at),
+                (t.c.compute_seconds, p("p_compute_seconds", type_=sa.Double)),
                 *cleared,
             )
         )
-        stored = ("serializer", "size", "checksum", "producer", "artifact_fence", "created_at")
+        stored = (
+            "serializer",
+            "size",
+            "checksum",
+            "producer",
+            "artifact_fence",
+            "created_at",
+            "compute_seconds",
+        )
         if dialect.update_returning:
             complete = complete.returning(*(t.c[name] for name in stored))
             self._complete = _Prepared(complete, dialect, stored)
@@ -690,6 +735,7 @@ class SQLStore(Store):
         no_result = dict.fromkeys(
             (
                 *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),
+                "compute_seconds",
                 *("failure_error", "failure_owner", "failure_at"),
             )
         )
@@ -864,7 +910,14 @@ class SQLStore(Store):
         return state.lease
 
     def complete(
-        self, key: Key, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
     ) -> ArtifactRecord:
         values = {
             **self._holding(key, token),
@@ -872,6 +925,7 @@ class SQLStore(Store):
             "p_payload": payload,
             "p_size": len(payload),
             "p_checksum": checksum,
+            "p_compute_seconds": compute_seconds,
         }
         statement = self._complete
 
@@ -898,6 +952,7 @@ class SQLStore(Store):
                 producer=producer.decode() if isinstance(producer, bytes) else str(producer),
                 fence=token.fence,
                 created_at=float(created_at),
+                compute_seconds=compute_seconds,
             )
 
         # Not repeated after a lost connection: its outcome is unknown (see _repeatable).
@@ -1567,6 +1622,7 @@ def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
         producer=str(row["producer"]),
         fence=int(row["artifact_fence"]),
         created_at=float(row["created_at"]),
+        compute_seconds=None if row["compute_seconds"] is None else float(row["compute_seconds"]),
     )
 
 
@@ -1594,6 +1650,7 @@ _ROW_FIELDS = {
     "artifact_producer": "producer",
     "artifact_fence": "artifact_fence",
     "artifact_created_at": "created_at",
+    "artifact_compute_seconds": "compute_seconds",
 }
 
 

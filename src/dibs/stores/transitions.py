@@ -129,14 +129,18 @@ def fence_exhausted(key: Key, fence: int) -> CorruptRecord:
 def explain_lost(state: KeyState, token: LeaseToken, action: str) -> LeaseLost:
     """The :class:`LeaseLost` for a write with a stale ``token``: says who has the key now, if anyone."""
     key = state.key
+    reason = "released"
     if state.lease is not None and state.lease.token != token:
+        reason = "taken_over"
         why = (
             f"it was taken over by {state.lease.owner!r} with token {state.lease.token.fence} "
             f"(attempt {state.lease.attempt})"
         )
     elif state.artifact is not None and state.lease is None:
+        reason = "completed"
         why = f"the key was already completed by {state.artifact.producer!r} (token {state.artifact.fence})"
     elif state.lease is not None:
+        reason = "max_lease_age"
         why = "the lease reached its maximum age"
     else:
         why = "the lease was released (by its holder, an operator, or the reaper)"
@@ -145,6 +149,7 @@ def explain_lost(state: KeyState, token: LeaseToken, action: str) -> LeaseLost:
         key=str(key),
         token=token.fence,
         holder=state.lease.owner if state.lease is not None else None,
+        reason=reason,
     )
 
 
@@ -166,7 +171,13 @@ def heartbeat(state: KeyState, token: LeaseToken, ttl: float) -> tuple[LeaseReco
 
 
 def complete(
-    state: KeyState, token: LeaseToken, serializer: str, payload: bytes, checksum: str
+    state: KeyState,
+    token: LeaseToken,
+    serializer: str,
+    payload: bytes,
+    checksum: str,
+    *,
+    compute_seconds: float | None = None,
 ) -> tuple[ArtifactRecord, KeyState]:
     lease = _current(state, token)
     if lease is None:
@@ -179,6 +190,7 @@ def complete(
         producer=lease.owner,
         fence=token.fence,
         created_at=state.now,
+        compute_seconds=compute_seconds,
     )
     return artifact, dataclasses.replace(state, lease=None, artifact=artifact)
 

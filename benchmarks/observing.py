@@ -1,0 +1,108 @@
+"""8. The overhead of observing: the uncontended compute-once path, watched and not.
+
+``Reservations.run`` on fresh keys (reserve + complete, the path every front end takes), three kinds
+interleaved one operation at a time, each timed on its own:
+
+* ``unobserved``: nobody listens (the baseline): the flow builds only the events of the Python front
+  end's log lines, and each store operation checks once whether anyone listens;
+* ``observed``: a process observer that does nothing, so every event is built and delivered, and every
+  store operation is timed (the cost of the events themselves);
+* ``otel``: :class:`dibs.observers.otel.OpenTelemetry` on the real OpenTelemetry SDK (metrics into an
+  in-memory reader, spans recorded by a tracer provider without exporter): what a deployment pays.
+
+The observer is added before an operation's timer starts and removed after it stops. Goal: ``otel``
+within 5 % of ``unobserved`` (median).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import dibs
+from benchmarks.settings import Settings
+from benchmarks.stats import ratio, summarize
+from benchmarks.targets import Target
+from dibs.stores import open_store
+
+KINDS = ("unobserved", "observed", "otel")
+VALUE = {"path": "s3://bucket/features/part-00000.parquet", "rows": 123456}
+GOAL = 1.05
+
+
+def _ignore(event: dibs.Event) -> None:
+    return None
+
+
+def _observers() -> tuple[dict[str, dibs.Observer | None], Callable[[], None]]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from dibs.observers.otel import OpenTelemetry
+
+    meters, tracers = MeterProvider(metric_readers=[InMemoryMetricReader()]), TracerProvider()
+
+    def close() -> None:
+        meters.shutdown()
+        tracers.shutdown()
+
+    return {"unobserved": None, "observed": _ignore, "otel": OpenTelemetry(meters, tracers)}, close
+
+
+def _measure_target(target: Target, settings: Settings) -> dict[str, Any]:
+    run_id = uuid.uuid4().hex[:8]
+    store = open_store(target.url)
+    client = dibs.Reservations(store, namespace="bench.observing", ttl=60)
+    observers, close = _observers()
+    counter = dict.fromkeys(KINDS, 0)
+
+    def once(kind: str) -> float:
+        counter[kind] += 1
+        key = f"{run_id}-{kind}-{counter[kind]}"
+        observer = observers[kind]
+        observation = None if observer is None else dibs.observe(observer)
+        try:
+            started = time.perf_counter()
+            client.run(key, lambda: VALUE)
+            return time.perf_counter() - started
+        finally:
+            if observation is not None:
+                observation.close()
+
+    samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    try:
+        for kind in KINDS:  # warm-up: connections, statement caches, lazy imports
+            for _ in range(settings.overhead_warmup):
+                once(kind)
+        for round_number in range(settings.overhead_rounds):
+            for index in range(settings.overhead_batch):
+                shift = (round_number + index) % len(KINDS)
+                for kind in KINDS[shift:] + KINDS[:shift]:
+                    samples[kind].append(once(kind))
+    finally:
+        close()
+        store.close()
+    summaries = {kind: summarize(values) for kind, values in samples.items()}
+    base = summaries["unobserved"]
+    return {
+        "label": target.label,
+        "us": {kind: summary.to_dict(1e6) for kind, summary in summaries.items()},
+        "ratio": {kind: ratio(summaries[kind].median, base.median) for kind in KINDS[1:]},
+        "ratio_p99": {kind: ratio(summaries[kind].p99, base.p99) for kind in KINDS[1:]},
+    }
+
+
+def run(targets: list[Target], settings: Settings, log: Callable[[str], None]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for target in targets:
+        results[target.name] = _measure_target(target, settings)
+        us, ratios = results[target.name]["us"], results[target.name]["ratio"]
+        log(
+            f"observing {target.name}: unobserved {us['unobserved']['median']:.0f} us, observed "
+            f"{us['observed']['median']:.0f} us ({ratios['observed']:.3f}x), otel "
+            f"{us['otel']['median']:.0f} us ({ratios['otel']:.3f}x)"
+        )
+    return results

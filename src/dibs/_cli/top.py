@@ -1,0 +1,177 @@
+"""``dibs top``: the live state of a namespace, refreshed in place.
+
+Everything here is what the store itself knows, read with one listing per refresh: the keys held now
+(holder, token, how long held, when the lease expires), leases that expired without a taker yet, the
+latest artifacts (who produced each, how long it took, how long ago) and the latest failures. Outcomes
+of calls that only read (hits, waits) are not in the store: the metrics of docs/observability.md
+count those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from typing import Any
+
+from dibs._cli.text import duration, instant, print_table, size
+from dibs.client import Reservations
+from dibs.display import printable
+from dibs.records import KeyState
+
+__all__ = ["snapshot", "top"]
+
+#: How many of the latest artifacts and failures a screen shows.
+RECENT = 10
+
+
+def snapshot(client: Reservations, *, all_namespaces: bool = False) -> dict[str, Any]:
+    """One reading of the namespace (or of every namespace), as ``--json`` prints it."""
+    states = list(client.list(all_namespaces=all_namespaces))
+    now = max((state.now for state in states), default=time.time())
+    counts = {status: 0 for status in ("held", "expired", "done", "failed")}
+    for state in states:
+        if state.status in counts:
+            counts[state.status] += 1
+    held = sorted((s for s in states if s.status == "held"), key=lambda s: _lease(s)["expires_in_s"])
+    expired = [s for s in states if s.status == "expired"]
+    done = sorted((s for s in states if s.artifact is not None), key=lambda s: -_artifact_time(s))
+    failed = sorted((s for s in states if s.failure is not None), key=lambda s: -_failure_time(s))
+    return {
+        "namespace": None if all_namespaces else client.namespace,
+        "store": client.store.url,
+        "store_now": instant(now),
+        "counts": counts,
+        "held": [_lease(s) for s in held],
+        "expired": [_lease(s) for s in expired],
+        "recent_artifacts": [_artifact(s) for s in done[:RECENT]],
+        "recent_failures": [_failure(s) for s in failed[:RECENT]],
+    }
+
+
+def _key(state: KeyState) -> str:
+    return state.key.name if state.key.namespace else str(state.key)
+
+
+def _lease(state: KeyState) -> dict[str, Any]:
+    lease = state.lease
+    assert lease is not None
+    return {
+        "key": str(state.key),
+        "holder": lease.owner,
+        "token": lease.token.fence,
+        "attempt": lease.attempt,
+        "held_s": round(state.now - lease.acquired_at, 3),
+        "expires_in_s": round(lease.expires_at - state.now, 3),
+    }
+
+
+def _artifact_time(state: KeyState) -> float:
+    return state.artifact.created_at if state.artifact is not None else 0.0
+
+
+def _failure_time(state: KeyState) -> float:
+    return state.failure.at if state.failure is not None else 0.0
+
+
+def _artifact(state: KeyState) -> dict[str, Any]:
+    artifact = state.artifact
+    assert artifact is not None
+    return {
+        "key": str(state.key),
+        "producer": artifact.producer,
+        "token": artifact.fence,
+        "size": artifact.size,
+        "compute_seconds": artifact.compute_seconds,
+        "age_s": round(state.now - artifact.created_at, 3),
+    }
+
+
+def _failure(state: KeyState) -> dict[str, Any]:
+    failure = state.failure
+    assert failure is not None
+    return {
+        "key": str(state.key),
+        "owner": failure.owner,
+        "failures": failure.count,
+        "error": failure.error,
+        "age_s": round(state.now - failure.at, 3),
+    }
+
+
+def render(doc: dict[str, Any], width: int | None) -> str:
+    """The screen for one snapshot."""
+    import io
+
+    out = io.StringIO()
+    where = doc["namespace"] or "every namespace"
+    counts = doc["counts"]
+    print(f"dibs top: {printable(where)} on {doc['store']} at {doc['store_now']} (store clock)", file=out)
+    print("  ".join(f"{status} {count}" for status, count in counts.items()), file=out)
+    sections = (
+        ("HELD", doc["held"], ["key", "holder", "token", "held", "expires in"], _held_row),
+        (
+            "EXPIRED (the next caller takes over)",
+            doc["expired"],
+            ["key", "holder", "token", "expired"],
+            _expired_row,
+        ),
+        (
+            "LATEST ARTIFACTS",
+            doc["recent_artifacts"],
+            ["key", "producer", "token", "size", "compute", "age"],
+            _artifact_row,
+        ),
+        (
+            "LATEST FAILURES",
+            doc["recent_failures"],
+            ["key", "owner", "failures", "age", "error"],
+            _failure_row,
+        ),
+    )
+    for title, rows, columns, row in sections:
+        if not rows:
+            continue
+        print(f"\n{title}", file=out)
+        print_table([row(r) for r in rows], columns, out, width=width)
+    return out.getvalue()
+
+
+def _held_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "held": duration(r["held_s"]), "expires in": duration(r["expires_in_s"])}
+
+
+def _expired_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "expired": f"{duration(-r['expires_in_s'])} ago"}
+
+
+def _artifact_row(r: dict[str, Any]) -> dict[str, Any]:
+    compute = "-" if r["compute_seconds"] is None else duration(r["compute_seconds"])
+    return {**r, "size": size(r["size"]), "compute": compute, "age": f"{duration(r['age_s'])} ago"}
+
+
+def _failure_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "age": f"{duration(r['age_s'])} ago"}
+
+
+def top(args: argparse.Namespace, client: Reservations) -> int:
+    """Print the namespace's state; on a terminal, again every ``--interval`` seconds until Ctrl-C."""
+    live = sys.stdout.isatty() and not args.once and not args.json
+    while True:
+        doc = snapshot(client, all_namespaces=args.all)
+        if args.json:
+            print(json.dumps(doc, indent=2))
+            return 0
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        screen = render(doc, width)
+        if not live:
+            print(screen, end="")
+            return 0
+        sys.stdout.write("\x1b[H\x1b[2J" + screen)  # home and clear: the screen is redrawn in place
+        sys.stdout.flush()
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0

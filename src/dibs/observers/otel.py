@@ -1,0 +1,183 @@
+"""Metrics and traces through the OpenTelemetry API (``pip install 'dibs[otel]'``).
+
+As OpenTelemetry's guidance for libraries says, dibs depends on the API only: the application owns
+the SDK, its providers and exporters. Without an SDK configured every instrument is a no-op; with one,
+:func:`instrument` publishes the metrics of :mod:`dibs.observers.measures` and a ``dibs.reserve``
+span per compute-once call::
+
+    from dibs.observers import otel
+
+    otel.instrument()          # every call of this process, through the global providers
+
+Measurements are recorded on a thread of their own a moment later (:mod:`dibs.observers.later`), so the
+SDK's work stays off the call's path; :meth:`OpenTelemetry.flush` records them at once.
+
+The span nests under whatever span is active when the call starts (Airflow's task span, Prefect's
+run span, your own), is the active span while the work runs, and carries the key, the owner, the
+token and the holder; its events say what happened (asked, waiting on holder, took over, stored).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import context, metrics, trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from dibs import events
+from dibs.events import Event, Observation
+from dibs.observers.later import Later
+from dibs.observers.measures import METRICS, Measurer
+
+__all__ = ["OpenTelemetry", "instrument"]
+
+_NAME = "dibs"
+#: Seconds, for what takes from milliseconds (a store) to an hour (a long task or wait).
+_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_WORK_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dibs")
+    except PackageNotFoundError:
+        return ""
+
+
+class OpenTelemetry:
+    """An observer (see :mod:`dibs.events`) that records metrics and spans.
+
+    :param meter_provider: default: the global one (``opentelemetry.metrics.set_meter_provider``).
+    :param tracer_provider: default: the global one.
+    :param traces: ``False`` to record metrics only.
+    """
+
+    kinds = events.EVERY_KIND  # also the store operations
+
+    def __init__(
+        self,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        *,
+        traces: bool = True,
+    ) -> None:
+        meter = metrics.get_meter(_NAME, _version(), meter_provider=meter_provider)
+        #: Each metric's ``add`` (counters) or ``record`` (histograms), looked up once.
+        self._points: dict[str, Callable[[float, Mapping[str, str]], None]] = {}
+        for name, metric in METRICS.items():
+            if metric.kind == "counter":
+                self._points[name] = meter.create_counter(name, metric.unit, metric.description).add
+            elif metric.kind == "updown":
+                self._points[name] = meter.create_up_down_counter(name, metric.unit, metric.description).add
+            else:
+                buckets = _STORE_BUCKETS if name.startswith("dibs.store.") else _WORK_BUCKETS
+                self._points[name] = meter.create_histogram(
+                    name, metric.unit, metric.description, explicit_bucket_boundaries_advisory=buckets
+                ).record
+        self._tracer = (
+            trace.get_tracer(_NAME, _version(), tracer_provider=tracer_provider) if traces else None
+        )
+        self._measure = Measurer()
+        self._later = Later(lambda point: self._points[point.name](point.value, point.attributes))
+        self._spans: dict[int, tuple[Span, object]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        points = self._measure(event)
+        if points:
+            self._later.put(points)  # recorded off the caller's path (see dibs.observers.later)
+        if self._tracer is not None and event.call:
+            self._trace(event, self._tracer)
+
+    def flush(self) -> None:
+        """Record the measurements still queued now (a reader collecting right after a call wants them)."""
+        self._later.flush()
+
+    def _trace(self, event: Event, tracer: trace.Tracer) -> None:
+        if isinstance(event, events.Asked):
+            span = tracer.start_span(
+                "dibs.reserve",
+                attributes={
+                    "dibs.key": str(event.key),
+                    "dibs.namespace": event.key.namespace,
+                    "dibs.owner": event.owner,
+                    "dibs.store": event.store,
+                    "dibs.frontend": event.frontend,
+                    "dibs.refresh": event.refresh,
+                },
+            )
+            span.add_event("asked")
+            # The span is the active one while the call runs, so the work's own spans nest under it.
+            attached = context.attach(trace.set_span_in_context(span))
+            with self._lock:
+                self._spans[event.call] = (span, attached)
+            return
+        with self._lock:
+            found = self._spans.get(event.call)
+        if found is None:
+            return  # the call started before this observer did
+        span = found[0]
+        match event:
+            case events.KeyBusy():
+                span.add_event("waiting on holder", _some(holder=event.holder, token=event.token))
+            case events.HolderChanged():
+                span.add_event("holder changed", _some(previous=event.previous, holder=event.holder))
+            case events.LeaseAcquired():  # its token is set at the end, with the rest
+                if event.took_over_from is not None:
+                    span.add_event("took over", _some(holder=event.took_over_from, token=event.token))
+            case events.ArtifactStored():
+                span.add_event("stored", _some(token=event.token, size=event.size))
+            case events.NotStored():
+                span.add_event("not stored", _some(reason=event.reason, error=event.error))
+            case events.ArtifactFound():
+                span.add_event("artifact found", _some(producer=event.producer, token=event.token))
+            case events.LostLease():
+                span.add_event("lease lost", _some(reason=event.reason, error=event.error))
+            case events.WorkFailed():
+                span.add_event("work failed", _some(error=event.error))
+            case events.Deferred():
+                span.set_attribute("dibs.deferred", True)
+                self._end(event.call)
+            case events.Finished():
+                # One call for every attribute: the SDK takes its span lock (and checks) per call.
+                ending: dict[str, Any] = {"dibs.outcome": event.outcome}
+                holder = event.waited_on or event.producer
+                if holder is not None:
+                    ending["dibs.holder"] = holder
+                if event.token is not None:
+                    ending["dibs.token"] = event.token
+                if event.outcome == "failed":
+                    span.set_status(Status(StatusCode.ERROR, event.error or event.error_type or "failed"))
+                    if event.error_type:
+                        ending["error.type"] = event.error_type
+                span.set_attributes(ending)
+                self._end(event.call)
+
+    def _end(self, call: int) -> None:
+        with self._lock:
+            found = self._spans.pop(call, None)
+        if found is None:
+            return
+        span, attached = found
+        # OpenTelemetry logs (never raises) a detach from another context (a driver that moved threads).
+        context.detach(attached)  # type: ignore[arg-type]
+        span.end()
+
+
+def _some(**attributes: Any) -> dict[str, Any]:
+    """Span event attributes under ``dibs.``, without the ones that are unknown."""
+    return {f"dibs.{name}": value for name, value in attributes.items() if value is not None}
+
+
+def instrument(
+    meter_provider: metrics.MeterProvider | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+    *,
+    traces: bool = True,
+) -> Observation:
+    """Publish every compute-once call of this process; ``close()`` the result to stop."""
+    return events.observe(OpenTelemetry(meter_provider, tracer_provider, traces=traces))

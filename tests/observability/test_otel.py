@@ -1,0 +1,252 @@
+"""Metrics and traces through the real OpenTelemetry SDK: what a dashboard and a trace viewer get."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import dibs
+from dibs.observers.measures import METRICS
+from dibs.observers.otel import OpenTelemetry
+
+WORK_SECONDS = 1.0
+COMMON = {"dibs.namespace", "dibs.store", "dibs.frontend"}
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.reader = InMemoryMetricReader()
+        self.meters = MeterProvider(metric_readers=[self.reader])
+        self.spans = InMemorySpanExporter()
+        self.tracers = TracerProvider()
+        self.tracers.add_span_processor(SimpleSpanProcessor(self.spans))
+
+    observer: OpenTelemetry
+
+    def points(self, name: str) -> list[Any]:
+        self.observer.flush()  # measurements are recorded off the caller's path, a moment later
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        found = []
+        for resource in data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        found.extend(metric.data.data_points)
+        return found
+
+    def all_points(self) -> dict[str, list[Any]]:
+        return {name: self.points(name) for name in METRICS}
+
+    def finished_spans(self) -> list[ReadableSpan]:
+        return [span for span in self.spans.get_finished_spans() if span.name == "dibs.reserve"]
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    seen = Telemetry()
+    seen.observer = OpenTelemetry(seen.meters, seen.tracers)
+    with dibs.observe(seen.observer):
+        yield seen
+    seen.meters.shutdown()
+    seen.tracers.shutdown()
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[dibs.Reservations]:
+    with dibs.Reservations(f"sqlite:///{tmp_path / 'dibs.db'}", namespace="otel", ttl=30) as reservations:
+        yield reservations
+
+
+def by_outcome(points: list[Any]) -> dict[str, float]:
+    return {point.attributes["dibs.outcome"]: point.value for point in points}
+
+
+def race(client: dibs.Reservations, racers: int) -> list[dibs.RunReport]:
+    """``racers`` threads on one key: the one that gets the lease computes for WORK_SECONDS, after
+    every other one has found the key busy (so each of them waits, whatever the scheduling)."""
+    busy = threading.Semaphore(0)
+    reports: list[dibs.RunReport] = []
+    errors: list[BaseException] = []
+
+    def heard(event: dibs.Event) -> None:
+        if isinstance(event, dibs.KeyBusy):
+            busy.release()
+
+    def work() -> str:
+        for _ in range(racers - 1):
+            assert busy.acquire(timeout=30), "a racer never found the key busy"
+        time.sleep(WORK_SECONDS)
+        return "value"
+
+    start = threading.Barrier(racers)
+
+    def racer(index: int) -> None:
+        start.wait()
+        try:
+            reports.append(client.compute("race", work, owner=f"racer-{index}", observer=heard))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=racer, args=(index,)) for index in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    return reports
+
+
+def test_four_racers_and_a_hit_give_the_issues_numbers(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
+    reports = race(client, 4)
+    assert sorted(report.role for report in reports) == ["computed", "waited", "waited", "waited"]
+    hit = client.compute("race", lambda: "never", owner="late")
+    assert hit.role == "hit"
+
+    assert by_outcome(telemetry.points("dibs.reservation.outcomes")) == {"computed": 1, "waited": 3, "hit": 1}
+    (computed,) = telemetry.points("dibs.compute.duration")
+    assert computed.count == 1 and computed.sum >= WORK_SECONDS
+    (waits,) = telemetry.points("dibs.wait.duration")
+    assert waits.count == 3 and waits.attributes["dibs.outcome"] == "waited"
+    # Every waiter and the hit were spared the producer's compute time, as its artifact recorded it.
+    (saved,) = telemetry.points("dibs.compute.saved")
+    assert saved.value == pytest.approx(4 * computed.sum) and saved.value >= 4 * WORK_SECONDS
+    (handoffs,) = telemetry.points("dibs.handoff.duration")
+    assert handoffs.count == 3 and handoffs.min >= 0
+    operations = {
+        (point.attributes["dibs.store.operation"], point.attributes.get("error.type")): point.count
+        for point in telemetry.points("dibs.store.operation.duration")
+    }
+    assert operations[("complete", None)] == 1
+    assert operations[("acquire", None)] >= 5  # every call asked at least once
+    assert all(point.value == 0 for point in telemetry.points("dibs.leases.active"))
+    assert all(point.value == 0 for point in telemetry.points("dibs.waiters.active"))
+    assert {
+        point.attributes["dibs.store"] for point in telemetry.points("dibs.store.operation.duration")
+    } == {"sqlite"}
+
+
+def test_no_metric_carries_a_key_a_token_or_an_owner(client: dibs.Reservations, telemetry: Telemetry) -> None:
+    race(client, 2)
+    client.compute("race", lambda: "never", owner="late")
+    seen: set[str] = set()
+    for name, points in telemetry.all_points().items():
+        for point in points:
+            keys = set(point.attributes)
+            assert keys <= COMMON | set(METRICS[name].attributes), (name, keys)
+            assert not {str(v) for v in point.attributes.values()} & {"otel/race", "racer-0", "racer-1", "1"}
+            seen.add(name)
+    assert {"dibs.reservation.outcomes", "dibs.store.operation.duration", "dibs.compute.saved"} <= seen
+
+
+def test_each_call_is_one_span_nested_under_the_callers(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
+    tracer = telemetry.tracers.get_tracer("test")
+    with tracer.start_as_current_span("airflow task") as parent:
+        race(client, 2)  # threads: no active span there, so these spans are roots
+        inner: list[str] = []
+
+        def work() -> str:
+            inner.append(trace.get_current_span().get_span_context().span_id.__format__("x"))
+            return "fresh"
+
+        client.compute("own", work, owner="me")
+    spans = telemetry.finished_spans()
+    assert len(spans) == 3
+    own = next(span for span in spans if span.attributes and span.attributes["dibs.key"] == "otel/own")
+    assert own.parent is not None and own.parent.span_id == parent.get_span_context().span_id
+    assert inner == [format(own.context.span_id, "x")]  # the work runs inside the dibs.reserve span
+    assert own.attributes["dibs.outcome"] == "computed" and own.attributes["dibs.token"] == 1
+    assert [event.name for event in own.events] == ["asked", "stored"]
+
+    racers = [span for span in spans if span is not own]
+    computed = next(
+        span for span in racers if span.attributes and span.attributes["dibs.outcome"] == "computed"
+    )
+    waited = next(span for span in racers if span.attributes and span.attributes["dibs.outcome"] == "waited")
+    assert waited.attributes is not None and computed.attributes is not None
+    assert waited.attributes["dibs.holder"] == computed.attributes["dibs.owner"]
+    assert [event.name for event in waited.events] == ["asked", "waiting on holder", "artifact found"]
+    assert waited.parent is None
+
+
+def test_a_failed_call_is_an_error_span_and_counted_failed(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
+    def fail() -> None:
+        raise KeyError("partition 7")
+
+    with pytest.raises(KeyError):
+        client.compute("bad", fail, owner="me")
+    assert by_outcome(telemetry.points("dibs.reservation.outcomes")) == {"failed": 1}
+    (span,) = telemetry.finished_spans()
+    assert span.status.status_code == trace.StatusCode.ERROR
+    assert span.attributes is not None and span.attributes["error.type"] == "KeyError"
+    assert [event.name for event in span.events] == ["asked", "work failed"]
+
+
+def test_store_operations_reach_the_process_observers_that_ask_for_them_once(
+    client: dibs.Reservations,
+) -> None:
+    class Asking(list[dibs.Event]):
+        kinds = dibs.events.EVERY_KIND
+
+        def __call__(self, event: dibs.Event) -> None:
+            self.append(event)
+
+    plain: list[dibs.Event] = []
+    asking = Asking()
+    client.compute("quiet", lambda: 1, owner="me")  # nobody listening: nothing to hear, nothing breaks
+    with dibs.observe(plain.append), dibs.observe(asking):
+        client.compute("quiet", lambda: 1, owner="me")
+    assert [event.name for event in plain] == ["asked", "artifact_found", "finished"]  # the call's steps
+    operations = [event for event in asking if isinstance(event, dibs.StoreOperation)]
+    assert [event.operation for event in operations] == ["acquire"]  # one hit: one acquire, timed once
+    assert operations[0].seconds >= 0 and operations[0].store == "sqlite" and operations[0].call == 0
+
+
+def test_heartbeats_report_their_lateness_and_a_lost_lease_its_reason(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    beat, lost = threading.Event(), threading.Event()
+
+    def heard(event: dibs.Event) -> None:
+        if isinstance(event, dibs.HeartbeatSent):
+            beat.set()
+        elif isinstance(event, dibs.LostLease):
+            lost.set()
+
+    with dibs.Reservations(f"sqlite:///{tmp_path / 'short.db'}", namespace="otel", ttl=0.3) as client:
+
+        def work() -> str:
+            assert beat.wait(30), "no heartbeat"
+            client.force_release("released-under-it")  # an operator's repair while the work runs
+            assert lost.wait(30), "the lease was never found lost"
+            return "late"
+
+        report = client.compute("released-under-it", work, owner="me", observer=heard)
+    assert report.role == "computed" and not report.stored
+    (lateness,) = telemetry.points("dibs.heartbeat.lateness")
+    assert lateness.count >= 1 and lateness.min >= 0
+    (lost_point,) = telemetry.points("dibs.lease.lost")
+    assert (lost_point.attributes["dibs.reason"], lost_point.value) == ("released", 1)
+    failed_beats = [
+        point
+        for point in telemetry.points("dibs.store.operation.duration")
+        if point.attributes.get("error.type") == "LeaseLost"
+    ]
+    assert {point.attributes["dibs.store.operation"] for point in failed_beats} >= {"heartbeat"}
