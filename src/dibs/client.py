@@ -931,7 +931,7 @@ class _AsyncStoreIO:
             raise
 
     async def read(self, key: Key) -> KeyState:
-        return await runtime().io(self._client.store.read, key)
+        return await runtime().read(self._client.store, key)
 
 
 def _release_unreceived(client: Reservations, ask: AskAcquire, future: Future[StoreOutcome]) -> None:

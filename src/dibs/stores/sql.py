@@ -267,7 +267,11 @@ class SQLStore(Store):
 
     @property
     def url(self) -> str:
-        return redact_url(self._url.render_as_string(hide_password=True))
+        # Redacted once: every client built for this store reads it (~30 µs a redaction).
+        shown: str | None = self.__dict__.get("_shown_url")
+        if shown is None:
+            shown = self.__dict__["_shown_url"] = redact_url(self._url.render_as_string(hide_password=True))
+        return shown
 
     def close(self) -> None:
         super().close()
