@@ -16,6 +16,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, Self, TypeVar, overload
@@ -37,7 +38,14 @@ from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.records import ArtifactRecord, FailureRecord, Granted, Held, KeyState, Present, StoreOutcome
 from dibs.runtime import runtime
-from dibs.serializers import Serializer, SignedPickleSerializer, load_artifact, resolve_serializer
+from dibs.serializers import (
+    BytesSerializer,
+    JSONSerializer,
+    Serializer,
+    SignedPickleSerializer,
+    load_artifact,
+    resolve_serializer,
+)
 from dibs.settings import Settings, StoreUnavailablePolicy, validate_timings
 from dibs.stores import Store, redact_url
 
@@ -57,6 +65,14 @@ T = TypeVar("T")
 
 #: Artifacts larger than this are decoded in the I/O executor by async callers, never on their loop.
 _DECODE_ON_LOOP_BYTES = 64 * 1024
+#: Serializers whose value depends on the payload alone (no key, no signature): safe to share.
+_SHAREABLE_SERIALIZERS = frozenset({"json", "bytes"})
+_SHAREABLE_READERS = frozenset({JSONSerializer, BytesSerializer})
+#: Values no caller can change, so every waiter may get the same object.
+_IMMUTABLE = frozenset({str, bytes, int, float, bool, type(None)})
+#: Decoded values by artifact record (records read together are one object, equal records one entry).
+_DECODED: weakref.WeakKeyDictionary[ArtifactRecord, tuple[Key, Any]] = weakref.WeakKeyDictionary()
+_DECODED_LOCK = threading.Lock()
 
 
 class _Decorator(Protocol):
@@ -232,9 +248,27 @@ class Reservations:
         )
 
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
-        """The value of a stored artifact, after its integrity check."""
+        """The value of a stored artifact, after its integrity check.
+
+        An immutable value of a keyless serializer (JSON, bytes) is decoded once per process: a
+        thousand waiters handed one artifact share its value (:data:`_DECODED`)."""
+        shared = artifact.serializer in _SHAREABLE_SERIALIZERS
+        if shared:
+            shared = type(self._reader_for(key, artifact.serializer)) in _SHAREABLE_READERS
+        if shared:
+            with _DECODED_LOCK:
+                cached = _DECODED.get(artifact)
+            if cached is not None and cached[0] == key:
+                return cached[1]
         payload = artifact.verified_payload(key)
         reader = self._reader_for(key, artifact.serializer)
+        value = self._load(key, artifact, reader, payload)
+        if shared and type(value) in _IMMUTABLE:
+            with _DECODED_LOCK:
+                _DECODED[artifact] = (key, value)
+        return value
+
+    def _load(self, key: Key, artifact: ArtifactRecord, reader: Serializer, payload: bytes) -> Any:
         try:
             return load_artifact(reader, payload, key, artifact.fence)  # signatures bind key + fence
         except ReservationError as exc:
