@@ -153,6 +153,8 @@ _ROW_OVERHEAD = 16 * 1024
 #: 1213 deadlock, 1205 lock wait timeout. How often, before the error is reported.
 _ROLLED_BACK = (1213, 1205)
 _ROLLED_BACK_ATTEMPTS = 5
+#: The gate of the stores that need none (every server store): a context manager that does nothing.
+_NO_GATE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Identifiers are at most 63 characters in PostgreSQL (64 in MySQL); the longest name derived from the
 # table is its index, "ix_<table>_namespace" (13 more), then "<table>_notify" and "<table>_meta".
@@ -291,7 +293,7 @@ class SQLStore(Store):
 
     def _fork_gate(self) -> contextlib.AbstractContextManager[None]:
         """SQLite: keep ``os.fork`` out while this thread is inside SQLite (see :mod:`.sql_fork`)."""
-        return sql_fork.GATE.inside() if self.dialect == "sqlite" else contextlib.nullcontext()
+        return sql_fork.GATE if self.dialect == "sqlite" else _NO_GATE
 
     @contextlib.contextmanager
     def _pooled_connection(self, *, ready: bool = True) -> Iterator[Connection]:
@@ -371,10 +373,14 @@ class SQLStore(Store):
         cursor = None
         ended = [False]
         try:
-            seconds = self.timeout if bound is None else bound
-            with self._bounded(connection.dbapi_connection, seconds) as ended:
+            if self._keeper is None:  # SQLite: nothing to bound (see _bounded), and no generator to pay for
                 cursor = connection.cursor()
                 yield cursor
+            else:
+                seconds = self.timeout if bound is None else bound
+                with self._keeper.bounded(connection.dbapi_connection, seconds) as ended:
+                    cursor = connection.cursor()
+                    yield cursor
         except dbapi.Error as exc:
             lost = ended[0] or self.engine.dialect.is_disconnect(exc, connection, cursor)
             if lost:
@@ -1501,8 +1507,9 @@ def _switch_to_wal(cursor: Any, patience: float) -> None:
 
     The busy timeout does not cover this: when several processes open a new database at once, the
     switch (which needs the database to itself) fails at once with "database is locked" in all but
-    one of them, as SQLite gives up rather than risk a deadlock. So it is retried here. Once the file
-    is in WAL mode (it stays so), the switch is a read that never conflicts.
+    one of them, as SQLite gives up rather than risk a deadlock. So it is retried here, after pauses
+    with jitter (processes that collided once must not retry in step and collide again). Once the
+    file is in WAL mode (it stays so), the switch is a read that never conflicts.
     """
     import sqlite3
 
@@ -1516,7 +1523,7 @@ def _switch_to_wal(cursor: Any, patience: float) -> None:
             contended = "locked" in str(exc) or "busy" in str(exc)
             if not contended or time.monotonic() >= deadline:
                 raise
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(random.uniform(0.2, 1.0) * pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 0.1)
 
 
