@@ -185,7 +185,9 @@ def test_hooks_starting_together_share_one_connection_lookup(monkeypatch: pytest
 
     async def scenario() -> tuple[list[Any], Any]:
         together = await asyncio.gather(*(DibsHook("dibs_many").aget_settings() for _ in range(200)))
-        env_conn(monkeypatch, "dibs_many", {"conn_type": "dibs", "extra": {"store_url": "sqlite:////tmp/m2.db"}})
+        env_conn(
+            monkeypatch, "dibs_many", {"conn_type": "dibs", "extra": {"store_url": "sqlite:////tmp/m2.db"}}
+        )
         later = await DibsHook("dibs_many").aget_settings()
         return together, later
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,7 +52,7 @@ def test_resolving_many_futures_gives_the_loop_back_between_batches() -> None:
 
     done = asyncio.run(scenario())
     assert done[0] == WAKE_BATCH  # the first batch at once, the rest one batch per iteration
-    assert all(later - earlier <= WAKE_BATCH for earlier, later in zip(done, done[1:], strict=False))
+    assert all(later - earlier <= WAKE_BATCH for earlier, later in itertools.pairwise(done))
     assert len(done) >= 4
 
 
@@ -87,7 +88,7 @@ def test_turns_let_every_coroutine_through_a_batch_per_iteration() -> None:
         return seen
 
     seen = asyncio.run(scenario())
-    assert all(later - earlier <= WAKE_BATCH for earlier, later in zip([0, *seen], seen, strict=False))
+    assert all(later - earlier <= WAKE_BATCH for earlier, later in itertools.pairwise([0, *seen]))
 
 
 class HeldJobs:

@@ -239,9 +239,9 @@ def test_an_artifact_handed_to_many_waiters_is_decoded_once_per_process(
 ) -> None:
     """Immutable JSON values are shared (issue 20); a mutable one is decoded for each caller."""
     import dibs.client as client_module
+    from dibs.serializers import load_artifact as original
 
     loads: list[object] = []
-    original = client_module.load_artifact
 
     def counted(*args: object) -> object:
         loads.append(args)
