@@ -1083,6 +1083,15 @@ class SQLStore(Store):
     # -- the watch hub ------------------------------------------------------------------------------
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """Several keys in one query per few hundred, for the watch hub (payloads included)."""
+        if len(keys) == 1:
+            # The hub's usual case (one key changed, every waiter of it woken): the prepared read of
+            # :meth:`read`, without building and executing a Core statement (~0.3 ms of Python).
+            key = keys[0]
+            try:
+                state, version = self._repeatable(lambda cursor: self._read(cursor, key))
+            except CorruptRecord:
+                return []  # its waiters ask for themselves, and get the error
+            return [] if version is None else [state]
         t = self.t
         clock = sa.select(self._now.label("now")).scalar_subquery()
         query = sa.select(clock.label("now"), *t.c).where(
