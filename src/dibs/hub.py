@@ -205,6 +205,8 @@ class WatchHub:
                 self._thread.start()
         if new:
             self._feed.wake()  # a polling feed looks at the keys it was given: give it this one now
+        else:
+            self._feed.quicken()  # a polling feed's next look comes soon again
         return subscription
 
     def _unsubscribe(self, subscription: Subscription) -> None:
