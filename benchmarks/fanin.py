@@ -19,7 +19,10 @@ process's watch hub, completes them (one after another for N keys). Per case:
   ``pg_stat_activity`` / ``CLIENT LIST`` every 20 ms; for SQLite, the process's open descriptors of
   the database file (one per SQLite connection), from ``/proc``. Bound: the pool plus the hub's
   listening connection (PostgreSQL 3 + 1, Redis 4 including the subscription);
-* **CPU seconds** of the waiter process for the case (``time.process_time``), and its peak thread count.
+* **CPU seconds** of the waiter process for the case (``time.process_time``), and its peak thread count;
+* the store's **raw notification round trip** (:mod:`benchmarks.notify_rtt`: PostgreSQL NOTIFY →
+  LISTEN → SELECT, Redis PUBLISH → pattern message → GET, SQLite commit → ``data_version`` → SELECT),
+  measured in the same run before the cases; hand-off p50 is reported against it.
 
 Baselines measured in the same run, interleaved round by round: N = 1 with the same code (ratios of
 p50 and of CPU seconds), the idle loop's lag, and the connection bound.
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import dibs
+from benchmarks import notify_rtt
 from benchmarks.pool import process_context
 from benchmarks.settings import Settings
 from benchmarks.stats import percentile, ratio, summarize
@@ -580,6 +584,8 @@ def _store(
 ) -> dict[str, Any]:
     counts = settings.fanin_counts_by_store.get(target.name, settings.fanin_counts)
     rng = random.Random(7)
+    # The store's own notification round trip, measured in this run: the floor of a push hand-off.
+    notify = notify_rtt.measure(target.family, target.url)
     holder = dibs.Reservations(target.url, namespace=NAMESPACE, ttl=600)
     collected: dict[tuple[str, int], list[dict[str, Any]]] = {}
     late: dict[str, Any] | None = None
@@ -608,23 +614,32 @@ def _store(
     finally:
         holder.close()
     base = _merge(collected[("one", 1)], 1)
-    per_store: dict[str, Any] = {"bound": BOUND.get(target.family), "counts": list(counts)}
+    per_store: dict[str, Any] = {
+        "bound": BOUND.get(target.family),
+        "counts": list(counts),
+        "notify_rtt_ms": notify,
+    }
+    if notify is not None:
+        log(f"fanin {target.name}: raw notification round trip p50 {notify['p50_ms']:.2f} ms")
     for layout in LAYOUTS:
         rows: dict[str, Any] = {}
         for count in counts:
             row = dict(base if count == 1 else _merge(collected[(layout, count)], count))
-            rows[str(count)] = _with_ratios(row, base)
+            rows[str(count)] = _with_ratios(row, base, notify)
             if count > 1:
                 log(_line(target.name, layout, row))
         per_store[layout] = rows
     if late is not None:
-        per_store["late"] = _with_ratios(late, base)
+        per_store["late"] = _with_ratios(late, base, notify)
         log(_line(target.name, f"one, after {settings.fanin_late_hold:g} s,", late))
     return per_store
 
 
-def _with_ratios(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+def _with_ratios(
+    row: dict[str, Any], base: dict[str, Any], notify: dict[str, Any] | None = None
+) -> dict[str, Any]:
     row["p50_vs_n1"] = ratio(row["latency_ms"]["median"], base["latency_ms"]["median"])
+    row["p50_vs_notify"] = None if notify is None else ratio(row["latency_ms"]["median"], notify["p50_ms"])
     row["p50_vs_floor"] = ratio(row["latency_ms"]["median"], row["floor_ms"]["median"])
     row["cpu_vs_n1"] = ratio(row["cpu_s"], base["cpu_s"])
     return row
@@ -635,7 +650,9 @@ def _line(store: str, layout: str, row: dict[str, Any]) -> str:
     return (
         f"fanin {store} {layout} N={row['waiters']}: "
         f"p50 {latency['median']:.1f} ms, p99 {latency['p99']:.1f} ms "
-        f"(floor {row['floor_ms']['median']:.1f} ms), errors {row['errors']}, lag {lag['wait']:.0f}/"
+        f"(floor {row['floor_ms']['median']:.1f} ms"
+        + (f", {row['p50_vs_notify']:.0f}x the store's notification" if row.get("p50_vs_notify") else "")
+        + f"), errors {row['errors']}, lag {lag['wait']:.0f}/"
         f"{lag['handoff']:.0f} ms waiting/handing off ({lag['setup']:.0f} setting up), "
         f"connections {row['connections_peak']}, CPU {row['cpu_s']:.2f} s, "
         f"hand-off {row['handoff_loop_cpu_us_per_waiter']:.0f} µs/waiter on the loop"

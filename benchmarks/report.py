@@ -599,7 +599,18 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
         "(`pg_stat_activity`, `CLIENT LIST`; SQLite: its open descriptors of the database file); "
         "bound 4. CPU: the waiting process's, for the whole case; loop µs: the loop thread's CPU during "
         "the hand-off per waiter. Requests per waiter through the shared store (reads, asks, the hub's "
-        "batched reads), while setting up / waiting / handing off.",
+        "batched reads), while setting up / waiting / handing off. Notification: the store's own raw "
+        "round trip measured in the same run (PostgreSQL NOTIFY → LISTEN → SELECT, Redis PUBLISH → "
+        "message → GET, SQLite commit → data_version → SELECT; `benchmarks/notify_rtt.py`): "
+        + (
+            ", ".join(
+                f"{_SHORT.get(store, store)} p50 {per['notify_rtt_ms']['p50_ms']:.2f} ms"
+                for store, per in data["stores"].items()
+                if per.get("notify_rtt_ms")
+            )
+            or "not measured"
+        )
+        + ".",
         "",
     ]
     rows = []
@@ -625,6 +636,7 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
                     f"{_num(latency['median'], 1)} / {_num(latency['p99'], 1)}",
                     f"{_num(row['p50_vs_n1'], 1)}x",
                     f"{_num(row['floor_ms']['median'], 2)}",
+                    "-" if row.get("p50_vs_notify") is None else f"{_num(row['p50_vs_notify'], 0)}x",
                     str(row["errors"]),
                     f"{lag['wait']:.0f} / {lag['handoff']:.0f} ({lag['setup']:.0f}; {lag['idle']:.0f})",
                     "-" if row["connections_peak"] is None else str(row["connections_peak"]),
@@ -643,6 +655,7 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
         "hand-off ms p50 / p99",
         "p50 vs N=1",
         "floor p50 ms",
+        "p50 vs notification",
         "errors",
         "lag ms wait / hand-off (setup; idle)",
         "connections",

@@ -16,6 +16,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from os import PathLike
@@ -49,7 +50,14 @@ from dibs.payloads import (
 )
 from dibs.records import ArtifactRecord, FailureRecord, Granted, Held, KeyState, Present, StoreOutcome
 from dibs.runtime import runtime
-from dibs.serializers import Serializer, SignedPickleSerializer, load_artifact, resolve_serializer
+from dibs.serializers import (
+    BytesSerializer,
+    JSONSerializer,
+    Serializer,
+    SignedPickleSerializer,
+    load_artifact,
+    resolve_serializer,
+)
 from dibs.settings import Settings, StoreUnavailablePolicy, validate_timings
 from dibs.stores import Store, redact_url
 
@@ -69,6 +77,14 @@ T = TypeVar("T")
 
 #: Artifacts larger than this are decoded in the I/O executor by async callers, never on their loop.
 _DECODE_ON_LOOP_BYTES = 64 * 1024
+#: Serializers whose value depends on the payload alone (no key, no signature): safe to share.
+_SHAREABLE_SERIALIZERS = frozenset({"json", "bytes"})
+_SHAREABLE_READERS = frozenset({JSONSerializer, BytesSerializer})
+#: Values no caller can change, so every waiter may get the same object.
+_IMMUTABLE = frozenset({str, bytes, int, float, bool, type(None)})
+#: Decoded values by artifact record (records read together are one object, equal records one entry).
+_DECODED: weakref.WeakKeyDictionary[ArtifactRecord, tuple[Key, Any]] = weakref.WeakKeyDictionary()
+_DECODED_LOCK = threading.Lock()
 
 
 class _Decorator(Protocol):
@@ -250,15 +266,33 @@ class Reservations(Closing):
         )
 
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
-        """The value of a stored artifact, after its integrity check."""
+        """The value of a stored artifact, after its integrity check.
+
+        An immutable value of a keyless serializer (JSON, bytes) is decoded once per process: a
+        thousand waiters handed one artifact share its value (:data:`_DECODED`)."""
         if artifact.serializer == REFERENCE:  # read through a client without the payload store
             raise ConfigurationError(
                 f"artifact of {key} is kept in a payload store (its record holds a reference); give this "
                 "client the writers' payload store: Reservations(..., payloads=URL) or DIBS_PAYLOADS_URL",
                 key=str(key),
             )
+        shared = artifact.serializer in _SHAREABLE_SERIALIZERS
+        if shared:
+            shared = type(self._reader_for(key, artifact.serializer)) in _SHAREABLE_READERS
+        if shared:
+            with _DECODED_LOCK:
+                cached = _DECODED.get(artifact)
+            if cached is not None and cached[0] == key:
+                return cached[1]
         payload = artifact.verified_payload(key)
         reader = self._reader_for(key, artifact.serializer)
+        value = self._load(key, artifact, reader, payload)
+        if shared and type(value) in _IMMUTABLE:
+            with _DECODED_LOCK:
+                _DECODED[artifact] = (key, value)
+        return value
+
+    def _load(self, key: Key, artifact: ArtifactRecord, reader: Serializer, payload: bytes) -> Any:
         try:
             return load_artifact(reader, payload, key, artifact.fence)  # signatures bind key + fence
         except ReservationError as exc:
@@ -967,7 +1001,7 @@ class _AsyncStoreIO:
             raise
 
     async def read(self, key: Key) -> KeyState:
-        return await runtime().io(self._client.store.read, key)
+        return await runtime().read(self._client.store, key)
 
 
 def _release_unreceived(client: Reservations, ask: AskAcquire, future: Future[StoreOutcome]) -> None:

@@ -11,7 +11,9 @@ connection, a Redis pattern subscription, a ``data_version`` probe, a poller):
   store can) and hands the same state to every waiter on each key whose state changed: a thousand
   waiters on one key cost one read, not a thousand;
 * sync waiters block on their own :class:`threading.Event`; async waiters await a future on their
-  own event loop, resolved with one ``call_soon_threadsafe`` per loop and delivery: no thread per waiter.
+  own event loop, resolved with one ``call_soon_threadsafe`` per loop and delivery, a bounded batch
+  per iteration of that loop (:func:`dibs._batches.resolve_in_batches`): no thread per waiter, and
+  a thousand waiters woken together never hold their loop for more than a batch.
 
 Nothing depends on the hub being right, only on how fast waiters learn: every waiter still asks the
 store itself after a backstop pause (see :mod:`dibs._waiting`), and at its holder's expiry, which no
@@ -23,12 +25,12 @@ reconnection it reads all watched keys, so nothing that happened meanwhile is mi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Collection, Hashable
 
+from dibs._batches import wake_soon
 from dibs._closing import Closing
 from dibs.errors import StoreUnavailable
 from dibs.keys import Key
@@ -131,11 +133,6 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
-    for future in futures:
-        _resolve(future)
-
-
 class _Watched:
     """The subscriptions of one key, and the fingerprint of the last state handed to them."""
 
@@ -199,6 +196,8 @@ class WatchHub:
                 self._thread.start()
         if new:
             self._feed.wake()  # a polling feed looks at the keys it was given: give it this one now
+        else:
+            self._feed.quicken()  # a polling feed's next look comes soon again
         return subscription
 
     def _unsubscribe(self, subscription: Subscription) -> None:
@@ -326,14 +325,13 @@ class WatchHub:
         return True
 
     def _deliver(self, deliveries: list[tuple[_Watched, KeyState | None]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], None, None]]] = {}
         for entry, state in deliveries:
             with self._lock:
                 subscriptions = list(entry.subscriptions)
             for subscription in subscriptions:
                 waiter = subscription._offer(state)
                 if waiter is not None:
-                    by_loop.setdefault(waiter[0], []).append(waiter[1])
+                    by_loop.setdefault(waiter[0], []).append((waiter[1], None, None))
         for loop, futures in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits these any more
-                loop.call_soon_threadsafe(_resolve_all, futures)
+            wake_soon(loop, futures)  # in bounded batches: a thousand waiters never stall their loop

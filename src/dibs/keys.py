@@ -146,8 +146,14 @@ class Key:
 
     @property
     def digest(self) -> str:
-        """SHA-256 hex of namespace and name: the only form in which stores use a key as an address."""
-        return address(self.namespace, self.name)
+        """SHA-256 hex of namespace and name: the only form in which stores use a key as an address.
+
+        Computed once per key object (a reserve-and-complete asked for it a dozen times); kept outside
+        the fields, so equality, ordering, ``repr`` and ``dataclasses.replace`` are unaffected."""
+        digest: str | None = self.__dict__.get("_digest")
+        if digest is None:
+            digest = self.__dict__["_digest"] = address(self.namespace, self.name)
+        return digest
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"

@@ -37,7 +37,9 @@ from dibs.stores.base import CLOSE_HOOKS
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
+    from dibs._batches import ReadBatcher
     from dibs.hub import Subscription, WatchHub
+    from dibs.records import KeyState
 
 __all__ = ["Runtime", "runtime"]
 
@@ -70,6 +72,7 @@ class Runtime:
         self._shared: dict[str, _Shared] = {}
         self._idle: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._hubs: weakref.WeakKeyDictionary[Store, WatchHub | None] = weakref.WeakKeyDictionary()
+        self._readers: weakref.WeakKeyDictionary[Store, ReadBatcher] = weakref.WeakKeyDictionary()
         self._executor: ThreadPoolExecutor | None = None
 
     # -- stores ---------------------------------------------------------------------------------------
@@ -83,6 +86,10 @@ class Runtime:
             shared.clients += 1
             self._idle.pop(url, None)
             return shared.store
+
+    def has_store(self, url: str) -> bool:
+        """Whether a store for ``url`` is open in this process (a new client of it costs no I/O)."""
+        return url in self._shared
 
     def return_store(self, store: Store) -> None:
         """A client is done with ``store``: keep it for the next client, or close the least recently
@@ -152,6 +159,20 @@ class Runtime:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor(), functools.partial(fn, *args, **kwargs))
 
+    async def read(self, store: Store, key: Key) -> KeyState:
+        """``store.read(key)`` for an event loop, in the I/O executor, batched with the other reads
+        waiting there for a thread (:class:`dibs._batches.ReadBatcher`): a thousand waiters starting
+        together cost a few ``read_many`` calls, not a thousand jobs."""
+        with self._lock:
+            batcher = self._readers.get(store)
+        if batcher is None:
+            from dibs._batches import ReadBatcher
+
+            fresh = ReadBatcher(store, lambda job: self.executor().submit(job))
+            with self._lock:
+                batcher = self._readers.setdefault(store, fresh)
+        return await batcher.read(key)
+
     # -- lifecycle ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Close every shared store and hub (for tests and orderly shutdowns); clients built before
@@ -182,6 +203,7 @@ class Runtime:
         self._shared = {}
         self._idle = collections.OrderedDict()
         self._hubs = weakref.WeakKeyDictionary()
+        self._readers = weakref.WeakKeyDictionary()
         self._executor = None
 
 

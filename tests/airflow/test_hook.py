@@ -168,3 +168,40 @@ def test_a_failed_test_keeps_its_install_hint_through_airflows_cli_markup(
     assert command in message  # the UI shows the message as it is: the same text
     requirement = Requirement(command)
     assert (requirement.name, requirement.extras) == ("dibs", {"postgres"})
+
+
+def test_hooks_starting_together_share_one_connection_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A triggerer starting many triggers at once looks their connection up once (issue 20), and a
+    hook that starts after that lookup has ended looks it up again (a changed connection is seen)."""
+    env_conn(monkeypatch, "dibs_many", {"conn_type": "dibs", "extra": {"store_url": "sqlite:////tmp/m1.db"}})
+    lookups: list[str] = []
+    original = DibsHook.aget_connection
+
+    async def counted(conn_id: str) -> Connection:
+        lookups.append(conn_id)
+        return await original(conn_id)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(DibsHook, "aget_connection", staticmethod(counted))
+
+    async def scenario() -> tuple[list[Any], Any]:
+        together = await asyncio.gather(*(DibsHook("dibs_many").aget_settings() for _ in range(200)))
+        env_conn(
+            monkeypatch, "dibs_many", {"conn_type": "dibs", "extra": {"store_url": "sqlite:////tmp/m2.db"}}
+        )
+        later = await DibsHook("dibs_many").aget_settings()
+        return together, later
+
+    together, later = asyncio.run(scenario())
+    assert {settings.store_url for settings in together} == {"sqlite:////tmp/m1.db"}
+    assert later.store_url == "sqlite:////tmp/m2.db"
+    assert lookups == ["dibs_many", "dibs_many"]
+
+
+def test_a_failed_shared_lookup_fails_every_hook_that_waited_for_it(store_url: str) -> None:
+    async def scenario() -> list[Any]:
+        hooks = [DibsHook("dibs_missing_many").aget_settings() for _ in range(100)]
+        return await asyncio.gather(*hooks, return_exceptions=True)
+
+    errors = asyncio.run(scenario())
+    assert all(isinstance(error, ConfigurationError) for error in errors)
+    assert "'dibs_missing_many' is not defined" in str(errors[0])

@@ -317,6 +317,24 @@ def test_read_many_reads_what_read_reads(store: Store) -> None:
     assert all(states.get(key) is None or states[key].status == "free" for key in keys[2:])
 
 
+def test_read_many_of_one_key_reads_what_read_reads(store: Store) -> None:
+    """One key is the watch hub's usual read (some stores answer it by another path)."""
+    done, held, absent = (Key("contract.one", name) for name in ("done", "held", "absent"))
+    _complete(store, _granted(store.acquire(done, "alice", 60, None)), b"one")
+    store.acquire(held, "bob", 60, None)
+    for key in (done, held):
+        (state,) = store.read_many([key])
+        alone = store.read(key)
+        assert (state.key, state.status, state.fence, state.artifact) == (
+            alone.key,
+            alone.status,
+            alone.fence,
+            alone.artifact,
+        )
+        assert state.lease == alone.lease
+    assert [state.status for state in store.read_many([absent])] in ([], ["free"])
+
+
 def test_the_watch_hub_hands_every_waiter_the_completed_state(
     open_isolated_store: Callable[[], Store],
 ) -> None:

@@ -232,3 +232,32 @@ def test_bad_store_urls_get_clear_errors_without_secrets(url: str, message: str)
         # A URL that parses opens without a connection: a server that is not there says so at first use.
         dibs.Reservations(url).status("k")
     assert "hunter2" not in str(info.value)
+
+
+def test_an_artifact_handed_to_many_waiters_is_decoded_once_per_process(
+    client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Immutable JSON values are shared (issue 20); a mutable one is decoded for each caller."""
+    import dibs.client as client_module
+    from dibs.serializers import load_artifact as original
+
+    loads: list[object] = []
+
+    def counted(*args: object) -> object:
+        loads.append(args)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client_module, "load_artifact", counted)
+    for name, value in (("text", "a value"), ("mapping", {"a": [1]})):
+        got = client.get_or_reserve(name)
+        assert isinstance(got, dibs.Acquired)
+        got.lease.complete(value)
+        state = client.store.read(client.key(name))
+        assert state.artifact is not None
+        other = dibs.Reservations(client.store, namespace="unit")
+        values = [c.decode(state.key, state.artifact) for c in (client, other, client)]
+        assert values == [value] * 3
+        if name == "text":
+            assert len(loads) == 1
+        else:
+            assert len(loads) == 1 + 3 and values[0] is not values[1]

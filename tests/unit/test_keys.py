@@ -127,3 +127,17 @@ def test_a_record_written_under_a_non_nfc_name_before_normalization_still_lists(
     listed = list(store.list("ns"))
     assert [state.key.name for state in listed] == ["caf\u00e9"] and listed[0].lease is not None
     store.close()
+
+
+def test_a_keys_digest_is_computed_once_and_stays_out_of_its_fields() -> None:
+    """The digest is cached on the key object (issue 20); equality, repr and replace ignore it."""
+    import pickle
+
+    from dibs.keys import address
+
+    key = Key("team.a", "part-0")
+    assert key.digest == address("team.a", "part-0") and key.digest is key.digest
+    assert key == Key("team.a", "part-0") and "digest" not in repr(key)
+    other = dataclasses.replace(key, name="part-1")
+    assert other.digest == address("team.a", "part-1")
+    assert pickle.loads(pickle.dumps(key)).digest == key.digest

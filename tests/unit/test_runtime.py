@@ -420,3 +420,26 @@ def test_a_followed_waiter_asks_for_itself_only_as_a_backstop() -> None:
     assert followed[0] >= backoff.maximum * (1 - backoff.jitter)
     assert max(followed) <= backoff.notify_maximum * (1 + backoff.jitter)
     assert sum(1 for d in itertools.accumulate(followed) if d <= 20) <= 5  # questions in 20 s of waiting
+
+
+def test_a_new_waiter_on_a_watched_key_brings_a_polling_feeds_next_look_back_to_its_shortest() -> None:
+    """A polling feed looks ever less often while nothing changes; a waiter that joins has waited for
+    nothing yet, so the interval starts again at its minimum (issue 20: a thousand waiters that took
+    a second to subscribe found MariaDB's feed looking once a second)."""
+
+    class Quiet(PollingFeed):
+        def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+            return {}
+
+    feed = Quiet()
+    hub = WatchHub(MemoryStore(), feed)
+    key = Key("unit", "polled")
+    first = hub.subscribe(key)
+    try:
+        feed._interval = feed.max_interval  # as after a long quiet spell
+        second = hub.subscribe(key)
+        assert feed._interval == feed.min_interval
+        second.close()
+    finally:
+        first.close()
+        hub.close()

@@ -70,6 +70,10 @@ class ChangeFeed(abc.ABC):
         """A key was added to the watched set (called from a waiter's thread): a feed that only looks
         at the keys it was given returns from :meth:`changes` soon, so the hub gives it the new set."""
 
+    def quicken(self) -> None:  # noqa: B027 - a listening feed hears every change at once anyway
+        """A new waiter subscribed to a key already watched (called from the waiter's thread): a feed
+        that looks ever less often while nothing changes starts again from its shortest interval."""
+
     def close(self) -> None:  # noqa: B027 - polling feeds have nothing to close
         """Stop listening; safe to call twice."""
 
@@ -112,6 +116,12 @@ class PollingFeed(ChangeFeed):
 
     def wake(self) -> None:
         self._woken.set()
+
+    def quicken(self) -> None:
+        # The interval grows while nothing changes for the waiters already there; a new waiter has
+        # waited for nothing yet. (Without this, a thousand waiters that take a second to subscribe
+        # found the feed looking once a second: MariaDB's hand-off p50 was 362 ms on one key.)
+        self._interval = self.min_interval
 
     def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
         deadline = time.monotonic() + timeout

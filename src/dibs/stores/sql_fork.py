@@ -15,12 +15,10 @@ It cannot make a fork safe from *other* code's threads inside SQLite: that is a 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 
 __all__ = ["GATE", "ForkGate"]
 
@@ -43,25 +41,32 @@ class ForkGate:
         self._forking = False
         self._depth = threading.local()
 
-    @contextlib.contextmanager
-    def inside(self) -> Iterator[None]:
-        """A section of this thread that may call into SQLite (re-entrant)."""
-        depth: int = getattr(self._depth, "value", 0)
+    def inside(self) -> ForkGate:
+        """A section of this thread that may call into SQLite (re-entrant): ``with gate.inside():``.
+
+        The gate is its own context manager (a class, not a generator: it costs every SQLite call of
+        the store, ~1 µs instead of ~1.7)."""
+        return self
+
+    def __enter__(self) -> None:
+        local = self._depth
+        depth: int = getattr(local, "value", 0)
         if depth == 0:
             with self._cond:
                 while self._forking:
                     self._cond.wait()
                 self._inside += 1
-        self._depth.value = depth + 1
-        try:
-            yield
-        finally:
-            self._depth.value = depth
-            if depth == 0:
-                with self._cond:
-                    self._inside = max(0, self._inside - 1)
-                    if self._inside == 0:
-                        self._cond.notify_all()
+        local.value = depth + 1
+
+    def __exit__(self, *exc: object) -> None:
+        local = self._depth
+        depth: int = local.value - 1
+        local.value = depth
+        if depth == 0:
+            with self._cond:
+                self._inside = max(0, self._inside - 1)
+                if self._inside == 0:
+                    self._cond.notify_all()
 
     def before_fork(self) -> None:
         # The condition's lock is held from here until the fork is done: nobody enters or leaves.
