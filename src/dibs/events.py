@@ -307,6 +307,7 @@ EVERY_KIND: frozenset[type[Event]] = frozenset(
         Asked,
         KeyBusy,
         HolderChanged,
+        StillWaiting,
         Waited,
         ArtifactFound,
         LeaseAcquired,

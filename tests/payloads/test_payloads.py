@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,8 @@ BIG = 200_000  # above the default 64 KiB inline limit
 
 
 def _client(records_url: str, payloads_url: str, **kwargs: object) -> dibs.Reservations:
-    return dibs.Reservations(
-        records_url, payloads=payloads_url, serializer="bytes", payload_grace=0.0, **kwargs
-    )  # type: ignore[arg-type]
+    options: dict[str, object] = {"payload_grace": 0.0, **kwargs}
+    return dibs.Reservations(records_url, payloads=payloads_url, serializer="bytes", **options)  # type: ignore[arg-type]
 
 
 def _raw(client: dibs.Reservations, key: str) -> dibs.records.ArtifactRecord:
@@ -146,13 +146,16 @@ def test_forget_and_prune_remove_payloads_nobody_refers_to(
 def test_a_payload_written_under_a_live_lease_survives_a_collection(
     records_url: str, payloads_url: str, tmp_path: Path
 ) -> None:
-    # The writer that has uploaded but not yet completed: nothing refers to its payload yet.
-    with _client(records_url, payloads_url) as client:
+    # The writer that has uploaded but not yet completed: nothing refers to its payload yet. The
+    # grace is small but not 0: a file's mtime comes from the kernel's coarse clock, which may read a
+    # few milliseconds behind the time the lease was granted at (the default grace is a minute).
+    with _client(records_url, payloads_url, payload_grace=0.05) as client:
         store = client.store
         assert isinstance(store, ReferencingStore)
         got = client.get_or_reserve("k")
         assert isinstance(got, dibs.Acquired)
         uploaded = store.payloads.put(os.urandom(BIG))
+        time.sleep(0.2)  # older than the grace: only the live lease keeps it now
         assert client.prune(0) == 0 and client.reap() == 0
         assert store.payloads.stat(uploaded.sha256) is not None
         got.lease.complete(uploaded)  # it publishes what it uploaded
@@ -188,6 +191,27 @@ def test_a_fenced_out_holder_publishes_nothing_and_its_payload_goes(
             dibs.Lease(client, old.lease).complete(stale)
         assert client.run("k", lambda: b"never") == b"n" * BIG
         assert [p.read_bytes() for p in payload_files(tmp_path)] == [b"n" * BIG]  # the stale one is gone
+
+
+def test_a_payload_store_that_cannot_be_written_is_a_store_failure_handled_by_the_policy(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    # The folder's "partial" directory is a file: every write fails with an OSError, as a full disk
+    # or a lost network mount would. The value is a store failure at complete, handled by the policy.
+    folder = tmp_path / "payloads"
+    folder.mkdir()
+    (folder / "partial").write_bytes(b"not a folder")
+    value = os.urandom(BIG)
+    with _client(records_url, payloads_url, ttl=1.0, on_store_unavailable="run") as client:
+        assert client.run("k", lambda: value) == value  # the caller keeps what it computed
+        assert client.status("k").artifact is None  # nothing was published
+    with _client(records_url, payloads_url, ttl=1.0) as client:  # on_store_unavailable="fail"
+        with pytest.raises(dibs.StoreUnavailable, match="writing a payload failed"):
+            client.run("k2", lambda: value)
+    (folder / "partial").unlink()  # the disk is fixed: the next call computes and stores
+    with _client(records_url, payloads_url, ttl=1.0) as client:
+        assert client.run("k", lambda: value) == value
+        assert client.run("k", lambda: b"never") == value
 
 
 def test_streams_in_and_out(records_url: str, payloads_url: str, tmp_path: Path) -> None:

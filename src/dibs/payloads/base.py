@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from dibs.errors import ArtifactCorrupted
+from dibs.errors import ArtifactCorrupted, StoreUnavailable
 
 __all__ = [
     "CHUNK",
@@ -109,14 +109,20 @@ class PayloadWriter(abc.ABC):
         if self._known is None:
             self._hash.update(view)
         self.size += len(view)
-        self._write(view)
+        try:
+            self._write(view)
+        except OSError as exc:
+            raise _unwritable(exc) from exc
         return len(view)
 
     def commit(self, serializer: str = "bytes") -> Payload:
         """Move the bytes into place under their digest; a payload with these bytes may already be there."""
         self._done = True
         payload = Payload(self._known or self._hash.hexdigest(), self.size, serializer)
-        self._commit(payload.sha256)
+        try:
+            self._commit(payload.sha256)
+        except OSError as exc:
+            raise _unwritable(exc) from exc
         return payload
 
     def abort(self) -> None:
@@ -140,6 +146,17 @@ class PayloadWriter(abc.ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.abort()
+
+
+def _unwritable(exc: OSError) -> StoreUnavailable:
+    """A payload store's I/O error (a full disk, a permission, a network file system gone) as the store
+    failure it is: the hold's rules for a store that fails at ``complete`` then apply (the lease is
+    released, the caller keeps its value under ``on_store_unavailable="run"``), not a crash that
+    leaves the key held until its ttl runs out."""
+    return StoreUnavailable(
+        f"writing a payload failed ({type(exc).__name__}: {exc}); check the payload store's free space, "
+        "permissions and reachability"
+    )
 
 
 class PayloadStore(abc.ABC):
@@ -189,7 +206,7 @@ class PayloadStore(abc.ABC):
         """``data`` as a payload (written in chunks: no copy of it is made); ``sha256``, when the caller
         has just computed it from ``data``, is used instead of computing it again."""
         view = memoryview(data).cast("B")
-        with self.writer() as writer:
+        with self._writer() as writer:
             if sha256 is not None:
                 writer.vouch(sha256)
             for start in range(0, len(view), CHUNK):
@@ -198,10 +215,16 @@ class PayloadStore(abc.ABC):
 
     def put_stream(self, source: IO[bytes], serializer: str = "bytes") -> Payload:
         """What ``source`` reads to its end, as a payload (at most :data:`CHUNK` in memory)."""
-        with self.writer() as writer:
+        with self._writer() as writer:
             while chunk := source.read(CHUNK):
                 writer.write(chunk)
             return writer.commit(serializer)
+
+    def _writer(self) -> PayloadWriter:
+        try:
+            return self.writer()
+        except OSError as exc:
+            raise _unwritable(exc) from exc
 
     def close(self) -> None:  # noqa: B027 (most stores hold nothing to close)
         """Release clients and connections."""
