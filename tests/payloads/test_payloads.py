@@ -205,9 +205,9 @@ def test_a_payload_store_that_cannot_be_written_is_a_store_failure_handled_by_th
     with _client(records_url, payloads_url, ttl=1.0, on_store_unavailable="run") as client:
         assert client.run("k", lambda: value) == value  # the caller keeps what it computed
         assert client.status("k").artifact is None  # nothing was published
-    with _client(records_url, payloads_url, ttl=1.0) as client:  # on_store_unavailable="fail"
-        with pytest.raises(dibs.StoreUnavailable, match="writing a payload failed"):
-            client.run("k2", lambda: value)
+    failing = _client(records_url, payloads_url, ttl=1.0)  # on_store_unavailable="fail"
+    with failing, pytest.raises(dibs.StoreUnavailable, match="writing a payload failed"):
+        failing.run("k2", lambda: value)
     (folder / "partial").unlink()  # the disk is fixed: the next call computes and stores
     with _client(records_url, payloads_url, ttl=1.0) as client:
         assert client.run("k", lambda: value) == value

@@ -65,6 +65,7 @@ from dibs import AsyncReservations, ConfigurationError, Reservations, Settings
 from dibs._batches import resolve_in_batches, take_turn
 from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
 from dibs.keys import validate_namespace
+from dibs.payloads import PAYLOADS_URL_ENV, is_open
 from dibs.runtime import runtime
 from dibs.stores import STORE_SCHEMES, hide_secrets, redact_url, url_secrets
 from dibs_provider import stats
@@ -474,7 +475,9 @@ class DibsHook(BaseHook):
         stats.install()  # the triggerer's store operations show in Airflow's metrics
         await take_turn()  # a thousand triggers starting together start a bounded batch per iteration
         settings = await self.aget_settings()
-        if runtime().has_store(settings.store_url):  # shared already: building a client sends nothing
+        payloads = settings.payloads_url or os.environ.get(PAYLOADS_URL_ENV) or None
+        if runtime().has_store(settings.store_url) and (payloads is None or is_open(payloads)):
+            # Shared already: building a client imports and sends nothing.
             return settings.client(namespace=self.namespace, ttl=self.ttl).aio()
         client = await runtime().io(settings.client, namespace=self.namespace, ttl=self.ttl)
         return client.aio()

@@ -44,6 +44,7 @@ __all__ = [
     "ReferencingStore",
     "StoredPayload",
     "default_payloads_url",
+    "is_open",
     "open_payload_store",
     "referencing",
 ]
@@ -105,6 +106,13 @@ def _open(url: str) -> PayloadStore:
         ) from exc
     store: PayloadStore = cls.from_url(url)
     return store
+
+
+def is_open(url: str) -> bool:
+    """Whether this process has opened the payload store at ``url`` already: a client built on it then
+    imports and connects nothing (the Airflow triggerer builds such clients on its event loop)."""
+    with _OPENED.lock:
+        return url in _OPENED.stores
 
 
 def open_payload_store(url: str) -> PayloadStore:
