@@ -271,9 +271,11 @@ class DibsLockManager(LockManager):
             )
         return True
 
-    def _keep(self, acquired: Acquired, hold_timeout: float | None) -> RunReport:
+    def _keep(
+        self, acquired: Acquired, hold_timeout: float | None, emit: events.Emitter | None = None
+    ) -> RunReport:
         """The flow's hold step for a lock: keep the lease (heartbeating it unless it is shorter than
-        its ttl) until :meth:`release_lock`."""
+        its ttl) until :meth:`release_lock`; its heartbeats and a loss reach the observers (``emit``)."""
         lease, key = acquired.lease, acquired.lease.key
         report = RunReport(
             key, None, "computed", lease.token, lease.owner, took_over_from=acquired.took_over_from
@@ -286,6 +288,7 @@ class DibsLockManager(LockManager):
         # so a release racing with this acquisition always finds a lease whose heartbeats it can stop.
         held = HeldLease(
             lease,
+            emit=emit,
             on_lost=lambda error: self._lost(key, held, error),
             heartbeats=hold_timeout is None or hold_timeout > lease.record.ttl,
         )
@@ -427,7 +430,7 @@ class _LockSteps(_Taking, Steps):
         return got if again is None else super().ask(again)
 
     def hold(self, step: Hold) -> RunReport:
-        return self.manager._keep(step.acquired, self.hold_timeout)
+        return self.manager._keep(step.acquired, self.hold_timeout, self.emit)
 
 
 class _AsyncLockSteps(_Taking, AsyncSteps):
@@ -441,7 +444,7 @@ class _AsyncLockSteps(_Taking, AsyncSteps):
     async def hold(self, step: Hold) -> RunReport:
         # Keeping may stop a stale heartbeat thread (a join): off the loop, in this run's context.
         keep = contextvars.copy_context().run
-        return await runtime().io(keep, self.manager._keep, step.acquired, self.hold_timeout)
+        return await runtime().io(keep, self.manager._keep, step.acquired, self.hold_timeout, self.emit)
 
 
 def _reentry(step: Ask, got: Outcome, holder: str) -> Ask | None:

@@ -9,6 +9,7 @@ The manager is parametrized over an in-process store and a SQLite file; expiry i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import pickle
 import queue
@@ -23,6 +24,8 @@ pytest.importorskip("prefect")
 
 from prefect.results import ResultStore
 
+import dibs
+import dibs.events
 from dibs.errors import ConfigurationError
 from prefect_dibs import DibsLockManager, DibsStore
 from tests.prefect.support import wait_until
@@ -262,6 +265,21 @@ def test_a_live_holder_keeps_its_lock_past_the_ttl(lock_url: str, key: str) -> N
     assert manager.is_lock_holder(key, "holder1")
     assert not manager.acquire_lock(key, holder="holder2", acquire_timeout=0)
     manager.release_all()
+
+
+def test_a_held_lock_tells_the_observers_of_its_heartbeats(lock_url: str, key: str) -> None:
+    """A lock's heartbeats reach the process's observers (metrics of heartbeat lateness, Prefect
+    events), as a reserved task's do."""
+    heard: queue.Queue[dibs.Event] = queue.Queue()
+    manager = DibsLockManager(lock_url, ttl=1, heartbeat_interval=0.25)
+    with contextlib.closing(dibs.observe(heard.put)):
+        assert manager.acquire_lock(key, holder="holder1")
+        beat = heard.get(timeout=30)
+        while not isinstance(beat, dibs.events.HeartbeatSent):
+            beat = heard.get(timeout=30)
+        manager.release_all()
+    assert beat.frontend == "prefect" and beat.lateness >= 0.0
+    assert beat.key == manager._key(key)
 
 
 def test_release_from_another_copy_of_the_manager(manager: DibsLockManager, lock_url: str, key: str) -> None:
