@@ -138,6 +138,13 @@ def forget_through_page(base: str, *, key: str) -> dict[str, Any]:
             seen["state"] = row.locator(".state").inner_text()
             row.get_by_text("Forget…").click()
             seen["confirm"] = page.locator("h1").inner_text()
+            # Around the form: a post with no Origin (no browser's form), and one that confirms a
+            # holder the key no longer has (a stale confirmation page), change nothing.
+            query = f"conn=dibs_default&namespace=e2e&key={urllib.request.quote(key, safe='')}"
+            seen["no_origin"] = context.request.post(f"{base}/dibs/keys/forget?{query}").status
+            seen["stale"] = context.request.post(
+                f"{base}/dibs/keys/forget?{query}&token=999", headers={"Origin": base}
+            ).status
             page.get_by_role("button", name="Forget this key").click()
             page.wait_for_load_state()
             seen["notice"] = page.get_by_role("status").inner_text()

@@ -329,6 +329,7 @@ def _forget_through_the_page(deployment: Airflow) -> None:
     name = key.removeprefix("e2e/")
     seen = page.forget_through_page(f"http://127.0.0.1:{deployment.port}", key=name)
     assert seen["state"] == "done" and seen["confirm"] == f"Forget {key}?", seen
+    assert (seen["no_origin"], seen["stale"]) == (403, 409), seen  # refused, before the real one
     # The record stays, holding nothing: free, no artifact (its fence keeps tokens rising).
     assert seen["notice"] == f"forgot {key}" and seen["after"] == ["free", ""], seen
     audit = deployment.sql("SELECT owner, extra FROM log WHERE event = 'dibs.forget'")

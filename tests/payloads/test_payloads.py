@@ -265,3 +265,16 @@ def test_async_callers_get_large_values_through_the_payload_store(
             return await aio.run("k", compute), await aio.run("k", never)
 
     assert asyncio.run(both()) == (big, big)
+
+
+def test_a_closed_record_store_closes_its_referencing_stores(tmp_path: Path) -> None:
+    """The runtime closes idle record stores: the referencing stores built on one go with it (they
+    hold it, and would keep it and their watch hubs alive for the life of the process)."""
+    from dibs.payloads import _OPENED, referencing
+    from dibs.stores import open_store
+
+    records = open_store(f"sqlite:///{tmp_path / 'records.db'}")
+    made = referencing(records, (tmp_path / "payloads").as_uri())
+    assert referencing(records, (tmp_path / "payloads").as_uri()) is made  # shared while open
+    records.close()
+    assert records not in _OPENED.referencing

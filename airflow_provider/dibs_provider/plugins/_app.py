@@ -101,7 +101,11 @@ def can_edit(user: BaseUser, dag_id: str | None) -> bool:
 def _same_origin(request: Request) -> None:
     """A state-changing request must come from this site's own page (no cross-site form posts)."""
     origin = request.headers.get("origin") or request.headers.get("referer")
-    if origin and urlsplit(origin).netloc != request.url.netloc:
+    if not origin:  # browsers send Origin with every form post: a request without either is not one
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "a request without Origin or Referer cannot release or forget a key"
+        )
+    if urlsplit(origin).netloc != request.url.netloc:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"cross-site request from {origin!r} refused")
 
 
@@ -187,10 +191,19 @@ def create_app() -> FastAPI:
         conn: Annotated[str, Query(max_length=250)],
         namespace: Annotated[str, Query(max_length=250)],
         key: Annotated[str, Query(max_length=1000)],
+        token: Annotated[str, Query(max_length=30)] = "",
     ) -> RedirectResponse:
         _same_origin(request)
-        _, holder = _row_and_holder(session, action, conn, namespace, key)
-        _authorize(user, holder, action, key)
+        row, holder = _row_and_holder(session, action, conn, namespace, key)
+        _authorize(user, holder, action, key)  # against whoever holds the key now
+        if str(row.token if row.token is not None else "") != token:
+            # The user confirmed another holder: act only on what they saw.
+            now = f"held by {row.holder} (token {row.token})" if row.holder else "not held"
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"{namespace}/{key} changed since you confirmed (token {token or 'none'}); it is now {now}: "
+                "look at it again before you act",
+            )
         with settings_for(conn).client(namespace=namespace) as client:
             target = Key(namespace, key)
             changed = client.force_release(target) if action == "release" else client.forget(target)

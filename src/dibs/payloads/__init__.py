@@ -28,7 +28,7 @@ from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable,
 from dibs.payloads.collect import DEFAULT_GRACE
 from dibs.payloads.references import REFERENCE
 from dibs.payloads.referencing import DEFAULT_INLINE_LIMIT, ReferencedArtifact, ReferencingStore
-from dibs.stores.base import Store
+from dibs.stores.base import CLOSE_HOOKS, Store
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -72,6 +72,18 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _close_referencing(records: Store) -> None:
+    """A record store closed (the runtime evicts idle ones): its referencing stores, which hold it and
+    would keep it and their watch hubs alive for the life of the process, close with it."""
+    with _OPENED.lock:
+        made = _OPENED.referencing.pop(records, {})
+    for referencing_store in made.values():
+        referencing_store.close()
+
+
+CLOSE_HOOKS.append(_close_referencing)
 
 
 def default_payloads_url() -> str | None:
