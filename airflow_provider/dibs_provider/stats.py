@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 from typing import Any
 
 from dibs import events
-from dibs.events import Event, Observation
+from dibs.events import Event
 from dibs.observers.measures import Measurement, Measurer
 from dibs_provider._compat import Stats
 
@@ -121,14 +120,6 @@ def _safe(value: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in value) or "unknown"
 
 
-_INSTALLED: list[Observation] = []  # the process's one observation, once installed
-_LOCK = threading.Lock()
-
-
 def install() -> None:
     """Publish this process's compute-once calls and store operations through ``Stats`` (once)."""
-    if _INSTALLED:
-        return
-    with _LOCK:
-        if not _INSTALLED:
-            _INSTALLED.append(events.observe(AirflowStats()))
+    events.observe_once(AirflowStats)

@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from dibs import events
-from dibs.events import Event, Observation
+from dibs.events import Event
 from prefect_dibs import _runs
 
 __all__ = ["PrefectEvents", "install"]
@@ -151,14 +151,6 @@ def _emit(name: str, event: Event, call: dict[str, Any], payload: dict[str, Any]
     )
 
 
-_INSTALLED: list[Observation] = []
-_LOCK = threading.Lock()
-
-
 def install() -> None:
     """Emit Prefect events for every call of this process made inside a Prefect run (once)."""
-    if _INSTALLED:
-        return
-    with _LOCK:
-        if not _INSTALLED:
-            _INSTALLED.append(events.observe(PrefectEvents()))
+    events.observe_once(PrefectEvents)

@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar
 
 from dibs import events, flow, holding, keys
 from dibs._closing import Closing
-from dibs._waiting import AskAcquire, acquire_until, adrive, drive, is_settled, read_until
+from dibs._waiting import AskAcquire, Loop, acquire_until, adrive, drive, is_settled, read_until
 from dibs.backoff import Backoff, Deadline
 from dibs.config import default_owner, default_store_url, validate_seconds
 from dibs.errors import (
@@ -63,6 +63,8 @@ from dibs.stores import Store, redact_url
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
+
+    from dibs.hub import Subscription
 
 __all__ = ["AsyncReservations", "Reservations"]
 
@@ -512,17 +514,33 @@ class Reservations(Closing):
         state = self.store.read(k)  # as in acquire: subscribe only once the key turns out to be busy
         if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
             with runtime().subscribe(self.store, k) as subscription:
-                loop = read_until(
-                    k,
-                    deadline,
-                    self.backoff,
-                    lambda: subscription.following,
-                    for_artifact=for_artifact,
-                    max_age=max_age,
-                    min_fence=min_token,
+                loop = self._read_until(
+                    k, deadline, subscription, for_artifact=for_artifact, max_age=max_age, min_token=min_token
                 )
                 state = drive(loop, self.store, subscription)
         return state
+
+    def _read_until(
+        self,
+        k: Key,
+        deadline: Deadline,
+        subscription: Subscription,
+        *,
+        for_artifact: bool,
+        max_age: float | None,
+        min_token: int | None,
+    ) -> Loop[KeyState]:
+        """The waiting loop of :meth:`wait` (and its async twin), woken by ``subscription``; each
+        driver runs it with its own I/O (:func:`dibs._waiting.drive` or ``adrive``)."""
+        return read_until(
+            k,
+            deadline,
+            self.backoff,
+            lambda: subscription.following,
+            for_artifact=for_artifact,
+            max_age=max_age,
+            min_fence=min_token,
+        )
 
     def _settled(
         self,
@@ -900,14 +918,8 @@ class AsyncReservations:
             seen(state)
         if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
             with runtime().subscribe(c.store, k) as subscription:
-                loop = read_until(
-                    k,
-                    deadline,
-                    c.backoff,
-                    lambda: subscription.following,
-                    for_artifact=for_artifact,
-                    max_age=max_age,
-                    min_fence=min_token,
+                loop = c._read_until(
+                    k, deadline, subscription, for_artifact=for_artifact, max_age=max_age, min_token=min_token
                 )
                 state = await adrive(loop, io, subscription, seen)
         if state.artifact is not None and state.artifact.size > _DECODE_ON_LOOP_BYTES:

@@ -76,6 +76,7 @@ __all__ = [
     "Waited",
     "WorkFailed",
     "observe",
+    "observe_once",
 ]
 
 log = logging.getLogger("dibs")
@@ -390,6 +391,22 @@ PROCESS = Observers()
 def observe(observer: Observer) -> Observation:
     """Hear every event of every compute-once call of this process; ``close()`` the result to stop."""
     return PROCESS.add(observer)
+
+
+_ONCE: dict[Callable[[], Observer], Observation] = {}
+_ONCE_LOCK = threading.Lock()
+
+
+def observe_once(make: Callable[[], Observer]) -> Observation:
+    """:func:`observe` with ``make()``, once per process however many times (and threads) ask: an
+    integration's ``install()`` is called from every task, and its observer must hear each event once."""
+    observation = _ONCE.get(make)
+    if observation is None:
+        with _ONCE_LOCK:
+            observation = _ONCE.get(make)
+            if observation is None:
+                observation = _ONCE[make] = PROCESS.add(make())
+    return observation
 
 
 _CALLS = itertools.count(1)

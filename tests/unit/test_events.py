@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import dibs
 from dibs import flow
-from dibs.events import Emitter, Observers
+from dibs.events import _ONCE, Emitter, Observers, observe_once
 from dibs.stores.memory import MemoryStore
 from tests.unit.conftest import FakeClock
 
@@ -84,6 +85,27 @@ def test_process_observers_hear_every_client_until_closed(clock: FakeClock) -> N
         two.run("k", lambda: 2)
     one.run("other", lambda: 3)  # closed: not heard
     assert sorted({str(event.key) for event in heard}) == ["a/k", "b/k"]
+
+
+def test_an_observer_installed_from_many_threads_hears_each_event_once(
+    client: dibs.Reservations,
+) -> None:
+    heard: list[dibs.Event] = []
+    made: list[int] = []
+
+    def make() -> dibs.Observer:
+        made.append(1)
+        return heard.append
+
+    with ThreadPoolExecutor(8) as pool:
+        observations = list(pool.map(lambda _: observe_once(make), range(32)))
+    try:
+        assert len(made) == 1 and len({id(o) for o in observations}) == 1
+        client.run("once", lambda: 1)
+        assert names(heard) == ["asked", "lease_acquired", "artifact_stored", "finished"]
+    finally:
+        observations[0].close()
+        _ONCE.pop(make)
 
 
 def test_a_call_observer_hears_only_its_call(client: dibs.Reservations) -> None:
