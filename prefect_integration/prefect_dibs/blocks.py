@@ -134,40 +134,24 @@ class DibsStore(Block):
     @field_validator("payloads_url")
     @classmethod
     def _payloads_url_without_secrets(cls, url: str | None) -> str | None:
-        if url is None or not url.strip():
-            return None
-        url = url.strip()
-        if "://" not in url:
-            raise ValueError(
-                f"{redact_url(url)!r} is not a payload store URL; expected e.g. 'file:///shared/dibs'"
-            )
-        if redact_url(url) != url:
-            raise ValueError(
-                "the payload store URL contains a secret, which this plain field would show; let the "
-                f"process find its credential (e.g. AZURE_STORAGE_CONNECTION_STRING): {redact_url(url)}"
-            )
-        return url
+        return _plain_url(
+            url,
+            "payload store",
+            "file:///shared/dibs",
+            ", which this plain field would show; let the process find its credential (e.g. "
+            "AZURE_STORAGE_CONNECTION_STRING)",
+        )
 
     @field_validator("url")
     @classmethod
     def _url_without_secrets(cls, url: str | None) -> str | None:
-        # The URL is a plain field, shown in the UI and in logs: a password typed into it would leak.
-        if url is None or not url.strip():
-            return None
-        url = url.strip()
-        if "://" not in url:
-            raise ValueError(
-                f"{redact_url(url)!r} is not a store URL; expected e.g. 'sqlite:////abs/path/dibs.db'"
-            )
-        if redact_url(url) != url:
-            # redact_url hides whatever may be a password, however it is written ('?', '#', '/' or '@'
-            # inside it included): anything it would hide must not be stored in a plain field.
-            raise ValueError(
-                "the store URL contains a secret; put the password in the 'password' field (stored "
-                f"encrypted) and leave it out of the URL (an '@' in an option value must be written "
-                f"%40): {redact_url(url)}"
-            )
-        return url
+        return _plain_url(
+            url,
+            "store",
+            "sqlite:////abs/path/dibs.db",
+            "; put the password in the 'password' field (stored encrypted) and leave it out of the URL "
+            "(an '@' in an option value must be written %40)",
+        )
 
     @model_validator(mode="after")
     def _pickle_needs_a_key(self) -> DibsStore:
@@ -213,3 +197,18 @@ class DibsStore(Block):
         from prefect_dibs.locking import DibsLockManager
 
         return DibsLockManager(self, **overrides)
+
+
+def _plain_url(url: str | None, what: str, example: str, instead: str) -> str | None:
+    """A URL typed into a plain field, stripped (``None`` if blank). The field is shown in the UI and in
+    logs, so a URL holding a secret is refused, ``instead`` saying where the secret goes."""
+    if url is None or not url.strip():
+        return None
+    url = url.strip()
+    if "://" not in url:
+        raise ValueError(f"{redact_url(url)!r} is not a {what} URL; expected e.g. {example!r}")
+    if redact_url(url) != url:
+        # redact_url hides whatever may be a password, however it is written ('?', '#', '/' or '@'
+        # inside it included): anything it would hide must not be stored in a plain field.
+        raise ValueError(f"the {what} URL contains a secret{instead}: {redact_url(url)}")
+    return url

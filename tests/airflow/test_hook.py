@@ -44,6 +44,14 @@ def test_full_connection_is_parsed() -> None:
     assert settings.settings.heartbeat_interval is None
 
 
+def test_spaces_around_the_urls_are_ignored() -> None:
+    # A URL pasted into the form with a space: its scheme is read without it, as the URL is used.
+    settings = settings_from_connection(
+        conn({"store_url": " sqlite:////x.db ", "payloads_url": " file:///shared/dibs "})
+    )
+    assert (settings.store_url, settings.payloads_url) == ("sqlite:////x.db", "file:///shared/dibs")
+
+
 def test_uri_style_extras_are_text_and_still_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     env_conn(
         monkeypatch, "dibs_uri", "dibs://?store_url=sqlite%3A%2F%2F%2F%2Ftmp%2Fx.db&ttl=20&wait_timeout=5"

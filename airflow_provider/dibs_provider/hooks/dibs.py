@@ -193,24 +193,21 @@ def _extras(conn_id: str, raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _store_url(conn_id: str, value: object) -> str | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if not isinstance(value, str) or "://" not in value:
+    url = _url(
+        conn_id,
+        value,
+        "store_url",
+        "a store URL such as 'postgresql+psycopg://dibs@db/dibs' or 'sqlite:////shared/dibs.db'",
+    )
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower() if url is not None else None
+    if url is not None and scheme not in STORE_SCHEMES:
         raise _bad(
             conn_id,
             "extra 'store_url'",
-            "must be a store URL such as 'postgresql+psycopg://dibs@db/dibs' or "
-            f"'sqlite:////shared/dibs.db', got {redact_url(str(value))!r}",
-        )
-    scheme = value.split("://", 1)[0].split("+", 1)[0].lower()
-    if scheme not in STORE_SCHEMES:
-        raise _bad(
-            conn_id,
-            "extra 'store_url'",
-            f"has unknown scheme {scheme!r} ({redact_url(value)!r}); known schemes: "
+            f"has unknown scheme {scheme!r} ({redact_url(url)!r}); known schemes: "
             + ", ".join(sorted(STORE_SCHEMES)),
         )
-    return value.strip()
+    return url
 
 
 def _with_password(conn_id: str, url: str, password: str) -> str:
@@ -303,15 +300,20 @@ def settings_from_connection(conn: Connection) -> DibsSettings:
 
 
 def _payloads_url(conn_id: str, value: object) -> str | None:
+    return _url(
+        conn_id,
+        value,
+        "payloads_url",
+        "a payload store URL such as file:///shared/dibs or azure://container/prefix?account_url=...",
+    )
+
+
+def _url(conn_id: str, value: object, field: str, such_as: str) -> str | None:
+    """The URL in extra ``field``, stripped; ``None`` if blank."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str) or "://" not in value:
-        raise _bad(
-            conn_id,
-            "extra 'payloads_url'",
-            "must be a payload store URL such as file:///shared/dibs or "
-            f"azure://container/prefix?account_url=..., got {redact_url(str(value))!r}",
-        )
+        raise _bad(conn_id, f"extra {field!r}", f"must be {such_as}, got {redact_url(str(value))!r}")
     return value.strip()
 
 
