@@ -15,7 +15,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 from dibs.errors import ConfigurationError, ReservationError
 from dibs.keys import Key
@@ -25,8 +25,7 @@ from dibs.payloads.referencing import ReferencedArtifact, ReferencingStore
 from dibs.payloads.verify import VerifyingReader
 
 if TYPE_CHECKING:
-    from dibs.client import Reservations
-    from dibs.lease import LeaseSource
+    from dibs.stores.base import Store
 
 __all__ = ["ArtifactNotFound", "artifact_path", "open_artifact", "put", "referencing_store"]
 
@@ -35,7 +34,15 @@ class ArtifactNotFound(ReservationError, LookupError):
     """The key has no artifact to open."""
 
 
-def referencing_store(client: Reservations | LeaseSource, what: str) -> ReferencingStore:
+class StoreHolder(Protocol):
+    """What these functions need of a client (or of a lease's source): its store. Not the client
+    itself, which uses them: so this module imports neither the client nor the lease."""
+
+    @property
+    def store(self) -> Store: ...
+
+
+def referencing_store(client: StoreHolder, what: str) -> ReferencingStore:
     store = client.store
     if not isinstance(store, ReferencingStore):
         raise ConfigurationError(
@@ -47,7 +54,7 @@ def referencing_store(client: Reservations | LeaseSource, what: str) -> Referenc
 
 
 def put(
-    client: Reservations,
+    client: StoreHolder,
     source: bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes],
     serializer: str,
 ) -> Payload:
@@ -60,7 +67,7 @@ def put(
     return payloads.put_stream(source, serializer)
 
 
-def _artifact(client: Reservations, key: Key) -> ReferencedArtifact | bytes:
+def _artifact(client: StoreHolder, key: Key) -> ReferencedArtifact | bytes:
     state = client.store.read(key)
     artifact = state.artifact
     if artifact is None:
@@ -72,7 +79,7 @@ def _artifact(client: Reservations, key: Key) -> ReferencedArtifact | bytes:
     return artifact.verified_payload(key)
 
 
-def open_artifact(client: Reservations, key: Key) -> IO[bytes]:
+def open_artifact(client: StoreHolder, key: Key) -> IO[bytes]:
     """The artifact's stored bytes (as its serializer wrote them), as a binary stream. For a payload,
     reading to the end raises :class:`PayloadUnavailable` if the bytes were not the recorded ones."""
     found = _artifact(client, key)
@@ -83,7 +90,7 @@ def open_artifact(client: Reservations, key: Key) -> IO[bytes]:
 
 
 @contextlib.contextmanager
-def artifact_path(client: Reservations, key: Key) -> Iterator[Path]:
+def artifact_path(client: StoreHolder, key: Key) -> Iterator[Path]:
     """The artifact's stored bytes as a local file, checked before it is handed out. A folder payload
     store hands out its own file (read it, do not change it); elsewhere a temporary copy, removed
     when the block ends."""
