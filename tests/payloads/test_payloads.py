@@ -16,6 +16,7 @@ from dibs.errors import ConfigurationError, LeaseLost
 from dibs.payloads import REFERENCE, PayloadUnavailable, ReferencingStore
 from dibs.payloads.references import decode
 from dibs.records import Granted
+from dibs.stores.base import Listing
 from tests.payloads.conftest import payload_files
 
 BIG = 200_000  # above the default 64 KiB inline limit
@@ -203,9 +204,12 @@ def test_a_candidate_too_recent_to_remove_is_decided_without_listing_the_records
         assert isinstance(store, ReferencingStore)
         listings: list[str | None] = []
         real_list = store.records.list
-        monkeypatch.setattr(
-            store.records, "list", lambda namespace=None: listings.append(namespace) or real_list(namespace)
-        )
+
+        def listing(namespace: str | None = None) -> Listing:
+            listings.append(namespace)
+            return real_list(namespace)
+
+        monkeypatch.setattr(store.records, "list", listing)
         client.run("k", lambda: os.urandom(BIG))
         assert client.forget("k")
         key = client.key("f")
