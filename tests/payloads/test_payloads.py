@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,7 @@ import dibs
 from dibs.errors import ConfigurationError, LeaseLost
 from dibs.payloads import REFERENCE, PayloadUnavailable, ReferencingStore
 from dibs.payloads.references import decode
-from dibs.records import Granted
-from dibs.stores.base import Listing
+from dibs.records import Granted, KeyState
 from tests.payloads.conftest import payload_files
 
 BIG = 200_000  # above the default 64 KiB inline limit
@@ -205,7 +205,7 @@ def test_a_candidate_too_recent_to_remove_is_decided_without_listing_the_records
         listings: list[str | None] = []
         real_list = store.records.list
 
-        def listing(namespace: str | None = None) -> Listing:
+        def listing(namespace: str | None = None) -> Iterable[KeyState]:
             listings.append(namespace)
             return real_list(namespace)
 
