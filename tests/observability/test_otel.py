@@ -228,7 +228,8 @@ def test_store_operations_reach_the_process_observers_that_ask_for_them_once(
 
 def test_a_batch_records_the_points_of_a_counter_with_the_same_attributes_as_their_sum() -> None:
     """What the SDK is handed a moment later: an uncontended call's lease +1 and -1 cancel out (the
-    SDK charges microseconds per point); histograms keep every point; order is kept."""
+    SDK charges microseconds per point) once the series exists; histograms keep every point; order
+    is kept."""
     recorded: list[Measurement] = []
     later = Later(recorded.append, additive={"calls", "active"})
     a, b = {"dibs.store": "sqlite"}, {"dibs.store": "redis"}
@@ -245,11 +246,16 @@ def test_a_batch_records_the_points_of_a_counter_with_the_same_attributes_as_the
     )
     later.flush()
     assert recorded == [
+        Measurement("active", 0, a),  # once, so that a reader shows the series (at 0, not "no data")
         Measurement("calls", 3, a),
         Measurement("seconds", 0.5, a),
         Measurement("calls", 1, b),
         Measurement("seconds", 0.25, a),
     ]
+    recorded.clear()
+    later.put([Measurement("active", 1, a), Measurement("calls", 1, a), Measurement("active", -1, a)])
+    later.flush()
+    assert recorded == [Measurement("calls", 1, a)]  # the series exists: a sum of 0 changes nothing
 
 
 def test_heartbeats_report_their_lateness_and_a_lost_lease_its_reason(
