@@ -591,8 +591,8 @@ class SQLStore(Store):
                     refused.append((statement, self._first_line(exc.orig or exc, 200)))
         if refused:
             log.warning(
-                "%s: table %s lacks the column(s) %s and this user may not add them (%s); dibs works "
-                "without them (artifacts' compute times are not kept) until an administrator runs: %s",
+                "%s: table %s lacks the column(s) %s and adding them failed (%s); dibs works without "
+                "them (artifacts' compute times are not kept) until an administrator runs: %s",
                 self.url,
                 self.table_name,
                 ", ".join(name for name in _ADDED_COLUMNS if name not in present),
