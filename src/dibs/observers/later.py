@@ -13,8 +13,9 @@ recorder's thread too, in order, so the caller's path is one ``deque.append`` pe
 
 Points of an *additive* metric (a counter, an up-down counter) with the same attributes in one batch
 are recorded as one, their sum, and not at all when it is 0 (once the series has its first point,
-so that a reader shows it): what any reader collects is the same sum. The uncontended call's ``dibs.leases.active`` +1 and -1 then cost the SDK nothing (each
-recorded point costs it 6 to 14 µs, on a thread that shares the interpreter with the callers).
+so that a reader shows it): what any reader collects is the same sum. The uncontended call's
+``dibs.leases.active`` +1 and -1 then cost the SDK nothing (each recorded point costs it 6 to 14 µs,
+on a thread that shares the interpreter with the callers).
 """
 
 from __future__ import annotations
