@@ -3,7 +3,10 @@ and many processes creating the tables at once. Runs on SQLite, and on PostgreSQ
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,7 +89,7 @@ def test_a_newer_schema_version_is_refused_before_anything_is_written(
         conn.execute(sa.update(store.meta).values(value="99"))
     store.close()
     # A process checks a schema once; a new process (no verified schemas yet) finds the new version.
-    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", set())
+    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})
     newer = SQLStore(sql_url)
     with pytest.raises(dibs.ConfigurationError, match="schema version '99', newer than this dibs"):
         newer.acquire(KEY, "alice", 30, None)
@@ -102,15 +105,14 @@ def test_a_table_from_before_compute_times_gains_the_column_and_keeps_its_rows(
     store = old.store
     assert isinstance(store, SQLStore)
     # The table as dibs wrote it before artifacts kept their compute time.
-    with store.engine.connect() as conn:
-        table = store.engine.dialect.identifier_preparer.format_table(store.t)
-        conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN compute_seconds"))
-        conn.execute(sa.delete(store.meta).where(store.meta.c.name == "columns"))
-        conn.commit()
+    _drop_added_columns(store)
     old.close()
-    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", set())  # a new process, as after an upgrade
+    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
 
     new = dibs.Reservations(SQLStore(sql_url), namespace="upgrade")  # a store of its own: not yet ready
+    assert isinstance(new.store, SQLStore)
+    sent: list[str] = []
+    sa.event.listen(new.store.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
     state = new.status("kept")
     assert state.artifact is not None and state.artifact.compute_seconds is None  # unknown, still served
     assert new.run("kept", lambda: {"rows": 0}) == {"rows": 3}
@@ -124,7 +126,99 @@ def test_a_table_from_before_compute_times_gains_the_column_and_keeps_its_rows(
         }
         marker = conn.execute(sa.select(new.store.meta.c.value).where(new.store.meta.c.name == "columns"))
         assert "compute_seconds" in columns and marker.scalar() == "1"
+    # Only the column is added: the tables, their trigger and the lock that serializes creating them
+    # are not touched again (PostgreSQL: no advisory lock, no CREATE OR REPLACE FUNCTION).
+    created = [text for text in sent if text.lstrip().upper().startswith("CREATE") or "advisory_lock" in text]
+    assert created == []
     new.close()
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def server_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    backend = {"postgres": postgres, "mysql": mysql}[request.param]
+    with backend.isolated_url(tmp_path) as url:
+        yield url
+
+
+def _drop_added_columns(store: SQLStore) -> None:
+    """Make the table the one dibs wrote before artifacts kept their compute time."""
+    with store.engine.connect() as conn:
+        table = store.engine.dialect.identifier_preparer.format_table(store.t)
+        conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN compute_seconds"))
+        conn.execute(sa.delete(store.meta).where(store.meta.c.name == "columns"))
+
+
+@contextlib.contextmanager
+def _user_without_alter(store: SQLStore) -> Iterator[str]:
+    """A real database user that may read and write dibs's tables but not alter them (an
+    administrator's role owns them): the URL of ``store`` as that user."""
+    user = f"dibs_limited_{uuid.uuid4().hex[:8]}"
+    url = store.engine.url
+    preparer = store.engine.dialect.identifier_preparer
+    tables = [preparer.format_table(table) for table in (store.t, store.meta)]
+    with store.engine.connect() as conn:
+        if store.dialect == "postgresql":
+            conn.execute(sa.text(f'CREATE ROLE "{user}" LOGIN'))
+            conn.execute(sa.text(f'GRANT USAGE ON SCHEMA "{store.schema}" TO "{user}"'))
+            conn.execute(sa.text(f'GRANT SELECT, INSERT, UPDATE, DELETE ON {", ".join(tables)} TO "{user}"'))
+        else:
+            conn.execute(sa.text(f"CREATE USER '{user}'@'%'"))
+            for table in tables:
+                conn.execute(sa.text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO '{user}'@'%'"))
+    limited = url.set(username=user, password=None)
+    options = "&".join(
+        f"{name}={value}" for name, value in (("table", store.table_name), ("schema", store.schema)) if value
+    )
+    try:
+        yield f"{limited.set(query={}).render_as_string(hide_password=False)}?{options}"
+    finally:
+        with store.engine.connect() as conn:
+            if store.dialect == "postgresql":
+                conn.execute(sa.text(f'DROP OWNED BY "{user}"'))
+                conn.execute(sa.text(f'DROP ROLE "{user}"'))
+            else:
+                conn.execute(sa.text(f"DROP USER '{user}'@'%'"))
+
+
+def test_a_user_who_may_not_alter_the_table_works_without_the_new_column(
+    server_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL/MySQL: the table belongs to an administrator's role; dibs's user may only read
+    and write rows. Every operation works (compute times unknown), one warning says what to run, and
+    once an administrator has run it, compute times are kept."""
+    admin = SQLStore(server_url)
+    dibs.Reservations(admin, namespace="limited").run("kept", lambda: {"rows": 3})
+    _drop_added_columns(admin)
+    with _user_without_alter(admin) as limited_url:
+        monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+        caplog.set_level(logging.WARNING, logger="dibs.stores.sql")
+        client = dibs.Reservations(SQLStore(limited_url), namespace="limited")
+        kept = client.status("kept").artifact
+        assert kept is not None and kept.compute_seconds is None
+        assert client.run("kept", lambda: {"rows": 0}) == {"rows": 3}
+        assert client.run("fresh", lambda: 1) == 1
+        fresh = client.status("fresh").artifact
+        assert fresh is not None and fresh.compute_seconds is None  # not kept: there is no column
+        assert sorted(state.key.name for state in client.store.list("limited")) == ["fresh", "kept"]
+        assert client.forget("fresh") and client.status("fresh").artifact is None
+        another = dibs.Reservations(SQLStore(limited_url), namespace="limited")  # same process: checked
+        assert another.run("fresh", lambda: 2) == 2
+        warnings = [record.getMessage() for record in caplog.records if "ADD COLUMN" in record.getMessage()]
+        assert len(warnings) == 1, warnings
+        statement = warnings[0].split("until an administrator runs: ", 1)[1]
+        assert statement.startswith("ALTER TABLE") and "compute_seconds" in statement
+        client.close()
+        another.close()
+
+        with admin.engine.connect() as conn:  # the administrator runs what the warning names
+            conn.execute(sa.text(statement))
+        monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # the next process
+        later = dibs.Reservations(SQLStore(limited_url), namespace="limited")
+        later.run("later", lambda: 3)
+        timed = later.status("later").artifact
+        assert timed is not None and timed.compute_seconds is not None
+        later.close()
+    admin.close()
 
 
 def _open(url: str) -> None:

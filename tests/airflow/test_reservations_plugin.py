@@ -6,6 +6,8 @@ read in Chromium, is checked by test_deployment.py."""
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 import pytest
@@ -69,6 +71,7 @@ def test_a_store_s_keys_are_joined_to_the_tasks_waiting_on_them(
 ) -> None:
     client.get_or_reserve("features-held", owner="etl/r1/t/-1")
     done = client.get_or_reserve("features-done", owner="etl/r0/t/-1").lease  # type: ignore[union-attr]
+    time.sleep(0.05)  # the producer's compute time is at least this
     done.complete({"rows": 42})
     failed = client.get_or_reserve("model-failed", owner="etl/r2/t/-1").lease  # type: ignore[union-attr]
     failed.release(ValueError("bad input"))
@@ -82,6 +85,10 @@ def test_a_store_s_keys_are_joined_to_the_tasks_waiting_on_them(
     assert sorted(w.task.run_id for w in held.waiters) == ["r3", "r4"]
     assert rows["features-done"].status == "done" and rows["features-done"].producer == "etl/r0/t/-1"
     assert rows["features-done"].size is not None and rows["features-done"].size > 0
+    stored = client.status("features-done").artifact
+    assert stored is not None and stored.compute_seconds is not None and stored.compute_seconds >= 0.05
+    assert rows["features-done"].compute_seconds == stored.compute_seconds
+    assert held.compute_seconds is None  # no artifact yet
     assert rows["model-failed"].status == "failed" and "ValueError: bad input" in str(
         rows["model-failed"].failure
     )
@@ -122,6 +129,48 @@ def test_the_plugin_is_registered_as_official_providers_do() -> None:
 
     (entry,) = [e for e in entry_points(group="airflow.plugins") if e.name == "dibs"]
     assert entry.load() is DibsReservationsPlugin
+
+
+def test_the_page_shows_an_artifact_s_compute_time_as_dibs_ls_does() -> None:
+    from dibs_provider.plugins._app import _render
+
+    timed = KeyRow(
+        namespace="default",
+        name="timed",
+        status="done",
+        size=12_000,
+        artifact_age=7200.0,
+        producer="etl-1",
+        compute_seconds=250.0,
+    )
+    quick = KeyRow(
+        namespace="default",
+        name="quick",
+        status="done",
+        size=10,
+        artifact_age=5.0,
+        producer="etl-2",
+        compute_seconds=0.42,
+    )
+    old = KeyRow(namespace="default", name="old", status="done", size=10, artifact_age=5.0, producer="etl-3")
+    held = KeyRow(namespace="default", name="held", status="held", holder="someone")
+    html = _render(
+        "reservations.html",
+        sources=[Source(["dibs_default"], "sqlite:///x", "default", rows=[timed, quick, old, held])],
+        readable=set(),
+        states=("held",),
+        state="",
+        name="",
+        key="",
+        conn="",
+        done="",
+        can_edit=False,
+        user="viewer",
+    ).body.decode()
+    cells = re.findall(r'<tr data-key="([^"]+)">.*?<td class="compute">(.*?)</td>', html, re.S)
+    # Precise when short, rounded when long; "-" for an artifact stored before compute times were kept.
+    assert cells == [("timed", "4m 10s"), ("quick", "0.4s"), ("old", "-"), ("held", "")]
+    assert "<th>Compute time</th>" in html
 
 
 def test_the_page_escapes_what_the_store_holds() -> None:

@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import dibs
-from dibs.observers.measures import METRICS
+from dibs.observers.later import Later
+from dibs.observers.measures import METRICS, Measurement
 from dibs.observers.otel import OpenTelemetry
 
 WORK_SECONDS = 1.0
@@ -121,19 +122,22 @@ def test_four_racers_and_a_hit_give_the_issues_numbers(
     assert computed.count == 1 and computed.sum >= WORK_SECONDS
     (waits,) = telemetry.points("dibs.wait.duration")
     assert waits.count == 3 and waits.attributes["dibs.outcome"] == "waited"
+    assert waits.min >= WORK_SECONDS  # each waiter found the key busy before the work began to sleep
     # Every waiter and the hit were spared the producer's compute time, as its artifact recorded it.
     (saved,) = telemetry.points("dibs.compute.saved")
     assert saved.value == pytest.approx(4 * computed.sum) and saved.value >= 4 * WORK_SECONDS
     (handoffs,) = telemetry.points("dibs.handoff.duration")
-    assert handoffs.count == 3 and handoffs.min >= 0
+    # A handoff (artifact stored -> waiter returns) is only the end of a wait that spanned the work.
+    assert handoffs.count == 3 and handoffs.sum < waits.min
     operations = {
         (point.attributes["dibs.store.operation"], point.attributes.get("error.type")): point.count
         for point in telemetry.points("dibs.store.operation.duration")
     }
     assert operations[("complete", None)] == 1
     assert operations[("acquire", None)] >= 5  # every call asked at least once
-    assert all(point.value == 0 for point in telemetry.points("dibs.leases.active"))
-    assert all(point.value == 0 for point in telemetry.points("dibs.waiters.active"))
+    # Recorded while the work ran (the holder's +1, the waiters' +3), back to 0 once every call ended.
+    assert [point.value for point in telemetry.points("dibs.leases.active")] == [0]
+    assert [point.value for point in telemetry.points("dibs.waiters.active")] == [0]
     assert {
         point.attributes["dibs.store"] for point in telemetry.points("dibs.store.operation.duration")
     } == {"sqlite"}
@@ -171,7 +175,7 @@ def test_each_call_is_one_span_nested_under_the_callers(
     assert own.parent is not None and own.parent.span_id == parent.get_span_context().span_id
     assert inner == [format(own.context.span_id, "x")]  # the work runs inside the dibs.reserve span
     assert own.attributes["dibs.outcome"] == "computed" and own.attributes["dibs.token"] == 1
-    assert [event.name for event in own.events] == ["asked", "stored"]
+    assert [event.name for event in own.events] == ["stored"]  # the span's start is the ask
 
     racers = [span for span in spans if span is not own]
     computed = next(
@@ -180,7 +184,7 @@ def test_each_call_is_one_span_nested_under_the_callers(
     waited = next(span for span in racers if span.attributes and span.attributes["dibs.outcome"] == "waited")
     assert waited.attributes is not None and computed.attributes is not None
     assert waited.attributes["dibs.holder"] == computed.attributes["dibs.owner"]
-    assert [event.name for event in waited.events] == ["asked", "waiting on holder", "artifact found"]
+    assert [event.name for event in waited.events] == ["waiting on holder", "artifact found"]
     assert waited.parent is None
 
 
@@ -196,7 +200,7 @@ def test_a_failed_call_is_an_error_span_and_counted_failed(
     (span,) = telemetry.finished_spans()
     assert span.status.status_code == trace.StatusCode.ERROR
     assert span.attributes is not None and span.attributes["error.type"] == "KeyError"
-    assert [event.name for event in span.events] == ["asked", "work failed"]
+    assert [event.name for event in span.events] == ["work failed"]
 
 
 def test_store_operations_reach_the_process_observers_that_ask_for_them_once(
@@ -212,20 +216,57 @@ def test_store_operations_reach_the_process_observers_that_ask_for_them_once(
     asking = Asking()
     client.compute("quiet", lambda: 1, owner="me")  # nobody listening: nothing to hear, nothing breaks
     with dibs.observe(plain.append), dibs.observe(asking):
+        started = time.perf_counter()
         client.compute("quiet", lambda: 1, owner="me")
+        elapsed = time.perf_counter() - started
     assert [event.name for event in plain] == ["asked", "artifact_found", "finished"]  # the call's steps
     operations = [event for event in asking if isinstance(event, dibs.StoreOperation)]
     assert [event.operation for event in operations] == ["acquire"]  # one hit: one acquire, timed once
-    assert operations[0].seconds >= 0 and operations[0].store == "sqlite" and operations[0].call == 0
+    assert 0 < operations[0].seconds <= elapsed  # timed, in seconds, within the call
+    assert operations[0].store == "sqlite" and operations[0].call == 0
+
+
+def test_a_batch_records_the_points_of_a_counter_with_the_same_attributes_as_their_sum() -> None:
+    """What the SDK is handed a moment later: an uncontended call's lease +1 and -1 cancel out (the
+    SDK charges microseconds per point) once the series exists; histograms keep every point; order
+    is kept."""
+    recorded: list[Measurement] = []
+    later = Later(recorded.append, additive={"calls", "active"})
+    a, b = {"dibs.store": "sqlite"}, {"dibs.store": "redis"}
+    later.put(
+        [
+            Measurement("active", 1, a),
+            Measurement("calls", 1, a),
+            Measurement("seconds", 0.5, a),
+            Measurement("calls", 1, b),
+            Measurement("active", -1, a),
+            Measurement("calls", 2, a),
+            Measurement("seconds", 0.25, a),
+        ]
+    )
+    later.flush()
+    assert recorded == [
+        Measurement("active", 0, a),  # once, so that a reader shows the series (at 0, not "no data")
+        Measurement("calls", 3, a),
+        Measurement("seconds", 0.5, a),
+        Measurement("calls", 1, b),
+        Measurement("seconds", 0.25, a),
+    ]
+    recorded.clear()
+    later.put([Measurement("active", 1, a), Measurement("calls", 1, a), Measurement("active", -1, a)])
+    later.flush()
+    assert recorded == [Measurement("calls", 1, a)]  # the series exists: a sum of 0 changes nothing
 
 
 def test_heartbeats_report_their_lateness_and_a_lost_lease_its_reason(
     tmp_path: Path, telemetry: Telemetry
 ) -> None:
     beat, lost = threading.Event(), threading.Event()
+    beats: list[dibs.HeartbeatSent] = []
 
     def heard(event: dibs.Event) -> None:
         if isinstance(event, dibs.HeartbeatSent):
+            beats.append(event)
             beat.set()
         elif isinstance(event, dibs.LostLease):
             lost.set()
@@ -241,7 +282,8 @@ def test_heartbeats_report_their_lateness_and_a_lost_lease_its_reason(
         report = client.compute("released-under-it", work, owner="me", observer=heard)
     assert report.role == "computed" and not report.stored
     (lateness,) = telemetry.points("dibs.heartbeat.lateness")
-    assert lateness.count >= 1 and lateness.min >= 0
+    assert lateness.count == len(beats) >= 1  # one point per heartbeat sent, with its own lateness
+    assert lateness.sum == pytest.approx(sum(beat.lateness for beat in beats))
     (lost_point,) = telemetry.points("dibs.lease.lost")
     assert (lost_point.attributes["dibs.reason"], lost_point.value) == ("released", 1)
     failed_beats = [

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import dibs
 from dibs.errors import ConfigurationError, LeaseLost
 from dibs.payloads import REFERENCE, PayloadUnavailable, ReferencingStore
 from dibs.payloads.references import decode
-from dibs.records import Granted
+from dibs.records import Granted, KeyState
 from tests.payloads.conftest import payload_files
 
 BIG = 200_000  # above the default 64 KiB inline limit
@@ -191,6 +192,35 @@ def test_a_fenced_out_holder_publishes_nothing_and_its_payload_goes(
             dibs.Lease(client, old.lease).complete(stale)
         assert client.run("k", lambda: b"never") == b"n" * BIG
         assert [p.read_bytes() for p in payload_files(tmp_path)] == [b"n" * BIG]  # the stale one is gone
+
+
+def test_a_candidate_too_recent_to_remove_is_decided_without_listing_the_records(
+    records_url: str, payloads_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forget's payload, or a fenced-out writer's, written within the grace: the rule keeps it
+    whatever the records say, so nothing lists every record (they may be millions) to decide it."""
+    with _client(records_url, payloads_url, payload_grace=60.0) as client:
+        store = client.store
+        assert isinstance(store, ReferencingStore)
+        listings: list[str | None] = []
+        real_list = store.records.list
+
+        def listing(namespace: str | None = None) -> Iterable[KeyState]:
+            listings.append(namespace)
+            return real_list(namespace)
+
+        monkeypatch.setattr(store.records, "list", listing)
+        client.run("k", lambda: os.urandom(BIG))
+        assert client.forget("k")
+        key = client.key("f")
+        old = store.acquire(key, "old", 60, None)
+        assert isinstance(old, Granted)
+        client.force_release(key)
+        with pytest.raises(LeaseLost):
+            dibs.Lease(client, old.lease).complete(os.urandom(BIG))
+        assert listings == []
+        assert len(payload_files(tmp_path)) == 2  # both kept: too recent to tell from a writer's
+        assert store.collect().payloads == 0 and listings == [None]  # a full collection does list
 
 
 def test_a_payload_store_that_cannot_be_written_is_a_store_failure_handled_by_the_policy(

@@ -97,7 +97,7 @@ def test_the_schema_is_checked_once_per_process_and_never_recreated(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'once.db'}"
     dibs.Reservations(SQLStore(url)).run("k", lambda: "v")  # an earlier process created the tables
-    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", set())  # this one has checked nothing yet
+    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # this one has checked nothing yet
     schema_statements: list[str] = []
 
     def count(*args: Any) -> None:
@@ -124,9 +124,9 @@ def test_an_async_client_opens_the_store_off_the_event_loop(
     threads: list[str] = []
     original = SQLStore._ensure_schema
 
-    def recording(self: SQLStore) -> None:
+    def recording(self: SQLStore) -> tuple[str, ...]:
         threads.append(threading.current_thread().name)
-        original(self)
+        return original(self)
 
     monkeypatch.setattr(SQLStore, "_ensure_schema", recording)
 

@@ -28,6 +28,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from dibs._cli.text import duration
 from dibs.keys import Key
 from dibs_provider.links.reservation import page_url
 from dibs_provider.plugins._keys import STATES, TaskRef, collect, settings_for
@@ -80,6 +81,7 @@ def _size(value: int | None) -> str:
 
 
 _templates.filters["seconds"] = _seconds
+_templates.filters["duration"] = duration  # a compute time, as ``dibs ls`` shows it: 0.4s, 4m 10s
 _templates.filters["size"] = _size
 
 

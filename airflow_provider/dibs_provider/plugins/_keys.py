@@ -113,6 +113,8 @@ class KeyRow:
     size: int | None = None
     producer: str | None = None
     producer_task: TaskRef | None = None
+    #: How long the producer took to compute the artifact; ``None`` when not recorded (older artifacts).
+    compute_seconds: float | None = None
     failure: str | None = None
     failure_owner: str | None = None
     failures: int = 0
@@ -135,6 +137,7 @@ class KeyRow:
             size=None if artifact is None else artifact.size,
             producer=None if artifact is None else artifact.producer,
             producer_task=None if artifact is None else TaskRef.parse(artifact.producer),
+            compute_seconds=None if artifact is None else artifact.compute_seconds,
             failure=None if failure is None else failure.error,
             failure_owner=None if failure is None else failure.owner,
             failures=0 if failure is None else failure.count,

@@ -17,6 +17,12 @@ is then published to nothing, and the readers' check turns it into a miss (the k
 never a wrong value.
 
 A listing that skipped unreadable records removes nothing: one of them may refer to any payload.
+
+Only ``candidates`` (a ``forget``'s payload, a fenced-out writer's): each is looked at first (one
+``stat``), and one that is gone, or was written within ``grace`` of now, is left for a later
+collection without listing the records, since the rule would keep it whatever they say. A fenced-out
+writer's payload was just written, so its collection lists nothing; the record store is listed (once
+for all of them) only for a candidate old enough to go.
 """
 
 from __future__ import annotations
@@ -54,6 +60,11 @@ def collect(
 ) -> Freed:
     """Remove the payloads (all of them, or only ``candidates``) that the rule above lets go."""
     started = time.time()
+    if candidates is not None:
+        # Kept whatever the records say (the delete below would refuse it): not worth a listing.
+        candidates = [sha256 for sha256 in candidates if _old_enough(payloads, sha256, started - grace)]
+        if not candidates:
+            return Freed()
     listing = records.list(None)
     referenced: set[str] = set()
     oldest_lease = math.inf
@@ -86,3 +97,9 @@ def collect(
     if freed.payloads:
         log.info("removed %d payload(s), %d bytes, from %s", freed.payloads, freed.bytes, payloads.url)
     return freed
+
+
+def _old_enough(payloads: PayloadStore, sha256: str, before: float) -> bool:
+    """Whether the payload is there and was last written before ``before``: it may then be removed."""
+    found = payloads.stat(sha256)
+    return found is not None and found.modified < before

@@ -138,7 +138,9 @@ SCHEMA_VERSION = 1
 #: Nullable columns added to the version 1 table since its release, in order. Old dibs ignores them
 #: (so the version stays 1: a mixed fleet keeps working); a table that lacks them gets them with
 #: ``ALTER TABLE ... ADD COLUMN`` on the first use, keeping every row. The ``_meta`` row ``columns``
-#: records how many are in place, so a process checks with the one read it makes anyway.
+#: records how many are in place, so a process checks with the one read it makes anyway. A user who
+#: may not alter the table (an administrator's role owns it) works without them: one warning names
+#: the statement to run, and what they would hold is not kept (read as unknown) until it has run.
 _ADDED_COLUMNS = ("compute_seconds",)
 NOTIFY_CHANNEL = "dibs_changes"
 _OPTIONS = ("table", "schema", "synchronous", "busy_timeout", "pool_size", "timeout", "max_artifact_size")
@@ -172,7 +174,11 @@ MAX_SCHEMA_NAME = 63
 _RESERVED_TABLE_PREFIXES = ("pg_", "sqlite_", "mysql_", "information_schema")
 
 
-def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
+def _tables(
+    name: str, schema: str | None, dialect: str, added: Collection[str] = _ADDED_COLUMNS
+) -> tuple[sa.MetaData, sa.Table, sa.Table]:
+    """The tables' definitions; of :data:`_ADDED_COLUMNS`, only those in ``added`` (the ones the
+    database's table has, when it cannot be given the others)."""
     metadata = sa.MetaData(schema=schema)
     # MySQL/MariaDB: the tables' own character set, whatever the database's default. Under a latin1
     # database, keys and owners outside latin1 were stored as '?', and the key then read as corrupt
@@ -214,7 +220,7 @@ def _tables(name: str, schema: str | None, dialect: str) -> tuple[sa.MetaData, s
         sa.Column("artifact_fence", sa.BigInteger),
         sa.Column("created_at", sa.Double),
         # added after schema version 1 was released: see _ADDED_COLUMNS
-        sa.Column("compute_seconds", sa.Double),
+        *([sa.Column("compute_seconds", sa.Double)] if "compute_seconds" in added else []),
         **charset,
     )
     meta = sa.Table(
@@ -269,6 +275,7 @@ class SQLStore(Store):
         # Nothing is sent to the database before the first operation (see _ensure_ready).
         self._ready = False
         self._columns_in_place = 0  # how many of _ADDED_COLUMNS the table has (read with its version)
+        self._added: tuple[str, ...] = _ADDED_COLUMNS  # those the statements write and read
         self._ready_lock = threading.Lock()
 
     @classmethod
@@ -486,32 +493,44 @@ class SQLStore(Store):
             if self._ready:
                 return
             verified = (self._url.render_as_string(hide_password=False), self.table_name, self.schema)
-            if verified not in _VERIFIED_SCHEMAS:
-                self._ensure_schema()
-                _VERIFIED_SCHEMAS.add(verified)
+            added = _VERIFIED_SCHEMAS.get(verified)
+            if added is None:
+                added = _VERIFIED_SCHEMAS[verified] = self._ensure_schema()
+            if added != self._added:
+                self._use_columns(added)
             self._ready = True
 
-    def _ensure_schema(self) -> None:
+    def _use_columns(self, added: tuple[str, ...]) -> None:
+        """Read and write only the :data:`_ADDED_COLUMNS` in ``added`` (before the first operation)."""
+        self._added = added
+        self.metadata, self.t, self.meta = _tables(self.table_name, self.schema, self.dialect, added)
+        self._prepare_statements()
+
+    def _ensure_schema(self) -> tuple[str, ...]:
         """One read of the schema version when the tables exist (the usual case: nothing is locked or
-        re-created); otherwise create them, with racing processes serialized or retrying."""
+        re-created); otherwise create them, with racing processes serialized or retrying. A version 1
+        table without the ``columns`` marker only gets its columns added (see :meth:`_add_columns`).
+        The :data:`_ADDED_COLUMNS` the table has."""
         with self._connect(ready=False) as conn:
-            if self._schema_version(conn) == SCHEMA_VERSION and self._columns_in_place >= len(_ADDED_COLUMNS):
-                return
+            version = self._schema_version(conn)
+            if version == SCHEMA_VERSION and self._columns_in_place >= len(_ADDED_COLUMNS):
+                return _ADDED_COLUMNS
         for attempt in range(5):
             try:
                 with self._connect(ready=False) as conn:
-                    if self.dialect == "postgresql":
-                        self._create_postgres(conn)
-                    else:
-                        self.metadata.create_all(conn, checkfirst=True)
-                    self._check_schema_version(conn)
-                    self._check_is_ours(conn)
-                    self._add_columns(conn)
-                return
+                    if version != SCHEMA_VERSION:
+                        if self.dialect == "postgresql":
+                            self._create_postgres(conn)
+                        else:
+                            self.metadata.create_all(conn, checkfirst=True)
+                        self._check_schema_version(conn)
+                        self._check_is_ours(conn)
+                    return self._add_columns(conn)
             except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
                 # Another process created the table between our check and our CREATE (SQLite, MySQL).
                 if attempt == 4:
                     raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _schema_version(self, conn: Connection) -> int | None:
         """The schema version recorded in the database; ``None`` when there is none (no tables yet).
@@ -543,24 +562,53 @@ class SQLStore(Store):
         found = conn.execute(sa.select(self.meta.c.value).where(self.meta.c.name == "columns")).scalar()
         return int(found) if found is not None and found.isdigit() else 0
 
-    def _add_columns(self, conn: Connection) -> None:
+    def _add_columns(self, conn: Connection) -> tuple[str, ...]:
         """Add the nullable :data:`_ADDED_COLUMNS` a version 1 table lacks (its rows are kept; old
-        records read the new columns as NULL: unknown), then record that they are there. A racing
-        process that added one first makes this ALTER fail: the caller's retry finds it in place."""
+        records read the new columns as NULL: unknown), record that they are there, and return those
+        the table has. An ALTER that fails because a racing process added the column first is fine; one
+        that fails because this user may not alter the table (PostgreSQL/MySQL: an administrator's role
+        owns it) leaves the column out, with one warning naming the statement an administrator should
+        run: every operation works, without what the column would keep."""
         if self._added_columns(conn) >= len(_ADDED_COLUMNS):
-            return
-        present = {column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)}
+            return _ADDED_COLUMNS
+        present = self._present_columns(conn)
+        _, full, _ = _tables(self.table_name, self.schema, self.dialect)
         preparer = conn.dialect.identifier_preparer
-        table = preparer.format_table(self.t)
+        table = preparer.format_table(full)
+        refused: builtins.list[tuple[str, str]] = []
         for name in _ADDED_COLUMNS:
-            if name not in present:
-                kind = self.t.c[name].type.compile(dialect=conn.dialect)
-                conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {preparer.quote(name)} {kind}"))
+            if name in present:
+                continue
+            kind = full.c[name].type.compile(dialect=conn.dialect)
+            statement = f"ALTER TABLE {table} ADD COLUMN {preparer.quote(name)} {kind}"
+            try:
+                conn.execute(sa.text(statement))
+            except sa_exc.DBAPIError as exc:
+                if exc.connection_invalidated:
+                    raise
+                present = self._present_columns(conn)
+                if name not in present:  # not a racing process: this user may not add it
+                    refused.append((statement, self._first_line(exc.orig or exc, 200)))
+        if refused:
+            log.warning(
+                "%s: table %s lacks the column(s) %s and adding them failed (%s); dibs works without "
+                "them (artifacts' compute times are not kept) until an administrator runs: %s",
+                self.url,
+                self.table_name,
+                ", ".join(name for name in _ADDED_COLUMNS if name not in present),
+                refused[0][1],
+                "; ".join(statement for statement, _ in refused),
+            )
+            return tuple(name for name in _ADDED_COLUMNS if name in present)
         done = str(len(_ADDED_COLUMNS))
         updated = conn.execute(sa.update(self.meta).where(self.meta.c.name == "columns").values(value=done))
         if updated.rowcount == 0:
             with contextlib.suppress(sa_exc.IntegrityError):
                 conn.execute(sa.insert(self.meta).values(name="columns", value=done))
+        return _ADDED_COLUMNS
+
+    def _present_columns(self, conn: Connection) -> set[str]:
+        return {column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)}
 
     def _create_postgres(self, conn: Connection) -> None:
         # A session-level advisory lock (statements autocommit here) serializes concurrent creators;
@@ -701,6 +749,9 @@ class SQLStore(Store):
             producer = sa.literal_column(f"(@dibs_producer := {dialect.identifier_preparer.quote('owner')})")
             created_at = sa.literal_column(f"(@dibs_created_at := CAST({server_now} AS DOUBLE))")
         self._stored_variables = "SELECT @dibs_producer, @dibs_created_at"
+        # Of the columns added since version 1, those the table has (see _ADDED_COLUMNS).
+        added = tuple(name for name in _ADDED_COLUMNS if name in t.c)
+        kept = tuple((t.c[name], p(f"p_{name}", type_=sa.Double)) for name in added)
         # MySQL applies SET assignments left to right: read ``owner`` before the lease columns clear it.
         complete = (
             sa.update(t)
@@ -714,19 +765,11 @@ class SQLStore(Store):
                 (t.c.size, p("p_size")),
                 (t.c.checksum, p("p_checksum")),
                 (t.c.created_at, created_at),
-                (t.c.compute_seconds, p("p_compute_seconds", type_=sa.Double)),
+                *kept,
                 *cleared,
             )
         )
-        stored = (
-            "serializer",
-            "size",
-            "checksum",
-            "producer",
-            "artifact_fence",
-            "created_at",
-            "compute_seconds",
-        )
+        stored = ("serializer", "size", "checksum", "producer", "artifact_fence", "created_at", *added)
         if dialect.update_returning:
             complete = complete.returning(*(t.c[name] for name in stored))
             self._complete = _Prepared(complete, dialect, stored)
@@ -745,7 +788,7 @@ class SQLStore(Store):
         no_result = dict.fromkeys(
             (
                 *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),
-                "compute_seconds",
+                *added,
                 *("failure_error", "failure_owner", "failure_at"),
             )
         )
@@ -822,6 +865,7 @@ class SQLStore(Store):
     def list(self, namespace: str | None = None) -> Listing:
         """Every row (in ``namespace``), without payloads; unreadable rows are skipped, logged and
         counted (see :class:`~dibs.stores.base.Listing`)."""
+        self._ensure_ready()  # before the query is built: it names the columns the table has
         clock = sa.select(self._now.label("now")).scalar_subquery()
         columns = [c for c in self.t.c if c.name != "payload"]
         query = sa.select(clock.label("now"), *columns).order_by(self.t.c.namespace, self.t.c.name)
@@ -935,8 +979,11 @@ class SQLStore(Store):
             "p_payload": payload,
             "p_size": len(payload),
             "p_checksum": checksum,
-            "p_compute_seconds": compute_seconds,
         }
+        if "compute_seconds" in self._added:
+            values["p_compute_seconds"] = compute_seconds
+        else:
+            compute_seconds = None  # not kept: the table lacks the column (see _add_columns)
         statement = self._complete
 
         def attempt(cursor: Any) -> ArtifactRecord:
@@ -1147,6 +1194,7 @@ class SQLStore(Store):
             except CorruptRecord:
                 return []  # its waiters ask for themselves, and get the error
             return [] if version is None else [state]
+        self._ensure_ready()  # before the query is built: it names the columns the table has
         t = self.t
         clock = sa.select(self._now.label("now")).scalar_subquery()
         query = sa.select(clock.label("now"), *t.c).where(
@@ -1593,8 +1641,9 @@ def _switch_to_wal(cursor: Any, patience: float) -> None:
 
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
-#: (URL, table, schema) whose schema this process has checked: never twice (see SQLStore._ensure_ready).
-_VERIFIED_SCHEMAS: set[tuple[str, str, str | None]] = set()
+#: (URL, table, schema) whose schema this process has checked, never twice (see SQLStore._ensure_ready):
+#: the :data:`_ADDED_COLUMNS` its table has.
+_VERIFIED_SCHEMAS: dict[tuple[str, str, str | None], tuple[str, ...]] = {}
 #: Keys per ``IN (...)`` list of the watch hub's queries.
 _IN_LIST = 500
 
@@ -1643,7 +1692,7 @@ def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
         producer=str(row["producer"]),
         fence=int(row["artifact_fence"]),
         created_at=float(row["created_at"]),
-        compute_seconds=None if row["compute_seconds"] is None else float(row["compute_seconds"]),
+        compute_seconds=None if row.get("compute_seconds") is None else float(row["compute_seconds"]),
     )
 
 
@@ -1676,7 +1725,8 @@ _ROW_FIELDS = {
 
 
 def _row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    fields = {name: row[column] for name, column in _ROW_FIELDS.items()}
+    # .get: a column added since version 1 is absent from a table that cannot be given it (unknown).
+    fields = {name: row.get(column) for name, column in _ROW_FIELDS.items()}
     has_lease = any(row[column] is not None for column in _LEASE_COLUMNS)
     fields["lease_fence"] = row["fence"] if has_lease else None
     if row["failure_count"] == 0 and row["failure_at"] is None:  # 0 with a failure: only stops
