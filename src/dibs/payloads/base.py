@@ -21,8 +21,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-import queue
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -91,68 +89,15 @@ class Freed:
         return Freed(self.payloads + other.payloads, self.bytes + other.bytes)
 
 
-class _Digest:
-    """SHA-256 of the chunks a writer writes, computed in the same pass as the write.
-
-    From the second chunk on, the hashing runs on a helper thread while the writer's thread writes
-    (both release the GIL on large buffers), in order, at most :data:`_AHEAD` chunks behind: a
-    payload costs about the longer of hashing and writing it, not their sum, and no more than a few
-    chunks more memory. The chunks must not change until :meth:`hexdigest` returns (a writer's
-    chunks are its caller's bytes or fresh reads)."""
-
-    _AHEAD = 4
+class PayloadWriter(abc.ABC):
+    """One payload being written: :meth:`write` chunks, then :meth:`commit` (or leave the ``with``
+    block by an exception, which discards what was written). Its SHA-256 is computed chunk by chunk
+    as it is written (one pass over the bytes, each chunk hashed while it is in the CPU's cache), and
+    :meth:`commit` names the payload by it. (A helper thread hashing beside the write was tried: on
+    the shared 2-core machine it was no faster, 100 MB in 200 ms against 186 ms.)"""
 
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
-        self._chunks: queue.Queue[memoryview | None] | None = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._first = True
-
-    def update(self, view: memoryview) -> None:
-        if self._first:  # a payload of one chunk never starts a thread
-            self._first = False
-            self._hash.update(view)
-            return
-        if self._chunks is None:
-            self._chunks = queue.Queue(self._AHEAD)
-            self._thread = threading.Thread(target=self._run, name="dibs-payload-sha256", daemon=True)
-            self._thread.start()
-        self._chunks.put(view)
-
-    def _run(self) -> None:
-        assert self._chunks is not None
-        while (view := self._chunks.get()) is not None:
-            if self._error is None:
-                try:
-                    self._hash.update(view)
-                except BaseException as exc:  # handed to the writer's thread at hexdigest
-                    self._error = exc
-
-    def _join(self) -> None:
-        if self._chunks is not None and self._thread is not None:
-            self._chunks.put(None)
-            self._thread.join()
-            self._chunks = self._thread = None
-
-    def hexdigest(self) -> str:
-        self._join()
-        if self._error is not None:
-            raise self._error
-        return self._hash.hexdigest()
-
-    def close(self) -> None:
-        """Stop the helper thread (an aborted write)."""
-        self._join()
-
-
-class PayloadWriter(abc.ABC):
-    """One payload being written: :meth:`write` chunks, then :meth:`commit` (or leave the ``with``
-    block by an exception, which discards what was written). Its SHA-256 is computed as it is
-    written (one pass over the bytes), and :meth:`commit` names the payload by it."""
-
-    def __init__(self) -> None:
-        self._hash = _Digest()
         self._known: str | None = None
         self.size = 0
         self._done = False
@@ -176,11 +121,7 @@ class PayloadWriter(abc.ABC):
     def commit(self, serializer: str = "bytes") -> Payload:
         """Move the bytes into place under their digest; a payload with these bytes may already be there."""
         self._done = True
-        try:
-            payload = Payload(self._known or self._hash.hexdigest(), self.size, serializer)
-        except BaseException:
-            self._abort()
-            raise
+        payload = Payload(self._known or self._hash.hexdigest(), self.size, serializer)
         try:
             self._commit(payload.sha256)
         except OSError as exc:
@@ -188,7 +129,6 @@ class PayloadWriter(abc.ABC):
         return payload
 
     def abort(self) -> None:
-        self._hash.close()
         if not self._done:
             self._done = True
             self._abort()
