@@ -20,7 +20,17 @@ from benchmarks.settings import FULL, SMOKE, Settings
 from benchmarks.targets import ALL_STORES, EXTRA_STORES, Target, open_targets
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("overhead", "handoff", "contention", "takeover", "waiters", "startup", "fanin", "observing")
+BENCHMARKS = (
+    "overhead",
+    "handoff",
+    "contention",
+    "takeover",
+    "waiters",
+    "startup",
+    "fanin",
+    "observing",
+    "payloads",
+)
 REQUIRE_ENV = "DIBS_REQUIRE_SERVICES"
 
 
@@ -107,7 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     log = _Log()
     log(f"dibs benchmarks, {settings.name} mode: {', '.join(only)} on {', '.join(stores)}")
 
-    from benchmarks import contention, fanin, handoff, observing, overhead, report, startup, takeover, waiters
+    from benchmarks import (
+        contention,
+        fanin,
+        handoff,
+        observing,
+        overhead,
+        payloads,
+        report,
+        startup,
+        takeover,
+        waiters,
+    )
 
     results: dict[str, Any] = {
         "mode": settings.name,
@@ -144,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "fanin": lambda: fanin.run(main_targets, settings, log, fanin_waiter),
             "observing": lambda: observing.run(main_targets, settings, log),
+            "payloads": lambda: payloads.run(targets, settings.payload_sizes, log),
         }
         with pool, fanin_waiter:
             failed = _run_all(only, runners, results, log)

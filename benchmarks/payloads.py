@@ -1,7 +1,9 @@
 """8. Large-artifact hand-off through a payload store, against a plain file copy of the same bytes.
 
-``python -m benchmarks.payloads`` (1 MB and 100 MB; ``--full`` adds 1 GB; ``--out DIR``, default
-``benchmarks/results``, writes ``PAYLOADS.md`` and ``payloads.json``).
+Part of ``python -m benchmarks`` (``--only payloads``; its smoke run hands off 1 MB twice, its full
+run 1 MB, 100 MB and 1 GB), and on its own: ``python -m benchmarks.payloads`` (1 MB and 100 MB;
+``--full`` adds 1 GB; ``--out DIR``, default ``benchmarks/results``, writes ``PAYLOADS.md`` and
+``payloads.json``).
 
 Records on PostgreSQL; payloads in a local folder and on Azure Blob (Azurite). Per size and payload
 store, two fresh processes: a holder (the value already in its memory) and a waiter blocked in
@@ -31,9 +33,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.targets import Target
 
 MB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
@@ -151,23 +157,40 @@ def _case(records: str, payloads: str, size: int, rounds: int, scratch: Path) ->
     }
 
 
-def _report(results: dict[str, Any]) -> str:
+def run(
+    targets: Sequence[Target], sizes: Sequence[tuple[int, int]], log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Every size through a folder and, when Azurite is among ``targets``, Azure Blob; records on the
+    PostgreSQL target. ``{"stores": {name: [case, ...] or a skip reason}}``."""
+    urls = {target.name: target.url for target in targets}
+    if "postgres" not in urls:
+        return {"stores": {"folder": "needs the PostgreSQL store (records)"}}
+    results: dict[str, Any] = {"stores": {}}
+    with tempfile.TemporaryDirectory(prefix="dibs-payloads-bench-") as scratch:
+        folder = Path(scratch)
+        choices = {"folder": (folder / "payloads").as_uri()}
+        if "azure" in urls:
+            choices["Azure Blob (Azurite)"] = urls["azure"]
+        else:
+            results["stores"]["Azure Blob (Azurite)"] = "the Azure store (Azurite) is not available"
+        for name, payloads in choices.items():
+            results["stores"][name] = []
+            for size, rounds in sizes:
+                log(f"payloads: {name}, {size / MB:,.0f} MB x {rounds}")
+                results["stores"][name].append(_case(urls["postgres"], payloads, size, rounds, folder))
+                with contextlib.suppress(FileNotFoundError):
+                    shutil.rmtree(folder / "payloads")
+    return results
+
+
+def table(stores: dict[str, Any]) -> list[str]:
+    """The results as a Markdown table (shared with the main report's section)."""
     lines = [
-        "# Large-artifact hand-off (payload stores)",
-        "",
-        f"Made by `python -m benchmarks.payloads{' --full' if results['full'] else ''}` on "
-        f"{results['machine']} ({results['started']}). Records on PostgreSQL; see "
-        "[benchmarks/payloads.py](../payloads.py) for the method. Throughput is the payload size over "
-        "the median round (holder's `complete` call to the waiter holding the checked value); *share* "
-        "is that throughput over a plain `copyfile`+`fsync` of the same bytes on the same disk, "
-        "measured in the same run. Goal: share ≥ 50 % for the folder. Peak RSS: each process's "
-        "maximum, with its growth over its size before the hand-off.",
-        "",
         "| payloads | size | rounds | hand-off MB/s | file copy MB/s | share | holder peak RSS (growth) "
         "| waiter peak RSS (growth) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for store, cases in results["stores"].items():
+    for store, cases in stores.items():
         if isinstance(cases, str):
             lines.append(f"| {store} | skipped: {cases} | | | | | | |")
             continue
@@ -178,6 +201,27 @@ def _report(results: dict[str, Any]) -> str:
                 f"{case['holder_peak_rss_mb']:,.0f} MB (+{case['holder_growth_mb']:,.0f}) | "
                 f"{case['waiter_peak_rss_mb']:,.0f} MB (+{case['waiter_growth_mb']:,.0f}) |"
             )
+    return lines
+
+
+METHOD = (
+    "Records on PostgreSQL; see [benchmarks/payloads.py](../payloads.py) for the method. Throughput is the "
+    "payload size over the median round (holder's `complete` call to the waiter holding the checked "
+    "value); *share* is that throughput over a plain `copyfile`+`fsync` of the same bytes on the same "
+    "disk, measured in the same run, interleaved. Goal: share ≥ 50 % for the folder. Peak RSS: each "
+    "process's maximum, with its growth over its size before the hand-off."
+)
+
+
+def _report(results: dict[str, Any]) -> str:
+    lines = [
+        "# Large-artifact hand-off (payload stores)",
+        "",
+        f"Made by `python -m benchmarks.payloads{' --full' if results['full'] else ''}` on "
+        f"{results['machine']} ({results['started']}). " + METHOD,
+        "",
+        *table(results["stores"]),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -198,24 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         "stores": {},
     }
     with open_targets(("postgres", "azure")) as (targets, skipped):
-        urls = {target.name: target.url for target in targets}
-        if "postgres" not in urls:
+        if not any(target.name == "postgres" for target in targets):
             raise SystemExit(f"the payload benchmark needs PostgreSQL: {skipped.get('postgres')}")
-        with tempfile.TemporaryDirectory(prefix="dibs-payloads-bench-") as scratch:
-            folder = Path(scratch)
-            choices = {"folder": (folder / "payloads").as_uri()}
-            if "azure" in urls:
-                choices["Azure Blob (Azurite)"] = urls["azure"]
-            else:
-                results["stores"]["Azure Blob (Azurite)"] = skipped.get("azure", "not available")
-            for name, payloads in choices.items():
-                results["stores"][name] = []
-                for size, rounds in sizes:
-                    print(f"{name}: {size // MB} MB x {rounds}", file=sys.stderr, flush=True)
-                    case = _case(urls["postgres"], payloads, size, rounds, folder)
-                    results["stores"][name].append(case)
-                    with contextlib.suppress(FileNotFoundError):
-                        shutil.rmtree(folder / "payloads")
+        found = run(targets, sizes, lambda line: print(line, file=sys.stderr, flush=True))
+    results["stores"] = found["stores"]
+    if "azure" in skipped:
+        results["stores"]["Azure Blob (Azurite)"] = skipped["azure"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "payloads.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "PAYLOADS.md").write_text(_report(results))

@@ -326,6 +326,19 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _payloads_section(data: dict[str, Any]) -> list[str]:
+    from benchmarks import payloads
+
+    return [
+        "## 9. Large-artifact hand-off (payload stores)",
+        "",
+        payloads.METHOD,
+        "",
+        *payloads.table(data["stores"]),
+        "",
+    ]
+
+
 def _handoff_section(data: dict[str, Any], settings: dict[str, Any]) -> list[str]:
     counts = [str(n) for n in settings["handoff_waiters"]]
     hold = settings["handoff_hold"]
@@ -726,6 +739,7 @@ def write(results: dict[str, Any], out: Path, log: Callable[[str], None]) -> Non
         "startup": _startup_section,
         "fanin": _fanin_section,
         "observing": _observing_section,
+        "payloads": _payloads_section,
     }
     for name, section in sections.items():
         data = results["benchmarks"].get(name)

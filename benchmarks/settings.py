@@ -56,6 +56,8 @@ class Settings:
     #: and once more for the largest count on one key, the holder completing this long after the
     #: waiters wait (their backstop questions then come at their cap, not at their start); 0: not run
     fanin_late_hold: float
+    #: 9. large-artifact hand-off through a payload store: (bytes, rounds) per case
+    payload_sizes: tuple[tuple[int, int], ...]
 
 
 FULL = Settings(
@@ -90,6 +92,7 @@ FULL = Settings(
     fanin_idle=0.3,
     fanin_timeout=300.0,
     fanin_late_hold=20.0,
+    payload_sizes=((1 << 20, 7), (100 << 20, 5), (1 << 30, 3)),
 )
 
 SMOKE = Settings(
@@ -124,4 +127,5 @@ SMOKE = Settings(
     fanin_idle=0.05,
     fanin_timeout=120.0,
     fanin_late_hold=0.0,
+    payload_sizes=((1 << 20, 2),),
 )

@@ -529,7 +529,7 @@ class Steps(_HowToHold[Client, Any]):
     def ask(self, step: Ask) -> Outcome:
         c = self.client
         holding.not_held_here(c.store, step.ask.key)
-        return c._to_outcome(step.ask.key, c._ask_store(step.ask))
+        return self.outcome(step.ask.key, c._ask_store(step.ask))
 
     def wait(self, step: Wait) -> Outcome:
         c, watcher = self.client, self._watcher(step)
@@ -537,7 +537,12 @@ class Steps(_HowToHold[Client, Any]):
             outcome = c._wait_store(step.ask, part, watcher)
             if not isinstance(outcome, Held):
                 break
-        return c._to_outcome(step.ask.key, outcome)
+        return self.outcome(step.ask.key, outcome)
+
+    def outcome(self, key: Key, outcome: StoreOutcome) -> Outcome:
+        """The store's answer as the caller's outcome (a hit's value decoded); ``dibs run`` hands a
+        payload on as a stream instead."""
+        return self.client._to_outcome(key, outcome)
 
     def hold(self, step: Hold) -> RunReport:
         return self.client.hold(self.held(step.acquired), self.work)

@@ -143,7 +143,31 @@ class Lease:
                 key=str(self.key),
                 value_type=type(value).__name__,
             ) from exc
+        offloaded = self._offload(serializer.name, payload, compute_seconds)
+        if offloaded is not None:
+            return offloaded
         return self._complete_with(serializer.name, payload, checksum(payload), compute_seconds)
+
+    def _offload(
+        self, serializer: str, payload: bytes, compute_seconds: float | None
+    ) -> ArtifactRecord | None:
+        """A payload too large for the record, completed through the payload store: written there
+        while its SHA-256 is computed (one pass, not a checksum pass and then a write), then published
+        as a reference; ``None`` when the client has no payload store or the payload stays inline."""
+        from dibs.payloads.referencing import ReferencingStore
+
+        store = self._client.store
+        if not isinstance(store, ReferencingStore):
+            return None
+        if compute_seconds is None:  # the work's time, not the write's
+            compute_seconds = time.monotonic() - self._granted
+        stored = store.offload(serializer, payload)
+        if stored is None:
+            return None
+        document = encode_reference(stored, "")
+        record = self._complete_with(REFERENCE, document, stored.checksum, compute_seconds)
+        store.keep(stored, payload)
+        return store.loaded(record, payload)
 
     def _complete_with(
         self, serializer: str, payload: bytes, digest: str, compute_seconds: float | None

@@ -6,6 +6,7 @@ the dibs store is shared. Waits are bounded polls for a condition, never sleeps 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -319,3 +320,38 @@ def test_airflow_cli_adds_and_tests_dibs_connections(tmp_path: Path, template_db
     if Version("3.3") <= AIRFLOW_VERSION:
         assert missing.returncode == 1, missing.stdout + missing.stderr
     assert "install it with: pip install 'dibs[ postgres ]'" in missing.stdout, missing.stdout
+
+
+def test_a_payload_crosses_to_a_downstream_task_as_a_reference_in_xcom(
+    tmp_path: Path, template_db: Path
+) -> None:
+    # Real Airflow, Airflow's XCom machinery: the reserved task's return_value XCom is a small
+    # reference (the metadata database never gets the payload), and the downstream TaskFlow task's
+    # argument is the value, resolved through dibs by the provider's XCom backend.
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        "DIBS_STORE_URL": f"sqlite:///{tmp_path / 'dibs.db'}",
+        "DIBS_PAYLOADS_URL": (tmp_path / "payloads").as_uri(),
+        "DIBS_IT_DIR": str(work),
+        "AIRFLOW__CORE__XCOM_BACKEND": "dibs_provider.xcom.DibsXComBackend",
+    }
+    processes = start(
+        tmp_path, template_db, HERE / "dags", env, [[{"dag_id": "dibs_payload_xcom", "logical_date": None}]]
+    )
+    for process in processes:
+        process.join(BOUND)
+        if process.is_alive():
+            process.kill()
+    assert [p.exitcode for p in processes] == [0], child_logs(tmp_path)
+    (run,) = [json.loads(line) for line in lines(tmp_path / "runs.jsonl")]
+    value = "x" * 300_000
+    assert json.loads((work / "received.json").read_text()) == {
+        "size": len(value),
+        "sha256": hashlib.sha256(value.encode()).hexdigest(),
+    }
+    pushed = run["values"]["export[-1]"]  # as Airflow's database holds it
+    reference = pushed["__dibs_artifact__"]
+    assert (reference["name"], reference["size"]) == ("big-export", len(json.dumps(value)))  # as stored
+    assert reference["sha256"] == hashlib.sha256(json.dumps(value).encode()).hexdigest()
+    assert len(json.dumps(pushed)) < 1000

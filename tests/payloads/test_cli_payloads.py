@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from tests.cli_harness import dibs
+from tests.cli_harness import dibs, eventually, running
 from tests.payloads.conftest import payload_files
 
 
@@ -48,3 +48,29 @@ def test_run_wait_show_and_prune_with_a_payload_store(tmp_path: Path) -> None:
     assert payload_files(tmp_path) == []
     said = dibs("prune", "--older-than", "0s", env=env).stdout
     assert "removed 0 payload(s), 0 bytes freed" in said
+
+
+def test_dibs_run_prints_a_waited_for_or_found_payload_as_it_reads_it(tmp_path: Path) -> None:
+    # The waiter and the later hit print the stored stdout from the payload store (checked as it is
+    # read), without loading it (test_memory measures that); a bad payload is never printed as good.
+    store = f"sqlite:///{tmp_path / 'dibs.db'}"
+    env = {"DIBS_PAYLOADS_URL": (tmp_path / "payloads").as_uri(), "DIBS_STORE_URL": store}
+    started, go = tmp_path / "started", tmp_path / "go"
+    make = f"touch {started}; while [ ! -e {go} ]; do sleep 0.02; done; head -c 300000 /dev/zero | tr '\\0' x"
+    with running("run", "--key", "k", "--", "sh", "-c", make, env=env) as holder:
+        eventually(started.exists, "the holder's command to start")
+        with running("-v", "run", "--key", "k", "--", "false", env=env) as waiter:
+            waiter.wait_for_line("is computing it")
+            go.touch()
+            assert [holder.finish(), waiter.finish()] == [0, 0]
+    assert holder.stdout == waiter.stdout == b"x" * 300_000
+    assert "waited" in waiter.stderr
+    assert dibs("run", "--key", "k", "--", "false", env=env).stdout == "x" * 300_000  # a hit
+
+    (stored,) = payload_files(tmp_path)
+    stored.write_bytes(b"y" + stored.read_bytes()[1:])  # same size, other bytes: found only by reading
+    bad = dibs("run", "--key", "k", "--", "false", env=env, check=False)
+    assert bad.returncode != 0 and "SHA-256" in bad.stderr, bad.stderr
+    stored.write_bytes(b"x" * 10)  # truncated: a miss, so COMMAND computes it again
+    again = dibs("run", "--key", "k", "--", "sh", "-c", "head -c 300000 /dev/zero | tr '\\0' z", env=env)
+    assert again.stdout == "z" * 300_000

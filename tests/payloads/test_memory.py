@@ -4,9 +4,10 @@ The issue's bounds, measured in the processes themselves (peak RSS: ``VmHWM``; f
 ``getrusage`` of its children in a small wrapper): with records on PostgreSQL and payloads in a
 folder, a bytes value handed from a holder process to a waiting one grows neither by more than 1.5x
 the payload + 64 MB, and the PostgreSQL table holds only the record; ``dibs run --payloads`` with a
-large stdout and ``dibs wait`` printing it back each stay under 200 MB of RSS. Sizes: 200 MB and
-1 GB under ``DIBS_FULL=1``; in CI 160 MB (a second copy would break the bound) and 256 MB (over the
-200 MB bound by itself). Before payload stores the waiter held 6.2 copies of the payload.
+large stdout, ``dibs wait`` and a later ``dibs run`` (a hit) printing it back each stay under 200 MB
+of RSS. Sizes: 200 MB and 1 GB under ``DIBS_FULL=1``; in CI 160 MB (a second copy would break the
+bound) and 256 MB (over the 200 MB bound by itself). Before payload stores the waiter held 6.2 copies
+of the payload.
 """
 
 from __future__ import annotations
@@ -137,16 +138,21 @@ def test_dibs_run_and_dibs_wait_stream_a_large_stdout(tmp_path: Path) -> None:
             tmp_path, "run", [*dibs_cli, "run", "--key", "out", "--", "sh", "-c", produce], env
         )
         wait_peak, wait_size, wait_digest = _measured(tmp_path, "wait", [*dibs_cli, "wait", "out"], env)
+        # A hit of dibs run prints the stored stdout as dibs wait does (COMMAND does not run).
+        hit_peak, hit_size, hit_digest = _measured(
+            tmp_path, "hit", [*dibs_cli, "run", "--key", "out", "--", "false"], env
+        )
     made = hashlib.sha256()
     with open(tmp_path / "made", "rb") as stream:
         while chunk := stream.read(MB):
             made.update(chunk)
-    assert (run_size, wait_size) == (size, size)
-    assert run_digest == wait_digest == made.hexdigest()
+    assert (run_size, wait_size, hit_size) == (size, size, size)
+    assert run_digest == wait_digest == hit_digest == made.hexdigest()
     print(
-        f"peak RSS for {size / MB:.0f} MB: dibs run {run_peak / MB:.0f} MB, dibs wait {wait_peak / MB:.0f} MB"
+        f"peak RSS for {size / MB:.0f} MB: dibs run {run_peak / MB:.0f} MB, "
+        f"dibs wait {wait_peak / MB:.0f} MB, dibs run on a hit {hit_peak / MB:.0f} MB"
     )
-    for name, peak in (("dibs run", run_peak), ("dibs wait", wait_peak)):
+    for name, peak in (("dibs run", run_peak), ("dibs wait", wait_peak), ("dibs run (a hit)", hit_peak)):
         assert peak < 200 * MB, f"{name} peaked at {peak / MB:.0f} MB of RSS"
 
 

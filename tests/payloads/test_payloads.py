@@ -9,14 +9,17 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import dibs
 from dibs.errors import ConfigurationError, LeaseLost
 from dibs.payloads import REFERENCE, PayloadUnavailable, ReferencingStore
+from dibs.payloads.files import FilePayloadStore
 from dibs.payloads.references import decode
-from dibs.records import Granted, KeyState
+from dibs.records import ArtifactRecord, Granted, KeyState
+from dibs.stores.memory import MemoryStore
 from tests.payloads.conftest import payload_files
 
 BIG = 200_000  # above the default 64 KiB inline limit
@@ -308,3 +311,58 @@ def test_a_closed_record_store_closes_its_referencing_stores(tmp_path: Path) -> 
     assert referencing(records, (tmp_path / "payloads").as_uri()) is made  # shared while open
     records.close()
     assert records not in _OPENED.referencing
+
+
+def test_the_lease_hashes_a_large_payload_once_while_writing_it(
+    records_url: str, payloads_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hand-off's writing side reads the bytes once: the digest comes from the payload store's
+    # writer, not from a checksum pass over the serialized value before the write.
+    hashed: list[int] = []
+    real = dibs.lease.checksum
+
+    def counting(payload: bytes) -> str:
+        hashed.append(len(payload))
+        return real(payload)
+
+    monkeypatch.setattr(dibs.lease, "checksum", counting)
+    big, small = os.urandom(3 * 1024 * 1024 + 7), b"s" * 100  # several chunks: the helper thread runs
+    with _client(records_url, payloads_url) as client:
+        assert client.run("big", lambda: big) == big
+        assert client.run("small", lambda: small) == small
+        assert hashed == [len(small)]  # only the inline value was hashed by the lease
+        recorded = decode(_raw(client, "big").payload, "test")[0]
+        assert (recorded.sha256, recorded.size) == (hashlib.sha256(big).hexdigest(), len(big))
+        assert client.run("big", lambda: b"never") == big
+
+
+class _ReplyLostOnce(MemoryStore):
+    """A record store that applies the first complete, then reports the connection as lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.completes = 0
+
+    def complete(self, *args: Any, **kwargs: Any) -> ArtifactRecord:
+        self.completes += 1
+        record = super().complete(*args, **kwargs)
+        if self.completes == 1:
+            raise dibs.StoreUnavailable("connection reset by peer")
+        return record
+
+
+def test_a_lost_reply_after_an_offloaded_complete_is_recognised_without_writing_again(
+    tmp_path: Path,
+) -> None:
+    records = _ReplyLostOnce()
+    payloads = FilePayloadStore(tmp_path / "payloads")
+    writers: list[object] = []
+    original = payloads.writer
+    payloads.writer = lambda: writers.append(1) or original()  # type: ignore[method-assign]
+    value = os.urandom(BIG)
+    with dibs.Reservations(ReferencingStore(records, payloads), serializer="bytes", ttl=5) as client:
+        report = client.compute("k", lambda: value)
+        assert (report.role, report.value, report.stored) == ("computed", value, True)
+        assert records.completes == 1  # settled by reading: the record's checksum is the writer's digest
+        assert len(writers) == 1  # and the payload was written once
+        assert client.run("k", lambda: b"never") == value

@@ -24,7 +24,9 @@ The owner of a lease is the *logical* task, ``dag_id/run_id/task_id/map_index`` 
 retry of a task whose worker died re-enters its own lease instead of waiting for it to expire.
 
 Each task also pushes an XCom ``dibs_outcome`` saying how it got its value (``computed``, ``waited``,
-``hit`` or ``unreserved``), with the key, token, producer, holder waited on and wait time.
+``hit`` or ``unreserved``), with the key, token, producer, holder waited on and wait time. A value kept
+in the connection's payload store is returned as a small reference instead (:mod:`dibs_provider.xcom`:
+its XCom backend, or :func:`dibs_provider.xcom.resolve`, gives downstream tasks the value).
 
 Three ways in, one implementation (:class:`ReservedOperatorMixin`):
 
@@ -52,7 +54,9 @@ from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, InvalidKey, StoreUnavailable
 from dibs.flow import Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
 from dibs.holding import HeldLease, failure_text
-from dibs.keys import DERIVED_DIGEST_LENGTH, canonical_json, derive_key, digest
+from dibs.keys import DERIVED_DIGEST_LENGTH, Key, canonical_json, derive_key, digest
+from dibs.payloads import ReferencingStore
+from dibs_provider import xcom
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.links.reservation import ReservationLink
@@ -322,7 +326,18 @@ class ReservedOperatorMixin(BaseOperator):
                 # Pushed here, not from the observer: observers' errors are only logged, and a task
                 # whose XCom could not be pushed must fail as any Airflow task would.
                 context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=narrator.outcome)
-            return report.value
+            return self._returned(client, client.key(name), report.value, report.token)
+
+    def _returned(self, client: Reservations, key: Key, value: Any, token: int | None) -> Any:
+        """What the task returns (its ``return_value`` XCom): the value, or a reference to it when it
+        lives in the payload store (:mod:`dibs_provider.xcom`), so the XCom never carries a payload."""
+        if token is None or not isinstance(client.store, ReferencingStore):
+            return value
+        artifact = client.status(key).artifact
+        if artifact is None or artifact.fence != token:
+            return value  # replaced meanwhile: the value this task got is what it hands on
+        found = xcom.reference(self.dibs_conn_id, key, artifact)
+        return value if found is None else found
 
 
 class _Deferral(Suspend):

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from dibs import events, holding
 from dibs._cli.command import Command, CommandFailed, CommandNotStarted, CommandStopped
 from dibs._cli.console import Console
-from dibs._cli.spool import stream_out, streams, work_of
+from dibs._cli.spool import outcome, stream_out, streaming, streams, work_of
 from dibs._cli.stops import Stopped, StopSignals, signal_name
 from dibs._cli.text import artifact_text, duration
 from dibs._cli.watch import KeyWatch, Sight
@@ -34,8 +34,9 @@ from dibs.config import default_owner
 from dibs.errors import ConfigurationError, ReservationError
 from dibs.flow import Call, Hold, Steps, Wait
 from dibs.keys import Key
-from dibs.outcomes import Acquired, Busy, Hit, RunReport
-from dibs.payloads import Payload
+from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.payloads import Payload, ReferencedArtifact
+from dibs.records import StoreOutcome
 
 __all__ = ["run", "wait"]
 
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
     with Reservations(
         args.store, namespace=args.namespace, ttl=args.ttl, serializer="bytes", payloads=args.payloads
     ) as client:
+        if not args.json:
+            streaming(client)  # a hit, or a wait's artifact, is printed as it is read
         key = client.key(args.key)
         narrator = _Narrator(console)
         call = client.call(
@@ -175,6 +178,9 @@ class _RunSteps(Steps):
         with KeyWatch(self.console, self.client, step.ask.key, me=step.ask.owner) as watch:
             watch.see(Sight.of_busy(step.busy))
             return super().wait(step)
+
+    def outcome(self, key: Key, found: StoreOutcome) -> Outcome:
+        return outcome(self.client, key, found)
 
     def hold(self, step: Hold) -> RunReport:
         # Deferred for the whole hold: a stop reaches COMMAND, and never interrupts the release.
@@ -339,6 +345,8 @@ def wait(args: argparse.Namespace, console: Console) -> int:
 
 def _deliver(args: argparse.Namespace, result: Result) -> int:
     """Print the artifact (as it was stored), or its ``--json`` envelope."""
+    if isinstance(result.value, ReferencedArtifact):  # a payload, unread so far: printed as it is read
+        return stream_out(result.value)
     if args.json:
         print(json.dumps(result.envelope()))
     elif isinstance(result.value, bytes):

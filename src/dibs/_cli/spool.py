@@ -2,8 +2,11 @@
 
 ``dibs run --payloads URL`` writes COMMAND's stdout into the payload store as it comes (and on to its
 own stdout, as without one), keeping only the first bytes: an output up to the inline limit is stored
-in the record as before, a larger one becomes a reference to the payload. ``dibs wait`` copies a
-payload to stdout in chunks, checked as it goes (see :func:`dibs.payloads.verify.copy_verified`).
+in the record as before, a larger one becomes a reference to the payload. ``dibs wait``, and ``dibs
+run`` on a hit or after waiting, copy a payload to stdout in chunks, checked as it goes (see
+:func:`dibs.payloads.verify.copy_verified`): its client's store hands hits out unread
+(:func:`streaming`, :attr:`ReferencingStore.load`), and the flow's outcome carries the artifact
+itself instead of its value (:func:`outcome`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,43 @@ from collections.abc import Callable
 from dibs._cli.command import Command
 from dibs._cli.stops import StopSignals
 from dibs.client import Reservations
-from dibs.payloads import Payload, ReferencedArtifact, ReferencingStore
+from dibs.keys import Key
+from dibs.outcomes import Hit, Outcome
+from dibs.payloads import Payload, ReferencedArtifact, ReferencingStore, referencing
 from dibs.payloads.verify import copy_verified
-from dibs.records import ArtifactRecord
+from dibs.records import ArtifactRecord, Present, StoreOutcome
 
-__all__ = ["stream_out", "streams", "work_of"]
+__all__ = ["outcome", "stream_out", "streaming", "streams", "work_of"]
+
+
+def streaming(client: Reservations) -> None:
+    """Make ``client`` (``dibs run``'s own, not yet used) hand out hits of payloads unread: only their
+    size is checked when they are found, and :func:`stream_out` checks the digest as it prints them.
+    A client without a payload store is left as it is."""
+    store = client.store
+    if isinstance(store, ReferencingStore) and store.load:
+        client.store = referencing(
+            store.records, store.payloads, inline_limit=store.inline_limit, grace=store.grace, load=False
+        )
+
+
+def outcome(client: Reservations, key: Key, found: StoreOutcome) -> Outcome:
+    """The flow's outcome of a store answer; a hit of an unread payload keeps the artifact itself as
+    its value (printed by :func:`stream_out`), instead of loading it whole to decode it."""
+    if isinstance(found, Present):
+        artifact = found.artifact
+        if isinstance(artifact, ReferencedArtifact) and artifact.loaded is None:
+            return Hit(
+                key=key,
+                value=artifact,
+                producer=artifact.producer,
+                created_at=artifact.created_at,
+                token=artifact.fence,
+                serializer=artifact.serializer,
+                size=artifact.size,
+                compute_seconds=artifact.compute_seconds,
+            )
+    return client._to_outcome(key, found)
 
 
 def work_of(client: Reservations, running: Command, stops: StopSignals) -> Callable[[], bytes | Payload]:

@@ -58,9 +58,9 @@ class _Opened:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.stores: dict[str, PayloadStore] = {}
-        self.referencing: weakref.WeakKeyDictionary[Store, dict[tuple[str, int, float], ReferencingStore]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.referencing: weakref.WeakKeyDictionary[
+            Store, dict[tuple[str, int, float, bool], ReferencingStore]
+        ] = weakref.WeakKeyDictionary()
 
 
 _OPENED = _Opened()
@@ -144,21 +144,23 @@ def referencing(
     *,
     inline_limit: int = DEFAULT_INLINE_LIMIT,
     grace: float = DEFAULT_GRACE,
+    load: bool = True,
 ) -> ReferencingStore:
     """``records`` with its large artifacts in ``payloads``: one such store per combination in the
-    process, so that its clients share one watch hub as they share the record store."""
+    process, so that its clients share one watch hub as they share the record store (``load``: see
+    :attr:`ReferencingStore.load`)."""
     if isinstance(inline_limit, bool) or not isinstance(inline_limit, int) or inline_limit < 0:
         raise ConfigurationError(
             f"payload_inline_limit must be a number of bytes (0 or more), got {inline_limit!r}",
             setting="payload_inline_limit",
         )
     store = payloads if isinstance(payloads, PayloadStore) else open_payload_store(payloads)
-    combination = (f"{store.url}#{id(store)}", inline_limit, float(grace))
+    combination = (f"{store.url}#{id(store)}", inline_limit, float(grace), load)
     with _OPENED.lock:
         made = _OPENED.referencing.setdefault(records, {})
         found = made.get(combination)
         if found is None:
             found = made[combination] = ReferencingStore(
-                records, store, inline_limit=inline_limit, grace=grace
+                records, store, inline_limit=inline_limit, grace=grace, load=load
             )
         return found

@@ -104,11 +104,17 @@ class ReferencingStore(Store):
         *,
         inline_limit: int = DEFAULT_INLINE_LIMIT,
         grace: float = DEFAULT_GRACE,
+        load: bool = True,
     ) -> None:
         self.records = records
         self.payloads = payloads
         self.inline_limit = inline_limit
         self.grace = grace
+        #: Whether a hit's payload is read (and checked) before it is handed out. ``False`` (``dibs
+        #: run`` printing a hit or a waited-for artifact): only its size is checked, and the caller
+        #: streams it, checked as it goes (:func:`~dibs.payloads.verify.copy_verified`), never whole
+        #: in memory.
+        self.load = load
         self._lock = threading.Lock()
         self._loading: weakref.WeakValueDictionary[str, _Loading] = weakref.WeakValueDictionary()
         #: Everything this store's collections removed so far (``dibs prune`` reports the difference).
@@ -153,7 +159,7 @@ class ReferencingStore(Store):
         except ArtifactCorrupted as exc:
             self._miss(state.key, exc)
             return dataclasses.replace(state, artifact=None)
-        if state.live_lease is None and load:
+        if state.live_lease is None and load and self.load:
             try:
                 loaded, keep = self._load(state.key, referenced)
             except ArtifactCorrupted as exc:
@@ -163,16 +169,19 @@ class ReferencingStore(Store):
                 state, artifact=dataclasses.replace(referenced, loaded=loaded, keep=keep)
             )
         if state.live_lease is None:  # a finished key: a waiter is about to take it
-            found = self.payloads.stat(referenced.reference.sha256)
-            if found is None or found.size != referenced.size:
-                why = (
-                    "is missing"
-                    if found is None
-                    else f"has {found.size:,} bytes, {referenced.size:,} recorded"
-                )
-                self._miss(state.key, PayloadUnavailable(f"payload {referenced.uri} {why}"))
+            try:
+                self._whole(referenced)
+            except PayloadUnavailable as exc:
+                self._miss(state.key, exc)
                 return dataclasses.replace(state, artifact=None)
         return dataclasses.replace(state, artifact=referenced)
+
+    def _whole(self, referenced: ReferencedArtifact) -> None:
+        """:class:`PayloadUnavailable` unless the payload is there with its recorded size."""
+        found = self.payloads.stat(referenced.reference.sha256)
+        if found is None or found.size != referenced.size:
+            why = "is missing" if found is None else f"has {found.size:,} bytes, {referenced.size:,} recorded"
+            raise PayloadUnavailable(f"payload {referenced.uri} {why}")
 
     def read(self, key: Key) -> KeyState:
         return self._checked(self.records.read(key))
@@ -201,6 +210,9 @@ class ReferencingStore(Store):
             artifact = outcome.artifact
             try:
                 referenced = self._referenced(key, artifact)
+                if not self.load:
+                    self._whole(referenced)
+                    return Present(referenced)
                 loaded, keep = self._load(key, referenced)
                 return Present(dataclasses.replace(referenced, loaded=loaded, keep=keep))
             except ArtifactCorrupted as exc:
@@ -214,6 +226,28 @@ class ReferencingStore(Store):
         return outcome
 
     # -- writing ------------------------------------------------------------------------------------
+    def offload(self, serializer: str, payload: bytes) -> Payload | None:
+        """``payload`` written to the payload store when it is larger than the inline limit (``None``
+        when it stays in the record): the lease's hand-off, in one pass over the bytes, since its
+        SHA-256 is computed as it is written. The lease then completes with the reference
+        (serializer :data:`~dibs.payloads.references.REFERENCE`), whose checksum is the payload's:
+        a complete whose reply was lost is recognised by it, and sent again without writing again."""
+        if len(payload) <= self.inline_limit:
+            return None
+        return self.payloads.put(payload, serializer)
+
+    def keep(self, stored: Payload, data: bytes) -> None:
+        """After ``stored`` was published: put ``data`` (its bytes) again if a collection removed an
+        identical payload in the instant before (see :mod:`.collect`)."""
+        if self.payloads.stat(stored.sha256) is None:
+            self.payloads.put(data, stored.serializer)
+
+    def loaded(self, record: ArtifactRecord, data: bytes) -> ArtifactRecord:
+        """``record`` (a published reference) carrying ``data``, its payload's bytes, as read already."""
+        if isinstance(record, ReferencedArtifact) and record.loaded is None:
+            return dataclasses.replace(record, loaded=data)
+        return record
+
     def complete(
         self,
         key: Key,
@@ -256,8 +290,8 @@ class ReferencingStore(Store):
         except LeaseLost:
             self.collect([stored.sha256])  # never published: removed unless someone else needs it
             raise
-        if data is not None and self.payloads.stat(stored.sha256) is None:
-            self.payloads.put(data, stored.serializer)  # a collection removed it in the instant before
+        if data is not None:
+            self.keep(stored, data)
         return ReferencedArtifact.of(record, document, stored, uri=uri, source=self.payloads, loaded=data)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:

@@ -1,0 +1,96 @@
+"""A reserved task's large result in its XCom: a small reference, resolved through dibs.
+
+With a payload store on the ``dibs`` connection (its ``payloads_url``), an artifact above the inline
+limit lives in the payload store. Its task (whether it computed it, waited for it or found it) then
+returns, as its ``return_value`` XCom, a reference instead of the value, so Airflow's metadata
+database (or whatever XCom backend is configured) never receives the payload::
+
+    {"__dibs_artifact__": {"conn_id": "dibs_default", "namespace": "default", "name": "features",
+                           "token": 3, "sha256": "...", "size": 104857600}}
+
+A downstream task gets the value through dibs, in one of two ways:
+
+* configure this module's XCom backend (``[core] xcom_backend =
+  dibs_provider.xcom.DibsXComBackend``, or ``AIRFLOW__CORE__XCOM_BACKEND``): it is Airflow's own one
+  otherwise, and turns such a reference into the value when a task pulls it, so TaskFlow arguments
+  (``consume(produce())``) and ``xcom_pull`` receive the value as without a payload store;
+* or resolve it in the task: :func:`resolve` (any other XCom value is returned as it is).
+
+Airflow resolves a downstream task's XCom arguments with the configured backend's
+``deserialize_value`` and nothing else, which is why the transparent path needs the backend. The
+value is read from the payload store and checked against the digest; if the key's artifact was
+replaced since (a refresh) the reference names a payload the key no longer holds, and resolving it
+raises an error saying so instead of handing over another value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dibs import ReservationError
+from dibs.keys import Key
+from dibs.payloads import ReferencedArtifact
+from dibs.records import ArtifactRecord
+
+try:
+    from airflow.sdk.bases.xcom import BaseXCom
+except ImportError:  # pragma: no cover - Airflow 3.1
+    from airflow.models.xcom import BaseXCom  # type: ignore[no-redef,attr-defined,unused-ignore]
+
+__all__ = ["REFERENCE_FIELD", "DibsXComBackend", "is_reference", "reference", "resolve"]
+
+#: The one field of a reference document.
+REFERENCE_FIELD = "__dibs_artifact__"
+
+
+def reference(conn_id: str, key: Key, artifact: ArtifactRecord) -> dict[str, Any] | None:
+    """The XCom that stands for ``artifact`` of ``key``, when it lives in a payload store (else ``None``:
+    the value itself is the XCom)."""
+    if not isinstance(artifact, ReferencedArtifact):
+        return None
+    return {
+        REFERENCE_FIELD: {
+            "conn_id": conn_id,
+            "namespace": key.namespace,
+            "name": key.name,
+            "token": artifact.fence,
+            "sha256": artifact.reference.sha256,
+            "size": artifact.size,
+        }
+    }
+
+
+def is_reference(value: Any) -> bool:
+    """Whether ``value`` is a reserved task's reference to a payload (see the module docstring)."""
+    if not isinstance(value, dict) or set(value) != {REFERENCE_FIELD}:
+        return False
+    return isinstance(value[REFERENCE_FIELD], dict)
+
+
+def resolve(value: Any) -> Any:
+    """The value a reserved task's XCom stands for: read through dibs if it is a reference."""
+    if not is_reference(value):
+        return value
+    from dibs_provider.hooks.dibs import DibsHook
+
+    ref = value[REFERENCE_FIELD]
+    with DibsHook(ref["conn_id"], namespace=ref["namespace"]).get_client() as client:
+        key = client.key(ref["name"])
+        artifact = client.status(key).artifact
+        if not isinstance(artifact, ReferencedArtifact) or artifact.reference.sha256 != ref["sha256"]:
+            now = "no artifact" if artifact is None else f"the artifact of token {artifact.fence}"
+            raise ReservationError(
+                f"the XCom refers to the artifact of {key} stored under token {ref['token']} (SHA-256 "
+                f"{ref['sha256']}), but the key now holds {now}: it was replaced or forgotten since. "
+                "Clear the upstream task to compute it again",
+                key=str(key),
+            )
+        return client.decode(key, artifact)
+
+
+class DibsXComBackend(BaseXCom):
+    """Airflow's XCom backend, with reserved tasks' references resolved into their values on pull."""
+
+    @staticmethod
+    def deserialize_value(result: Any) -> Any:
+        return resolve(BaseXCom.deserialize_value(result))
