@@ -1,20 +1,20 @@
 """A reserved task's large result in its XCom: a small reference, resolved through dibs.
 
 With a payload store on the ``dibs`` connection (its ``payloads_url``), an artifact above the inline
-limit lives in the payload store. Its task (whether it computed it, waited for it or found it) then
-returns, as its ``return_value`` XCom, a reference instead of the value, so Airflow's metadata
-database (or whatever XCom backend is configured) never receives the payload::
+limit lives in the payload store. When Airflow's XCom backend is :class:`DibsXComBackend` (and Airflow
+does not look inside the value: no task mapped over it, no ``multiple_outputs``), its task (whether it
+computed it, waited for it or found it) then returns, as its ``return_value`` XCom, a reference instead
+of the value, so Airflow's metadata database never receives the payload::
 
     {"__dibs_artifact__": {"conn_id": "dibs_default", "namespace": "default", "name": "features",
                            "token": 3, "sha256": "...", "size": 104857600}}
 
-A downstream task gets the value through dibs, in one of two ways:
-
-* configure this module's XCom backend (``[core] xcom_backend =
-  dibs_provider.xcom.DibsXComBackend``, or ``AIRFLOW__CORE__XCOM_BACKEND``): it is Airflow's own one
-  otherwise, and turns such a reference into the value when a task pulls it, so TaskFlow arguments
-  (``consume(produce())``) and ``xcom_pull`` receive the value as without a payload store;
-* or resolve it in the task: :func:`resolve` (any other XCom value is returned as it is).
+The backend (``[core] xcom_backend = dibs_provider.xcom.DibsXComBackend``, or
+``AIRFLOW__CORE__XCOM_BACKEND``) is Airflow's own one otherwise, and turns such a reference into the
+value when a task pulls it, so TaskFlow arguments (``consume(produce())``) and ``xcom_pull`` receive the
+value as without a payload store. Without it the task returns the value itself: a reference would reach
+downstream tasks as a plain dict. :func:`resolve` reads a reference that reached a task some other way
+(any other value is returned as it is).
 
 Airflow resolves a downstream task's XCom arguments with the configured backend's
 ``deserialize_value`` and nothing else, which is why the transparent path needs the backend. The
@@ -37,7 +37,14 @@ try:
 except ImportError:  # pragma: no cover - Airflow 3.1
     from airflow.models.xcom import BaseXCom  # type: ignore[no-redef,attr-defined,unused-ignore]
 
-__all__ = ["REFERENCE_FIELD", "DibsXComBackend", "is_reference", "reference", "resolve"]
+__all__ = [
+    "REFERENCE_FIELD",
+    "DibsXComBackend",
+    "backend_resolves_references",
+    "is_reference",
+    "reference",
+    "resolve",
+]
 
 #: The one field of a reference document.
 REFERENCE_FIELD = "__dibs_artifact__"
@@ -58,6 +65,21 @@ def reference(conn_id: str, key: Key, artifact: ArtifactRecord) -> dict[str, Any
             "size": artifact.size,
         }
     }
+
+
+def backend_resolves_references() -> bool:
+    """Whether Airflow's configured XCom backend is :class:`DibsXComBackend` (``[core] xcom_backend``):
+    only then does a reserved task return a reference, since only then does every downstream task get
+    the value back (elsewhere it would get the reference, a dict, without a word)."""
+    try:
+        from airflow.sdk.execution_time.xcom import resolve_xcom_backend
+    except ImportError:  # pragma: no cover - an Airflow without it: values are returned as they are
+        return False
+    try:
+        backend = resolve_xcom_backend()  # type: ignore[no-untyped-call,unused-ignore]
+    except Exception:  # a misconfigured backend is Airflow's to report, not ours
+        return False
+    return isinstance(backend, type) and issubclass(backend, DibsXComBackend)
 
 
 def is_reference(value: Any) -> bool:

@@ -21,8 +21,10 @@ BIG = "y" * 100_000  # above the 64 KiB inline limit
 
 @pytest.fixture
 def payloads(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A payload store, and Airflow's XCom backend set to the provider's (which resolves references)."""
     url = (tmp_path / "payloads").as_uri()
     monkeypatch.setenv("DIBS_PAYLOADS_URL", url)
+    monkeypatch.setenv("AIRFLOW__CORE__XCOM_BACKEND", "dibs_provider.xcom.DibsXComBackend")
     return url
 
 
@@ -57,6 +59,32 @@ def test_small_values_and_other_xcoms_are_left_as_they_are(payloads: str, make_c
 
 def test_without_a_payload_store_the_value_is_returned(store_url: str, make_context: Any) -> None:
     assert _task(BIG).execute(make_context()) == BIG
+
+
+def test_without_the_backend_that_resolves_references_the_value_is_returned(
+    payloads: str, make_context: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Airflow's own backend would hand downstream tasks the reference, a plain dict, without a word.
+    monkeypatch.delenv("AIRFLOW__CORE__XCOM_BACKEND")
+    assert _task(BIG).execute(make_context(run_id="r1")) == BIG  # computed
+    assert _task("never", task_id="other").execute(make_context(dag_id="o", run_id="r2")) == BIG  # hit
+
+
+def test_a_value_airflow_looks_inside_is_returned_not_referenced(payloads: str, make_context: Any) -> None:
+    """Airflow counts the items of a value that downstream tasks are mapped over, and pushes the keys
+    of a ``multiple_outputs`` one: a reference would be one item, or no keys."""
+    from airflow.sdk import DAG, task
+
+    rows = [BIG[:70_000], "b"]
+    with DAG("mapped", schedule=None):
+        mapped_over = _task(rows, key="mapped")
+        task(lambda row: None, task_id="each").expand(row=mapped_over.output)
+    assert _task(rows, key="mapped").execute(make_context(run_id="r0")) != rows  # a reference, alone
+    assert mapped_over.execute(make_context(dag_id="mapped", run_id="r1")) == rows
+    outputs = {"table": BIG}
+    split = _task(outputs, task_id="split", key="split")
+    split.multiple_outputs = True
+    assert split.execute(make_context(run_id="r2")) == outputs
 
 
 def test_a_reference_to_a_replaced_artifact_is_refused_not_answered_with_another_value(

@@ -69,8 +69,10 @@ def test_dibs_run_prints_a_waited_for_or_found_payload_as_it_reads_it(tmp_path: 
 
     (stored,) = payload_files(tmp_path)
     stored.write_bytes(b"y" + stored.read_bytes()[1:])  # same size, other bytes: found only by reading
-    bad = dibs("run", "--key", "k", "--", "false", env=env, check=False)
-    assert bad.returncode != 0 and "SHA-256" in bad.stderr, bad.stderr
-    stored.write_bytes(b"x" * 10)  # truncated: a miss, so COMMAND computes it again
+    # Checked before a byte is printed: a miss, so COMMAND computes it again; the bad bytes never show.
+    again = dibs("run", "--key", "k", "--", "sh", "-c", "head -c 300000 /dev/zero | tr '\\0' y", env=env)
+    assert again.stdout == "y" * 300_000 and "SHA-256" in again.stderr, again.stderr
+    (fresh,) = [path for path in payload_files(tmp_path) if path.read_bytes()[:1] == b"y" and path != stored]
+    fresh.write_bytes(b"y" * 10)  # truncated: a miss too
     again = dibs("run", "--key", "k", "--", "sh", "-c", "head -c 300000 /dev/zero | tr '\\0' z", env=env)
     assert again.stdout == "z" * 300_000

@@ -51,7 +51,7 @@ from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 
 from dibs import Acquired, Busy, Hit, Reservations, RunReport, events
 from dibs.config import validate_seconds
-from dibs.errors import ConfigurationError, InvalidKey, StoreUnavailable
+from dibs.errors import ConfigurationError, InvalidKey, ReservationError, StoreUnavailable
 from dibs.flow import Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
 from dibs.holding import HeldLease, failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, Key, canonical_json, derive_key, digest
@@ -330,14 +330,36 @@ class ReservedOperatorMixin(BaseOperator):
 
     def _returned(self, client: Reservations, key: Key, value: Any, token: int | None) -> Any:
         """What the task returns (its ``return_value`` XCom): the value, or a reference to it when it
-        lives in the payload store (:mod:`dibs_provider.xcom`), so the XCom never carries a payload."""
-        if token is None or not isinstance(client.store, ReferencingStore):
+        lives in the payload store (:mod:`dibs_provider.xcom`), so the XCom never carries a payload.
+
+        Only where every reader gets the value back: the configured XCom backend resolves references
+        (:class:`~dibs_provider.xcom.DibsXComBackend`), and Airflow does not look inside the value
+        itself, as it does to expand mapped tasks over it (its length) or to push ``multiple_outputs``
+        (its keys). Anywhere else a reference would reach a downstream task silently as a dict.
+        """
+        if (
+            token is None
+            or not isinstance(client.store, ReferencingStore)
+            or getattr(self, "multiple_outputs", False)
+            or self._maps_dependants()
+            or not xcom.backend_resolves_references()
+        ):
             return value
-        artifact = client.status(key).artifact
+        try:
+            artifact = client.status(key).artifact
+        except ReservationError:  # the value is in hand: a store hiccup only costs the reference
+            return value
         if artifact is None or artifact.fence != token:
             return value  # replaced meanwhile: the value this task got is what it hands on
         found = xcom.reference(self.dibs_conn_id, key, artifact)
         return value if found is None else found
+
+    def _maps_dependants(self) -> bool:
+        """Whether a downstream task is mapped over this task's value (``.expand(x=this())``)."""
+        try:
+            return next(iter(self.iter_mapped_dependants()), None) is not None
+        except Exception:  # no DAG (a bare operator in a test): nothing is mapped over it
+            return False
 
 
 class _Deferral(Suspend):

@@ -37,7 +37,7 @@ from dibs.keys import Key
 from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable
 from dibs.payloads.collect import DEFAULT_GRACE, collect, referenced_digest
 from dibs.payloads.references import REFERENCE, decode, encode
-from dibs.payloads.verify import read_verified
+from dibs.payloads.verify import check_whole, read_verified
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Present, StoreOutcome
 from dibs.stores.base import Store
 from dibs.stores.feeds import ChangeFeed
@@ -211,7 +211,9 @@ class ReferencingStore(Store):
             try:
                 referenced = self._referenced(key, artifact)
                 if not self.load:
-                    self._whole(referenced)
+                    # Streamed out later, so checked to its end now (one chunk in memory): a damaged
+                    # payload is a miss that computes again, never bytes printed and then refused.
+                    check_whole(self.payloads, referenced.reference, referenced.uri)
                     return Present(referenced)
                 loaded, keep = self._load(key, referenced)
                 return Present(dataclasses.replace(referenced, loaded=loaded, keep=keep))

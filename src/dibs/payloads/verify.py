@@ -95,3 +95,11 @@ def copy_verified(store: PayloadStore, payload: Payload, uri: str, out: IO[bytes
         while chunk := reader.read(CHUNK):
             out.write(chunk)
     return payload.size
+
+
+def check_whole(store: PayloadStore, payload: Payload, uri: str) -> None:
+    """Read the payload to its end and check it, one chunk at a time in memory:
+    :class:`PayloadUnavailable` naming ``uri`` unless it has the recorded size and digest."""
+    with store.open(payload.sha256) as raw, VerifyingReader(raw, payload, uri) as reader:
+        while reader.read(CHUNK):
+            pass

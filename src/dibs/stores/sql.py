@@ -973,6 +973,9 @@ class SQLStore(Store):
         *,
         compute_seconds: float | None = None,
     ) -> ArtifactRecord:
+        # Which columns the table has is known once the schema was checked: a store whose first call is
+        # this one (a resumed lease) must not send a statement naming a column the table lacks.
+        self._ensure_ready()
         values = {
             **self._holding(key, token),
             "p_serializer": serializer,
