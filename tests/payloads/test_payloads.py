@@ -260,7 +260,8 @@ def test_streams_in_and_out(records_url: str, payloads_url: str, tmp_path: Path)
         assert client.run("file", lambda: b"never") == source.read_bytes()  # a value, for Python callers
         # A payload changed in place: a stream says so at its end, a path is refused before use.
         (stored,) = payload_files(tmp_path)
-        stored.write_bytes(b"\0" + source.read_bytes()[1:])
+        data = source.read_bytes()
+        stored.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # another first byte, whatever it was
         with client.open_artifact("file") as stream, pytest.raises(PayloadUnavailable, match="SHA-256"):
             stream.read()
         with pytest.raises(PayloadUnavailable), client.artifact_path("file"):
