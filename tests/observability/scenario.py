@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 
 import dibs
+import dibs.events
 
 
 def emit_every_metric(client: dibs.Reservations) -> None:
     """A computation with two waiters and heartbeats, a hit, a failure, and a lease lost mid-work."""
     busy = threading.Semaphore(0)
+    beat, lost = threading.Event(), threading.Event()
 
     def heard(event: dibs.Event) -> None:
         if isinstance(event, dibs.KeyBusy):
             busy.release()
+        elif isinstance(event, dibs.events.HeartbeatSent):
+            beat.set()
+        elif isinstance(event, dibs.events.LostLease):
+            lost.set()
 
     def work() -> str:
         for _ in range(2):
             assert busy.acquire(timeout=30), "a waiter never found the key busy"
-        time.sleep(0.3)  # a few heartbeats (the client's ttl is short)
+        assert beat.wait(timeout=30), "the holder sent no heartbeat"  # the client's ttl is short
         return "value"
 
     threads = [
@@ -41,7 +46,7 @@ def emit_every_metric(client: dibs.Reservations) -> None:
 
     def released_under_it() -> str:  # an operator force-releases the key: the next heartbeat finds out
         client.force_release("lost")
-        time.sleep(0.3)
+        assert lost.wait(timeout=30), "the next heartbeat did not find the lease lost"
         return "late value"
 
-    client.compute("lost", released_under_it, owner="w0")
+    client.compute("lost", released_under_it, owner="w0", observer=heard)
