@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 
 from dibs.keys import Key
 from dibs.records import KeyState
+from dibs.stores import hide_secrets, url_secrets
 from dibs_provider.hooks.dibs import (
     CONN_TYPE,
     DEFAULT_CONN_ID,
@@ -299,8 +300,8 @@ def _fill(
             states = {s.key.name: s for s in client.list(source.namespace)}
             for missing in by_key.keys() - states.keys():  # waited on, but no record listed (yet)
                 states[missing] = client.status(Key(source.namespace, missing))
-    except Exception as exc:
-        source.error = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # shown to every reader of the page: never with the store's secrets
+        source.error = hide_secrets(f"{type(exc).__name__}: {exc}", url_secrets(settings.store_url))
         return
     rows = [KeyRow.of(s, by_key.get(n, ())) for n, s in states.items()]
     rows = [row for row in rows if _matches(row, state, name, key)]
