@@ -143,9 +143,9 @@ class _MySQLRaw(_SQLRaw):
 
 
 def _sql_parts(url: str) -> tuple[Any, dict[str, str]]:
-    from dibs.stores.sql import _split_options
+    from dibs.stores.sql.engine import split_options
 
-    return _split_options(url)
+    return split_options(url)
 
 
 def claim_parameters(name: str, owner: str, ttl: float) -> tuple[str | float, ...]:
@@ -204,14 +204,14 @@ def _open_sql(url: str) -> RawPrimitive:
 def _prepare_sql(url: str) -> None:
     import sqlalchemy as sa
 
-    from dibs.stores.sql import _tables
+    from dibs.stores.sql.schema import tables
 
     sa_url, options = _sql_parts(url)
     table = options.get("table", "dibs_reservations") + "_raw"
     try:
-        metadata, _, _ = _tables(table, options.get("schema"), sa_url.get_backend_name())
+        metadata, _, _ = tables(table, options.get("schema"), sa_url.get_backend_name())
     except TypeError:  # dibs before 0.1's lazy MySQL import (lets the benchmarks measure older commits)
-        metadata, _, _ = _tables(table, options.get("schema"))  # type: ignore[call-arg]
+        metadata, _, _ = tables(table, options.get("schema"))  # type: ignore[call-arg]
     engine = sa.create_engine(sa_url)
     try:
         with engine.begin() as conn:

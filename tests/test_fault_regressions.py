@@ -349,14 +349,14 @@ def test_a_waiter_polls_when_no_listening_connection_can_be_opened(
 ) -> None:
     # Found by the full-size contention run: with the server out of connection slots, opening the
     # watch raised StoreUnavailable and failed the waiter's call, although the store itself answered.
-    from dibs.stores.sql import _ListenFeed
+    from dibs.stores.sql.feed import ListenFeed
     from tests.backends import postgres
 
     def refused(self: Any) -> None:
         raise dibs.StoreUnavailable("FATAL:  sorry, too many clients already")
 
     with postgres.isolated_url(tmp_path) as url:
-        monkeypatch.setattr(_ListenFeed, "open", refused)
+        monkeypatch.setattr(ListenFeed, "open", refused)
         holder = dibs.Reservations(url, namespace="slots", ttl=30)
         got = holder.get_or_reserve("k", owner="holder")
         assert isinstance(got, dibs.Acquired)

@@ -606,7 +606,8 @@ def _write_state(store: dibs.Store, state: object) -> None:
     from dibs.records import KeyState
     from dibs.stores import codec
     from dibs.stores.filesystem import FileStore
-    from dibs.stores.sql import SQLStore, _lease_columns
+    from dibs.stores.sql import SQLStore
+    from dibs.stores.sql.schema import lease_columns
 
     assert isinstance(state, KeyState) and state.artifact is None
     key = state.key
@@ -617,7 +618,7 @@ def _write_state(store: dibs.Store, state: object) -> None:
         values = {
             "fence": state.fence,
             "attempts": state.attempts,
-            **_lease_columns(state.lease),
+            **lease_columns(state.lease),
             "failure_count": failure.count if failure else 0,
             "failure_error": failure.error if failure else None,
             "failure_owner": failure.owner if failure else None,
@@ -778,7 +779,7 @@ def test_a_deeply_nested_record_document_is_a_corrupt_record(file_store: dibs.St
 
 @pytest.mark.parametrize("sql_url", ["postgres", "mysql"], indirect=True)
 def test_an_over_long_table_name_is_refused_before_the_database_sees_it(sql_url: str) -> None:
-    from dibs.stores.sql import MAX_TABLE_NAME
+    from dibs.stores.sql.engine import MAX_TABLE_NAME
 
     base = sql_url.split("?", maxsplit=1)[0]
     for name in ("t" * (MAX_TABLE_NAME + 1), "t" * 200):
@@ -1049,7 +1050,7 @@ def postgres_store(tmp_path: Path) -> Iterator[tuple[dibs.Store, str]]:
             store.close()
 
 
-DEFAULT_POOL_SIZE = 3  # dibs.stores.sql.DEFAULT_POOL_SIZE
+DEFAULT_POOL_SIZE = 3  # dibs.stores.sql.engine.DEFAULT_POOL_SIZE
 
 
 def _fill_pool(store: dibs.Store, connections: int) -> None:

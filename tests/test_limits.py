@@ -23,9 +23,9 @@ from dibs.keys import Key
 from dibs.records import Granted, checksum
 from dibs.stores import open_store
 from dibs.stores import redis as redis_module
-from dibs.stores import sql as sql_module
 from dibs.stores.redis import RedisStore
 from dibs.stores.sql import SQLStore
+from dibs.stores.sql import store as sql_store
 from tests.backends import mysql, postgres, redis, sqlite
 from tests.scale import server_connections, wait_until
 from tests.services import full_size
@@ -88,7 +88,7 @@ def test_max_artifact_size_is_refused_before_sending_on_every_store(backend: str
 
 def test_postgres_knows_its_bytea_limit(url_of: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # Not 1 GB in a test: the same check, with the limit lowered.
-    monkeypatch.setattr(sql_module, "POSTGRES_MAX_BYTEA", 4096)
+    monkeypatch.setattr(sql_store, "POSTGRES_MAX_BYTEA", 4096)
     client = dibs.Reservations(url_of("postgres"), namespace="limits.size", serializer="bytes")
     _assert_refused_and_released(client, b"x" * 4097, 4096)
     client.close()
@@ -225,7 +225,7 @@ def test_a_deadlock_that_persists_is_reported(url_of: Any) -> None:
     store._release = _FailFirst(store._release, _deadlock(), times=100)  # type: ignore[assignment]
     with pytest.raises(dibs.StoreUnavailable, match="Deadlock found"):
         store.release(key, got.lease.token)
-    assert store._release.left == 100 - sql_module._ROLLED_BACK_ATTEMPTS  # type: ignore[attr-defined]
+    assert store._release.left == 100 - sql_store._ROLLED_BACK_ATTEMPTS  # type: ignore[attr-defined]
     store.close()
 
 

@@ -7,7 +7,7 @@ store that several processes can share: the parent forks while one of its thread
 (through the parent's watch hub), the child completes that key with a lease handed over to it, and
 the parent's waiter is woken by its own hub and reads the child's value over its own connections.
 The parent forks while its own threads (the hub, the waiter) use the store: on SQLite the fork waits
-until none of them is inside SQLite (:mod:`dibs.stores.sql_fork`), else the child could hang.
+until none of them is inside SQLite (:mod:`dibs.stores.sql.fork`), else the child could hang.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.keys import Key
-from dibs.stores import sql as sql_module
 from dibs.stores.sql import SQLStore
+from dibs.stores.sql import schema as sql_schema
 from tests.backends import mysql, postgres, sqlite
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -89,7 +89,7 @@ def test_a_newer_schema_version_is_refused_before_anything_is_written(
         conn.execute(sa.update(store.meta).values(value="99"))
     store.close()
     # A process checks a schema once; a new process (no verified schemas yet) finds the new version.
-    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})
+    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})
     newer = SQLStore(sql_url)
     with pytest.raises(dibs.ConfigurationError, match="schema version '99', newer than this dibs"):
         newer.acquire(KEY, "alice", 30, None)
@@ -107,7 +107,7 @@ def test_a_table_from_before_compute_times_gains_the_column_and_keeps_its_rows(
     # The table as dibs wrote it before artifacts kept their compute time.
     _drop_added_columns(store)
     old.close()
-    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
 
     new = dibs.Reservations(SQLStore(sql_url), namespace="upgrade")  # a store of its own: not yet ready
     assert isinstance(new.store, SQLStore)
@@ -190,8 +190,8 @@ def test_a_user_who_may_not_alter_the_table_works_without_the_new_column(
     dibs.Reservations(admin, namespace="limited").run("kept", lambda: {"rows": 3})
     _drop_added_columns(admin)
     with _user_without_alter(admin) as limited_url:
-        monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
-        caplog.set_level(logging.WARNING, logger="dibs.stores.sql")
+        monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+        caplog.set_level(logging.WARNING, logger="dibs.stores.sql.schema")
         client = dibs.Reservations(SQLStore(limited_url), namespace="limited")
         kept = client.status("kept").artifact
         assert kept is not None and kept.compute_seconds is None
@@ -212,7 +212,7 @@ def test_a_user_who_may_not_alter_the_table_works_without_the_new_column(
 
         with admin.engine.connect() as conn:  # the administrator runs what the warning names
             conn.execute(sa.text(statement))
-        monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # the next process
+        monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # the next process
         later = dibs.Reservations(SQLStore(limited_url), namespace="limited")
         later.run("later", lambda: 3)
         timed = later.status("later").artifact

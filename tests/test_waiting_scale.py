@@ -16,7 +16,7 @@ import pytest
 import dibs
 from dibs.runtime import runtime
 from dibs.stores.redis import DEFAULT_MAX_CONNECTIONS
-from dibs.stores.sql import DEFAULT_POOL_SIZE
+from dibs.stores.sql.engine import DEFAULT_POOL_SIZE
 from tests.scale import SCALE_BACKENDS, PeakSampler, server_connections, tagged_url, wait_until
 from tests.services import full_size
 

@@ -22,7 +22,7 @@ pytest.importorskip("airflow")
 import dibs
 from dibs.runtime import Runtime, runtime
 from dibs.stores.redis import DEFAULT_MAX_CONNECTIONS
-from dibs.stores.sql import DEFAULT_POOL_SIZE
+from dibs.stores.sql.engine import DEFAULT_POOL_SIZE
 from dibs_provider.triggers.reservation import ReservationTrigger
 from tests.scale import SCALE_BACKENDS, PeakSampler, server_connections, tagged_url
 from tests.services import full_size

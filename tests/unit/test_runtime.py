@@ -22,10 +22,10 @@ from dibs.hub import Subscription, WatchHub
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.runtime import Runtime, runtime
-from dibs.stores import sql as sql_module
 from dibs.stores.feeds import PollingFeed, fingerprint
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sql import SQLStore
+from dibs.stores.sql import schema as sql_schema
 
 
 class CountingMemoryStore(MemoryStore):
@@ -97,7 +97,7 @@ def test_the_schema_is_checked_once_per_process_and_never_recreated(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'once.db'}"
     dibs.Reservations(SQLStore(url)).run("k", lambda: "v")  # an earlier process created the tables
-    monkeypatch.setattr(sql_module, "_VERIFIED_SCHEMAS", {})  # this one has checked nothing yet
+    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # this one has checked nothing yet
     schema_statements: list[str] = []
 
     def count(*args: Any) -> None:

@@ -1,4 +1,4 @@
-"""The fork gate of the SQLite store (:mod:`dibs.stores.sql_fork`): ``os.fork`` waits until no dibs
+"""The fork gate of the SQLite store (:mod:`dibs.stores.sql.fork`): ``os.fork`` waits until no dibs
 thread is inside SQLite, so a child never inherits SQLite's mutexes locked."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dibs.stores import sql_fork
-from dibs.stores.sql_fork import ForkGate
+from dibs.stores.sql import fork as sql_fork
+from dibs.stores.sql.fork import ForkGate
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX")
 
@@ -113,7 +113,7 @@ def test_children_forked_beside_a_thread_busy_in_sqlite_never_hang() -> None:
 def test_a_forked_child_forgets_the_parents_bounded_calls() -> None:
     # The child shares the parent's sockets: its keeper must never shut one of them at the deadline
     # of a call the parent made (the parent may be using that connection for another call by then).
-    from dibs.stores.sql_bounds import Keeper
+    from dibs.stores.sql.bounds import Keeper
 
     class Engine:  # what the keeper needs of an engine: something to refer to weakly
         pool = None

@@ -1,0 +1,154 @@
+"""The SQL store's change feeds, which wake the process's watch hub (:mod:`dibs.stores.feeds`):
+PostgreSQL's ``LISTEN``/``NOTIFY`` (:class:`ListenFeed`), SQLite's ``data_version``
+(:class:`DataVersionFeed`) and, for MySQL/MariaDB, a versions poll (:class:`VersionsFeed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.engine.url import URL
+
+from dibs.errors import StoreUnavailable
+from dibs.keys import Key
+from dibs.stores.feeds import ChangeFeed, PollingFeed
+from dibs.stores.sql.engine import server_bounds
+from dibs.stores.sql.fork import GATE
+from dibs.stores.sql.schema import NOTIFY_CHANNEL
+from dibs.stores.sql.statements import IN_LIST
+
+
+class FeedSource(Protocol):
+    """What a feed uses of its store (:class:`~dibs.stores.sql.store.SQLStore`, which imports this
+    module, so this one names only what it needs)."""
+
+    engine: Engine
+    timeout: float
+    _url: URL
+
+    def versions(self, keys: Iterable[Key]) -> dict[str, int]: ...
+
+    def _ensure_ready(self) -> None: ...
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable: ...
+
+
+class VersionsFeed(PollingFeed):
+    """MySQL/MariaDB have no notifications: one query for the versions of every watched row per look,
+    for the whole process, instead of every waiter asking for itself."""
+
+    min_interval = 0.05
+    max_interval = 1.0
+
+    def __init__(self, store: FeedSource) -> None:
+        super().__init__()
+        self._store = store
+
+    def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
+        return self._store.versions(keys)
+
+
+class DataVersionFeed(VersionsFeed):
+    """SQLite has no notifications, but in WAL mode ``PRAGMA data_version`` is read from shared memory
+    without touching the disk, and changes whenever another connection commits. So it is checked every
+    few milliseconds on a connection of its own (outside the pool), and only a change costs the
+    versions query.
+    """
+
+    min_interval = max_interval = 0.004
+
+    def __init__(self, store: FeedSource) -> None:
+        super().__init__(store)
+        self._conn: Any = None
+        self._version: int | None = None
+
+    def open(self) -> None:
+        store = self._store
+        store._ensure_ready()
+        try:
+            cargs, cparams = store.engine.dialect.create_connect_args(store.engine.url)
+            cparams["check_same_thread"] = False  # the hub may close it from another thread
+            with GATE.inside():
+                self._conn = store.engine.dialect.connect(*cargs, **cparams)
+            self._version = self._data_version()
+        except store.engine.dialect.loaded_dbapi.Error as exc:
+            self.close()
+            raise store._unavailable(exc) from exc
+
+    def _data_version(self) -> int:
+        with GATE.inside():  # no fork in the middle of it (see dibs.stores.sql.fork)
+            cursor = self._conn.cursor()
+            try:
+                cursor.execute("PRAGMA data_version")
+                return int(cursor.fetchone()[0])
+            finally:
+                cursor.close()
+
+    def probe(self, timeout: float) -> bool:
+        self.pause(timeout)
+        try:
+            version = self._data_version()
+        except self._store.engine.dialect.loaded_dbapi.Error as exc:
+            raise self._store._unavailable(exc) from exc
+        changed, self._version = version != self._version, version
+        return changed
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception), GATE.inside():
+                conn.close()
+
+
+class ListenFeed(ChangeFeed):
+    """``LISTEN`` on one connection of its own: a trigger on the table notifies the digest of every key
+    whose lease ends or whose artifact appears, and this one connection hears them for the process.
+
+    The connection is outside the store's pool, and it is the only extra one: with the pool's default
+    of three, a process holds at most four connections to the server, however many waiters it has.
+    """
+
+    def __init__(self, store: FeedSource) -> None:
+        self._store = store
+        self._conn: Any = None
+
+    def open(self) -> None:
+        import psycopg
+
+        store = self._store
+        store._ensure_ready()  # the trigger that notifies is created with the schema
+        conninfo = store._url.set(drivername="postgresql").render_as_string(hide_password=False)
+        try:
+            # The pool's connection bounds too: a connection attempt gives up after the store's timeout,
+            # and keepalives notice a server that vanished while the listener only waits.
+            bounds = server_bounds(store._url, store.timeout)
+            self._conn = psycopg.connect(conninfo, autocommit=True, **bounds)
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except psycopg.Error as exc:
+            self.close()
+            raise store._unavailable(exc) from exc
+
+    def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
+        import psycopg
+
+        assert self._conn is not None, "open() first"
+        digests: set[str] = set()
+        try:
+            for notify in self._conn.notifies(timeout=timeout, stop_after=1):
+                digests.add(notify.payload)
+            if digests:  # take what else is queued already: a burst is one round of reads
+                # timeout 0: what has arrived, without waiting (a 1 ms wait here delayed every hand-off)
+                for notify in self._conn.notifies(timeout=0.0, stop_after=IN_LIST):
+                    digests.add(notify.payload)
+        except psycopg.Error as exc:
+            raise self._store._unavailable(exc) from exc
+        return digests
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()

@@ -1,0 +1,375 @@
+"""dibs's tables in a SQL database: their columns, how a row reads as dibs's records, and the check
+(once per process and table) that the tables are there and current.
+
+Two tables: one row per key (``dibs_reservations`` by default, ``?table=``), and ``<table>_meta``,
+which records the schema version and how many of :data:`ADDED_COLUMNS` the table has. On PostgreSQL,
+a trigger on the table notifies :data:`NOTIFY_CHANNEL` when a lease ends or an artifact appears (the
+watch hub's ``LISTEN``, :mod:`dibs.stores.sql.feed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+
+from dibs.errors import ConfigurationError, StoreUnavailable
+from dibs.records import LeaseRecord
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+#: Nullable columns added to the version 1 table since its release, in order. Old dibs ignores them
+#: (so the version stays 1: a mixed fleet keeps working); a table that lacks them gets them with
+#: ``ALTER TABLE ... ADD COLUMN`` on the first use, keeping every row. The ``_meta`` row ``columns``
+#: records how many are in place, so a process checks with the one read it makes anyway. A user who
+#: may not alter the table (an administrator's role owns it) works without them: one warning names
+#: the statement to run, and what they would hold is not kept (read as unknown) until it has run.
+ADDED_COLUMNS = ("compute_seconds",)
+NOTIFY_CHANNEL = "dibs_changes"
+
+
+def tables(
+    name: str, schema: str | None, dialect: str, added: Collection[str] = ADDED_COLUMNS
+) -> tuple[sa.MetaData, sa.Table, sa.Table]:
+    """The tables' definitions; of :data:`ADDED_COLUMNS`, only those in ``added`` (the ones the
+    database's table has, when it cannot be given the others)."""
+    metadata = sa.MetaData(schema=schema)
+    # MySQL/MariaDB: the tables' own character set, whatever the database's default. Under a latin1
+    # database, keys and owners outside latin1 were stored as '?', and the key then read as corrupt
+    # (its row named another key). utf8mb4_bin also compares exactly (no case folding, no padding).
+    charset: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+    payload_type: Any = sa.LargeBinary()
+    if dialect in ("mysql", "mariadb"):  # imported only here: the MySQL dialect takes ~50 ms to import
+        from sqlalchemy.dialects import mysql
+
+        payload_type = payload_type.with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+    reservations = sa.Table(
+        name,
+        metadata,
+        sa.Column("key_hash", sa.String(64), primary_key=True),
+        sa.Column("namespace", sa.String(200), nullable=False, index=True),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("version", sa.BigInteger, nullable=False),
+        sa.Column("fence", sa.BigInteger, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        # the lease, when there is one
+        sa.Column("owner", sa.Text),
+        sa.Column("lease_id", sa.String(64)),
+        sa.Column("acquired_at", sa.Double),
+        sa.Column("expires_at", sa.Double),
+        sa.Column("max_expires_at", sa.Double),
+        sa.Column("ttl", sa.Double),
+        sa.Column("attempt", sa.Integer),
+        # the last failure
+        sa.Column("failure_count", sa.Integer, nullable=False),
+        sa.Column("failure_error", sa.Text),
+        sa.Column("failure_owner", sa.Text),
+        sa.Column("failure_at", sa.Double),
+        # the artifact, once completed
+        sa.Column("serializer", sa.String(64)),
+        sa.Column("payload", payload_type),
+        sa.Column("size", sa.BigInteger),
+        sa.Column("checksum", sa.String(100)),
+        sa.Column("producer", sa.Text),
+        sa.Column("artifact_fence", sa.BigInteger),
+        sa.Column("created_at", sa.Double),
+        # added after schema version 1 was released: see ADDED_COLUMNS
+        *([sa.Column("compute_seconds", sa.Double)] if "compute_seconds" in added else []),
+        **charset,
+    )
+    meta = sa.Table(
+        f"{name}_meta",
+        metadata,
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("value", sa.String(200), nullable=False),
+        **charset,
+    )
+    return metadata, reservations, meta
+
+
+#: The columns of a row's lease: all NULL when the key has none.
+LEASE_COLUMNS = ("owner", "lease_id", "acquired_at", "expires_at", "max_expires_at", "ttl", "attempt")
+
+
+def lease_columns(lease: LeaseRecord | None) -> dict[str, Any]:
+    """The lease columns' values for ``lease`` (what acquire's compare-and-swap writes)."""
+    if lease is None:
+        return dict.fromkeys(LEASE_COLUMNS)
+    return {
+        "owner": lease.owner,
+        "lease_id": lease.token.lease_id,
+        "acquired_at": lease.acquired_at,
+        "expires_at": lease.expires_at,
+        "max_expires_at": lease.max_expires_at,
+        "ttl": lease.ttl,
+        "attempt": lease.attempt,
+    }
+
+
+# Columns of the row under the shared decoder's field names (dibs.stores.decoder.FIELDS). The lease's
+# fence is the row's fence; a failure count of 0 means "no failure" (the column is NOT NULL).
+_ROW_FIELDS = {
+    "namespace": "namespace",
+    "name": "name",
+    "fence": "fence",
+    "attempts": "attempts",
+    "lease_owner": "owner",
+    "lease_id": "lease_id",
+    "lease_acquired_at": "acquired_at",
+    "lease_expires_at": "expires_at",
+    "lease_ttl": "ttl",
+    "lease_attempt": "attempt",
+    "lease_max_expires_at": "max_expires_at",
+    "failure_count": "failure_count",
+    "failure_error": "failure_error",
+    "failure_owner": "failure_owner",
+    "failure_at": "failure_at",
+    "artifact_serializer": "serializer",
+    "artifact_size": "size",
+    "artifact_checksum": "checksum",
+    "artifact_producer": "producer",
+    "artifact_fence": "artifact_fence",
+    "artifact_created_at": "created_at",
+    "artifact_compute_seconds": "compute_seconds",
+}
+
+
+def row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row under the shared decoder's field names (see :data:`_ROW_FIELDS`)."""
+    # .get: a column added since version 1 is absent from a table that cannot be given it (unknown).
+    fields = {name: row.get(column) for name, column in _ROW_FIELDS.items()}
+    has_lease = any(row[column] is not None for column in LEASE_COLUMNS)
+    fields["lease_fence"] = row["fence"] if has_lease else None
+    if row["failure_count"] == 0 and row["failure_at"] is None:  # 0 with a failure: only stops
+        fields["failure_count"] = None
+    return fields
+
+
+#: (URL, table, schema) whose schema this process has checked, never twice (see :func:`check_once`):
+#: the :data:`ADDED_COLUMNS` its table has.
+_VERIFIED_SCHEMAS: dict[tuple[str, str, str | None], tuple[str, ...]] = {}
+
+
+def check_once(
+    verified: tuple[str, str, str | None], check: Callable[[], tuple[str, ...]]
+) -> tuple[str, ...]:
+    """What ``check`` (a :meth:`SchemaCheck.run`) says of the table ``verified`` (URL, table, schema), asked
+    once per process: a process opening many clients of one store checks once."""
+    added = _VERIFIED_SCHEMAS.get(verified)
+    if added is None:
+        added = _VERIFIED_SCHEMAS[verified] = check()
+    return added
+
+
+class SchemaCheck:
+    """Check (and if needed create or extend) one database's tables, before the store's first operation.
+
+    ``connect`` gives the store's pooled connection without the check (which would wait for itself),
+    ``url`` is the store's URL as shown in messages, and ``first_line`` the store's way of quoting a
+    driver's message without the URL's secrets.
+    """
+
+    def __init__(
+        self,
+        table_name: str,
+        schema: str | None,
+        dialect: str,
+        url: str,
+        *,
+        connect: Callable[[], contextlib.AbstractContextManager[Connection]],
+        first_line: Callable[[BaseException, int], str],
+    ) -> None:
+        self.table_name, self.schema, self.dialect, self.url = table_name, schema, dialect, url
+        self.metadata, self.t, self.meta = tables(table_name, schema, dialect)
+        self._connect = connect
+        self._first_line = first_line
+        self._columns_in_place = 0  # how many of ADDED_COLUMNS the table has (read with its version)
+
+    def run(self) -> tuple[str, ...]:
+        """One read of the schema version when the tables exist (the usual case: nothing is locked or
+        re-created); otherwise create them, with racing processes serialized or retrying. A version 1
+        table without the ``columns`` marker only gets its columns added (see :meth:`_add_columns`).
+        The :data:`ADDED_COLUMNS` the table has."""
+        with self._connect() as conn:
+            version = self._schema_version(conn)
+            if version == SCHEMA_VERSION and self._columns_in_place >= len(ADDED_COLUMNS):
+                return ADDED_COLUMNS
+        for attempt in range(5):
+            try:
+                with self._connect() as conn:
+                    if version != SCHEMA_VERSION:
+                        if self.dialect == "postgresql":
+                            self._create_postgres(conn)
+                        else:
+                            self.metadata.create_all(conn, checkfirst=True)
+                        self._check_schema_version(conn)
+                        self._check_is_ours(conn)
+                    return self._add_columns(conn)
+            except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
+                # Another process created the table between our check and our CREATE (SQLite, MySQL).
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _schema_version(self, conn: Connection) -> int | None:
+        """The schema version recorded in the database; ``None`` when there is none (no tables yet).
+
+        A version newer than this dibs understands is a :class:`ConfigurationError`.
+        """
+        meta = self.meta.c
+        try:
+            query = sa.select(meta.name, meta.value).where(meta.name.in_(("schema_version", "columns")))
+            rows = {name: value for name, value in conn.execute(query).tuples()}
+        except (sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
+            if exc.connection_invalidated:
+                raise
+            return None  # no such table: created below
+        columns = rows.get("columns")
+        self._columns_in_place = int(columns) if columns is not None and columns.isdigit() else 0
+        found = rows.get("schema_version")
+        if found is None:
+            return None
+        if not found.isdigit() or int(found) > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"table {self.table_name} in {self.url} has schema version {found!r}, newer than this dibs "
+                f"understands ({SCHEMA_VERSION}); upgrade dibs, or use another table with ?table=NAME"
+            )
+        return int(found)
+
+    def _added_columns(self, conn: Connection) -> int:
+        """How many of :data:`ADDED_COLUMNS` the ``_meta`` table says are in place."""
+        found = conn.execute(sa.select(self.meta.c.value).where(self.meta.c.name == "columns")).scalar()
+        return int(found) if found is not None and found.isdigit() else 0
+
+    def _add_columns(self, conn: Connection) -> tuple[str, ...]:
+        """Add the nullable :data:`ADDED_COLUMNS` a version 1 table lacks (its rows are kept; old
+        records read the new columns as NULL: unknown), record that they are there, and return those
+        the table has. An ALTER that fails because a racing process added the column first is fine; one
+        that fails because this user may not alter the table (PostgreSQL/MySQL: an administrator's role
+        owns it) leaves the column out, with one warning naming the statement an administrator should
+        run: every operation works, without what the column would keep."""
+        if self._added_columns(conn) >= len(ADDED_COLUMNS):
+            return ADDED_COLUMNS
+        present = self._present_columns(conn)
+        _, full, _ = tables(self.table_name, self.schema, self.dialect)
+        preparer = conn.dialect.identifier_preparer
+        table = preparer.format_table(full)
+        refused: list[tuple[str, str]] = []
+        for name in ADDED_COLUMNS:
+            if name in present:
+                continue
+            kind = full.c[name].type.compile(dialect=conn.dialect)
+            statement = f"ALTER TABLE {table} ADD COLUMN {preparer.quote(name)} {kind}"
+            try:
+                conn.execute(sa.text(statement))
+            except sa_exc.DBAPIError as exc:
+                if exc.connection_invalidated:
+                    raise
+                present = self._present_columns(conn)
+                if name not in present:  # not a racing process: this user may not add it
+                    refused.append((statement, self._first_line(exc.orig or exc, 200)))
+        if refused:
+            log.warning(
+                "%s: table %s lacks the column(s) %s and adding them failed (%s); dibs works without "
+                "them (artifacts' compute times are not kept) until an administrator runs: %s",
+                self.url,
+                self.table_name,
+                ", ".join(name for name in ADDED_COLUMNS if name not in present),
+                refused[0][1],
+                "; ".join(statement for statement, _ in refused),
+            )
+            return tuple(name for name in ADDED_COLUMNS if name in present)
+        done = str(len(ADDED_COLUMNS))
+        updated = conn.execute(sa.update(self.meta).where(self.meta.c.name == "columns").values(value=done))
+        if updated.rowcount == 0:
+            with contextlib.suppress(sa_exc.IntegrityError):
+                conn.execute(sa.insert(self.meta).values(name="columns", value=done))
+        return ADDED_COLUMNS
+
+    def _present_columns(self, conn: Connection) -> set[str]:
+        return {column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)}
+
+    def _create_postgres(self, conn: Connection) -> None:
+        # A session-level advisory lock (statements autocommit here) serializes concurrent creators;
+        # CREATE OR REPLACE FUNCTION would otherwise fail with "tuple concurrently updated". Who waited
+        # for the lock finds the schema complete and creates nothing.
+        conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:name))"), {"name": self.table_name})
+        try:
+            if self._schema_version(conn) == SCHEMA_VERSION:
+                return
+            if self.schema:
+                conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+            self.metadata.create_all(conn, checkfirst=True)
+            self._create_notify_trigger(conn)
+        finally:
+            # A dropped connection took the lock with its session; unlocking on it would only replace
+            # the real error (a StoreUnavailable) with SQLAlchemy's PendingRollbackError.
+            if not conn.invalidated:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
+
+    def _check_is_ours(self, conn: Connection) -> None:
+        """Refuse a ``?table=`` that names a table dibs did not create (``CREATE ... IF NOT EXISTS``
+        keeps it as it is): every operation would otherwise fail with the driver's raw error."""
+        try:
+            columns = {
+                column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)
+            }
+        except sa_exc.NoSuchTableError:
+            columns = set()  # e.g. a system catalog found first on PostgreSQL's search path
+        missing = sorted(set(self.t.c.keys()) - columns - set(ADDED_COLUMNS))
+        if missing:
+            raise ConfigurationError(
+                f"table={self.table_name!r} in {self.url} is not a dibs table (it lacks the column(s) "
+                f"{', '.join(missing)}); give dibs a table of its own, e.g. ?table=dibs_reservations",
+                store=self.url,
+            )
+
+    def _check_schema_version(self, conn: Connection) -> None:
+        found = conn.execute(
+            sa.select(self.meta.c.value).where(self.meta.c.name == "schema_version")
+        ).scalar()
+        if found is None:
+            with contextlib.suppress(sa_exc.IntegrityError):
+                conn.execute(sa.insert(self.meta).values(name="schema_version", value=str(SCHEMA_VERSION)))
+            return
+        if not found.isdigit() or int(found) > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"table {self.table_name} in {self.url} has schema version {found!r}, newer than this dibs "
+                f"understands ({SCHEMA_VERSION}); upgrade dibs, or use another table with ?table=NAME"
+            )
+
+    def _create_notify_trigger(self, conn: Connection) -> None:
+        qualified = f'"{self.schema}"."{self.table_name}"' if self.schema else f'"{self.table_name}"'
+        function = f'"{self.schema}".dibs_notify' if self.schema else "dibs_notify"
+        conn.execute(
+            sa.text(
+                f"""
+                CREATE OR REPLACE FUNCTION {function}() RETURNS trigger AS $$
+                BEGIN
+                    IF (OLD.lease_id IS NOT NULL AND NEW.lease_id IS NULL)
+                       OR (NEW.serializer IS DISTINCT FROM OLD.serializer) THEN
+                        PERFORM pg_notify('{NOTIFY_CHANNEL}', NEW.key_hash);
+                    END IF;
+                    RETURN NEW;
+                END $$ LANGUAGE plpgsql
+                """
+            )
+        )
+        trigger = f"{self.table_name}_notify"
+        exists = conn.execute(
+            sa.text("SELECT 1 FROM pg_trigger WHERE tgname = :name AND tgrelid = CAST(:rel AS regclass)"),
+            {"name": trigger, "rel": qualified},
+        ).scalar()
+        if not exists:
+            conn.execute(
+                sa.text(
+                    f'CREATE TRIGGER "{trigger}" AFTER UPDATE ON {qualified} '
+                    f"FOR EACH ROW EXECUTE FUNCTION {function}()"
+                )
+            )

@@ -1,0 +1,237 @@
+"""The SQL store's statements, built with SQLAlchemy Core and compiled once per store.
+
+The hot operations and the repairs run :class:`Prepared` statements: compiled once for the database's
+dialect, then run as plain SQL on a pooled DBAPI cursor (why: :mod:`dibs.stores.sql`).
+:class:`Statements` are those of one table; :func:`server_now` is the database's clock they judge by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ColumnElement
+
+from dibs.errors import ConfigurationError
+from dibs.records import MAX_COUNT, MAX_FENCE
+from dibs.stores.sql.schema import ADDED_COLUMNS, LEASE_COLUMNS
+
+#: Keys per ``IN (...)`` list of the watch hub's queries.
+IN_LIST = 500
+
+
+def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    """``items`` in lists of at most ``size``, one query each."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def server_now(dialect: str) -> ColumnElement[float]:
+    """The database's clock as Unix seconds: the only clock that judges expiry."""
+    if dialect == "sqlite":
+        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double)
+    if dialect == "postgresql":
+        return sa.literal_column("(extract(epoch from clock_timestamp())::double precision)", sa.Double)
+    if dialect in ("mysql", "mariadb"):
+        return sa.literal_column("(UNIX_TIMESTAMP(NOW(6)) + 0.0)", sa.Double)
+    raise ConfigurationError(f"the SQL store supports sqlite, postgresql and mysql/mariadb, not {dialect!r}")
+
+
+class Prepared:
+    """One statement compiled once for a dialect, then run as plain SQL on a DBAPI cursor.
+
+    Bind parameters named ``p_*`` take the values given at each call; every other bind parameter
+    (the literals inside the statement, such as ``version + 1``) keeps the value compiled in. Values
+    are handed to the driver as they are: every ``p_*`` value is a ``str``, ``int``, ``float``,
+    ``bytes`` or ``None``, which every supported driver takes natively. ``columns`` names the
+    returned columns, in order.
+    """
+
+    def __init__(self, statement: sa.ClauseElement, dialect: Dialect, columns: Sequence[str] = ()) -> None:
+        compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
+        self.sql = compiled.string
+        self.columns = tuple(columns)
+        binds = compiled.bind_names.items()
+        self._fixed = {name: bind.effective_value for bind, name in binds if not name.startswith("p_")}
+        self._positions = tuple(compiled.positiontup or ()) if compiled.positional else None
+
+    def parameters(self, values: Mapping[str, Any]) -> Any:
+        merged = {**self._fixed, **values} if self._fixed else values
+        if self._positions is None:
+            return merged
+        return tuple(merged[name] for name in self._positions)
+
+    def execute(self, cursor: Any, values: Mapping[str, Any]) -> int:
+        """Run the statement; the number of rows it matched."""
+        cursor.execute(self.sql, self.parameters(values))
+        return int(cursor.rowcount)
+
+    def fetch_all(self, cursor: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+        cursor.execute(self.sql, self.parameters(values))
+        return [dict(zip(self.columns, row, strict=True)) for row in cursor.fetchall()]
+
+    def fetch_one(self, cursor: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The one row the statement returns (a read of a key always returns exactly one)."""
+        rows = self.fetch_all(cursor, values)
+        if len(rows) != 1:
+            raise sa_exc.MultipleResultsFound(f"expected one row, got {len(rows)}: {self.sql}")
+        return rows[0]
+
+
+class Statements:
+    """The statements of read/acquire/heartbeat/complete/release and the repairs, for one table ``t``
+    on one database: ``now`` is its clock (:func:`server_now`), ``backend`` its name (SQLAlchemy's
+    ``get_backend_name()``).
+
+    Every value that changes between calls is a ``p_*`` bind parameter; see :class:`Prepared`.
+    """
+
+    def __init__(self, t: sa.Table, now: ColumnElement[float], dialect: Dialect, backend: str) -> None:
+        p = sa.bindparam
+        # A one-row "clock" subquery left-joined to the key's row: the state and the database's
+        # clock in one round trip, even when the key has no row yet.
+        clock = sa.select(now.label("now")).subquery("clock")
+        read = sa.select(clock.c.now, *t.c).select_from(clock.outerjoin(t, t.c.key_hash == p("p_key_hash")))
+        self.read_state = Prepared(read, dialect, ("now", *(c.name for c in t.c)))
+
+        swapped: dict[str, Any] = {name: p(f"p_{name}") for name in (*LEASE_COLUMNS, "fence", "attempts")}
+        new_row: dict[str, Any] = {name: p(f"p_{name}") for name in ("key_hash", "namespace", "name")}
+        insert = insert_if_absent(t, backend, {**new_row, "version": 1, "failure_count": 0, **swapped})
+        self.insert_new = Prepared(insert, dialect)
+        swap = (
+            sa.update(t)
+            .where(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
+            .values(version=t.c.version + 1, **swapped)
+        )
+        self.swap_row = Prepared(swap, dialect)
+
+        # Besides the token: the row must still be this key's (a write never lands in a row that
+        # claims another key), and it must have the owner that complete and release copy into the
+        # artifact or the failure (else the write would turn a damaged lease into a damaged
+        # artifact). A refused write is explained by a read, which reports the row as corrupt. So is a
+        # row whose version cannot be incremented (BIGINT overflow: a raw DataError, or on SQLite a REAL).
+        holding = sa.and_(
+            t.c.key_hash == p("p_key_hash"),
+            t.c.fence == p("p_fence"),
+            t.c.lease_id == p("p_lease_id"),
+            t.c.namespace == p("p_namespace"),
+            t.c.name == p("p_name"),
+            t.c.owner.is_not(None),
+            t.c.version < MAX_FENCE,
+        )
+        extended = now + p("p_ttl", type_=sa.Double)
+        capped = sa.case(
+            (sa.and_(t.c.max_expires_at.is_not(None), t.c.max_expires_at < extended), t.c.max_expires_at),
+            else_=extended,
+        )
+        heartbeat = (
+            sa.update(t)
+            .where(holding, sa.or_(t.c.max_expires_at.is_(None), t.c.max_expires_at > now))
+            .values(expires_at=capped, ttl=p("p_ttl", type_=sa.Double), version=t.c.version + 1)
+        )
+        self.heartbeat = Prepared(heartbeat, dialect)
+
+        cleared = tuple((t.c[name], None) for name in LEASE_COLUMNS)
+        producer: Any = t.c.owner
+        created_at: Any = now
+        if not dialect.update_returning:
+            # MySQL/MariaDB have no UPDATE ... RETURNING: the statement also keeps the two values the
+            # caller cannot know in session variables, read back by stored_variables (see complete).
+            server_now = now.compile(dialect=dialect)
+            producer = sa.literal_column(f"(@dibs_producer := {dialect.identifier_preparer.quote('owner')})")
+            created_at = sa.literal_column(f"(@dibs_created_at := CAST({server_now} AS DOUBLE))")
+        self.stored_variables = "SELECT @dibs_producer, @dibs_created_at"
+        # Of the columns added since version 1, those the table has (see ADDED_COLUMNS).
+        added = tuple(name for name in ADDED_COLUMNS if name in t.c)
+        kept = tuple((t.c[name], p(f"p_{name}", type_=sa.Double)) for name in added)
+        # MySQL applies SET assignments left to right: read ``owner`` before the lease columns clear it.
+        complete = (
+            sa.update(t)
+            .where(holding)
+            .ordered_values(
+                (t.c.producer, producer),
+                (t.c.artifact_fence, t.c.fence),
+                (t.c.version, t.c.version + 1),
+                (t.c.serializer, p("p_serializer")),
+                (t.c.payload, p("p_payload")),
+                (t.c.size, p("p_size")),
+                (t.c.checksum, p("p_checksum")),
+                (t.c.created_at, created_at),
+                *kept,
+                *cleared,
+            )
+        )
+        stored = ("serializer", "size", "checksum", "producer", "artifact_fence", "created_at", *added)
+        if dialect.update_returning:
+            complete = complete.returning(*(t.c[name] for name in stored))
+            self.complete = Prepared(complete, dialect, stored)
+        else:
+            self.complete = Prepared(complete, dialect)
+
+        at_version = sa.and_(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
+        no_lease = dict.fromkeys(LEASE_COLUMNS)
+        self.drop_lease = Prepared(
+            sa.update(t).where(at_version).values(version=t.c.version + 1, **no_lease), dialect
+        )
+        self.reap_expired = Prepared(
+            sa.update(t).where(at_version, t.c.expires_at <= now).values(version=t.c.version + 1, **no_lease),
+            dialect,
+        )
+        no_result = dict.fromkeys(
+            (
+                *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),
+                *added,
+                *("failure_error", "failure_owner", "failure_at"),
+            )
+        )
+        self.drop_result = Prepared(
+            sa.update(t).where(at_version).values(version=t.c.version + 1, failure_count=0, **no_result),
+            dialect,
+        )
+        # Removal (discard, prune, the second step of reap) never deletes the row: it leaves a
+        # tombstone that keeps the fence and counts the version up, guarded by the version read. A
+        # deleted row would come back at version 1 and fence 1, so a delayed statement guarded by an
+        # old version could match the new row and remove a live lease (issue 16).
+        self.clear_row = Prepared(
+            sa.update(t)
+            .where(at_version)
+            .values(version=t.c.version + 1, attempts=0, failure_count=0, **no_lease, **no_result),
+            dialect,
+        )
+
+        released = (t.c.version, t.c.version + 1)
+        self.release = Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
+        # The failure is recorded before the lease columns are cleared (MySQL assigns left to right).
+        # Saturating, like transitions.release: a 32-bit INTEGER column must never overflow.
+        counted = sa.case((t.c.failure_count < MAX_COUNT, t.c.failure_count + 1), else_=MAX_COUNT)
+        failure: tuple[tuple[Any, Any], ...] = (
+            (t.c.failure_count, counted),
+            (t.c.failure_error, p("p_error")),
+            (t.c.failure_owner, t.c.owner),
+            (t.c.failure_at, now),
+        )
+        self.release_failed = Prepared(
+            sa.update(t).where(holding).ordered_values(*failure, released, *cleared), dialect
+        )
+        # A stop: recorded like a failure, but its count stays as it is.
+        stopped = ((t.c.failure_count, t.c.failure_count), *failure[1:])
+        self.release_stopped = Prepared(
+            sa.update(t).where(holding).ordered_values(*stopped, released, *cleared), dialect
+        )
+
+
+def insert_if_absent(t: sa.Table, backend: str, row: dict[str, Any]) -> sa.ClauseElement:
+    """``row``, unless the key has one already (a new key's compare-and-swap)."""
+    if backend == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(t).values(row).on_conflict_do_nothing(index_elements=["key_hash"])
+    if backend == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(t).values(row).on_conflict_do_nothing(index_elements=["key_hash"])
+    return sa.insert(t).values(row).prefix_with("IGNORE")

@@ -1,0 +1,776 @@
+"""The SQL store: :class:`SQLStore`, its operations on the table's rows, and the plumbing that runs
+them on pooled connections (how each operation stays atomic and cheap: :mod:`dibs.stores.sql`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+from sqlalchemy.engine.url import URL
+
+from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.keys import Key, validate_owner
+from dibs.records import MAX_FENCE, ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
+from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
+from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
+from dibs.stores.feeds import ChangeFeed
+from dibs.stores.sql.bounds import Keeper
+from dibs.stores.sql.engine import (
+    DEFAULT_TIMEOUT,
+    bytes_option,
+    dispose_in_forked_children,
+    make_engine,
+    seconds_option,
+    split_options,
+)
+from dibs.stores.sql.feed import DataVersionFeed, ListenFeed, VersionsFeed
+from dibs.stores.sql.fork import GATE
+from dibs.stores.sql.schema import ADDED_COLUMNS, SchemaCheck, check_once, lease_columns, row_fields, tables
+from dibs.stores.sql.statements import IN_LIST, Prepared, Statements, chunks, server_now
+
+__all__ = ["SQLStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The slowest transfer a ``complete`` is allowed: its bound grows by a second per this many bytes.
+BYTES_PER_SECOND = 1024 * 1024  # a slow link: a generous bound, never a cut of a healthy write
+#: PostgreSQL's largest ``bytea`` value (1 GB less its 4-byte header): the payload's limit there.
+POSTGRES_MAX_BYTEA = 0x3FFFFFFF - 4
+#: What a row holds besides the payload and the texts complete writes (numbers, digests, a failure).
+_ROW_OVERHEAD = 16 * 1024
+#: MySQL/MariaDB errors that mean the statement was rolled back by the server, so it may run again:
+#: 1213 deadlock, 1205 lock wait timeout. How often, before the error is reported.
+_ROLLED_BACK = (1213, 1205)
+_ROLLED_BACK_ATTEMPTS = 5
+#: The gate of the stores that need none (every server store): a context manager that does nothing.
+_NO_GATE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+# The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
+_MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
+
+
+class SQLStore(Store):
+    """Reservations in one SQL table. See :mod:`dibs.stores.sql` for how each operation is atomic."""
+
+    scheme = "sqlite"
+    clock = "the database server's clock"
+
+    def __init__(self, url: str | URL, **engine_kwargs: Any) -> None:
+        sa_url, options = split_options(url)
+        self._url = sa_url
+        # What a driver's message might quote back (psycopg and PyMySQL do not, today): kept out of errors.
+        raw_url = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+        self._secrets = (*url_secrets(raw_url), *([str(sa_url.password)] if sa_url.password else []))
+        self.dialect = sa_url.get_backend_name()
+        self._now = server_now(self.dialect)
+        self.table_name = options.get("table", "dibs_reservations")
+        self.schema = options.get("schema")
+        self.metadata, self.t, self.meta = tables(self.table_name, self.schema, self.dialect)
+        self.timeout = seconds_option(options, "timeout", DEFAULT_TIMEOUT)
+        self.max_artifact_size = bytes_option(options, "max_artifact_size")
+        self.engine = make_engine(sa_url, options, engine_kwargs, self.timeout)
+        self._keeper: Keeper | None = None
+        if self.dialect != "sqlite":
+            keeper = self._keeper = Keeper(self.engine)
+            sa.event.listen(self.engine, "checkin", lambda _dbapi, record: keeper.returned(record))
+        self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
+        self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
+        dispose_in_forked_children(self.engine)
+        self._prepare_statements()
+        # Nothing is sent to the database before the first operation (see _ensure_ready).
+        self._ready = False
+        self._added: tuple[str, ...] = ADDED_COLUMNS  # those the statements write and read
+        self._ready_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLStore:
+        return cls(url)
+
+    @property
+    def url(self) -> str:
+        # Redacted once: every client built for this store reads it (~30 µs a redaction).
+        shown: str | None = self.__dict__.get("_shown_url")
+        if shown is None:
+            shown = self.__dict__["_shown_url"] = redact_url(self._url.render_as_string(hide_password=True))
+        return shown
+
+    def close(self) -> None:
+        super().close()
+        if self._keeper is not None:
+            self._keeper.close()
+        self.engine.dispose()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _connect(self, *, ready: bool = True) -> Iterator[Connection]:
+        """A pooled autocommit connection; database errors become :class:`StoreUnavailable`.
+
+        ``ready=False`` skips the schema check (only the schema check itself uses it).
+        """
+        with self._fork_gate(), self._pooled_connection(ready=ready) as connection:
+            yield connection
+
+    def _fork_gate(self) -> contextlib.AbstractContextManager[None]:
+        """SQLite: keep ``os.fork`` out while this thread is inside SQLite (see :mod:`.fork`)."""
+        return GATE if self.dialect == "sqlite" else _NO_GATE
+
+    @contextlib.contextmanager
+    def _pooled_connection(self, *, ready: bool = True) -> Iterator[Connection]:
+        """:meth:`_connect` without the fork gate.
+
+        ``ready=False`` skips the schema check (only the schema check itself uses it).
+        """
+        if ready:
+            self._ensure_ready()
+        try:
+            connection = self.engine.connect()
+        except (sa_exc.ProgrammingError, sa_exc.ArgumentError, TypeError) as exc:
+            # Raised before anything reached the server: the driver refused an option of the URL
+            # (psycopg: ProgrammingError, PyMySQL: TypeError). Not chained: it may quote the URL.
+            orig = getattr(exc, "orig", None) or exc
+            raise ConfigurationError(
+                f"the SQL store URL {self.url!r} has an option the {self.dialect} driver does not accept "
+                f"({type(orig).__name__}: {self._first_line(orig, 200)}); remove it",
+                store=self.url,
+            ) from None
+        except (
+            sa_exc.OperationalError,
+            sa_exc.InterfaceError,
+            sa_exc.DisconnectionError,
+            sa_exc.TimeoutError,
+        ) as exc:
+            raise self._unavailable(exc) from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise self._unavailable(exc) from exc
+            raise
+        ended = [False]
+        try:
+            # The bound ends before the connection goes back to the pool, and before the errors
+            # below are translated (they need to know whether the bound ended the call).
+            with connection as conn, self._bounded(conn.connection.dbapi_connection, self.timeout) as ended:
+                yield conn
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
+            raise self._unavailable(exc, timed_out=ended[0]) from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise self._unavailable(exc, timed_out=ended[0]) from exc
+            raise
+
+    @contextlib.contextmanager
+    def _bounded(self, dbapi_connection: Any, seconds: float) -> Iterator[list[bool]]:
+        """Bound the block's wait for the server (see :mod:`dibs.stores.sql.bounds`); the flag it
+        yields is ``[True]`` afterwards if the bound ended it."""
+        if self._keeper is None:  # SQLite: no network, and the busy timeout bounds its lock waits
+            yield [False]
+            return
+        with self._keeper.bounded(dbapi_connection, seconds) as ended:
+            yield ended
+
+    @contextlib.contextmanager
+    def _cursor(self, bound: float | None = None) -> Iterator[Any]:
+        """A DBAPI cursor on a pooled autocommit connection (see :meth:`_pooled_cursor`)."""
+        with self._fork_gate(), self._pooled_cursor(bound) as cursor:
+            yield cursor
+
+    @contextlib.contextmanager
+    def _pooled_cursor(self, bound: float | None = None) -> Iterator[Any]:
+        """A DBAPI cursor on a pooled autocommit connection, for the prepared statements.
+
+        Errors are translated as :meth:`_connect` does: an operational error or a lost connection
+        (which is invalidated, so the pool replaces it) is :class:`StoreUnavailable`; any other
+        database error is raised as SQLAlchemy's exception for it. The block may wait for the server
+        ``bound`` seconds (default: the store's ``timeout``) before its connection is shut.
+        """
+        self._ensure_ready()
+        dbapi = self.engine.dialect.loaded_dbapi
+        try:
+            connection = self.engine.raw_connection()
+        except (dbapi.Error, sa_exc.TimeoutError) as exc:
+            # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
+            raise self._unavailable(exc) from exc
+        cursor = None
+        ended = [False]
+        try:
+            if self._keeper is None:  # SQLite: nothing to bound (see _bounded), and no generator to pay for
+                cursor = connection.cursor()
+                yield cursor
+            else:
+                seconds = self.timeout if bound is None else bound
+                with self._keeper.bounded(connection.dbapi_connection, seconds) as ended:
+                    cursor = connection.cursor()
+                    yield cursor
+        except dbapi.Error as exc:
+            lost = ended[0] or self.engine.dialect.is_disconnect(exc, connection, cursor)
+            if lost:
+                connection.invalidate(exc)
+            if lost and not ended[0]:
+                # The server ended this connection (a restart, pg_terminate_backend): it will have
+                # ended the other idle ones too. Drop them all now, or each would fail one later call.
+                self.engine.dispose()
+            if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
+                raise self._unavailable(exc, disconnected=lost and not ended[0], timed_out=ended[0]) from exc
+            dialect = self.engine.dialect
+            raise sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect) from exc
+        finally:
+            if cursor is not None:
+                with contextlib.suppress(dbapi.Error):
+                    cursor.close()
+            if ended[0] and connection.dbapi_connection is not None:
+                # The bound shut its socket just as the call succeeded: never hand it to the next call.
+                connection.invalidate()
+            connection.close()
+
+    def _first_line(self, error: BaseException, limit: int) -> str:
+        """The first line of a driver's message, without any secret of the URL."""
+        text = str(error).strip()
+        first = text.splitlines()[0] if text else type(error).__name__
+        return hide_secrets(first, self._secrets)[:limit]
+
+    def _unavailable(
+        self, exc: Exception, *, disconnected: bool = False, timed_out: bool = False
+    ) -> StoreUnavailable:
+        """``disconnected``: the server had closed the connection (see :meth:`_repeatable`);
+        ``timed_out``: the call's bound shut it (see :mod:`dibs.stores.sql.bounds`)."""
+        orig = getattr(exc, "orig", None) or exc
+        why = f"{type(orig).__name__}: {self._first_line(orig, 300)}"
+        if timed_out:
+            why = (
+                f"no answer within the store's timeout ({self.timeout:g}s, ?timeout= in the URL), so the "
+                f"connection was closed ({why})"
+            )
+        elif _too_many_clients(why):
+            why += (
+                f"; every process holds up to {getattr(self.engine.pool, 'size', lambda: '?')()} pooled "
+                "connections of this store "
+                "(one while it only waits) plus, on PostgreSQL, one listener: lower ?pool_size= in the "
+                "store URL, raise the server's max_connections, or put PgBouncer in session mode "
+                "(LISTEN needs it) in front of the server"
+            )
+        error = StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
+        error.disconnected = disconnected  # type: ignore[attr-defined]  # not a field: never pickled
+        error.rolled_back = (  # type: ignore[attr-defined]
+            self.dialect in ("mysql", "mariadb") and _error_code(orig) in _ROLLED_BACK
+        )
+        return error
+
+    def _repeatable(
+        self, operation: Callable[[Any], T], *, after_lost: bool = True, bound: float | None = None
+    ) -> T:
+        """Run ``operation`` on a cursor, again when the server's answer says it changed nothing.
+
+        A MySQL deadlock or lock wait timeout (the server rolled the statement back) is retried for
+        every operation, a few times. A pooled connection that turns out to have been closed by the
+        server is retried once on a fresh one, but only when ``after_lost``: for operations that are
+        safe to repeat even if the first attempt reached the server and only its reply was lost:
+        reads, ``acquire`` (a second attempt by the same owner re-enters the lease the first one may
+        have taken) and ``heartbeat`` (extending twice is extending). ``complete`` and ``release``
+        are never repeated blindly: a lost reply there is resolved by reading the key again (see
+        :meth:`dibs.Lease.complete`).
+        """
+        lost_once = False
+        rolled_back = 0
+        while True:
+            try:
+                with self._cursor(bound) as cursor:
+                    return operation(cursor)
+            except StoreUnavailable as exc:
+                if getattr(exc, "rolled_back", False) and rolled_back < _ROLLED_BACK_ATTEMPTS - 1:
+                    rolled_back += 1
+                    log.info("%s: the server rolled a statement back (%s); running it again", self.url, exc)
+                    time.sleep(random.uniform(0.0, 0.01 * 2**rolled_back))  # let the other side finish
+                    continue
+                if not (after_lost and getattr(exc, "disconnected", False)) or lost_once:
+                    raise
+                lost_once = True
+                log.info(
+                    "%s: a pooled connection had been closed by the server; trying a fresh one", self.url
+                )
+
+    # -- the schema, checked before the first operation, and the statements compiled for it ----------
+    def _ensure_ready(self) -> None:
+        """Check (and if needed create) the schema before the first operation, once per process and
+        database: a client that is never used sends nothing, and a process opening many clients of
+        one store checks once."""
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            verified = (self._url.render_as_string(hide_password=False), self.table_name, self.schema)
+            added = check_once(verified, self._ensure_schema)
+            if added != self._added:
+                self._use_columns(added)
+            self._ready = True
+
+    def _ensure_schema(self) -> tuple[str, ...]:
+        """The schema check itself (:class:`~dibs.stores.sql.schema.SchemaCheck`), on connections that
+        skip it; the :data:`~dibs.stores.sql.schema.ADDED_COLUMNS` the table has."""
+        connect = functools.partial(self._connect, ready=False)
+        check = SchemaCheck(
+            self.table_name, self.schema, self.dialect, self.url, connect=connect, first_line=self._first_line
+        )
+        return check.run()
+
+    def _use_columns(self, added: tuple[str, ...]) -> None:
+        """Read and write only the :data:`ADDED_COLUMNS` in ``added`` (before the first operation)."""
+        self._added = added
+        self.metadata, self.t, self.meta = tables(self.table_name, self.schema, self.dialect, added)
+        self._prepare_statements()
+
+    def _prepare_statements(self) -> None:
+        """Compile the statements of read/acquire/heartbeat/complete/release for this database and the
+        table's columns (see :class:`~dibs.stores.sql.statements.Statements`)."""
+        prepared = Statements(self.t, self._now, self.engine.dialect, self.dialect)
+        self._read_state, self._insert_new, self._swap_row = (
+            prepared.read_state,
+            prepared.insert_new,
+            prepared.swap_row,
+        )
+        self._heartbeat, self._complete = prepared.heartbeat, prepared.complete
+        self._stored_variables = prepared.stored_variables
+        self._release, self._release_failed = prepared.release, prepared.release_failed
+        self._release_stopped = prepared.release_stopped
+        self._drop_lease, self._reap_expired = prepared.drop_lease, prepared.reap_expired
+        self._drop_result, self._clear_row = prepared.drop_result, prepared.clear_row
+
+    # -- reading ----------------------------------------------------------------------------------
+    def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
+        row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
+        state, version = self._state(key, row), row["version"]
+        if version is not None and not (isinstance(version, int) and 0 < version < MAX_FENCE):
+            # Every write increments it: at the largest BIGINT the row can never change again.
+            raise decoder.corrupt(
+                key,
+                self._where(row["key_hash"]),
+                f"its row version {version!r} is not an integer from 1 to {MAX_FENCE - 1}",
+            )
+        return state, version
+
+    def _where(self, key_hash: object) -> str:
+        return f"row {key_hash!s:.64} of table {self.table_name} ({self.url})"
+
+    def _state(self, key: Key | None, row: Any, *, listed: bool = False) -> KeyState:
+        """The row's state by the shared decoder (:mod:`dibs.stores.decoder`); ``key`` is ``None``
+        when listing, and then the row's key must be the one whose digest is its ``key_hash``."""
+        now = float(row["now"])
+        if row["key_hash"] is None:
+            assert key is not None
+            return transitions.empty(key, now)
+        return decoder.decode(
+            row_fields(row),
+            key,
+            now,
+            where=self._where(row["key_hash"]),
+            digest=str(row["key_hash"]) if listed else None,
+            payload=bytes(row["payload"] or b""),
+        )
+
+    def read(self, key: Key) -> KeyState:
+        return self._repeatable(lambda cursor: self._read(cursor, key)[0])
+
+    def list(self, namespace: str | None = None) -> Listing:
+        """Every row (in ``namespace``), without payloads; unreadable rows are skipped, logged and
+        counted (see :class:`~dibs.stores.base.Listing`)."""
+        self._ensure_ready()  # before the query is built: it names the columns the table has
+        clock = sa.select(self._now.label("now")).scalar_subquery()
+        columns = [c for c in self.t.c if c.name != "payload"]
+        query = sa.select(clock.label("now"), *columns).order_by(self.t.c.namespace, self.t.c.name)
+        if namespace is not None:
+            query = query.where(self.t.c.namespace == namespace)
+        rows = self._repeatable(lambda cursor: self._fetch_rows(cursor, query))
+        states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
+        for row in rows:
+            try:
+                states.append(self._state(None, {**row, "payload": b""}, listed=True))
+            except CorruptRecord as exc:
+                skip(skipped, self._where(row["key_hash"]), exc)
+        return Listing(states, skipped)
+
+    def _fetch_rows(self, cursor: Any, query: sa.Select[Any]) -> builtins.list[dict[str, Any]]:
+        compiled = query.compile(dialect=self.engine.dialect)
+        parameters = compiled.construct_params()
+        if compiled.positional:
+            cursor.execute(compiled.string, tuple(parameters[name] for name in compiled.positiontup or ()))
+        else:
+            cursor.execute(compiled.string, parameters)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
+    def acquire(
+        self,
+        key: Key,
+        owner: str,
+        ttl: float,
+        max_lease_age: float | None,
+        *,
+        max_age: float | None = None,
+        min_fence: int | None = None,
+    ) -> StoreOutcome:
+        validate_owner(owner)
+
+        def attempt(cursor: Any) -> StoreOutcome:
+            for _ in range(16):
+                state, version = self._read(cursor, key)
+                outcome, new_state = transitions.acquire(
+                    state, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
+                )
+                if new_state is None or self._swap(cursor, key, version, new_state):
+                    return outcome
+            raise StoreUnavailable(
+                f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
+            )
+
+        return self._repeatable(attempt)
+
+    def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
+        values = {f"p_{name}": value for name, value in lease_columns(new.lease).items()}
+        values.update(p_key_hash=key.digest, p_fence=new.fence, p_attempts=new.attempts)
+        if version is None:
+            values.update(p_namespace=key.namespace, p_name=key.name)
+            return self._insert_new.execute(cursor, values) == 1
+        values["p_version"] = version
+        return self._swap_row.execute(cursor, values) == 1
+
+    # -- token-checked single statements ------------------------------------------------------------
+    @staticmethod
+    def _holding(key: Key, token: LeaseToken) -> dict[str, Any]:
+        return {
+            "p_key_hash": key.digest,
+            "p_fence": token.fence,
+            "p_lease_id": token.lease_id,
+            "p_namespace": key.namespace,
+            "p_name": key.name,
+        }
+
+    def _lost(self, cursor: Any, key: Key, token: LeaseToken, action: str) -> Exception:
+        return transitions.explain_lost(self._read(cursor, key)[0], token, action)
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        def attempt(cursor: Any) -> KeyState:
+            if self._heartbeat.execute(cursor, {**self._holding(key, token), "p_ttl": ttl}) != 1:
+                raise self._lost(cursor, key, token, "heartbeat")
+            return self._read(cursor, key)[0]
+
+        state = self._repeatable(attempt)
+        if state.lease is None or state.lease.token != token:  # changed hands right after our update
+            raise transitions.explain_lost(state, token, "heartbeat")
+        return state.lease
+
+    def complete(
+        self,
+        key: Key,
+        token: LeaseToken,
+        serializer: str,
+        payload: bytes,
+        checksum: str,
+        *,
+        compute_seconds: float | None = None,
+    ) -> ArtifactRecord:
+        # Which columns the table has is known once the schema was checked: a store whose first call is
+        # this one (a resumed lease) must not send a statement naming a column the table lacks.
+        self._ensure_ready()
+        values = {
+            **self._holding(key, token),
+            "p_serializer": serializer,
+            "p_payload": payload,
+            "p_size": len(payload),
+            "p_checksum": checksum,
+        }
+        if "compute_seconds" in self._added:
+            values["p_compute_seconds"] = compute_seconds
+        else:
+            compute_seconds = None  # not kept: the table lacks the column (see _add_columns)
+        statement = self._complete
+
+        def attempt(cursor: Any) -> ArtifactRecord:
+            self._check_size(cursor, key, values)
+            if statement.columns:  # UPDATE ... RETURNING: the stored artifact, in the same statement
+                rows = statement.fetch_all(cursor, values)
+                if len(rows) != 1:
+                    raise self._lost(cursor, key, token, "complete")
+                return _stored_artifact(rows[0], payload)
+            if statement.execute(cursor, values) != 1:
+                raise self._lost(cursor, key, token, "complete")
+            # MySQL/MariaDB have no UPDATE ... RETURNING: the statement kept what it wrote that the
+            # caller does not know (the producer, the server's time) in session variables. Reading
+            # them back cannot race with anything: a prune, forget or new holder right after the
+            # update would have made a read of the row tell a stored artifact as a lost one.
+            cursor.execute(self._stored_variables)
+            producer, created_at = cursor.fetchone()
+            return ArtifactRecord(
+                serializer=serializer,
+                payload=bytes(payload),
+                size=len(payload),
+                checksum=checksum,
+                producer=producer.decode() if isinstance(producer, bytes) else str(producer),
+                fence=token.fence,
+                created_at=float(created_at),
+                compute_seconds=compute_seconds,
+            )
+
+        # Not repeated after a lost connection: its outcome is unknown (see _repeatable).
+        return self._repeatable(attempt, after_lost=False, bound=self._bound_for(len(payload)))
+
+    def _bound_for(self, size: int) -> float:
+        """How long a call that sends ``size`` bytes may wait for the server (see :mod:`dibs.stores.sql`)."""
+        return self.timeout + size / BYTES_PER_SECOND
+
+    def _check_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
+        """Refuse (with :class:`ArtifactTooLarge`) a ``complete`` the database would refuse, or that
+        is over ``max_artifact_size``, before anything is sent (see :func:`refuse_too_large`)."""
+        payload: bytes = values["p_payload"]
+        if self.max_artifact_size is not None:
+            refuse_too_large(
+                key,
+                len(payload),
+                len(payload),
+                self.max_artifact_size,
+                where=f"this store's max_artifact_size of {self.url}",
+                remedy="Raise ?max_artifact_size= in the store URL, or store the data elsewhere and return a "
+                "reference to it",
+            )
+        if self.dialect in ("mysql", "mariadb"):
+            self._check_packet_size(cursor, key, values)
+        elif self.dialect == "sqlite":
+            import sqlite3
+
+            limit = int(cursor.connection.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+            others = sum(len(str(value).encode()) for name, value in values.items() if name != "p_payload")
+            refuse_too_large(
+                key,
+                len(payload),
+                len(payload) + others + _ROW_OVERHEAD,
+                limit,
+                where="SQLite takes in one row (SQLITE_LIMIT_LENGTH)",
+                remedy="Use a store for large values (PostgreSQL, Azure), or store the data elsewhere "
+                "and return a reference to it",
+            )
+        elif self.dialect == "postgresql":
+            refuse_too_large(
+                key,
+                len(payload),
+                len(payload),
+                POSTGRES_MAX_BYTEA,
+                where="PostgreSQL takes in one bytea value",
+                remedy="Store the data elsewhere (e.g. Azure blobs) and return a reference to it",
+            )
+
+    def _check_packet_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
+        """Refuse (with :class:`ArtifactTooLarge`) a complete that MySQL/MariaDB would refuse.
+
+        The server drops the connection when a statement is longer than ``max_allowed_packet``, which
+        looks like a network failure: the client then re-sent the payload for a whole ttl and never
+        released the lease. The statement's length is known before sending: the driver inlines the
+        payload as a literal (see :meth:`_literal_size`), and the other values are short.
+        """
+        if self._max_packet is None:
+            cursor.execute("SELECT @@max_allowed_packet")
+            self._max_packet = int(cursor.fetchone()[0])
+        payload = values["p_payload"]
+        others = sum(2 * len(str(value).encode()) for name, value in values.items() if name != "p_payload")
+        needed = self._literal_size(cursor, payload) + others + len(self._complete.sql) + 64
+        refuse_too_large(
+            key,
+            len(payload),
+            needed,
+            self._max_packet,
+            where=f"this {self.dialect} server's max_allowed_packet",
+            remedy="Raise max_allowed_packet on the server, or store the data elsewhere and return a "
+            "reference to it",
+        )
+
+    def _literal_size(self, cursor: Any, payload: bytes) -> int:
+        """How many bytes the driver's literal of ``payload`` takes: PyMySQL 1.1 and later write hex
+        (``X'..'``, two bytes per byte), older drivers an escaped string (two bytes for each of the
+        seven bytes of ``_MYSQL_ESCAPED``). Which one is asked of the driver once per store."""
+        if self._hex_literals is None:
+            try:
+                probe = cursor.connection.escape(b"a\0")
+                text = probe.decode("ascii") if isinstance(probe, bytes) else str(probe)
+                self._hex_literals = text.upper().startswith("X'")
+            except Exception:  # a driver without escape(): assume the larger form
+                self._hex_literals = True
+        if self._hex_literals:
+            return 2 * len(payload) + 3
+        return len(payload) + sum(payload.count(byte) for byte in _MYSQL_ESCAPED) + 10
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
+        values = self._holding(key, token)
+        statement = self._release
+        if error is not None:
+            statement = self._release_failed if counted else self._release_stopped
+            values["p_error"] = error[: transitions.MAX_ERROR_LENGTH]
+
+        def attempt(cursor: Any) -> None:
+            if statement.execute(cursor, values) != 1:
+                raise self._lost(cursor, key, token, "release")
+
+        self._repeatable(attempt, after_lost=False)
+
+    # -- repair -----------------------------------------------------------------------------------------
+    # Each reads the row first (so a damaged row is reported as CorruptRecord, as on every store, and
+    # never rewritten), then changes it with a compare-and-swap on the version it read.
+    def _repair(self, key: Key, wanted: Callable[[KeyState], bool], statement: Prepared, action: str) -> bool:
+
+        def attempt(cursor: Any) -> bool:
+            for _ in range(16):
+                state, version = self._read(cursor, key)
+                if version is None or not wanted(state):
+                    return False
+                if statement.execute(cursor, {"p_key_hash": key.digest, "p_version": version}) == 1:
+                    return True
+            raise StoreUnavailable(f"{key} kept changing while trying to {action} it", key=str(key))
+
+        # Only a rolled-back statement runs again: after a lost reply, a second attempt would not
+        # know whether the first one changed the row.
+        return self._repeatable(attempt, after_lost=False)
+
+    def force_release(self, key: Key) -> bool:
+        return self._repair(key, lambda state: state.lease is not None, self._drop_lease, "force-release")
+
+    def forget(self, key: Key) -> bool:
+        return self._repair(
+            key,
+            lambda state: state.artifact is not None or state.failure is not None,
+            self._drop_result,
+            "forget",
+        )
+
+    def reap(self, namespace: str | None = None) -> int:
+        reaped = 0
+        for state in self.list(namespace):
+            expired = state.lease is not None and not state.lease.live_at(state.now)
+            if not (expired or transitions.holds_nothing(state)):
+                continue
+            try:
+                # The statement checks expiry again on the database's clock: the holder may have renewed.
+                cleared = expired and self._repair(
+                    state.key,
+                    lambda s: s.lease is not None and not s.lease.live_at(s.now),
+                    self._reap_expired,
+                    "reap",
+                )
+                reaped += int(self.discard(state.key) or cleared)
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self._where(state.key.digest), exc)
+        return reaped
+
+    def discard(self, key: Key) -> bool:
+        return self._repair(
+            key, lambda state: transitions.discard(state) is not None, self._clear_row, "discard"
+        )
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        pruned = 0
+        for state in self.list(namespace):
+            if not transitions.prunable(state, older_than):
+                continue
+            try:
+                pruned += self._repair(
+                    state.key,
+                    lambda s: transitions.prune(s, older_than) is not None,
+                    self._clear_row,
+                    "prune",
+                )
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self._where(state.key.digest), exc)
+        return pruned
+
+    # -- the watch hub ------------------------------------------------------------------------------
+    def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
+        """Several keys in one query per few hundred, for the watch hub (payloads included)."""
+        if len(keys) == 1:
+            # The hub's usual case (one key changed, every waiter of it woken): the prepared read of
+            # :meth:`read`, without building and executing a Core statement (~0.3 ms of Python).
+            key = keys[0]
+            try:
+                state, version = self._repeatable(lambda cursor: self._read(cursor, key))
+            except CorruptRecord:
+                return []  # its waiters ask for themselves, and get the error
+            return [] if version is None else [state]
+        self._ensure_ready()  # before the query is built: it names the columns the table has
+        t = self.t
+        clock = sa.select(self._now.label("now")).scalar_subquery()
+        query = sa.select(clock.label("now"), *t.c).where(
+            t.c.key_hash.in_(sa.bindparam("hashes", expanding=True))
+        )
+        by_digest = {key.digest: key for key in keys}
+        states = []
+        for chunk in chunks(list(by_digest), IN_LIST):
+            with self._connect() as conn:
+                rows = conn.execute(query, {"hashes": chunk}).mappings().all()
+            for row in rows:
+                try:
+                    states.append(self._state(by_digest[row["key_hash"]], row))
+                except CorruptRecord:
+                    continue  # its waiters ask for themselves, and get the error
+        return states
+
+    def versions(self, keys: Iterable[Key]) -> dict[str, int]:
+        """The row version of each key that has a row: it changes with every write to the row."""
+        t = self.t
+        query = sa.select(t.c.key_hash, t.c.version).where(
+            t.c.key_hash.in_(sa.bindparam("hashes", expanding=True))
+        )
+        found: dict[str, int] = {}
+        for chunk in chunks([key.digest for key in keys], IN_LIST):
+            with self._connect() as conn:
+                found.update((str(h), int(v)) for h, v in conn.execute(query, {"hashes": chunk}).all())
+        return found
+
+    def change_feed(self) -> ChangeFeed:
+        """PostgreSQL: one ``LISTEN`` connection; SQLite: ``data_version``; MySQL: a versions poll."""
+        if self.dialect == "postgresql":
+            return ListenFeed(self)
+        if self.dialect == "sqlite":
+            return DataVersionFeed(self)
+        return VersionsFeed(self)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _error_code(error: BaseException) -> int | None:
+    """A MySQL driver error's number (``args[0]``), if it has one."""
+    code = error.args[0] if error.args else None
+    return code if isinstance(code, int) else None
+
+
+def _too_many_clients(message: str) -> bool:
+    """The server refused a connection because it has as many as it takes."""
+    text = message.lower()
+    return (
+        "too many clients" in text
+        or "too many connections" in text
+        or "remaining connection slots are reserved" in text
+    )
+
+
+def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
+    """The artifact ``complete`` just stored: the row's facts, and the payload the caller passed."""
+    return ArtifactRecord(
+        serializer=str(row["serializer"]),
+        payload=bytes(payload),
+        size=int(row["size"]),
+        checksum=str(row["checksum"]),
+        producer=str(row["producer"]),
+        fence=int(row["artifact_fence"]),
+        created_at=float(row["created_at"]),
+        compute_seconds=None if row.get("compute_seconds") is None else float(row["compute_seconds"]),
+    )
