@@ -145,9 +145,10 @@ def test_a_connection_dropped_while_creating_the_postgres_schema_is_store_unavai
     # Found under connection cuts: the advisory unlock in a ``finally`` ran on the dropped connection
     # and SQLAlchemy's PendingRollbackError replaced the StoreUnavailable.
     from dibs.stores.sql import SQLStore
+    from dibs.stores.sql.schema import SchemaCheck
     from tests.backends import postgres
 
-    def dropped(self: SQLStore, conn: Any) -> None:
+    def dropped(self: SchemaCheck, conn: Any) -> None:
         conn.invalidate()
         raise sa_exc.OperationalError(
             "CREATE TRIGGER",
@@ -157,7 +158,7 @@ def test_a_connection_dropped_while_creating_the_postgres_schema_is_store_unavai
         )
 
     with postgres.isolated_url(tmp_path) as url:
-        monkeypatch.setattr(SQLStore, "_create_notify_trigger", dropped)
+        monkeypatch.setattr(SchemaCheck, "_create_notify_trigger", dropped)
         with pytest.raises(dibs.StoreUnavailable, match="server closed the connection"):
             SQLStore(url).read(Key("k", "k"))  # the schema is created before the first operation
 

@@ -335,13 +335,10 @@ class SQLStore(Store):
         """Compile the statements of read/acquire/heartbeat/complete/release for this database and the
         table's columns (see :class:`~dibs.stores.sql.statements.Statements`)."""
         prepared = Statements(self.t, self._now, self.engine.dialect, self.dialect)
-        self._read_state, self._insert_new, self._swap_row = (
-            prepared.read_state,
-            prepared.insert_new,
-            prepared.swap_row,
-        )
-        self._heartbeat, self._complete = prepared.heartbeat, prepared.complete
-        self._stored_variables = prepared.stored_variables
+        self._read_state = prepared.read_state
+        self._insert_new, self._swap_row = prepared.insert_new, prepared.swap_row
+        self._heartbeat = prepared.heartbeat
+        self._complete, self._stored_variables = prepared.complete, prepared.stored_variables
         self._release, self._release_failed = prepared.release, prepared.release_failed
         self._release_stopped = prepared.release_stopped
         self._drop_lease, self._reap_expired = prepared.drop_lease, prepared.reap_expired
