@@ -238,10 +238,12 @@ def _announce_hit(
         "waited": round(waited, 3),
     }
     if waited_on:
-        waited_text = (
-            f"{got.key}: computed by {got.producer!r} (token {got.token}); waited {duration(waited)}"
+        console.event(
+            "done",
+            f"{got.key}: computed by {got.producer!r} (token {got.token}); waited {duration(waited)}",
+            notable=True,
+            **fields,
         )
-        console.event("done", waited_text, notable=True, **fields)
     else:
         console.event("hit", f"{got.key}: already computed by {got.producer!r} (token {got.token})", **fields)
 
