@@ -39,6 +39,31 @@ def test_provider_info_is_valid_and_names_the_distribution() -> None:
     assert info["package-name"] == entry_point.dist.name == "dibs"  # type: ignore[union-attr]
 
 
+def test_connection_form_fields_take_empty_and_the_settings_rules_and_refuse_the_rest() -> None:
+    import jsonschema
+
+    (connection,) = get_provider_info()["connection-types"]
+    fields = connection["conn-fields"]
+
+    def valid(name: str, value: object) -> bool:
+        return bool(jsonschema.Draft202012Validator(fields[name]["schema"]).is_valid(value))
+
+    for name, field in fields.items():
+        assert field["label"] and field["description"], name
+        assert valid(name, None), f"{name}: empty must mean its default"
+    for seconds in ("ttl", "heartbeat_interval", "wait_timeout", "max_lease_age", "max_age"):
+        assert valid(seconds, 0.5) and not valid(seconds, 0) and not valid(seconds, "60"), seconds
+    assert fields["ttl"]["schema"]["default"] == 60
+    assert valid("max_failures", 3) and not valid("max_failures", 0) and not valid("max_failures", 1.5)
+    assert valid("namespace", "team.features") and not valid("namespace", "team..features")
+    assert fields["namespace"]["schema"]["default"] == "default"
+    assert valid("on_store_unavailable", "run") and not valid("on_store_unavailable", "skip")
+    assert valid("store_url", "redis://cache:6379/0") and not valid("store_url", 6379)
+    assert get_provider_info() == get_provider_info() and (
+        get_provider_info()["connection-types"][0]["conn-fields"] is not fields
+    ), "each call builds its own dict"
+
+
 def test_providers_manager_discovers_connection_type_form_and_decorator() -> None:
     from airflow.providers_manager import ProvidersManager
 

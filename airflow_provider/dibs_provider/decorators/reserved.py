@@ -67,15 +67,16 @@ class _ReservedDecoratedOperator(DecoratedOperator, ReservedPythonOperator):
         refresh: bool | str = False,
         **kwargs: Any,
     ) -> None:
+        # The callable and its arguments go both to the decorated operator and, through
+        # ``kwargs_to_upstream``, to the PythonOperator side of the class, which runs them.
+        callable_and_args: dict[str, Any] = {
+            "python_callable": python_callable,
+            "op_args": op_args,
+            "op_kwargs": op_kwargs,
+        }
         super().__init__(
-            kwargs_to_upstream={
-                "python_callable": python_callable,
-                "op_args": op_args,
-                "op_kwargs": op_kwargs,
-            },
-            python_callable=python_callable,
-            op_args=op_args,
-            op_kwargs=op_kwargs,
+            kwargs_to_upstream=callable_and_args,
+            **callable_and_args,
             reservation_key=key,
             dibs_conn_id=conn_id,
             reservation_namespace=namespace,

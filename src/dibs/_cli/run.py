@@ -249,34 +249,30 @@ def _announce_hit(
 
 
 def _announce_acquired(console: Console, got: events.LeaseAcquired, waited_on: str | None) -> None:
+    """Say why this invocation computes the key: the kind of event, its words, and whether a
+    terminal shows it without ``-v`` (when it ends a wait, or takes over a dead holder)."""
     key, token, attempt = got.key, got.token, got.attempt
     fields: dict[str, Any] = {"key": str(key), "token": token, "attempt": attempt}
     if got.took_over_from:
-        console.event(
-            "takeover",
+        fields = {"took_over_from": got.took_over_from, **fields}
+        kind, notable = "takeover", True
+        text = (
             f"{key}: took over from {got.took_over_from!r}, whose lease expired; computing it "
-            f"(attempt {attempt}, token {token})",
-            notable=True,
-            took_over_from=got.took_over_from,
-            **fields,
+            f"(attempt {attempt}, token {token})"
         )
     elif got.last_failure is not None:
-        console.event(
-            "retry",
+        kind, notable = "retry", waited_on is not None
+        text = (
             f"{key}: the last attempt failed ({got.last_failure_owner!r}: {got.last_failure}); computing it "
-            f"again (attempt {attempt}, token {token})",
-            notable=waited_on is not None,
-            **fields,
+            f"again (attempt {attempt}, token {token})"
         )
     elif waited_on:
-        console.event(
-            "holder",
-            f"{key}: {waited_on!r} let go of it; computing it here (token {token})",
-            notable=True,
-            **fields,
-        )
+        kind, notable = "holder", True
+        text = f"{key}: {waited_on!r} let go of it; computing it here (token {token})"
     else:
-        console.event("computing", f"{key}: computing it (token {token})", **fields)
+        kind, notable = "computing", False
+        text = f"{key}: computing it (token {token})"
+    console.event(kind, text, notable=notable, **fields)
 
 
 # -- dibs wait --------------------------------------------------------------------------------------
@@ -297,21 +293,18 @@ def wait(args: argparse.Namespace, console: Console) -> int:
         state = client.status(key)
         if state.artifact is not None:
             artifact = state.artifact
-            if streams(args, artifact):  # a payload: printed as it is read, never whole in memory
-                console.event(
-                    "hit",
-                    f"{key}: already computed by {artifact.producer!r} (token {artifact.fence})",
-                    key=str(key),
-                    token=artifact.fence,
-                )
-                return stream_out(artifact)
-            value = client.decode(key, artifact)
+            # A payload is printed as it is read, never whole in memory; any other value is decoded
+            # first, so that an artifact that cannot be read is an error, never announced as a hit.
+            streamed = streams(args, artifact)
+            value = None if streamed else client.decode(key, artifact)
             console.event(
                 "hit",
                 f"{key}: already computed by {artifact.producer!r} (token {artifact.fence})",
                 key=str(key),
                 token=artifact.fence,
             )
+            if streamed:
+                return stream_out(artifact)
             return _deliver(args, Result(key, "hit", artifact.fence, artifact.producer, value))
         with KeyWatch(console, client, key) as watch:
             watch.see(Sight.of_state(state))

@@ -14,14 +14,18 @@ import json
 import shutil
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from dibs._cli.text import duration, instant, print_table, size
 from dibs.client import Reservations
 from dibs.display import printable
-from dibs.records import KeyState
+from dibs.records import ArtifactRecord, FailureRecord, KeyState
 
 __all__ = ["snapshot", "top"]
+
+#: One kind of record of a key (an artifact, a failure).
+Record = TypeVar("Record")
 
 #: How many of the latest artifacts and failures a screen shows.
 RECENT = 10
@@ -37,8 +41,6 @@ def snapshot(client: Reservations, *, all_namespaces: bool = False) -> dict[str,
             counts[state.status] += 1
     held = sorted((s for s in states if s.status == "held"), key=lambda s: _lease(s)["expires_in_s"])
     expired = [s for s in states if s.status == "expired"]
-    done = sorted((s for s in states if s.artifact is not None), key=lambda s: -_artifact_time(s))
-    failed = sorted((s for s in states if s.failure is not None), key=lambda s: -_failure_time(s))
     return {
         "namespace": None if all_namespaces else client.namespace,
         "store": client.store.url,
@@ -46,13 +48,9 @@ def snapshot(client: Reservations, *, all_namespaces: bool = False) -> dict[str,
         "counts": counts,
         "held": [_lease(s) for s in held],
         "expired": [_lease(s) for s in expired],
-        "recent_artifacts": [_artifact(s) for s in done[:RECENT]],
-        "recent_failures": [_failure(s) for s in failed[:RECENT]],
+        "recent_artifacts": _latest(states, lambda s: s.artifact, lambda a: a.created_at, _artifact),
+        "recent_failures": _latest(states, lambda s: s.failure, lambda f: f.at, _failure),
     }
-
-
-def _key(state: KeyState) -> str:
-    return state.key.name if state.key.namespace else str(state.key)
 
 
 def _lease(state: KeyState) -> dict[str, Any]:
@@ -68,37 +66,33 @@ def _lease(state: KeyState) -> dict[str, Any]:
     }
 
 
-def _artifact_time(state: KeyState) -> float:
-    return state.artifact.created_at if state.artifact is not None else 0.0
+def _latest(
+    states: list[KeyState],
+    record_of: Callable[[KeyState], Record | None],
+    made_at: Callable[[Record], float],
+    fields: Callable[[Record], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The :data:`RECENT` latest records of one kind (artifacts, failures), newest first: each with
+    its key, what ``fields`` shows of it, and its age on the store's clock."""
+    found = [(state, record) for state in states if (record := record_of(state)) is not None]
+    found.sort(key=lambda pair: -made_at(pair[1]))
+    return [
+        {"key": str(state.key), **fields(record), "age_s": round(state.now - made_at(record), 3)}
+        for state, record in found[:RECENT]
+    ]
 
 
-def _failure_time(state: KeyState) -> float:
-    return state.failure.at if state.failure is not None else 0.0
-
-
-def _artifact(state: KeyState) -> dict[str, Any]:
-    artifact = state.artifact
-    assert artifact is not None
+def _artifact(artifact: ArtifactRecord) -> dict[str, Any]:
     return {
-        "key": str(state.key),
         "producer": artifact.producer,
         "token": artifact.fence,
         "size": artifact.size,
         "compute_seconds": artifact.compute_seconds,
-        "age_s": round(state.now - artifact.created_at, 3),
     }
 
 
-def _failure(state: KeyState) -> dict[str, Any]:
-    failure = state.failure
-    assert failure is not None
-    return {
-        "key": str(state.key),
-        "owner": failure.owner,
-        "failures": failure.count,
-        "error": failure.error,
-        "age_s": round(state.now - failure.at, 3),
-    }
+def _failure(failure: FailureRecord) -> dict[str, Any]:
+    return {"owner": failure.owner, "failures": failure.count, "error": failure.error}
 
 
 def render(doc: dict[str, Any], width: int | None) -> str:

@@ -597,13 +597,12 @@ def _translating(action: str, path: Path, *, config: bool = False) -> Iterator[N
             "write access to its whole directory",
             path=str(path),
         ) from exc
-    except FileNotFoundError as exc:
-        error = ConfigurationError if config else StoreUnavailable
-        raise error(
-            f"cannot {action} {path}: it or its directory is missing (was the store directory removed "
-            "or unmounted while in use?)",
-            path=str(path),
-        ) from exc
     except OSError as exc:
         error = ConfigurationError if config else StoreUnavailable
-        raise error(f"cannot {action} {path}: {exc.strerror or exc}", path=str(path)) from exc
+        if isinstance(exc, FileNotFoundError):
+            why = (
+                "it or its directory is missing (was the store directory removed or unmounted while in use?)"
+            )
+        else:
+            why = str(exc.strerror or exc)
+        raise error(f"cannot {action} {path}: {why}", path=str(path)) from exc

@@ -1,0 +1,224 @@
+"""The commands that inspect and repair a store: ``ls``, ``top``, ``show``, ``release``, ``forget``,
+``reap`` and ``prune``.
+
+Each one opens the store, reads or changes it once through the public client, prints the result
+(a table, or JSON with ``--json``) on stdout and returns its exit status; notes about records that
+could not be read go to stderr, so the listing itself stays parseable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from dibs._cli import names
+from dibs._cli.exits import EXIT_NOTHING
+from dibs._cli.text import duration, instant, print_table, size
+from dibs._cli.top import top
+from dibs.client import Reservations
+from dibs.display import printable
+from dibs.keys import Key
+from dibs.payloads import ReferencedArtifact, ReferencingStore
+from dibs.records import ArtifactRecord, KeyState
+from dibs.stores import transitions
+from dibs.stores.base import Listing
+
+__all__ = ["COMMANDS", "administer"]
+
+Command = Callable[[argparse.Namespace, Reservations], int]
+
+
+def administer(args: argparse.Namespace) -> int:
+    """Run the inspection or repair command ``args`` names, on the store it names."""
+    with Reservations(args.store, namespace=args.namespace, payloads=args.payloads) as client:
+        return COMMANDS[args.command](args, client)
+
+
+def _ls(args: argparse.Namespace, client: Reservations) -> int:
+    listing = client.list(all_namespaces=args.all)
+    states = [s for s in names.select(listing, args.name) if _worth_listing(s)]
+    states.sort(key=lambda s: (s.key.namespace, s.key.name))
+    rows = [_summary(s) for s in states]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        print_table(rows, ["namespace", "key", "status", "holder", "token", "detail"], width=width)
+    _say_skipped(listing)
+    return 0
+
+
+def _show(args: argparse.Namespace, client: Reservations) -> int:
+    state = client.status(names.resolve(client, args.key, "a key to show"))
+    doc = _details(state)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        width = max(map(len, doc))
+        for name, value in doc.items():
+            print(f"{name:<{width}}  {'-' if value is None else printable(value)}")
+    return 0 if state.status != "free" or state.fence else EXIT_NOTHING
+
+
+@dataclasses.dataclass(frozen=True)
+class _Repair:
+    """A repair of one key (``release``, ``forget``): what it does, and its words for either result.
+
+    ``done`` is both what it says of the key when it changed something and the ``--json`` field
+    that says whether it did; when there was nothing to change it says ``nothing`` and exits 1.
+    """
+
+    act: Callable[[Reservations, Key], bool]
+    done: str
+    nothing: str
+
+    def __call__(self, args: argparse.Namespace, client: Reservations) -> int:
+        key = names.resolve(client, args.key, f"a key to {args.command}")
+        changed = self.act(client, key)
+        _say(
+            args,
+            {"key": key.name, self.done: changed},
+            f"{key.name}: {self.done if changed else self.nothing}",
+        )
+        return 0 if changed else EXIT_NOTHING
+
+
+def _reap(args: argparse.Namespace, client: Reservations) -> int:
+    count = client.reap(all_namespaces=args.all)
+    _say(args, {"reaped": count}, f"reaped {count} record(s): expired leases and empty records cleared")
+    return 0
+
+
+def _prune(args: argparse.Namespace, client: Reservations) -> int:
+    older = duration(args.older_than)
+    if args.dry_run:
+        listing = client.list(all_namespaces=args.all)
+        doomed = [s for s in listing if transitions.prunable(s, args.older_than)]
+        doomed.sort(key=lambda s: (s.key.namespace, s.key.name))
+        if args.json:
+            print(json.dumps({"would_prune": [str(s.key) for s in doomed]}))
+        else:
+            print_table([_summary(s) for s in doomed], ["namespace", "key", "status", "token", "detail"])
+            print(f"would prune {len(doomed)} record(s) older than {older} (dry run: nothing removed)")
+        _say_skipped(listing)
+        return 0
+    store = client.store
+    before = store.freed if isinstance(store, ReferencingStore) else None
+    count = client.prune(args.older_than, all_namespaces=args.all)
+    if isinstance(store, ReferencingStore) and before is not None:  # payloads no record refers to any more
+        freed = store.freed.bytes - before.bytes
+        payloads = store.freed.payloads - before.payloads
+        _say(
+            args,
+            {"pruned": count, "payloads_removed": payloads, "bytes_freed": freed},
+            f"pruned {count} record(s) older than {older}; "
+            f"removed {payloads} payload(s), {freed:,} bytes freed",
+        )
+        return 0
+    _say(args, {"pruned": count}, f"pruned {count} record(s) older than {older}")
+    return 0
+
+
+def _say_skipped(listing: object) -> None:
+    """Tell (on stderr, so the listing itself stays parseable) how many records could not be read."""
+    skipped = listing.skipped if isinstance(listing, Listing) else ()
+    if skipped:
+        print(
+            f"dibs: skipped {len(skipped)} unreadable record(s) (warnings above name them); "
+            "'dibs show KEY' reports one in detail",
+            file=sys.stderr,
+        )
+
+
+def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
+    print(json.dumps(doc) if args.json else text)
+
+
+def _worth_listing(state: KeyState) -> bool:
+    """A record with nothing stored, no lease and no failure (a forgotten key) says nothing: not listed."""
+    return state.artifact is not None or state.lease is not None or state.failure is not None
+
+
+def _summary(state: KeyState) -> dict[str, Any]:
+    lease, artifact, failure = state.lease, state.artifact, state.failure
+    if artifact is not None:
+        computed = "" if artifact.compute_seconds is None else f" in {duration(artifact.compute_seconds)}"
+        detail = (
+            f"{size(artifact.size)} by {artifact.producer}{computed}, "
+            f"{duration(state.now - artifact.created_at)} ago"
+        )
+    elif lease is not None:
+        remaining = lease.expires_at - state.now
+        if remaining > 0:
+            detail = f"attempt {lease.attempt}, lease expires in {duration(remaining)}"
+        else:
+            expired = duration(-remaining)
+            detail = f"attempt {lease.attempt}, lease expired {expired} ago; the next caller takes over"
+    elif failure is not None:
+        detail = f"{failure.count} failure(s), the last by {failure.owner}: {failure.error}"
+    else:
+        detail = ""
+    return {
+        "namespace": state.key.namespace,
+        "key": state.key.name,
+        "status": state.status,
+        "holder": lease.owner if lease else None,
+        "token": lease.token.fence if lease else (artifact.fence if artifact else None),
+        "compute_seconds": artifact.compute_seconds if artifact else None,
+        "detail": detail,
+    }
+
+
+def _details(state: KeyState) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "key": str(state.key),
+        "status": state.status,
+        "fence": state.fence,
+        "attempts": state.attempts,
+        "store_now": instant(state.now),
+    }
+    if state.lease is not None:
+        lease = state.lease
+        doc |= {
+            "holder": lease.owner,
+            "token": lease.token.fence,
+            "attempt": lease.attempt,
+            "acquired_at": instant(lease.acquired_at),
+            "expires_at": instant(lease.expires_at),
+            "expires_in_s": round(lease.expires_at - state.now, 3),
+            "max_expires_at": instant(lease.max_expires_at),
+        }
+    if state.artifact is not None:
+        fields = (field.name for field in dataclasses.fields(ArtifactRecord) if field.name != "payload")
+        artifact = {name: getattr(state.artifact, name) for name in fields}
+        if isinstance(state.artifact, ReferencedArtifact):  # kept in a payload store: say where
+            artifact["payload"] = state.artifact.uri
+        artifact["created_at"] = instant(state.artifact.created_at)
+        if state.artifact.compute_seconds is not None:  # how long its producer computed it
+            artifact["compute_seconds"] = round(state.artifact.compute_seconds, 3)
+        doc |= {f"artifact_{k}": v for k, v in artifact.items()}
+    if state.failure is not None:
+        doc |= {
+            "failures": state.failure.count,
+            "last_error": state.failure.error,
+            "failed_by": state.failure.owner,
+            "failed_at": instant(state.failure.at),
+        }
+    return doc
+
+
+#: Every command of this module, by its name on the command line.
+COMMANDS: dict[str, Command] = {
+    "ls": _ls,
+    "top": top,
+    "show": _show,
+    "release": _Repair(lambda client, key: client.force_release(key), "released", "no lease to release"),
+    "forget": _Repair(lambda client, key: client.forget(key), "forgotten", "nothing stored"),
+    "reap": _reap,
+    "prune": _prune,
+}
