@@ -25,7 +25,7 @@ from dibs.backoff import Backoff
 from dibs.errors import ConfigurationError
 from dibs.payloads import PayloadStore
 from dibs.serializers import Serializer
-from prefect_dibs.payloads import PayloadsSpec, resolve_payloads
+from prefect_dibs.payloads import PayloadsSpec, identity, resolve_payloads
 from prefect_dibs.payloads import clear_cache as clear_loaded_payloads
 
 __all__ = [
@@ -50,6 +50,8 @@ class StoreBlock(Protocol):
 
     on_store_unavailable: Literal["fail", "run"]
     wait_timeout: float | None
+    payloads_url: str | None
+    payloads: Any
 
     def store_url(self) -> str | None: ...
 
@@ -156,7 +158,8 @@ def spec_identity(store: StoreSpec) -> Any:
     arithmetic (which refuses to combine two *different* lock managers) must see them as equal.
     """
     if isinstance(store, StoreBlock):
-        return ("block", store.store_url(), store.settings(), store.payload_store())
+        payloads = None if store.payloads is None else identity(store.payloads)
+        return ("block", store.store_url(), store.settings(), store.payloads_url, payloads)
     if isinstance(store, Reservations):
         return ("client", id(store))
     return ("spec", store)

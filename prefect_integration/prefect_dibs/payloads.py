@@ -37,6 +37,7 @@ from dibs.payloads import PayloadStore
 
 __all__ = [
     "PayloadsSpec",
+    "identity",
     "is_supported",
     "payload_store",
     "refusal",
@@ -73,12 +74,15 @@ def refusal(block: Any) -> str:
     )
 
 
-def _identity(block: Any) -> tuple[str, ...]:
-    """What makes two blocks the same payload store (settings may hold secrets: kept in memory only)."""
+def identity(block: Any) -> tuple[str, ...]:
+    """What makes two blocks the same payload store, found without opening it (``settings`` may hold
+    secrets: the identity is kept in memory only, never shown)."""
     from prefect.filesystems import LocalFileSystem
 
     if isinstance(block, LocalFileSystem):
         return ("local", str(Path(block.basepath or ".").expanduser().resolve()))
+    if not is_supported(block):
+        return ("unsupported", type(block).__name__)
     return ("remote", block.basepath, json.dumps(block.settings, sort_keys=True, default=str))
 
 
@@ -86,19 +90,19 @@ def payload_store(block: Any) -> PayloadStore:
     """The payload store in ``block`` (see the module docstring), one per configuration and process."""
     if not is_supported(block):
         raise ConfigurationError(refusal(block), setting="payloads")
-    identity = _identity(block)
+    found = identity(block)
     with _LOCK:
-        store = _STORES.get(identity)
+        store = _STORES.get(found)
         if store is None:
-            store = _STORES[identity] = _open(block, identity)
+            store = _STORES[found] = _open(block, found)
         return store
 
 
-def _open(block: Any, identity: tuple[str, ...]) -> PayloadStore:
-    if identity[0] == "local":
+def _open(block: Any, found: tuple[str, ...]) -> PayloadStore:
+    if found[0] == "local":
         from dibs.payloads.files import FilePayloadStore
 
-        return FilePayloadStore(identity[1])
+        return FilePayloadStore(found[1])
     try:
         from dibs.payloads.fsspec import FsspecPayloadStore
 

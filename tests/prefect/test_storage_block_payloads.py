@@ -148,3 +148,17 @@ def test_an_unsupported_block_is_refused_by_name(dibs_url: str) -> None:
         _handoff_flow(dibs_url, [], payloads=f"smb/{storage}")("d1")
     with pytest.raises(ValidationError, match="not both"):
         DibsStore(url=dibs_url, payloads_url="file:///tmp/x", payloads=LocalFileSystem(basepath="/tmp/y"))
+
+
+def test_lock_managers_on_blocks_with_the_same_payload_block_are_interchangeable(
+    dibs_url: str, tmp_path: Path
+) -> None:
+    """Prefect refuses to combine two *different* lock managers: the payload block is part of what
+    makes them the same, compared without opening its file system."""
+
+    def manager(basepath: Path) -> Any:
+        return DibsStore(url=dibs_url, payloads=LocalFileSystem(basepath=str(basepath))).lock_manager()
+
+    assert manager(tmp_path / "a") == manager(tmp_path / "a")
+    assert manager(tmp_path / "a") != manager(tmp_path / "b")
+    assert manager(tmp_path / "a") != DibsStore(url=dibs_url).lock_manager()
