@@ -4,7 +4,8 @@ With a payload store on the ``dibs`` connection (its ``payloads_url``), an artif
 limit lives in the payload store. When Airflow's XCom backend is :class:`DibsXComBackend` (and Airflow
 does not look inside the value: no task mapped over it, no ``multiple_outputs``), its task (whether it
 computed it, waited for it or found it) then returns, as its ``return_value`` XCom, a reference instead
-of the value, so Airflow's metadata database never receives the payload::
+of the value, so Airflow's metadata database never receives the payload (and a hit never loads it
+into the worker: it only checks that the payload is there with its recorded size)::
 
     {"__dibs_artifact__": {"conn_id": "dibs_default", "namespace": "default", "name": "features",
                            "token": 3, "sha256": "...", "size": 104857600}}
@@ -18,18 +19,21 @@ downstream tasks as a plain dict. :func:`resolve` reads a reference that reached
 
 Airflow resolves a downstream task's XCom arguments with the configured backend's
 ``deserialize_value`` and nothing else, which is why the transparent path needs the backend. The
-value is read from the payload store and checked against the digest; if the key's artifact was
-replaced since (a refresh) the reference names a payload the key no longer holds, and resolving it
-raises an error saying so instead of handing over another value.
+value is read from the payload store and checked against the digest: a payload damaged since is
+refused with :class:`~dibs.payloads.PayloadUnavailable` (never returned as a wrong value) and removed,
+so that the upstream task, cleared, computes it again. If the key's artifact was replaced since (a
+refresh) the reference names a payload the key no longer holds, and resolving it raises an error
+saying so instead of handing over another value.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dibs import ReservationError
 from dibs.keys import Key
-from dibs.payloads import ReferencedArtifact
+from dibs.payloads import PayloadUnavailable, ReferencedArtifact
 from dibs.records import ArtifactRecord
 
 try:
@@ -107,7 +111,18 @@ def resolve(value: Any) -> Any:
                 "Clear the upstream task to compute it again",
                 key=str(key),
             )
-        return client.decode(key, artifact)
+        try:
+            return client.decode(key, artifact)
+        except PayloadUnavailable as exc:
+            # The task that returned this reference checked only the payload's size (a hit never
+            # loads it): a payload damaged at its size is found here. Removed, so that the next run
+            # of the upstream task finds it missing and computes it again instead of handing it on.
+            artifact.source.delete(artifact.reference.sha256, unchanged_since=math.inf)
+            raise PayloadUnavailable(
+                f"{exc.message}; the damaged payload was removed: clear the upstream task to compute "
+                "it again",
+                **exc.fields,
+            ) from None
 
 
 class DibsXComBackend(BaseXCom):

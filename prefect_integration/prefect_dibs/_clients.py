@@ -9,6 +9,9 @@ processes that never run it.
 Clients are cached per process and per (URL, settings); the store behind them is shared by every
 client of the process anyway (:mod:`dibs.runtime`: one pool, one schema check, one watch hub), so
 the cache only saves building the client object. A client passed in by the user is used as it is.
+
+``payloads`` (``@reserved(payloads=...)``) replaces the block's payload store: a Prefect filesystem
+block or its slug, a payload store URL (see :mod:`prefect_dibs.payloads`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 from dibs import Reservations, Settings
 from dibs.backoff import Backoff
 from dibs.errors import ConfigurationError
+from dibs.payloads import PayloadStore
 from dibs.serializers import Serializer
+from prefect_dibs.payloads import PayloadsSpec, identity, resolve_payloads
+from prefect_dibs.payloads import clear_cache as clear_loaded_payloads
 
 __all__ = [
     "BLOCK_TYPE_SLUG",
@@ -45,8 +51,11 @@ class StoreBlock(Protocol):
     on_store_unavailable: Literal["fail", "run"]
     wait_timeout: float | None
     payloads_url: str | None
+    payloads: Any
 
     def store_url(self) -> str | None: ...
+
+    def payload_store(self) -> PayloadStore | str | None: ...
 
     def settings(self, **overrides: Any) -> Settings: ...
 
@@ -54,7 +63,7 @@ class StoreBlock(Protocol):
 #: What ``store=`` accepts: a URL, a ``DibsStore`` block or its saved name, a client, or ``None``.
 StoreSpec: TypeAlias = "str | StoreBlock | Reservations | None"
 
-_CACHE: dict[tuple[str | None, Settings, str | None], Reservations] = {}
+_CACHE: dict[tuple[str | None, Settings, PayloadStore | str | None], Reservations] = {}
 _BLOCKS: dict[str, StoreBlock] = {}  # saved blocks by name: loaded once per process
 _CACHE_LOCK = threading.Lock()
 
@@ -86,14 +95,18 @@ class ClientSettings:
         }
 
 
-def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()) -> Reservations:
-    """The client for ``store`` with ``settings`` applied (see the module docstring). Blocking: it may
-    load a block from the Prefect API and open a database; async callers run it in a thread."""
+def resolve_client(
+    store: StoreSpec, settings: ClientSettings = ClientSettings(), payloads: PayloadsSpec = None
+) -> Reservations:
+    """The client for ``store`` with ``settings`` applied, its payload store ``payloads`` if given (see
+    the module docstring). Blocking: it may load blocks from the Prefect API and open a database;
+    async callers run it in a thread."""
     overrides = settings.overrides()
     if isinstance(store, Reservations):
-        if overrides:
+        given = sorted([*overrides, *(["payloads"] if payloads is not None else [])])
+        if given:
             raise ConfigurationError(
-                f"store= is a ready dibs.Reservations client, so {', '.join(sorted(overrides))} cannot be "
+                f"store= is a ready dibs.Reservations client, so {', '.join(given)} cannot be "
                 "applied to it; configure the client itself, or pass a URL or a DibsStore block instead"
             )
         return store
@@ -102,20 +115,20 @@ def resolve_client(store: StoreSpec, settings: ClientSettings = ClientSettings()
     if isinstance(store, StoreBlock):
         client_settings = store.settings(**overrides)
         url = store.store_url()
-        payloads = store.payloads_url
+        chosen = resolve_payloads(payloads) if payloads is not None else store.payload_store()
     elif store is None or isinstance(store, str):
         client_settings = Settings().replace(**overrides)
-        url, payloads = store, None
+        url, chosen = store, resolve_payloads(payloads)
     else:
         raise ConfigurationError(
             f"store= must be a store URL, a DibsStore block or its name, a dibs.Reservations client or "
             f"None, got {type(store).__name__}"
         )
     with _CACHE_LOCK:
-        client = _CACHE.get((url, client_settings, payloads))
+        client = _CACHE.get((url, client_settings, chosen))
         if client is None:
-            client = _CACHE[url, client_settings, payloads] = Reservations(
-                url, settings=client_settings, payloads=payloads
+            client = _CACHE[url, client_settings, chosen] = Reservations(
+                url, settings=client_settings, payloads=chosen
             )
         return client
 
@@ -145,7 +158,8 @@ def spec_identity(store: StoreSpec) -> Any:
     arithmetic (which refuses to combine two *different* lock managers) must see them as equal.
     """
     if isinstance(store, StoreBlock):
-        return ("block", store.store_url(), store.settings(), store.payloads_url)
+        payloads = None if store.payloads is None else identity(store.payloads)
+        return ("block", store.store_url(), store.settings(), store.payloads_url, payloads)
     if isinstance(store, Reservations):
         return ("client", id(store))
     return ("spec", store)
@@ -158,5 +172,6 @@ def clear_cache() -> None:
         clients = list(_CACHE.values())
         _CACHE.clear()
         _BLOCKS.clear()
+    clear_loaded_payloads()
     for client in clients:
         client.close()

@@ -10,14 +10,17 @@ Register the block type with ``prefect block register -m prefect_dibs``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from prefect.blocks.core import Block
+from prefect.filesystems import LocalFileSystem, RemoteFileSystem
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from dibs import Reservations, Settings
+from dibs.payloads import PayloadStore
 from dibs.stores import redact_url
+from prefect_dibs import payloads as block_payloads
 
 if TYPE_CHECKING:
     from prefect_dibs.locking import DibsLockManager
@@ -130,6 +133,23 @@ class DibsStore(Block):
         ),
         examples=["file:///shared/dibs"],
     )
+    # Optional[Union[...]] for the reason given at ``password``; a nested block, saved by reference.
+    payloads: Optional[Union[LocalFileSystem, RemoteFileSystem]] = Field(  # noqa: UP007, UP045
+        default=None,
+        title="Payload storage block",
+        description=(
+            "A Prefect filesystem block (Local File System or Remote File System) for results over "
+            "64 KiB, instead of payloads_url: they are written through the block's own file system and "
+            "credentials, under its base path (see docs/prefect.md)."
+        ),
+    )
+
+    @field_validator("payloads", mode="before")
+    @classmethod
+    def _payloads_block_supported(cls, block: Any) -> Any:
+        if isinstance(block, Block) and not block_payloads.is_supported(block):
+            raise ValueError(block_payloads.refusal(block))
+        return block
 
     @field_validator("payloads_url")
     @classmethod
@@ -154,6 +174,12 @@ class DibsStore(Block):
         )
 
     @model_validator(mode="after")
+    def _one_payload_store(self) -> DibsStore:
+        if self.payloads is not None and self.payloads_url is not None:
+            raise ValueError("set payloads_url or a payloads block, not both: they name the payload store")
+        return self
+
+    @model_validator(mode="after")
     def _pickle_needs_a_key(self) -> DibsStore:
         if self.serializer == "pickle" and self.signing_key is None:
             raise ValueError(
@@ -171,6 +197,12 @@ class DibsStore(Block):
         user = userinfo.split(":", 1)[0] if userinfo else ""
         secret = quote(self.password.get_secret_value(), safe="")
         return urlunsplit(parts._replace(netloc=f"{user}:{secret}@{hostport}"))
+
+    def payload_store(self) -> PayloadStore | str | None:
+        """The payload store: the ``payloads`` block's (one per process), else ``payloads_url``."""
+        if self.payloads is not None:
+            return block_payloads.payload_store(self.payloads)
+        return self.payloads_url
 
     def settings(self, **overrides: Any) -> Settings:
         """The :class:`dibs.Settings` this block describes (signing key included), checked by the core's
@@ -190,7 +222,9 @@ class DibsStore(Block):
     def get_client(self, **overrides: Any) -> Reservations:
         """A :class:`dibs.Reservations` client on this store (cheap: every client of a process shares
         the store; close it when done). ``overrides`` replace the block's settings, e.g. ``ttl=10``."""
-        return Reservations(self.store_url(), settings=self.settings(**overrides), payloads=self.payloads_url)
+        return Reservations(
+            self.store_url(), settings=self.settings(**overrides), payloads=self.payload_store()
+        )
 
     def lock_manager(self, **overrides: Any) -> DibsLockManager:
         """A :class:`~prefect_dibs.DibsLockManager` on this store, for Prefect's SERIALIZABLE caching."""

@@ -54,6 +54,7 @@ from prefect_dibs import _cached, _runs
 from prefect_dibs import events as prefect_events
 from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url, load_block, resolve_client
 from prefect_dibs._takeover import expiry_cause
+from prefect_dibs.payloads import PayloadsSpec, validate_payloads
 
 __all__ = ["KeySpec", "reserved"]
 
@@ -88,6 +89,7 @@ def reserved(
     artifact: bool = True,
     max_age: float | None = None,
     refresh: bool | None = None,
+    payloads: PayloadsSpec = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -108,6 +110,7 @@ def reserved(
     artifact: bool = True,
     max_age: float | None = None,
     refresh: bool | None = None,
+    payloads: PayloadsSpec = None,
 ) -> Any:
     """Make identical calls of a Prefect task compute once across flow runs, processes and machines.
 
@@ -135,6 +138,10 @@ def reserved(
     :param refresh: compute again even if a result is stored; concurrent refreshes compute once.
         ``None`` (default) follows Prefect: the task's ``refresh_cache`` option (also set through
         ``with_options``), else the ``PREFECT_TASKS_REFRESH_CACHE`` setting.
+    :param payloads: where results over 64 KiB go, instead of the block's payload store: a Prefect
+        filesystem block (``LocalFileSystem``, ``RemoteFileSystem``) or its slug such as
+        ``"local-file-system/results"`` (as ``result_storage=`` takes it), or a payload store URL
+        (see :mod:`prefect_dibs.payloads`).
     :param artifact: publish a Prefect markdown artifact saying whether this run computed, waited
         or hit, with the key, fencing token and producer.
 
@@ -152,6 +159,7 @@ def reserved(
     validate_timings(ttl=ttl, heartbeat_interval=heartbeat_interval)  # the core's rules, said now
     Deadline(timeout)  # >= 0 seconds or None, as every dibs wait timeout
     validate_seconds("progress_interval", progress_interval)
+    validate_payloads(payloads)
     settings = ClientSettings(
         namespace=keys.validate_namespace(namespace) if namespace is not None else None,
         ttl=ttl,
@@ -173,6 +181,7 @@ def reserved(
             progress_interval=progress_interval,
             artifact=artifact,
             refresh=refresh,
+            payloads=payloads,
         )
 
     def decorate(target: F) -> F:
@@ -215,6 +224,7 @@ class _Reservation:
     progress_interval: float
     artifact: bool
     refresh: bool | None
+    payloads: PayloadsSpec
 
     def wrapper(self) -> Callable[..., Any]:
         fn = self.fn
@@ -250,7 +260,7 @@ class _Reservation:
 
     def resolve(self) -> tuple[Reservations, float | None]:
         """The client, and the wait timeout (ours, else the block's). Blocking (may load a block)."""
-        client = resolve_client(self.store, self.settings)
+        client = resolve_client(self.store, self.settings, self.payloads)
         timeout = self.timeout
         if timeout is None:
             timeout = _block_wait_timeout(self.store)

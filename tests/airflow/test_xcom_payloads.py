@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 pytest.importorskip("airflow")
 
+import fsspec  # type: ignore[import-untyped]
+from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+
 import dibs
+from dibs.payloads import PayloadUnavailable
 from dibs_provider.operators.reserved import ReservedPythonOperator
-from dibs_provider.xcom import DibsXComBackend, is_reference, resolve
+from dibs_provider.xcom import REFERENCE_FIELD, DibsXComBackend, is_reference, resolve
 
 BIG = "y" * 100_000  # above the 64 KiB inline limit
 
@@ -26,6 +30,38 @@ def payloads(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("DIBS_PAYLOADS_URL", url)
     monkeypatch.setenv("AIRFLOW__CORE__XCOM_BACKEND", "dibs_provider.xcom.DibsXComBackend")
     return url
+
+
+class _CountingFileSystem(LocalFileSystem):  # type: ignore[misc]
+    """The local file system under a protocol of its own, recording every file it opens for reading:
+    dibs's fsspec payload store on it is a real payload store whose reads the tests can see."""
+
+    protocol = ("dibs-counting",)
+    reads: ClassVar[list[str]] = []
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, str) and path.startswith("dibs-counting://"):
+            path = path.removeprefix("dibs-counting://")
+        return super()._strip_protocol(path)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" in mode:
+            self.reads.append(path)
+        return super()._open(path, mode, **kwargs)
+
+
+@pytest.fixture
+def counted(payloads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The payload store on :class:`_CountingFileSystem`; returns the list of payload reads."""
+    fsspec.register_implementation("dibs-counting", _CountingFileSystem, clobber=True)
+    monkeypatch.setenv("DIBS_PAYLOADS_URL", f"dibs-counting://{tmp_path / 'counted'}")
+    _CountingFileSystem.reads.clear()
+    return _CountingFileSystem.reads
+
+
+def _payload_file(tmp_path: Path, returned: Any) -> Path:
+    return tmp_path / "counted" / "sha256" / returned[REFERENCE_FIELD]["sha256"]
 
 
 def _task(value: Any, task_id: str = "t", key: str = "export") -> ReservedPythonOperator:
@@ -97,3 +133,59 @@ def test_a_reference_to_a_replaced_artifact_is_refused_not_answered_with_another
     client.run("export", lambda: "z" * 100_000)  # recomputed with other bytes
     with pytest.raises(dibs.ReservationError, match="the artifact of token"):
         resolve(returned)
+
+
+def test_a_hit_returns_the_reference_without_reading_the_payload(
+    counted: list[str], make_context: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    computed = _task(BIG).execute(make_context(run_id="r1"))
+    assert is_reference(computed)
+    counted.clear()
+    hit = _task("never", task_id="other").execute(make_context(dag_id="other", run_id="r2"))
+    assert hit == computed
+    assert counted == []  # only stat'ed: the payload was never opened in the worker
+    assert resolve(hit) == BIG and len(counted) == 1  # the downstream reader reads (and checks) it
+    # Where the task returns the value itself (no resolving backend), a hit does read it: what the
+    # check above would see if a hit loaded its payload.
+    monkeypatch.delenv("AIRFLOW__CORE__XCOM_BACKEND")
+    counted.clear()
+    assert _task("never", task_id="third").execute(make_context(dag_id="third", run_id="r3")) == BIG
+    assert len(counted) == 1
+
+
+def test_a_truncated_payload_makes_the_hit_a_miss_that_computes_again(
+    counted: list[str], make_context: Any, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+
+    def produce() -> str:
+        calls.append("ran")
+        return BIG
+
+    def task(task_id: str) -> ReservedPythonOperator:
+        return ReservedPythonOperator(task_id=task_id, python_callable=produce, reservation_key="export")
+
+    returned = task("t").execute(make_context(run_id="r1"))
+    payload = _payload_file(tmp_path, returned)
+    payload.write_bytes(payload.read_bytes()[: len(BIG) // 2])
+    counted.clear()
+    again = task("other").execute(make_context(dag_id="other", run_id="r2"))
+    assert calls == ["ran", "ran"] and counted == []
+    assert again[REFERENCE_FIELD]["token"] == returned[REFERENCE_FIELD]["token"] + 1  # a new artifact
+    assert payload.stat().st_size == len(BIG.encode()) + 2  # written whole again (a JSON string)
+
+
+def test_a_payload_damaged_at_its_size_is_refused_by_the_reader_then_computed_again(
+    counted: list[str], make_context: Any, tmp_path: Path
+) -> None:
+    returned = _task(BIG).execute(make_context(run_id="r1"))
+    payload = _payload_file(tmp_path, returned)
+    payload.write_bytes(payload.read_bytes().replace(b"y", b"z"))  # same size, other bytes
+    hit = _task("never", task_id="other").execute(make_context(dag_id="other", run_id="r2"))
+    assert hit == returned  # the cheap check passes: present, right size
+    with pytest.raises(PayloadUnavailable, match=r"does not match its recorded SHA-256.*clear the upstream"):
+        resolve(hit)  # never the damaged bytes
+    assert not payload.exists()  # removed by the reader that found it damaged
+    again = _task(BIG, task_id="third").execute(make_context(dag_id="third", run_id="r3"))
+    assert again[REFERENCE_FIELD]["token"] == returned[REFERENCE_FIELD]["token"] + 1  # computed again
+    assert resolve(again) == BIG

@@ -26,7 +26,9 @@ retry of a task whose worker died re-enters its own lease instead of waiting for
 Each task also pushes an XCom ``dibs_outcome`` saying how it got its value (``computed``, ``waited``,
 ``hit`` or ``unreserved``), with the key, token, producer, holder waited on and wait time. A value kept
 in the connection's payload store is returned as a small reference instead (:mod:`dibs_provider.xcom`:
-its XCom backend, or :func:`dibs_provider.xcom.resolve`, gives downstream tasks the value).
+its XCom backend, or :func:`dibs_provider.xcom.resolve`, gives downstream tasks the value); a hit
+then never loads the payload into the worker: it checks that the payload is there with its recorded
+size, and the downstream reader checks its digest as it reads it.
 
 Three ways in, one implementation (:class:`ReservedOperatorMixin`):
 
@@ -55,7 +57,8 @@ from dibs.errors import ConfigurationError, InvalidKey, ReservationError, StoreU
 from dibs.flow import Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
 from dibs.holding import HeldLease, failure_text
 from dibs.keys import DERIVED_DIGEST_LENGTH, Key, canonical_json, derive_key, digest
-from dibs.payloads import ReferencingStore
+from dibs.payloads import ReferencedArtifact, ReferencingStore, unread, unread_hit
+from dibs.records import StoreOutcome
 from dibs_provider import xcom
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
@@ -306,6 +309,11 @@ class ReservedOperatorMixin(BaseOperator):
             self.reservation_wait_timeout if self.reservation_wait_timeout is not None else hook.wait_timeout
         )
         with hook.get_client() as client:
+            references = self._returns_references(client)
+            if references:
+                # A hit is handed on as a reference, never loaded here: it is only checked to be there
+                # whole (its size); the downstream reader checks its digest as it reads it.
+                client.store = unread(client.store, "size")
             narrator = _Narrator(self, context, client)
             call = client.call(
                 name,
@@ -319,31 +327,40 @@ class ReservedOperatorMixin(BaseOperator):
                 clock=time.time,  # a wait resumes on whichever worker runs execute_complete
             )
             try:
-                report = call.drive(_TaskSteps(self, context, client, call))
+                report = call.drive(_TaskSteps(self, context, client, call, unread=references))
             except _Deferral as deferral:
                 self.defer(trigger=deferral.trigger, method_name="execute_complete")
             if narrator.outcome is not None:
                 # Pushed here, not from the observer: observers' errors are only logged, and a task
                 # whose XCom could not be pushed must fail as any Airflow task would.
                 context["ti"].xcom_push(key=OUTCOME_XCOM_KEY, value=narrator.outcome)
+            if not references:
+                return report.value
             return self._returned(client, client.key(name), report.value, report.token)
 
-    def _returned(self, client: Reservations, key: Key, value: Any, token: int | None) -> Any:
-        """What the task returns (its ``return_value`` XCom): the value, or a reference to it when it
-        lives in the payload store (:mod:`dibs_provider.xcom`), so the XCom never carries a payload.
+    def _returns_references(self, client: Reservations) -> bool:
+        """Whether this task returns (as its ``return_value`` XCom) a reference to a value that lives in
+        the payload store (:mod:`dibs_provider.xcom`) instead of the value, so the XCom never carries a
+        payload, and a hit never loads one.
 
         Only where every reader gets the value back: the configured XCom backend resolves references
         (:class:`~dibs_provider.xcom.DibsXComBackend`), and Airflow does not look inside the value
         itself, as it does to expand mapped tasks over it (its length) or to push ``multiple_outputs``
         (its keys). Anywhere else a reference would reach a downstream task silently as a dict.
         """
-        if (
-            token is None
-            or not isinstance(client.store, ReferencingStore)
-            or getattr(self, "multiple_outputs", False)
-            or self._maps_dependants()
-            or not xcom.backend_resolves_references()
-        ):
+        return (
+            isinstance(client.store, ReferencingStore)
+            and not getattr(self, "multiple_outputs", False)
+            and not self._maps_dependants()
+            and xcom.backend_resolves_references()
+        )
+
+    def _returned(self, client: Reservations, key: Key, value: Any, token: int | None) -> Any:
+        """The reference to ``value`` (see :meth:`_returns_references`), when it lives in the payload
+        store; else the value. A hit's value is the artifact itself, unread (:class:`_TaskSteps`)."""
+        if isinstance(value, ReferencedArtifact):
+            return xcom.reference(self.dibs_conn_id, key, value)
+        if token is None:
             return value
         try:
             artifact = client.status(key).artifact
@@ -377,7 +394,13 @@ class _TaskSteps(Steps):
     client: Reservations
 
     def __init__(
-        self, operator: ReservedOperatorMixin, context: Context, client: Reservations, call: Call
+        self,
+        operator: ReservedOperatorMixin,
+        context: Context,
+        client: Reservations,
+        call: Call,
+        *,
+        unread: bool = False,
     ) -> None:
         super().__init__(
             client,
@@ -387,6 +410,12 @@ class _TaskSteps(Steps):
             logger=operator.log,
         )
         self.operator, self.context = operator, context
+        #: A hit of a payload is the artifact itself, unread: the task returns a reference to it.
+        self.unread = unread
+
+    def outcome(self, key: Key, outcome: StoreOutcome) -> Hit | Acquired | Busy:
+        hit = unread_hit(key, outcome) if self.unread else None
+        return hit if hit is not None else super().outcome(key, outcome)
 
     def wait(self, step: Wait) -> Hit | Acquired | Busy:
         op, busy = self.operator, step.busy

@@ -19,10 +19,10 @@ from dibs._cli.command import Command
 from dibs._cli.stops import StopSignals
 from dibs.client import Reservations
 from dibs.keys import Key
-from dibs.outcomes import Hit, Outcome
-from dibs.payloads import Payload, ReferencedArtifact, ReferencingStore, referencing
+from dibs.outcomes import Outcome
+from dibs.payloads import Payload, ReferencedArtifact, ReferencingStore, unread, unread_hit
 from dibs.payloads.verify import copy_verified
-from dibs.records import ArtifactRecord, Present, StoreOutcome
+from dibs.records import ArtifactRecord, StoreOutcome
 
 __all__ = ["outcome", "stream_out", "streaming", "streams", "work_of"]
 
@@ -31,30 +31,14 @@ def streaming(client: Reservations) -> None:
     """Make ``client`` (``dibs run``'s own, not yet used) hand out hits of payloads unread: only their
     size is checked when they are found, and :func:`stream_out` checks the digest as it prints them.
     A client without a payload store is left as it is."""
-    store = client.store
-    if isinstance(store, ReferencingStore) and store.load:
-        client.store = referencing(
-            store.records, store.payloads, inline_limit=store.inline_limit, grace=store.grace, load=False
-        )
+    client.store = unread(client.store)
 
 
 def outcome(client: Reservations, key: Key, found: StoreOutcome) -> Outcome:
     """The flow's outcome of a store answer; a hit of an unread payload keeps the artifact itself as
     its value (printed by :func:`stream_out`), instead of loading it whole to decode it."""
-    if isinstance(found, Present):
-        artifact = found.artifact
-        if isinstance(artifact, ReferencedArtifact) and artifact.loaded is None:
-            return Hit(
-                key=key,
-                value=artifact,
-                producer=artifact.producer,
-                created_at=artifact.created_at,
-                token=artifact.fence,
-                serializer=artifact.serializer,
-                size=artifact.size,
-                compute_seconds=artifact.compute_seconds,
-            )
-    return client._to_outcome(key, found)
+    hit = unread_hit(key, found)
+    return hit if hit is not None else client._to_outcome(key, found)
 
 
 def work_of(client: Reservations, running: Command, stops: StopSignals) -> Callable[[], bytes | Payload]:

@@ -27,7 +27,13 @@ from dibs.errors import ConfigurationError
 from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
 from dibs.payloads.collect import DEFAULT_GRACE
 from dibs.payloads.references import REFERENCE
-from dibs.payloads.referencing import DEFAULT_INLINE_LIMIT, ReferencedArtifact, ReferencingStore
+from dibs.payloads.referencing import (
+    DEFAULT_INLINE_LIMIT,
+    ReferencedArtifact,
+    ReferencingStore,
+    UnreadCheck,
+    unread_hit,
+)
 from dibs.stores.base import CLOSE_HOOKS, Store
 
 __all__ = [
@@ -43,10 +49,13 @@ __all__ = [
     "ReferencedArtifact",
     "ReferencingStore",
     "StoredPayload",
+    "UnreadCheck",
     "default_payloads_url",
     "is_open",
     "open_payload_store",
     "referencing",
+    "unread",
+    "unread_hit",
 ]
 
 PAYLOADS_URL_ENV = "DIBS_PAYLOADS_URL"
@@ -59,7 +68,7 @@ class _Opened:
         self.lock = threading.Lock()
         self.stores: dict[str, PayloadStore] = {}
         self.referencing: weakref.WeakKeyDictionary[
-            Store, dict[tuple[str, int, float, bool], ReferencingStore]
+            Store, dict[tuple[str, int, float, bool, UnreadCheck], ReferencingStore]
         ] = weakref.WeakKeyDictionary()
 
 
@@ -145,22 +154,39 @@ def referencing(
     inline_limit: int = DEFAULT_INLINE_LIMIT,
     grace: float = DEFAULT_GRACE,
     load: bool = True,
+    unread_check: UnreadCheck = "digest",
 ) -> ReferencingStore:
     """``records`` with its large artifacts in ``payloads``: one such store per combination in the
-    process, so that its clients share one watch hub as they share the record store (``load``: see
-    :attr:`ReferencingStore.load`)."""
+    process, so that its clients share one watch hub as they share the record store (``load`` and
+    ``unread_check``: see :attr:`ReferencingStore.load` and :attr:`ReferencingStore.unread_check`)."""
     if isinstance(inline_limit, bool) or not isinstance(inline_limit, int) or inline_limit < 0:
         raise ConfigurationError(
             f"payload_inline_limit must be a number of bytes (0 or more), got {inline_limit!r}",
             setting="payload_inline_limit",
         )
     store = payloads if isinstance(payloads, PayloadStore) else open_payload_store(payloads)
-    combination = (f"{store.url}#{id(store)}", inline_limit, float(grace), load)
+    combination = (f"{store.url}#{id(store)}", inline_limit, float(grace), load, unread_check)
     with _OPENED.lock:
         made = _OPENED.referencing.setdefault(records, {})
         found = made.get(combination)
         if found is None:
             found = made[combination] = ReferencingStore(
-                records, store, inline_limit=inline_limit, grace=grace, load=load
+                records, store, inline_limit=inline_limit, grace=grace, load=load, unread_check=unread_check
             )
         return found
+
+
+def unread(store: Store, check: UnreadCheck = "digest") -> Store:
+    """``store`` handing out hits of payloads unread (see :attr:`ReferencingStore.load`), checked as
+    ``check`` says (:attr:`ReferencingStore.unread_check`); :func:`unread_hit` turns its answers into
+    hits. A store without a payload store is returned as it is."""
+    if not isinstance(store, ReferencingStore) or (not store.load and store.unread_check == check):
+        return store
+    return referencing(
+        store.records,
+        store.payloads,
+        inline_limit=store.inline_limit,
+        grace=store.grace,
+        load=False,
+        unread_check=check,
+    )

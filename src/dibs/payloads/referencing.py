@@ -30,10 +30,11 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from dibs.errors import ArtifactCorrupted, LeaseLost
 from dibs.keys import Key
+from dibs.outcomes import Hit
 from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable
 from dibs.payloads.collect import DEFAULT_GRACE, collect, referenced_digest
 from dibs.payloads.references import REFERENCE, decode, encode
@@ -86,6 +87,31 @@ class ReferencedArtifact(ArtifactRecord):
             raise PayloadUnavailable(f"artifact of {key}: {exc}", key=str(key), uri=self.uri) from None
 
 
+#: How a hit handed out unread is checked when it is found (see :attr:`ReferencingStore.unread_check`).
+UnreadCheck: TypeAlias = Literal["digest", "size"]
+
+
+def unread_hit(key: Key, found: StoreOutcome) -> Hit | None:
+    """The hit ``found`` is, when it is a payload handed out unread (a store with ``load=False``): the
+    artifact itself is its value, for a caller that streams it or hands a reference on, instead of
+    loading it whole to decode it. ``None`` for any other answer (decode it as usual)."""
+    if not isinstance(found, Present):
+        return None
+    artifact = found.artifact
+    if not isinstance(artifact, ReferencedArtifact) or artifact.loaded is not None:
+        return None
+    return Hit(
+        key=key,
+        value=artifact,
+        producer=artifact.producer,
+        created_at=artifact.created_at,
+        token=artifact.fence,
+        serializer=artifact.serializer,
+        size=artifact.size,
+        compute_seconds=artifact.compute_seconds,
+    )
+
+
 class _Loading:
     """One payload being read, or read: shared while any record that carries it lives."""
 
@@ -105,6 +131,7 @@ class ReferencingStore(Store):
         inline_limit: int = DEFAULT_INLINE_LIMIT,
         grace: float = DEFAULT_GRACE,
         load: bool = True,
+        unread_check: UnreadCheck = "digest",
     ) -> None:
         self.records = records
         self.payloads = payloads
@@ -115,6 +142,12 @@ class ReferencingStore(Store):
         #: streams it, checked as it goes (:func:`~dibs.payloads.verify.copy_verified`), never whole
         #: in memory.
         self.load = load
+        #: How a hit handed out unread (``load=False``) is checked when it is found: ``"digest"`` reads
+        #: it through to its end (``dibs run`` prints it next, and must never print bytes it then
+        #: refuses); ``"size"`` only asks the payload store whether it is there with its recorded size,
+        #: for a caller that hands on a reference whose reader checks the digest as it reads (the
+        #: Airflow provider's reserved tasks: a hit then costs a stat, not a read of the payload).
+        self.unread_check = unread_check
         self._lock = threading.Lock()
         self._loading: weakref.WeakValueDictionary[str, _Loading] = weakref.WeakValueDictionary()
         #: Everything this store's collections removed so far (``dibs prune`` reports the difference).
@@ -211,9 +244,13 @@ class ReferencingStore(Store):
             try:
                 referenced = self._referenced(key, artifact)
                 if not self.load:
-                    # Streamed out later, so checked to its end now (one chunk in memory): a damaged
-                    # payload is a miss that computes again, never bytes printed and then refused.
-                    check_whole(self.payloads, referenced.reference, referenced.uri)
+                    if self.unread_check == "size":
+                        self._whole(referenced)  # the reader checks the digest
+                    else:
+                        # Streamed out later, so checked to its end now (one chunk in memory): a
+                        # damaged payload is a miss that computes again, never bytes printed and then
+                        # refused.
+                        check_whole(self.payloads, referenced.reference, referenced.uri)
                     return Present(referenced)
                 loaded, keep = self._load(key, referenced)
                 return Present(dataclasses.replace(referenced, loaded=loaded, keep=keep))
