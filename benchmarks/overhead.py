@@ -22,7 +22,7 @@ from benchmarks.settings import Settings
 from benchmarks.stats import ratio, summarize
 from benchmarks.targets import Target
 from dibs.records import Granted, checksum
-from dibs.stores import open_store
+from dibs.stores import AcquireRequest, NewArtifact, open_store
 
 KINDS = ("raw", "store", "client", "run")
 VALUE = {"path": "s3://bucket/features/part-00000.parquet", "rows": 123456}
@@ -55,9 +55,9 @@ def _measure_target(target: Target, settings: Settings) -> dict[str, Any]:
         key = dibs.Key(namespace, name("store"))
 
         def op() -> None:
-            outcome = store.acquire(key, "bench", 60.0, None)
+            outcome = store.acquire(key, AcquireRequest("bench", 60.0))
             assert isinstance(outcome, Granted)
-            store.complete(key, outcome.lease.token, "json", PAYLOAD, digest)
+            store.complete(key, outcome.lease.token, NewArtifact("json", PAYLOAD, digest))
 
         return op
 

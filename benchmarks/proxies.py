@@ -13,6 +13,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
+from dibs.stores import AcquireRequest, NewArtifact
 from dibs.stores.base import Store
 from dibs.stores.feeds import ChangeFeed, PollingFeed
 
@@ -32,32 +33,14 @@ class DelegatingStore(Store):
     def read(self, key: Key) -> KeyState:
         return self.inner.read(key)
 
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
-        return self.inner.acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
+        return self.inner.acquire(key, request)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         return self.inner.heartbeat(key, token, ttl)
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
-        return self.inner.complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
+        return self.inner.complete(key, token, artifact)
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         self.inner.release(key, token, error, counted=counted)
@@ -152,35 +135,17 @@ class CountingStore(DelegatingStore):
         self.record("read")
         return super().read(key)
 
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         self.record("acquire")
-        return super().acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
+        return super().acquire(key, request)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         self.record("heartbeat")
         return super().heartbeat(key, token, ttl)
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
         self.record("complete")
-        return super().complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
+        return super().complete(key, token, artifact)
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         self.record("release")

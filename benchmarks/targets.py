@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.raw import prepare_raw
+from dibs.stores import AcquireRequest, NewArtifact
 
 __all__ = ["ALL_STORES", "Target", "open_targets"]
 
@@ -209,9 +210,9 @@ def _self_check(url: str) -> bool:
     store = open_store(url)
     try:
         key = dibs.Key("bench.selfcheck", _hex())
-        outcome = store.acquire(key, "self-check", 30.0, None)
+        outcome = store.acquire(key, AcquireRequest("self-check", 30.0))
         assert isinstance(outcome, Granted), outcome
-        store.complete(key, outcome.lease.token, "json", b"1", checksum(b"1"))
+        store.complete(key, outcome.lease.token, NewArtifact("json", b"1", checksum(b"1")))
         state = store.read(key)
         assert state.artifact is not None and state.artifact.payload == b"1", state
         return store.change_feed() is not None  # the process's watch hub can follow it

@@ -46,6 +46,7 @@ from dibs.records import (
     Present,
     StoreOutcome,
 )
+from dibs.stores import AcquireRequest, NewArtifact
 from dibs.stores.base import Store
 from dibs.stores.feeds import ChangeFeed
 
@@ -177,21 +178,12 @@ class RecordingStore(Store):
         self.recorder.emit("read", key=key.name, t0=t0, t1=now(), result="ok", **_state_fields(state))
         return state
 
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         t0 = now()
         try:
-            outcome = self.inner.acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
+            outcome = self.inner.acquire(key, request)
         except Exception as exc:
-            self._failed("acquire", key, t0, exc, owner=owner)
+            self._failed("acquire", key, t0, exc, owner=request.owner)
             raise
         t1 = now()
         if isinstance(outcome, Present):
@@ -200,7 +192,7 @@ class RecordingStore(Store):
                 key=key.name,
                 t0=t0,
                 t1=t1,
-                owner=owner,
+                owner=request.owner,
                 result="present",
                 artifact=artifact_identity(outcome.artifact),
             )
@@ -220,7 +212,7 @@ class RecordingStore(Store):
                 key=key.name,
                 t0=t0,
                 t1=t1,
-                owner=owner,
+                owner=request.owner,
                 result="held",
                 at=outcome.now,
                 holder=_lease_fields(outcome.lease),
@@ -237,23 +229,14 @@ class RecordingStore(Store):
         self.recorder.emit("heartbeat", key=key.name, t0=t0, t1=now(), result="ok", **_lease_fields(lease))
         return lease
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
+    def complete(self, key: Key, token: LeaseToken, new: NewArtifact) -> ArtifactRecord:
         t0 = now()
         try:
-            artifact = self.inner.complete(
-                key, token, serializer, payload, checksum, compute_seconds=compute_seconds
-            )
+            artifact = self.inner.complete(key, token, new)
         except Exception as exc:
-            self._failed("complete", key, t0, exc, fence=token.fence, lease=token.lease_id, checksum=checksum)
+            self._failed(
+                "complete", key, t0, exc, fence=token.fence, lease=token.lease_id, checksum=new.checksum
+            )
             raise
         self.recorder.emit(
             "complete",

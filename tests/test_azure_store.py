@@ -29,6 +29,8 @@ from urllib.parse import quote
 
 import pytest
 
+from dibs.stores import AcquireRequest, NewArtifact
+
 pytest.importorskip("azure.storage.blob")
 
 from azure.core.exceptions import ResourceExistsError, ServiceRequestError, ServiceResponseError
@@ -68,7 +70,7 @@ def _granted(outcome: object) -> LeaseRecord:
 
 
 def _complete(store: AzureBlobStore, lease: LeaseRecord, payload: bytes) -> None:
-    store.complete(lease.key, lease.token, "bytes", payload, checksum(payload))
+    store.complete(lease.key, lease.token, NewArtifact("bytes", payload, checksum(payload)))
 
 
 def _assert_no_secret(text: str, *secrets: str) -> None:
@@ -344,14 +346,16 @@ def _race_worker(race: _Race, worker: int, barrier: Any, results: Any) -> None:
         report: list[tuple[str, str, str, int]] = []
         if shared is None:
             for name in keys:
-                outcome = store.acquire(Key("azure.race", name), f"worker-{worker}", 60, None)
+                outcome = store.acquire(Key("azure.race", name), AcquireRequest(f"worker-{worker}", 60))
                 assert isinstance(outcome, Granted | Held), outcome
                 report.append((name, type(outcome).__name__, outcome.lease.owner, outcome.lease.token.fence))
         else:  # every worker holds the same handed-off lease and completes it with its own payload
             token = LeaseToken(shared["fence"], shared["lease_id"])
             payload = f"payload of worker {worker}".encode()
             try:
-                store.complete(Key("azure.race", shared["key"]), token, "bytes", payload, checksum(payload))
+                store.complete(
+                    Key("azure.race", shared["key"]), token, NewArtifact("bytes", payload, checksum(payload))
+                )
                 report.append((shared["key"], "completed", f"worker-{worker}", token.fence))
             except LeaseLost:
                 report.append((shared["key"], "LeaseLost", f"worker-{worker}", token.fence))
@@ -408,7 +412,7 @@ def test_racing_completions_of_one_handed_off_lease_store_exactly_one_payload(
     azure_url: str, store: AzureBlobStore, raw: ContainerClient
 ) -> None:
     key = Key("azure.race", "handed-off")
-    lease = _granted(store.acquire(key, "scheduler", 60, None))
+    lease = _granted(store.acquire(key, AcquireRequest("scheduler", 60)))
     shared = {"key": key.name, "fence": lease.token.fence, "lease_id": lease.token.lease_id}
     reports = _run_racers(azure_url, 5, [key.name], shared)
     kinds = sorted(kind for _, report in reports for _, kind, _, _ in report)
@@ -425,7 +429,7 @@ def test_racing_completions_of_one_handed_off_lease_store_exactly_one_payload(
 
 def test_blob_names_come_from_the_key_digest_only(store: AzureBlobStore, raw: ContainerClient) -> None:
     key = Key("azure.names", "../../../etc/passwd")
-    _complete(store, _granted(store.acquire(key, "alice", 60, None)), b"x")
+    _complete(store, _granted(store.acquire(key, AcquireRequest("alice", 60))), b"x")
     names = sorted(b.name for b in raw.list_blobs())
     assert names == sorted([store.record_name(key), store.artifact_name(key, store.read(key).artifact)])  # type: ignore[arg-type]
     for name in names:
@@ -441,7 +445,7 @@ def test_now_is_the_services_time_not_this_machines(
     monkeypatch.undo()
     after = _head_date(raw)
     assert before <= state.now < after + 1
-    lease = _granted(store.acquire(KEY, "alice", 30, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 30)))
     assert lease.acquired_at >= state.now
 
 
@@ -469,7 +473,7 @@ def test_a_foreign_record_is_reported_and_left_untouched(
     etag = blob.get_blob_properties().etag
     for operation in (
         lambda: store.read(KEY),
-        lambda: store.acquire(KEY, "alice", 60, None),
+        lambda: store.acquire(KEY, AcquireRequest("alice", 60)),
         lambda: store.force_release(KEY),
         lambda: store.forget(KEY),
     ):
@@ -485,11 +489,11 @@ def test_a_foreign_record_is_reported_and_left_untouched(
 
 def test_a_record_copied_to_another_keys_name_is_foreign(store: AzureBlobStore, raw: ContainerClient) -> None:
     other = Key("azure.tests", "another key")
-    _granted(store.acquire(other, "alice", 60, None))
+    _granted(store.acquire(other, AcquireRequest("alice", 60)))
     copy = raw.get_blob_client(store.record_name(KEY))
     copy.upload_blob(raw.get_blob_client(store.record_name(other)).download_blob().readall())
     with pytest.raises(CorruptRecord, match=re.escape("belongs to key azure.tests/another key")):
-        store.acquire(KEY, "bob", 60, None)
+        store.acquire(KEY, AcquireRequest("bob", 60))
     assert [s.key for s in store.list()] == [other]
 
 
@@ -505,7 +509,7 @@ def test_an_oversized_blob_in_place_of_a_record_is_not_downloaded(
 def test_a_tampered_payload_fails_its_check_and_is_left_for_inspection(
     store: AzureBlobStore, raw: ContainerClient
 ) -> None:
-    _complete(store, _granted(store.acquire(KEY, "alice", 60, None)), b"the real value")
+    _complete(store, _granted(store.acquire(KEY, AcquireRequest("alice", 60))), b"the real value")
     artifact = store.read(KEY).artifact
     assert artifact is not None
     blob = raw.get_blob_client(store.artifact_name(KEY, artifact))
@@ -516,7 +520,7 @@ def test_a_tampered_payload_fails_its_check_and_is_left_for_inspection(
     assert tampered is not None and tampered.payload == b"the fake value"
     with pytest.raises(ArtifactCorrupted, match="failed its integrity check"):
         tampered.verified_payload(KEY)
-    hit = store.acquire(KEY, "bob", 60, None)
+    hit = store.acquire(KEY, AcquireRequest("bob", 60))
     assert isinstance(hit, Present)
     with pytest.raises(ArtifactCorrupted):
         hit.artifact.verified_payload(KEY)
@@ -524,7 +528,7 @@ def test_a_tampered_payload_fails_its_check_and_is_left_for_inspection(
 
     assert store.forget(KEY) is True  # the documented way out: forget, recompute
     assert not blob.exists()
-    _complete(store, _granted(store.acquire(KEY, "bob", 60, None)), b"recomputed")
+    _complete(store, _granted(store.acquire(KEY, AcquireRequest("bob", 60))), b"recomputed")
     again = store.read(KEY).artifact
     assert again is not None and again.verified_payload(KEY) == b"recomputed"
 
@@ -532,7 +536,7 @@ def test_a_tampered_payload_fails_its_check_and_is_left_for_inspection(
 def test_a_missing_payload_fails_its_check(
     store: AzureBlobStore, raw: ContainerClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _complete(store, _granted(store.acquire(KEY, "alice", 60, None)), b"value")
+    _complete(store, _granted(store.acquire(KEY, AcquireRequest("alice", 60))), b"value")
     artifact = store.read(KEY).artifact
     assert artifact is not None
     raw.delete_blob(store.artifact_name(KEY, artifact))
@@ -548,7 +552,7 @@ def test_a_large_payload_goes_in_parallel_blocks_and_comes_back_whole(
     store: AzureBlobStore, raw: ContainerClient
 ) -> None:
     payload = bytes(range(256)) * (4096 * 21)  # 21 MiB: above the single-request size
-    _complete(store, _granted(store.acquire(KEY, "alice", 60, None)), payload)
+    _complete(store, _granted(store.acquire(KEY, AcquireRequest("alice", 60))), payload)
     artifact = store.read(KEY).artifact
     assert artifact is not None and artifact.verified_payload(KEY) == payload
     blob = raw.get_blob_client(store.artifact_name(KEY, artifact))
@@ -560,7 +564,7 @@ def test_a_fenced_out_holder_leaves_no_payload_behind(
     open_azure: Callable[[], AzureBlobStore], raw: ContainerClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     holder, operator = open_azure(), open_azure()
-    lease = _granted(holder.acquire(KEY, "alice", 60, None))
+    lease = _granted(holder.acquire(KEY, AcquireRequest("alice", 60)))
     upload = holder._upload_artifact
 
     def upload_then_get_fenced_out(*args: Any) -> tuple[str, bool]:
@@ -595,10 +599,12 @@ def test_a_write_whose_response_was_lost_still_counts_as_ours(azure_url: str) ->
         key = Key("azure.lost", action)
         with AzureBlobStore.from_url(azure_url, transport=transport) as store:
             if action != "acquire":
-                lease = _granted(store.acquire(key, "alice", 60, None))
+                lease = _granted(store.acquire(key, AcquireRequest("alice", 60)))
                 transport.dropped = 0
             if action == "acquire":
-                lease = _granted(store.acquire(key, "alice", 60, None))  # the SDK retried into a 409
+                lease = _granted(
+                    store.acquire(key, AcquireRequest("alice", 60))
+                )  # the SDK retried into a 409
                 assert lease.token.fence == 1
             elif action == "complete":
                 _complete(store, lease, b"v")  # the SDK retried into a 412: no spurious LeaseLost
@@ -635,9 +641,9 @@ def test_a_read_retried_after_a_connection_error_still_knows_the_service_time(az
             if operation == "read":
                 assert store.read(key).status == "free"
             elif operation == "acquire":
-                assert _granted(store.acquire(key, "alice", 60, None)).token.fence == 1
+                assert _granted(store.acquire(key, AcquireRequest("alice", 60))).token.fence == 1
             else:
-                store.acquire(key, "alice", 60, None)
+                store.acquire(key, AcquireRequest("alice", 60))
                 transport.failed = 0
                 assert key in [state.key for state in store.list(key.namespace)]
             assert transport.failed == 1
@@ -650,12 +656,12 @@ def test_the_container_is_created_when_missing_even_mid_use(
     assert store.read(KEY).status == "free"  # reading creates nothing
     assert list(store.list()) == []
     assert not raw.exists()
-    first = _granted(store.acquire(KEY, "alice", 60, None))
+    first = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     assert raw.exists()
     raw.delete_container()
     # Azurite frees a deleted container's name at once (Azure may refuse it for a while: that is a
     # StoreUnavailable there). The fence restarts with the container: the records were deleted.
-    again = _granted(store.acquire(KEY, "alice", 60, None))
+    again = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     assert again.token.fence == first.token.fence
 
 
@@ -672,7 +678,7 @@ def test_a_container_that_cannot_be_created_is_unavailable_not_a_loop(
     monkeypatch.setattr(store._container, "create_container", create_container)
     expected = service_says if service_says == "ContainerBeingDeleted" else "ContainerNotFound"
     with pytest.raises(StoreUnavailable, match=expected):
-        store.acquire(KEY, "alice", 60, None)
+        store.acquire(KEY, AcquireRequest("alice", 60))
 
 
 def test_the_async_client_runs_the_same_store(store: AzureBlobStore) -> None:
@@ -700,7 +706,7 @@ def test_an_unreachable_service_is_unavailable_without_secrets(caplog: pytest.Lo
             with pytest.raises(
                 StoreUnavailable, match=re.escape("could not read the record of azure.tests/the key")
             ) as caught:
-                store.acquire(KEY, "alice", 60, None)
+                store.acquire(KEY, AcquireRequest("alice", 60))
             shown = "".join(traceback.format_exception(caught.value)) + repr(caught.value) + caplog.text
             _assert_no_secret(shown, SECRET_KEY, SECRET_SIG)
             assert caught.value.__cause__ is None and caught.value.__suppress_context__
@@ -726,7 +732,7 @@ def test_an_emulator_restart_is_unavailable_then_recovers_with_the_lease_intact(
         own_azurite.connection_string, backend.fresh_container(), "p", retries="0", timeout="5"
     )
     with AzureBlobStore.from_url(url) as store:
-        lease = _granted(store.acquire(KEY, "alice", 600, None))
+        lease = _granted(store.acquire(KEY, AcquireRequest("alice", 600)))
         own_azurite.stop()
         with pytest.raises(StoreUnavailable, match="could not read the record of") as caught:
             store.heartbeat(KEY, lease.token, 600)
@@ -734,7 +740,7 @@ def test_an_emulator_restart_is_unavailable_then_recovers_with_the_lease_intact(
         own_azurite.start()  # same port, same workspace
         renewed = store.heartbeat(KEY, lease.token, 600)
         assert renewed.token == lease.token and renewed.expires_at >= lease.expires_at
-        assert isinstance(store.acquire(KEY, "bob", 60, None), Held)
+        assert isinstance(store.acquire(KEY, AcquireRequest("bob", 60)), Held)
         _complete(store, renewed, b"after the restart")
         artifact = store.read(KEY).artifact
         assert artifact is not None and artifact.verified_payload(KEY) == b"after the restart"
@@ -742,8 +748,8 @@ def test_an_emulator_restart_is_unavailable_then_recovers_with_the_lease_intact(
 
 def test_list_skips_other_namespaces_without_reading_them(store: AzureBlobStore) -> None:
     mine, theirs = Key("azure.list", "a"), Key("azure.other", "b")
-    store.acquire(mine, "alice", 60, None)
-    store.acquire(theirs, "alice", 60, None)
+    store.acquire(mine, AcquireRequest("alice", 60))
+    store.acquire(theirs, AcquireRequest("alice", 60))
     reads: list[str] = []
     original = store._list_entry
 
@@ -760,7 +766,7 @@ def test_list_skips_other_namespaces_without_reading_them(store: AzureBlobStore)
 def test_a_record_survives_a_round_trip_through_the_codec(
     store: AzureBlobStore, raw: ContainerClient
 ) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 60, 3600))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60, 3600)))
     document = json.loads(raw.get_blob_client(store.record_name(KEY)).download_blob().readall())
     assert document["format"] == "dibs.record/1" and document["lease"]["fence"] == lease.token.fence
     state = store.read(KEY)

@@ -18,6 +18,7 @@ import sqlalchemy.exc as sa_exc
 import dibs
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, LeaseToken
+from dibs.stores import NewArtifact
 from dibs.stores.memory import MemoryStore
 from tests.azurite import free_port
 
@@ -31,23 +32,14 @@ class ReplyLost(MemoryStore):
         self.failures = failures
         self.completes = 0
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
         self.completes += 1
         if self.failures > 0:
             self.failures -= 1
             if self.applied:
-                super().complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
+                super().complete(key, token, artifact)
             raise dibs.StoreUnavailable("connection reset by peer")
-        return super().complete(key, token, serializer, payload, checksum, compute_seconds=compute_seconds)
+        return super().complete(key, token, artifact)
 
 
 class Unreachable(MemoryStore):

@@ -22,7 +22,7 @@ import pytest
 from dibs.errors import ArtifactCorrupted, ConfigurationError, CorruptRecord, LeaseLost, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import Granted, Held, Present, checksum
-from dibs.stores import open_store
+from dibs.stores import AcquireRequest, NewArtifact, open_store
 from dibs.stores.filesystem import MARKER, FileStore
 
 KEY = Key("team.features", "daily-report")
@@ -38,9 +38,9 @@ def store(tmp_path: Path) -> Iterator[FileStore]:
 
 
 def _complete(store: FileStore, key: Key, payload: bytes) -> int:
-    outcome = store.acquire(key, "producer", 3600, None)
+    outcome = store.acquire(key, AcquireRequest("producer", 3600))
     assert isinstance(outcome, Granted)
-    store.complete(key, outcome.lease.token, "json", payload, checksum(payload))
+    store.complete(key, outcome.lease.token, NewArtifact("json", payload, checksum(payload)))
     return outcome.lease.token.fence
 
 
@@ -167,7 +167,7 @@ def test_a_corrupted_record_is_reported_and_left_untouched(store: FileStore, con
     path.write_bytes(content)
     for operation in (
         lambda: store.read(KEY),
-        lambda: store.acquire(KEY, "someone", 60, None),
+        lambda: store.acquire(KEY, AcquireRequest("someone", 60)),
         lambda: store.forget(KEY),
         lambda: store.force_release(KEY),
     ):
@@ -201,7 +201,7 @@ def test_a_tampered_payload_fails_its_integrity_check_when_read(store: FileStore
     assert state.artifact is not None
     with pytest.raises(ArtifactCorrupted):
         state.artifact.verified_payload(KEY)
-    outcome = store.acquire(KEY, "someone", 60, None)
+    outcome = store.acquire(KEY, AcquireRequest("someone", 60))
     assert isinstance(outcome, Present)
     with pytest.raises(ArtifactCorrupted):
         outcome.artifact.verified_payload(KEY)
@@ -215,7 +215,7 @@ def test_a_missing_payload_is_reported_and_forget_repairs_the_key(store: FileSto
     with pytest.raises(ArtifactCorrupted):
         artifact.verified_payload(KEY)
     assert store.forget(KEY)
-    outcome = store.acquire(KEY, "again", 60, None)
+    outcome = store.acquire(KEY, AcquireRequest("again", 60))
     assert isinstance(outcome, Granted)
     assert outcome.lease.token.fence == fence + 1
 
@@ -243,13 +243,13 @@ def test_list_omits_payloads_and_read_returns_them(store: FileStore) -> None:
 
 
 def test_a_fenced_writer_leaves_no_file_behind(store: FileStore) -> None:
-    first = store.acquire(KEY, "first", 3600, None)
+    first = store.acquire(KEY, AcquireRequest("first", 3600))
     assert isinstance(first, Granted)
     store.force_release(KEY)
-    second = store.acquire(KEY, "second", 3600, None)
+    second = store.acquire(KEY, AcquireRequest("second", 3600))
     assert isinstance(second, Granted)
     with pytest.raises(LeaseLost, match="no longer current"):
-        store.complete(KEY, first.lease.token, "json", b"stale", checksum(b"stale"))
+        store.complete(KEY, first.lease.token, NewArtifact("json", b"stale", checksum(b"stale")))
     assert not store.artifact_path(KEY, first.lease.token.fence).exists()
     assert not any(path.name.endswith(".tmp") for path in store.root.rglob("*"))
 
@@ -259,7 +259,7 @@ def test_the_feed_reports_a_record_that_changes(store: FileStore) -> None:
     watched = {KEY.digest: KEY}
     assert feed.changes(watched, 0) == {KEY.digest}  # a newly watched key is reported once
     assert not feed.changes(watched, 0.05)  # nothing happened since
-    store.acquire(KEY, "someone", 60, None)
+    store.acquire(KEY, AcquireRequest("someone", 60))
     deadline = time.monotonic() + START_TIMEOUT
     while not feed.changes(watched, 0.1):
         assert time.monotonic() < deadline, "the feed never saw the new record"
@@ -269,15 +269,15 @@ def test_the_lock_excludes_other_opens_in_the_same_process(store: FileStore) -> 
     # flock belongs to the open file, not the process: threads with their own store are excluded too.
     impatient = FileStore(store.root, lock_timeout=0)
     with store._locked(KEY), pytest.raises(StoreUnavailable, match="stayed locked"):
-        impatient.acquire(KEY, "impatient", 60, None)
-    assert isinstance(impatient.acquire(KEY, "impatient", 60, None), Granted)
+        impatient.acquire(KEY, AcquireRequest("impatient", 60))
+    assert isinstance(impatient.acquire(KEY, AcquireRequest("impatient", 60)), Granted)
 
 
 def test_a_store_directory_removed_in_use_is_unavailable(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "store")
     shutil.rmtree(tmp_path / "store")
     with pytest.raises(StoreUnavailable, match="removed or unmounted"):
-        store.acquire(KEY, "someone", 60, None)
+        store.acquire(KEY, AcquireRequest("someone", 60))
     with pytest.raises(StoreUnavailable, match="records"):
         list(store.list())
 
@@ -288,7 +288,7 @@ def test_a_store_directory_removed_in_use_is_unavailable(tmp_path: Path) -> None
 def _race(url: str, owner: str, keys: list[Key], barrier: Barrier, results: Connection) -> None:
     store = open_store(url)
     barrier.wait()
-    outcomes = [store.acquire(key, owner, 3600, None) for key in keys]
+    outcomes = [store.acquire(key, AcquireRequest(owner, 3600)) for key in keys]
     results.send([(str(key), type(outcome).__name__) for key, outcome in zip(keys, outcomes, strict=True)])
     results.close()
 
@@ -341,12 +341,12 @@ def test_a_killed_process_holding_the_lock_does_not_block_others(tmp_path: Path)
         assert receiver.recv() == "locked"
         impatient = FileStore(tmp_path / "store", lock_timeout=0)
         with pytest.raises(StoreUnavailable, match="stayed locked"):
-            impatient.acquire(KEY, "impatient", 60, None)
+            impatient.acquire(KEY, AcquireRequest("impatient", 60))
         assert store.read(KEY).lease is None  # readers never wait for the lock
     finally:
         child.kill()
         child.join(START_TIMEOUT)
     assert child.exitcode == -signal.SIGKILL
-    outcome = store.acquire(KEY, "survivor", 60, None)
+    outcome = store.acquire(KEY, AcquireRequest("survivor", 60))
     assert isinstance(outcome, Granted)
-    assert isinstance(FileStore(tmp_path / "store").acquire(KEY, "other", 60, None), Held)
+    assert isinstance(FileStore(tmp_path / "store").acquire(KEY, AcquireRequest("other", 60)), Held)

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pytest
 
 import dibs
-from dibs.stores import open_store, redact_url
+from dibs.stores import AcquireRequest, NewArtifact, open_store, redact_url
 from tests.backends import mysql as mysql_backend
 from tests.backends import postgres as postgres_backend
 from tests.backends import redis as redis_backend
@@ -919,7 +919,7 @@ def test_an_owner_dibs_cannot_store_is_refused_before_anything_is_written(
     client = dibs.Reservations(process_store_url, namespace="hardening.owner")
     client.run("before", lambda: 1)
     with pytest.raises(dibs.ConfigurationError, match="owner"):
-        client.store.acquire(client.key("k"), owner, 30, None)  # type: ignore[arg-type]
+        client.store.acquire(client.key("k"), AcquireRequest(owner, 30))  # type: ignore[arg-type]
     assert client.status("k").fence == 0  # nothing written
     assert [s.key.name for s in client.list()] == ["before"]
     client.close()
@@ -1113,9 +1113,9 @@ def test_a_write_whose_connection_was_ended_is_not_sent_again_blindly(
     assert _terminate(application) >= 1
     token = got.lease.record.token
     with pytest.raises(dibs.StoreUnavailable):  # the store reports it; the caller decides (re-reads)
-        store.complete(got.lease.key, token, "json", b"1", checksum(b"1"))
+        store.complete(got.lease.key, token, NewArtifact("json", b"1", checksum(b"1")))
     assert client.status("k").lease is not None  # nothing was written
-    store.complete(got.lease.key, token, "json", b"1", checksum(b"1"))  # the pool is fresh again
+    store.complete(got.lease.key, token, NewArtifact("json", b"1", checksum(b"1")))  # the pool is fresh again
     assert client.run("k", lambda: 2) == 1
 
 

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 import dibs
 from dibs.keys import Key
 from dibs.records import Granted, checksum
-from dibs.stores import open_store
+from dibs.stores import AcquireRequest, NewArtifact, open_store
 from dibs.stores import redis as redis_module
 from dibs.stores.redis import RedisStore
 from dibs.stores.sql import SQLStore
@@ -136,14 +136,16 @@ def test_complete_over_a_silent_network_fails_within_the_timeout(backend: str, u
         proxied = url.replace(f"{server.hostname}:{server.port}", f"127.0.0.1:{proxy.port}", 1)
         store = SQLStore(_with(proxied, "timeout=1"))
         key = Key("limits.time", "k")
-        got = store.acquire(key, "alice", 600, None)
+        got = store.acquire(key, AcquireRequest("alice", 600))
         assert isinstance(got, Granted)
         proxy.stall(3600)  # the network goes silent: nothing is lost, nothing arrives
         outcome: list[BaseException | object] = []
 
         def complete() -> None:
             try:
-                outcome.append(store.complete(key, got.lease.token, "bytes", b"v", checksum(b"v")))
+                outcome.append(
+                    store.complete(key, got.lease.token, NewArtifact("bytes", b"v", checksum(b"v")))
+                )
             except BaseException as exc:  # reported below
                 outcome.append(exc)
 
@@ -199,12 +201,13 @@ def test_a_mariadb_deadlock_is_retried(operation: str, url_of: Any) -> None:
     # One StoreUnavailable("(1213, 'Deadlock found...')") reached a caller under a concurrent prune.
     store = SQLStore(url_of("mysql"))
     key = Key("limits.deadlock", "k")
-    got = store.acquire(key, "alice", 600, None)
+    got = store.acquire(key, AcquireRequest("alice", 600))
     assert isinstance(got, Granted)
     if operation == "complete":
         store._complete = _FailFirst(store._complete, _deadlock())  # type: ignore[assignment]
         assert (
-            store.complete(key, got.lease.token, "bytes", b"v", checksum(b"v")).fence == got.lease.token.fence
+            store.complete(key, got.lease.token, NewArtifact("bytes", b"v", checksum(b"v"))).fence
+            == got.lease.token.fence
         )
         assert store.read(key).artifact is not None
     elif operation == "release":
@@ -213,14 +216,14 @@ def test_a_mariadb_deadlock_is_retried(operation: str, url_of: Any) -> None:
         assert store.read(key).lease is None
     else:
         store._swap_row = _FailFirst(store._swap_row, _deadlock())  # type: ignore[assignment]
-        assert isinstance(store.acquire(key, "alice", 600, None), Granted)
+        assert isinstance(store.acquire(key, AcquireRequest("alice", 600)), Granted)
     store.close()
 
 
 def test_a_deadlock_that_persists_is_reported(url_of: Any) -> None:
     store = SQLStore(url_of("mysql"))
     key = Key("limits.deadlock", "k")
-    got = store.acquire(key, "alice", 600, None)
+    got = store.acquire(key, AcquireRequest("alice", 600))
     assert isinstance(got, Granted)
     store._release = _FailFirst(store._release, _deadlock(), times=100)  # type: ignore[assignment]
     with pytest.raises(dibs.StoreUnavailable, match="Deadlock found"):
@@ -252,11 +255,11 @@ def test_complete_reports_a_stored_artifact_even_if_it_is_removed_at_once(backen
     # "computed, but not stored ... released".
     store = SQLStore(url_of(backend))
     key = Key("limits.race", "k")
-    got = store.acquire(key, "alice", 600, None)
+    got = store.acquire(key, AcquireRequest("alice", 600))
     assert isinstance(got, Granted)
     if not store._complete.columns:  # with RETURNING there is no second statement to race with
         store._complete = _ThenPrune(store, key)  # type: ignore[assignment]
-    artifact = store.complete(key, got.lease.token, "bytes", b"v", checksum(b"v"))
+    artifact = store.complete(key, got.lease.token, NewArtifact("bytes", b"v", checksum(b"v")))
     assert artifact.fence == got.lease.token.fence and artifact.producer == "alice"
     assert artifact.payload == b"v" and artifact.checksum == checksum(b"v") and artifact.size == 1
     store.close()
@@ -265,9 +268,12 @@ def test_complete_reports_a_stored_artifact_even_if_it_is_removed_at_once(backen
 def test_complete_returns_what_a_read_returns(url_of: Any) -> None:
     store = SQLStore(url_of("mysql"))
     key = Key("limits.race", "same")
-    got = store.acquire(key, "alice", 600, None)
+    got = store.acquire(key, AcquireRequest("alice", 600))
     assert isinstance(got, Granted)
-    assert store.complete(key, got.lease.token, "bytes", b"v", checksum(b"v")) == store.read(key).artifact
+    assert (
+        store.complete(key, got.lease.token, NewArtifact("bytes", b"v", checksum(b"v")))
+        == store.read(key).artifact
+    )
     store.close()
 
 

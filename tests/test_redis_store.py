@@ -35,7 +35,7 @@ from dibs.records import (
     checksum,
 )
 from dibs.runtime import runtime
-from dibs.stores import open_store
+from dibs.stores import AcquireRequest, NewArtifact, open_store
 from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
 from tests.backends.redis import isolated_url
@@ -87,7 +87,7 @@ def _granted(outcome: object) -> LeaseRecord:
 
 
 def _complete(store: Store, lease: LeaseRecord, payload: bytes = b"value") -> ArtifactRecord:
-    return store.complete(lease.key, lease.token, "bytes", payload, checksum(payload))
+    return store.complete(lease.key, lease.token, NewArtifact("bytes", payload, checksum(payload)))
 
 
 # -- real processes racing --------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def _race_worker(
         seen = []
         for round_ in range(rounds):
             for name in names:
-                outcome = store.acquire(Key("redis.race", name), f"{owner}-{round_}", ttl, None)
+                outcome = store.acquire(Key("redis.race", name), AcquireRequest(f"{owner}-{round_}", ttl))
                 kind = type(outcome).__name__
                 lease = outcome.lease if isinstance(outcome, Granted | Held) else None
                 seen.append((name, kind, None if lease is None else lease.token.fence, lease and lease.owner))
@@ -202,7 +202,7 @@ def _step(store: Store, tokens: list[LeaseToken], action: str, pick: random.Rand
         token = tokens[-1] if pick.random() < 0.6 else pick.choice(tokens)
     try:
         if action == "acquire":
-            outcome = store.acquire(KEY, owner, ttl, pick.choice([None, 0, GENEROUS * 10]))
+            outcome = store.acquire(KEY, AcquireRequest(owner, ttl, pick.choice([None, 0, GENEROUS * 10])))
             if isinstance(outcome, Granted):
                 tokens.append(outcome.lease.token)
                 return ("granted", _lease(outcome.lease), _failure(outcome.failure), outcome.took_over_from)
@@ -214,7 +214,10 @@ def _step(store: Store, tokens: list[LeaseToken], action: str, pick: random.Rand
             return ("renewed", _lease(store.heartbeat(KEY, token, ttl)))
         if action == "complete":
             payload = pick.choice([b"", b"v", bytes(range(256))])
-            return ("completed", _artifact(store.complete(KEY, token, "bytes", payload, checksum(payload))))
+            return (
+                "completed",
+                _artifact(store.complete(KEY, token, NewArtifact("bytes", payload, checksum(payload)))),
+            )
         if action == "release":
             store.release(KEY, token, pick.choice([None, "boom", "x" * 5000]))
             return ("released",)
@@ -250,14 +253,14 @@ def test_store_time_is_the_redis_servers_clock(store: RedisStore, raw: Any) -> N
         return float(seconds) + float(micros) / 1_000_000
 
     before = server_now()
-    lease = _granted(store.acquire(KEY, "alice", 30, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 30)))
     after = server_now()
     assert before <= lease.acquired_at <= after
     assert lease.expires_at == lease.acquired_at + 30
 
 
 def test_scripts_survive_a_flushed_script_cache(store: RedisStore, raw: Any) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 30, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 30)))
     raw.script_flush()  # a restart or failover forgets loaded scripts; redis-py loads them again
     assert store.heartbeat(KEY, lease.token, 30).token == lease.token
     _complete(store, lease)
@@ -290,22 +293,22 @@ def test_a_change_between_the_read_and_the_wait_is_not_lost(
     open_redis: Callable[[], RedisStore], how: str
 ) -> None:
     holder, waiter = open_redis(), open_redis()
-    lease = _granted(holder.acquire(KEY, "alice", 60, None))
+    lease = _granted(holder.acquire(KEY, AcquireRequest("alice", 60)))
     feed = waiter.change_feed()
     feed.open()  # confirmed by the server before it returns
     try:
-        assert isinstance(waiter.acquire(KEY, "bob", 60, None), Held)
+        assert isinstance(waiter.acquire(KEY, AcquireRequest("bob", 60)), Held)
         _end_the_lease(holder, lease, how)  # before the waiter gets to wait
         assert KEY.digest in feed.changes({KEY.digest: KEY}, GENEROUS)
     finally:
         feed.close()
-    assert not isinstance(waiter.acquire(KEY, "bob", 60, None), Held)
+    assert not isinstance(waiter.acquire(KEY, AcquireRequest("bob", 60)), Held)
 
 
 @pytest.mark.parametrize("how", ["complete", "release"])
 def test_a_blocked_waiter_is_woken(open_redis: Callable[[], RedisStore], how: str) -> None:
     holder, waiter = open_redis(), open_redis()
-    lease = _granted(holder.acquire(KEY, "alice", 60, None))
+    lease = _granted(holder.acquire(KEY, AcquireRequest("alice", 60)))
     result: queue.Queue[KeyState | None] = queue.Queue()
     with runtime().subscribe(waiter, KEY) as subscription:
 
@@ -329,15 +332,15 @@ def test_each_key_has_its_own_channel_and_only_waitable_changes_publish(store: R
     listener.psubscribe(f"{store.prefix}chan:*")
     assert _next_message(listener)["type"] == "psubscribe"
 
-    done = _granted(store.acquire(a, "alice", 60, None))
+    done = _granted(store.acquire(a, AcquireRequest("alice", 60)))
     store.heartbeat(a, done.token, 60)
     _complete(store, done)
-    failing = _granted(store.acquire(b, "alice", 60, None))
+    failing = _granted(store.acquire(b, AcquireRequest("alice", 60)))
     store.release(b, failing.token, "boom")
     assert store.forget(a)
-    _granted(store.acquire(b, "bob", 60, None))
+    _granted(store.acquire(b, AcquireRequest("bob", 60)))
     assert store.force_release(b)
-    short = _granted(store.acquire(a, "alice", 0, None))
+    short = _granted(store.acquire(a, AcquireRequest("alice", 0)))
     assert store.reap(a.namespace) == 1 and short.expires_at == short.acquired_at
     # One connection delivers in publish order: a stray publish (say, by acquire) would show up here.
     seen = [_next_message(listener) for _ in range(5)]
@@ -396,9 +399,9 @@ def test_an_unreachable_server_is_store_unavailable_without_the_password() -> No
     token = LeaseToken(1, "x")
     calls: list[Callable[[], object]] = [
         lambda: store.read(KEY),
-        lambda: store.acquire(KEY, "alice", 30, None),
+        lambda: store.acquire(KEY, AcquireRequest("alice", 30)),
         lambda: store.heartbeat(KEY, token, 30),
-        lambda: store.complete(KEY, token, "bytes", b"", checksum(b"")),
+        lambda: store.complete(KEY, token, NewArtifact("bytes", b"", checksum(b""))),
         lambda: store.release(KEY, token, "boom"),
         lambda: store.force_release(KEY),
         lambda: store.forget(KEY),
@@ -461,9 +464,9 @@ def test_urls_and_errors_never_show_the_password(url: str) -> None:
 def test_invalid_ttls_are_configuration_errors(store: RedisStore) -> None:
     for ttl in (float("nan"), float("inf"), "30"):
         with pytest.raises(ConfigurationError, match="ttl"):
-            store.acquire(KEY, "alice", ttl, None)  # type: ignore[arg-type]
+            store.acquire(KEY, AcquireRequest("alice", ttl))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="max_lease_age"):
-        store.acquire(KEY, "alice", 30, float("inf"))
+        store.acquire(KEY, AcquireRequest("alice", 30, float("inf")))
     assert store.read(KEY).status == "free"
 
 
@@ -538,9 +541,9 @@ def test_foreign_or_damaged_records_are_reported_and_left_untouched(
     token = LeaseToken(3, "x")
     calls: list[Callable[[], object]] = [
         lambda: store.read(KEY),
-        lambda: store.acquire(KEY, "alice", 30, None),
+        lambda: store.acquire(KEY, AcquireRequest("alice", 30)),
         lambda: store.heartbeat(KEY, token, 30),
-        lambda: store.complete(KEY, token, "bytes", b"x", checksum(b"x")),
+        lambda: store.complete(KEY, token, NewArtifact("bytes", b"x", checksum(b"x"))),
         lambda: store.release(KEY, token, "boom"),
         lambda: store.force_release(KEY),
         lambda: store.forget(KEY),
@@ -556,14 +559,14 @@ def test_foreign_or_damaged_records_are_reported_and_left_untouched(
     assert store.reap() == 0
     assert _snapshot(raw, redis_key) == before
     # Other keys are not affected by one bad record.
-    _complete(store, _granted(store.acquire(Key("redis.tests", "fine"), "alice", 30, None)))
+    _complete(store, _granted(store.acquire(Key("redis.tests", "fine"), AcquireRequest("alice", 30))))
 
 
 @pytest.mark.parametrize("suffix", [b"not-a-digest", b"\xff\xfe", b"0" * 64])
 def test_listing_reports_what_is_not_a_record_under_the_prefix(
     store: RedisStore, raw: Any, suffix: bytes
 ) -> None:
-    _complete(store, _granted(store.acquire(KEY, "alice", 30, None)))
+    _complete(store, _granted(store.acquire(KEY, AcquireRequest("alice", 30))))
     foreign = store.prefix.encode() + b"rec:" + suffix
     # A true record of KEY, copied to a Redis key that is not KEY's: its digest gives it away.
     raw.hset(foreign, mapping=raw.hgetall(store.record_key(KEY)))

@@ -24,6 +24,7 @@ import pytest
 from reliability import scenarios, targets
 from reliability.scenarios import CI, Launcher, ScenarioResult
 
+from dibs.stores import AcquireRequest
 from tests.services import unavailable
 
 SEED = int(os.environ.get("DIBS_RELIABILITY_SEED", "20261125"))
@@ -104,7 +105,7 @@ def test_the_folder_check_accepts_what_a_killed_writer_leaves_and_flags_names_ma
 
     store = FileStore(tmp_path / "store")
     key = Key("rel.hostile", "features-2026-11-25")
-    store.acquire(key, "someone", 60, None)
+    store.acquire(key, AcquireRequest("someone", 60))
     FileStore._stage(store.record_path(key), b"{}")  # a writer killed before its rename stops here
     FileStore._stage(store.artifact_path(key, 1), b"payload")
     assert stray_files(tmp_path) == []

@@ -30,7 +30,7 @@ import pytest
 from dibs.errors import LeaseLost
 from dibs.keys import Key
 from dibs.records import Granted, Held, LeaseRecord, checksum
-from dibs.stores import Store, open_store
+from dibs.stores import AcquireRequest, NewArtifact, Store, open_store
 from tests.cli_harness import DIBS, PATIENCE, eventually
 
 KEY = Key("removal.race", "features/2026-11-25")
@@ -67,8 +67,8 @@ def _completed_and_old(store: Store, *others: Store) -> LeaseRecord:
     """KEY taken and completed, and the clock of ``store`` and ``others`` past the artifact (so it is
     prunable at ``older_than`` 0: SQLite's clock ticks in milliseconds, Azure's is estimated per
     client within the second of the service's ``Date``)."""
-    lease = _granted(store.acquire(KEY, "first", 60, None))
-    stored = store.complete(KEY, lease.token, "bytes", b"first", checksum(b"first"))
+    lease = _granted(store.acquire(KEY, AcquireRequest("first", 60)))
+    stored = store.complete(KEY, lease.token, NewArtifact("bytes", b"first", checksum(b"first")))
     for each in (store, *others):
         eventually(
             lambda s=each: s.read(KEY).now > stored.created_at, "the store's clock to pass the artifact"
@@ -79,7 +79,7 @@ def _completed_and_old(store: Store, *others: Store) -> LeaseRecord:
 def _assert_still_held(store: Store, holder: LeaseRecord) -> None:
     """``holder`` keeps its lease: it can heartbeat, and a rival is told the key is busy."""
     store.heartbeat(KEY, holder.token, 60)
-    rival = store.acquire(KEY, "rival", 60, None)
+    rival = store.acquire(KEY, AcquireRequest("rival", 60))
     assert isinstance(rival, Held), f"the rival got {rival} while {holder.owner} held the key"
     assert rival.lease.token == holder.token
 
@@ -107,7 +107,7 @@ def test_a_delayed_prune_statement_cannot_remove_a_new_holders_lease(
         try:
             assert proxy.held.wait(PATIENCE), "the delayed prune never sent its removal statement"
             assert opened(backend_url).prune(None, 0.0) == 1  # the second remover
-            holder = _granted(direct.acquire(KEY, "W", 60, None))
+            holder = _granted(direct.acquire(KEY, AcquireRequest("W", 60)))
             holder = direct.heartbeat(KEY, holder.token, 60)
             proxy.release()
             out, err = remover.communicate(timeout=PATIENCE)
@@ -136,7 +136,7 @@ def test_a_paused_sql_remover_cannot_match_a_newer_row(
         state_and_version = read(cursor, key)
         if not held:  # the pause: everything below happens after the remover read version N
             assert opened(backend_url).prune(None, 0.0) == 1
-            lease = _granted(direct.acquire(KEY, "W", 60, None))
+            lease = _granted(direct.acquire(KEY, AcquireRequest("W", 60)))
             held.append(direct.heartbeat(KEY, lease.token, 60))
         return state_and_version
 
@@ -182,8 +182,8 @@ def _race_a_paused_pruner(
     pruner.start()
     eventually(lambda: paused.is_set() or not pruner.is_alive(), "the pruner to reach its payload delete")
     assert paused.is_set(), f"the pruner ended without deleting a payload: {result}"
-    lease = _granted(holder_store.acquire(KEY, "new holder", 60, None))
-    holder_store.complete(KEY, lease.token, "bytes", b"first", checksum(b"first"))
+    lease = _granted(holder_store.acquire(KEY, AcquireRequest("new holder", 60)))
+    holder_store.complete(KEY, lease.token, NewArtifact("bytes", b"first", checksum(b"first")))
     go.set()
     pruner.join(PATIENCE)
     assert result == [1], result
@@ -286,7 +286,7 @@ def test_two_removers_never_remove_a_live_lease(
         last = dict.fromkeys(keys, 0)
         for round_ in range(5):
             for i, key in enumerate(keys):
-                lease = _granted(store.acquire(key, f"holder-{round_}", 60, None))
+                lease = _granted(store.acquire(key, AcquireRequest(f"holder-{round_}", 60)))
                 assert lease.token.fence == last[key] + 1, (key, lease.token.fence, last[key])
                 last[key] = lease.token.fence
                 for _ in range(3):
@@ -294,7 +294,7 @@ def test_two_removers_never_remove_a_live_lease(
                         lease = store.heartbeat(key, lease.token, 60)
                     except LeaseLost as exc:  # pragma: no cover - what this test exists to catch
                         raise AssertionError(f"a remover removed a live lease: {exc}") from exc
-                    rival = store.acquire(key, "rival", 60, None)
+                    rival = store.acquire(key, AcquireRequest("rival", 60))
                     assert isinstance(rival, Held) and rival.lease.token == lease.token, rival
                 # A failure (pruned: older than 0 s) or nothing (reaped and pruned). Not complete: on
                 # MySQL/MariaDB (no RETURNING) complete reads its artifact back in a second statement,

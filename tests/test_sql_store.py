@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.keys import Key
+from dibs.stores import AcquireRequest
 from dibs.stores.sql import SQLStore
 from dibs.stores.sql import schema as sql_schema
 from tests.backends import mysql, postgres, sqlite
@@ -92,7 +93,7 @@ def test_a_newer_schema_version_is_refused_before_anything_is_written(
     monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})
     newer = SQLStore(sql_url)
     with pytest.raises(dibs.ConfigurationError, match="schema version '99', newer than this dibs"):
-        newer.acquire(KEY, "alice", 30, None)
+        newer.acquire(KEY, AcquireRequest("alice", 30))
     with newer.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(newer.t)).scalar() == 0
 

@@ -451,7 +451,8 @@ def _reentry(step: Ask, got: Outcome, holder: str) -> Ask | None:
     """The same holder, asking from another run context, finds its own lock busy: re-enter it as its
     owner (``None``: nothing to re-enter)."""
     if isinstance(got, Busy) and _runs.lock_holder(got.holder) == holder:
-        return Ask(dataclasses.replace(step.ask, owner=got.holder))
+        request = dataclasses.replace(step.ask.request, owner=got.holder)
+        return Ask(dataclasses.replace(step.ask, request=request))
     return None
 
 

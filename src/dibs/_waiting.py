@@ -22,6 +22,7 @@ from dibs.backoff import Backoff, Deadline
 from dibs.keys import Key
 from dibs.records import Held, KeyState, Present, StoreOutcome
 from dibs.stores.base import Store
+from dibs.stores.requests import AcquireRequest
 
 if TYPE_CHECKING:
     from dibs.hub import Subscription
@@ -33,22 +34,26 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class AskAcquire:
-    """Answered with the store's one-attempt ``acquire``. An artifact counts only if it is fresh
-    (``max_age``, ``min_fence``: see :meth:`~dibs.records.ArtifactRecord.is_fresh`)."""
+    """Answered with the store's one-attempt ``acquire`` of ``key`` on ``request``'s terms."""
 
     key: Key
-    owner: str
-    ttl: float
-    max_lease_age: float | None
-    max_age: float | None = None
-    min_fence: int | None = None
+    request: AcquireRequest
+
+    @property
+    def refreshing(self) -> bool:
+        """Whether no artifact that exists counts (a refresh: ``max_age`` 0)."""
+        return self.request.max_age == 0.0
 
     def takes(self, state: KeyState) -> bool:
         """Whether ``state``'s artifact (if any) answers this ask."""
-        artifact = state.artifact
-        return artifact is not None and artifact.is_fresh(
-            state.now, max_age=self.max_age, min_fence=self.min_fence
-        )
+        return state.artifact is not None and self.request.takes(state.artifact, state.now)
+
+    def sharing(self, fence: int, max_age: float | None) -> AskAcquire:
+        """This ask after a refresh found the key busy under token ``fence``: the artifact that lease
+        stores (or a later one, not ``max_age`` old) is the fresh one, so concurrent refreshes compute
+        once, and share it."""
+        request = dataclasses.replace(self.request, max_age=max_age, min_fence=fence)
+        return dataclasses.replace(self, request=request)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +114,7 @@ def acquire_until(
         if change.artifact is not None and ask.takes(change):
             return Present(change.artifact)  # done: every waiter gets the one read the hub made
         live = change.live_lease
-        if live is not None and live.owner != ask.owner:
+        if live is not None and live.owner != ask.request.owner:
             outcome = Held(live, change.now, change.failure)  # changed hands, still busy: wait on
             continue
         outcome = yield ask  # free (released, expired) or ours: try to take it
@@ -158,14 +163,7 @@ def drive(loop: Loop[T], store: Store, subscription: Subscription) -> T:
         while True:
             request = loop.send(answer)
             if isinstance(request, AskAcquire):
-                answer = store.acquire(
-                    request.key,
-                    request.owner,
-                    request.ttl,
-                    request.max_lease_age,
-                    max_age=request.max_age,
-                    min_fence=request.min_fence,
-                )
+                answer = store.acquire(request.key, request.request)
             elif isinstance(request, AskRead):
                 answer = store.read(request.key)
             else:

@@ -11,7 +11,6 @@ deferred trigger costs nothing but the object.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import threading
@@ -59,7 +58,7 @@ from dibs.serializers import (
     resolve_serializer,
 )
 from dibs.settings import Settings, StoreUnavailablePolicy, validate_timings
-from dibs.stores import Store, redact_url
+from dibs.stores import AcquireRequest, Store, redact_url
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -248,7 +247,7 @@ class Reservations(Closing):
         if min_token is not None and (isinstance(min_token, bool) or not isinstance(min_token, int)):
             raise ConfigurationError(f"min_token must be a lease's token (an int), got {min_token!r}")
         terms = self._terms(ttl, max_lease_age)
-        return AskAcquire(key, owner or default_owner(), *terms, max_age=max_age, min_fence=min_token)
+        return AskAcquire(key, AcquireRequest(owner or default_owner(), *terms, max_age, min_token))
 
     def _max_age(self, max_age: float | None) -> float | None:
         """The call's maximum artifact age, else the client's; checked."""
@@ -257,15 +256,12 @@ class Reservations(Closing):
     def _ask_again(self, first: AskAcquire, answer: StoreOutcome, max_age: float | None) -> AskAcquire:
         """The ask a waiter repeats. After a refresh found the key busy, the artifact the busy lease
         stores (or a later one) is the fresh one: concurrent refreshes compute once, and share it."""
-        if first.max_age == 0.0 and isinstance(answer, Held):
-            fence = answer.lease.token.fence
-            return dataclasses.replace(first, max_age=self._max_age(max_age), min_fence=fence)
+        if first.refreshing and isinstance(answer, Held):
+            return first.sharing(answer.lease.token.fence, self._max_age(max_age))
         return first
 
     def _ask_store(self, ask: AskAcquire) -> StoreOutcome:
-        return self.store.acquire(
-            ask.key, ask.owner, ask.ttl, ask.max_lease_age, max_age=ask.max_age, min_fence=ask.min_fence
-        )
+        return self.store.acquire(ask.key, ask.request)
 
     def decode(self, key: Key, artifact: ArtifactRecord) -> Any:
         """The value of a stored artifact, after its integrity check.

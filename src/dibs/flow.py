@@ -209,19 +209,17 @@ def _flow(
     state: dict[str, Any],
 ) -> Flow:
     if waiting.min_token is not None:  # a refresh resumed: the busy holder's artifact is the fresh one
-        ask = dataclasses.replace(ask, max_age=max_age, min_fence=waiting.min_token)
+        ask = ask.sharing(waiting.min_token, max_age)
     state["waiting"] = waiting
-    yield from _tell(emitter, events.Asked, refresh=ask.max_age == 0.0, min_token=ask.min_fence)
+    yield from _tell(emitter, events.Asked, refresh=ask.refreshing, min_token=ask.request.min_fence)
     try:
         got: Outcome = yield Ask(ask)
         while isinstance(got, Busy):
             busy = got
             if waiting.started is None:
                 waiting = dataclasses.replace(waiting, started=clock())
-            if ask.max_age == 0.0 and busy.token is not None:
-                # A refresh found the key busy: what that lease stores (or a later one) is fresh, so
-                # concurrent refreshes compute once and share it.
-                ask = dataclasses.replace(ask, max_age=max_age, min_fence=busy.token)
+            if ask.refreshing and busy.token is not None:
+                ask = ask.sharing(busy.token, max_age)
                 waiting = dataclasses.replace(waiting, min_token=busy.token)
             yield from _busy(emitter, waiting.holder, busy)
             waiting = state["waiting"] = dataclasses.replace(waiting, holder=busy.holder)
@@ -240,7 +238,7 @@ def _flow(
             raise
         yield from _tell(emitter, events.RanUnreserved, error=str(exc))
         value = yield RunUnreserved(ask)
-        return RunReport(ask.key, value, "unreserved", None, ask.owner, stored=False)
+        return RunReport(ask.key, value, "unreserved", None, ask.request.owner, stored=False)
     waited = state["waited"] = waiting.seconds(clock())
     if waiting.started is not None:
         yield from _waited(emitter, waiting, clock, "hit" if isinstance(got, Hit) else "acquired")

@@ -34,6 +34,7 @@ from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
 from dibs.serializers import dump_artifact
 from dibs.settings import validate_timings
 from dibs.stops import failure_text, is_stop
+from dibs.stores.requests import NewArtifact
 
 if TYPE_CHECKING:
     from dibs.serializers import Serializer
@@ -69,7 +70,6 @@ class Lease:
         self._record = record
         self._ended = False
         self._granted = time.monotonic()  # the default compute time of complete() counts from here
-        self._compute_seconds: float | None = None
 
     # -- what the lease is --------------------------------------------------------------------------
     @property
@@ -174,24 +174,15 @@ class Lease:
     ) -> ArtifactRecord:
         if compute_seconds is None:
             compute_seconds = time.monotonic() - self._granted
-        self._compute_seconds = max(0.0, compute_seconds)
+        artifact = NewArtifact(serializer, payload, digest, max(0.0, compute_seconds))
         try:
-            record = self._client.store.complete(
-                self.key,
-                self._record.token,
-                serializer,
-                payload,
-                digest,
-                compute_seconds=self._compute_seconds,
-            )
+            record = self._client.store.complete(self.key, self._record.token, artifact)
         except StoreUnavailable as exc:
-            record = self._settle_complete(serializer, payload, digest, exc)
+            record = self._settle_complete(artifact, exc)
         self._ended = True
         return record
 
-    def _settle_complete(
-        self, serializer: str, payload: bytes, digest: str, error: StoreUnavailable
-    ) -> ArtifactRecord:
+    def _settle_complete(self, new: NewArtifact, error: StoreUnavailable) -> ArtifactRecord:
         """Resolve a complete whose outcome is unknown by reading the key again, for up to one ttl.
 
         Our own artifact (this token's fence and this payload's checksum) means the write landed;
@@ -219,15 +210,13 @@ class Lease:
                 error = exc
                 continue
             artifact = state.artifact
-            if artifact is not None and artifact.fence == token.fence and artifact.checksum == digest:
+            if artifact is not None and artifact.fence == token.fence and artifact.checksum == new.checksum:
                 log.info("%s was stored by the complete whose reply was lost (token %s)", self.key, token)
                 return artifact
             if artifact is not None or state.lease is None or state.lease.token != token:
                 raise transitions.explain_lost(state, token, "complete")
             try:
-                return store.complete(
-                    self.key, token, serializer, payload, digest, compute_seconds=self._compute_seconds
-                )
+                return store.complete(self.key, token, new)
             except StoreUnavailable as exc:
                 error = exc
             except LeaseLost:

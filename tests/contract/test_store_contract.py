@@ -15,14 +15,14 @@ from dibs.errors import LeaseLost
 from dibs.keys import Key
 from dibs.records import Granted, Held, LeaseRecord, LeaseToken, Present, checksum
 from dibs.runtime import runtime
-from dibs.stores import Store
+from dibs.stores import AcquireRequest, NewArtifact, Store
 from dibs.stores.feeds import ChangeFeed
 
 KEY = Key("contract.tests", "features/2026-11-25 ✓")
 
 
 def _complete(store: Store, lease: LeaseRecord, payload: bytes) -> None:
-    store.complete(lease.key, lease.token, "bytes", payload, checksum(payload))
+    store.complete(lease.key, lease.token, NewArtifact("bytes", payload, checksum(payload)))
 
 
 def _granted(outcome: object) -> LeaseRecord:
@@ -45,11 +45,11 @@ def test_unknown_key_reads_as_free(store: Store) -> None:
 
 
 def test_first_caller_is_granted_others_see_the_holder(store: Store) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 30, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 30)))
     assert (lease.owner, lease.token.fence, lease.attempt) == ("alice", 1, 1)
     assert lease.expires_at - lease.acquired_at == pytest.approx(30, abs=0.5)
 
-    held = store.acquire(KEY, "bob", 30, None)
+    held = store.acquire(KEY, AcquireRequest("bob", 30))
     assert isinstance(held, Held)
     assert held.lease.owner == "alice" and held.lease.token == lease.token
     assert held.now < held.lease.expires_at
@@ -57,8 +57,8 @@ def test_first_caller_is_granted_others_see_the_holder(store: Store) -> None:
 
 
 def test_same_owner_reenters_with_the_same_token_and_a_later_expiry(store: Store) -> None:
-    first = _granted(store.acquire(KEY, "alice", 5, None))
-    again = _granted(store.acquire(KEY, "alice", 30, None))
+    first = _granted(store.acquire(KEY, AcquireRequest("alice", 5)))
+    again = _granted(store.acquire(KEY, AcquireRequest("alice", 30)))
     assert again.token == first.token
     assert again.expires_at > first.expires_at
 
@@ -67,7 +67,10 @@ def test_a_grant_says_whether_it_re_entered_the_owners_own_lease(store: Store) -
     # What a cancelled ask needs to know: a lease it made may be released, a re-entered one may not
     # (it belongs to the first ask). Asked at once, under a maximum lease age equal to the ttl, the
     # two leases look alike by their times, so the store must say it.
-    made, again = store.acquire(KEY, "alice", 30, 30), store.acquire(KEY, "alice", 30, 30)
+    made, again = (
+        store.acquire(KEY, AcquireRequest("alice", 30, 30)),
+        store.acquire(KEY, AcquireRequest("alice", 30, 30)),
+    )
     assert isinstance(made, Granted) and isinstance(again, Granted)
     assert (made.reentered, again.reentered) == (False, True)
     assert again.lease.token == made.lease.token
@@ -75,11 +78,11 @@ def test_a_grant_says_whether_it_re_entered_the_owners_own_lease(store: Store) -
 
 def test_complete_stores_the_artifact_once_for_everyone(open_isolated_store: Callable[[], Store]) -> None:
     writer, reader = open_isolated_store(), open_isolated_store()
-    lease = _granted(writer.acquire(KEY, "alice", 30, None))
-    stored = writer.complete(KEY, lease.token, "bytes", b"value", checksum(b"value"))
+    lease = _granted(writer.acquire(KEY, AcquireRequest("alice", 30)))
+    stored = writer.complete(KEY, lease.token, NewArtifact("bytes", b"value", checksum(b"value")))
     assert (stored.producer, stored.fence, stored.size) == ("alice", 1, 5)
 
-    seen = reader.acquire(KEY, "bob", 30, None)
+    seen = reader.acquire(KEY, AcquireRequest("bob", 30))
     assert isinstance(seen, Present)
     assert seen.artifact.verified_payload(KEY) == b"value"
     assert seen.artifact.producer == "alice"
@@ -90,22 +93,24 @@ def test_the_artifact_keeps_its_compute_time_for_every_reader(
     open_isolated_store: Callable[[], Store],
 ) -> None:
     writer, reader = open_isolated_store(), open_isolated_store()
-    lease = _granted(writer.acquire(KEY, "alice", 30, None))
-    stored = writer.complete(KEY, lease.token, "bytes", b"v", checksum(b"v"), compute_seconds=12.25)
+    lease = _granted(writer.acquire(KEY, AcquireRequest("alice", 30)))
+    stored = writer.complete(
+        KEY, lease.token, NewArtifact("bytes", b"v", checksum(b"v"), compute_seconds=12.25)
+    )
     assert stored.compute_seconds == 12.25
-    seen = reader.acquire(KEY, "bob", 30, None)
+    seen = reader.acquire(KEY, AcquireRequest("bob", 30))
     assert isinstance(seen, Present) and seen.artifact.compute_seconds == 12.25
     assert reader.read(KEY).artifact.compute_seconds == 12.25  # type: ignore[union-attr]
     (listed,) = reader.list(KEY.namespace)
     assert listed.artifact is not None and listed.artifact.compute_seconds == 12.25
     # Recomputed without saying how long it took: unknown, not the old artifact's time.
-    again = _granted(writer.acquire(KEY, "carol", 30, None, max_age=0))
-    writer.complete(KEY, again.token, "bytes", b"w", checksum(b"w"))
+    again = _granted(writer.acquire(KEY, AcquireRequest("carol", 30, max_age=0)))
+    writer.complete(KEY, again.token, NewArtifact("bytes", b"w", checksum(b"w")))
     assert reader.read(KEY).artifact.compute_seconds is None  # type: ignore[union-attr]
 
 
 def test_heartbeat_extends_and_is_refused_with_a_stale_token(store: Store) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 1, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 1)))
     extended = store.heartbeat(KEY, lease.token, 60)
     assert extended.expires_at > lease.expires_at
     assert extended.token == lease.token
@@ -115,9 +120,9 @@ def test_heartbeat_extends_and_is_refused_with_a_stale_token(store: Store) -> No
 
 
 def test_expired_lease_is_taken_over_with_a_higher_fence(store: Store) -> None:
-    old = _granted(store.acquire(KEY, "alice", 0.3, None))
+    old = _granted(store.acquire(KEY, AcquireRequest("alice", 0.3)))
     _wait_until_expired(store, old)
-    outcome = store.acquire(KEY, "bob", 30, None)
+    outcome = store.acquire(KEY, AcquireRequest("bob", 30))
     new = _granted(outcome)
     assert isinstance(outcome, Granted) and outcome.took_over_from == "alice"
     assert new.token.fence == old.token.fence + 1 and new.attempt == 2
@@ -127,9 +132,9 @@ def test_expired_lease_is_taken_over_with_a_higher_fence(store: Store) -> None:
 
 
 def test_fenced_holder_cannot_overwrite_the_new_holders_artifact(store: Store) -> None:
-    old = _granted(store.acquire(KEY, "alice", 0.3, None))
+    old = _granted(store.acquire(KEY, AcquireRequest("alice", 0.3)))
     _wait_until_expired(store, old)
-    new = _granted(store.acquire(KEY, "bob", 30, None))
+    new = _granted(store.acquire(KEY, AcquireRequest("bob", 30)))
     with pytest.raises(LeaseLost, match="taken over by 'bob'"):
         store.heartbeat(KEY, old.token, 30)
     _complete(store, new, b"bob's")
@@ -142,7 +147,7 @@ def test_fenced_holder_cannot_overwrite_the_new_holders_artifact(store: Store) -
 
 
 def test_expired_lease_nobody_took_is_still_current(store: Store) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 0.3, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 0.3)))
     _wait_until_expired(store, lease)
     assert store.read(KEY).status == "expired"
     _complete(store, lease, b"late but fine")
@@ -150,14 +155,14 @@ def test_expired_lease_nobody_took_is_still_current(store: Store) -> None:
 
 
 def test_release_with_failure_frees_the_key_at_once_and_records_why(store: Store) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     store.release(KEY, lease.token, "ValueError: bad partition")
     state = store.read(KEY)
     assert state.status == "failed" and state.failure is not None
     assert (state.failure.count, state.failure.owner) == (1, "alice")
     assert "bad partition" in state.failure.error
 
-    outcome = store.acquire(KEY, "bob", 60, None)
+    outcome = store.acquire(KEY, AcquireRequest("bob", 60))
     assert isinstance(outcome, Granted) and outcome.failure is not None and outcome.failure.count == 1
     assert outcome.lease.token.fence == 2
     store.release(KEY, outcome.lease.token, "again")
@@ -168,7 +173,7 @@ def test_release_with_failure_frees_the_key_at_once_and_records_why(store: Store
 def test_a_stop_is_recorded_but_not_counted_as_a_failure(store: Store) -> None:
     # Ctrl-C, a cancellation or a kill counted towards max_failures though nothing failed (issue 16,
     # item 11): a stop is recorded, so waiters can say why, with the failure count left as it was.
-    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     store.release(KEY, lease.token, "stopped: KeyboardInterrupt", counted=False)
     state = store.read(KEY)
     assert state.lease is None and state.failure is not None
@@ -177,9 +182,9 @@ def test_a_stop_is_recorded_but_not_counted_as_a_failure(store: Store) -> None:
         "alice",
         "stopped: KeyboardInterrupt",
     )
-    lease = _granted(store.acquire(KEY, "bob", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("bob", 60)))
     store.release(KEY, lease.token, "ValueError: bad partition")
-    lease = _granted(store.acquire(KEY, "carol", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("carol", 60)))
     store.release(KEY, lease.token, "stopped by SIGTERM", counted=False)
     failure = store.read(KEY).failure
     assert failure is not None and (failure.count, failure.owner) == (1, "carol")
@@ -188,28 +193,28 @@ def test_a_stop_is_recorded_but_not_counted_as_a_failure(store: Store) -> None:
 
 
 def test_release_without_error_records_no_failure(store: Store) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     store.release(KEY, lease.token)
     state = store.read(KEY)
     assert state.status == "free" and state.failure is None and state.fence == 1
 
 
 def test_force_release_fences_the_holder_out(store: Store) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     assert store.force_release(KEY) is True
     assert store.force_release(KEY) is False
     with pytest.raises(LeaseLost, match="released"):
         _complete(store, lease, b"x")
-    assert _granted(store.acquire(KEY, "bob", 60, None)).token.fence == 2
+    assert _granted(store.acquire(KEY, AcquireRequest("bob", 60))).token.fence == 2
 
 
 def test_forget_drops_the_artifact_and_the_fence_keeps_rising(store: Store) -> None:
-    first = _granted(store.acquire(KEY, "alice", 60, None))
+    first = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     _complete(store, first, b"v1")
     assert store.forget(KEY) is True
     assert store.forget(KEY) is False
     assert store.read(KEY).artifact is None
-    second = _granted(store.acquire(KEY, "bob", 60, None))
+    second = _granted(store.acquire(KEY, AcquireRequest("bob", 60)))
     assert second.token.fence == first.token.fence + 1
     with pytest.raises(LeaseLost):
         _complete(store, first, b"stale")
@@ -219,7 +224,7 @@ def test_forget_drops_the_artifact_and_the_fence_keeps_rising(store: Store) -> N
 
 
 def test_max_lease_age_caps_every_extension(store: Store) -> None:
-    lease = _granted(store.acquire(KEY, "alice", 0.4, 0.8))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 0.4, 0.8)))
     assert lease.max_expires_at == pytest.approx(lease.acquired_at + 0.8, abs=0.05)
     deadline = time.monotonic() + 30
     while True:  # heartbeat until the cap refuses us
@@ -233,15 +238,15 @@ def test_max_lease_age_caps_every_extension(store: Store) -> None:
         time.sleep(0.05)
     # Re-entry by the same owner does not reset the age either: the key is free for others now.
     _wait_until_expired(store, lease)
-    assert _granted(store.acquire(KEY, "bob", 5, None)).owner == "bob"
+    assert _granted(store.acquire(KEY, AcquireRequest("bob", 5))).owner == "bob"
 
 
 def test_list_filters_by_namespace_and_reap_clears_expired_leases(store: Store) -> None:
     a, b, other = Key("contract.list", "a"), Key("contract.list", "b"), Key("contract.elsewhere", "a")
-    done = _granted(store.acquire(a, "alice", 60, None))
+    done = _granted(store.acquire(a, AcquireRequest("alice", 60)))
     _complete(store, done, b"1")
-    short = _granted(store.acquire(b, "alice", 0.3, None))
-    store.acquire(other, "alice", 60, None)
+    short = _granted(store.acquire(b, AcquireRequest("alice", 0.3)))
+    store.acquire(other, AcquireRequest("alice", 60))
 
     listed = {state.key: state for state in store.list("contract.list")}
     assert set(listed) == {a, b}
@@ -260,7 +265,7 @@ def test_list_filters_by_namespace_and_reap_clears_expired_leases(store: Store) 
 )
 def test_any_valid_name_round_trips(store: Store, name: str) -> None:
     key = Key("contract.names", name)
-    lease = _granted(store.acquire(key, "alice", 60, None))
+    lease = _granted(store.acquire(key, AcquireRequest("alice", 60)))
     _complete(store, lease, name.encode())
     artifact = store.read(key).artifact
     assert artifact is not None and artifact.verified_payload(key) == name.encode()
@@ -270,8 +275,8 @@ def test_any_valid_name_round_trips(store: Store, name: str) -> None:
 def test_large_and_empty_payloads_round_trip(store: Store) -> None:
     big_key, empty_key = Key("contract.size", "big"), Key("contract.size", "empty")
     big = bytes(range(256)) * (6 * 4096)  # 6 MiB
-    _complete(store, _granted(store.acquire(big_key, "alice", 60, None)), big)
-    _complete(store, _granted(store.acquire(empty_key, "alice", 60, None)), b"")
+    _complete(store, _granted(store.acquire(big_key, AcquireRequest("alice", 60))), big)
+    _complete(store, _granted(store.acquire(empty_key, AcquireRequest("alice", 60))), b"")
     stored_big, stored_empty = store.read(big_key).artifact, store.read(empty_key).artifact
     assert stored_big is not None and stored_big.verified_payload(big_key) == big
     assert stored_empty is not None and stored_empty.verified_payload(empty_key) == b""
@@ -290,7 +295,7 @@ def test_the_change_feed_reports_a_key_another_client_completes(
     open_isolated_store: Callable[[], Store],
 ) -> None:
     store, other = open_isolated_store(), open_isolated_store()
-    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     feed = other.change_feed()
     assert feed is not None
     feed.open()
@@ -304,8 +309,8 @@ def test_the_change_feed_reports_a_key_another_client_completes(
 
 def test_read_many_reads_what_read_reads(store: Store) -> None:
     keys = [Key("contract.many", f"k{i}") for i in range(5)]
-    _complete(store, _granted(store.acquire(keys[0], "alice", 60, None)), b"zero")
-    store.acquire(keys[1], "bob", 60, None)
+    _complete(store, _granted(store.acquire(keys[0], AcquireRequest("alice", 60))), b"zero")
+    store.acquire(keys[1], AcquireRequest("bob", 60))
     states = {state.key: state for state in store.read_many(keys)}
     for key in keys[:2]:
         alone = store.read(key)
@@ -320,8 +325,8 @@ def test_read_many_reads_what_read_reads(store: Store) -> None:
 def test_read_many_of_one_key_reads_what_read_reads(store: Store) -> None:
     """One key is the watch hub's usual read (some stores answer it by another path)."""
     done, held, absent = (Key("contract.one", name) for name in ("done", "held", "absent"))
-    _complete(store, _granted(store.acquire(done, "alice", 60, None)), b"one")
-    store.acquire(held, "bob", 60, None)
+    _complete(store, _granted(store.acquire(done, AcquireRequest("alice", 60))), b"one")
+    store.acquire(held, AcquireRequest("bob", 60))
     for key in (done, held):
         (state,) = store.read_many([key])
         alone = store.read(key)
@@ -339,7 +344,7 @@ def test_the_watch_hub_hands_every_waiter_the_completed_state(
     open_isolated_store: Callable[[], Store],
 ) -> None:
     store, other = open_isolated_store(), open_isolated_store()
-    lease = _granted(store.acquire(KEY, "alice", 60, None))
+    lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
     subscriptions = [runtime().subscribe(other, KEY) for _ in range(20)]
     try:
         _complete(store, lease, b"for everyone")
@@ -368,12 +373,14 @@ def test_a_stale_artifact_is_a_miss_and_the_new_one_replaces_it(
     open_isolated_store: Callable[[], Store],
 ) -> None:
     store, other = open_isolated_store(), open_isolated_store()
-    _complete(store, _granted(store.acquire(KEY, "alice", 60, None)), b"old")
-    refresh = _granted(store.acquire(KEY, "bob", 60, None, max_age=0.0))  # any artifact is too old
+    _complete(store, _granted(store.acquire(KEY, AcquireRequest("alice", 60))), b"old")
+    refresh = _granted(store.acquire(KEY, AcquireRequest("bob", 60, max_age=0.0)))  # any artifact is too old
     assert refresh.token.fence == 2
-    plain = other.acquire(KEY, "carol", 60, None)  # a caller without a maximum age still gets the old one
+    plain = other.acquire(
+        KEY, AcquireRequest("carol", 60)
+    )  # a caller without a maximum age still gets the old one
     assert isinstance(plain, Present) and plain.artifact.verified_payload(KEY) == b"old"
-    held = other.acquire(KEY, "carol", 60, None, max_age=0.0)  # ... and one with it waits for bob
+    held = other.acquire(KEY, AcquireRequest("carol", 60, max_age=0.0))  # ... and one with it waits for bob
     assert isinstance(held, Held) and held.lease.owner == "bob"
     assert store.read(KEY).status == "held"
     _complete(store, refresh, b"new")
@@ -381,26 +388,26 @@ def test_a_stale_artifact_is_a_miss_and_the_new_one_replaces_it(
     assert (state.status, state.lease) == ("done", None)
     assert state.artifact is not None and (state.artifact.fence, state.artifact.producer) == (2, "bob")
     assert _payload(other, KEY) == b"new"
-    young = other.acquire(KEY, "carol", 60, None, max_age=3600.0)
+    young = other.acquire(KEY, AcquireRequest("carol", 60, max_age=3600.0))
     assert isinstance(young, Present) and young.artifact.verified_payload(KEY) == b"new"
 
 
 def test_concurrent_refreshes_compute_once(open_isolated_store: Callable[[], Store]) -> None:
     first, second = open_isolated_store(), open_isolated_store()
-    _complete(first, _granted(first.acquire(KEY, "alice", 60, None)), b"v1")
-    a = _granted(first.acquire(KEY, "a", 60, None, max_age=0.0))
-    busy = second.acquire(KEY, "b", 60, None, max_age=0.0)
+    _complete(first, _granted(first.acquire(KEY, AcquireRequest("alice", 60))), b"v1")
+    a = _granted(first.acquire(KEY, AcquireRequest("a", 60, max_age=0.0)))
+    busy = second.acquire(KEY, AcquireRequest("b", 60, max_age=0.0))
     assert isinstance(busy, Held)
     fence = busy.lease.token.fence  # what a stores is the fresh artifact for b: no clock involved
-    assert isinstance(second.acquire(KEY, "b", 60, None, min_fence=fence), Held)
+    assert isinstance(second.acquire(KEY, AcquireRequest("b", 60, min_fence=fence)), Held)
     _complete(first, a, b"v2")
-    shared = second.acquire(KEY, "b", 60, None, min_fence=fence)
+    shared = second.acquire(KEY, AcquireRequest("b", 60, min_fence=fence))
     assert isinstance(shared, Present) and shared.artifact.verified_payload(KEY) == b"v2"
 
 
 def test_a_failed_refresh_keeps_the_old_artifact(store: Store) -> None:
-    _complete(store, _granted(store.acquire(KEY, "alice", 60, None)), b"kept")
-    refresh = _granted(store.acquire(KEY, "bob", 60, None, max_age=0.0))
+    _complete(store, _granted(store.acquire(KEY, AcquireRequest("alice", 60))), b"kept")
+    refresh = _granted(store.acquire(KEY, AcquireRequest("bob", 60, max_age=0.0)))
     store.release(KEY, refresh.token, "boom")
     state = store.read(KEY)
     assert state.status == "done" and state.failure is not None and state.failure.count == 1
@@ -419,17 +426,19 @@ def test_discard_clears_only_a_record_that_holds_nothing(store: Store) -> None:
     held, done, failed, freed = (
         Key("contract.discard", name) for name in ("held", "done", "failed", "freed")
     )
-    _granted(store.acquire(held, "alice", 60, None))
-    _complete(store, _granted(store.acquire(done, "alice", 60, None)), b"x")
-    store.release(failed, _granted(store.acquire(failed, "alice", 60, None)).token, "boom")
-    store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
+    _granted(store.acquire(held, AcquireRequest("alice", 60)))
+    _complete(store, _granted(store.acquire(done, AcquireRequest("alice", 60))), b"x")
+    store.release(failed, _granted(store.acquire(failed, AcquireRequest("alice", 60))).token, "boom")
+    store.release(freed, _granted(store.acquire(freed, AcquireRequest("alice", 60))).token, None)
     assert [store.discard(k) for k in (held, done, failed, freed)] == [False, False, False, True]
     assert store.discard(freed) is False  # a tombstone already: not counted again
     assert store.discard(Key("contract.discard", "never-seen")) is False
     assert {s.key for s in store.list("contract.discard")} == {held, done, failed}
     _assert_tombstone(store, freed, 1)
     assert store.read(Key("contract.discard", "never-seen")).fence == 0  # discard wrote nothing
-    again = _granted(store.acquire(freed, "bob", 60, None))  # the key works again, at a higher token
+    again = _granted(
+        store.acquire(freed, AcquireRequest("bob", 60))
+    )  # the key works again, at a higher token
     assert (again.token.fence, again.attempt) == (2, 1)
     _complete(store, again, b"after")
     assert _payload(store, freed) == b"after"
@@ -438,10 +447,10 @@ def test_discard_clears_only_a_record_that_holds_nothing(store: Store) -> None:
 def test_prune_clears_what_is_old_and_never_a_live_lease(store: Store) -> None:
     names = ("held", "done", "failed", "freed")
     held, done, failed, freed = (Key("contract.prune", name) for name in names)
-    _granted(store.acquire(held, "alice", 600, None))
-    _complete(store, _granted(store.acquire(done, "alice", 60, None)), b"x")
-    store.release(failed, _granted(store.acquire(failed, "alice", 60, None)).token, "boom")
-    store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
+    _granted(store.acquire(held, AcquireRequest("alice", 600)))
+    _complete(store, _granted(store.acquire(done, AcquireRequest("alice", 60))), b"x")
+    store.release(failed, _granted(store.acquire(failed, AcquireRequest("alice", 60))).token, "boom")
+    store.release(freed, _granted(store.acquire(freed, AcquireRequest("alice", 60))).token, None)
     assert store.prune("contract.prune", 3600.0) == 1  # nothing is an hour old: only the empty record
     assert {s.key for s in store.list("contract.prune")} == {held, done, failed}
     assert store.prune("contract.prune", 0.0) == 2  # everything is older than now, but the live lease
@@ -454,8 +463,8 @@ def test_prune_clears_what_is_old_and_never_a_live_lease(store: Store) -> None:
 
 def test_reap_also_clears_records_that_hold_nothing(store: Store) -> None:
     freed, short = Key("contract.reap2", "freed"), Key("contract.reap2", "short")
-    store.release(freed, _granted(store.acquire(freed, "alice", 60, None)).token, None)
-    lease = _granted(store.acquire(short, "alice", 0.05, None))
+    store.release(freed, _granted(store.acquire(freed, AcquireRequest("alice", 60))).token, None)
+    lease = _granted(store.acquire(short, AcquireRequest("alice", 0.05)))
     _wait_until_expired(store, lease)
     assert store.reap("contract.reap2") == 2  # the expired lease cleared (and its record with it)
     assert list(store.list("contract.reap2")) == []
@@ -516,7 +525,7 @@ def test_tokens_never_rewind_after_removal(store: Store, removal: str) -> None:
     tokens = []
     for round_ in range(3):
         owner = "alice" if same_owner else f"owner-{round_}"
-        lease = _granted(store.acquire(key, owner, ttl, None))
+        lease = _granted(store.acquire(key, AcquireRequest(owner, ttl)))
         tokens.append(lease.token.fence)
         if round_ < 2:
             remove(store, lease)

@@ -19,6 +19,7 @@ from dibs.payloads import REFERENCE, PayloadUnavailable, ReferencingStore
 from dibs.payloads.files import FilePayloadStore
 from dibs.payloads.references import decode
 from dibs.records import ArtifactRecord, Granted, KeyState
+from dibs.stores import AcquireRequest
 from dibs.stores.memory import MemoryStore
 from tests.payloads.conftest import payload_files
 
@@ -184,7 +185,7 @@ def test_a_fenced_out_holder_publishes_nothing_and_its_payload_goes(
         store = client.store
         assert isinstance(store, ReferencingStore)
         key = client.key("k")
-        old = store.acquire(key, "old", 60, None)
+        old = store.acquire(key, AcquireRequest("old", 60))
         assert isinstance(old, Granted)
         client.force_release(key)  # the operator's repair: the old holder is fenced out
         new = client.acquire("k", timeout=0)
@@ -216,7 +217,7 @@ def test_a_candidate_too_recent_to_remove_is_decided_without_listing_the_records
         client.run("k", lambda: os.urandom(BIG))
         assert client.forget("k")
         key = client.key("f")
-        old = store.acquire(key, "old", 60, None)
+        old = store.acquire(key, AcquireRequest("old", 60))
         assert isinstance(old, Granted)
         client.force_release(key)
         with pytest.raises(LeaseLost):

@@ -30,6 +30,7 @@ from prefect.transactions import IsolationLevel, transaction
 import dibs
 import prefect_dibs.tasks
 from dibs.outcomes import RunReport
+from dibs.stores import AcquireRequest
 from prefect import flow, task
 from prefect_dibs import DibsLockManager, reserved
 from tests.prefect.support import wait_until
@@ -83,11 +84,15 @@ class Gate:
         store = client.store
         real = store.acquire
 
-        def gated(key: Any, who: str, *args: Any, **kwargs: Any) -> Any:
-            if who.startswith(owner) and not self._opened.is_set() and store.read(key).live_lease is None:
+        def gated(key: Any, request: AcquireRequest) -> Any:
+            if (
+                request.owner.startswith(owner)
+                and not self._opened.is_set()
+                and store.read(key).live_lease is None
+            ):
                 self.held.set()
                 assert self._opened.wait(BOUND), "the test never opened the gate"
-            return real(key, who, *args, **kwargs)
+            return real(key, request)
 
         monkeypatch.setattr(store, "acquire", gated)
 

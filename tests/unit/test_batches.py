@@ -14,6 +14,7 @@ from dibs.errors import InvalidKey
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.runtime import runtime
+from dibs.stores import AcquireRequest
 from dibs.stores.memory import MemoryStore
 
 
@@ -112,7 +113,7 @@ class HeldJobs:
 def test_reads_waiting_together_are_one_batch_and_each_key_is_read_once() -> None:
     store = CountingStore()
     keys = [Key("unit", "a"), Key("unit", "b")]
-    store.acquire(keys[0], "holder", 30, None)
+    store.acquire(keys[0], AcquireRequest("holder", 30))
     jobs = HeldJobs()
     batcher = ReadBatcher(store, jobs.submit)
     states = asyncio.run(jobs.run([batcher.read(keys[i % 2]) for i in range(100)]))
@@ -127,7 +128,7 @@ def test_reads_waiting_together_are_one_batch_and_each_key_is_read_once() -> Non
 def test_a_key_the_batch_cannot_read_gives_its_readers_the_error_of_their_own_read() -> None:
     store = CountingStore()
     good, bad = Key("unit", "good"), Key("unit", "bad")
-    store.acquire(good, "holder", 30, None)
+    store.acquire(good, AcquireRequest("holder", 30))
     store.broken.add("bad")
     jobs = HeldJobs()
     batcher = ReadBatcher(store, jobs.submit)
@@ -139,7 +140,7 @@ def test_a_key_the_batch_cannot_read_gives_its_readers_the_error_of_their_own_re
 def test_async_waiters_of_the_runtime_read_through_the_batcher() -> None:
     store = CountingStore()
     key = Key("unit", "shared")
-    store.acquire(key, "holder", 30, None)
+    store.acquire(key, AcquireRequest("holder", 30))
 
     async def scenario() -> list[KeyState]:
         return await asyncio.gather(*(runtime().read(store, key) for _ in range(50)))

@@ -177,7 +177,9 @@ def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: di
     wait = steps.send(None)
     assert isinstance(wait, flow.Wait)
     assert wait.waiting == flow.Waiting(started=100.0, holder="alice", min_token=4)
-    assert wait.ask.min_fence == 4 and wait.ask.max_age is None  # the refresh waits for alice's result
+    assert (
+        wait.ask.request.min_fence == 4 and wait.ask.request.max_age is None
+    )  # the refresh waits for alice's result
     steps.close()
 
     now[0] = 190.0  # resumed 90 s later: past the 60 s timeout

@@ -10,6 +10,7 @@ import dibs
 from dibs import InvalidKey, Key
 from dibs.keys import MAX_NAME_LENGTH, canonical_json, derive_key, digest, format_key
 from dibs.records import Granted
+from dibs.stores import AcquireRequest
 from dibs.stores.memory import MemoryStore
 
 
@@ -123,7 +124,7 @@ def test_a_record_written_under_a_non_nfc_name_before_normalization_still_lists(
     store = open_store(f"sqlite:///{tmp_path / 'old.db'}")
     old = Key("ns", "x")
     object.__setattr__(old, "name", "cafe\u0301")  # as a dibs before NFC keys wrote it
-    assert isinstance(store.acquire(old, "alice", 60, None), Granted)
+    assert isinstance(store.acquire(old, AcquireRequest("alice", 60)), Granted)
     listed = list(store.list("ns"))
     assert [state.key.name for state in listed] == ["caf\u00e9"] and listed[0].lease is not None
     store.close()

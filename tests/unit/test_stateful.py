@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dibs.errors import LeaseLost
 from dibs.keys import Key
 from dibs.records import Granted, Held, LeaseToken, Present, checksum
-from dibs.stores import Store
+from dibs.stores import AcquireRequest, NewArtifact, Store
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sql import SQLStore
 
@@ -68,7 +68,7 @@ class StoreModel(RuleBasedStateMachine):
     def acquire(self, name: str, owner: str) -> None:
         key = self.keys[name]
         m = self.model[key]
-        outcome = self.store.acquire(key, owner, self.ttl, None)
+        outcome = self.store.acquire(key, AcquireRequest(owner, self.ttl))
         if m.artifact is not None:
             assert isinstance(outcome, Present) and outcome.artifact.verified_payload(key) == m.artifact
         elif m.token is not None and m.owner == owner:
@@ -98,7 +98,7 @@ class StoreModel(RuleBasedStateMachine):
             if action == "heartbeat":
                 self.store.heartbeat(key, token, self.ttl)
             elif action == "complete":
-                self.store.complete(key, token, "bytes", payload, checksum(payload))
+                self.store.complete(key, token, NewArtifact("bytes", payload, checksum(payload)))
             else:
                 self.store.release(key, token, "boom" if action == "fail" else None)
         except LeaseLost:

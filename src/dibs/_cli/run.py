@@ -175,7 +175,7 @@ class _RunSteps(Steps):
         self.console, self.stops, self.running = console, stops, running
 
     def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        with KeyWatch(self.console, self.client, step.ask.key, me=step.ask.owner) as watch:
+        with KeyWatch(self.console, self.client, step.ask.key, me=step.ask.request.owner) as watch:
             watch.see(Sight.of_busy(step.busy))
             return super().wait(step)
 

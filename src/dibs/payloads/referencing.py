@@ -42,6 +42,7 @@ from dibs.payloads.verify import check_whole, read_verified
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Present, StoreOutcome
 from dibs.stores.base import Store
 from dibs.stores.feeds import ChangeFeed
+from dibs.stores.requests import AcquireRequest, NewArtifact
 
 __all__ = ["DEFAULT_INLINE_LIMIT", "ReferencedArtifact", "ReferencingStore"]
 
@@ -226,17 +227,8 @@ class ReferencingStore(Store):
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         return self.records.list(namespace)  # listings carry no payloads: references stay as they are
 
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
-        outcome = self.records.acquire(key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence)
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
+        outcome = self.records.acquire(key, request)
         for _ in range(_MAX_MISSES):
             if not isinstance(outcome, Present) or outcome.artifact.serializer != REFERENCE:
                 return outcome
@@ -258,10 +250,8 @@ class ReferencingStore(Store):
                 self._miss(key, exc)
             # Only a newer artifact counts now: the lease is granted beside this one, which the new
             # artifact replaces (as a refresh does).
-            min_fence = max(min_fence or 0, artifact.fence + 1)
-            outcome = self.records.acquire(
-                key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
-            )
+            request = dataclasses.replace(request, min_fence=max(request.min_fence or 0, artifact.fence + 1))
+            outcome = self.records.acquire(key, request)
         return outcome
 
     # -- writing ------------------------------------------------------------------------------------
@@ -287,30 +277,20 @@ class ReferencingStore(Store):
             return dataclasses.replace(record, loaded=data)
         return record
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
-        if serializer == REFERENCE:  # the payload is in the payload store already (a streamed artifact)
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
+        payload, checksum = artifact.payload, artifact.checksum
+        if artifact.serializer == REFERENCE:  # the payload is in the payload store already (streamed)
             stored, _ = decode(payload, f"artifact of {key}")
-            return self._publish(key, token, stored, None, compute_seconds)
+            return self._publish(key, token, stored, None, artifact.compute_seconds)
         if len(payload) <= self.inline_limit:
-            return self.records.complete(
-                key, token, serializer, payload, checksum, compute_seconds=compute_seconds
-            )
+            return self.records.complete(key, token, artifact)
         if not checksum.startswith("sha256:"):
             raise ArtifactCorrupted(
                 f"artifact of {key}: not a checksum dibs writes: {checksum!r}", key=str(key)
             )
         # The lease computed the checksum from these very bytes: the writer does not hash them again.
-        stored = self.payloads.put(payload, serializer, sha256=checksum.removeprefix("sha256:"))
-        return self._publish(key, token, stored, payload, compute_seconds)
+        stored = self.payloads.put(payload, artifact.serializer, sha256=checksum.removeprefix("sha256:"))
+        return self._publish(key, token, stored, payload, artifact.compute_seconds)
 
     def _publish(
         self,
@@ -322,10 +302,9 @@ class ReferencingStore(Store):
     ) -> ArtifactRecord:
         uri = self.payloads.uri(stored.sha256)
         document = encode(stored, uri)
+        reference = NewArtifact(REFERENCE, document, stored.checksum, compute_seconds)
         try:
-            record = self.records.complete(
-                key, token, REFERENCE, document, stored.checksum, compute_seconds=compute_seconds
-            )
+            record = self.records.complete(key, token, reference)
         except LeaseLost:
             self.collect([stored.sha256])  # never published: removed unless someone else needs it
             raise

@@ -23,9 +23,12 @@ from typing import Protocol, cast
 
 from dibs.errors import ConfigurationError
 from dibs.stores.base import Store
+from dibs.stores.requests import AcquireRequest, NewArtifact
 
 __all__ = [
     "STORE_SCHEMES",
+    "AcquireRequest",
+    "NewArtifact",
     "Store",
     "hide_secrets",
     "open_store",

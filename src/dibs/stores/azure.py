@@ -95,6 +95,7 @@ from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOut
 from dibs.stores import codec, decoder, redact_url, transitions
 from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed
+from dibs.stores.requests import AcquireRequest, NewArtifact
 
 __all__ = ["AzureBlobStore", "ServiceClock", "parse_url"]
 
@@ -951,46 +952,24 @@ class AzureBlobStore(RecordStore):
             lambda state, artifact: dataclasses.replace(state, artifact=artifact),
         )
 
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         return self._with_payload(
             key,
-            lambda: super(AzureBlobStore, self).acquire(
-                key, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
-            ),
+            lambda: super(AzureBlobStore, self).acquire(key, request),
             lambda outcome: outcome.artifact if isinstance(outcome, Present) else None,
             lambda _outcome, artifact: Present(artifact),
         )
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
         # Check the token before uploading anything: a holder that lost its lease should not push a
         # large payload just to have it refused. The read is reused by the swap below.
         loaded = self._load(key)
-        transitions.complete(loaded[0], token, serializer, b"", checksum)
-        name, created = self._upload_artifact(key, token.fence, payload, checksum)
+        transitions.complete(loaded[0], token, artifact)
+        name, created = self._upload_artifact(key, token.fence, artifact.payload, artifact.checksum)
         try:
             return self._update(
                 key,
-                lambda state: transitions.complete(
-                    state, token, serializer, payload, checksum, compute_seconds=compute_seconds
-                ),
+                lambda state: transitions.complete(state, token, artifact),
                 loaded=loaded,
             )
         except LeaseLost:

@@ -28,12 +28,21 @@ from typing import ClassVar, TypeVar
 
 from dibs._closing import Closing
 from dibs.errors import ArtifactTooLarge, CorruptRecord, ReservationError, StoreUnavailable
-from dibs.keys import Key, validate_owner
+from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import timing, transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
+from dibs.stores.requests import AcquireRequest, NewArtifact
 
-__all__ = ["Listing", "RecordStore", "Skipped", "Store", "refuse_too_large"]
+__all__ = [
+    "AcquireRequest",
+    "Listing",
+    "NewArtifact",
+    "RecordStore",
+    "Skipped",
+    "Store",
+    "refuse_too_large",
+]
 
 T = TypeVar("T")
 #: A record as read for a compare-and-swap: its state and the store's version of it.
@@ -115,21 +124,13 @@ class Store(Closing):
         """The key's state at one instant of the store's clock (an empty state if never seen)."""
 
     @abc.abstractmethod
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         """``get_or_reserve`` in one atomic step: :class:`Present`, :class:`Granted` or :class:`Held`.
 
-        An artifact counts only if it is fresh by the store's clock (``max_age``, ``min_fence``: see
-        :meth:`~dibs.records.ArtifactRecord.is_fresh`); a stale one is no hit, the lease can be taken
-        beside it, and the new artifact replaces it on ``complete``.
+        An artifact counts only if it is fresh by the store's clock (:meth:`AcquireRequest.takes
+        <dibs.stores.requests.AcquireRequest.takes>`); a stale one is no hit, the lease can be taken
+        beside it, and the new artifact replaces it on ``complete``. The terms come as one object (see
+        :mod:`dibs.stores.requests`), so a new term never changes this signature.
         """
 
     @abc.abstractmethod
@@ -137,19 +138,10 @@ class Store(Closing):
         """Extend the lease to store-now + ``ttl`` (capped by its max age); :class:`LeaseLost` if stale."""
 
     @abc.abstractmethod
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
-        """Store the artifact and end the lease atomically, only while ``token`` is current.
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
+        """Store ``artifact`` and end the lease atomically, only while ``token`` is current.
 
-        ``compute_seconds`` (how long the work ran) is kept with the artifact when given."""
+        Its ``compute_seconds`` (how long the work ran) is kept with it when given."""
 
     @abc.abstractmethod
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
@@ -282,43 +274,14 @@ class RecordStore(Store):
             key=str(key),
         )
 
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
-        validate_owner(owner)  # a bad owner written into the record would make it unreadable for all
-        return self._update(
-            key,
-            lambda state: transitions.acquire(
-                state, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
-            ),
-        )
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
+        return self._update(key, lambda state: transitions.acquire(state, request))
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
         return self._update(key, lambda state: transitions.heartbeat(state, token, ttl))
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
-        return self._update(
-            key,
-            lambda state: transitions.complete(
-                state, token, serializer, payload, checksum, compute_seconds=compute_seconds
-            ),
-        )
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
+        return self._update(key, lambda state: transitions.complete(state, token, artifact))
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         self._update(key, lambda state: (None, transitions.release(state, token, error, counted)))

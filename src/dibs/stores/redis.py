@@ -65,7 +65,7 @@ from redis.retry import Retry
 from dibs.config import validate_seconds
 from dibs.display import printable
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
-from dibs.keys import Key, validate_owner
+from dibs.keys import Key
 from dibs.records import (
     MAX_COUNT,
     MAX_FENCE,
@@ -83,6 +83,7 @@ from dibs.records import (
 from dibs.stores import decoder, redact_url, transitions, url_userinfo
 from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
+from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
 
 __all__ = ["RedisStore"]
@@ -614,29 +615,19 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
         reply = self._run(self._read, key, "read", key.namespace, key.name, "1")
         return self._state(key, reply, with_payload=True)
 
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
-        validate_owner(owner)
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         reply = self._run(
             self._acquire,
             key,
             "reserve",
             key.namespace,
             key.name,
-            owner,
-            _seconds(ttl, "ttl"),
-            "" if max_lease_age is None else _seconds(max_lease_age, "max_lease_age"),
+            request.owner,
+            _seconds(request.ttl, "ttl"),
+            "" if request.max_lease_age is None else _seconds(request.max_lease_age, "max_lease_age"),
             new_lease_id(),
-            "" if max_age is None else _seconds(max_age, "max_age"),
-            "" if min_fence is None else str(int(min_fence)),
+            "" if request.max_age is None else _seconds(request.max_age, "max_age"),
+            "" if request.min_fence is None else str(int(request.min_fence)),
         )
         status = reply[0]
         if status == b"exhausted":
@@ -688,16 +679,8 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             return min(self._value_limit, self.max_artifact_size)
         return self._value_limit
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
+        payload = artifact.payload
         refuse_too_large(
             key,
             len(payload),
@@ -715,11 +698,11 @@ return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
             key.name,
             token.fence,
             token.lease_id,
-            serializer,
+            artifact.serializer,
             payload,
-            checksum,
+            artifact.checksum,
             self.channel(key),
-            "" if compute_seconds is None else repr(float(compute_seconds)),
+            "" if artifact.compute_seconds is None else repr(float(artifact.compute_seconds)),
         )
         state = self._state(key, reply)
         if reply[0] == b"lost":

@@ -43,6 +43,7 @@ from dibs.records import (
     StoreOutcome,
     new_lease_id,
 )
+from dibs.stores.requests import AcquireRequest, NewArtifact
 
 __all__ = [
     "acquire",
@@ -72,41 +73,36 @@ def _capped_expiry(now: float, ttl: float, max_expires_at: float | None) -> floa
 
 def acquire(
     state: KeyState,
-    owner: str,
-    ttl: float,
-    max_lease_age: float | None,
+    request: AcquireRequest,
     make_lease_id: Callable[[], str] = new_lease_id,
-    *,
-    max_age: float | None = None,
-    min_fence: int | None = None,
 ) -> tuple[StoreOutcome, KeyState | None]:
     """Decide one ``get_or_reserve``: the outcome, and the new state to write (``None``: write nothing)."""
     now = state.now
     artifact = state.artifact
-    if artifact is not None and artifact.is_fresh(now, max_age=max_age, min_fence=min_fence):
+    if artifact is not None and request.takes(artifact, now):
         return Present(artifact), None
     lease = state.lease
     if (
         lease is not None
-        and lease.owner == owner
+        and lease.owner == request.owner
         and (lease.max_expires_at is None or now < lease.max_expires_at)
     ):
         renewed = dataclasses.replace(
-            lease, expires_at=_capped_expiry(now, ttl, lease.max_expires_at), ttl=ttl
+            lease, expires_at=_capped_expiry(now, request.ttl, lease.max_expires_at), ttl=request.ttl
         )
         return Granted(renewed, state.failure, reentered=True), dataclasses.replace(state, lease=renewed)
     if lease is not None and lease.live_at(now):
         return Held(lease, now, state.failure), None
     if state.fence >= MAX_FENCE:
         raise fence_exhausted(state.key, state.fence)
-    max_expires_at = None if max_lease_age is None else now + max_lease_age
+    max_expires_at = None if request.max_lease_age is None else now + request.max_lease_age
     fresh = LeaseRecord(
         key=state.key,
-        owner=owner,
+        owner=request.owner,
         token=LeaseToken(state.fence + 1, make_lease_id()),
         acquired_at=now,
-        expires_at=_capped_expiry(now, ttl, max_expires_at),
-        ttl=ttl,
+        expires_at=_capped_expiry(now, request.ttl, max_expires_at),
+        ttl=request.ttl,
         attempt=min(state.attempts + 1, MAX_COUNT),
         max_expires_at=max_expires_at,
     )
@@ -170,29 +166,12 @@ def heartbeat(state: KeyState, token: LeaseToken, ttl: float) -> tuple[LeaseReco
     return renewed, dataclasses.replace(state, lease=renewed)
 
 
-def complete(
-    state: KeyState,
-    token: LeaseToken,
-    serializer: str,
-    payload: bytes,
-    checksum: str,
-    *,
-    compute_seconds: float | None = None,
-) -> tuple[ArtifactRecord, KeyState]:
+def complete(state: KeyState, token: LeaseToken, artifact: NewArtifact) -> tuple[ArtifactRecord, KeyState]:
     lease = _current(state, token)
     if lease is None:
         raise explain_lost(state, token, "complete")
-    artifact = ArtifactRecord(
-        serializer=serializer,
-        payload=payload,
-        size=len(payload),
-        checksum=checksum,
-        producer=lease.owner,
-        fence=token.fence,
-        created_at=state.now,
-        compute_seconds=compute_seconds,
-    )
-    return artifact, dataclasses.replace(state, lease=None, artifact=artifact)
+    stored = artifact.stored(producer=lease.owner, fence=token.fence, created_at=state.now)
+    return stored, dataclasses.replace(state, lease=None, artifact=stored)
 
 
 def release(state: KeyState, token: LeaseToken, error: str | None, counted: bool = True) -> KeyState:

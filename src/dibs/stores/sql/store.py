@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import functools
 import logging
 import random
@@ -20,11 +21,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import URL
 
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
-from dibs.keys import Key, validate_owner
+from dibs.keys import Key
 from dibs.records import MAX_FENCE, ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
+from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.sql.bounds import Keeper
 from dibs.stores.sql.engine import (
     DEFAULT_TIMEOUT,
@@ -409,24 +411,11 @@ class SQLStore(Store):
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
-    def acquire(
-        self,
-        key: Key,
-        owner: str,
-        ttl: float,
-        max_lease_age: float | None,
-        *,
-        max_age: float | None = None,
-        min_fence: int | None = None,
-    ) -> StoreOutcome:
-        validate_owner(owner)
-
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         def attempt(cursor: Any) -> StoreOutcome:
             for _ in range(16):
                 state, version = self._read(cursor, key)
-                outcome, new_state = transitions.acquire(
-                    state, owner, ttl, max_lease_age, max_age=max_age, min_fence=min_fence
-                )
+                outcome, new_state = transitions.acquire(state, request)
                 if new_state is None or self._swap(cursor, key, version, new_state):
                     return outcome
             raise StoreUnavailable(
@@ -469,30 +458,22 @@ class SQLStore(Store):
             raise transitions.explain_lost(state, token, "heartbeat")
         return state.lease
 
-    def complete(
-        self,
-        key: Key,
-        token: LeaseToken,
-        serializer: str,
-        payload: bytes,
-        checksum: str,
-        *,
-        compute_seconds: float | None = None,
-    ) -> ArtifactRecord:
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
         # Which columns the table has is known once the schema was checked: a store whose first call is
         # this one (a resumed lease) must not send a statement naming a column the table lacks.
         self._ensure_ready()
+        payload = artifact.payload
         values = {
             **self._holding(key, token),
-            "p_serializer": serializer,
+            "p_serializer": artifact.serializer,
             "p_payload": payload,
             "p_size": len(payload),
-            "p_checksum": checksum,
+            "p_checksum": artifact.checksum,
         }
         if "compute_seconds" in self._added:
-            values["p_compute_seconds"] = compute_seconds
-        else:
-            compute_seconds = None  # not kept: the table lacks the column (see _add_columns)
+            values["p_compute_seconds"] = artifact.compute_seconds
+        else:  # not kept: the table lacks the column (see _add_columns)
+            artifact = dataclasses.replace(artifact, compute_seconds=None)
         statement = self._complete
 
         def attempt(cursor: Any) -> ArtifactRecord:
@@ -510,15 +491,10 @@ class SQLStore(Store):
             # update would have made a read of the row tell a stored artifact as a lost one.
             cursor.execute(self._stored_variables)
             producer, created_at = cursor.fetchone()
-            return ArtifactRecord(
-                serializer=serializer,
-                payload=bytes(payload),
-                size=len(payload),
-                checksum=checksum,
+            return artifact.stored(
                 producer=producer.decode() if isinstance(producer, bytes) else str(producer),
                 fence=token.fence,
                 created_at=float(created_at),
-                compute_seconds=compute_seconds,
             )
 
         # Not repeated after a lost connection: its outcome is unknown (see _repeatable).
