@@ -238,7 +238,7 @@ def test_an_artifact_handed_to_many_waiters_is_decoded_once_per_process(
     client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Immutable JSON values are shared (issue 20); a mutable one is decoded for each caller."""
-    import dibs.client as client_module
+    import dibs.artifacts as artifacts_module
     from dibs.serializers import load_artifact as original
 
     loads: list[object] = []
@@ -247,7 +247,7 @@ def test_an_artifact_handed_to_many_waiters_is_decoded_once_per_process(
         loads.append(args)
         return original(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(client_module, "load_artifact", counted)
+    monkeypatch.setattr(artifacts_module, "load_artifact", counted)
     for name, value in (("text", "a value"), ("mapping", {"a": [1]})):
         got = client.get_or_reserve(name)
         assert isinstance(got, dibs.Acquired)

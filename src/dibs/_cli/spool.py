@@ -44,16 +44,7 @@ def outcome(client: Reservations, key: Key, found: StoreOutcome) -> Outcome:
     if isinstance(found, Present):
         artifact = found.artifact
         if isinstance(artifact, ReferencedArtifact) and artifact.loaded is None:
-            return Hit(
-                key=key,
-                value=artifact,
-                producer=artifact.producer,
-                created_at=artifact.created_at,
-                token=artifact.fence,
-                serializer=artifact.serializer,
-                size=artifact.size,
-                compute_seconds=artifact.compute_seconds,
-            )
+            return Hit.of(key, artifact, artifact)
     return client._to_outcome(key, found)
 
 
