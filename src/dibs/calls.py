@@ -186,16 +186,20 @@ def to_outcome(client: Source, key: Key, outcome: StoreOutcome) -> Outcome:
         failure = refused(client.settings, outcome)
         if failure is not None:
             lease.release()  # not a new failure: we refuse to run, we did not fail
-            limit, forget = client.settings.max_failures, f"dibs forget {lease.key.name!r}"
-            raise TooManyFailures(
-                f"{lease.key} failed {failure.count} times (max_failures={limit}); last error from "
-                f"{failure.owner!r}: {failure.error}. Fix the cause, then run '{forget} --namespace "
-                f"{lease.key.namespace}' to try again",
-                key=str(lease.key),
-                failures=failure.count,
-            )
+            raise _too_many(lease.key, failure, client.settings.max_failures)
         return Acquired(lease, outcome.took_over_from, outcome.failure)
     return Busy.of(outcome.lease, outcome.now, outcome.failure)
+
+
+def _too_many(key: Key, failure: FailureRecord, limit: int | None) -> TooManyFailures:
+    """The refusal of a key that failed ``limit`` times: whose failure it was, and how to try again."""
+    forget = f"dibs forget {key.name!r} --namespace {key.namespace}"
+    why = f"{key} failed {failure.count} times (max_failures={limit}); last error from {failure.owner!r}"
+    return TooManyFailures(
+        f"{why}: {failure.error}. Fix the cause, then run '{forget}' to try again",
+        key=str(key),
+        failures=failure.count,
+    )
 
 
 def acquired(result: Outcome, deadline: Deadline, options: AcquireOptions) -> Hit | Acquired | Busy:
