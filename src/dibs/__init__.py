@@ -11,8 +11,9 @@ are in docs/contract.md. Importing dibs imports neither a database driver nor an
 
 from __future__ import annotations
 
+from dibs.aio import AsyncReservations
 from dibs.backoff import Backoff
-from dibs.client import AsyncReservations, Reservations
+from dibs.client import Reservations
 from dibs.errors import (
     ArtifactCorrupted,
     ArtifactTooLarge,

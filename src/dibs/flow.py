@@ -430,7 +430,7 @@ class AsyncClient(Protocol):
     """What :class:`AsyncSteps` does each step with: a :class:`dibs.AsyncReservations`."""
 
     @property
-    def client(self) -> Client: ...
+    def store(self) -> Store: ...
 
     async def _ask_store(self, ask: AskAcquire) -> StoreOutcome: ...
 
@@ -555,8 +555,7 @@ class AsyncSteps(_HowToHold[AsyncClient, Awaitable[Any]]):
     client: AsyncClient
 
     async def ask(self, step: Ask) -> Outcome:
-        c = self.client.client
-        holding.not_held_here(c.store, step.ask.key)
+        holding.not_held_here(self.client.store, step.ask.key)
         return await self.client._outcome(step.ask.key, await self.client._ask_store(step.ask))
 
     async def wait(self, step: Wait) -> Outcome:

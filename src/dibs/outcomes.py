@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dibs.errors import WaitTimeout
 from dibs.keys import Key
-from dibs.records import FailureRecord
+from dibs.records import ArtifactRecord, FailureRecord, LeaseRecord
 
 if TYPE_CHECKING:
     from dibs.lease import Lease
@@ -28,6 +28,21 @@ class Hit:
     size: int
     #: How long the producer computed it (``None``: not recorded, e.g. an artifact from older dibs).
     compute_seconds: float | None = None
+
+    @classmethod
+    def of(cls, key: Key, artifact: ArtifactRecord, value: Any) -> Hit:
+        """The hit of a stored ``artifact`` whose value is ``value`` (decoded, or handed on as it is:
+        ``dibs run`` streams a payload instead of decoding it)."""
+        return cls(
+            key,
+            value,
+            artifact.producer,
+            artifact.created_at,
+            artifact.fence,
+            artifact.serializer,
+            artifact.size,
+            artifact.compute_seconds,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +72,20 @@ class Busy:
     #: The holder's fencing token: ``min_token=busy.token`` waits for the artifact this lease stores
     #: (or a later one), which is how a refresh that found the key busy shares the holder's result.
     token: int | None = None
+
+    @classmethod
+    def of(cls, lease: LeaseRecord, now: float, last_failure: FailureRecord | None) -> Busy:
+        """The busy key ``lease`` holds, as the store saw it at ``now`` (its clock)."""
+        return cls(
+            lease.key,
+            lease.owner,
+            lease.acquired_at,
+            lease.expires_at,
+            lease.attempt,
+            now,
+            last_failure,
+            lease.token.fence,
+        )
 
     @property
     def remaining(self) -> float:

@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_TTL",
     "MIN_HEARTBEAT_INTERVAL",
     "MIN_TTL",
+    "Configured",
     "Settings",
     "StoreUnavailablePolicy",
     "validate_timings",
@@ -171,3 +172,43 @@ class Settings:
         if unknown:
             raise ConfigurationError(f"unknown setting(s) {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **given)
+
+
+class Configured:
+    """The fields of the :class:`Settings` an object keeps as ``settings``, read as its own
+    (``client.ttl``): a client's and an Airflow connection's are read the same way."""
+
+    settings: Settings
+
+    @property
+    def namespace(self) -> str:
+        return self.settings.namespace
+
+    @property
+    def ttl(self) -> float:
+        return self.settings.ttl
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats (the configured interval, else a third of the ttl)."""
+        return self.settings.heartbeat_every
+
+    @property
+    def max_lease_age(self) -> float | None:
+        return self.settings.max_lease_age
+
+    @property
+    def max_age(self) -> float | None:
+        return self.settings.max_age
+
+    @property
+    def max_failures(self) -> int | None:
+        return self.settings.max_failures
+
+    @property
+    def on_store_unavailable(self) -> StoreUnavailablePolicy:
+        return self.settings.on_store_unavailable
+
+    @property
+    def backoff(self) -> Backoff:
+        return self.settings.backoff

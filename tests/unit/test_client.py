@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -173,6 +175,28 @@ def test_async_face_uses_the_same_store(client: dibs.Reservations) -> None:
     assert isinstance(waited, dibs.Hit) and waited.value == 5
 
 
+def test_an_option_a_call_does_not_take_is_refused_by_both_faces(client: dibs.Reservations) -> None:
+    """The options arrive as ``**options`` (one TypedDict per kind of call): a misspelt one must still
+    fail as a misspelt keyword argument does, not be ignored (a wait without its timeout never ends)."""
+    options: dict[str, Any] = {"timout": 0.05}
+    calls: tuple[Callable[..., object], ...] = (client.acquire, client.wait, client.get_or_reserve)
+    for call in calls:
+        with pytest.raises(TypeError, match="unexpected keyword argument 'timout'"):
+            call("k", **options)
+    with pytest.raises(TypeError, match=r"compute\(\) got an unexpected keyword argument 'timout'"):
+        client.compute("k", lambda: 1, **options)
+    assert client.status("k").lease is None  # refused before anything was asked
+
+    async def scenario() -> None:
+        aio = client.aio()
+        faces: tuple[Callable[..., Awaitable[object]], ...] = (aio.acquire, aio.wait, aio.get_or_reserve)
+        for call in faces:
+            with pytest.raises(TypeError, match="unexpected keyword argument 'timout'"):
+                await call("k", **options)
+
+    asyncio.run(scenario())
+
+
 def test_pickle_artifacts_need_the_signing_key_to_be_read(clock: FakeClock) -> None:
     store = MemoryStore(clock=clock)
     writer = dibs.Reservations(store, serializer="pickle", signing_key="s" * 32)
@@ -238,7 +262,7 @@ def test_an_artifact_handed_to_many_waiters_is_decoded_once_per_process(
     client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Immutable JSON values are shared (issue 20); a mutable one is decoded for each caller."""
-    import dibs.client as client_module
+    import dibs.artifacts as artifacts_module
     from dibs.serializers import load_artifact as original
 
     loads: list[object] = []
@@ -247,7 +271,7 @@ def test_an_artifact_handed_to_many_waiters_is_decoded_once_per_process(
         loads.append(args)
         return original(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(client_module, "load_artifact", counted)
+    monkeypatch.setattr(artifacts_module, "load_artifact", counted)
     for name, value in (("text", "a value"), ("mapping", {"a": [1]})):
         got = client.get_or_reserve(name)
         assert isinstance(got, dibs.Acquired)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import dibs
-from dibs import flow
+from dibs import calls, flow
 from dibs.events import _ONCE, Emitter, Observers, observe_once
 from dibs.stores.memory import MemoryStore
 from tests.unit.conftest import FakeClock
@@ -166,7 +166,7 @@ def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: di
     now = [100.0]
     key = client.key("k")
     emitter = Emitter(key, "bob", "test", (lambda event: None,))
-    ask = client._ask(key, "bob", None, None, refresh=True)
+    ask = calls.ask_of(client.settings, key, "bob", {"refresh": True})
     busy = dibs.Busy(key, "alice", 0.0, 30.0, 1, 0.0, token=4)
     steps = flow.compute_once(
         ask, emitter=emitter, policy="fail", timeout=60, max_age=None, clock=lambda: now[0]
@@ -241,7 +241,7 @@ def test_a_failed_work_stops_its_heartbeats_before_releasing(
 def test_a_call_nobody_listens_to_builds_no_event(client: dibs.Reservations) -> None:
     key = client.key("k")
     quiet = flow.compute_once(
-        client._ask(key, "bob", None, None),
+        calls.ask_of(client.settings, key, "bob", {}),
         emitter=Emitter(key, "bob", "test", (Observers(),)),
         policy="fail",
         timeout=None,

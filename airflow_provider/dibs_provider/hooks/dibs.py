@@ -67,6 +67,7 @@ from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
 from dibs.keys import validate_namespace
 from dibs.payloads import PAYLOADS_URL_ENV, is_open
 from dibs.runtime import runtime
+from dibs.settings import Configured
 from dibs.stores import STORE_SCHEMES, hide_secrets, redact_url, url_secrets
 from dibs_provider import stats
 from dibs_provider._compat import AirflowNotFoundException
@@ -108,11 +109,12 @@ def markup_proof(message: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class DibsSettings:
+class DibsSettings(Configured):
     """A checked ``dibs`` connection: what the client is built from.
 
     ``store_url`` may contain the password (it is what the store connects with), so ``repr`` shows
-    only :attr:`display_url`; ``source`` says where the settings came from, for logs.
+    only :attr:`display_url`; ``source`` says where the settings came from, for logs. Its settings
+    read as its own attributes, as a client's do (``settings.namespace``: :class:`dibs.settings.Configured`).
     """
 
     store_url: str = dataclasses.field(repr=False)
@@ -126,14 +128,6 @@ class DibsSettings:
     def display_url(self) -> str:
         """The store URL with secrets replaced by ``***``: the only form that goes into logs."""
         return redact_url(self.store_url)
-
-    @property
-    def namespace(self) -> str:
-        return self.settings.namespace
-
-    @property
-    def ttl(self) -> float:
-        return self.settings.ttl
 
     def __repr__(self) -> str:
         return (

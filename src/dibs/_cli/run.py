@@ -29,6 +29,7 @@ from dibs._cli.stops import Stopped, StopSignals, signal_name
 from dibs._cli.text import artifact_text, duration
 from dibs._cli.watch import KeyWatch, Sight
 from dibs.backoff import Deadline
+from dibs.calls import WaitFor
 from dibs.client import Reservations
 from dibs.config import default_owner
 from dibs.errors import ConfigurationError, ReservationError
@@ -312,7 +313,8 @@ def wait(args: argparse.Namespace, console: Console) -> int:
                 None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
             )
             deadline = Deadline(remaining)
-            found = client._wait_state(key, deadline, True, client.max_age, None)
+            waiting = WaitFor(key, deadline, for_artifact=True, max_age=client.max_age)
+            found = client._wait_state(waiting)
             if found.artifact is not None and streams(args, found.artifact):
                 artifact = found.artifact
                 held_by = state.live_lease.owner if state.live_lease is not None else None
@@ -325,7 +327,7 @@ def wait(args: argparse.Namespace, console: Console) -> int:
                     waited_on=held_by or artifact.producer,
                 )
                 return stream_out(artifact)
-            hit = client._settled(found, deadline, True, client.max_age, None)
+            hit = waiting.ended(client.artifacts, found)
         assert hit is not None  # for_artifact: only an artifact (or an error) ends the wait
         waited = time.monotonic() - started
         held_by = state.live_lease.owner if state.live_lease is not None else None

@@ -101,16 +101,7 @@ def unread_hit(key: Key, found: StoreOutcome) -> Hit | None:
     artifact = found.artifact
     if not isinstance(artifact, ReferencedArtifact) or artifact.loaded is not None:
         return None
-    return Hit(
-        key=key,
-        value=artifact,
-        producer=artifact.producer,
-        created_at=artifact.created_at,
-        token=artifact.fence,
-        serializer=artifact.serializer,
-        size=artifact.size,
-        compute_seconds=artifact.compute_seconds,
-    )
+    return Hit.of(key, artifact, artifact)
 
 
 class _Loading:
