@@ -225,7 +225,7 @@ class SchemaCheck:
         meta = self.meta.c
         try:
             query = sa.select(meta.name, meta.value).where(meta.name.in_(("schema_version", "columns")))
-            rows = {name: value for name, value in conn.execute(query).tuples()}
+            rows = {name: value for name, value in conn.execute(query)}
         except (sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
             if exc.connection_invalidated:
                 raise
