@@ -34,6 +34,7 @@ from dibs.payloads.base import (
     PayloadUnavailable,
     PayloadWriter,
     StoredPayload,
+    checked_digest,
 )
 from dibs.stores import redact_url
 from dibs.stores.azure.blobs import create_container, with_container
@@ -108,9 +109,7 @@ class AzurePayloadStore(PayloadStore):
         return self._url
 
     def _name(self, sha256: str) -> str:
-        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-            raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
-        return self._folder + sha256
+        return self._folder + checked_digest(sha256)
 
     def uri(self, sha256: str) -> str:
         return f"azure://{self._settings.container}/{self._name(sha256)}"
