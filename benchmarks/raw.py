@@ -264,7 +264,7 @@ class _AzureRaw(RawPrimitive):
     def __init__(self, url: str) -> None:
         from azure.storage.blob import BlobServiceClient
 
-        from dibs.stores.azure import parse_url
+        from dibs.stores.azure.settings import parse_url
 
         settings = parse_url(url)
         assert settings.connection_string is not None, "the benchmarks reach Azurite by connection string"

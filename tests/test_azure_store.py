@@ -42,14 +42,8 @@ from dibs.errors import ArtifactCorrupted, ConfigurationError, CorruptRecord, Le
 from dibs.keys import Key
 from dibs.records import Granted, Held, LeaseRecord, Present, checksum
 from dibs.stores import open_store
-from dibs.stores.azure import (
-    CONNECTION_STRING_ENV,
-    AzureBlobStore,
-    ServiceClock,
-    _client_options,
-    connect,
-    parse_url,
-)
+from dibs.stores.azure import CONNECTION_STRING_ENV, AzureBlobStore, ServiceClock, connect, parse_url
+from dibs.stores.azure.connection import client_defaults
 from tests import azurite
 from tests.backends import azure as backend
 from tests.services import unavailable
@@ -239,7 +233,7 @@ def test_a_token_credential_that_finds_nothing_is_a_configuration_error() -> Non
 
     # Never contacted: the token is refused before any request is sent (and not asked for again).
     settings = parse_url("azure://cache?account_url=https://127.0.0.1:9/devstoreaccount1")
-    service = BlobServiceClient(settings.account_url, credential=NoCredential(), **_client_options(settings))
+    service = BlobServiceClient(settings.account_url, credential=NoCredential(), **client_defaults(settings))
     store = AzureBlobStore(service, "cache", credential_source="DefaultAzureCredential")
     with store, pytest.raises(ConfigurationError, match="no Azure credential found") as caught:
         store.read(KEY)

@@ -61,3 +61,20 @@ def test_payloads_on_azure_round_trip_miss_and_collect(azure_url: str, tmp_path:
         client.forget("b")
         client.forget("file")
         assert list(store.payloads.list()) == []
+
+
+def test_a_streamed_payload_creates_the_container_and_arrives_whole(azure_url: str) -> None:
+    # The fixture's container does not exist yet: the first upload finds it missing, creates it and
+    # sends the spooled stream again from its start (dibs.stores.azure.blobs.with_container).
+    data = os.urandom(BIG)
+    store = AzurePayloadStore.from_url(azure_url)
+    try:
+        with store.writer() as writer:
+            for start in range(0, BIG, 65_536):
+                writer.write(data[start : start + 65_536])
+            payload = writer.commit()
+        assert payload.sha256 == hashlib.sha256(data).hexdigest()
+        with store.open(payload.sha256) as stream:
+            assert stream.read() == data
+    finally:
+        store.close()

@@ -368,3 +368,19 @@ def test_a_lost_reply_after_an_offloaded_complete_is_recognised_without_writing_
         assert records.completes == 1  # settled by reading: the record's checksum is the writer's digest
         assert len(writers) == 1  # and the payload was written once
         assert client.run("k", lambda: b"never") == value
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "A" * 64, "a" * 63, "a" * 64 + "\n", ""])
+def test_every_payload_store_names_a_payload_only_by_a_sha256(name: str, tmp_path: Path) -> None:
+    import fsspec
+
+    from dibs.payloads.fsspec import FsspecPayloadStore
+
+    stores = [
+        FilePayloadStore(tmp_path / "files"),
+        FsspecPayloadStore(fsspec.filesystem("memory"), "/dibs-names", "memory:///dibs-names"),
+    ]
+    for store in stores:
+        with pytest.raises(ValueError, match="not a SHA-256 in hex"):
+            store.uri(name)
+    assert FilePayloadStore(tmp_path / "files").uri("a" * 64).endswith("a" * 64)

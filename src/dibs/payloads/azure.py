@@ -1,7 +1,8 @@
 """Payloads in Azure Blob Storage: ``azure://CONTAINER[/PREFIX]?account_url=...`` (the ``azure`` extra).
 
 The URL, its options and the credential order are the Azure record store's (see
-:mod:`dibs.stores.azure`): the same URL may serve both, as payloads live under their own folder::
+:mod:`dibs.stores.azure`, whose connection and blob helpers this module uses): the same URL may serve
+both, as payloads live under their own folder::
 
     PREFIX/payloads/sha256/<64 hex digits>     one payload, named by its SHA-256
 
@@ -17,7 +18,6 @@ Uncommitted blocks of a writer that died are dropped by the service itself after
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import tempfile
@@ -25,17 +25,21 @@ from collections.abc import Iterator
 from typing import IO, Any, cast
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    AzureError,
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
+from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNotFoundError
 
 from dibs.errors import StoreUnavailable
-from dibs.payloads.base import Payload, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
+from dibs.payloads.base import (
+    Payload,
+    PayloadStore,
+    PayloadUnavailable,
+    PayloadWriter,
+    StoredPayload,
+    checked_digest,
+)
 from dibs.stores import redact_url
-from dibs.stores.azure import AzureSettings, connect, parse_url
+from dibs.stores.azure.blobs import create_container, with_container
+from dibs.stores.azure.connection import connect
+from dibs.stores.azure.settings import AzureSettings, parse_url
 
 __all__ = ["AzurePayloadStore"]
 
@@ -105,9 +109,7 @@ class AzurePayloadStore(PayloadStore):
         return self._url
 
     def _name(self, sha256: str) -> str:
-        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-            raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
-        return self._folder + sha256
+        return self._folder + checked_digest(sha256)
 
     def uri(self, sha256: str) -> str:
         return f"azure://{self._settings.container}/{self._name(sha256)}"
@@ -142,25 +144,21 @@ class AzurePayloadStore(PayloadStore):
         try:
             if self._refresh(sha256, size):
                 return
-            for attempt in (1, 2):
-                try:
-                    self._container.upload_blob(
-                        self._name(sha256),
-                        cast(Any, data),
-                        length=size,
-                        overwrite=True,  # the same bytes, or a damaged copy this one replaces
-                        max_concurrency=self._settings.max_concurrency,
-                        metadata={"dibs_sha256": sha256},
-                    )
-                    return
-                except ResourceNotFoundError:
-                    if attempt == 2:
-                        raise
-                    # The container does not exist yet: created on first write, as the record store does.
-                    with contextlib.suppress(ResourceExistsError):
-                        self._container.create_container()
-                    if not isinstance(data, bytes):
-                        data.seek(0)
+
+            def upload() -> None:
+                if not isinstance(data, bytes):
+                    data.seek(0)  # a second attempt starts the stream again
+                self._container.upload_blob(
+                    self._name(sha256),
+                    cast(Any, data),
+                    length=size,
+                    overwrite=True,  # the same bytes, or a damaged copy this one replaces
+                    max_concurrency=self._settings.max_concurrency,
+                    metadata={"dibs_sha256": sha256},
+                )
+
+            # A container that does not exist yet is created on the first write, as the record store does.
+            with_container(upload, lambda: create_container(self._container))
         except AzureError as exc:
             raise self._unavailable(f"storing payload {sha256}", exc) from exc
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -36,10 +37,27 @@ __all__ = [
     "PayloadUnavailable",
     "PayloadWriter",
     "StoredPayload",
+    "checked_digest",
+    "is_digest",
 ]
 
 #: How much is read or written at once while streaming (memory per stream: about this much).
 CHUNK = 1024 * 1024
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def is_digest(text: str) -> bool:
+    """Whether ``text`` is a SHA-256 as payloads are named by it: 64 lowercase hex digits."""
+    return _DIGEST.fullmatch(text) is not None
+
+
+def checked_digest(sha256: str) -> str:
+    """``sha256`` when it is 64 lowercase hex digits, else :class:`ValueError`: a payload's name is
+    built from it, so nothing from outside (a path, a separator) ever becomes part of one."""
+    if not is_digest(sha256):
+        raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
+    return sha256
 
 
 class PayloadUnavailable(ArtifactCorrupted):

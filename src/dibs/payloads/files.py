@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import urllib.parse
 from collections.abc import Iterator
@@ -23,17 +22,17 @@ from pathlib import Path
 from typing import IO
 
 from dibs.errors import ConfigurationError
-from dibs.payloads.base import Freed, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
+from dibs.payloads.base import (
+    Freed,
+    PayloadStore,
+    PayloadUnavailable,
+    PayloadWriter,
+    StoredPayload,
+    checked_digest,
+    is_digest,
+)
 
 __all__ = ["FilePayloadStore"]
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-def _checked(sha256: str) -> str:
-    if not _DIGEST.fullmatch(sha256):
-        raise ValueError(f"not a SHA-256 in hex: {sha256!r}")  # never a path from outside
-    return sha256
 
 
 class _FileWriter(PayloadWriter):
@@ -92,7 +91,7 @@ class FilePayloadStore(PayloadStore):
         return self.root.resolve().as_uri()
 
     def path(self, sha256: str) -> Path:
-        digest = _checked(sha256)
+        digest = checked_digest(sha256)
         return self.root / "sha256" / digest[:2] / digest
 
     def writer(self) -> PayloadWriter:
@@ -131,7 +130,7 @@ class FilePayloadStore(PayloadStore):
             if not folder.is_dir():
                 continue
             for entry in os.scandir(folder):
-                if _DIGEST.fullmatch(entry.name):
+                if is_digest(entry.name):
                     with contextlib.suppress(FileNotFoundError):
                         found = entry.stat(follow_symlinks=False)
                         yield StoredPayload(entry.name, found.st_size, found.st_mtime)

@@ -30,7 +30,14 @@ from typing import IO, Any
 import fsspec  # type: ignore[import-untyped]
 
 from dibs.errors import ConfigurationError
-from dibs.payloads.base import Freed, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
+from dibs.payloads.base import (
+    Freed,
+    PayloadStore,
+    PayloadUnavailable,
+    PayloadWriter,
+    StoredPayload,
+    checked_digest,
+)
 from dibs.stores import redact_url
 
 __all__ = ["FsspecPayloadStore"]
@@ -96,9 +103,7 @@ class FsspecPayloadStore(PayloadStore):
         return self._url
 
     def _path(self, sha256: str) -> str:
-        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-            raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
-        return f"{self.root}/sha256/{sha256}"
+        return f"{self.root}/sha256/{checked_digest(sha256)}"
 
     def uri(self, sha256: str) -> str:
         return f"{self._url.split('://', 1)[0]}://{self._path(sha256).lstrip('/')}"

@@ -1,0 +1,70 @@
+"""Azure Blob Storage: one small JSON record blob per key, replaced by an ETag compare-and-swap.
+
+Why blobs can hold leases
+    Blob storage has conditional writes. A record is created with ``If-None-Match: *`` (only if no
+    blob of that name exists) and replaced with ``If-Match: <etag of what I read>``, so when several
+    clients read the same version and write, exactly one write lands; the others get HTTP 409 or 412
+    and read again. The reservation rules are :mod:`dibs.stores.transitions`, applied between the read
+    and the swap by :class:`~dibs.stores.base.RecordStore`; the fencing token lives in the record.
+    Azure's own blob leases are not used: their duration is 15 to 60 seconds or infinite, they carry no
+    owner or fence, and they cannot be judged against a caller's ttl.
+
+Layout inside the container (``PREFIX`` is optional)::
+
+    PREFIX/records/<sha256 of the key>                 the key's record (dibs.stores.codec JSON)
+    PREFIX/artifacts/<sha256 of the key>-<fence>-<h>   a completed key's payload (h: from its checksum)
+
+Names come from :attr:`dibs.keys.Key.digest` only, never from the key's text, so no key can reach
+outside the prefix. A record blob is never deleted: ``forget``, ``prune``, ``reap`` and ``discard``
+replace it with a tombstone that keeps the fence, so fences (and with them payload names) never
+repeat, and a payload delete that arrives late can only hit a blob no record names any more.
+
+Time
+    Expiry is judged by the Blob service's clock: every read takes ``now`` from the ``Date`` header of
+    its own response, never from this machine's wall clock, so clients whose clocks disagree still
+    agree on who holds a key. ``Date`` has one-second resolution, too coarse for short ttls;
+    :class:`~dibs.stores.azure.clock.ServiceClock` refines it with this process's *monotonic* clock
+    (used only to measure the time between two of its own requests) down to about a round trip, and
+    always keeps the estimate inside the second that the header names, so it is never further off
+    than the header itself.
+
+Artifacts
+    The payload is its own blob, uploaded create-only (first writer wins) with its size and checksum
+    as metadata *before* the record swap that references it: a record never points at a payload that
+    is not fully stored. The blob's name includes the fence and a digest of the checksum, so a holder
+    that lost its lease writes to a different name and cannot touch what the new holder stored; its
+    upload is deleted again when its swap is refused. :meth:`read` and a hit in :meth:`acquire` fetch
+    the payload; the client checks it with :meth:`~dibs.records.ArtifactRecord.verified_payload`.
+    Large payloads are uploaded in parallel blocks and downloaded in parallel ranges into one growing
+    buffer, never held whole twice.
+
+Configuration (``from_url``)::
+
+    azure://CONTAINER[/PREFIX]?account_url=https://ACCOUNT.blob.core.windows.net[&OPTIONS]
+
+Credentials are taken from, in order: ``connection_string=`` in the URL; ``account_key=`` or
+``sas_token=`` in the URL (with ``account_url=``); the ``AZURE_STORAGE_CONNECTION_STRING``
+environment variable; else ``DefaultAzureCredential`` when ``azure-identity`` is installed (managed
+identity, workload identity, Azure CLI login, ...). Explicit credentials in the URL win over the
+environment. Percent-encode values that contain ``&``, ``+``, ``%`` or ``#`` (SAS tokens always do).
+Options: ``timeout=`` (seconds per request, default 30), ``retries=`` (retries of a failed request,
+default 3), ``max_concurrency=`` (parallel transfers for large artifacts, default 4). The container is
+created on first write if it does not exist. Secrets never appear in :attr:`url`, logs or errors.
+
+Waiters are woken by the process's watch hub, which follows the watched records' ETags with one
+poller (:class:`~dibs.stores.azure.feed.EtagFeed`): a ``HEAD`` per record for a few keys, one listing
+of ``records/`` for many. Async callers run these same operations in the runtime's I/O executor;
+there is deliberately no second copy written against ``azure.storage.blob.aio``.
+
+Modules: :mod:`.settings` (the URL, checked into :class:`AzureSettings`), :mod:`.connection` (the
+SDK client with the first credential found, the request policy, error text without secrets),
+:mod:`.clock` (the service's clock), :mod:`.blobs` (blob helpers the payload store shares),
+:mod:`.store` (:class:`AzureBlobStore`) and :mod:`.feed` (the ETag feed).
+"""
+
+from dibs.stores.azure.clock import ServiceClock
+from dibs.stores.azure.connection import connect
+from dibs.stores.azure.settings import CONNECTION_STRING_ENV, AzureSettings, parse_url
+from dibs.stores.azure.store import AzureBlobStore
+
+__all__ = ["CONNECTION_STRING_ENV", "AzureBlobStore", "AzureSettings", "ServiceClock", "connect", "parse_url"]

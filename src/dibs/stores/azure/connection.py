@@ -1,0 +1,191 @@
+"""The SDK's client for :class:`~dibs.stores.azure.settings.AzureSettings`: the first credential found
+(in the order :mod:`dibs.stores.azure` gives), dibs' request policy, and error text without secrets.
+The record store and the payload store (:mod:`dibs.payloads.azure`) both connect through here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from azure.core.credentials import AzureSasCredential
+from azure.core.exceptions import AzureError, ClientAuthenticationError
+from azure.storage.blob import BlobServiceClient, LinearRetry
+
+from dibs.errors import ConfigurationError
+from dibs.stores import redact_url
+from dibs.stores.azure.settings import CONNECTION_STRING_ENV, EXAMPLE_URL, AzureSettings
+
+__all__ = ["Connection", "client_defaults", "connect", "describe", "endpoint_of", "no_credential", "scrub"]
+
+#: Payloads up to this size go in one request; larger ones in parallel blocks/ranges of ``CHUNK``.
+SINGLE_TRANSFER = 8 * 1024 * 1024
+CHUNK = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """A service client, where its credential came from, and a credential to close with it (one
+    :func:`connect` made, such as ``DefaultAzureCredential``)."""
+
+    service: BlobServiceClient
+    source: str
+    owned_credential: Any = None
+
+
+def endpoint_of(service: BlobServiceClient) -> str:
+    """The account endpoint without query (a SAS never leaves this module in a URL)."""
+    return f"{service.scheme}://{service.primary_hostname}".rstrip("/")
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    return a.rstrip("/").lower() == b.rstrip("/").lower()
+
+
+def connect(
+    settings: AzureSettings,
+    environ: Mapping[str, str] | None = None,
+    client_options: Mapping[str, Any] | None = None,
+) -> Connection:
+    """Build the service client with the first credential found (order in :mod:`dibs.stores.azure`).
+
+    ``client_options`` go to the SDK client as they are (``transport=``, ``proxies=``, ...), over
+    dibs' defaults. Only constructs clients: no request is sent, so this also serves to test
+    credential selection.
+    """
+    environ = os.environ if environ is None else environ
+    options = {**client_defaults(settings), **(client_options or {})}
+    where = f"azure://{settings.container}"
+
+    def from_connection_string(value: str, source: str) -> BlobServiceClient:
+        try:
+            service = BlobServiceClient.from_connection_string(value, **options)
+        except (ValueError, TypeError) as exc:
+            reason = scrub(str(exc), (value, *settings.secrets))
+            raise ConfigurationError(
+                f"the connection string from {source} for {where} is not valid ({reason}); expected e.g. "
+                "'DefaultEndpointsProtocol=https;AccountName=NAME;AccountKey=KEY;"
+                "EndpointSuffix=core.windows.net' (its value is not shown)"
+            ) from None
+        endpoint = endpoint_of(service)
+        if settings.account_url is not None and not _same_endpoint(endpoint, settings.account_url):
+            raise ConfigurationError(
+                f"the connection string from {source} names the endpoint {endpoint!r}, but the URL's "
+                f"account_url is {redact_url(settings.account_url)!r}: drop one of them"
+            )
+        return service
+
+    if settings.connection_string is not None:
+        return Connection(from_connection_string(settings.connection_string, "the URL"), "connection string")
+    if settings.account_url is not None and settings.account_key is not None:
+        service = _service(settings, settings.account_key, options)
+        return Connection(service, "account key")
+    if settings.account_url is not None and settings.sas_token is not None:
+        service = _service(settings, AzureSasCredential(settings.sas_token), options)
+        return Connection(service, "SAS token")
+    env_value = environ.get(CONNECTION_STRING_ENV, "").strip()
+    if env_value:
+        return Connection(
+            from_connection_string(env_value, f"${CONNECTION_STRING_ENV}"), f"${CONNECTION_STRING_ENV}"
+        )
+    if settings.account_url is None:
+        raise ConfigurationError(
+            f"no Azure account for {where}: add account_url= (e.g. {EXAMPLE_URL!r}) or a "
+            f"connection_string=, or set ${CONNECTION_STRING_ENV}"
+        )
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        raise ConfigurationError(
+            f"no credential for {where}: give connection_string=, account_key= or sas_token= in the URL, "
+            f"set ${CONNECTION_STRING_ENV}, or install azure-identity (pip install azure-identity) to "
+            "use DefaultAzureCredential (managed identity, workload identity, Azure CLI login)"
+        ) from None
+    credential = DefaultAzureCredential()
+    try:
+        service = _service(settings, credential, options)
+    except BaseException:
+        credential.close()
+        raise
+    return Connection(service, "DefaultAzureCredential", owned_credential=credential)
+
+
+def _service(settings: AzureSettings, credential: Any, options: dict[str, Any]) -> BlobServiceClient:
+    assert settings.account_url is not None
+    try:
+        return BlobServiceClient(settings.account_url, credential=credential, **options)
+    except (ValueError, TypeError) as exc:
+        # e.g. "Token credential is only supported with HTTPS", or no account name in the endpoint.
+        raise ConfigurationError(
+            f"cannot use account_url {redact_url(settings.account_url)!r} for azure://{settings.container}: "
+            f"{scrub(str(exc), settings.secrets)}"
+        ) from None
+
+
+class _QuickRetry(LinearRetry):
+    """The SDK's retry rules (connection errors, 408, 5xx), waiting 0.25 to 0.75 s between attempts.
+
+    A credential that cannot produce a token is not retried: that will not fix itself in a second,
+    and DefaultAzureCredential walks its whole chain (with network probes) on every attempt.
+    """
+
+    def get_backoff_time(self, settings: dict[str, Any]) -> float:
+        return random.uniform(0.25, 0.75)
+
+    def increment(
+        self, settings: dict[str, Any], request: Any, response: Any = None, error: AzureError | None = None
+    ) -> bool:
+        if isinstance(error, ClientAuthenticationError):
+            return False
+        return bool(super().increment(settings, request, response, error))
+
+
+def client_defaults(settings: AzureSettings) -> dict[str, Any]:
+    # The SDK's default retry waits 15 s, 18 s, 24 s: far longer than a heartbeat interval. A store
+    # makes one attempt (see dibs.stores.base); these few quick retries only ride out a dropped
+    # connection, and the caller's own policy handles longer outages.
+    return {
+        "retry_policy": _QuickRetry(retry_total=settings.retries),
+        "connection_timeout": min(settings.timeout, 10.0),
+        "read_timeout": settings.timeout,
+        "max_single_put_size": SINGLE_TRANSFER,
+        "max_block_size": CHUNK,
+        "max_single_get_size": CHUNK,
+        "max_chunk_get_size": CHUNK,
+    }
+
+
+def scrub(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` without the given secret values or anything secret-looking (SAS ``sig=``, keys)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+            text = text.replace(quote(secret, safe=""), "***")
+    text = redact_url(text)
+    return re.sub(r"(AccountKey|SharedAccessSignature)=[^;\s&]*", r"\1=***", text, flags=re.IGNORECASE)
+
+
+def describe(exc: BaseException, secrets: tuple[str, ...]) -> str:
+    """One line about a service error: its kind, HTTP status, service error code and first message line."""
+    parts = [type(exc).__name__]
+    status = getattr(exc, "status_code", None)
+    if status is not None:
+        parts.append(f"HTTP {status}")
+    code = getattr(exc, "error_code", None)
+    if code:
+        parts.append(str(getattr(code, "value", code)))
+    message = str(getattr(exc, "message", None) or exc).strip().splitlines()
+    first = message[0][:300] if message else ""
+    return scrub(f"{' '.join(parts)}: {first}" if first else " ".join(parts), secrets)
+
+
+def no_credential(exc: BaseException) -> bool:
+    try:
+        from azure.identity import CredentialUnavailableError
+    except ImportError:
+        return False
+    return isinstance(exc, CredentialUnavailableError)

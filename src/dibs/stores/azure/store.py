@@ -1,0 +1,491 @@
+"""The Azure Blob store: one JSON record blob per key, replaced by an ETag compare-and-swap, and each
+artifact's payload in a blob of its own. The layout and the rules are in :mod:`dibs.stores.azure`."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import email.utils
+import functools
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceNotFoundError,
+)
+from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
+
+from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, ReservationError, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
+from dibs.stores import codec, decoder, redact_url, transitions
+from dibs.stores.azure import blobs
+from dibs.stores.azure.clock import Exchange, ServiceClock
+from dibs.stores.azure.connection import connect, describe, endpoint_of, no_credential
+from dibs.stores.azure.feed import EtagFeed
+from dibs.stores.azure.settings import (
+    CONNECTION_STRING_ENV,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    parse_url,
+)
+from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, skip
+from dibs.stores.feeds import ChangeFeed
+from dibs.stores.requests import AcquireRequest, NewArtifact
+
+__all__ = ["ARTIFACT_FORMAT", "MAX_RECORD_BYTES", "AzureBlobStore"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: A record is a few hundred bytes; anything bigger in ``records/`` is not ours and is not downloaded.
+MAX_RECORD_BYTES = decoder.MAX_RECORD_BYTES
+#: Reads of one record before a missing service time is an error (see AzureBlobStore._timed_read).
+_READS_FOR_A_TIME = 3
+
+ARTIFACT_FORMAT = "dibs.artifact/1"
+
+
+class AzureBlobStore(RecordStore):
+    """Reservations in an Azure Blob Storage container. See :mod:`dibs.stores.azure` for layout and rules."""
+
+    scheme = "azure"
+    clock = "the Blob service's clock (response Date header)"
+
+    #: How often a read retries when a payload vanished under it (a concurrent ``forget``).
+    payload_read_attempts: ClassVar[int] = 3
+
+    def __init__(
+        self,
+        service: BlobServiceClient,
+        container: str,
+        *,
+        prefix: str = "",
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        credential_source: str = "the given client",
+        url_options: Mapping[str, str] | None = None,
+        secrets: tuple[str, ...] = (),
+        owned_credential: Any = None,
+    ) -> None:
+        """Use ``container`` of an existing client (``from_url`` is the usual way in).
+
+        ``prefix`` must be empty or end with ``/``; ``secrets`` are values to keep out of error messages.
+        """
+        if prefix and not prefix.endswith("/"):
+            raise ConfigurationError(f"prefix {prefix!r} must end with '/'")
+        self._service = service
+        self._container: ContainerClient = service.get_container_client(container)
+        self.container = container
+        self.prefix = prefix
+        self.credential_source = credential_source
+        self._max_concurrency = max_concurrency
+        self._url_options = dict(url_options or {})
+        self._secrets = secrets
+        self._owned_credential = owned_credential
+        self._endpoint = endpoint_of(service)
+        self._clock = ServiceClock()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **client_options: Any) -> AzureBlobStore:
+        """Open the store an ``azure://`` URL names; ``client_options`` go to the SDK client as they are
+        (a custom ``transport``, ``proxies``, ...). No request is sent until the first operation."""
+        settings = parse_url(url)
+        connection = connect(settings, client_options=client_options)
+        options = {}
+        if settings.timeout != DEFAULT_TIMEOUT:
+            options["timeout"] = f"{settings.timeout:g}"
+        if settings.retries != DEFAULT_RETRIES:
+            options["retries"] = str(settings.retries)
+        if settings.max_concurrency != DEFAULT_MAX_CONCURRENCY:
+            options["max_concurrency"] = str(settings.max_concurrency)
+        return cls(
+            connection.service,
+            settings.container,
+            prefix=settings.prefix,
+            max_concurrency=settings.max_concurrency,
+            credential_source=connection.source,
+            url_options=options,
+            secrets=settings.secrets,
+            owned_credential=connection.owned_credential,
+        )
+
+    @property
+    def url(self) -> str:
+        """Container, prefix, endpoint and options; never a credential (reopening needs one from the
+        environment or DefaultAzureCredential)."""
+        path = f"/{self.prefix.rstrip('/')}" if self.prefix else ""
+        query = "&".join(
+            f"{name}={value}" for name, value in {"account_url": self._endpoint, **self._url_options}.items()
+        )
+        return redact_url(f"azure://{self.container}{path}?{query}")  # the one way a URL is shown
+
+    # Names --------------------------------------------------------------------------------------
+
+    def record_name(self, key: Key) -> str:
+        """The blob holding ``key``'s record (for operators inspecting the container)."""
+        return f"{self.prefix}records/{key.digest}"
+
+    def artifact_name(self, key: Key, artifact: ArtifactRecord) -> str:
+        """The blob holding ``artifact``'s payload."""
+        return self._artifact_name(key, artifact.fence, artifact.checksum)
+
+    def _artifact_name(self, key: Key, fence: int, checksum: str) -> str:
+        # The checksum is caller-supplied text: only a digest of it becomes part of a name.
+        tag = hashlib.sha256(checksum.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        return f"{self.prefix}artifacts/{key.digest}-{fence}-{tag}"
+
+    def _where(self, name: str) -> str:
+        return f"azure://{self.container}/{name}"
+
+    # Errors -------------------------------------------------------------------------------------
+
+    def _error(self, exc: AzureError, action: str, key: Key | None = None) -> ReservationError:
+        what = f" {key}" if key is not None else ""
+        fields = {"key": str(key)} if key is not None else {}
+        if no_credential(exc):
+            return ConfigurationError(
+                f"no Azure credential found for {self.url} ({self.credential_source} found none): give "
+                f"connection_string=, account_key= or sas_token= in the URL, set ${CONNECTION_STRING_ENV}, "
+                "or sign in (managed identity, workload identity, 'az login')",
+                **fields,
+            )
+        hint = ""
+        if isinstance(exc, ClientAuthenticationError):
+            hint = f"; check the {self.credential_source} and its permissions on container {self.container!r}"
+        return StoreUnavailable(
+            f"Azure Blob store {self.url} could not {action}{what}: {describe(exc, self._secrets)}{hint}",
+            **fields,
+        )
+
+    def _call(self, action: str, key: Key | None, fn: Callable[[], T]) -> T:
+        """Run one SDK call, translating its errors (secrets scrubbed, the SDK's exception not chained,
+        because its text may quote request URLs that carry a SAS)."""
+        if self._closed:
+            raise StoreUnavailable(f"Azure Blob store {self.url} is closed")
+        try:
+            return fn()
+        except AzureError as exc:
+            raise self._error(exc, action, key) from None
+
+    # Reading ------------------------------------------------------------------------------------
+
+    def _now(self, exchange: Exchange, action: str, key: Key | str) -> float:
+        parsed = None
+        if exchange.date is not None:
+            try:
+                parsed = email.utils.parsedate_to_datetime(exchange.date).timestamp()
+            except (TypeError, ValueError):
+                parsed = None
+        if parsed is None or exchange.received is None:
+            # Never fall back to this machine's clock: that would break the Time rule silently.
+            raise StoreUnavailable(
+                f"Azure Blob store {self.url} answered {action} {key} without a usable Date header "
+                f"({exchange.date!r}); dibs judges expiry by the service's clock and needs it",
+                key=str(key),
+            )
+        sent = exchange.sent if exchange.sent is not None else exchange.received
+        return self._clock.observe(parsed, sent, exchange.received)
+
+    def _read_raw(self, key: Key) -> tuple[bytes | None, str | None, float]:
+        """The record blob's bytes (``None`` when absent), its ETag, and the service's time of the read."""
+        name = self.record_name(key)
+
+        def download(exchange: Exchange) -> tuple[bytes | None, str | None]:
+            blob = self._container.get_blob_client(name)
+            try:
+                downloader = blob.download_blob(
+                    raw_request_hook=exchange.on_request, raw_response_hook=exchange.on_response
+                )
+            except ResourceNotFoundError:  # no such blob, or no container yet: the key is free
+                return None, None
+            size = downloader.properties.size
+            if size > MAX_RECORD_BYTES:
+                why = f"it is {size} bytes, more than {MAX_RECORD_BYTES}"
+                raise decoder.corrupt(key, self._where(name), why)
+            return downloader.readall(), downloader.properties.etag
+
+        (data, etag), exchange = self._timed_read("read the record of", key, download)
+        return data, etag, self._now(exchange, "a read of", key)
+
+    def _timed_read(self, action: str, key: Key | None, read: Callable[[Exchange], T]) -> tuple[T, Exchange]:
+        """Run ``read`` (one SDK call, hooked to ``exchange``) and return what it read with its exchange.
+
+        When the SDK retries a request that got no response at all (a reset connection), it drops the
+        per-call hooks: azure-storage-blob keeps them for a retry only once a response has arrived.
+        Such a read succeeds but leaves no service time behind, so it is read again (a read is safe to
+        repeat) rather than reported as a service without a Date header.
+        """
+        for _ in range(_READS_FOR_A_TIME):
+            exchange = Exchange()
+            result = self._call(action, key, functools.partial(read, exchange))
+            if exchange.received is not None:
+                break
+            logger.info("%s: the SDK retried a read without its hooks; reading it again", self.url)
+        return result, exchange
+
+    def _decode(self, key: Key, data: bytes | None, now: float) -> KeyState:
+        if data is None:
+            return transitions.empty(key, now)
+        return codec.decode(data, key, now, where=self._where(self.record_name(key)))
+
+    def _load(self, key: Key) -> tuple[KeyState, object]:
+        data, etag, now = self._read_raw(key)
+        return self._decode(key, data, now), etag
+
+    # Writing ------------------------------------------------------------------------------------
+
+    def _ensure_container(self) -> None:
+        """Create the container (see :func:`~dibs.stores.azure.blobs.create_container`)."""
+        self._call(
+            f"create container {self.container!r}",
+            None,
+            functools.partial(blobs.create_container, self._container),
+        )
+
+    def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool | Loaded:
+        swapped = self._write(key, version, new)
+        if swapped is True and old.artifact is not None:
+            kept = new.artifact
+            if kept is None or self.artifact_name(key, kept) != self.artifact_name(key, old.artifact):
+                # The record no longer names this payload. Records are never deleted (removal writes
+                # a tombstone that keeps the fence), so fences only grow and no later record can name
+                # it again: deleting it cannot hurt anyone, however late this call runs.
+                self._delete_quietly(key, self.artifact_name(key, old.artifact))
+        return swapped
+
+    def _write(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
+        name = self.record_name(key)
+        data = codec.encode(new)
+        blob = self._container.get_blob_client(name)
+        if version is None:
+            condition: dict[str, Any] = {"overwrite": False}  # If-None-Match: *
+        else:
+            condition = {"overwrite": True, "etag": version, "match_condition": MatchConditions.IfNotModified}
+        metadata = {"dibs_format": codec.FORMAT, "dibs_namespace": key.namespace}
+
+        def upload(create_container: bool = True) -> bool:
+            try:
+                blob.upload_blob(
+                    data,
+                    metadata=metadata,
+                    content_settings=ContentSettings(content_type="application/json"),
+                    **condition,
+                )
+            except ResourceNotFoundError as exc:
+                if not blobs.is_missing_container(exc):
+                    raise
+                if version is not None:
+                    return False  # the record (and its container) went away: read again
+                if not create_container:
+                    raise  # created it, and it is gone again: report it rather than loop
+                self._ensure_container()
+                return upload(create_container=False)
+            except HttpResponseError as exc:
+                if blobs.is_conflict(exc):
+                    return False
+                raise
+            return True
+
+        if self._call("write the record of", key, upload):
+            return True
+        # Someone else's write landed first, or our own did and its response was lost before the SDK
+        # retried it. Reading the record now tells the two apart, and the read is handed back to
+        # RecordStore._update for its next attempt, so settling this costs no extra request.
+        current, etag, now = self._read_raw(key)
+        if current == data:
+            return True  # the record holds exactly what we meant to write
+        return self._decode(key, current, now), etag
+
+    # Artifacts ----------------------------------------------------------------------------------
+
+    def _upload_artifact(self, key: Key, fence: int, payload: bytes, checksum: str) -> tuple[str, bool]:
+        """Store the payload create-only; ``(name, True)`` if this call created the blob.
+
+        ``False`` means the same key, fence and checksum: the same holder (or its hand-off partner)
+        already stored these bytes, perhaps in an attempt whose response was lost.
+        """
+        name = self._artifact_name(key, fence, checksum)
+        metadata = {
+            "dibs_format": ARTIFACT_FORMAT,
+            "dibs_key": key.digest,
+            "dibs_fence": str(fence),
+            "dibs_size": str(len(payload)),
+        }
+        if checksum.isascii() and checksum.isprintable():
+            metadata["dibs_checksum"] = checksum
+        blob = self._container.get_blob_client(name)
+
+        def upload() -> bool:
+            return blobs.put_new(blob, payload, metadata, max_concurrency=self._max_concurrency)
+
+        return name, self._call(
+            "store the artifact of", key, lambda: blobs.with_container(upload, self._ensure_container)
+        )
+
+    def _fetch_payload(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
+        """The payload blob's bytes, or ``None`` if it does not exist."""
+        blob = self._container.get_blob_client(self.artifact_name(key, artifact))
+        return self._call(
+            "read the artifact of", key, lambda: blobs.read_whole(blob, max_concurrency=self._max_concurrency)
+        )
+
+    def _with_payload(
+        self,
+        key: Key,
+        fetch_state: Callable[[], T],
+        artifact_of: Callable[[T], ArtifactRecord | None],
+        attach: Callable[[T, ArtifactRecord], T],
+    ) -> T:
+        """Run ``fetch_state`` and attach its artifact's payload; retry when the payload vanished.
+
+        The payload blob is deleted only after ``forget`` changed the record, so a missing payload means
+        either a concurrent forget (the next read no longer shows the artifact) or a lost blob (the
+        record still names it: then the payload is served empty and fails its integrity check).
+        """
+        for _ in range(self.payload_read_attempts):
+            result = fetch_state()
+            artifact = artifact_of(result)
+            if artifact is None:
+                return result
+            payload = self._fetch_payload(key, artifact)
+            if payload is not None:
+                return attach(result, dataclasses.replace(artifact, payload=payload))
+            missing = self.artifact_name(key, artifact)
+        logger.warning(
+            "the artifact payload of %s is missing (%s); it will fail its integrity check: 'dibs forget' "
+            "the key to recompute it",
+            key,
+            self._where(missing),
+        )
+        return result
+
+    def read(self, key: Key) -> KeyState:
+        return self._with_payload(
+            key,
+            lambda: self._load(key)[0],
+            lambda state: state.artifact,
+            lambda state, artifact: dataclasses.replace(state, artifact=artifact),
+        )
+
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
+        return self._with_payload(
+            key,
+            lambda: super(AzureBlobStore, self).acquire(key, request),
+            lambda outcome: outcome.artifact if isinstance(outcome, Present) else None,
+            lambda _outcome, artifact: Present(artifact),
+        )
+
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
+        # Check the token before uploading anything: a holder that lost its lease should not push a
+        # large payload just to have it refused. The read is reused by the swap below.
+        loaded = self._load(key)
+        transitions.complete(loaded[0], token, artifact)
+        name, created = self._upload_artifact(key, token.fence, artifact.payload, artifact.checksum)
+        try:
+            return self._update(
+                key,
+                lambda state: transitions.complete(state, token, artifact),
+                loaded=loaded,
+            )
+        except LeaseLost:
+            # Fenced out between the check and the swap: remove our upload, which no record names.
+            if created:
+                self._delete_quietly(key, name)
+            raise
+
+    def _delete_quietly(self, key: Key, name: str) -> None:
+        def delete() -> None:
+            with contextlib.suppress(ResourceNotFoundError):
+                self._container.delete_blob(name)
+
+        try:
+            self._call("delete an unused artifact of", key, delete)
+        except ReservationError as exc:
+            logger.warning(
+                "could not delete unused artifact blob %s (%s); it is harmless, remove it by hand",
+                self._where(name),
+                exc,
+            )
+
+    # Listing ------------------------------------------------------------------------------------
+
+    def list(self, namespace: str | None = None) -> Listing:
+        """Every key with a record, sorted by key, artifacts without payloads.
+
+        Blobs in ``records/`` that are not dibs records are skipped, logged and counted (see
+        :class:`~dibs.stores.base.Listing`): one foreign blob must not stop ``dibs ls`` or the
+        reaper; reading that key directly raises :class:`CorruptRecord`.
+        """
+        prefix = f"{self.prefix}records/"
+
+        def names() -> list[str]:
+            try:
+                return [
+                    props.name
+                    for props in self._container.list_blobs(name_starts_with=prefix, include=["metadata"])
+                    if namespace is None
+                    or (props.metadata or {}).get("dibs_namespace", namespace) == namespace
+                ]
+            except ResourceNotFoundError:
+                return []
+
+        states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
+        for name in self._call("list the records in", None, names):
+            try:
+                state = self._list_entry(name)
+            except CorruptRecord as exc:
+                skip(skipped, self._where(name), exc)
+                continue
+            if state is not None and (namespace is None or state.key.namespace == namespace):
+                states.append(state)
+        return Listing(states, skipped)
+
+    def _list_entry(self, name: str) -> KeyState | None:
+        where = self._where(name)
+
+        def download(exchange: Exchange) -> bytes | None:
+            try:
+                downloader = self._container.get_blob_client(name).download_blob(
+                    raw_request_hook=exchange.on_request, raw_response_hook=exchange.on_response
+                )
+            except ResourceNotFoundError:
+                return None
+            if downloader.properties.size > MAX_RECORD_BYTES:
+                return b""
+            return downloader.readall()
+
+        data, exchange = self._timed_read(f"read {where}", None, download)
+        if data is None:
+            return None
+        if not data:
+            raise decoder.corrupt(None, where, f"it is more than {MAX_RECORD_BYTES} bytes")
+        digest = name.removeprefix(f"{self.prefix}records/")
+        return codec.decode(data, None, self._now(exchange, "a read of", where), where=where, digest=digest)
+
+    # Lifecycle ----------------------------------------------------------------------------------
+
+    def change_feed(self) -> ChangeFeed:
+        return EtagFeed(self._container, self.record_name, self.prefix, self._call)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        super().close()
+        for closable in (self._container, self._service, self._owned_credential):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception as exc:  # closing must not mask the caller's own error
+                    logger.debug("error while closing %s: %s", type(closable).__name__, exc)

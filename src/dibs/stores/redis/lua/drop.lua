@@ -1,0 +1,55 @@
+-- KEYS[1]: the key's record hash
+-- ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: the key's notification channel,
+-- ARGV[4]: what to drop: 'lease' (force release), 'expired' (reap), 'result' (forget), 'empty'
+-- (discard: everything but the fence, if it holds nothing) or 'old' (prune: everything but the
+-- fence, if it is older than ARGV[5] seconds). The hash itself is never deleted: what is left
+-- (a tombstone: format, key, fence, attempts 0) keeps the fence rising (dibs.stores.transitions).
+-- Returns {'corrupt', why}, {'changed'} or {'unchanged'}
+-- After the prelude's guard: `now` is the server's time, `rec` the key's record or nil.
+if rec == nil then
+  return {'unchanged'}
+end
+if ARGV[4] == 'result' then
+  if not (rec.artifact_fence or rec.failure_count) then
+    return {'unchanged'}
+  end
+  redis.call('HDEL', KEYS[1], 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
+  redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
+elseif ARGV[4] == 'empty' then
+  -- discard: only a record that holds nothing becomes a tombstone (not counted if it is one)
+  if rec.lease_id or rec.artifact_fence or rec.failure_count or rec.attempts == '0' then
+    return {'unchanged'}
+  end
+  redis.call('HSET', KEYS[1], 'attempts', '0')
+  return {'changed'}
+elseif ARGV[4] == 'old' then
+  -- prune (ARGV[5]: seconds): see dibs.stores.transitions.prunable; a tombstone is not counted again
+  if not (rec.lease_id or rec.artifact_fence or rec.failure_count or rec.attempts ~= '0') then
+    return {'unchanged'}
+  end
+  local limit = now - tonumber(ARGV[5])
+  if rec.lease_id and tonumber(rec.lease_expires_at) >= limit then
+    return {'unchanged'}
+  end
+  if rec.artifact_fence then
+    if tonumber(rec.artifact_created_at) >= limit then
+      return {'unchanged'}
+    end
+  elseif rec.failure_count and tonumber(rec.failure_at) >= limit then
+    return {'unchanged'}
+  end
+  drop_lease(KEYS[1])
+  redis.call('HDEL', KEYS[1], 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
+  redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
+  redis.call('HSET', KEYS[1], 'attempts', '0')
+else
+  if not rec.lease_id then
+    return {'unchanged'}
+  end
+  if ARGV[4] == 'expired' and now < tonumber(rec.lease_expires_at) then
+    return {'unchanged'}
+  end
+  drop_lease(KEYS[1])
+end
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return {'changed'}

@@ -1,0 +1,162 @@
+-- The start of every dibs script: dibs.stores.redis.scripts puts the constants it generates from
+-- Python (FORMAT, FIELDS and the field groups, the limits, and UNDER_LEASE for this script) above
+-- this prelude, and the script's own body below it.
+--
+-- Nothing is written before load_record has accepted the record, so a foreign or damaged value at
+-- a dibs key is reported (as {'corrupt', why}) and never changed.
+local GROUPS = {
+  lease = LEASE_FIELDS,
+  failure = FAILURE_FIELDS,
+  artifact = ARTIFACT_FIELDS,
+}
+-- Integers are compared and stored as decimal strings, never as Lua numbers: those are doubles, and
+-- a fence above 2^53 would stop increasing and be written back as '1e+17'. MAX_FENCE is what HINCRBY
+-- holds (a signed 64-bit integer), MAX_COUNT a signed 32-bit one; MAX_TIME the end of the year 9999.
+local LIMITS = {}
+for _, field in ipairs(WIDE_INTEGERS) do LIMITS[field] = MAX_FENCE end
+for _, field in ipairs(COUNTERS) do LIMITS[field] = MAX_COUNT end
+local SECONDS = {}
+for _, field in ipairs(SECONDS_FIELDS) do SECONDS[field] = true end
+local NONEMPTY = {}
+for _, field in ipairs(NONEMPTY_FIELDS) do NONEMPTY[field] = true end
+
+-- Whether a canonical decimal integer (no sign, no leading zero) is at most the decimal ``limit``.
+local function at_most(value, limit)
+  return #value < #limit or (#value == #limit and value <= limit)
+end
+
+-- Values exactly as these scripts and Python write them, in the ranges of dibs.stores.decoder, so
+-- that a script never writes to a record that Python would refuse to read.
+local function well_formed(field, value)
+  local limit = LIMITS[field]
+  if limit ~= nil then
+    return (value == '0' or string.find(value, '^[1-9]%d*$') ~= nil) and at_most(value, limit)
+  end
+  if SECONDS[field] then
+    if not (string.find(value, '^%d+%.?%d*$') or string.find(value, '^%d+%.?%d*e[-+]%d+$')) then
+      return false
+    end
+    local seconds = tonumber(value)
+    return seconds ~= nil and seconds >= 0 and seconds <= MAX_TIME
+  end
+  if NONEMPTY[field] then
+    return value ~= ''
+  end
+  return true
+end
+
+-- 17 significant digits: Python parses back exactly the double compared here.
+local function num(x)
+  return string.format('%.17g', x)
+end
+
+-- The Redis server's clock, in Unix seconds: the only clock that judges expiry.
+local function store_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- The record as a table of field -> string; nil when the key has no record; false and why when the
+-- value at the key is not a dibs record. An empty namespace skips the identity check (listing).
+local function load_record(key, namespace, name)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then
+    return nil
+  end
+  if kind ~= 'hash' then
+    return false, 'it is a Redis ' .. kind .. ', not a hash'
+  end
+  local values = redis.call('HMGET', key, unpack(FIELDS))
+  local rec = {}
+  for i, field in ipairs(FIELDS) do
+    local value = values[i]
+    if value then
+      if not well_formed(field, value) then
+        return false, 'its ' .. field .. ' is ' .. string.format('%q', string.sub(value, 1, 40))
+          .. ', not a value dibs writes there'
+      end
+      rec[field] = value
+    end
+  end
+  if rec.format ~= FORMAT then
+    return false, 'its format is ' .. tostring(rec.format or 'missing') .. ', expected ' .. FORMAT
+  end
+  if not (rec.namespace and rec.name and rec.fence and rec.attempts) then
+    return false, 'its namespace, name, fence or attempts field is missing'
+  end
+  if namespace ~= '' and (rec.namespace ~= namespace or rec.name ~= name) then
+    return false, 'it belongs to key ' .. rec.namespace .. '/' .. rec.name
+  end
+  for group, fields in pairs(GROUPS) do
+    local present = 0
+    for _, field in ipairs(fields) do
+      if rec[field] then
+        present = present + 1
+      end
+    end
+    if present ~= 0 and present ~= #fields then
+      return false, 'its ' .. group .. ' is incomplete'
+    end
+  end
+  if rec.artifact_fence and redis.call('HEXISTS', key, 'artifact_payload') == 0 then
+    return false, 'its artifact has no payload'
+  end
+  if rec.lease_id and rec.lease_fence ~= rec.fence then
+    return false, 'its lease_fence ' .. rec.lease_fence .. ' is not its fence ' .. rec.fence
+  end
+  if rec.lease_max_expires_at and not rec.lease_id then
+    return false, 'its lease_max_expires_at is set without a lease'
+  end
+  if rec.artifact_fence and not at_most(rec.artifact_fence, rec.fence) then
+    return false, 'its artifact_fence ' .. rec.artifact_fence .. ' is above its fence ' .. rec.fence
+  end
+  return rec
+end
+
+-- Whether decimal a < decimal b, exactly (fences go beyond what a Lua number holds exactly).
+local function fence_below(a, b)
+  return #a < #b or (#a == #b and a < b)
+end
+
+-- Whether (fence, lease id) is the current token: a lease, not yet completed, with both parts equal.
+local function is_current(rec, fence, lease_id)
+  return rec ~= nil and rec.lease_id == lease_id and rec.lease_fence == fence
+end
+
+local function capped_expiry(now, ttl, max_expires)
+  local expires = now + ttl
+  if max_expires ~= nil and max_expires < expires then
+    return max_expires
+  end
+  return expires
+end
+
+local function drop_lease(key)
+  redis.call('HDEL', key, 'lease_max_expires_at', unpack(GROUPS.lease))
+end
+
+-- {status, now, extra, FIELDS...[, payload]}, read after this script's writes.
+local function reply(status, now, key, extra, with_payload)
+  local out = {status, num(now), extra or false}
+  local values = redis.call('HMGET', key, unpack(FIELDS))
+  for i = 1, #FIELDS do
+    out[i + 3] = values[i]
+  end
+  if with_payload then
+    out[#FIELDS + 4] = redis.call('HGET', key, 'artifact_payload')
+  end
+  return out
+end
+
+-- The guard every script starts with, written once here: the server's time, then the record at
+-- KEYS[1], checked to be the one of the key ARGV[1] (namespace) / ARGV[2] (name). A foreign or
+-- damaged value ends the script before anything is written; so does, in a script that acts under a
+-- lease (UNDER_LEASE: ARGV[3] is its fence, ARGV[4] its id), a token that is not the current one.
+local now = store_now()
+local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
+if rec == false then
+  return {'corrupt', why}
+end
+if UNDER_LEASE and not is_current(rec, ARGV[3], ARGV[4]) then
+  return reply('lost', now, KEYS[1], false, false)
+end

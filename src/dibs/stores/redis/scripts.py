@@ -1,0 +1,121 @@
+"""The Redis store's Lua scripts: package data (``lua/*.lua``), put together and registered here.
+
+Each script Redis runs is three parts, in this order:
+
+1. constants generated from Python: the record's hash fields (the shared decoder's names, in the
+   order the scripts return them), which of them are integers, counters, times or non-empty text,
+   and the limits of :mod:`dibs.records`; so the Lua side cannot drift from the decoder;
+2. ``lua/prelude.lua``, shared by every script: the functions (load and check a record, compare
+   fences, build the reply) and the guard every script starts with, written once: read the server's
+   clock, load the key's record (a foreign or damaged value answers ``{'corrupt', why}`` before
+   anything is written) and, in a script that acts under a lease (:data:`UNDER_LEASE`), answer
+   ``lost`` unless the caller's token is the current one;
+3. the script's own body, ``lua/NAME.lua``, whose header comment gives its KEYS, ARGV and reply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from dibs.records import MAX_COUNT, MAX_FENCE, MAX_TIMESTAMP
+from dibs.stores import decoder
+
+__all__ = ["FIELDS", "FORMAT", "UNDER_LEASE", "Reply", "Scripts", "source"]
+
+FORMAT = "dibs.redis/1"
+
+#: What a script returns: ``{status, now, extra, FIELDS...[, payload]}`` or ``{"corrupt", why}``.
+Reply = list[Any]
+
+# The hash fields of a record are the shared decoder's names, in the order the scripts return them.
+FIELDS = decoder.FIELDS
+# Integers up to a signed 64-bit one (the most HINCRBY can hold), and counters up to a 32-bit one.
+_WIDE_INTEGERS = ("fence", "lease_fence", "artifact_size", "artifact_fence")
+_COUNTERS = ("attempts", "lease_attempt", "failure_count")
+# Text that must not be empty when present (as the decoder requires).
+_NONEMPTY = (
+    "lease_owner",
+    "lease_id",
+    "failure_owner",
+    "artifact_serializer",
+    "artifact_checksum",
+    "artifact_producer",
+)
+_SECONDS = (
+    "lease_acquired_at",
+    "lease_expires_at",
+    "lease_ttl",
+    "lease_max_expires_at",
+    "failure_at",
+    "artifact_created_at",
+    "artifact_compute_seconds",
+)
+
+#: Every script by name, and whether it acts under the caller's lease (ARGV[3] its fence, ARGV[4] its
+#: id): the prelude's guard then answers ``lost`` for a token that is not the current one.
+UNDER_LEASE = {
+    "acquire": False,
+    "heartbeat": True,
+    "complete": True,
+    "release": True,
+    "drop": False,
+    "read": False,
+}
+
+
+def _lua_list(names: Sequence[str]) -> str:
+    return "{" + ", ".join(f"'{name}'" for name in names) + "}"
+
+
+def _constants(under_lease: bool) -> str:
+    """The ``local`` declarations the prelude reads, generated from Python's own tuples and limits."""
+    values = {
+        "FORMAT": f"'{FORMAT}'",
+        "FIELDS": _lua_list(FIELDS),
+        "LEASE_FIELDS": _lua_list(decoder.LEASE_FIELDS),
+        "FAILURE_FIELDS": _lua_list(decoder.FAILURE_FIELDS),
+        "ARTIFACT_FIELDS": _lua_list(decoder.ARTIFACT_FIELDS),
+        "MAX_FENCE": f"'{MAX_FENCE}'",
+        "MAX_COUNT": f"'{MAX_COUNT}'",
+        "MAX_TIME": repr(MAX_TIMESTAMP),
+        "WIDE_INTEGERS": _lua_list(_WIDE_INTEGERS),
+        "COUNTERS": _lua_list(_COUNTERS),
+        "SECONDS_FIELDS": _lua_list(_SECONDS),
+        "NONEMPTY_FIELDS": _lua_list(_NONEMPTY),
+        "UNDER_LEASE": "true" if under_lease else "false",
+    }
+    return "".join(f"local {name} = {value}\n" for name, value in values.items())
+
+
+def _package_text(name: str) -> str:
+    return (importlib.resources.files(__package__ or "") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@functools.cache
+def source(name: str) -> str:
+    """The whole text of script ``name`` as Redis runs it: constants, prelude, body."""
+    return _constants(UNDER_LEASE[name]) + _package_text("prelude") + _package_text(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scripts:
+    """The scripts registered on one client: calling one runs it by its SHA (``EVALSHA``), loading it
+    first when the server does not know it yet."""
+
+    acquire: Script
+    heartbeat: Script
+    complete: Script
+    release: Script
+    drop: Script
+    read: Script
+
+    @classmethod
+    def register(cls, client: redis.Redis) -> Scripts:
+        return cls(**{name: client.register_script(source(name)) for name in UNDER_LEASE})

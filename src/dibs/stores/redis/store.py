@@ -1,0 +1,429 @@
+"""The Redis store: each operation runs one of the package's Lua scripts (:mod:`.scripts`), so Redis
+itself decides each step atomically, on its own clock. See the package docstring for the layout."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from typing import cast
+
+import redis
+import redis.exceptions
+from redis.commands.core import Script
+
+from dibs.display import printable
+from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import (
+    ArtifactRecord,
+    Granted,
+    Held,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    Present,
+    StoreOutcome,
+    new_lease_id,
+)
+from dibs.stores import decoder, redact_url, transitions
+from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
+from dibs.stores.feeds import ChangeFeed
+from dibs.stores.redis.feed import PatternFeed
+from dibs.stores.redis.scripts import FIELDS, FORMAT, Reply, Scripts
+from dibs.stores.redis.settings import CLIENT_DEFAULTS, DEFAULT_MAX_CONNECTIONS, SCAN_BATCH, parse_url
+from dibs.stores.requests import AcquireRequest, NewArtifact
+from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
+
+__all__ = ["DEFAULT_VALUE_LIMIT", "RedisStore"]
+
+logger = logging.getLogger(__name__)
+
+#: Redis's default ``proto-max-bulk-len``: the limit assumed when the server refuses ``CONFIG GET``.
+DEFAULT_VALUE_LIMIT = 512 * 1024 * 1024
+#: Room in the command for what ``complete`` sends besides the payload (the key, token, checksum...).
+_COMMAND_OVERHEAD = 4096
+
+
+def _seconds(value: float, what: str) -> str:
+    """A finite number of seconds as the text Lua's ``tonumber`` reads back to the same double."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(
+            f"{what} must be a finite number of seconds, got {value!r}", value=repr(value)
+        )
+    return repr(float(value))
+
+
+class RedisStore(Store):
+    """Reservation records in Redis, each operation one atomic Lua script judged on Redis's clock.
+
+    See the package docstring (:mod:`dibs.stores.redis`) for the URL, the layout and Redis's limits.
+    """
+
+    scheme = "redis"
+    clock = "the Redis server's clock (TIME)"
+
+    def __init__(self, url: str) -> None:
+        self._url = redact_url(url)
+        client_url, self._prefix, self.max_artifact_size = parse_url(url, self._url)
+        self._value_limit: int | None = None  # read from the server on the first complete
+        try:
+            # One bounded pool per store, shared by every client of the process (dibs.runtime): the
+            # watch hub's subscription holds one connection of it, operations the rest, and a caller
+            # finding them all busy waits for one instead of opening more (DEFAULT_MAX_CONNECTIONS).
+            pool = redis.BlockingConnectionPool.from_url(
+                client_url,
+                max_connections=DEFAULT_MAX_CONNECTIONS,
+                timeout=CLIENT_DEFAULTS["socket_timeout"],
+                **CLIENT_DEFAULTS,
+            )
+            self._client = redis.Redis(connection_pool=pool)
+            # The pool creates connections lazily; building one (without connecting) now turns an
+            # unknown or malformed query option into a configuration error instead of a failure on
+            # the first operation.
+            pool.connection_class(**pool.connection_kwargs)
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"invalid Redis store URL {self._url!r}: {exc}; expected "
+                "'redis://[user:password@]host[:port][/db][?prefix=dibs:]' with redis-py connection "
+                "options (socket_timeout, max_connections, ssl_cert_reqs, ...) as further query parameters",
+                url=self._url,
+            ) from exc
+        scripts = Scripts.register(self._client)
+        self._acquire, self._heartbeat, self._complete = scripts.acquire, scripts.heartbeat, scripts.complete
+        self._release, self._drop, self._read = scripts.release, scripts.drop, scripts.read
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        return cls(url)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def prefix(self) -> str:
+        """What every Redis key of this store starts with."""
+        return self._prefix
+
+    def record_key(self, key: Key) -> str:
+        """The Redis key of ``key``'s record hash (for operators and tests)."""
+        return f"{self._prefix}rec:{key.digest}"
+
+    def channel(self, key: Key) -> str:
+        """The pub/sub channel on which changes to ``key`` that can end a wait are published."""
+        return f"{self._prefix}chan:{key.digest}"
+
+    # -- operations ---------------------------------------------------------------------------------
+
+    def read(self, key: Key) -> KeyState:
+        reply = self._run(self._read, key, "read", key.namespace, key.name, "1")
+        return self._state(key, reply, with_payload=True)
+
+    def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
+        reply = self._run(
+            self._acquire,
+            key,
+            "reserve",
+            key.namespace,
+            key.name,
+            request.owner,
+            _seconds(request.ttl, "ttl"),
+            "" if request.max_lease_age is None else _seconds(request.max_lease_age, "max_lease_age"),
+            new_lease_id(),
+            "" if request.max_age is None else _seconds(request.max_age, "max_age"),
+            "" if request.min_fence is None else str(int(request.min_fence)),
+        )
+        status = reply[0]
+        if status == b"exhausted":
+            raise transitions.fence_exhausted(key, int(reply[1]))
+        state = self._state(key, reply, with_payload=status == b"present")
+        if status == b"present":
+            assert state.artifact is not None
+            return Present(state.artifact)
+        assert state.lease is not None
+        if status == b"held":
+            return Held(state.lease, state.now, state.failure)
+        took_over_from = None if reply[2] is None else str(reply[2].decode("utf-8"))
+        return Granted(state.lease, state.failure, took_over_from, reentered=status == b"reentered")
+
+    def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
+        reply = self._run(
+            self._heartbeat,
+            key,
+            "heartbeat",
+            key.namespace,
+            key.name,
+            token.fence,
+            token.lease_id,
+            _seconds(ttl, "ttl"),
+        )
+        state = self._state(key, reply)
+        if reply[0] == b"lost":
+            raise explain_lost(state, token, "heartbeat")
+        assert state.lease is not None
+        return state.lease
+
+    def value_limit(self) -> int:
+        """The most bytes one artifact may have here: the server's limits on one value and on one
+        command (read once), or ``max_artifact_size`` when that is lower."""
+        if self._value_limit is None:
+            limits = []
+            for setting, room in (
+                ("proto-max-bulk-len", 0),
+                ("client-query-buffer-limit", _COMMAND_OVERHEAD),
+            ):
+                with self._service("read the server's limits", None):
+                    try:
+                        found = self._client.config_get(setting).get(setting)
+                    except redis.exceptions.ResponseError:  # CONFIG refused (managed services, ACLs)
+                        found = None  # then Redis's default is assumed
+                limits.append(int(found) - room if found is not None else DEFAULT_VALUE_LIMIT)
+            self._value_limit = min(limits)
+        if self.max_artifact_size is not None:
+            return min(self._value_limit, self.max_artifact_size)
+        return self._value_limit
+
+    def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
+        payload = artifact.payload
+        refuse_too_large(
+            key,
+            len(payload),
+            len(payload),
+            self.value_limit(),
+            where=f"Redis at {self._url} takes in one value (proto-max-bulk-len, client-query-buffer-limit"
+            " or ?max_artifact_size=)",
+            remedy="Raise the server's limits, or store the data elsewhere and return a reference to it",
+        )
+        reply = self._run(
+            self._complete,
+            key,
+            "complete",
+            key.namespace,
+            key.name,
+            token.fence,
+            token.lease_id,
+            artifact.serializer,
+            payload,
+            artifact.checksum,
+            self.channel(key),
+            "" if artifact.compute_seconds is None else repr(float(artifact.compute_seconds)),
+        )
+        state = self._state(key, reply)
+        if reply[0] == b"lost":
+            raise explain_lost(state, token, "complete")
+        assert state.artifact is not None
+        # The reply leaves the payload out (no need to send it back): it is the one just written.
+        return ArtifactRecord(
+            serializer=state.artifact.serializer,
+            payload=payload,
+            size=state.artifact.size,
+            checksum=state.artifact.checksum,
+            producer=state.artifact.producer,
+            fence=state.artifact.fence,
+            created_at=state.artifact.created_at,
+            compute_seconds=state.artifact.compute_seconds,
+        )
+
+    def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
+        reply = self._run(
+            self._release,
+            key,
+            "release",
+            key.namespace,
+            key.name,
+            token.fence,
+            token.lease_id,
+            "0" if error is None else ("1" if counted else "2"),
+            "" if error is None else error[:MAX_ERROR_LENGTH],
+            self.channel(key),
+        )
+        if reply[0] == b"lost":
+            raise explain_lost(self._state(key, reply), token, "release")
+
+    def force_release(self, key: Key) -> bool:
+        return self._drop_part(key, "lease", "force-release")
+
+    def forget(self, key: Key) -> bool:
+        return self._drop_part(key, "result", "forget")
+
+    def list(self, namespace: str | None = None) -> Listing:
+        """Every record under the prefix, sorted by key, without payloads.
+
+        One SCAN over ``{prefix}rec:*`` plus one pipelined read script per record: dibs keeps no
+        index, so nothing can fall out of step with the records. A value under the prefix that is
+        not a dibs record is skipped, logged and counted (see :class:`~dibs.stores.base.Listing`).
+        """
+        states: builtins.list[KeyState] = []
+        skipped: builtins.list[Skipped] = []
+        for batch in self._scan_batches():
+            with self._service("list keys", None):
+                pipe = self._client.pipeline(transaction=False)
+                for record_key in batch:
+                    self._read(keys=[record_key], args=["", "", "0"], client=pipe)
+                replies = pipe.execute()
+            for record_key, reply in zip(batch, replies, strict=True):
+                try:
+                    state = self._listed_state(record_key, cast(Reply, reply))
+                except CorruptRecord as exc:
+                    skip(skipped, self._where(record_key.decode("utf-8", "backslashreplace")), exc)
+                    continue
+                if state is not None and (namespace is None or state.key.namespace == namespace):
+                    states.append(state)
+        return Listing(states, skipped)
+
+    def reap(self, namespace: str | None = None) -> int:
+        reaped = 0
+        for state in self.list(namespace):
+            expired = state.lease is not None and not state.lease.live_at(state.now)
+            if not (expired or transitions.holds_nothing(state)):
+                continue
+            try:
+                # The script checks expiry again on the server's clock: a holder may have renewed.
+                cleared = expired and self._drop_part(state.key, "expired", "reap")
+                reaped += int(self.discard(state.key) or cleared)
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self.record_key(state.key), exc)
+        return reaped
+
+    def discard(self, key: Key) -> bool:
+        return self._drop_part(key, "empty", "discard")
+
+    def prune(self, namespace: str | None, older_than: float) -> int:
+        pruned = 0
+        for state in self.list(namespace):
+            if not transitions.prunable(state, older_than):
+                continue
+            try:  # the script judges again, on the server's clock
+                pruned += self._drop_part(state.key, "old", "prune", _seconds(older_than, "older_than"))
+            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+                skip([], self.record_key(state.key), exc)
+        return pruned
+
+    def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
+        """Several keys in one round trip (a pipeline of read scripts), for the watch hub."""
+        with self._service("read keys", None):
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                self._read(keys=[self.record_key(key)], args=[key.namespace, key.name, "1"], client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        states = []
+        for key, reply in zip(keys, replies, strict=True):
+            try:
+                if isinstance(reply, Exception) or reply[0] == b"corrupt":
+                    continue  # its waiters ask for themselves, and get the error
+                states.append(self._state(key, cast(Reply, reply), with_payload=True))
+            except CorruptRecord:
+                continue
+        return states
+
+    def change_feed(self) -> ChangeFeed:
+        """One pattern subscription to every key's channel under the prefix, for the whole process."""
+        return PatternFeed(self._client, self._prefix, self._service)
+
+    def close(self) -> None:
+        super().close()
+        self._client.close()
+        self._client.connection_pool.disconnect()
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _service(self, action: str, key: Key | None) -> Iterator[None]:
+        """Translate redis-py's errors into dibs errors; messages name the redacted URL, never secrets."""
+        what = f"{action} {key}" if key is not None else action
+        try:
+            yield
+        except (redis.exceptions.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+            raise ConfigurationError(
+                f"Redis at {self._url} refused to {what}: {exc}; check the user and password in the "
+                "store URL and that the user may run EVALSHA, SCRIPT, SCAN, PUBLISH and SUBSCRIBE "
+                "on keys and channels starting with the prefix",
+                url=self._url,
+            ) from exc
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise StoreUnavailable(
+                f"could not {what}: Redis at {self._url} did not answer ({type(exc).__name__}: {exc})",
+                url=self._url,
+                key=None if key is None else str(key),
+            ) from exc
+        except redis.exceptions.RedisError as exc:
+            raise StoreUnavailable(
+                f"could not {what}: Redis at {self._url} answered an error ({type(exc).__name__}: {exc})",
+                url=self._url,
+                key=None if key is None else str(key),
+            ) from exc
+
+    def _run(self, script: Script, key: Key, action: str, *args: str | bytes | int) -> Reply:
+        """Run one script on ``key``'s record; a foreign or damaged record raises :class:`CorruptRecord`."""
+        with self._service(action, key):
+            reply = cast(Reply, script(keys=[self.record_key(key)], args=args))
+        if reply[0] == b"corrupt":
+            # The reason may quote the foreign value (its format, the key it names): never raw.
+            raise self._corrupt(key, self.record_key(key), printable(reply[1].decode("utf-8", "replace")))
+        return reply
+
+    def _drop_part(self, key: Key, part: str, action: str, *more: str) -> bool:
+        reply = self._run(self._drop, key, action, key.namespace, key.name, self.channel(key), part, *more)
+        return bool(reply[0] == b"changed")
+
+    def _where(self, record_key: str) -> str:
+        return f"Redis key {record_key!r} on {self._url}"
+
+    def _corrupt(self, key: Key | None, record_key: str, why: str) -> CorruptRecord:
+        return decoder.corrupt(key, self._where(record_key), why)
+
+    def _scan_batches(self) -> Iterator[Sequence[bytes]]:
+        # Keys stay bytes: a foreign key under the prefix need not be UTF-8, and must still be reported.
+        with self._service("list keys", None):
+            batch: builtins.list[bytes] = []
+            for raw in self._client.scan_iter(match=f"{self._prefix}rec:*", count=SCAN_BATCH):
+                batch.append(raw)
+                if len(batch) >= SCAN_BATCH:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+    def _listed_state(self, raw_key: bytes, reply: Reply) -> KeyState | None:
+        """A listed record's state, after checking it is the record its Redis key says it is."""
+        record_key = raw_key.decode("utf-8", "backslashreplace")
+        if reply[0] == b"corrupt":
+            raise self._corrupt(None, record_key, printable(reply[1].decode("utf-8", "replace")))
+        if reply[3] is None:  # no format: deleted between SCAN and the read
+            return None
+        digest = record_key.removeprefix(f"{self._prefix}rec:")
+        return self._state(None, reply, record_key=record_key, digest=digest)
+
+    def _state(
+        self,
+        key: Key | None,
+        reply: Reply,
+        *,
+        with_payload: bool = False,
+        record_key: str | None = None,
+        digest: str | None = None,
+    ) -> KeyState:
+        """Build the :class:`KeyState` a script returned (``{status, now, extra, FIELDS...[, payload]}``)
+        with the shared decoder (:mod:`dibs.stores.decoder`), reading every value as text."""
+        fields = dict(zip(FIELDS, reply[3 : 3 + len(FIELDS)], strict=True))
+        now = float(reply[1])
+        if key is not None and fields["format"] is None:
+            return KeyState(key=key, now=now)
+        payload = reply[3 + len(FIELDS)] if with_payload else b""
+        if record_key is None:
+            assert key is not None
+            record_key = self.record_key(key)
+        where = self._where(record_key)
+        return decoder.decode(
+            fields,
+            key,
+            now,
+            where=where,
+            digest=digest,
+            textual=True,
+            expected_format=FORMAT,
+            payload=bytes(payload or b""),
+        )
