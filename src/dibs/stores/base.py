@@ -93,6 +93,26 @@ def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
     skipped.append(Skipped(where, str(error)))
 
 
+def reap_each(
+    store: Store, namespace: str | None, clear_expired: Callable[[Key], bool], where: Callable[[Key], str]
+) -> int:
+    """The one way to reap (see :meth:`Store.reap`), for every store: each listed record whose lease
+    expired is cleared by ``clear_expired`` (which must check the expiry again, atomically, on the
+    store's clock: the holder may have renewed since the listing), and each record that then holds
+    nothing is discarded. A record damaged since it was listed is skipped, named by ``where``."""
+    reaped = 0
+    for state in builtins.list(store.list(namespace)):
+        expired = state.lease is not None and not state.lease.live_at(state.now)
+        if not (expired or transitions.holds_nothing(state)):
+            continue
+        try:
+            cleared = expired and clear_expired(state.key)
+            reaped += int(store.discard(state.key) or cleared)
+        except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
+            skip([], where(state.key), exc)
+    return reaped
+
+
 #: What runs when any store closes, with the store: the process's runtime adds its own (it stops
 #: the store's watch hub, so no listening connection outlives the store). Stores know nothing above them.
 CLOSE_HOOKS: list[Callable[[Store], None]] = []
@@ -293,17 +313,9 @@ class RecordStore(Store):
         return self._update(key, lambda state: _changed(transitions.forget(state)))
 
     def reap(self, namespace: str | None = None) -> int:
-        reaped = 0
-        for state in list(self.list(namespace)):
-            try:
-                if state.lease is not None and not state.lease.live_at(state.now):
-                    cleared = self._update(state.key, lambda s: _changed(transitions.reap(s)))
-                    reaped += int(self.discard(state.key) or cleared)
-                elif transitions.holds_nothing(state):
-                    reaped += int(self.discard(state.key))
-            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
-                skip([], str(state.key), exc)
-        return reaped
+        return reap_each(
+            self, namespace, lambda key: self._update(key, lambda s: _changed(transitions.reap(s))), str
+        )
 
     def discard(self, key: Key) -> bool:
         return self._update(key, lambda state: _changed(transitions.discard(state)))

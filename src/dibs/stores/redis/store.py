@@ -29,7 +29,7 @@ from dibs.records import (
     new_lease_id,
 )
 from dibs.stores import decoder, redact_url, transitions
-from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
+from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.redis.feed import PatternFeed
 from dibs.stores.redis.scripts import FIELDS, FORMAT, Reply, Scripts
@@ -275,18 +275,10 @@ class RedisStore(Store):
         return Listing(states, skipped)
 
     def reap(self, namespace: str | None = None) -> int:
-        reaped = 0
-        for state in self.list(namespace):
-            expired = state.lease is not None and not state.lease.live_at(state.now)
-            if not (expired or transitions.holds_nothing(state)):
-                continue
-            try:
-                # The script checks expiry again on the server's clock: a holder may have renewed.
-                cleared = expired and self._drop_part(state.key, "expired", "reap")
-                reaped += int(self.discard(state.key) or cleared)
-            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
-                skip([], self.record_key(state.key), exc)
-        return reaped
+        # The script checks expiry again on the server's clock: a holder may have renewed.
+        return reap_each(
+            self, namespace, lambda key: self._drop_part(key, "expired", "reap"), self.record_key
+        )
 
     def discard(self, key: Key) -> bool:
         return self._drop_part(key, "empty", "discard")

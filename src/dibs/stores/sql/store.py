@@ -24,7 +24,7 @@ from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import MAX_FENCE, ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
 from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
-from dibs.stores.base import Listing, Skipped, Store, refuse_too_large, skip
+from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.sql.bounds import Keeper
@@ -626,23 +626,13 @@ class SQLStore(Store):
         )
 
     def reap(self, namespace: str | None = None) -> int:
-        reaped = 0
-        for state in self.list(namespace):
-            expired = state.lease is not None and not state.lease.live_at(state.now)
-            if not (expired or transitions.holds_nothing(state)):
-                continue
-            try:
-                # The statement checks expiry again on the database's clock: the holder may have renewed.
-                cleared = expired and self._repair(
-                    state.key,
-                    lambda s: s.lease is not None and not s.lease.live_at(s.now),
-                    self._reap_expired,
-                    "reap",
-                )
-                reaped += int(self.discard(state.key) or cleared)
-            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
-                skip([], self._where(state.key.digest), exc)
-        return reaped
+        # The statement checks expiry again on the database's clock: the holder may have renewed.
+        def clear_expired(key: Key) -> bool:
+            return self._repair(
+                key, lambda s: s.lease is not None and not s.lease.live_at(s.now), self._reap_expired, "reap"
+            )
+
+        return reap_each(self, namespace, clear_expired, lambda key: self._where(key.digest))
 
     def discard(self, key: Key) -> bool:
         return self._repair(
