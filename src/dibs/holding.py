@@ -98,7 +98,7 @@ _HELD_HERE: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.Con
 @contextlib.contextmanager
 def holding(store: Store, key: Key) -> Iterator[None]:
     """Mark ``key`` as computed by this call stack while the block runs (see :func:`not_held_here`)."""
-    token = _HELD_HERE.set(_HELD_HERE.get() | {(id(store), key.digest)})
+    token = _HELD_HERE.set(_HELD_HERE.get() | {(id(store.record_store), key.digest)})
     try:
         yield
     finally:
@@ -107,7 +107,7 @@ def holding(store: Store, key: Key) -> Iterator[None]:
 
 def not_held_here(store: Store, key: Key) -> None:
     """Refuse to wait for a key whose work is running in this very call stack: it would never end."""
-    if (id(store), key.digest) in _HELD_HERE.get():
+    if (id(store.record_store), key.digest) in _HELD_HERE.get():
         raise ConfigurationError(
             f"{key} was asked for from inside its own work: the call would wait for itself forever. "
             "Give the inner computation a key of its own (e.g. another key= or version=)",

@@ -189,3 +189,29 @@ def test_a_payload_damaged_at_its_size_is_refused_by_the_reader_then_computed_ag
     again = _task(BIG, task_id="third").execute(make_context(dag_id="third", run_id="r3"))
     assert again[REFERENCE_FIELD]["token"] == returned[REFERENCE_FIELD]["token"] + 1  # computed again
     assert resolve(again) == BIG
+
+
+def test_work_that_asks_for_its_own_key_is_refused_when_hits_stay_unread(
+    payloads: str, make_context: Any
+) -> None:
+    """A task returning references reads hits through an unread twin of its client's store: the key it
+    holds there is still its key for any client on the same records, so asking for it from inside its
+    own work is refused at once instead of waiting for itself."""
+    from dibs_provider.hooks.dibs import DibsHook
+
+    seen: list[BaseException] = []
+
+    def work() -> str:
+        with DibsHook().get_client() as client:
+            try:
+                client.acquire("export", timeout=5)
+            except BaseException as exc:
+                seen.append(exc)
+        return BIG
+
+    returned = ReservedPythonOperator(task_id="t", python_callable=work, reservation_key="export").execute(
+        make_context(run_id="r1")
+    )
+    assert is_reference(returned)
+    assert len(seen) == 1 and isinstance(seen[0], dibs.ConfigurationError)
+    assert "asked for from inside its own work" in str(seen[0])

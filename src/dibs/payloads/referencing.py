@@ -146,6 +146,10 @@ class ReferencingStore(Store):
         self.freed = Freed()
 
     @property
+    def record_store(self) -> Store:
+        return self.records.record_store
+
+    @property
     def url(self) -> str:
         return self.records.url
 

@@ -139,6 +139,13 @@ class Store(Closing):
     def url(self) -> str:
         """The store's URL with any secret removed: safe to log."""
 
+    @property
+    def record_store(self) -> Store:
+        """The store that keeps this one's records: itself, or the one a wrapper (a payload-referencing
+        store) keeps them in. Two stores with one record store are one set of keys: a key held through
+        one is held through the other (see :func:`dibs.holding.not_held_here`)."""
+        return self
+
     @abc.abstractmethod
     def read(self, key: Key) -> KeyState:
         """The key's state at one instant of the store's clock (an empty state if never seen)."""
