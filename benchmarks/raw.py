@@ -143,9 +143,12 @@ class _MySQLRaw(_SQLRaw):
 
 
 def _sql_parts(url: str) -> tuple[Any, dict[str, str]]:
-    from dibs.stores.sql.engine import split_options
+    try:
+        from dibs.stores.sql.engine import split_options
+    except ImportError:  # dibs before the SQL store became a package (measuring an older commit)
+        from dibs.stores.sql import _split_options as split_options  # type: ignore[attr-defined,no-redef]
 
-    return split_options(url)
+    return split_options(url)  # type: ignore[no-any-return,unused-ignore]
 
 
 def claim_parameters(name: str, owner: str, ttl: float) -> tuple[str | float, ...]:
@@ -204,7 +207,10 @@ def _open_sql(url: str) -> RawPrimitive:
 def _prepare_sql(url: str) -> None:
     import sqlalchemy as sa
 
-    from dibs.stores.sql.schema import tables
+    try:
+        from dibs.stores.sql.schema import tables
+    except ImportError:  # dibs before the SQL store became a package (measuring an older commit)
+        from dibs.stores.sql import _tables as tables  # type: ignore[attr-defined,no-redef]
 
     sa_url, options = _sql_parts(url)
     table = options.get("table", "dibs_reservations") + "_raw"
