@@ -40,16 +40,20 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
-from dibs import Reservations, events, keys
-from dibs.backoff import Backoff, Deadline
-from dibs.config import default_owner, validate_seconds
+from dibs import Backoff, Reservations, RunReport, events, keys
 from dibs.errors import ConfigurationError, StoreUnavailable
-from dibs.flow import AsyncSteps, Call, Steps
+from dibs.integration import (
+    AsyncSteps,
+    Call,
+    Deadline,
+    Steps,
+    default_owner,
+    runtime,
+    validate_seconds,
+    validate_timings,
+)
 from dibs.keys import Key
-from dibs.outcomes import RunReport
-from dibs.runtime import runtime
 from dibs.serializers import Serializer
-from dibs.settings import validate_timings
 from prefect_dibs import _cached, _runs
 from prefect_dibs import events as prefect_events
 from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url, load_block, resolve_client

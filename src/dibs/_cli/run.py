@@ -26,7 +26,8 @@ from dibs._cli.command import Command, CommandFailed, CommandNotStarted, Command
 from dibs._cli.console import Console
 from dibs._cli.spool import outcome, stream_out, streaming, streams, work_of
 from dibs._cli.stops import Stopped, StopSignals, signal_name
-from dibs._cli.text import artifact_text, duration
+from dibs._cli.text import artifact_text
+from dibs.display import duration
 from dibs._cli.watch import KeyWatch, Sight
 from dibs.backoff import Deadline
 from dibs.calls import WaitFor
