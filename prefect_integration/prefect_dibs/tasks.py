@@ -38,7 +38,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from dibs import Backoff, Reservations, RunReport, events, keys
 from dibs.errors import ConfigurationError, StoreUnavailable
@@ -47,6 +47,7 @@ from dibs.integration import (
     Call,
     Deadline,
     Steps,
+    checked,
     default_owner,
     runtime,
     validate_seconds,
@@ -60,7 +61,7 @@ from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url,
 from prefect_dibs._takeover import expiry_cause
 from prefect_dibs.payloads import PayloadsSpec, validate_payloads
 
-__all__ = ["KeySpec", "reserved"]
+__all__ = ["KeySpec", "ReservedOptions", "reserved"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,62 +72,47 @@ KeySpec = str | Callable[..., str]
 Logger = Any  # a logging.Logger or Prefect's run-logger adapter
 
 
+class ReservedOptions(TypedDict, total=False):
+    """The keyword options of ``@reserved(...)``, written once for its signatures (see :func:`reserved`
+    for each one and its default): type checkers see every option, and a misspelt one is refused."""
+
+    key: KeySpec | None
+    version: str | None
+    exclude: Iterable[str]
+    namespace: str | None
+    ttl: float | None
+    heartbeat_interval: float | None
+    timeout: float | None
+    serializer: str | Serializer | None
+    backoff: Backoff | None
+    progress_interval: float
+    artifact: bool
+    max_age: float | None
+    refresh: bool | None
+    payloads: PayloadsSpec
+
+
 @overload
 def reserved(store: F, /) -> F: ...
 
 
 @overload
-def reserved(
-    store: StoreSpec = None,
-    /,
-    *,
-    key: KeySpec | None = None,
-    version: str | None = None,
-    exclude: Iterable[str] = (),
-    namespace: str | None = None,
-    ttl: float | None = None,
-    heartbeat_interval: float | None = None,
-    timeout: float | None = None,
-    serializer: str | Serializer | None = None,
-    backoff: Backoff | None = None,
-    progress_interval: float = 30.0,
-    artifact: bool = True,
-    max_age: float | None = None,
-    refresh: bool | None = None,
-    payloads: PayloadsSpec = None,
-) -> Callable[[F], F]: ...
+def reserved(store: StoreSpec = None, /, **options: Unpack[ReservedOptions]) -> Callable[[F], F]: ...
 
 
-def reserved(
-    store: Any = None,
-    /,
-    *,
-    key: KeySpec | None = None,
-    version: str | None = None,
-    exclude: Iterable[str] = (),
-    namespace: str | None = None,
-    ttl: float | None = None,
-    heartbeat_interval: float | None = None,
-    timeout: float | None = None,
-    serializer: str | Serializer | None = None,
-    backoff: Backoff | None = None,
-    progress_interval: float = 30.0,
-    artifact: bool = True,
-    max_age: float | None = None,
-    refresh: bool | None = None,
-    payloads: PayloadsSpec = None,
-) -> Any:
+def reserved(store: Any = None, /, **options: Unpack[ReservedOptions]) -> Any:
     """Make identical calls of a Prefect task compute once across flow runs, processes and machines.
 
     :param store: a store URL, a :class:`~prefect_dibs.DibsStore` block or the name of a saved one,
         a :class:`dibs.Reservations` client, or ``None`` (``DIBS_STORE_URL``, then the embedded
         SQLite default, which only coordinates processes of one machine).
     :param key: override the derived key: a template such as ``"features-{day}"`` filled from the
-        call's arguments, or a callable taking the task's arguments and returning the key name.
+        call's arguments, or a callable taking the task's arguments and returning the key name
+        (default: derived from the function's code and the call's arguments).
     :param version: part of the derived key, for what the source does not show (a helper it imports,
-        the data behind it): the function's own code is already part of the key.
+        the data behind it): the function's own code is already part of the key (default none).
     :param exclude: parameters left out of the derived key (clients, loggers, flags that do not
-        change the result).
+        change the result; default none).
     :param namespace: key namespace (default: the block's, else ``"default"``).
     :param ttl: seconds a lease lives without a heartbeat: a killed holder is taken over this long
         after its last heartbeat (default: the block's, else 60).
@@ -135,8 +121,9 @@ def reserved(
         :class:`dibs.WaitTimeout` (default: the block's ``wait_timeout``, else forever).
     :param serializer: how the artifact is stored: ``"json"`` (default, readable by Airflow and any
         tool), ``"bytes"``, or a :class:`dibs.Serializer`; pickle needs a ``DibsStore`` with a signing key.
-    :param backoff: how often a waiter polls stores that cannot notify (:class:`dibs.Backoff`).
-    :param progress_interval: a waiter logs that it is still waiting this often (seconds).
+    :param backoff: how often a waiter polls stores that cannot notify (:class:`dibs.Backoff`;
+        default: the block's, else the client's).
+    :param progress_interval: a waiter logs that it is still waiting this often (seconds, default 30).
     :param max_age: seconds after which a stored result is too old: the next call computes it again
         (default: the block's ``max_age``, else never), under the lease as always.
     :param refresh: compute again even if a result is stored; concurrent refreshes compute once.
@@ -145,15 +132,24 @@ def reserved(
     :param payloads: where results over 64 KiB go, instead of the block's payload store: a Prefect
         filesystem block (``LocalFileSystem``, ``RemoteFileSystem``) or its slug such as
         ``"local-file-system/results"`` (as ``result_storage=`` takes it), or a payload store URL
-        (see :mod:`prefect_dibs.payloads`).
+        (see :mod:`prefect_dibs.payloads`; default: the block's, else none).
     :param artifact: publish a Prefect markdown artifact saying whether this run computed, waited
-        or hit, with the key, fencing token and producer.
+        or hit, with the key, fencing token and producer (default ``True``).
 
     Stack it *over* ``@task`` (it returns a task with the same options), or under it / on a plain
     function (it returns a function; the reservation then also works outside Prefect).
     """
+    checked("reserved", options, ReservedOptions)  # as Python refuses a misspelt keyword argument
     if callable(store) and not isinstance(store, Reservations):
         return reserved()(store)  # bare ``@reserved``
+    key = options.get("key")
+    version = options.get("version")
+    namespace = options.get("namespace")
+    ttl = options.get("ttl")
+    heartbeat_interval = options.get("heartbeat_interval")
+    timeout = options.get("timeout")
+    progress_interval = options.get("progress_interval", 30.0)
+    payloads = options.get("payloads")
     if version is not None and isinstance(key, str):
         raise ConfigurationError(
             "version= only applies to derived keys; put the version into the key template"
@@ -168,9 +164,9 @@ def reserved(
         namespace=keys.validate_namespace(namespace) if namespace is not None else None,
         ttl=ttl,
         heartbeat_interval=heartbeat_interval,
-        serializer=serializer,
-        backoff=backoff,
-        max_age=validate_seconds("max_age", max_age, allow_none=True),
+        serializer=options.get("serializer"),
+        backoff=options.get("backoff"),
+        max_age=validate_seconds("max_age", options.get("max_age"), allow_none=True),
     )
 
     def reservation(fn: Callable[..., Any]) -> _Reservation:
@@ -179,12 +175,12 @@ def reserved(
             store=store,
             key=key,
             version=version,
-            exclude=tuple(exclude),
+            exclude=tuple(options.get("exclude", ())),
             settings=settings,
             timeout=timeout,
             progress_interval=progress_interval,
-            artifact=artifact,
-            refresh=refresh,
+            artifact=options.get("artifact", True),
+            refresh=options.get("refresh"),
             payloads=payloads,
         )
 

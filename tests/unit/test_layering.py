@@ -61,15 +61,20 @@ def _core_uses(path: Path) -> Iterator[tuple[int, str, str | None]]:
                     yield node.lineno, alias.name, None
 
 
+def _exported(module: str, name: str) -> bool:
+    """``name`` is public in ``module``: listed in its ``__all__``, or a public module itself
+    (``from dibs import errors``)."""
+    return name in importlib.import_module(module).__all__ or f"{module}.{name}" in PUBLIC
+
+
 def _breaches(path: Path, root: Path = ROOT) -> list[str]:
     found = []
     for line, module, name in _core_uses(path):
         where = f"{path.relative_to(root)}:{line}"
         if module not in PUBLIC:
             found.append(f"{where}: {module} is not a public module ({name or 'import'})")
-        elif name is not None and name not in importlib.import_module(module).__all__:
-            if f"{module}.{name}" not in PUBLIC:  # ``from dibs import errors`` names a public module
-                found.append(f"{where}: {module}.{name} is not in {module}.__all__")
+        elif name is not None and not _exported(module, name):
+            found.append(f"{where}: {module}.{name} is not in {module}.__all__")
     return found
 
 

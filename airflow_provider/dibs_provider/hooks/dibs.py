@@ -119,7 +119,8 @@ class DibsSettings(Configured):
 
     ``store_url`` may contain the password (it is what the store connects with), so ``repr`` shows
     only :attr:`display_url`; ``source`` says where the settings came from, for logs. Its settings
-    read as its own attributes, as a client's do (``settings.namespace``: :class:`dibs.integration.Configured`).
+    read as its own attributes, as a client's do (``settings.namespace``:
+    :class:`dibs.integration.Configured`).
     """
 
     store_url: str = dataclasses.field(repr=False)
