@@ -38,6 +38,7 @@ PUBLIC = (
     "dibs.payloads.files",
     "dibs.payloads.fsspec",
     "dibs.observers",
+    "dibs.observers.otel",
     "dibs.integration",
 )
 
