@@ -61,7 +61,7 @@ from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url,
 from prefect_dibs._takeover import expiry_cause
 from prefect_dibs.payloads import PayloadsSpec, validate_payloads
 
-__all__ = ["KeySpec", "ReservedOptions", "reserved"]
+__all__ = ["RESERVED_DEFAULTS", "KeySpec", "ReservedOptions", "reserved"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,8 +73,9 @@ Logger = Any  # a logging.Logger or Prefect's run-logger adapter
 
 
 class ReservedOptions(TypedDict, total=False):
-    """The keyword options of ``@reserved(...)``, written once for its signatures (see :func:`reserved`
-    for each one and its default): type checkers see every option, and a misspelt one is refused."""
+    """The keyword options of ``@reserved(...)``, written once for its signatures (:func:`reserved`
+    says what each does, :data:`RESERVED_DEFAULTS` holds their defaults): type checkers see every
+    option, and a misspelt one is refused."""
 
     key: KeySpec | None
     version: str | None
@@ -90,6 +91,25 @@ class ReservedOptions(TypedDict, total=False):
     max_age: float | None
     refresh: bool | None
     payloads: PayloadsSpec
+
+
+#: Every option's default, in one place (docs/prefect.md lists the options from here).
+RESERVED_DEFAULTS: ReservedOptions = {
+    "key": None,
+    "version": None,
+    "exclude": (),
+    "namespace": None,
+    "ttl": None,
+    "heartbeat_interval": None,
+    "timeout": None,
+    "serializer": None,
+    "backoff": None,
+    "progress_interval": 30.0,
+    "artifact": True,
+    "max_age": None,
+    "refresh": None,
+    "payloads": None,
+}
 
 
 @overload
@@ -142,14 +162,10 @@ def reserved(store: Any = None, /, **options: Unpack[ReservedOptions]) -> Any:
     checked("reserved", options, ReservedOptions)  # as Python refuses a misspelt keyword argument
     if callable(store) and not isinstance(store, Reservations):
         return reserved()(store)  # bare ``@reserved``
-    key = options.get("key")
-    version = options.get("version")
-    namespace = options.get("namespace")
-    ttl = options.get("ttl")
-    heartbeat_interval = options.get("heartbeat_interval")
-    timeout = options.get("timeout")
-    progress_interval = options.get("progress_interval", 30.0)
-    payloads = options.get("payloads")
+    given: ReservedOptions = {**RESERVED_DEFAULTS, **options}
+    key, version, namespace = given["key"], given["version"], given["namespace"]
+    ttl, heartbeat_interval, timeout = given["ttl"], given["heartbeat_interval"], given["timeout"]
+    progress_interval, payloads = given["progress_interval"], given["payloads"]
     if version is not None and isinstance(key, str):
         raise ConfigurationError(
             "version= only applies to derived keys; put the version into the key template"
@@ -164,9 +180,9 @@ def reserved(store: Any = None, /, **options: Unpack[ReservedOptions]) -> Any:
         namespace=keys.validate_namespace(namespace) if namespace is not None else None,
         ttl=ttl,
         heartbeat_interval=heartbeat_interval,
-        serializer=options.get("serializer"),
-        backoff=options.get("backoff"),
-        max_age=validate_seconds("max_age", options.get("max_age"), allow_none=True),
+        serializer=given["serializer"],
+        backoff=given["backoff"],
+        max_age=validate_seconds("max_age", given["max_age"], allow_none=True),
     )
 
     def reservation(fn: Callable[..., Any]) -> _Reservation:
@@ -175,12 +191,12 @@ def reserved(store: Any = None, /, **options: Unpack[ReservedOptions]) -> Any:
             store=store,
             key=key,
             version=version,
-            exclude=tuple(options.get("exclude", ())),
+            exclude=tuple(given["exclude"]),
             settings=settings,
             timeout=timeout,
             progress_interval=progress_interval,
-            artifact=options.get("artifact", True),
-            refresh=options.get("refresh"),
+            artifact=given["artifact"],
+            refresh=given["refresh"],
             payloads=payloads,
         )
 
