@@ -116,3 +116,12 @@ def test_every_public_module_lists_what_it_exports(module: str) -> None:
 def test_the_integration_module_adds_nothing_the_package_already_exports() -> None:
     """One public name, one public place: ``dibs.integration`` holds what ``dibs`` itself does not."""
     assert not set(dibs.integration.__all__) & set(dibs.__all__)
+
+
+def test_the_integration_module_holds_only_what_an_integration_uses() -> None:
+    """``dibs.integration`` is no second ``__all__`` for whatever might be handy: every name in it is
+    used by one of the integrations (a name they stop using leaves it, or is argued for here)."""
+    used = {
+        name for path in _modules() for _, module, name in _core_uses(path) if module == "dibs.integration"
+    }
+    assert used == set(dibs.integration.__all__)
