@@ -4,12 +4,15 @@
 system (an orchestrator's operator, task, trigger or lock manager), such as the Airflow provider
 (``dibs_provider``) and ``prefect_dibs``. An application using dibs needs only the package itself
 (``import dibs``); a third-party store, payload store or observer is written against
-:mod:`dibs.stores`, :mod:`dibs.payloads` and :mod:`dibs.events` (docs/architecture.md, "What
-integrations may use", lists the public modules).
+:mod:`dibs.stores`, :mod:`dibs.payloads` and :mod:`dibs.events`, and what a front end shows people
+comes from :mod:`dibs.display` (docs/architecture.md, "What integrations may use", lists the public
+modules).
 
-**The promise**: every name here is public API, as those of ``dibs.__all__`` are: it changes only
-with a note in the changelog, after a release that warns. The modules these names come from are not:
-import them from here, as both integrations do (``tests/unit/test_layering.py`` holds them to it).
+**The promise**: every name here is public API, as those of ``dibs.__all__`` are: changing one is
+changing dibs' public API, done on purpose and said in the release notes (while dibs is 0.x, such a
+change may still come in a minor release). The modules these names come from are the core's own and
+may change in any release: import the names from here, as both integrations do
+(``tests/unit/test_layering.py`` holds them to it).
 
 What is here, by what an integration does with it:
 
@@ -33,7 +36,6 @@ defaults                           :data:`STORE_URL_ENV`, :func:`default_store_u
                                    :func:`default_owner`
 many waiters on one event loop     :func:`resolve_in_batches`, :func:`take_turn` (a trigger that
                                    wakes a thousand deferred tasks at once)
-showing it to people               :func:`duration`
 typing                             :data:`Outcome` (a :class:`~dibs.Hit`, an
                                    :class:`~dibs.Acquired` or a :class:`~dibs.Busy`)
 =================================  ==============================================================
@@ -45,7 +47,6 @@ from dibs._batches import resolve_in_batches, take_turn
 from dibs.backoff import Deadline
 from dibs.calls import checked
 from dibs.config import STORE_URL_ENV, default_owner, default_store_url, validate_seconds
-from dibs.display import duration
 from dibs.flow import Ask, AsyncSteps, Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
 from dibs.holding import HeldLease, Logger, failure_text
 from dibs.outcomes import Outcome
@@ -71,7 +72,6 @@ __all__ = [
     "checked",
     "default_owner",
     "default_store_url",
-    "duration",
     "failure_text",
     "resolve_in_batches",
     "runtime",

@@ -32,6 +32,7 @@ PUBLIC = (
     "dibs.events",
     "dibs.keys",
     "dibs.serializers",
+    "dibs.display",
     "dibs.records",
     "dibs.stores",
     "dibs.payloads",
