@@ -38,7 +38,7 @@ from typing import Any
 
 from dibs import events
 from dibs.events import Event
-from dibs.observers.measures import Measurement, Measurer
+from dibs.observers import Measurement, Measurer
 from dibs_provider._compat import Stats
 
 __all__ = ["AirflowStats", "install"]

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from dibs.outcomes import RunReport
+from dibs import RunReport
 from prefect import Task
 
 __all__ = ["CACHED", "ReservedTask", "adopt", "as_cached", "value_of"]

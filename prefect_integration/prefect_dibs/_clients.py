@@ -20,8 +20,7 @@ import dataclasses
 import threading
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-from dibs import Reservations, Settings
-from dibs.backoff import Backoff
+from dibs import Backoff, Reservations, Settings
 from dibs.errors import ConfigurationError
 from dibs.payloads import PayloadStore
 from dibs.serializers import Serializer

@@ -1,6 +1,6 @@
 """Why a holder's lease had expired when a waiter took it over, in words for a run's log.
 
-A waiter hears every lease it finds on the key while it waits (:attr:`dibs.flow.Steps.seen`), so
+A waiter hears every lease it finds on the key while it waits (:attr:`dibs.integration.Steps.seen`), so
 when it later takes the key over it can say whether the lease ran out of heartbeats or reached its
 maximum age (Prefect's ``hold_timeout``, a block's ``max_lease_age``), which it reaches whatever its
 holder does.

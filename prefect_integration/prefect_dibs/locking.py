@@ -40,16 +40,21 @@ from typing import Any, Self
 
 from prefect.locking.protocol import LockManager
 
-from dibs import Reservations, events
-from dibs.backoff import Backoff
-from dibs.config import validate_seconds
+from dibs import Acquired, Backoff, Busy, Reservations, RunReport, events
 from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, ReservationError, WaitTimeout
-from dibs.flow import Ask, AsyncSteps, Call, Hold, Steps
-from dibs.holding import HeldLease
+from dibs.integration import (
+    Ask,
+    AsyncSteps,
+    Call,
+    HeldLease,
+    Hold,
+    Outcome,
+    Steps,
+    runtime,
+    validate_seconds,
+    validate_timings,
+)
 from dibs.keys import Key, validate_namespace
-from dibs.outcomes import Acquired, Busy, Outcome, RunReport
-from dibs.runtime import runtime
-from dibs.settings import validate_timings
 from prefect_dibs import _runs
 from prefect_dibs._clients import ClientSettings, StoreSpec, resolve_client, spec_identity
 from prefect_dibs._takeover import expiry_cause

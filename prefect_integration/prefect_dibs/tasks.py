@@ -38,25 +38,30 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
-from dibs import Reservations, events, keys
-from dibs.backoff import Backoff, Deadline
-from dibs.config import default_owner, validate_seconds
+from dibs import Backoff, Reservations, RunReport, events, keys
 from dibs.errors import ConfigurationError, StoreUnavailable
-from dibs.flow import AsyncSteps, Call, Steps
+from dibs.integration import (
+    AsyncSteps,
+    Call,
+    Deadline,
+    Steps,
+    checked,
+    default_owner,
+    runtime,
+    validate_seconds,
+    validate_timings,
+)
 from dibs.keys import Key
-from dibs.outcomes import RunReport
-from dibs.runtime import runtime
 from dibs.serializers import Serializer
-from dibs.settings import validate_timings
 from prefect_dibs import _cached, _runs
 from prefect_dibs import events as prefect_events
 from prefect_dibs._clients import ClientSettings, StoreBlock, StoreSpec, is_url, load_block, resolve_client
 from prefect_dibs._takeover import expiry_cause
 from prefect_dibs.payloads import PayloadsSpec, validate_payloads
 
-__all__ = ["KeySpec", "reserved"]
+__all__ = ["RESERVED_DEFAULTS", "KeySpec", "ReservedOptions", "reserved"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,62 +72,67 @@ KeySpec = str | Callable[..., str]
 Logger = Any  # a logging.Logger or Prefect's run-logger adapter
 
 
+class ReservedOptions(TypedDict, total=False):
+    """The keyword options of ``@reserved(...)``, written once for its signatures (:func:`reserved`
+    says what each does, :data:`RESERVED_DEFAULTS` holds their defaults): type checkers see every
+    option, and a misspelt one is refused."""
+
+    key: KeySpec | None
+    version: str | None
+    exclude: Iterable[str]
+    namespace: str | None
+    ttl: float | None
+    heartbeat_interval: float | None
+    timeout: float | None
+    serializer: str | Serializer | None
+    backoff: Backoff | None
+    progress_interval: float
+    artifact: bool
+    max_age: float | None
+    refresh: bool | None
+    payloads: PayloadsSpec
+
+
+#: Every option's default, in one place (docs/prefect.md lists the options from here).
+RESERVED_DEFAULTS: ReservedOptions = {
+    "key": None,
+    "version": None,
+    "exclude": (),
+    "namespace": None,
+    "ttl": None,
+    "heartbeat_interval": None,
+    "timeout": None,
+    "serializer": None,
+    "backoff": None,
+    "progress_interval": 30.0,
+    "artifact": True,
+    "max_age": None,
+    "refresh": None,
+    "payloads": None,
+}
+
+
 @overload
 def reserved(store: F, /) -> F: ...
 
 
 @overload
-def reserved(
-    store: StoreSpec = None,
-    /,
-    *,
-    key: KeySpec | None = None,
-    version: str | None = None,
-    exclude: Iterable[str] = (),
-    namespace: str | None = None,
-    ttl: float | None = None,
-    heartbeat_interval: float | None = None,
-    timeout: float | None = None,
-    serializer: str | Serializer | None = None,
-    backoff: Backoff | None = None,
-    progress_interval: float = 30.0,
-    artifact: bool = True,
-    max_age: float | None = None,
-    refresh: bool | None = None,
-    payloads: PayloadsSpec = None,
-) -> Callable[[F], F]: ...
+def reserved(store: StoreSpec = None, /, **options: Unpack[ReservedOptions]) -> Callable[[F], F]: ...
 
 
-def reserved(
-    store: Any = None,
-    /,
-    *,
-    key: KeySpec | None = None,
-    version: str | None = None,
-    exclude: Iterable[str] = (),
-    namespace: str | None = None,
-    ttl: float | None = None,
-    heartbeat_interval: float | None = None,
-    timeout: float | None = None,
-    serializer: str | Serializer | None = None,
-    backoff: Backoff | None = None,
-    progress_interval: float = 30.0,
-    artifact: bool = True,
-    max_age: float | None = None,
-    refresh: bool | None = None,
-    payloads: PayloadsSpec = None,
-) -> Any:
+def reserved(store: Any = None, /, **options: Unpack[ReservedOptions]) -> Any:
     """Make identical calls of a Prefect task compute once across flow runs, processes and machines.
 
     :param store: a store URL, a :class:`~prefect_dibs.DibsStore` block or the name of a saved one,
         a :class:`dibs.Reservations` client, or ``None`` (``DIBS_STORE_URL``, then the embedded
         SQLite default, which only coordinates processes of one machine).
     :param key: override the derived key: a template such as ``"features-{day}"`` filled from the
-        call's arguments, or a callable taking the task's arguments and returning the key name.
+        call's arguments, or a callable taking the task's arguments and returning the key name
+        (default: derived from the function's code and the call's arguments).
     :param version: part of the derived key, for what the source does not show (a helper it imports,
-        the data behind it): the function's own code is already part of the key.
+        the data behind it): the function's own code is already part of the key (default none).
     :param exclude: parameters left out of the derived key (clients, loggers, flags that do not
-        change the result).
+        change the result; default none).
     :param namespace: key namespace (default: the block's, else ``"default"``).
     :param ttl: seconds a lease lives without a heartbeat: a killed holder is taken over this long
         after its last heartbeat (default: the block's, else 60).
@@ -131,8 +141,9 @@ def reserved(
         :class:`dibs.WaitTimeout` (default: the block's ``wait_timeout``, else forever).
     :param serializer: how the artifact is stored: ``"json"`` (default, readable by Airflow and any
         tool), ``"bytes"``, or a :class:`dibs.Serializer`; pickle needs a ``DibsStore`` with a signing key.
-    :param backoff: how often a waiter polls stores that cannot notify (:class:`dibs.Backoff`).
-    :param progress_interval: a waiter logs that it is still waiting this often (seconds).
+    :param backoff: how often a waiter polls stores that cannot notify (:class:`dibs.Backoff`;
+        default: the block's, else the client's).
+    :param progress_interval: a waiter logs that it is still waiting this often (seconds, default 30).
     :param max_age: seconds after which a stored result is too old: the next call computes it again
         (default: the block's ``max_age``, else never), under the lease as always.
     :param refresh: compute again even if a result is stored; concurrent refreshes compute once.
@@ -141,15 +152,20 @@ def reserved(
     :param payloads: where results over 64 KiB go, instead of the block's payload store: a Prefect
         filesystem block (``LocalFileSystem``, ``RemoteFileSystem``) or its slug such as
         ``"local-file-system/results"`` (as ``result_storage=`` takes it), or a payload store URL
-        (see :mod:`prefect_dibs.payloads`).
+        (see :mod:`prefect_dibs.payloads`; default: the block's, else none).
     :param artifact: publish a Prefect markdown artifact saying whether this run computed, waited
-        or hit, with the key, fencing token and producer.
+        or hit, with the key, fencing token and producer (default ``True``).
 
     Stack it *over* ``@task`` (it returns a task with the same options), or under it / on a plain
     function (it returns a function; the reservation then also works outside Prefect).
     """
+    checked("reserved", options, ReservedOptions)  # as Python refuses a misspelt keyword argument
     if callable(store) and not isinstance(store, Reservations):
         return reserved()(store)  # bare ``@reserved``
+    given: ReservedOptions = {**RESERVED_DEFAULTS, **options}
+    key, version, namespace = given["key"], given["version"], given["namespace"]
+    ttl, heartbeat_interval, timeout = given["ttl"], given["heartbeat_interval"], given["timeout"]
+    progress_interval, payloads = given["progress_interval"], given["payloads"]
     if version is not None and isinstance(key, str):
         raise ConfigurationError(
             "version= only applies to derived keys; put the version into the key template"
@@ -164,9 +180,9 @@ def reserved(
         namespace=keys.validate_namespace(namespace) if namespace is not None else None,
         ttl=ttl,
         heartbeat_interval=heartbeat_interval,
-        serializer=serializer,
-        backoff=backoff,
-        max_age=validate_seconds("max_age", max_age, allow_none=True),
+        serializer=given["serializer"],
+        backoff=given["backoff"],
+        max_age=validate_seconds("max_age", given["max_age"], allow_none=True),
     )
 
     def reservation(fn: Callable[..., Any]) -> _Reservation:
@@ -175,12 +191,12 @@ def reserved(
             store=store,
             key=key,
             version=version,
-            exclude=tuple(exclude),
+            exclude=tuple(given["exclude"]),
             settings=settings,
             timeout=timeout,
             progress_interval=progress_interval,
-            artifact=artifact,
-            refresh=refresh,
+            artifact=given["artifact"],
+            refresh=given["refresh"],
             payloads=payloads,
         )
 

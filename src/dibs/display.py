@@ -1,14 +1,17 @@
-"""Text that came from a store or a user, made safe to show in a terminal or a log.
+"""What dibs shows people: text made safe for a terminal or a log, and durations read at a glance.
 
 Owners, error summaries, and whatever a foreign record holds are data, not output: printed raw, an
 escape sequence in one could recolour, rewrite or hide what an operator reads in ``dibs ls``, a NUL
 or a lone surrogate could cut a line short or make the print itself fail. :func:`printable` keeps
 every printable character (any script, any emoji) and writes everything else as a Python escape.
+
+:func:`duration` writes seconds the way the command line, the Airflow plugin and the integrations'
+log lines all show them, so an age or a wait reads the same wherever it is seen.
 """
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["duration", "printable"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -31,3 +34,21 @@ def _escape(ch: str) -> str:
     if code < 0x10000:
         return f"\\u{code:04x}"
     return f"\\U{code:08x}"
+
+
+def duration(seconds: float) -> str:
+    """``0.4s``, ``12s``, ``3m 05s``, ``2h 10m``, ``3d 4h``: precise when short, rounded when long."""
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"

@@ -24,9 +24,10 @@ says how each step is done (:class:`FlowIO`) and translates the events (log line
 A flow that waits can stop there and resume in another process: :class:`Waiting` is all it needs
 (Airflow's operator defers at :class:`Wait` and resumes from its trigger's event).
 
-Besides ``dibs.__all__``, this is the module an integration builds on: ``Reservations.call`` makes a
-:class:`Call`, a subclass of :class:`Steps` (or :class:`AsyncSteps`) says how the front end does the
-steps it does differently, and an observer translates the events (see docs/architecture.md).
+This is what an integration builds on, besides ``dibs.__all__`` (it imports these names from
+:mod:`dibs.integration`, their public home): ``Reservations.call`` makes a :class:`Call`, a subclass
+of :class:`Steps` (or :class:`AsyncSteps`) says how the front end does the steps it does differently,
+and an observer translates the events (see docs/architecture.md).
 """
 
 from __future__ import annotations

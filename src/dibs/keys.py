@@ -26,6 +26,7 @@ from dibs.errors import ConfigurationError, InvalidKey
 from dibs.identity import code_identity, qualified_name
 
 __all__ = [
+    "DERIVED_DIGEST_LENGTH",
     "MAX_NAMESPACE_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_OWNER_LENGTH",
@@ -35,6 +36,7 @@ __all__ = [
     "digest",
     "format_key",
     "qualified_name",
+    "validate_namespace",
     "validate_owner",
 ]
 

@@ -11,7 +11,8 @@ import pytest
 
 from dibs._cli.console import Console
 from dibs._cli.names import matches
-from dibs._cli.text import artifact_text, duration, parse_duration, print_table, size
+from dibs._cli.text import artifact_text, parse_duration, print_table, size
+from dibs.display import duration
 
 
 @pytest.mark.parametrize(

@@ -62,12 +62,17 @@ from airflow.sdk.log import mask_secret
 from asgiref.sync import sync_to_async
 
 from dibs import AsyncReservations, ConfigurationError, Reservations, Settings
-from dibs._batches import resolve_in_batches, take_turn
-from dibs.config import STORE_URL_ENV, default_store_url, validate_seconds
+from dibs.integration import (
+    STORE_URL_ENV,
+    Configured,
+    default_store_url,
+    resolve_in_batches,
+    runtime,
+    take_turn,
+    validate_seconds,
+)
 from dibs.keys import validate_namespace
 from dibs.payloads import PAYLOADS_URL_ENV, is_open
-from dibs.runtime import runtime
-from dibs.settings import Configured
 from dibs.stores import STORE_SCHEMES, hide_secrets, redact_url, url_secrets
 from dibs_provider import stats
 from dibs_provider._compat import AirflowNotFoundException
@@ -114,7 +119,8 @@ class DibsSettings(Configured):
 
     ``store_url`` may contain the password (it is what the store connects with), so ``repr`` shows
     only :attr:`display_url`; ``source`` says where the settings came from, for logs. Its settings
-    read as its own attributes, as a client's do (``settings.namespace``: :class:`dibs.settings.Configured`).
+    read as its own attributes, as a client's do (``settings.namespace``:
+    :class:`dibs.integration.Configured`).
     """
 
     store_url: str = dataclasses.field(repr=False)
@@ -502,7 +508,7 @@ class _SharedLookups:
 
     The first trigger to ask starts the fetch as a task of its own (cancelling that trigger does not
     cancel the others' lookup); every trigger asking meanwhile waits for it, and they are woken in
-    bounded batches (:func:`dibs._batches.resolve_in_batches`). Nothing is kept once the lookup has
+    bounded batches (:func:`dibs.integration.resolve_in_batches`). Nothing is kept once the lookup has
     ended: a trigger that starts later sees the connection as it is then.
     """
 

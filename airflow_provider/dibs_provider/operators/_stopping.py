@@ -5,8 +5,8 @@ shutdown) by sending its process SIGTERM; the task runner's handler calls the op
 the main thread, *while* ``execute`` still runs there, and the supervisor sends SIGKILL a few seconds
 later. A SIGKILLed holder never releases: without ``on_kill`` its waiters would wait out the ttl.
 
-So the running task keeps its lease as a :class:`dibs.holding.HeldLease` the operator can reach, and
-``on_kill`` ends it from outside the work (:meth:`~dibs.holding.HeldLease.let_go`): the heartbeats stop
+So the running task keeps its lease as a :class:`dibs.integration.HeldLease` the operator can reach, and
+``on_kill`` ends it from outside the work (:meth:`~dibs.integration.HeldLease.let_go`): the heartbeats stop
 and the lease is released with the failure recorded (:data:`KILLED_FAILURE`), so a waiting run takes
 the key over at once and its log says why. The core's hold loop (:meth:`dibs.Reservations.hold`)
 still runs the work and reacts to how it ends; a held lease ends once, so it stays quiet: its own
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dibs.errors import LeaseLost, ReservationError
 
 if TYPE_CHECKING:
-    from dibs.holding import HeldLease, Logger
+    from dibs.integration import HeldLease, Logger
 
 __all__ = ["KILLED_FAILURE", "RELEASE_WAIT", "release_killed"]
 

@@ -52,10 +52,19 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 
 from dibs import Acquired, Busy, Hit, Reservations, RunReport, events
-from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, InvalidKey, ReservationError, StoreUnavailable
-from dibs.flow import Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
-from dibs.holding import HeldLease, failure_text
+from dibs.integration import (
+    Call,
+    HeldLease,
+    Hold,
+    RunUnreserved,
+    Steps,
+    Suspend,
+    Wait,
+    Waiting,
+    failure_text,
+    validate_seconds,
+)
 from dibs.keys import DERIVED_DIGEST_LENGTH, Key, canonical_json, derive_key, digest
 from dibs.payloads import ReferencedArtifact, ReferencingStore, unread, unread_hit
 from dibs.records import StoreOutcome
@@ -389,7 +398,7 @@ class _Deferral(Suspend):
 
 class _TaskSteps(Steps):
     """How a reserved task does the flow's steps: it defers at the wait (unless not deferrable), and
-    holds the lease where ``on_kill`` can free the key at once (a :class:`~dibs.holding.HeldLease`)."""
+    holds the lease where ``on_kill`` can free the key at once (a :class:`~dibs.integration.HeldLease`)."""
 
     client: Reservations
 

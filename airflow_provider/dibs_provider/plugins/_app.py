@@ -28,7 +28,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from dibs._cli.text import duration
+from dibs.display import duration
 from dibs.keys import Key
 from dibs_provider.links.reservation import page_url
 from dibs_provider.plugins._keys import STATES, TaskRef, collect, settings_for

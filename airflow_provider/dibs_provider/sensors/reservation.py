@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from dibs.config import validate_seconds
+from dibs.integration import validate_seconds
 from dibs_provider._compat import AirflowSensorTimeout
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.triggers.reservation import ReservationTrigger, error_from_event, parse_event

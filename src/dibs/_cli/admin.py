@@ -18,10 +18,10 @@ from typing import Any
 
 from dibs._cli import names
 from dibs._cli.exits import EXIT_NOTHING
-from dibs._cli.text import duration, instant, print_table, size
+from dibs._cli.text import instant, print_table, size
 from dibs._cli.top import top
 from dibs.client import Reservations
-from dibs.display import printable
+from dibs.display import duration, printable
 from dibs.keys import Key
 from dibs.payloads import ReferencedArtifact, ReferencingStore
 from dibs.records import ArtifactRecord, KeyState

@@ -26,12 +26,13 @@ from dibs._cli.command import Command, CommandFailed, CommandNotStarted, Command
 from dibs._cli.console import Console
 from dibs._cli.spool import outcome, stream_out, streaming, streams, work_of
 from dibs._cli.stops import Stopped, StopSignals, signal_name
-from dibs._cli.text import artifact_text, duration
+from dibs._cli.text import artifact_text
 from dibs._cli.watch import KeyWatch, Sight
 from dibs.backoff import Deadline
 from dibs.calls import WaitFor
 from dibs.client import Reservations
 from dibs.config import default_owner
+from dibs.display import duration
 from dibs.errors import ConfigurationError, ReservationError
 from dibs.flow import Call, Hold, Steps, Wait
 from dibs.keys import Key

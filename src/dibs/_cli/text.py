@@ -1,7 +1,8 @@
-"""How the command writes things for people and for scripts: durations, sizes, artifacts, tables.
+"""How the command writes things for people and for scripts: sizes, artifacts, tables; durations read.
 
-No raw epochs: durations are spelled out (``3m 05s``), instants are ISO 8601 in UTC. Table cells are
-never cut inside a word; on a terminal the last column wraps at word boundaries instead.
+No raw epochs: durations are spelled out (``3m 05s``, by :func:`dibs.display.duration`, which the
+integrations share) and read back the same way, instants are ISO 8601 in UTC. Table cells are never
+cut inside a word; on a terminal the last column wraps at word boundaries instead.
 """
 
 from __future__ import annotations
@@ -16,27 +17,9 @@ from typing import IO, Any, Literal
 
 from dibs.display import printable
 
-__all__ = ["artifact_text", "duration", "instant", "parse_duration", "print_table", "size"]
+__all__ = ["artifact_text", "instant", "parse_duration", "print_table", "size"]
 
 Encoding = Literal["utf-8", "base64", "json"]
-
-
-def duration(seconds: float) -> str:
-    """``0.4s``, ``12s``, ``3m 05s``, ``2h 10m``, ``3d 4h``: precise when short, rounded when long."""
-    seconds = max(0.0, seconds)
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h"
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -45,8 +28,8 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 def parse_duration(text: str) -> float:
     """Seconds from what people type: ``90`` or ``90s``, ``15m``, ``12h``, ``7d``, ``2w``, and sums
-    such as ``1h30m`` (the way :func:`duration` writes them, spaces allowed). ``ValueError`` names
-    the text and the accepted forms."""
+    such as ``1h30m`` (the way :func:`dibs.display.duration` writes them, spaces allowed).
+    ``ValueError`` names the text and the accepted forms."""
     compact = text.strip().lower().replace(" ", "")
     try:
         seconds = float(compact)

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from dibs._cli.text import duration, instant, print_table, size
+from dibs._cli.text import instant, print_table, size
 from dibs.client import Reservations
-from dibs.display import printable
+from dibs.display import duration, printable
 from dibs.records import ArtifactRecord, FailureRecord, KeyState
 
 __all__ = ["snapshot", "top"]

@@ -19,8 +19,8 @@ from types import TracebackType
 from typing import Any
 
 from dibs._cli.console import Console
-from dibs._cli.text import duration
 from dibs.client import Reservations
+from dibs.display import duration
 from dibs.errors import ReservationError
 from dibs.keys import Key
 from dibs.outcomes import Busy
