@@ -15,8 +15,8 @@ from typing import Any
 from dibs.errors import ConfigurationError, ReservationError, SerializationError
 from dibs.keys import Key
 from dibs.outcomes import Hit
-from dibs.payloads import REFERENCE
-from dibs.records import ArtifactRecord
+from dibs.payloads import REFERENCE, ReferencedArtifact
+from dibs.records import ArtifactRecord, Present, StoreOutcome
 from dibs.serializers import (
     BytesSerializer,
     JSONSerializer,
@@ -27,7 +27,7 @@ from dibs.serializers import (
 )
 from dibs.settings import Settings
 
-__all__ = ["DECODE_ON_LOOP_BYTES", "ArtifactReader"]
+__all__ = ["DECODE_ON_LOOP_BYTES", "ArtifactReader", "unread_hit"]
 
 #: Artifacts larger than this are decoded in the I/O executor by async callers, never on their loop.
 DECODE_ON_LOOP_BYTES = 64 * 1024
@@ -113,3 +113,15 @@ def _load(key: Key, artifact: ArtifactRecord, reader: Serializer, payload: bytes
             f"{type(exc).__name__}: {exc}",
             key=str(key),
         ) from exc
+
+
+def unread_hit(key: Key, found: StoreOutcome) -> Hit | None:
+    """The hit ``found`` is, when it is a payload handed out unread (a store with ``load=False``): the
+    artifact itself is its value, for a caller that streams it or hands a reference on, instead of
+    loading it whole to decode it. ``None`` for any other answer (decode it as usual)."""
+    if not isinstance(found, Present):
+        return None
+    artifact = found.artifact
+    if not isinstance(artifact, ReferencedArtifact) or artifact.loaded is not None:
+        return None
+    return Hit.of(key, artifact, artifact)

@@ -36,6 +36,8 @@ defaults                           :data:`STORE_URL_ENV`, :func:`default_store_u
                                    :func:`default_owner`
 many waiters on one event loop     :func:`resolve_in_batches`, :func:`take_turn` (a trigger that
                                    wakes a thousand deferred tasks at once)
+a hit handed on unread            :func:`unread_hit` (a payload's hit as the artifact itself, for a
+                                   front end that streams it or hands a reference on)
 typing                             :data:`Outcome` (a :class:`~dibs.Hit`, an
                                    :class:`~dibs.Acquired` or a :class:`~dibs.Busy`)
 =================================  ==============================================================
@@ -44,6 +46,7 @@ typing                             :data:`Outcome` (a :class:`~dibs.Hit`, an
 from __future__ import annotations
 
 from dibs._batches import resolve_in_batches, take_turn
+from dibs.artifacts import unread_hit
 from dibs.backoff import Deadline
 from dibs.calls import checked
 from dibs.config import STORE_URL_ENV, default_owner, default_store_url, validate_seconds
@@ -76,6 +79,7 @@ __all__ = [
     "resolve_in_batches",
     "runtime",
     "take_turn",
+    "unread_hit",
     "validate_seconds",
     "validate_timings",
 ]

@@ -63,10 +63,11 @@ from dibs.integration import (
     Wait,
     Waiting,
     failure_text,
+    unread_hit,
     validate_seconds,
 )
 from dibs.keys import DERIVED_DIGEST_LENGTH, Key, canonical_json, derive_key, digest
-from dibs.payloads import ReferencedArtifact, ReferencingStore, unread, unread_hit
+from dibs.payloads import ReferencedArtifact, ReferencingStore, unread
 from dibs.records import StoreOutcome
 from dibs_provider import xcom
 from dibs_provider._compat import AirflowSkipException, TaskDeferred

@@ -17,10 +17,11 @@ from collections.abc import Callable
 
 from dibs._cli.command import Command
 from dibs._cli.stops import StopSignals
+from dibs.artifacts import unread_hit
 from dibs.client import Reservations
 from dibs.keys import Key
 from dibs.outcomes import Outcome
-from dibs.payloads import Payload, ReferencedArtifact, ReferencingStore, unread, unread_hit
+from dibs.payloads import Payload, ReferencedArtifact, ReferencingStore, unread
 from dibs.payloads.verify import copy_verified
 from dibs.records import ArtifactRecord, StoreOutcome
 

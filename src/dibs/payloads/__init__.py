@@ -32,7 +32,6 @@ from dibs.payloads.referencing import (
     ReferencedArtifact,
     ReferencingStore,
     UnreadCheck,
-    unread_hit,
 )
 from dibs.stores.base import CLOSE_HOOKS, Store
 
@@ -55,7 +54,6 @@ __all__ = [
     "open_payload_store",
     "referencing",
     "unread",
-    "unread_hit",
 ]
 
 PAYLOADS_URL_ENV = "DIBS_PAYLOADS_URL"
@@ -178,8 +176,8 @@ def referencing(
 
 def unread(store: Store, check: UnreadCheck = "digest") -> Store:
     """``store`` handing out hits of payloads unread (see :attr:`ReferencingStore.load`), checked as
-    ``check`` says (:attr:`ReferencingStore.unread_check`); :func:`unread_hit` turns its answers into
-    hits. A store without a payload store is returned as it is."""
+    ``check`` says (:attr:`ReferencingStore.unread_check`); :func:`dibs.artifacts.unread_hit` turns
+    its answers into hits. A store without a payload store is returned as it is."""
     if not isinstance(store, ReferencingStore) or (not store.load and store.unread_check == check):
         return store
     return referencing(

@@ -34,7 +34,6 @@ from typing import Any, Literal, TypeAlias
 
 from dibs.errors import ArtifactCorrupted, LeaseLost
 from dibs.keys import Key
-from dibs.outcomes import Hit
 from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable
 from dibs.payloads.collect import DEFAULT_GRACE, collect, referenced_digest
 from dibs.payloads.references import REFERENCE, decode, encode
@@ -90,18 +89,6 @@ class ReferencedArtifact(ArtifactRecord):
 
 #: How a hit handed out unread is checked when it is found (see :attr:`ReferencingStore.unread_check`).
 UnreadCheck: TypeAlias = Literal["digest", "size"]
-
-
-def unread_hit(key: Key, found: StoreOutcome) -> Hit | None:
-    """The hit ``found`` is, when it is a payload handed out unread (a store with ``load=False``): the
-    artifact itself is its value, for a caller that streams it or hands a reference on, instead of
-    loading it whole to decode it. ``None`` for any other answer (decode it as usual)."""
-    if not isinstance(found, Present):
-        return None
-    artifact = found.artifact
-    if not isinstance(artifact, ReferencedArtifact) or artifact.loaded is not None:
-        return None
-    return Hit.of(key, artifact, artifact)
 
 
 class _Loading:
