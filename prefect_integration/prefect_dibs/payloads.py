@@ -83,7 +83,14 @@ def identity(block: Any) -> tuple[str, ...]:
         return ("local", str(Path(block.basepath or ".").expanduser().resolve()))
     if not is_supported(block):
         return ("unsupported", type(block).__name__)
-    return ("remote", block.basepath, json.dumps(block.settings, sort_keys=True, default=str))
+    return ("remote", block.basepath, json.dumps(block.settings, sort_keys=True, default=_revealed))
+
+
+def _revealed(value: Any) -> str:
+    """A settings value as text for :func:`identity`: a secret by its value (two blocks whose masked
+    secrets print alike must not share one file system opened with the first one's credentials)."""
+    reveal = getattr(value, "get_secret_value", None)
+    return str(reveal() if callable(reveal) else value)
 
 
 def payload_store(block: Any) -> PayloadStore:

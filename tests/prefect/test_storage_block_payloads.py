@@ -162,3 +162,19 @@ def test_lock_managers_on_blocks_with_the_same_payload_block_are_interchangeable
     assert manager(tmp_path / "a") == manager(tmp_path / "a")
     assert manager(tmp_path / "a") != manager(tmp_path / "b")
     assert manager(tmp_path / "a") != DibsStore(url=dibs_url).lock_manager()
+
+
+def test_remote_blocks_differing_only_by_a_secret_setting_are_two_payload_stores() -> None:
+    """Prefect masks secret values when they are printed: two blocks whose credentials differ must
+    still open two file systems, each with its own credentials, never share the first one's."""
+    from pydantic import SecretStr
+
+    from prefect_dibs.payloads import payload_store
+
+    def block(secret: str) -> RemoteFileSystem:
+        return RemoteFileSystem(
+            basepath="memory://dibs-secret-settings", settings={"token": SecretStr(secret)}
+        )
+
+    assert payload_store(block("one")) is payload_store(block("one"))
+    assert payload_store(block("one")) is not payload_store(block("two"))
