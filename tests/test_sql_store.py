@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,9 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.keys import Key
-from dibs.stores import AcquireRequest
+from dibs.records import Granted, checksum
+from dibs.stores import AcquireRequest, NewArtifact
+from dibs.stores.feeds import fingerprint
 from dibs.stores.sql import SQLStore
 from dibs.stores.sql import schema as sql_schema
 from tests.backends import mysql, postgres, sqlite
@@ -288,3 +291,38 @@ def test_unreachable_server_is_store_unavailable_without_the_password() -> None:
     with pytest.raises(dibs.StoreUnavailable) as info:
         SQLStore("postgresql+psycopg://dibs:s3cret-pw@127.0.0.1:1/nowhere?connect_timeout=2").read(KEY)
     assert "s3cret-pw" not in str(info.value) and "127.0.0.1" in str(info.value)
+
+
+def _completed(store: SQLStore, key: Key, payload: bytes) -> None:
+    outcome = store.acquire(key, AcquireRequest("alice", 60))
+    assert isinstance(outcome, Granted), outcome
+    store.complete(key, outcome.lease.token, NewArtifact("bytes", payload, checksum(payload)))
+
+
+def test_the_postgres_feed_reads_a_changed_key_on_its_listening_connection(tmp_path: Path) -> None:
+    with postgres.isolated_url(tmp_path) as url:
+        store = SQLStore(url)
+        feed = store.change_feed()
+        checkouts: list[object] = []
+        sa.event.listen(store.engine, "checkout", lambda *args: checkouts.append(args))
+        try:
+            feed.open()
+            other = Key("sql.tests", "other")
+            _completed(store, KEY, b"for the hub")
+            checkouts.clear()
+            [state] = feed.read_many(store, [KEY]) or []
+            assert checkouts == []  # no pooled connection: the listener's own
+            assert state.artifact is not None and state.artifact.verified_payload(KEY) == b"for the hub"
+            assert fingerprint(state) == fingerprint(store.read(KEY))
+            assert feed.read_many(store, [other]) == []  # no row yet
+            # A notification that arrives while the listener reads is kept for the next look.
+            _completed(store, other, b"later")
+            time.sleep(0.2)  # the server has sent it: the read below consumes it from the socket
+            assert feed.read_many(store, [KEY]) is not None
+            assert other.digest in feed.changes({}, 5.0)
+            # Another store object (one wrapped around this store, say), or several keys: the store reads.
+            assert feed.read_many(SQLStore(url), [KEY]) is None
+            assert feed.read_many(store, [KEY, other]) is None
+        finally:
+            feed.close()
+            store.close()

@@ -301,8 +301,11 @@ class WatchHub:
             entries = [self._watched[digest] for digest in digests if digest in self._watched]
         if not entries:
             return True
+        keys = [entry.key for entry in entries]
         try:
-            states = self._store.read_many([entry.key for entry in entries])
+            states = self._feed.read_many(self._store, keys)
+            if states is None:
+                states = self._store.read_many(keys)
         except StoreUnavailable as exc:
             log.debug("the watch hub could not read %d key(s) of %s: %s", len(entries), self._store.url, exc)
             return False

@@ -66,6 +66,17 @@ class ChangeFeed(abc.ABC):
         the feed is told about every change anyway (listening feeds are).
         """
 
+    def read_many(self, store: object, keys: Sequence[Key]) -> list[KeyState] | None:
+        """The states of ``keys`` (those with a record) as ``store.read_many`` gives them, read over
+        the feed's own connection; ``None``: the hub asks ``store`` (the default, and whenever this
+        read cannot be made).
+
+        Called by the hub's thread right after :meth:`changes` reported the keys. A feed may answer
+        only for the very store object that made it: a store wrapped around that one (a payload store,
+        a test's proxy) reads through itself.
+        """
+        return None
+
     def wake(self) -> None:  # noqa: B027 - a listening feed hears every change anyway
         """A key was added to the watched set (called from a waiter's thread): a feed that only looks
         at the keys it was given returns from :meth:`changes` soon, so the hub gives it the new set."""
