@@ -28,13 +28,15 @@ saying so instead of handing over another value.
 
 from __future__ import annotations
 
-import math
+import logging
 from typing import Any
 
 from dibs import ReservationError
 from dibs.keys import Key
-from dibs.payloads import PayloadUnavailable, ReferencedArtifact
+from dibs.payloads import PayloadDamaged, ReferencedArtifact
 from dibs.records import ArtifactRecord
+
+log = logging.getLogger(__name__)
 
 try:
     from airflow.sdk.bases.xcom import BaseXCom
@@ -111,18 +113,29 @@ def resolve(value: Any) -> Any:
                 "Clear the upstream task to compute it again",
                 key=str(key),
             )
+        before = artifact.source.stat(artifact.reference.sha256)
         try:
             return client.decode(key, artifact)
-        except PayloadUnavailable as exc:
+        except PayloadDamaged as exc:
             # The task that returned this reference checked only the payload's size (a hit never
-            # loads it): a payload damaged at its size is found here. Removed, so that the next run
-            # of the upstream task finds it missing and computes it again instead of handing it on.
-            artifact.source.delete(artifact.reference.sha256, unchanged_since=math.inf)
-            raise PayloadUnavailable(
-                f"{exc.message}; the damaged payload was removed: clear the upstream task to compute "
-                "it again",
-                **exc.fields,
+            # loads it): a payload damaged at its size is found here. Removed (unless it was written
+            # again since it was read: a rerun may have put the right bytes), so that the next run of
+            # the upstream task finds it missing and computes it again instead of handing it on.
+            removed = before is not None and _remove_damaged(artifact, before.modified)
+            then = "the damaged payload was removed" if removed else "the payload is damaged"
+            raise PayloadDamaged(
+                f"{exc.message}; {then}: clear the upstream task to compute it again", **exc.fields
             ) from None
+
+
+def _remove_damaged(artifact: ReferencedArtifact, read_since: float) -> bool:
+    """Remove a payload found damaged, unless it changed after ``read_since``; a failure to remove it
+    is logged, never raised over the damage it was about."""
+    try:
+        return artifact.source.delete(artifact.reference.sha256, unchanged_since=read_since + 1e-6) > 0
+    except Exception as exc:
+        log.warning("could not remove the damaged payload %s: %s", artifact.uri, exc)
+        return False
 
 
 class DibsXComBackend(BaseXCom):

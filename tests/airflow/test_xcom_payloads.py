@@ -16,7 +16,7 @@ import fsspec  # type: ignore[import-untyped]
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
 import dibs
-from dibs.payloads import PayloadUnavailable
+from dibs.payloads import PayloadDamaged, PayloadUnavailable
 from dibs_provider.operators.reserved import ReservedPythonOperator
 from dibs_provider.xcom import REFERENCE_FIELD, DibsXComBackend, is_reference, resolve
 
@@ -215,3 +215,42 @@ def test_work_that_asks_for_its_own_key_is_refused_when_hits_stay_unread(
     assert is_reference(returned)
     assert len(seen) == 1 and isinstance(seen[0], dibs.ConfigurationError)
     assert "asked for from inside its own work" in str(seen[0])
+
+
+class _ResettingFileSystem(_CountingFileSystem):
+    """The counting file system whose reads fail as a reset connection does while ``resetting``."""
+
+    protocol = ("dibs-resetting",)
+    resetting: ClassVar[bool] = False
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, str) and path.startswith("dibs-resetting://"):
+            path = path.removeprefix("dibs-resetting://")
+        return super()._strip_protocol(path)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        opened = super()._open(path, mode, **kwargs)
+        if "r" in mode and self.resetting:
+
+            def reset(*args: Any, **kwargs: Any) -> bytes:
+                raise ConnectionResetError(104, "Connection reset by peer")
+
+            opened.read = reset
+        return opened
+
+
+def test_a_payload_that_could_not_be_read_is_kept_only_damaged_ones_are_removed(
+    payloads: str, make_context: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsspec.register_implementation("dibs-resetting", _ResettingFileSystem, clobber=True)
+    monkeypatch.setenv("DIBS_PAYLOADS_URL", f"dibs-resetting://{tmp_path / 'resetting'}")
+    returned = _task(BIG).execute(make_context(run_id="r1"))
+    payload = tmp_path / "resetting" / "sha256" / returned[REFERENCE_FIELD]["sha256"]
+    monkeypatch.setattr(_ResettingFileSystem, "resetting", True)
+    with pytest.raises(PayloadUnavailable, match="cannot be read") as refused:
+        resolve(returned)
+    assert not isinstance(refused.value, PayloadDamaged)
+    assert payload.exists()  # the bytes are good: a reset connection says nothing about them
+    monkeypatch.setattr(_ResettingFileSystem, "resetting", False)
+    assert resolve(returned) == BIG

@@ -24,7 +24,15 @@ import threading
 import weakref
 
 from dibs.errors import ConfigurationError
-from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable, PayloadWriter, StoredPayload
+from dibs.payloads.base import (
+    Freed,
+    Payload,
+    PayloadDamaged,
+    PayloadStore,
+    PayloadUnavailable,
+    PayloadWriter,
+    StoredPayload,
+)
 from dibs.payloads.collect import DEFAULT_GRACE
 from dibs.payloads.references import REFERENCE
 from dibs.payloads.referencing import (
@@ -42,6 +50,7 @@ __all__ = [
     "REFERENCE",
     "Freed",
     "Payload",
+    "PayloadDamaged",
     "PayloadStore",
     "PayloadUnavailable",
     "PayloadWriter",

@@ -33,6 +33,7 @@ __all__ = [
     "CHUNK",
     "Freed",
     "Payload",
+    "PayloadDamaged",
     "PayloadStore",
     "PayloadUnavailable",
     "PayloadWriter",
@@ -66,6 +67,14 @@ class PayloadUnavailable(ArtifactCorrupted):
     Where dibs can (the ask that would return it as a hit, a waiter's read), this is a *miss*: the key
     computes again and a warning names the payload's URI. It is raised only when the payload went
     bad between that check and the read, or to a caller that opened the payload itself.
+    """
+
+
+class PayloadDamaged(PayloadUnavailable):
+    """A payload was read and is not the recorded one: another size, or another SHA-256.
+
+    Unlike a payload that merely could not be read (a reset connection, a timeout), these bytes are
+    known to be wrong: they may be removed, so the next writer puts the right ones.
     """
 
 

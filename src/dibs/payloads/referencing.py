@@ -83,8 +83,8 @@ class ReferencedArtifact(ArtifactRecord):
             return self.loaded
         try:
             return read_verified(self.source, self.reference, self.uri)
-        except PayloadUnavailable as exc:
-            raise PayloadUnavailable(f"artifact of {key}: {exc}", key=str(key), uri=self.uri) from None
+        except PayloadUnavailable as exc:  # the same kind (damaged or not), naming the key
+            raise type(exc)(f"artifact of {key}: {exc}", key=str(key), uri=self.uri) from None
 
 
 #: How a hit handed out unread is checked when it is found (see :attr:`ReferencingStore.unread_check`).

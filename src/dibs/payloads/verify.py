@@ -12,20 +12,18 @@ import hashlib
 import io
 from typing import IO
 
-from dibs.payloads.base import CHUNK, Payload, PayloadStore, PayloadUnavailable
+from dibs.payloads.base import CHUNK, Payload, PayloadDamaged, PayloadStore, PayloadUnavailable
 
 __all__ = ["VerifyingReader", "copy_verified", "read_verified"]
 
 
-def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> PayloadUnavailable:
+def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> PayloadDamaged:
     if size != payload.size:
-        return PayloadUnavailable(
+        return PayloadDamaged(
             f"payload {uri} is {'truncated' if size < payload.size else 'longer than recorded'}: "
             f"{size:,} bytes read, {payload.size:,} recorded"
         )
-    return PayloadUnavailable(
-        f"payload {uri} does not match its recorded SHA-256 ({sha256} != {payload.sha256})"
-    )
+    return PayloadDamaged(f"payload {uri} does not match its recorded SHA-256 ({sha256} != {payload.sha256})")
 
 
 def read_verified(store: PayloadStore, payload: Payload, uri: str) -> bytes:
