@@ -30,7 +30,8 @@ class _Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        os.register_at_fork(after_in_child=self._forget)
+        if hasattr(os, "register_at_fork"):  # POSIX
+            os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
         self._lock = threading.Lock()
