@@ -33,33 +33,16 @@ def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> Payl
     )
 
 
-def _pieces(stream: IO[bytes], size: int) -> Iterator[bytes | memoryview]:
-    """``stream``'s bytes in chunks, read into two buffers in turn (nothing allocated per chunk, no
-    memory to fault in again each time): a chunk stays unchanged until the one after the next is read."""
-    readinto = getattr(stream, "readinto", None)
-    if readinto is None:
-        while chunk := stream.read(READ_CHUNK):
-            yield chunk  # a bytes object of its own
-        return
-    buffers = [bytearray(min(READ_CHUNK, size + 1)) for _ in range(2)]
-    turn = 0
-    while n := readinto(buffers[turn]):
-        yield memoryview(buffers[turn])[:n]
-        turn ^= 1
-
-
-def _checked_chunks(store: PayloadStore, payload: Payload, uri: str) -> Iterator[bytes | memoryview]:
+def _checked_chunks(store: PayloadStore, payload: Payload, uri: str) -> Iterator[bytes]:
     """The payload's bytes in chunks, each hashed in a helper thread while the caller uses it and the
-    next one is read (:mod:`.hashing`): one pass over the bytes. A chunk is valid until the caller asks
-    for the next. Ends by raising :class:`PayloadUnavailable` naming ``uri`` unless they had the
-    recorded size and digest, so the caller treats everything it was given as unconfirmed until the
-    iteration ends."""
+    next one is read (:mod:`.hashing`): one pass over the bytes. Ends by raising
+    :class:`PayloadUnavailable` naming ``uri`` unless they had the recorded size and digest, so the
+    caller treats everything it was given as unconfirmed until the iteration ends."""
     hasher, read = Hasher(), 0
     with store.open(payload.sha256) as stream:
         try:
-            for chunk in _pieces(stream, payload.size):
-                # Hashed until the next update, which comes before its buffer is read into again.
-                hasher.update(chunk)
+            while chunk := stream.read(READ_CHUNK):
+                hasher.update(chunk)  # a bytes object of its own: it cannot change while it is hashed
                 read += len(chunk)
                 if read > payload.size:
                     break
@@ -76,14 +59,52 @@ def _checked_chunks(store: PayloadStore, payload: Payload, uri: str) -> Iterator
 
 
 def read_verified(store: PayloadStore, payload: Payload, uri: str) -> bytes:
-    """The payload's bytes, checked (one pass, see :func:`_checked_chunks`); :class:`PayloadUnavailable`
-    naming ``uri`` otherwise. Memory: the value, plus two chunks."""
+    """The payload's bytes, checked; :class:`PayloadUnavailable` naming ``uri`` otherwise.
+
+    One pass, one copy in memory: the bytes are read straight into the value's own buffer, each chunk
+    hashed in a helper thread while the next is read (:mod:`.hashing`), and the value is handed out
+    only once all of it matched."""
     value = io.BytesIO()
-    for chunk in _checked_chunks(store, payload, uri):
-        value.write(chunk)  # its memory faulted in here, while the hashing thread works
-    # CPython hands over the buffer the chunks were written to (trimmed to size), not a copy of it: one
-    # copy of the payload in memory, as one read into one bytes object would make.
+    if payload.size:
+        value.seek(payload.size - 1)
+        value.write(b"\0")  # the buffer at its final size, allocated once
+    hasher, read = Hasher(), 0
+    with store.open(payload.sha256) as stream:
+        try:
+            with value.getbuffer() as buffer:
+                read = _read_into(stream, buffer, hasher)
+            extra = stream.read(1)  # one byte more tells a longer payload
+        except OSError as exc:
+            raise PayloadUnavailable(f"payload {uri} cannot be read: {exc}") from exc
+        finally:
+            hasher.wait()  # nothing is left reading the buffer, however this ends
+    if read != payload.size or extra:
+        raise _mismatch(uri, payload, read + len(extra), None)
+    digest = hasher.hexdigest()
+    if digest != payload.sha256:
+        raise _mismatch(uri, payload, read, digest)
+    # CPython hands over the buffer itself (no exports are left), not a copy of it.
     return value.getvalue()
+
+
+def _read_into(stream: IO[bytes], buffer: memoryview, hasher: Hasher) -> int:
+    """Fill ``buffer`` from ``stream`` (fewer bytes only at its end), handing each chunk to ``hasher``
+    as it arrives; the number of bytes read."""
+    readinto = getattr(stream, "readinto", None)
+    read = 0
+    while read < len(buffer):
+        window = buffer[read : read + READ_CHUNK]
+        if readinto is not None:
+            n = readinto(window)
+        else:
+            chunk = stream.read(len(window))
+            n = len(chunk)
+            window[:n] = chunk
+        if not n:
+            break
+        hasher.update(window[:n])  # this part of the buffer is not written again
+        read += n
+    return read
 
 
 class VerifyingReader(io.RawIOBase):
