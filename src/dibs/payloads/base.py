@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
 from dibs.errors import ArtifactCorrupted, StoreUnavailable
+from dibs.payloads.hashing import Hasher, Ready, digest_beside
 
 __all__ = [
     "CHUNK",
@@ -119,41 +119,54 @@ class Freed:
 class PayloadWriter(abc.ABC):
     """One payload being written: :meth:`write` chunks, then :meth:`commit` (or leave the ``with``
     block by an exception, which discards what was written). Its SHA-256 is computed chunk by chunk
-    as it is written (one pass over the bytes, each chunk hashed while it is in the CPU's cache), and
-    :meth:`commit` names the payload by it. (A helper thread hashing beside the write was tried: on
-    the shared 2-core machine it was no faster, 100 MB in 200 ms against 186 ms.)"""
+    as it is written, each chunk hashed in a helper thread while this one writes it
+    (:mod:`.hashing`: the two passes cost about the longer of the two), and :meth:`commit` names the
+    payload by it. A chunk is the caller's again once :meth:`write` returns."""
 
     def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self._known: str | None = None
+        self._hasher = Hasher()
+        self._known: str | Callable[[], str] | None = None
         self.size = 0
         self._done = False
 
-    def vouch(self, sha256: str) -> None:
+    def vouch(self, sha256: str | Callable[[], str]) -> None:
         """The digest of what will be written, computed by the caller from the same bytes: not computed
-        again (one SHA-256 pass less on the hand-off's writing side)."""
+        again (one SHA-256 pass less on the hand-off's writing side). A callable is asked for it at
+        :meth:`commit`, once the bytes are written and flushed (a hash still running beside them)."""
         self._known = sha256
 
     def write(self, chunk: bytes | bytearray | memoryview) -> int:
         view = memoryview(chunk).cast("B")
         if self._known is None:
-            self._hash.update(view)
+            self._hasher.update(view)  # hashed in a helper thread while it is written
         self.size += len(view)
         try:
             self._write(view)
         except OSError as exc:
             raise _unwritable(exc) from exc
+        finally:
+            self._hasher.wait()
         return len(view)
 
     def commit(self, serializer: str = "bytes") -> Payload:
         """Move the bytes into place under their digest; a payload with these bytes may already be there."""
         self._done = True
-        payload = Payload(self._known or self._hash.hexdigest(), self.size, serializer)
         try:
+            self._flush()
+            payload = Payload(self._digest(), self.size, serializer)
             self._commit(payload.sha256)
         except OSError as exc:
             raise _unwritable(exc) from exc
         return payload
+
+    def _digest(self) -> str:
+        if self._known is None:
+            return self._hasher.hexdigest()
+        return self._known if isinstance(self._known, str) else self._known()
+
+    def _flush(self) -> None:  # noqa: B027 (most writers make their bytes durable in _commit)
+        """Make the written bytes durable before they are named (a vouched digest may still be
+        computing meanwhile); on failure, release what the writer holds open."""
 
     def abort(self) -> None:
         if not self._done:
@@ -233,15 +246,19 @@ class PayloadStore(abc.ABC):
     def put(
         self, data: bytes | bytearray | memoryview, serializer: str = "bytes", *, sha256: str | None = None
     ) -> Payload:
-        """``data`` as a payload (written in chunks: no copy of it is made), its SHA-256 computed as it
-        is written; ``sha256``, when the caller has just computed it from ``data``, is used instead."""
+        """``data`` as a payload (written in chunks: no copy of it is made), its SHA-256 computed in a
+        helper thread while it is written and flushed; ``sha256``, when the caller has just computed it
+        from ``data``, is used instead."""
         view = memoryview(data).cast("B")
-        with self._writer() as writer:
-            if sha256 is not None:
-                writer.vouch(sha256)
-            for start in range(0, len(view), CHUNK):
-                writer.write(view[start : start + CHUNK])
-            return writer.commit(serializer)
+        digest = digest_beside(view) if sha256 is None else Ready(sha256)
+        try:
+            with self._writer() as writer:
+                writer.vouch(digest.result)
+                for start in range(0, len(view), CHUNK):
+                    writer.write(view[start : start + CHUNK])
+                return writer.commit(serializer)
+        finally:
+            digest.result()  # no thread reads the caller's bytes once this returns (or raises)
 
     def put_stream(self, source: IO[bytes], serializer: str = "bytes") -> Payload:
         """What ``source`` reads to its end, as a payload (at most :data:`CHUNK` in memory)."""

@@ -47,12 +47,14 @@ class _FileWriter(PayloadWriter):
     def _write(self, view: memoryview) -> None:
         self._file.write(view)
 
-    def _commit(self, sha256: str) -> None:
+    def _flush(self) -> None:
         try:
             self._file.flush()
             os.fsync(self._file.fileno())
         finally:
             self._file.close()
+
+    def _commit(self, sha256: str) -> None:
         target = self._store.path(sha256)
         existing = self._store.stat(sha256)
         if existing is not None and existing.size == self.size:

@@ -8,13 +8,18 @@ reader must treat the data as unconfirmed until EOF).
 
 from __future__ import annotations
 
-import hashlib
 import io
+from collections.abc import Iterator
 from typing import IO
 
 from dibs.payloads.base import CHUNK, Payload, PayloadDamaged, PayloadStore, PayloadUnavailable
+from dibs.payloads.hashing import Hasher
 
 __all__ = ["VerifyingReader", "copy_verified", "read_verified"]
+
+#: How much is read at once when a whole payload is read (two such chunks in hand: one being hashed
+#: while the next is read); fewer hand-overs to the hashing thread than :data:`CHUNK`.
+READ_CHUNK = 4 * CHUNK
 
 
 def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> PayloadDamaged:
@@ -26,28 +31,88 @@ def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> Payl
     return PayloadDamaged(f"payload {uri} does not match its recorded SHA-256 ({sha256} != {payload.sha256})")
 
 
-def read_verified(store: PayloadStore, payload: Payload, uri: str) -> bytes:
-    """The payload's bytes, checked; :class:`PayloadUnavailable` naming ``uri`` otherwise."""
+def _checked_chunks(store: PayloadStore, payload: Payload, uri: str) -> Iterator[bytes]:
+    """The payload's bytes in chunks, each hashed in a helper thread while the caller uses it and the
+    next one is read (:mod:`.hashing`): one pass over the bytes. Ends by raising
+    :class:`PayloadUnavailable` naming ``uri`` unless they had the recorded size and digest, so the
+    caller treats everything it was given as unconfirmed until the iteration ends."""
+    hasher, read = Hasher(), 0
     with store.open(payload.sha256) as stream:
         try:
-            data = stream.read(payload.size + 1)  # one allocation; one byte more tells a longer file
+            while chunk := stream.read(READ_CHUNK):
+                hasher.update(chunk)  # a bytes object of its own: it cannot change while it is hashed
+                read += len(chunk)
+                if read > payload.size:
+                    break
+                yield chunk
         except OSError as exc:
             raise PayloadUnavailable(f"payload {uri} cannot be read: {exc}") from exc
-    if len(data) != payload.size:
-        raise _mismatch(uri, payload, len(data), None)
-    digest = hashlib.sha256(data).hexdigest()
+        finally:
+            hasher.wait()  # nothing is left hashing once this ends, however it ends
+    if read != payload.size:
+        raise _mismatch(uri, payload, read, None)
+    digest = hasher.hexdigest()
     if digest != payload.sha256:
-        raise _mismatch(uri, payload, len(data), digest)
-    return data
+        raise _mismatch(uri, payload, read, digest)
+
+
+def read_verified(store: PayloadStore, payload: Payload, uri: str) -> bytes:
+    """The payload's bytes, checked; :class:`PayloadUnavailable` naming ``uri`` otherwise.
+
+    One pass, one copy in memory: the bytes are read straight into the value's own buffer, each chunk
+    hashed in a helper thread while the next is read (:mod:`.hashing`), and the value is handed out
+    only once all of it matched."""
+    value = io.BytesIO()
+    if payload.size:
+        value.seek(payload.size - 1)
+        value.write(b"\0")  # the buffer at its final size, allocated once
+    hasher, read = Hasher(), 0
+    with store.open(payload.sha256) as stream:
+        try:
+            with value.getbuffer() as buffer:
+                read = _read_into(stream, buffer, hasher)
+            extra = stream.read(1)  # one byte more tells a longer payload
+        except OSError as exc:
+            raise PayloadUnavailable(f"payload {uri} cannot be read: {exc}") from exc
+        finally:
+            hasher.wait()  # nothing is left reading the buffer, however this ends
+    if read != payload.size or extra:
+        raise _mismatch(uri, payload, read + len(extra), None)
+    digest = hasher.hexdigest()
+    if digest != payload.sha256:
+        raise _mismatch(uri, payload, read, digest)
+    # CPython hands over the buffer itself (no exports are left), not a copy of it.
+    return value.getvalue()
+
+
+def _read_into(stream: IO[bytes], buffer: memoryview, hasher: Hasher) -> int:
+    """Fill ``buffer`` from ``stream`` (fewer bytes only at its end), handing each chunk to ``hasher``
+    as it arrives; the number of bytes read."""
+    readinto = getattr(stream, "readinto", None)
+    read = 0
+    while read < len(buffer):
+        window = buffer[read : read + READ_CHUNK]
+        if readinto is not None:
+            n = readinto(window)
+        else:
+            chunk = stream.read(len(window))
+            n = len(chunk)
+            window[:n] = chunk
+        if not n:
+            break
+        hasher.update(window[:n])  # this part of the buffer is not written again
+        read += n
+    return read
 
 
 class VerifyingReader(io.RawIOBase):
     """A payload's stream that checks size and digest as it is read: reading past the recorded size,
-    or reaching the end with other bytes than recorded, raises :class:`PayloadUnavailable`."""
+    or reaching the end with other bytes than recorded, raises :class:`PayloadUnavailable`. Each
+    chunk is hashed in a helper thread while the caller goes on (:mod:`.hashing`)."""
 
     def __init__(self, stream: IO[bytes], payload: Payload, uri: str) -> None:
         self._stream, self._payload, self._uri = stream, payload, uri
-        self._hash = hashlib.sha256()
+        self._hasher = Hasher()
         self._read = 0
         self._checked = False
 
@@ -65,7 +130,7 @@ class VerifyingReader(io.RawIOBase):
             return 0
         n = len(chunk)
         view[:n] = chunk
-        self._hash.update(chunk)
+        self._hasher.update(chunk)  # this reader's own bytes object, not the caller's buffer
         self._read += n
         if self._read > self._payload.size:
             raise _mismatch(self._uri, self._payload, self._read, None)
@@ -75,12 +140,13 @@ class VerifyingReader(io.RawIOBase):
         if self._checked:
             return
         self._checked = True
-        digest = self._hash.hexdigest()
+        digest = self._hasher.hexdigest()
         if self._read != self._payload.size or digest != self._payload.sha256:
             raise _mismatch(self._uri, self._payload, self._read, digest)
 
     def close(self) -> None:
         try:
+            self._hasher.wait()
             self._stream.close()
         finally:
             super().close()
@@ -89,15 +155,13 @@ class VerifyingReader(io.RawIOBase):
 def copy_verified(store: PayloadStore, payload: Payload, uri: str, out: IO[bytes]) -> int:
     """Write the payload to ``out`` in chunks, checked; returns its size. If the check fails at the
     end, what was written is not the payload: the caller must throw it away (and the error says so)."""
-    with store.open(payload.sha256) as raw, VerifyingReader(raw, payload, uri) as reader:
-        while chunk := reader.read(CHUNK):
-            out.write(chunk)
+    for chunk in _checked_chunks(store, payload, uri):
+        out.write(chunk)
     return payload.size
 
 
 def check_whole(store: PayloadStore, payload: Payload, uri: str) -> None:
-    """Read the payload to its end and check it, one chunk at a time in memory:
+    """Read the payload to its end and check it, a chunk or two at a time in memory:
     :class:`PayloadUnavailable` naming ``uri`` unless it has the recorded size and digest."""
-    with store.open(payload.sha256) as raw, VerifyingReader(raw, payload, uri) as reader:
-        while reader.read(CHUNK):
-            pass
+    for _ in _checked_chunks(store, payload, uri):
+        pass

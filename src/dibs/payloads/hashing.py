@@ -1,0 +1,105 @@
+"""SHA-256 beside the I/O: a payload's digest computed in a helper thread while the caller reads or
+writes the bytes, instead of one pass after the other.
+
+hashlib and file I/O both release the GIL for large buffers, so a helper thread hashing one chunk
+while the caller writes it (or reads the next) makes the two passes cost about the longer of the
+two, not their sum: on a machine where SHA-256 and a file copy run at about the same speed, that is
+most of a hand-off's time. The helper threads are a small shared pool, started on first use (a
+forked child starts its own: a pool's threads do not survive ``fork``); chunks smaller than
+:data:`INLINE` are hashed in the caller's thread, where a hand-over would cost more than it saves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+__all__ = ["INLINE", "Hasher", "Ready", "digest_beside"]
+
+#: Chunks up to this size are hashed in the caller's thread.
+INLINE = 64 * 1024
+
+
+class _Pool:
+    """The helper threads, started on first use; a forked child starts its own (a pool's threads do
+    not survive ``fork``, and a pool that believes it has idle ones would never run a task)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        if hasattr(os, "register_at_fork"):  # POSIX
+            os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._executor = None
+
+    def submit(self, function: Any, *args: Any) -> Future[Any] | None:
+        """``function(*args)`` in a helper thread; ``None`` when none can be had (interpreter
+        shutdown), and the caller runs it itself."""
+        with self._lock:
+            if self._executor is None:
+                workers = max(2, os.cpu_count() or 1)
+                self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dibs-hash")
+            try:
+                return self._executor.submit(function, *args)
+            except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+                return None
+
+
+_pool = _Pool()
+
+
+class Hasher:
+    """A SHA-256 fed chunk by chunk, in order, each chunk hashed in a helper thread while the caller
+    goes on. At most one chunk is in hand: :meth:`update` waits for the previous one first, so a
+    chunk must stay unchanged until the next :meth:`update`, :meth:`wait` or :meth:`hexdigest`."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._pending: Future[None] | None = None
+
+    def update(self, chunk: bytes | bytearray | memoryview) -> None:
+        self.wait()
+        if len(chunk) > INLINE:
+            self._pending = _pool.submit(self._hash.update, chunk)
+            if self._pending is not None:
+                return
+        self._hash.update(chunk)
+
+    def wait(self) -> None:
+        """Return once every chunk handed over so far is hashed (the caller may then reuse them)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def hexdigest(self) -> str:
+        self.wait()
+        return self._hash.hexdigest()
+
+
+class Ready:
+    """A digest known already, with the interface of one being computed."""
+
+    def __init__(self, digest: str) -> None:
+        self._digest = digest
+
+    def result(self) -> str:
+        return self._digest
+
+
+def digest_beside(data: memoryview) -> Future[str] | Ready:
+    """The SHA-256 (hex) of ``data``, computed in a helper thread from now on: its ``result()``
+    waits for it. ``data`` must not change until then."""
+    if len(data) > INLINE:
+        future = _pool.submit(_hexdigest, data)
+        if future is not None:
+            return future
+    return Ready(_hexdigest(data))
+
+
+def _hexdigest(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
