@@ -127,7 +127,7 @@ FIXED: list[tuple[str, str, str]] = [
 ]
 
 _R = "tests/test_removal_races.py::"
-_C = "tests/contract/test_store_contract.py::"
+_C = "tests/contract/test_store_contract.py::TestStoreContract::"
 
 #: What the removal scenario found in the code before issue 16's fix (the store-side fix and its
 #: regression tests came from the removal work; this suite reproduced both defects on every store
@@ -282,7 +282,7 @@ HARDENED: list[tuple[str, str, str]] = [
         "SIGKILLed `dibs run` outlived it.",
         "Stops are recorded but not counted (`Store.release(counted=False)`); key names are "
         "NFC-normalized; the guard also stops, on Linux, descendants that left the process group.",
-        "`tests/contract/test_store_contract.py::test_a_stop_is_recorded_but_not_counted_as_a_failure`<br>`tests/unit/test_runtime.py::test_a_stop_never_counts_towards_max_failures`<br>`tests/unit/test_keys.py::test_names_that_differ_only_by_unicode_normalization_are_one_key`<br>`tests/test_cli_stops.py::test_a_killed_dibs_run_takes_a_child_that_left_the_group_with_it`",
+        "`tests/contract/test_store_contract.py::TestStoreContract::test_a_stop_is_recorded_but_not_counted_as_a_failure`<br>`tests/unit/test_runtime.py::test_a_stop_never_counts_towards_max_failures`<br>`tests/unit/test_keys.py::test_names_that_differ_only_by_unicode_normalization_are_one_key`<br>`tests/test_cli_stops.py::test_a_killed_dibs_run_takes_a_child_that_left_the_group_with_it`",
     ),
 ]
 
