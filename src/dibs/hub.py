@@ -222,6 +222,7 @@ class WatchHub:
     def _run(self) -> None:
         feed = self._feed
         opened = False
+        let_go = False  # the feed was closed and the thread handed back under the lock (idle)
         failures = 0
         reread = False  # read every watched key on the next round (after a reconnection or a failed read)
         idle_since: float | None = None
@@ -230,14 +231,11 @@ class WatchHub:
                 with self._lock:
                     if self._closed:
                         return
-                    if self._watched:
-                        idle_since = None
-                    else:
-                        now = time.monotonic()
-                        idle_since = now if idle_since is None else idle_since
-                        if now - idle_since >= feed.idle_seconds:
-                            self._thread = None  # a later subscription starts a new thread
-                            return
+                    idle_since = None if self._watched else (idle_since or time.monotonic())
+                    if idle_since is not None and time.monotonic() - idle_since >= feed.idle_seconds:
+                        self._let_go(feed)
+                        let_go = True
+                        return
                     watched = {digest: entry.key for digest, entry in self._watched.items()}
                 if not opened:
                     opened = self._open(feed, failures)
@@ -271,8 +269,17 @@ class WatchHub:
                     reread = True  # the store did not answer: read them all again in a moment
                     self._stopped.wait(REOPEN_FIRST)
         finally:
-            self._following = False
-            feed.close()
+            if not let_go:
+                self._following = False
+                feed.close()
+
+    def _let_go(self, feed: ChangeFeed) -> None:
+        """End an idle hub's thread (under the lock). The feed is closed before the thread is handed
+        back: a later subscription starts a new thread, which opens this same feed, and must find it
+        closed, not have it closed under it by this thread on its way out."""
+        self._following = False
+        feed.close()
+        self._thread = None
 
     def _open(self, feed: ChangeFeed, failures: int) -> bool:
         if failures:
