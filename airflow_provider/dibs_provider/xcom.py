@@ -33,7 +33,7 @@ from typing import Any
 
 from dibs import ReservationError
 from dibs.keys import Key
-from dibs.payloads import PayloadDamaged, ReferencedArtifact
+from dibs.payloads import PayloadDamaged, ReferencedArtifact, StoredPayload
 from dibs.records import ArtifactRecord
 
 log = logging.getLogger(__name__)
@@ -113,19 +113,28 @@ def resolve(value: Any) -> Any:
                 "Clear the upstream task to compute it again",
                 key=str(key),
             )
-        before = artifact.source.stat(artifact.reference.sha256)
+        before = _stat(artifact)
         try:
             return client.decode(key, artifact)
         except PayloadDamaged as exc:
             # The task that returned this reference checked only the payload's size (a hit never
-            # loads it): a payload damaged at its size is found here. Removed (unless it was written
-            # again since it was read: a rerun may have put the right bytes), so that the next run of
-            # the upstream task finds it missing and computes it again instead of handing it on.
+            # loads it): a payload damaged at its size is found here. Removed (unless a writer put the
+            # same digest since it was read: it is about to publish it), so that the next run of the
+            # upstream task finds it missing and computes it again instead of handing it on.
             removed = before is not None and _remove_damaged(artifact, before.modified)
             then = "the damaged payload was removed" if removed else "the payload is damaged"
             raise PayloadDamaged(
                 f"{exc.message}; {then}: clear the upstream task to compute it again", **exc.fields
             ) from None
+
+
+def _stat(artifact: ReferencedArtifact) -> StoredPayload | None:
+    """The payload as stored before it is read (``None`` if that cannot be told: then nothing is
+    removed, whatever the read finds)."""
+    try:
+        return artifact.source.stat(artifact.reference.sha256)
+    except Exception:
+        return None
 
 
 def _remove_damaged(artifact: ReferencedArtifact, read_since: float) -> bool:

@@ -71,10 +71,12 @@ class PayloadUnavailable(ArtifactCorrupted):
 
 
 class PayloadDamaged(PayloadUnavailable):
-    """A payload was read and is not the recorded one: another size, or another SHA-256.
+    """A payload was read and is not the recorded one: longer than recorded, or of the recorded size
+    with another SHA-256.
 
-    Unlike a payload that merely could not be read (a reset connection, a timeout), these bytes are
-    known to be wrong: they may be removed, so the next writer puts the right ones.
+    Unlike a payload that could not be read (a reset connection, a timeout) or came back short (a
+    truncated file, or a stream that ended early: the two look alike), these bytes are known to be
+    wrong: they may be removed, so that the next writer puts the right ones.
     """
 
 

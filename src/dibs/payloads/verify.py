@@ -22,11 +22,14 @@ __all__ = ["VerifyingReader", "copy_verified", "read_verified"]
 READ_CHUNK = 4 * CHUNK
 
 
-def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> PayloadDamaged:
-    if size != payload.size:
+def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> PayloadUnavailable:
+    if size < payload.size:  # a truncated file, or a stream that ended early: the bytes are not known bad
+        return PayloadUnavailable(
+            f"payload {uri} is truncated: {size:,} bytes read, {payload.size:,} recorded"
+        )
+    if size > payload.size:
         return PayloadDamaged(
-            f"payload {uri} is {'truncated' if size < payload.size else 'longer than recorded'}: "
-            f"{size:,} bytes read, {payload.size:,} recorded"
+            f"payload {uri} is longer than recorded: {size:,} bytes read, {payload.size:,} recorded"
         )
     return PayloadDamaged(f"payload {uri} does not match its recorded SHA-256 ({sha256} != {payload.sha256})")
 
@@ -147,9 +150,11 @@ class VerifyingReader(io.RawIOBase):
     def close(self) -> None:
         try:
             self._hasher.wait()
-            self._stream.close()
         finally:
-            super().close()
+            try:
+                self._stream.close()  # even if the hashing failed: never leak the payload's handle
+            finally:
+                super().close()
 
 
 def copy_verified(store: PayloadStore, payload: Payload, uri: str, out: IO[bytes]) -> int:
