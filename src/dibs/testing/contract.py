@@ -387,7 +387,8 @@ class StoreContract:
         store, other = open_isolated_store(), open_isolated_store()
         lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
         feed = other.change_feed()
-        assert feed is not None
+        if feed is None:
+            pytest.skip("this store offers no change feed: its waiters poll (Store.change_feed)")
         feed.open()
         try:
             feed.changes({KEY.digest: KEY}, 0.0)  # a polling feed reports a newly watched key once
@@ -432,6 +433,8 @@ class StoreContract:
         open_isolated_store: Callable[[], Store],
     ) -> None:
         store, other = open_isolated_store(), open_isolated_store()
+        if other.change_feed() is None:
+            pytest.skip("this store offers no change feed: no watch hub follows it (Store.change_feed)")
         lease = _granted(store.acquire(KEY, AcquireRequest("alice", 60)))
         subscriptions = [runtime().subscribe(other, KEY) for _ in range(20)]
         try:
