@@ -326,3 +326,23 @@ def test_the_postgres_feed_reads_a_changed_key_on_its_listening_connection(tmp_p
         finally:
             feed.close()
             store.close()
+
+
+def test_the_postgres_feed_leaves_reads_to_the_pool_when_connections_are_made_the_callers_way(
+    tmp_path: Path,
+) -> None:
+    """A caller's connect_args (a search_path, say) shape the pool's connections, not the listener's:
+    its reads could see another table, so they stay on the pool."""
+    from dibs.stores.sql.engine import server_bounds, split_options
+
+    with postgres.isolated_url(tmp_path) as url:
+        store = SQLStore(url, connect_args=server_bounds(split_options(url)[0], 10.0))
+        feed = store.change_feed()
+        try:
+            feed.open()
+            _completed(store, KEY, b"for the hub")
+            assert feed.read_many(store, [KEY]) is None  # the hub reads through the store
+            assert store.read(KEY).artifact is not None
+        finally:
+            feed.close()
+            store.close()

@@ -29,6 +29,7 @@ class FeedSource(Protocol):
 
     engine: Engine
     timeout: float
+    feed_may_read: bool
     t: sa.Table
     _url: URL
 
@@ -196,7 +197,7 @@ class ListenFeed(ChangeFeed):
         """
         import psycopg
 
-        if store is not self._store or len(keys) != 1 or self._conn is None:
+        if store is not self._store or len(keys) != 1 or self._conn is None or not self._store.feed_may_read:
             return None
         key, source = keys[0], self._store
         try:
