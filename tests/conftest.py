@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dibs.stores import Store, open_store
+from dibs.testing.contract import opened_stores
 from tests.backends import BACKENDS, PROCESS_BACKENDS
 
 
@@ -36,16 +37,8 @@ def process_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
 @pytest.fixture
 def open_isolated_store(store_url: str) -> Iterator[Callable[[], Store]]:
     """Opens stores on one isolated space; all are closed after the test."""
-    opened: list[Store] = []
-
-    def opener() -> Store:
-        store = open_store(store_url)
-        opened.append(store)
-        return store
-
-    yield opener
-    for store in opened:
-        store.close()
+    with opened_stores(lambda: open_store(store_url)) as opener:
+        yield opener
 
 
 @pytest.fixture

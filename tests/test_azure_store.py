@@ -44,6 +44,7 @@ from dibs.records import Granted, Held, LeaseRecord, Present, checksum
 from dibs.stores import open_store
 from dibs.stores.azure import CONNECTION_STRING_ENV, AzureBlobStore, ServiceClock, connect, parse_url
 from dibs.stores.azure.connection import client_defaults
+from dibs.testing.contract import opened_stores
 from tests import azurite
 from tests.backends import azure as backend
 from tests.services import unavailable
@@ -295,16 +296,8 @@ def azure_url(tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def open_azure(azure_url: str) -> Iterator[Callable[[], AzureBlobStore]]:
-    opened: list[AzureBlobStore] = []
-
-    def opener() -> AzureBlobStore:
-        store = AzureBlobStore.from_url(azure_url)
-        opened.append(store)
-        return store
-
-    yield opener
-    for store in opened:
-        store.close()
+    with opened_stores(lambda: AzureBlobStore.from_url(azure_url)) as opener:
+        yield opener
 
 
 @pytest.fixture

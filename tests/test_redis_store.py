@@ -38,6 +38,7 @@ from dibs.runtime import runtime
 from dibs.stores import AcquireRequest, NewArtifact, open_store
 from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
+from dibs.testing.contract import opened_stores
 from tests.backends.redis import isolated_url
 
 redis = pytest.importorskip("redis")
@@ -56,16 +57,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def open_redis(redis_url: str) -> Iterator[Callable[[], RedisStore]]:
-    opened: list[RedisStore] = []
-
-    def opener() -> RedisStore:
-        store = RedisStore.from_url(redis_url)
-        opened.append(store)
-        return store
-
-    yield opener
-    for store in opened:
-        store.close()
+    with opened_stores(lambda: RedisStore.from_url(redis_url)) as opener:
+        yield opener
 
 
 @pytest.fixture

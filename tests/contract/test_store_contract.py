@@ -18,7 +18,7 @@ import pytest
 from dibs.payloads import ReferencingStore
 from dibs.payloads.files import FilePayloadStore
 from dibs.stores import Store, open_store
-from dibs.testing.contract import StoreContract
+from dibs.testing.contract import StoreContract, opened_stores
 
 
 class TestStoreContract(StoreContract):
@@ -27,16 +27,9 @@ class TestStoreContract(StoreContract):
         self, request: pytest.FixtureRequest, store_url: str, tmp_path: Path
     ) -> Iterator[Callable[[], Store]]:
         """Opens stores on one isolated space (and one payload folder); all are closed after the test."""
-        opened: list[Store] = []
         payloads = FilePayloadStore(tmp_path / "payloads")
-
-        def opener() -> Store:
-            store = open_store(store_url)
-            opened.append(store)
-            if request.param == "payloads":
-                return ReferencingStore(store, payloads, inline_limit=0, grace=0.0)
-            return store
-
-        yield opener
-        for store in opened:
-            store.close()
+        with opened_stores(lambda: open_store(store_url)) as open_records:
+            if request.param == "records":
+                yield open_records
+            else:
+                yield lambda: ReferencingStore(open_records(), payloads, inline_limit=0, grace=0.0)

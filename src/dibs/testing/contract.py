@@ -24,8 +24,10 @@ store's own clock, never by sleeping a fixed time and hoping.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -36,7 +38,9 @@ from dibs.runtime import runtime
 from dibs.stores import AcquireRequest, NewArtifact, Store, open_store
 from dibs.stores.feeds import ChangeFeed
 
-__all__ = ["StoreContract"]
+__all__ = ["StoreContract", "opened_stores"]
+
+S = TypeVar("S", bound=Store)
 
 KEY = Key("contract.tests", "features/2026-11-25 ✓")
 
@@ -118,6 +122,30 @@ REMOVALS: dict[str, tuple[Callable[[Store, LeaseRecord], None], float, bool]] = 
 }
 
 
+@contextlib.contextmanager
+def opened_stores(open_one: Callable[[], S]) -> Iterator[Callable[[], S]]:
+    """A callable that opens a store with ``open_one`` each time it is called; every store it opened
+    is closed when the block ends. What an ``open_isolated_store`` fixture yields::
+
+        @pytest.fixture
+        def open_isolated_store(self, tmp_path):
+            with opened_stores(lambda: MyStore(tmp_path)) as opener:
+                yield opener
+    """
+    opened: list[S] = []
+
+    def opener() -> S:
+        store = open_one()
+        opened.append(store)
+        return store
+
+    try:
+        yield opener
+    finally:
+        for store in opened:
+            store.close()
+
+
 class StoreContract:
     """Every test of the store contract. Subclass it (named ``Test...``, so pytest collects it) and
     provide ``store_url`` or override ``open_isolated_store``: see the module's docstring."""
@@ -125,16 +153,8 @@ class StoreContract:
     @pytest.fixture
     def open_isolated_store(self, store_url: str) -> Iterator[Callable[[], Store]]:
         """Opens stores on the space ``store_url`` names; all are closed after the test."""
-        opened: list[Store] = []
-
-        def opener() -> Store:
-            store = open_store(store_url)
-            opened.append(store)
-            return store
-
-        yield opener
-        for store in opened:
-            store.close()
+        with opened_stores(lambda: open_store(store_url)) as opener:
+            yield opener
 
     @pytest.fixture
     def store(self, open_isolated_store: Callable[[], Store]) -> Store:
