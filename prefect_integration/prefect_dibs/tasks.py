@@ -37,7 +37,8 @@ import copy
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from dibs import Backoff, Reservations, RunReport, events, keys
@@ -93,8 +94,7 @@ class ReservedOptions(TypedDict, total=False):
     payloads: PayloadsSpec
 
 
-#: Every option's default, in one place (docs/prefect.md lists the options from here).
-RESERVED_DEFAULTS: ReservedOptions = {
+_DEFAULTS: ReservedOptions = {
     "key": None,
     "version": None,
     "exclude": (),
@@ -110,6 +110,9 @@ RESERVED_DEFAULTS: ReservedOptions = {
     "refresh": None,
     "payloads": None,
 }
+#: Every option's default, in one place (docs/prefect.md lists the options from here). Read-only:
+#: every later ``@reserved`` starts from it, so a caller's change would silently alter all of them.
+RESERVED_DEFAULTS: Mapping[str, Any] = types.MappingProxyType(_DEFAULTS)
 
 
 @overload
@@ -162,7 +165,7 @@ def reserved(store: Any = None, /, **options: Unpack[ReservedOptions]) -> Any:
     checked("reserved", options, ReservedOptions)  # as Python refuses a misspelt keyword argument
     if callable(store) and not isinstance(store, Reservations):
         return reserved()(store)  # bare ``@reserved``
-    given: ReservedOptions = {**RESERVED_DEFAULTS, **options}
+    given: ReservedOptions = {**_DEFAULTS, **options}
     key, version, namespace = given["key"], given["version"], given["namespace"]
     ttl, heartbeat_interval, timeout = given["ttl"], given["heartbeat_interval"], given["timeout"]
     progress_interval, payloads = given["progress_interval"], given["payloads"]

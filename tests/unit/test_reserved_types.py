@@ -15,6 +15,7 @@ import pytest
 from mypy import api
 
 from prefect_dibs import reserved
+from prefect_dibs.tasks import RESERVED_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,3 +94,13 @@ def test_a_misspelt_option_is_refused_for_a_bare_use_too() -> None:
 
     with pytest.raises(TypeError, match="'tll'"):
         reserved(work, tll=30)  # type: ignore[call-overload]
+
+
+def test_the_defaults_cannot_be_changed_for_every_later_call() -> None:
+    # Every ``@reserved`` starts from RESERVED_DEFAULTS: a caller writing into it would change the
+    # defaults of all the others, so it refuses the write.
+    with pytest.raises(TypeError):
+        RESERVED_DEFAULTS["ttl"] = 1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        del RESERVED_DEFAULTS["ttl"]  # type: ignore[attr-defined]
+    assert RESERVED_DEFAULTS["ttl"] is None
