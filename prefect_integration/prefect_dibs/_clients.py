@@ -6,9 +6,10 @@ the embedded SQLite default). Resolution is lazy (at the first task call, not at
 decoration time) because loading a block needs the Prefect API, and a decorated task is imported by
 processes that never run it.
 
-Clients are cached per process and per (URL, settings); the store behind them is shared by every
-client of the process anyway (:mod:`dibs.runtime`: one pool, one schema check, one watch hub), so
-the cache only saves building the client object. A client passed in by the user is used as it is.
+Clients are cached per process (a forked child starts with none) and per (URL, settings); the store
+behind them is shared by every client of the process anyway (:mod:`dibs.runtime`: one pool, one
+schema check, one watch hub), so the cache only saves building the client object. A client passed
+in by the user is used as it is.
 
 ``payloads`` (``@reserved(payloads=...)``) replaces the block's payload store: a Prefect filesystem
 block or its slug, a payload store URL (see :mod:`prefect_dibs.payloads`).
@@ -17,6 +18,7 @@ block or its slug, a payload store URL (see :mod:`prefect_dibs.payloads`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -65,6 +67,16 @@ StoreSpec: TypeAlias = "str | StoreBlock | Reservations | None"
 _CACHE: dict[tuple[str | None, Settings, PayloadStore | str | None], Reservations] = {}
 _BLOCKS: dict[str, StoreBlock] = {}  # saved blocks by name: loaded once per process
 _CACHE_LOCK = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    # A cached client holds its store object, with the parent's connections: a forked child builds its
+    # own clients (on its own runtime, which starts empty too), closing none of the parent's.
+    global _CACHE, _BLOCKS, _CACHE_LOCK
+    _CACHE, _BLOCKS, _CACHE_LOCK = {}, {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def is_url(value: str) -> bool:

@@ -22,12 +22,15 @@ and the fsspec ``settings`` it needs, or a ``payloads_url``).
 
 A block is given as an object or, as Prefect's ``result_storage=`` takes it, by its document slug
 ``"<block-type-slug>/<block-name>"`` (loaded once per process). Each process opens one payload store
-per block configuration, so every client of the process shares it (and its referencing store).
+per block configuration, so every client of the process shares it (and its referencing store); a
+forked child opens its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -54,6 +57,20 @@ _SUPPORTED = "LocalFileSystem or RemoteFileSystem (prefect.filesystems)"
 _STORES: dict[tuple[str, ...], PayloadStore] = {}
 _LOADED: dict[str, Any] = {}  # blocks by document slug: loaded once per process
 _LOCK = threading.Lock()
+# Keys the digest of a block's settings in :func:`identity`: a plain digest of a short secret could be
+# reversed by trying candidates; one keyed by this process's random key says only "same or not".
+_IDENTITY_KEY = os.urandom(32)
+
+
+def _forget_after_fork() -> None:
+    # A forked child opens its own payload stores (as dibs.runtime and dibs.payloads do): the parent's
+    # file systems, their connections and sessions, and a lock another thread may have held at the
+    # fork are not the child's. The blocks loaded by slug go too: a block caches its file system.
+    global _STORES, _LOADED, _LOCK
+    _STORES, _LOADED, _LOCK = {}, {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def is_supported(block: Any) -> bool:
@@ -75,15 +92,18 @@ def refusal(block: Any) -> str:
 
 
 def identity(block: Any) -> tuple[str, ...]:
-    """What makes two blocks the same payload store, found without opening it (``settings`` may hold
-    secrets: the identity is kept in memory only, never shown)."""
+    """What makes two blocks the same payload store, found without opening it. ``settings`` may hold
+    secrets, so they are in it only as a keyed digest: the identity is kept for the life of the
+    process (as the key of its payload stores), and no copy of a secret in plain text should be."""
     from prefect.filesystems import LocalFileSystem
 
     if isinstance(block, LocalFileSystem):
         return ("local", str(Path(block.basepath or ".").expanduser().resolve()))
     if not is_supported(block):
         return ("unsupported", type(block).__name__)
-    return ("remote", block.basepath, json.dumps(block.settings, sort_keys=True, default=_revealed))
+    settings = json.dumps(block.settings, sort_keys=True, default=_revealed)
+    digest = hashlib.blake2b(settings.encode("utf-8", "surrogatepass"), key=_IDENTITY_KEY).hexdigest()
+    return ("remote", block.basepath, digest)
 
 
 def _revealed(value: Any) -> str:

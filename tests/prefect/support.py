@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,3 +29,19 @@ def wait_until(condition: Callable[[], T | None], *, timeout: float = 90.0, what
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.02)
+
+
+def in_forked_child(check: Callable[[], bool]) -> bool:
+    """Run ``check`` in a child forked from this process and return what it answered (an error in the
+    child is an answer of ``False``). The child leaves at once, running none of the parent's teardown."""
+    if sys.platform == "win32":  # pragma: no cover - fork is POSIX
+        pytest.skip("fork is POSIX")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, measured by the parent
+        code = 2
+        try:
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

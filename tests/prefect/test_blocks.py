@@ -14,7 +14,7 @@ pytest.importorskip("prefect")
 from pydantic import SecretStr, ValidationError
 
 from prefect_dibs import DibsStore
-from tests.prefect.support import PYTHON, ROOT
+from tests.prefect.support import PYTHON, ROOT, in_forked_child
 
 
 def test_password_is_secret_and_inserted_into_the_url() -> None:
@@ -104,3 +104,19 @@ def test_the_default_store_is_the_environment_variable(
     monkeypatch.setenv("DIBS_STORE_URL", url)
     with DibsStore().get_client() as client:
         assert client.store.url == url
+
+
+def test_a_forked_child_builds_its_own_client(tmp_path: Path) -> None:
+    """A cached client holds its store object: the parent's connections are not the child's."""
+    from prefect_dibs._clients import clear_cache, resolve_client
+
+    url = f"sqlite:///{tmp_path / 'dibs.db'}"
+    try:
+        inherited = resolve_client(url)
+        assert resolve_client(url) is inherited  # one per URL and settings in a process
+        assert in_forked_child(
+            lambda: resolve_client(url) is not inherited and resolve_client(url).store is not inherited.store
+        )
+        assert resolve_client(url) is inherited
+    finally:
+        clear_cache()

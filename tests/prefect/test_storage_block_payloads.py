@@ -29,6 +29,7 @@ from dibs.payloads.references import decode
 from prefect import flow, task
 from prefect_dibs import DibsStore, reserved
 from prefect_dibs._clients import clear_cache
+from tests.prefect.support import in_forked_child
 
 BIG = 200_000  # bytes: over the 64 KiB inline limit
 
@@ -178,3 +179,27 @@ def test_remote_blocks_differing_only_by_a_secret_setting_are_two_payload_stores
 
     assert payload_store(block("one")) is payload_store(block("one"))
     assert payload_store(block("one")) is not payload_store(block("two"))
+
+
+def test_a_forked_child_opens_its_own_payload_store(tmp_path: Path) -> None:
+    """The parent's payload store (its file system, connections, lock) is not the child's."""
+    from prefect_dibs.payloads import payload_store
+
+    block = LocalFileSystem(basepath=str(tmp_path))
+    inherited = payload_store(block)
+    assert payload_store(block) is inherited  # one per block in a process
+    assert in_forked_child(lambda: payload_store(block) is not inherited)
+    assert payload_store(block) is inherited  # the parent's is still its own
+
+
+def test_the_payload_store_cache_keeps_no_secret_in_plain_text() -> None:
+    """The cache lives as long as the process: its key holds a digest of the settings, not them."""
+    from pydantic import SecretStr
+
+    from prefect_dibs import payloads
+
+    secret = "hunter2-" + uuid.uuid4().hex
+    block = RemoteFileSystem(basepath="memory://dibs-cache-key", settings={"token": SecretStr(secret)})
+    payloads.payload_store(block)
+    assert secret not in repr(payloads.identity(block))
+    assert not any(secret in repr(key) for key in payloads._STORES)
