@@ -14,6 +14,7 @@ import random
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -570,3 +571,44 @@ def test_listing_reports_what_is_not_a_record_under_the_prefix(
     assert raw.hgetall(foreign) == before
     raw.delete(foreign)
     assert [state.key for state in store.list()] == [KEY]
+
+
+def test_the_hubs_read_of_one_key_skips_a_key_the_server_refuses_as_its_read_of_several_does(
+    store: RedisStore, raw: Any, redis_url: str
+) -> None:
+    """``read_many`` leaves out a key whose read the server answers with an error, so that its waiters
+    ask for themselves: the pipelined read of several keys did, the direct read of one key raised.
+
+    A value of the wrong type at a record key is not such an error (the read script reports it as a
+    damaged record, skipped by both reads); an ACL that refuses one key's record is: the server
+    answers NOPERM, a ``ResponseError``, for that key alone.
+    """
+    readable, refused, damaged = Key("redis.tests", "readable"), Key("redis.tests", "refused"), KEY
+    for key in (readable, refused):
+        _granted(store.acquire(key, AcquireRequest("alice", 30)))
+    _plant(raw, store.record_key(damaged), "a list")
+    assert store.read_many([damaged]) == []
+    assert [state.key for state in store.read_many([damaged, readable])] == [readable]
+    user, password = f"dibs-test-{uuid.uuid4().hex}", uuid.uuid4().hex
+    try:
+        raw.acl_setuser(
+            user,
+            enabled=True,
+            passwords=[f"+{password}"],
+            keys=[store.record_key(readable)],  # and no other key: reading ``refused`` is NOPERM
+            channels=["*"],
+            commands=["+@all"],
+        )
+    except redis.exceptions.ResponseError as exc:
+        pytest.skip(f"this Redis server refuses ACL SETUSER ({exc}), needed for a per-key refusal")
+    try:
+        limited_url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
+        with opened_stores(lambda: RedisStore.from_url(limited_url)) as opener:
+            limited = opener()
+            with pytest.raises(ConfigurationError, match="no permissions"):
+                limited.read(refused)  # the error is real: a waiter asking for itself gets it
+            assert [state.key for state in limited.read_many([readable, refused])] == [readable]
+            assert limited.read_many([refused]) == []
+            assert [state.key for state in limited.read_many([readable])] == [readable]
+    finally:
+        raw.acl_deluser(user)
