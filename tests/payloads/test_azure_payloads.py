@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import dibs
-from dibs.payloads import REFERENCE, ReferencingStore
+from dibs.payloads import REFERENCE, Payload, PayloadUnavailable, ReferencingStore
 from dibs.payloads.azure import AzurePayloadStore
+from dibs.payloads.verify import read_verified
 from tests import azurite
 from tests.backends import azure as azure_backend
 
@@ -75,6 +76,10 @@ def test_a_streamed_payload_creates_the_container_and_arrives_whole(azure_url: s
             payload = writer.commit()
         assert payload.sha256 == hashlib.sha256(data).hexdigest()
         with store.open(payload.sha256) as stream:
+            assert stream.size == BIG  # type: ignore[attr-defined]  # read_verified's size check uses it
             assert stream.read() == data
+        # A record saying more than the blob holds is found short from that size, before any reading.
+        with pytest.raises(PayloadUnavailable, match=f"truncated: {BIG:,} bytes stored"):
+            read_verified(store, Payload(payload.sha256, 100 * BIG), "test")
     finally:
         store.close()

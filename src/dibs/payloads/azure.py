@@ -74,6 +74,12 @@ class _Downloaded(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    @property
+    def size(self) -> int | None:
+        """The blob's size, known from the download's first response (read_verified checks it)."""
+        size = getattr(self._downloader, "size", None)
+        return size if isinstance(size, int) else None
+
     def read(self, size: int | None = -1) -> bytes:
         try:
             data: bytes = self._downloader.read(-1 if size is None else size)

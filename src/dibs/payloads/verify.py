@@ -9,6 +9,8 @@ reader must treat the data as unconfirmed until EOF).
 from __future__ import annotations
 
 import io
+import os
+import stat
 from collections.abc import Iterator
 from typing import IO
 
@@ -22,10 +24,12 @@ __all__ = ["VerifyingReader", "copy_verified", "read_verified"]
 READ_CHUNK = 4 * CHUNK
 
 
-def _mismatch(uri: str, payload: Payload, size: int, sha256: str | None) -> PayloadUnavailable:
+def _mismatch(
+    uri: str, payload: Payload, size: int, sha256: str | None, *, found: str = "read"
+) -> PayloadUnavailable:
     if size < payload.size:  # a truncated file, or a stream that ended early: the bytes are not known bad
         return PayloadUnavailable(
-            f"payload {uri} is truncated: {size:,} bytes read, {payload.size:,} recorded"
+            f"payload {uri} is truncated: {size:,} bytes {found}, {payload.size:,} recorded"
         )
     if size > payload.size:
         return PayloadDamaged(
@@ -39,19 +43,24 @@ def _checked_chunks(store: PayloadStore, payload: Payload, uri: str) -> Iterator
     next one is read (:mod:`.hashing`): one pass over the bytes. Ends by raising
     :class:`PayloadUnavailable` naming ``uri`` unless they had the recorded size and digest, so the
     caller treats everything it was given as unconfirmed until the iteration ends."""
-    hasher, read = Hasher(), 0
     with store.open(payload.sha256) as stream:
-        try:
-            while chunk := stream.read(READ_CHUNK):
-                hasher.update(chunk)  # a bytes object of its own: it cannot change while it is hashed
-                read += len(chunk)
-                if read > payload.size:
-                    break
-                yield chunk
-        except OSError as exc:
-            raise PayloadUnavailable(f"payload {uri} cannot be read: {exc}") from exc
-        finally:
-            hasher.wait()  # nothing is left hashing once this ends, however it ends
+        yield from _chunks_checked(stream, payload, uri)
+
+
+def _chunks_checked(stream: IO[bytes], payload: Payload, uri: str) -> Iterator[bytes]:
+    """:func:`_checked_chunks` of a stream already open."""
+    hasher, read = Hasher(), 0
+    try:
+        while chunk := stream.read(READ_CHUNK):
+            hasher.update(chunk)  # a bytes object of its own: it cannot change while it is hashed
+            read += len(chunk)
+            if read > payload.size:
+                break
+            yield chunk
+    except OSError as exc:
+        raise PayloadUnavailable(f"payload {uri} cannot be read: {exc}") from exc
+    finally:
+        hasher.wait()  # nothing is left hashing once this ends, however it ends
     if read != payload.size:
         raise _mismatch(uri, payload, read, None)
     digest = hasher.hexdigest()
@@ -64,21 +73,52 @@ def read_verified(store: PayloadStore, payload: Payload, uri: str) -> bytes:
 
     One pass, one copy in memory: the bytes are read straight into the value's own buffer, each chunk
     hashed in a helper thread while the next is read (:mod:`.hashing`), and the value is handed out
-    only once all of it matched."""
+    only once all of it matched. That buffer is allocated at the recorded size only once the stream
+    has said it holds as much (a file's size, an fsspec file's or a blob download's): a truncated
+    payload is found short without it. A stream that does not say is read chunk by chunk into a
+    buffer that grows with what arrives (one copy more per chunk; memory in step with what was read).
+    """
+    with store.open(payload.sha256) as stream:
+        stored = _stored_size(stream)
+        if stored is None:
+            grown = io.BytesIO()
+            for chunk in _chunks_checked(stream, payload, uri):
+                grown.write(chunk)
+            return grown.getvalue()  # the buffer itself, trimmed (no exports are left): not a copy
+        if stored < payload.size:
+            raise _mismatch(uri, payload, stored, None, found="stored")
+        return _read_whole(stream, payload, uri)
+
+
+def _stored_size(stream: IO[bytes]) -> int | None:
+    """How many bytes ``stream`` holds, where it says so without another request: a regular file's
+    ``fstat``, the ``size`` of an fsspec file or of a blob download; ``None`` otherwise."""
+    try:
+        found = os.fstat(stream.fileno())
+    except (OSError, AttributeError, ValueError):  # io.UnsupportedOperation is both of the last two
+        pass
+    else:
+        if stat.S_ISREG(found.st_mode):
+            return found.st_size
+    size = getattr(stream, "size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
+def _read_whole(stream: IO[bytes], payload: Payload, uri: str) -> bytes:
+    """:func:`read_verified` of a stream that holds at least the recorded size."""
     value = io.BytesIO()
     if payload.size:
         value.seek(payload.size - 1)
         value.write(b"\0")  # the buffer at its final size, allocated once
     hasher, read = Hasher(), 0
-    with store.open(payload.sha256) as stream:
-        try:
-            with value.getbuffer() as buffer:
-                read = _read_into(stream, buffer, hasher)
-            extra = stream.read(1)  # one byte more tells a longer payload
-        except OSError as exc:
-            raise PayloadUnavailable(f"payload {uri} cannot be read: {exc}") from exc
-        finally:
-            hasher.wait()  # nothing is left reading the buffer, however this ends
+    try:
+        with value.getbuffer() as buffer:
+            read = _read_into(stream, buffer, hasher)
+        extra = stream.read(1)  # one byte more tells a longer payload
+    except OSError as exc:
+        raise PayloadUnavailable(f"payload {uri} cannot be read: {exc}") from exc
+    finally:
+        hasher.wait()  # nothing is left reading the buffer, however this ends
     if read != payload.size or extra:
         raise _mismatch(uri, payload, read + len(extra), None)
     digest = hasher.hexdigest()

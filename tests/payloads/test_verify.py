@@ -1,0 +1,96 @@
+"""Reading payloads back checked (dibs.payloads.verify): a payload shorter than recorded is found short
+without holding its recorded size in memory, whether or not its stream says how long it is; a longer
+one is reported with the bytes it really holds."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import pytest
+
+from dibs.payloads import Payload, PayloadDamaged, PayloadUnavailable
+from dibs.payloads.files import FilePayloadStore
+from dibs.payloads.verify import check_whole, copy_verified, read_verified
+
+MB = 1024 * 1024
+
+
+class _Unsized:
+    """A payload's stream that says nothing of its size (no file number, no ``size``): only ``read``."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        return self._stream.read(size)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> _Unsized:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+
+class _UnsizedStore(FilePayloadStore):
+    def open(self, sha256: str) -> IO[bytes]:
+        return _Unsized(super().open(sha256))  # type: ignore[return-value]
+
+
+STORES: dict[str, Callable[[Path], FilePayloadStore]] = {
+    "sized": FilePayloadStore,  # a file: its size is known before anything is read
+    "unsized": _UnsizedStore,  # a stream that ends early: known only once it ended
+}
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_truncated_payload_is_found_short_without_allocating_its_recorded_size(
+    tmp_path: Path, kind: str
+) -> None:
+    store = STORES[kind](tmp_path)
+    held = os.urandom(2 * MB)
+    payload = store.put(held)
+    recorded = Payload(payload.sha256, 256 * MB)  # what a record says of a payload truncated since
+    tracemalloc.start()
+    try:
+        with pytest.raises(PayloadUnavailable, match="is truncated") as caught:
+            read_verified(store, recorded, "test")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not isinstance(caught.value, PayloadDamaged)  # short is not known damage: a miss
+    assert f"{2 * MB:,} bytes" in str(caught.value)
+    assert peak < 32 * MB, f"{peak:,} bytes allocated to find {2 * MB:,} of {256 * MB:,} short"
+
+
+@pytest.mark.parametrize("kind", STORES)
+@pytest.mark.parametrize("size", [0, 1, 5 * MB + 3])
+def test_a_whole_payload_reads_back_through_either_kind_of_stream(
+    tmp_path: Path, kind: str, size: int
+) -> None:
+    store = STORES[kind](tmp_path)
+    data = os.urandom(size)
+    payload = store.put(data)
+    assert read_verified(store, payload, "test") == data
+    out = io.BytesIO()
+    assert copy_verified(store, payload, "test", out) == size and out.getvalue() == data
+    check_whole(store, payload, "test")
+    assert hashlib.sha256(data).hexdigest() == payload.sha256
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_payload_longer_than_recorded_is_damaged(tmp_path: Path, kind: str) -> None:
+    store = STORES[kind](tmp_path)
+    payload = store.put(os.urandom(MB))
+    recorded = Payload(payload.sha256, MB - 10)
+    with pytest.raises(PayloadDamaged, match="longer than recorded"):
+        read_verified(store, recorded, "test")
