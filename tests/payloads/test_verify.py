@@ -1,6 +1,6 @@
 """Reading payloads back checked (dibs.payloads.verify): a payload shorter than recorded is found short
 without holding its recorded size in memory, whether or not its stream says how long it is; a longer
-one is reported with the bytes it really holds."""
+one is reported with exactly the bytes read, by every reader."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from dibs.payloads import Payload, PayloadDamaged, PayloadUnavailable
 from dibs.payloads.files import FilePayloadStore
-from dibs.payloads.verify import check_whole, copy_verified, read_verified
+from dibs.payloads.verify import READ_CHUNK, VerifyingReader, check_whole, copy_verified, read_verified
 
 MB = 1024 * 1024
 
@@ -87,10 +87,30 @@ def test_a_whole_payload_reads_back_through_either_kind_of_stream(
     assert hashlib.sha256(data).hexdigest() == payload.sha256
 
 
+def _read_through_a_verifying_reader(store: FilePayloadStore, payload: Payload, uri: str) -> None:
+    with VerifyingReader(store.open(payload.sha256), payload, uri) as reader:
+        while reader.read(READ_CHUNK):
+            pass
+
+
+READERS: dict[str, Callable[[FilePayloadStore, Payload, str], object]] = {
+    "read_verified": read_verified,
+    "copy_verified": lambda store, payload, uri: copy_verified(store, payload, uri, io.BytesIO()),
+    "check_whole": check_whole,
+    "VerifyingReader": _read_through_a_verifying_reader,
+}
+
+
 @pytest.mark.parametrize("kind", STORES)
-def test_a_payload_longer_than_recorded_is_damaged(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize("reader", READERS)
+def test_a_payload_longer_than_recorded_is_damaged_and_the_bytes_read_are_said_exactly(
+    tmp_path: Path, kind: str, reader: str
+) -> None:
+    """Reading stops one byte past the recorded size, and the error says so: not that plus whatever
+    was left of the chunk being read (up to 4 MB)."""
     store = STORES[kind](tmp_path)
-    payload = store.put(os.urandom(MB))
+    payload = store.put(os.urandom(2 * MB))
     recorded = Payload(payload.sha256, MB - 10)
-    with pytest.raises(PayloadDamaged, match="longer than recorded"):
-        read_verified(store, recorded, "test")
+    with pytest.raises(PayloadDamaged, match="longer than recorded") as caught:
+        READERS[reader](store, recorded, "test")
+    assert f": {MB - 9:,} bytes read, {MB - 10:,} recorded" in str(caught.value)

@@ -51,7 +51,9 @@ def _chunks_checked(stream: IO[bytes], payload: Payload, uri: str) -> Iterator[b
     """:func:`_checked_chunks` of a stream already open."""
     hasher, read = Hasher(), 0
     try:
-        while chunk := stream.read(READ_CHUNK):
+        # Never past the recorded size + 1: one byte more tells a longer payload, and the error then
+        # says how far it was read, not that plus the rest of a chunk.
+        while chunk := stream.read(min(READ_CHUNK, payload.size - read + 1)):
             hasher.update(chunk)  # a bytes object of its own: it cannot change while it is hashed
             read += len(chunk)
             if read > payload.size:
@@ -164,8 +166,8 @@ class VerifyingReader(io.RawIOBase):
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         view = memoryview(buffer).cast("B")
-        try:
-            chunk = self._stream.read(len(view))
+        try:  # never past the recorded size + 1 (see _chunks_checked)
+            chunk = self._stream.read(max(0, min(len(view), self._payload.size - self._read + 1)))
         except OSError as exc:
             raise PayloadUnavailable(f"payload {self._uri} cannot be read: {exc}") from exc
         if not chunk:
