@@ -225,6 +225,80 @@ def test_a_user_who_may_not_alter_the_table_works_without_the_new_column(
     admin.close()
 
 
+@pytest.fixture
+def postgres_url(tmp_path: Path) -> Iterator[str]:
+    with postgres.isolated_url(tmp_path) as url:
+        yield url
+
+
+def test_adding_the_column_failing_for_another_reason_than_rights_is_reported(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a refusal of rights (or a read-only database) is worked around by going on without the
+    column; another failure surfaces, naming the statement. Here: the ALTER waits for a lock another
+    session holds on the table until PostgreSQL's lock_timeout (0.8 of ``?timeout=``) ends it."""
+    admin = SQLStore(postgres_url)
+    dibs.Reservations(admin, namespace="locked").run("kept", lambda: {"rows": 3})
+    _drop_added_columns(admin)
+    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+    caplog.set_level(logging.WARNING, logger="dibs.stores.sql.schema")
+    with admin.engine.connect() as connection:  # the store's connections autocommit: this one must not
+        holder = connection.execution_options(isolation_level="READ COMMITTED")
+        transaction = holder.begin()
+        holder.execute(sa.select(sa.func.count()).select_from(admin.t))  # ACCESS SHARE, until the end
+        client = dibs.Reservations(SQLStore(f"{postgres_url}&timeout=2"), namespace="locked")
+        with pytest.raises(dibs.StoreUnavailable, match="adding the column compute_seconds") as caught:
+            client.status("kept")
+        transaction.rollback()
+    assert "lock" in str(caught.value) and "ALTER TABLE" in str(caught.value)
+    assert not [record for record in caplog.records if "ADD COLUMN" in record.getMessage()]  # no "may not"
+    # The lock gone, the next process adds the column.
+    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})
+    later = dibs.Reservations(SQLStore(f"{postgres_url}&timeout=2"), namespace="locked")
+    later.run("later", lambda: 3)
+    timed = later.status("later").artifact
+    assert timed is not None and timed.compute_seconds is not None
+    client.close()
+    later.close()
+    admin.close()
+
+
+@pytest.mark.parametrize(
+    ("dialect", "error", "refused"),
+    [
+        ("postgresql", type("E", (Exception,), {"sqlstate": "42501"})(), True),  # must be owner
+        ("postgresql", type("E", (Exception,), {"sqlstate": "25006"})(), True),  # read-only transaction
+        ("postgresql", type("E", (Exception,), {"sqlstate": "55P03"})(), False),  # lock not available
+        ("postgresql", type("E", (Exception,), {"sqlstate": "42601"})(), False),  # syntax error
+        ("mysql", Exception(1142, "ALTER command denied to user"), True),
+        ("mysql", Exception(1290, "running with the --read-only option"), True),
+        ("mysql", Exception(1064, "You have an error in your SQL syntax"), False),
+        ("mysql", Exception(2013, "Lost connection to MySQL server"), False),
+    ],
+)
+def test_which_errors_say_the_user_may_not_alter_the_table(
+    dialect: str, error: BaseException, refused: bool
+) -> None:
+    assert sql_schema.may_not_alter(dialect, error) is refused
+
+
+def test_a_read_only_sqlite_file_may_not_alter(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "ro.db"
+    sqlite3.connect(path).execute("CREATE TABLE t (a INTEGER)").connection.close()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            conn.execute("ALTER TABLE t ADD COLUMN b REAL")
+        assert sql_schema.may_not_alter("sqlite", caught.value)
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            conn.execute("ALTER TABLE t ADD COLUMN")  # a syntax error is not a matter of rights
+        assert not sql_schema.may_not_alter("sqlite", caught.value)
+    finally:
+        conn.close()
+
+
 def _open(url: str) -> None:
     dibs.Reservations(url).run("first-use", lambda: "made")
 

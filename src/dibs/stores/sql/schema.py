@@ -252,8 +252,11 @@ class SchemaCheck:
         records read the new columns as NULL: unknown), record that they are there, and return those
         the table has. An ALTER that fails because a racing process added the column first is fine; one
         that fails because this user may not alter the table (PostgreSQL/MySQL: an administrator's role
-        owns it) leaves the column out, with one warning naming the statement an administrator should
-        run: every operation works, without what the column would keep."""
+        owns it) or may not write at all (a read-only database) leaves the column out, with one warning
+        naming the statement an administrator should run: every operation works, without what the
+        column would keep. Any other failure (a lock wait that timed out, a lost connection, an error
+        in the statement) is not a matter of rights, and raises :class:`StoreUnavailable` naming the
+        statement: working on without the column would hide it."""
         if self._added_columns(conn) >= len(ADDED_COLUMNS):
             return ADDED_COLUMNS
         present = self._present_columns(conn)
@@ -272,8 +275,17 @@ class SchemaCheck:
                 if exc.connection_invalidated:
                     raise
                 present = self._present_columns(conn)
-                if name not in present:  # not a racing process: this user may not add it
-                    refused.append((statement, self._first_line(exc.orig or exc, 200)))
+                if name in present:  # a racing process added it first
+                    continue
+                orig = exc.orig or exc
+                if not may_not_alter(self.dialect, orig):
+                    raise StoreUnavailable(
+                        f"SQL store {self.url} failed: adding the column {name} to table {self.table_name} "
+                        f"failed ({type(orig).__name__}: {self._first_line(orig, 300)}); the statement "
+                        f"was: {statement}",
+                        store=self.url,
+                    ) from exc
+                refused.append((statement, self._first_line(orig, 200)))
         if refused:
             log.warning(
                 "%s: table %s lacks the column(s) %s and adding them failed (%s); dibs works without "
@@ -373,3 +385,27 @@ class SchemaCheck:
                     f"FOR EACH ROW EXECUTE FUNCTION {function}()"
                 )
             )
+
+
+#: The errors that say this user may not change the table, as opposed to a failure of the statement:
+#: PostgreSQL's SQLSTATEs insufficient_privilege and read_only_sql_transaction (a standby, or
+#: default_transaction_read_only); MySQL's table, column, database and privilege access denied, and
+#: the server or transaction in read-only mode.
+_PG_REFUSED = frozenset({"42501", "25006"})
+_MYSQL_REFUSED = frozenset({1142, 1143, 1044, 1227, 1290, 1792, 1836})
+
+
+def may_not_alter(dialect: str, error: BaseException) -> bool:
+    """Whether the driver's ``error`` says this user may not alter the table (see :data:`_PG_REFUSED`);
+    SQLite: the file (or the connection) is read-only, or an authorizer refused."""
+    if dialect == "postgresql":
+        return (getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)) in _PG_REFUSED
+    if dialect in ("mysql", "mariadb"):
+        code = error.args[0] if error.args else None
+        return isinstance(code, int) and code in _MYSQL_REFUSED
+    if dialect == "sqlite":
+        name = getattr(error, "sqlite_errorname", None)
+        if isinstance(name, str):
+            return name.startswith("SQLITE_READONLY") or name == "SQLITE_AUTH"
+        return "readonly" in str(error).lower()
+    return False
