@@ -334,9 +334,14 @@ class Observation:
 
     def __init__(self, observers: Observers, observer: Observer) -> None:
         self._observers, self.observer = observers, observer
+        self._closed = False
 
     def close(self) -> None:
-        self._observers.remove(self.observer)
+        # Once: closed again, it must not remove an equal observer registered since (a bound method
+        # such as ``heard.append`` equals every other one of the same list).
+        if not self._closed:
+            self._closed = True
+            self._observers.remove(self.observer)
 
     def __enter__(self) -> Self:
         return self
@@ -397,15 +402,33 @@ _ONCE: dict[Callable[[], Observer], Observation] = {}
 _ONCE_LOCK = threading.Lock()
 
 
+class _InstalledOnce(Observation):
+    """What :func:`observe_once` hands out: closing it also forgets it, so that the next
+    :func:`observe_once` installs the observer again instead of returning this closed one."""
+
+    def __init__(self, observers: Observers, observer: Observer, make: Callable[[], Observer]) -> None:
+        super().__init__(observers, observer)
+        self._make = make
+
+    def close(self) -> None:
+        with _ONCE_LOCK:  # with the removal: an observe_once meanwhile sees it either open or gone
+            if _ONCE.get(self._make) is self:
+                del _ONCE[self._make]
+            super().close()
+
+
 def observe_once(make: Callable[[], Observer]) -> Observation:
     """:func:`observe` with ``make()``, once per process however many times (and threads) ask: an
-    integration's ``install()`` is called from every task, and its observer must hear each event once."""
+    integration's ``install()`` is called from every task, and its observer must hear each event once.
+    Once the observation is closed, the next call installs a new ``make()``."""
     observation = _ONCE.get(make)
     if observation is None:
         with _ONCE_LOCK:
             observation = _ONCE.get(make)
             if observation is None:
-                observation = _ONCE[make] = PROCESS.add(make())
+                observer = make()
+                PROCESS.add(observer)
+                observation = _ONCE[make] = _InstalledOnce(PROCESS, observer, make)
     return observation
 
 

@@ -105,7 +105,35 @@ def test_an_observer_installed_from_many_threads_hears_each_event_once(
         assert names(heard) == ["asked", "lease_acquired", "artifact_stored", "finished"]
     finally:
         observations[0].close()
-        _ONCE.pop(make)
+        assert make not in _ONCE  # closed, forgotten: the next observe_once installs it again
+
+
+def test_an_observer_installed_once_is_installed_again_after_it_was_closed(
+    client: dibs.Reservations,
+) -> None:
+    heard: list[dibs.Event] = []
+    made: list[int] = []
+
+    def make() -> dibs.Observer:
+        made.append(1)
+        return heard.append
+
+    first = observe_once(make)
+    first.close()
+    client.run("closed", lambda: 1)
+    assert heard == []  # closed: not heard
+    second = observe_once(make)
+    try:
+        assert second is not first and len(made) == 2
+        assert observe_once(make) is second  # once again, until it is closed
+        client.run("again", lambda: 1)
+        assert names(heard) == ["asked", "lease_acquired", "artifact_stored", "finished"]
+        first.close()  # closing the old one again changes nothing
+        client.run("still", lambda: 1)
+        assert len(heard) == 8
+    finally:
+        second.close()
+        _ONCE.pop(make, None)
 
 
 def test_a_call_observer_hears_only_its_call(client: dibs.Reservations) -> None:
