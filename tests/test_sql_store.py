@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import time
+import select
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -391,7 +391,10 @@ def test_the_postgres_feed_reads_a_changed_key_on_its_listening_connection(tmp_p
             assert feed.read_many(store, [other]) == []  # no row yet
             # A notification that arrives while the listener reads is kept for the next look.
             _completed(store, other, b"later")
-            time.sleep(0.2)  # the server has sent it: the read below consumes it from the socket
+            # Once the listener's socket is readable, the server has sent it (the connection is idle
+            # otherwise): the read below consumes it from the socket.
+            readable, _, _ = select.select([feed._conn.fileno()], [], [], 60)  # type: ignore[attr-defined]
+            assert readable, "the notification never reached the listening connection"
             assert feed.read_many(store, [KEY]) is not None
             assert other.digest in feed.changes({}, 5.0)
             # Another store object (one wrapped around this store, say), or several keys: the store reads.
