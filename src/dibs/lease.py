@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -511,6 +512,8 @@ class _Launcher:
         self._condition = threading.Condition(threading.Lock())
         self._due: dict[KeepAlive, float] = {}
         self._thread: threading.Thread | None = None
+        #: When the thread wakes up next by itself (``inf``: only when notified).
+        self._wakes_at = math.inf
 
     def add(self, keeper: KeepAlive, due: float) -> None:
         with self._condition:
@@ -518,7 +521,11 @@ class _Launcher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="dibs-heartbeat-launcher", daemon=True)
                 self._thread.start()
-            else:
+            elif due < self._wakes_at:
+                # Only a block due before the thread's next wake-up needs it woken now. Blocks that
+                # follow each other each start an interval after the last: their thread is already
+                # set to wake up before they are due, and waking it for each (a thread switch, and the
+                # GIL handed over and back) cost more than the rest of a fast store's reserve+complete.
                 self._condition.notify()
 
     def remove(self, keeper: KeepAlive) -> None:
@@ -537,6 +544,9 @@ class _Launcher:
                         break
                     # Bounded: a wait beyond TIMEOUT_MAX raises OverflowError and ends this thread.
                     wait = min(min(self._due.values()) - now, threading.TIMEOUT_MAX) if self._due else None
+                    # A block removed before it was due leaves this wake-up as it is: the next block
+                    # added is then usually due after it, and needs no notify (see ``add``).
+                    self._wakes_at = math.inf if wait is None else now + wait
                     self._condition.wait(wait)
             for keeper in due:
                 try:
