@@ -336,16 +336,14 @@ class WatchHub:
         offers: list[tuple[Subscription, KeyState | None]] = []
         changed: list[tuple[list[Subscription], KeyState]] = []
         for entry in entries:
-            with self._lock:
-                subscriptions = list(entry.subscriptions)
             state = by_digest.get(entry.key.digest)
             if state is None:  # unreadable or absent: its waiters ask for themselves
-                offers.extend((subscription, None) for subscription in subscriptions)
+                offers.extend((subscription, None) for subscription in self._subscriptions(entry))
                 continue
             seen = fingerprint(state)
             if seen != entry.seen:
                 entry.seen = seen
-                changed.append((subscriptions, state))
+                changed.append((self._subscriptions(entry), state))
         self._offer_all(offers + self._through_views(changed))
         return True
 
@@ -377,11 +375,12 @@ class WatchHub:
             offers.extend((subscription, shown.get(state.key.digest)) for subscription, state in waiting)
         return offers
 
+    def _subscriptions(self, entry: _Watched) -> list[Subscription]:
+        with self._lock:
+            return list(entry.subscriptions)
+
     def _deliver(self, deliveries: list[tuple[_Watched, KeyState | None]]) -> None:
-        offers: list[tuple[Subscription, KeyState | None]] = []
-        for entry, state in deliveries:
-            with self._lock:
-                offers.extend((subscription, state) for subscription in entry.subscriptions)
+        offers = [(each, state) for entry, state in deliveries for each in self._subscriptions(entry)]
         self._offer_all(offers)
 
     def _offer_all(self, offers: list[tuple[Subscription, KeyState | None]]) -> None:

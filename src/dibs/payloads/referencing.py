@@ -18,9 +18,10 @@ it unchanged:
   for all of them, and leave the artifact out if it is bad; ``read`` (``status``, ``wait``) checks that
   a finished key's payload is there whole, and reads it only when asked to. Its unread twin
   (``load=False``, :func:`~dibs.payloads.unread`: what a record-only ``wait(decode=False)`` and Airflow's
-  triggerer read through) never reads a payload for its waiters: it only checks it is there whole. A warning names the payload's URI. What remains
-  is a payload that goes bad between ``read`` and the caller's decode: that one raises
-  :class:`~dibs.payloads.PayloadUnavailable` (still never a wrong value);
+  triggerer read through) never reads a payload for its waiters: it only checks it is there whole.
+  A warning names the payload's URI. What remains is a payload that goes bad between ``read`` and the
+  caller's decode: that one raises :class:`~dibs.payloads.PayloadUnavailable` (still never a wrong
+  value);
 * ``forget``, ``prune`` and ``reap`` then remove the payloads no record refers to (:mod:`.collect`).
 """
 
