@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -96,3 +97,54 @@ def _artifact_when_done(subscription: Subscription) -> ArtifactRecord | None:
         if state is not None and state.artifact is not None:
             return state.artifact
     raise AssertionError(f"the hub handed {subscription.key} no finished state")
+
+
+def test_loading_and_record_only_waiters_hold_two_connections_on_postgres(tmp_path: Path) -> None:
+    """A triggerer's record-only waiters beside waiters that load (a worker thread, say) in one
+    process hold what waiters alone hold, at most two connections (one pooled, one ``LISTEN``): a
+    watch hub per view of the records would listen twice (three connections)."""
+    from tests.scale import server_connections, tagged_url, wait_until
+
+    with tagged_url("postgres", tmp_path) as (url, tag):
+        payloads = _CountingFiles(tmp_path / "payloads")
+        with dibs.Reservations(url, payloads=payloads, serializer="bytes", ttl=300) as client:
+            lease = client.get_or_reserve("popular", owner="holder").lease  # type: ignore[union-attr]
+            loop = asyncio.new_event_loop()
+            looping = threading.Thread(target=loop.run_forever, daemon=True)
+            looping.start()
+            record_only = [
+                asyncio.run_coroutine_threadsafe(
+                    client.aio().wait("popular", decode=False, timeout=300), loop
+                )
+                for _ in range(50)
+            ]
+            loaded: list[object] = []
+            loading = [
+                threading.Thread(target=lambda: loaded.append(client.wait("popular", timeout=300)))
+                for _ in range(5)
+            ]
+            for thread in loading:
+                thread.start()
+            try:
+                hub = runtime().hub(client.store)
+                assert hub is not None
+                wait_until(lambda: hub.waiters == 55, "every waiter to subscribe")
+
+                def settled() -> bool:
+                    time.sleep(0.2)  # each look is a connection of its own: not too often
+                    count = server_connections("postgres", tag)
+                    return count is not None and count <= 2
+
+                wait_until(settled, "the waiting process to hold at most 2 connections")
+                payloads.opened.clear()
+                lease.complete(BIG)
+                hits = [future.result(timeout=300) for future in record_only]
+                for thread in loading:
+                    thread.join(timeout=300)
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                looping.join(timeout=30)
+                loop.close()
+        assert all(hit is not None and isinstance(hit.value, ReferencedArtifact) for hit in hits)
+        assert [getattr(hit, "value", None) for hit in loaded] == [BIG] * 5
+        assert 1 <= len(payloads.opened) <= 6  # the loading ones: the hub once, each waiter at most once
