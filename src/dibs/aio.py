@@ -138,20 +138,23 @@ class AsyncReservations:
 
         ``seen`` is shown every state of the key this wait reads or is notified of, the first one
         included, so a watcher can say who holds the key and when that changes without reading it
-        again (Airflow's trigger logs it); it must not raise.
+        again (Airflow's trigger logs it); it must not raise. ``decode=False`` waits for the record
+        only, as there: a payload is never loaded into this process (Airflow's trigger waits so).
         """
         calls.checked("wait", options, WaitOptions)
         c = self.client
         waiting = calls.WaitFor.of(c.settings, c.key(key), options)
-        holding.not_held_here(c.store, waiting.key)
-        io = AsyncStoreIO(c)
+        store = waiting.through(c.store)
+        holding.not_held_here(store, waiting.key)
+        io = AsyncStoreIO(c, store)
         state = await io.read(waiting.key)
         if seen is not None:
             seen(state)
         if not waiting.settles(state) and not waiting.deadline.expired:
-            with runtime().subscribe(c.store, waiting.key) as subscription:
+            with runtime().subscribe(store, waiting.key) as subscription:
                 state = await adrive(waiting.loop(c.settings, subscription), io, subscription, seen)
-        if state.artifact is not None and state.artifact.size > DECODE_ON_LOOP_BYTES:
+        large = state.artifact is not None and state.artifact.size > DECODE_ON_LOOP_BYTES
+        if large and waiting.decode:
             return await runtime().io(waiting.ended, c.artifacts, state)
         return waiting.ended(c.artifacts, state)
 
@@ -210,10 +213,12 @@ class AsyncReservations:
 
 class AsyncStoreIO:
     """A client's store reads and asks for :func:`dibs._waiting.adrive`, each run in the runtime's I/O
-    executor."""
+    executor; reads go through ``store`` when given (a view of the client's records, such as the
+    unread twin a record-only wait reads: see :meth:`dibs.calls.WaitFor.through`)."""
 
-    def __init__(self, client: calls.Source) -> None:
+    def __init__(self, client: calls.Source, store: Store | None = None) -> None:
         self._client = client
+        self._store = store
 
     async def acquire(self, ask: AskAcquire) -> StoreOutcome:
         """One ask in the I/O executor. A cancelled caller leaves nothing held.
@@ -225,7 +230,7 @@ class AsyncStoreIO:
         lease it grants. The callback runs when the store call ends, in the executor, whatever the
         event loop does meanwhile (a second cancel, the loop closing): the release is shielded.
         """
-        store = self._client.store
+        store = self._store or self._client.store
         future = runtime().executor().submit(calls.ask_store, store, ask)
         try:
             return await asyncio.wrap_future(future)
@@ -234,7 +239,7 @@ class AsyncStoreIO:
             raise
 
     async def read(self, key: Key) -> KeyState:
-        return await runtime().read(self._client.store, key)
+        return await runtime().read(self._store or self._client.store, key)
 
 
 def _release_unreceived(store: Store, ask: AskAcquire, future: Future[StoreOutcome]) -> None:

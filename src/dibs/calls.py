@@ -26,6 +26,7 @@ from dibs.events import Emitter, Event, Observer
 from dibs.keys import Key
 from dibs.lease import Lease, LeaseSource
 from dibs.outcomes import Acquired, Busy, Hit, Outcome
+from dibs.payloads import unread
 from dibs.records import FailureRecord, Granted, Held, KeyState, Present, StoreOutcome
 from dibs.settings import Settings, validate_timings
 from dibs.stores import AcquireRequest, Store
@@ -84,12 +85,16 @@ class AcquireOrBusy(AskOptions, total=False):
 
 
 class WaitOptions(TypedDict, total=False):
-    """:meth:`dibs.Reservations.wait`'s options (see there)."""
+    """:meth:`dibs.Reservations.wait`'s options (see there). ``decode=False`` waits for the record
+    only: the hit's ``value`` is the stored artifact itself, never decoded, and a payload in a payload
+    store is only checked to be there with its recorded size, never opened (what Airflow's triggerer
+    waits for: the resumed task reads the value)."""
 
     timeout: float | None
     for_artifact: bool
     max_age: float | None
     min_token: int | None
+    decode: bool
 
 
 class CallOptions(TypedDict, total=False):
@@ -216,6 +221,8 @@ class WaitFor:
     for_artifact: bool = False
     max_age: float | None = None
     min_token: int | None = None
+    #: ``False``: the artifact's record ends the wait, undecoded, its payload never opened.
+    decode: bool = True
 
     @classmethod
     def of(cls, settings: Settings, key: Key, options: WaitOptions) -> WaitFor:
@@ -225,7 +232,15 @@ class WaitFor:
             options.get("for_artifact", False),
             max_age_of(settings, options.get("max_age")),
             options.get("min_token"),
+            options.get("decode", True),
         )
+
+    def through(self, store: Store) -> Store:
+        """The store this wait reads through: a record-only wait reads a payload-referencing store's
+        unread twin (:func:`dibs.payloads.unread`), which only asks the payload store whether the
+        payload is there whole. It is one store per process, a view of the same records: it shares
+        their watch hub (:mod:`dibs.hub`), so a record-only waiter costs no connection of its own."""
+        return store if self.decode else unread(store, "size")
 
     def settles(self, state: KeyState) -> bool:
         """Whether ``state`` ends the wait."""
@@ -245,12 +260,15 @@ class WaitFor:
         )
 
     def ended(self, artifacts: ArtifactReader, state: KeyState) -> Hit | None:
-        """The wait's answer from the last state it read: the artifact's hit, ``None`` for a free key,
-        or :class:`~dibs.errors.WaitTimeout`."""
+        """The wait's answer from the last state it read: the artifact's hit (its value decoded, or
+        the record itself when not ``decode``), ``None`` for a free key, or
+        :class:`~dibs.errors.WaitTimeout`."""
         artifact = state.artifact
         if artifact is not None and artifact.is_fresh(
             state.now, max_age=self.max_age, min_fence=self.min_token
         ):
+            if not self.decode:
+                return Hit.of(state.key, artifact, artifact)  # the record itself, undecoded
             return artifacts.hit(state.key, artifact)
         if state.live_lease is not None or self.for_artifact:
             raise gave_up(state.key, self.deadline, state=state)

@@ -248,6 +248,9 @@ class Reservations(Closing, Configured):
         With ``for_artifact=True`` only an artifact ends the wait (what a sensor wants); an artifact
         ``max_age`` old (default: the client's), or stored under a token below ``min_token``, does
         not count. ``timeout``: seconds to wait at most (``None``: as long as it takes).
+        ``decode=False`` waits for the artifact's record only: the hit's ``value`` is the stored
+        :class:`~dibs.records.ArtifactRecord` itself, and a payload in the payload store is checked to
+        be there whole (its size) but never opened; :meth:`decode` reads the value later, if wanted.
         """
         calls.checked("wait", options, WaitOptions)
         waiting = calls.WaitFor.of(self.settings, self.key(key), options)
@@ -255,11 +258,12 @@ class Reservations(Closing, Configured):
 
     def _wait_state(self, waiting: calls.WaitFor) -> KeyState:
         """:meth:`wait`'s state, before its artifact is decoded (``dibs wait`` streams a large one)."""
-        holding.not_held_here(self.store, waiting.key)
-        state = self.store.read(waiting.key)  # as in acquire: subscribe only once the key turns out busy
+        store = waiting.through(self.store)
+        holding.not_held_here(store, waiting.key)
+        state = store.read(waiting.key)  # as in acquire: subscribe only once the key turns out busy
         if not waiting.settles(state) and not waiting.deadline.expired:
-            with runtime().subscribe(self.store, waiting.key) as subscription:
-                state = drive(waiting.loop(self.settings, subscription), self.store, subscription)
+            with runtime().subscribe(store, waiting.key) as subscription:
+                state = drive(waiting.loop(self.settings, subscription), store, subscription)
         return state
 
     def hold(

@@ -10,6 +10,12 @@ connection, a Redis pattern subscription, a ``data_version`` probe, a poller):
 * when the feed says some keys may have changed, the hub reads them once (in one batch where the
   store can) and hands the same state to every waiter on each key whose state changed: a thousand
   waiters on one key cost one read, not a thousand;
+* the hub follows a *record* store (:attr:`~dibs.stores.Store.record_store`): the stores wrapped
+  around it (a payload-referencing store that loads payloads, its twin that hands them out unread)
+  are views of the same records, and share its one hub and feed. A waiter subscribes through the
+  store it waits on, and the hub hands it each state as that store shows it
+  (:meth:`~dibs.stores.Store.view_many`), computed once per view and change: a thousand waiters that
+  load a payload cost one load, and the Airflow triggerer's record-only waiters never open one;
 * sync waiters block on their own :class:`threading.Event`; async waiters await a future on their
   own event loop, resolved with one ``call_soon_threadsafe`` per loop and delivery, a bounded batch
   per iteration of that loop (:func:`dibs._batches.resolve_in_batches`): no thread per waiter, and
@@ -55,10 +61,13 @@ class Subscription(Closing):
     a waiter takes the latest offer with :meth:`wait` in a thread or :meth:`wait_async` on an event loop.
     """
 
-    __slots__ = ("_closed", "_event", "_has", "_hub", "_lock", "_offered", "_waiter", "key")
+    __slots__ = ("_closed", "_event", "_has", "_hub", "_lock", "_offered", "_waiter", "key", "view")
 
-    def __init__(self, hub: WatchHub | None, key: Key) -> None:
+    def __init__(self, hub: WatchHub | None, key: Key, view: Store | None = None) -> None:
         self.key = key
+        #: The store this waiter reads through, when it is a view of the hub's record store (``None``:
+        #: the hub's store itself).
+        self.view = view
         self._hub = hub
         self._lock = threading.Lock()
         self._offered: KeyState | None = None
@@ -147,8 +156,9 @@ class _Watched:
 class WatchHub:
     """Follows one store for every waiter of this process. See the module docstring.
 
-    Created by :func:`dibs.runtime.runtime` (one per store object); its thread starts with the first
-    subscription and ends, closing the feed, after the feed's ``idle_seconds`` without any.
+    Created by :func:`dibs.runtime.runtime` (one per record store object, shared by the stores wrapped
+    around it); its thread starts with the first subscription and ends, closing the feed, after the
+    feed's ``idle_seconds`` without any.
     """
 
     def __init__(self, store: Store, feed: ChangeFeed) -> None:
@@ -177,10 +187,12 @@ class WatchHub:
         with self._lock:
             return sum(len(entry.subscriptions) for entry in self._watched.values())
 
-    def subscribe(self, key: Key) -> Subscription:
-        """Follow ``key`` for one waiter. Subscribe *before* the waiter's own read, so that no change
-        after that read can be missed."""
-        subscription = Subscription(self, key)
+    def subscribe(self, key: Key, view: Store | None = None) -> Subscription:
+        """Follow ``key`` for one waiter, who reads through ``view`` (a store wrapped around this hub's
+        record store; ``None``: the record store itself). Subscribe *before* the waiter's own read, so
+        that no change after that read can be missed."""
+        view = None if view is self._store else view
+        subscription = Subscription(self, key, view)
         with self._lock:
             if self._closed:
                 return Subscription(None, key)  # a closed store: the waiter polls (and gets its error)
@@ -321,27 +333,61 @@ class WatchHub:
             self._deliver([(entry, None) for entry in entries])
             return True
         by_digest = {state.key.digest: state for state in states}
-        deliveries: list[tuple[_Watched, KeyState | None]] = []
+        offers: list[tuple[Subscription, KeyState | None]] = []
+        changed: list[tuple[list[Subscription], KeyState]] = []
         for entry in entries:
             state = by_digest.get(entry.key.digest)
-            if state is None:
-                deliveries.append((entry, None))  # unreadable or absent: its waiters ask for themselves
+            if state is None:  # unreadable or absent: its waiters ask for themselves
+                offers.extend((subscription, None) for subscription in self._subscriptions(entry))
                 continue
             seen = fingerprint(state)
             if seen != entry.seen:
                 entry.seen = seen
-                deliveries.append((entry, state))
-        self._deliver(deliveries)
+                changed.append((self._subscriptions(entry), state))
+        self._offer_all(offers + self._through_views(changed))
         return True
 
-    def _deliver(self, deliveries: list[tuple[_Watched, KeyState | None]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], None, None]]] = {}
-        for entry, state in deliveries:
-            with self._lock:
-                subscriptions = list(entry.subscriptions)
+    def _through_views(
+        self, changed: list[tuple[list[Subscription], KeyState]]
+    ) -> list[tuple[Subscription, KeyState | None]]:
+        """Each changed state for each of its waiters, as the store that waiter reads through shows it:
+        one :meth:`~dibs.stores.Store.view_many` per view for all its waiters' keys (a payload loaded
+        once for all of them, or only checked to be there for a record-only view)."""
+        offers: list[tuple[Subscription, KeyState | None]] = []
+        views: dict[int, tuple[Store, list[tuple[Subscription, KeyState]]]] = {}
+        for subscriptions, state in changed:
             for subscription in subscriptions:
-                waiter = subscription._offer(state)
-                if waiter is not None:
-                    by_loop.setdefault(waiter[0], []).append((waiter[1], None, None))
+                if subscription.view is None:
+                    offers.append((subscription, state))
+                else:
+                    views.setdefault(id(subscription.view), (subscription.view, []))[1].append(
+                        (subscription, state)
+                    )
+        for view, waiting in views.values():
+            raw = list({state.key.digest: state for _, state in waiting}.values())
+            try:
+                shown = {state.key.digest: state for state in view.view_many(raw)}
+            except Exception as exc:  # a payload store that failed: those waiters ask for themselves
+                log.warning(
+                    "the watch hub could not read keys of %s through %r: %r", self._store.url, view, exc
+                )
+                shown = {}
+            offers.extend((subscription, shown.get(state.key.digest)) for subscription, state in waiting)
+        return offers
+
+    def _subscriptions(self, entry: _Watched) -> list[Subscription]:
+        with self._lock:
+            return list(entry.subscriptions)
+
+    def _deliver(self, deliveries: list[tuple[_Watched, KeyState | None]]) -> None:
+        offers = [(each, state) for entry, state in deliveries for each in self._subscriptions(entry)]
+        self._offer_all(offers)
+
+    def _offer_all(self, offers: list[tuple[Subscription, KeyState | None]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], None, None]]] = {}
+        for subscription, state in offers:
+            waiter = subscription._offer(state)
+            if waiter is not None:
+                by_loop.setdefault(waiter[0], []).append((waiter[1], None, None))
         for loop, futures in by_loop.items():
             wake_soon(loop, futures)  # in bounded batches: a thousand waiters never stall their loop

@@ -9,7 +9,9 @@ server. So the runtime keeps, per process:
   connection pool and its once-only schema check. A client's :meth:`~dibs.Reservations.close` only
   gives its share back; a store nobody uses stays open for the next client (up to
   :attr:`Runtime.MAX_IDLE` of them, least recently used first out);
-* **one watch hub per store** (:mod:`dibs.hub`), which follows the store for every waiter;
+* **one watch hub per record store** (:mod:`dibs.hub`), which follows the store for every waiter,
+  whichever store wrapped around it (a payload-referencing one, loading payloads or not) they wait
+  through;
 * **one small I/O executor** (:attr:`Runtime.IO_THREADS` threads) in which async callers run the
   store's one-attempt operations, so an event loop never blocks on the store and never ties up the
   loop's default executor, which the host (Airflow's triggerer, say) needs for itself.
@@ -115,24 +117,28 @@ class Runtime:
 
     # -- watch hubs -----------------------------------------------------------------------------------
     def hub(self, store: Store) -> WatchHub | None:
-        """The watch hub of ``store`` in this process, created on first use; ``None`` when the store
+        """The watch hub of ``store``'s records in this process (:attr:`Store.record_store
+        <dibs.stores.Store.record_store>`: every store wrapped around one record store shares its hub,
+        and so its one feed and listening connection), created on first use; ``None`` when the store
         offers no change feed (its waiters poll)."""
+        records = store.record_store
         with self._lock:
-            if store in self._hubs:
-                return self._hubs[store]
+            if records in self._hubs:
+                return self._hubs[records]
         from dibs.hub import WatchHub  # asyncio comes with it: only processes that wait pay for it
 
-        feed = store.change_feed()
-        hub = WatchHub(store, feed) if feed is not None else None
+        feed = records.change_feed()
+        hub = WatchHub(records, feed) if feed is not None else None
         with self._lock:
-            return self._hubs.setdefault(store, hub)
+            return self._hubs.setdefault(records, hub)
 
     def subscribe(self, store: Store, key: Key) -> Subscription:
-        """Follow ``key`` of ``store`` for one waiter (a subscription that only pauses if there is no hub)."""
+        """Follow ``key`` of ``store`` for one waiter, who is handed each state as ``store`` shows it
+        (a subscription that only pauses if there is no hub)."""
         from dibs.hub import Subscription
 
         hub = self.hub(store)
-        return hub.subscribe(key) if hub is not None else Subscription(None, key)
+        return hub.subscribe(key, store) if hub is not None else Subscription(None, key)
 
     def stop_hub(self, store: Store) -> None:
         """Stop the hub of ``store`` (its store is being closed)."""

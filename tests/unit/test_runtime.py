@@ -443,3 +443,41 @@ def test_a_new_waiter_on_a_watched_key_brings_a_polling_feeds_next_look_back_to_
     finally:
         first.close()
         hub.close()
+
+
+class _FailingView(MemoryStore):
+    """A store wrapped around another's records (as a payload store's is) whose view of them fails."""
+
+    def __init__(self, records: MemoryStore) -> None:
+        super().__init__()
+        self.records = records
+        self.failed = threading.Semaphore(0)
+
+    @property
+    def record_store(self) -> MemoryStore:
+        return self.records
+
+    def view_many(self, states: Any) -> list[KeyState]:
+        self.failed.release()
+        raise OSError("the payload store is unreachable")
+
+
+def test_one_hub_serves_the_views_of_a_record_store_and_a_failing_view_only_fails_its_own() -> None:
+    records = MemoryStore()
+    view = _FailingView(records)
+    assert runtime().hub(view) is runtime().hub(records)  # one hub, one feed for both
+    client = dibs.Reservations(records, ttl=60)
+    got = client.get_or_reserve("k", owner="holder")
+    assert isinstance(got, dibs.Acquired)
+    direct = runtime().subscribe(records, got.key)
+    through = runtime().subscribe(view, got.key)
+    try:
+        got.lease.complete(1)
+        assert _next_state(direct, lambda s: s.artifact is not None).artifact is not None
+        assert view.failed.acquire(timeout=30)  # the hub read the key through the view, which failed
+        # ... so its waiter is told to ask for itself (None), never handed the record unviewed.
+        assert [through.wait(0.2) for _ in range(3)] == [None] * 3
+    finally:
+        direct.close()
+        through.close()
+        records.close()

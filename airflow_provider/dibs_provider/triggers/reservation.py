@@ -18,8 +18,11 @@ status      meaning; what the resumed task does
 
 Events are plain JSON (they are stored in Airflow's database) and typed: errors travel as their dibs
 class name, message and fields, and :func:`error_from_event` rebuilds the same exception in the task.
-The artifact itself never travels in an event (it may be large); the resumed task reads it from the
-store.
+The artifact itself never travels in an event (it may be large), and the triggerer never loads it
+either: the trigger waits for the artifact's record only (``wait(decode=False)``), so a payload kept
+in a payload store is at most asked about (is it there, with its recorded size?), never opened, in
+this long-lived process shared by thousands of triggers. The resumed task reads the value from the
+store (or hands on a reference to it, see :mod:`dibs_provider.xcom`).
 
 The trigger also echoes ``wait_started`` and ``deferrals`` from its own arguments, because the task
 cannot rely on ``defer(kwargs=...)`` reaching it on every code path (``dag.test()`` drops them).
@@ -161,6 +164,7 @@ class ReservationTrigger(BaseTrigger):
                     for_artifact=self.for_artifact,
                     max_age=self.max_age,
                     min_token=self.min_token,
+                    decode=False,  # the record only: the task reads the value, never the triggerer
                     seen=_HolderLog(self.log, key),
                 )
                 state = None if hit is not None else await client.status(self.key)

@@ -14,11 +14,14 @@ it unchanged:
 * a missing, truncated or mismatched payload is a **miss**, never an error and never a wrong value:
   ``acquire`` reads the payload of a hit before returning it, and on a bad one asks again taking only
   a newer artifact (``min_fence``), so the caller gets the lease and computes again; ``read_many``
-  (the watch hub's read, for waiters) reads a finished key's payload once for all of them, and leaves
-  the artifact out if it is bad; ``read`` (``status``, ``wait``) checks that a finished key's payload
-  is there whole, and reads it only when asked to. A warning names the payload's URI. What remains
-  is a payload that goes bad between ``read`` and the caller's decode: that one raises
-  :class:`~dibs.payloads.PayloadUnavailable` (still never a wrong value);
+  and ``view_many`` (the watch hub's read, for this store's waiters) read a finished key's payload once
+  for all of them, and leave the artifact out if it is bad; ``read`` (``status``, ``wait``) checks that
+  a finished key's payload is there whole, and reads it only when asked to. Its unread twin
+  (``load=False``, :func:`~dibs.payloads.unread`: what a record-only ``wait(decode=False)`` and Airflow's
+  triggerer read through) never reads a payload for its waiters: it only checks it is there whole.
+  A warning names the payload's URI. What remains is a payload that goes bad between ``read`` and the
+  caller's decode: that one raises :class:`~dibs.payloads.PayloadUnavailable` (still never a wrong
+  value);
 * ``forget``, ``prune`` and ``reap`` then remove the payloads no record refers to (:mod:`.collect`).
 """
 
@@ -203,8 +206,12 @@ class ReferencingStore(Store):
         return self._checked(self.records.read(key))
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
-        # The watch hub's read: one load of a finished key's payload serves every waiter of the process.
-        return [self._checked(state, load=True) for state in self.records.read_many(keys)]
+        return self.view_many(self.records.read_many(keys))
+
+    def view_many(self, states: Sequence[KeyState]) -> builtins.list[KeyState]:
+        # The watch hub's read for this store's waiters: one load of a finished key's payload serves
+        # every waiter of the process (an unread store only checks it is there whole, opening nothing).
+        return [self._checked(state, load=True) for state in self.records.view_many(states)]
 
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         return self.records.list(namespace)  # listings carry no payloads: references stay as they are
@@ -336,5 +343,7 @@ class ReferencingStore(Store):
         return self.records.change_feed()
 
     def close(self) -> None:
-        """Stop this store's watch hub; the record and payload stores belong to whoever opened them."""
+        """Nothing of its own to release: the watch hub its waiters use is its record store's (shared by
+        every store wrapped around those records, stopped when the record store closes), and the record
+        and payload stores belong to whoever opened them."""
         super().close()

@@ -228,6 +228,15 @@ class Store(Closing):
                 log.debug("the watch hub skipped %s: %s", key, exc)
         return states
 
+    def view_many(self, states: Sequence[KeyState]) -> builtins.list[KeyState]:
+        """``states``, read from :attr:`record_store`, as this store shows them (one each, in order).
+
+        The process's watch hub follows a record store once for every store wrapped around it (see
+        :mod:`dibs.hub`), and hands each waiter the states as the store it waits through would have
+        read them: a payload-referencing store resolves references here (and may load a payload, or
+        only check it is there). A store that keeps its own records shows them as they are."""
+        return builtins.list(states)
+
     def change_feed(self) -> ChangeFeed | None:
         """The feed that tells this process's watch hub which keys may have changed (see
         :mod:`dibs.stores.feeds`). ``None`` leaves every waiter to poll on its own."""

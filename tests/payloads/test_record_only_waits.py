@@ -1,0 +1,150 @@
+"""Waiting for an artifact's record only (``wait(decode=False)``): its payload is never opened, and the
+waiters that load it and the ones that do not share one watch hub per record store."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import dibs
+from dibs.hub import Subscription
+from dibs.payloads import ReferencedArtifact, unread
+from dibs.payloads.files import FilePayloadStore
+from dibs.records import ArtifactRecord
+from dibs.runtime import runtime
+
+BIG = b"p" * 200_000  # above the 64 KiB inline limit
+
+
+class _CountingFiles(FilePayloadStore):
+    """A folder payload store that records every payload it opens for reading."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.opened: list[str] = []
+
+    def open(self, sha256: str) -> IO[bytes]:
+        self.opened.append(sha256)
+        return super().open(sha256)
+
+
+def test_a_record_only_wait_opens_no_payload_sync_and_async(records_url: str, tmp_path: Path) -> None:
+    payloads = _CountingFiles(tmp_path / "payloads")
+    with dibs.Reservations(records_url, payloads=payloads, serializer="bytes") as client:
+        lease = client.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+        completing = threading.Timer(0.2, lease.complete, (BIG,))  # while both waits wait
+        completing.start()
+
+        async def record_only() -> dibs.Hit | None:
+            return await client.aio().wait("k", decode=False, timeout=30)
+
+        hit = asyncio.run(record_only())
+        completing.join()
+        again = client.wait("k", decode=False)
+        assert payloads.opened == []
+        for found in (hit, again):
+            assert found is not None and isinstance(found.value, ReferencedArtifact)
+            assert (found.producer, found.token, found.size) == ("producer", lease.token, len(BIG))
+        assert hit is not None and client.decode(hit.key, hit.value) == BIG  # read when asked for
+        assert len(payloads.opened) == 1
+
+
+def test_without_a_payload_store_a_record_only_wait_hands_back_the_inline_record(records_url: str) -> None:
+    with dibs.Reservations(records_url) as client:
+        client.run("k", lambda: {"rows": 3})
+        hit = client.wait("k", decode=False)
+        assert hit is not None and isinstance(hit.value, ArtifactRecord)
+        assert client.decode(hit.key, hit.value) == {"rows": 3}
+        assert client.wait("k") == dibs.Hit.of(hit.key, hit.value, {"rows": 3})  # decoded, as before
+
+
+def test_one_hub_serves_waiters_that_load_and_waiters_that_only_read_the_record(
+    records_url: str, tmp_path: Path
+) -> None:
+    """Both kinds subscribe through their own view of the records, and one hub (one feed) reads the
+    key once for both: the loading view's waiters get the payload loaded (once), the record-only ones
+    never see it loaded."""
+    payloads = _CountingFiles(tmp_path / "payloads")
+    with dibs.Reservations(records_url, payloads=payloads, serializer="bytes") as client:
+        twin = unread(client.store, "size")
+        hub = runtime().hub(client.store)
+        assert hub is not None and runtime().hub(twin) is hub
+        lease = client.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+        key = lease.key
+        loading = [runtime().subscribe(client.store, key) for _ in range(3)]
+        record_only = [runtime().subscribe(twin, key) for _ in range(3)]
+        try:
+            assert hub.waiters == 6 and hub.watched == 1
+            payloads.opened.clear()
+            lease.complete(BIG)
+            got = [_artifact_when_done(subscription) for subscription in loading + record_only]
+        finally:
+            for subscription in loading + record_only:
+                subscription.close()
+        assert all(isinstance(artifact, ReferencedArtifact) for artifact in got)
+        assert [artifact.loaded for artifact in got[:3]] == [BIG] * 3  # type: ignore[union-attr]
+        assert [artifact.loaded for artifact in got[3:]] == [None] * 3  # type: ignore[union-attr]
+        assert len(payloads.opened) == 1  # one load, for the loading view's waiters only
+
+
+def _artifact_when_done(subscription: Subscription) -> ArtifactRecord | None:
+    """The artifact of the first state the hub hands ``subscription`` that has one."""
+    for _ in range(200):
+        state = subscription.wait(0.1)
+        if state is not None and state.artifact is not None:
+            return state.artifact
+    raise AssertionError(f"the hub handed {subscription.key} no finished state")
+
+
+def test_loading_and_record_only_waiters_hold_two_connections_on_postgres(tmp_path: Path) -> None:
+    """A triggerer's record-only waiters beside waiters that load (a worker thread, say) in one
+    process hold what waiters alone hold, at most two connections (one pooled, one ``LISTEN``): a
+    watch hub per view of the records would listen twice (three connections)."""
+    from tests.scale import server_connections, tagged_url, wait_until
+
+    with tagged_url("postgres", tmp_path) as (url, tag):
+        payloads = _CountingFiles(tmp_path / "payloads")
+        with dibs.Reservations(url, payloads=payloads, serializer="bytes", ttl=300) as client:
+            lease = client.get_or_reserve("popular", owner="holder").lease  # type: ignore[union-attr]
+            loop = asyncio.new_event_loop()
+            looping = threading.Thread(target=loop.run_forever, daemon=True)
+            looping.start()
+            record_only = [
+                asyncio.run_coroutine_threadsafe(
+                    client.aio().wait("popular", decode=False, timeout=300), loop
+                )
+                for _ in range(50)
+            ]
+            loaded: list[object] = []
+            loading = [
+                threading.Thread(target=lambda: loaded.append(client.wait("popular", timeout=300)))
+                for _ in range(5)
+            ]
+            for thread in loading:
+                thread.start()
+            try:
+                hub = runtime().hub(client.store)
+                assert hub is not None
+                wait_until(lambda: hub.waiters == 55, "every waiter to subscribe")
+
+                def settled() -> bool:
+                    time.sleep(0.2)  # each look is a connection of its own: not too often
+                    count = server_connections("postgres", tag)
+                    return count is not None and count <= 2
+
+                wait_until(settled, "the waiting process to hold at most 2 connections")
+                payloads.opened.clear()
+                lease.complete(BIG)
+                hits = [future.result(timeout=300) for future in record_only]
+                for thread in loading:
+                    thread.join(timeout=300)
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                looping.join(timeout=30)
+                loop.close()
+        assert all(hit is not None and isinstance(hit.value, ReferencedArtifact) for hit in hits)
+        assert [getattr(hit, "value", None) for hit in loaded] == [BIG] * 5
+        assert 1 <= len(payloads.opened) <= 6  # the loading ones: the hub once, each waiter at most once
