@@ -22,7 +22,16 @@ from sqlalchemy.engine.url import URL
 
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
-from dibs.records import MAX_FENCE, ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
+from dibs.records import (
+    MAX_FENCE,
+    ArtifactRecord,
+    Granted,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    StoreOutcome,
+    new_lease_id,
+)
 from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
@@ -342,6 +351,7 @@ class SQLStore(Store):
         prepared = Statements(self.t, self._now, self.engine.dialect, self.dialect)
         self._read_state = prepared.read_state
         self._insert_new, self._swap_row = prepared.insert_new, prepared.swap_row
+        self._read_or_insert = prepared.read_or_insert
         self._heartbeat = prepared.heartbeat
         self._complete, self._stored_variables = prepared.complete, prepared.stored_variables
         self._release, self._release_failed = prepared.release, prepared.release_failed
@@ -351,7 +361,10 @@ class SQLStore(Store):
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
-        row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
+        return self._checked_state(key, self._read_state.fetch_one(cursor, {"p_key_hash": key.digest}))
+
+    def _checked_state(self, key: Key, row: Mapping[str, Any]) -> tuple[KeyState, int | None]:
+        """A read row's state and version, a version no write could increment being corrupt."""
         state, version = self._state(key, row), row["version"]
         if version is not None and not (isinstance(version, int) and 0 < version < MAX_FENCE):
             # Every write increments it: at the largest BIGINT the row can never change again.
@@ -416,8 +429,13 @@ class SQLStore(Store):
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
     def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         def attempt(cursor: Any) -> StoreOutcome:
-            for _ in range(16):
-                state, version = self._read(cursor, key)
+            for round_number in range(16):
+                if round_number == 0 and self._read_or_insert is not None:
+                    granted, state, version = self._read_or_insert_first(cursor, key, request)
+                    if granted is not None:
+                        return granted
+                else:
+                    state, version = self._read(cursor, key)
                 outcome, new_state = transitions.acquire(state, request)
                 if new_state is None or self._swap(cursor, key, version, new_state):
                     return outcome
@@ -426,6 +444,32 @@ class SQLStore(Store):
             )
 
         return self._repeatable(attempt)
+
+    def _read_or_insert_first(
+        self, cursor: Any, key: Key, request: AcquireRequest
+    ) -> tuple[Granted | None, KeyState, int | None]:
+        """PostgreSQL: read the key and, if it has no row, take its first lease, in one round trip
+        (see :func:`~dibs.stores.sql.statements.read_or_insert`). The lease granted, or ``None`` and
+        the key's state and row version for :func:`transitions.acquire` to decide on."""
+        assert self._read_or_insert is not None
+        span = request.ttl if request.max_lease_age is None else min(request.ttl, request.max_lease_age)
+        values = {
+            "p_key_hash": key.digest,
+            "p_namespace": key.namespace,
+            "p_name": key.name,
+            "p_owner": request.owner,
+            "p_lease_id": new_lease_id(),
+            "p_span": span,
+            "p_max_lease_age": request.max_lease_age,
+            "p_ttl": request.ttl,
+        }
+        row = self._read_or_insert.fetch_one(cursor, values)
+        state, version = self._checked_state(key, row)
+        if not row["inserted"]:
+            return None, state, version
+        # The row the statement inserted is the first lease transitions.acquire grants a free key.
+        assert state.lease is not None
+        return Granted(state.lease, state.failure), state, version
 
     def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
         values = {f"p_{name}": value for name, value in lease_columns(new.lease).items()}
