@@ -194,14 +194,7 @@ class SQLStore(Store):
         with self._keeper.bounded(dbapi_connection, seconds) as ended:
             yield ended
 
-    @contextlib.contextmanager
-    def _cursor(self, bound: float | None = None) -> Iterator[Any]:
-        """A DBAPI cursor on a pooled autocommit connection (see :meth:`_pooled_cursor`)."""
-        with self._fork_gate(), self._pooled_cursor(bound) as cursor:
-            yield cursor
-
-    @contextlib.contextmanager
-    def _pooled_cursor(self, bound: float | None = None) -> Iterator[Any]:
+    def _cursor(self, bound: float | None = None) -> _PooledCursor:
         """A DBAPI cursor on a pooled autocommit connection, for the prepared statements.
 
         Errors are translated as :meth:`_connect` does: an operational error or a lost connection
@@ -209,44 +202,7 @@ class SQLStore(Store):
         database error is raised as SQLAlchemy's exception for it. The block may wait for the server
         ``bound`` seconds (default: the store's ``timeout``) before its connection is shut.
         """
-        self._ensure_ready()
-        dbapi = self.engine.dialect.loaded_dbapi
-        try:
-            connection = self.engine.raw_connection()
-        except (dbapi.Error, sa_exc.TimeoutError) as exc:
-            # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
-            raise self._unavailable(exc) from exc
-        cursor = None
-        ended = [False]
-        try:
-            if self._keeper is None:  # SQLite: nothing to bound (see _bounded), and no generator to pay for
-                cursor = connection.cursor()
-                yield cursor
-            else:
-                seconds = self.timeout if bound is None else bound
-                with self._keeper.bounded(connection.dbapi_connection, seconds) as ended:
-                    cursor = connection.cursor()
-                    yield cursor
-        except dbapi.Error as exc:
-            lost = ended[0] or self.engine.dialect.is_disconnect(exc, connection, cursor)
-            if lost:
-                connection.invalidate(exc)
-            if lost and not ended[0]:
-                # The server ended this connection (a restart, pg_terminate_backend): it will have
-                # ended the other idle ones too. Drop them all now, or each would fail one later call.
-                self.engine.dispose()
-            if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
-                raise self._unavailable(exc, disconnected=lost and not ended[0], timed_out=ended[0]) from exc
-            dialect = self.engine.dialect
-            raise sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect) from exc
-        finally:
-            if cursor is not None:
-                with contextlib.suppress(dbapi.Error):
-                    cursor.close()
-            if ended[0] and connection.dbapi_connection is not None:
-                # The bound shut its socket just as the call succeeded: never hand it to the next call.
-                connection.invalidate()
-            connection.close()
+        return _PooledCursor(self, self.timeout if bound is None else bound)
 
     def _first_line(self, error: BaseException, limit: int) -> str:
         """The first line of a driver's message, without any secret of the URL."""
@@ -751,6 +707,86 @@ class SQLStore(Store):
         if self.dialect == "sqlite":
             return DataVersionFeed(self)
         return VersionsFeed(self)
+
+
+class _PooledCursor:
+    """:meth:`SQLStore._cursor`: the fork gate (SQLite), a pooled connection, the call's bound and a
+    cursor, entered and left by one object. Written out rather than as nested generator context
+    managers: it runs twice for every reservation, and each generator layer cost a few microseconds,
+    as much as the rest of the Python of an SQLite call (issue 20)."""
+
+    __slots__ = ("_bound", "_connection", "_cursor", "_dbapi", "_gate", "_store", "_ticket")
+
+    def __init__(self, store: SQLStore, bound: float) -> None:
+        self._store = store
+        self._bound = bound
+        self._gate: Any = GATE if store.dialect == "sqlite" else None
+        self._connection: Any = None
+        self._cursor: Any = None
+        self._ticket: int | None = None
+
+    def __enter__(self) -> Any:
+        store = self._store
+        store._ensure_ready()
+        gate = self._gate
+        if gate is not None:
+            gate.__enter__()
+        try:
+            dbapi = self._dbapi = store.engine.dialect.loaded_dbapi
+            try:
+                connection = self._connection = store.engine.raw_connection()
+            except (dbapi.Error, sa_exc.TimeoutError) as exc:
+                # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
+                raise store._unavailable(exc) from exc
+            try:
+                if store._keeper is not None:  # SQLite: no network; its busy timeout bounds lock waits
+                    self._ticket = store._keeper.register(connection.dbapi_connection, self._bound)
+                self._cursor = connection.cursor()
+            except BaseException as exc:
+                self._end(type(exc), exc)  # raises a database error translated
+                raise
+            return self._cursor
+        except BaseException:
+            if gate is not None:
+                gate.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self._end(exc_type, exc)
+        finally:
+            if self._gate is not None:
+                self._gate.__exit__(None, None, None)
+
+    def _end(self, exc_type: Any, exc: BaseException | None) -> None:
+        """Give the connection back; a database error that ended the block is raised translated."""
+        store, connection, cursor, dbapi = self._store, self._connection, self._cursor, self._dbapi
+        ended = store._keeper.unregister(self._ticket) if store._keeper is not None else False
+        error: BaseException | None = None
+        try:
+            if exc is not None and isinstance(exc, dbapi.Error):
+                lost = ended or store.engine.dialect.is_disconnect(exc, connection, cursor)
+                if lost:
+                    connection.invalidate(exc)
+                if lost and not ended:
+                    # The server ended this connection (a restart, pg_terminate_backend): it will have
+                    # ended the other idle ones too. Drop them all now, or each would fail one later call.
+                    store.engine.dispose()
+                if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
+                    error = store._unavailable(exc, disconnected=lost and not ended, timed_out=ended)
+                else:
+                    dialect = store.engine.dialect
+                    error = sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect)
+        finally:
+            if cursor is not None:
+                with contextlib.suppress(dbapi.Error):
+                    cursor.close()
+            if ended and connection.dbapi_connection is not None:
+                # The bound shut its socket just as the call succeeded: never hand it to the next call.
+                connection.invalidate()
+            connection.close()
+        if error is not None:
+            raise error from exc
 
 
 # -- helpers -----------------------------------------------------------------------------------------
