@@ -246,6 +246,10 @@ def read_or_insert(t: sa.Table, now: ColumnElement[float]) -> sa.ClauseElement:
 
     A row committed by another session after this statement's snapshot makes the insert do nothing
     and the read find no row: the caller's compare-and-swap insert then fails and it reads again.
+    The insert's conflict check waits for a write to the row that is in flight (a heartbeat or
+    complete, one autocommit statement), where the plain read would not have: a short wait, bounded
+    by ``lock_timeout`` like every lock wait of the store, and never a deadlock (the statement holds
+    nothing that the writer needs).
     """
     from sqlalchemy.dialects.postgresql import insert as pg_insert
 
