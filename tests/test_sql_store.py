@@ -423,3 +423,73 @@ def test_the_postgres_feed_leaves_reads_to_the_pool_when_connections_are_made_th
         finally:
             feed.close()
             store.close()
+
+
+class _Refused:
+    """A prepared statement that must not run."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise AssertionError(f"acquire ran the {self.name} statement")
+
+
+def test_a_new_postgres_key_is_granted_in_the_statement_that_reads_it(tmp_path: Path) -> None:
+    """A key without a row gets its first lease from the read's own statement: what
+    transitions.acquire grants a free key (fence 1, attempt 1, expiry capped by max_lease_age), and a
+    later acquire of the same key decides on the row as before."""
+    with postgres.isolated_url(tmp_path) as url:
+        store = SQLStore(url)
+        try:
+            store.read(KEY)  # the schema check, before the statements are replaced
+            refused = store._read_state, store._insert_new, store._swap_row
+            store._read_state = _Refused("read")  # type: ignore[assignment]
+            store._insert_new = _Refused("insert")  # type: ignore[assignment]
+            store._swap_row = _Refused("swap")  # type: ignore[assignment]
+            got = store.acquire(KEY, AcquireRequest("alice", 60, max_lease_age=5))
+            store._read_state, store._insert_new, store._swap_row = refused
+            assert isinstance(got, Granted) and got.took_over_from is None and got.failure is None
+            lease = got.lease
+            assert (lease.token.fence, lease.attempt, lease.owner, lease.ttl) == (1, 1, "alice", 60)
+            assert lease.max_expires_at == lease.acquired_at + 5 == lease.expires_at
+            assert store.read(KEY).lease == lease
+            rival = store.acquire(KEY, AcquireRequest("bob", 60))
+            assert not isinstance(rival, Granted) and rival.lease == lease  # held: decided on the row
+            again = store.acquire(KEY, AcquireRequest("alice", 60))
+            assert isinstance(again, Granted) and again.reentered and again.lease.token == lease.token
+        finally:
+            store.close()
+
+
+def test_a_postgres_row_committed_after_the_reads_snapshot_is_not_overwritten(tmp_path: Path) -> None:
+    """The combined statement's insert meets a row its read cannot see (committed by another session
+    after the statement began): it then reads no row and writes nothing, and acquire decides again on
+    a fresh read instead of granting a second lease. Simulated by answering the first statement as
+    such a race would, after another holder took the key."""
+    with postgres.isolated_url(tmp_path) as url:
+        store, other = SQLStore(url), SQLStore(url)
+        try:
+            combined = store._read_or_insert
+            assert combined is not None
+            raced = []
+
+            class _RacedOnce:
+                columns = combined.columns
+
+                def fetch_one(self, cursor: Any, values: Any) -> Any:
+                    if raced:
+                        return combined.fetch_one(cursor, values)
+                    raced.append(other.acquire(KEY, AcquireRequest("bob", 60)))
+                    cursor.execute(store._read_state.sql, {"p_key_hash": "no such key"})
+                    row = dict(zip(store._read_state.columns, cursor.fetchone(), strict=True))
+                    return {"inserted": False, **row}
+
+            store._read_or_insert = _RacedOnce()  # type: ignore[assignment]
+            got = store.acquire(KEY, AcquireRequest("alice", 60))
+            assert isinstance(raced[0], Granted)
+            assert not isinstance(got, Granted) and got.lease == raced[0].lease  # held by bob
+            assert store.read(KEY).lease == raced[0].lease
+        finally:
+            store.close()
+            other.close()

@@ -9,6 +9,11 @@ One row per key. How each operation stays atomic and cheap:
   row, writes WAL and flushes. The write is a single compare-and-swap statement on the row's
   ``version`` (``INSERT ... ON CONFLICT DO NOTHING`` for a new key), so taking over an expired lease
   or re-entering one's own is one atomic statement; a lost swap re-reads and decides again.
+  On PostgreSQL the first read is also the write when the key has no row yet: a key without a row
+  is free whatever is asked, so one statement (a ``WITH ... INSERT ... ON CONFLICT DO NOTHING
+  RETURNING`` beside the read) inserts its first lease or, when a row exists, writes nothing and
+  returns it. A new key's reservation is then one round trip, like the raw conditional upsert,
+  instead of a read and a write; hits and waiters still write nothing.
 * ``heartbeat``, ``complete`` and ``release`` are one token-checked ``UPDATE`` each (fence and random
   lease id in the ``WHERE``); only when it matches no row is the row read again, to explain who has
   the key now.

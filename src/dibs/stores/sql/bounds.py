@@ -96,10 +96,18 @@ class Keeper:
         caller then reports a timeout rather than a lost connection).
         """
         ended = [False]
+        ticket = self.register(dbapi_connection, seconds)
+        try:
+            yield ended
+        finally:
+            ended[0] = self.unregister(ticket)
+
+    def register(self, dbapi_connection: Any, seconds: float) -> int | None:
+        """:meth:`bounded` without a generator (the SQL store's every call; see ``_PooledCursor``):
+        the call's ticket for :meth:`unregister`, ``None`` if the connection has no socket."""
         fileno = _fileno(dbapi_connection)
         if fileno is None:  # not a socket (SQLite): nothing to bound here
-            yield ended
-            return
+            return None
         with self._lock:
             self._start()
             ticket = self._next_ticket = self._next_ticket + 1
@@ -107,15 +115,19 @@ class Keeper:
             self._calls[ticket] = (deadline, fileno, _ref(dbapi_connection))
             if deadline < self._wake_at:
                 self._lock.notify()
-        try:
-            yield ended
-        finally:
-            with self._lock:
-                # Under the lock: once unregistered, the thread never touches this socket again.
-                self._calls.pop(ticket, None)
-                if ticket in self._ended:
-                    self._ended.discard(ticket)
-                    ended[0] = True
+        return ticket
+
+    def unregister(self, ticket: int | None) -> bool:
+        """End a call that :meth:`register` began: whether its deadline had shut its connection."""
+        if ticket is None:
+            return False
+        with self._lock:
+            # Under the lock: once unregistered, the thread never touches this socket again.
+            self._calls.pop(ticket, None)
+            if ticket in self._ended:
+                self._ended.discard(ticket)
+                return True
+        return False
 
     def _after_fork_in_child(self) -> None:
         """The child has none of the parent's threads or calls: it must not shut the sockets it

@@ -108,6 +108,13 @@ class Statements:
             .values(version=t.c.version + 1, **swapped)
         )
         self.swap_row = Prepared(swap, dialect)
+        #: PostgreSQL only (``None`` elsewhere): the read of ``read_state`` and, when the key has no row,
+        #: its first lease inserted, in one statement (see :func:`read_or_insert`).
+        self.read_or_insert = (
+            Prepared(read_or_insert(t, now), dialect, ("inserted", "now", *(c.name for c in t.c)))
+            if backend == "postgresql"
+            else None
+        )
 
         # Besides the token: the row must still be this key's (a write never lands in a row that
         # claims another key), and it must have the owner that complete and release copy into the
@@ -222,6 +229,65 @@ class Statements:
         self.release_stopped = Prepared(
             sa.update(t).where(holding).ordered_values(*stopped, released, *cleared), dialect
         )
+
+
+def read_or_insert(t: sa.Table, now: ColumnElement[float]) -> sa.ClauseElement:
+    """PostgreSQL: a key's first lease in the round trip that reads the key.
+
+    A key without a row is free whatever the request (no artifact, no lease, fence 0), so
+    :func:`dibs.stores.transitions.acquire` would grant it fence 1 and attempt 1, from the database's
+    ``now``: the statement inserts that row (``ON CONFLICT DO NOTHING``), its lease lasting
+    ``p_span`` seconds (the ttl, or the maximum lease age when that is shorter, as
+    ``transitions.acquire`` caps it) and capped ``p_max_lease_age`` seconds after ``now`` (``NULL``:
+    never). When the key has a row, nothing is written (no row lock, no WAL: a hit or a waiter costs
+    what the plain read did) and the row is returned as ``read_state`` returns it, with ``inserted``
+    false; the caller decides and swaps as before. The ``clock`` CTE, being volatile, is evaluated
+    once, so the inserted row and the returned ``now`` agree.
+
+    A row committed by another session after this statement's snapshot makes the insert do nothing
+    and the read find no row: the caller's compare-and-swap insert then fails and it reads again.
+    The insert's conflict check waits for a write to the row that is in flight (a heartbeat or
+    complete, one autocommit statement), where the plain read would not have: a short wait, bounded
+    by ``lock_timeout`` like every lock wait of the store, and never a deadlock (the statement holds
+    nothing that the writer needs).
+    """
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    p = sa.bindparam
+    clock = sa.select(now.label("now")).cte("clock")
+    first = {
+        "key_hash": p("p_key_hash"),
+        "namespace": p("p_namespace"),
+        "name": p("p_name"),
+        "version": sa.literal_column("1", sa.Integer),
+        "failure_count": sa.literal_column("0", sa.Integer),
+        "fence": sa.literal_column("1", sa.Integer),
+        "attempts": sa.literal_column("1", sa.Integer),
+        "owner": p("p_owner"),
+        "lease_id": p("p_lease_id"),
+        "acquired_at": clock.c.now,
+        "expires_at": clock.c.now + p("p_span", type_=sa.Double),
+        "max_expires_at": clock.c.now + p("p_max_lease_age", type_=sa.Double),
+        "ttl": p("p_ttl", type_=sa.Double),
+        "attempt": sa.literal_column("1", sa.Integer),
+    }
+    values = sa.select(*(value.label(name) for name, value in first.items())).select_from(clock)
+    inserted = (
+        pg_insert(t)
+        .from_select(list(first), values)
+        .on_conflict_do_nothing(index_elements=["key_hash"])
+        .returning(*t.c)
+        .cte("inserted")
+    )
+    won = sa.select(sa.true().label("inserted"), clock.c.now, *inserted.c).select_from(
+        clock.join(inserted, sa.true())
+    )
+    found = (
+        sa.select(sa.false().label("inserted"), clock.c.now, *t.c)
+        .select_from(clock.outerjoin(t, t.c.key_hash == p("p_key_hash")))
+        .where(~sa.exists(sa.select(inserted.c.key_hash)))
+    )
+    return sa.union_all(won, found)
 
 
 def insert_if_absent(t: sa.Table, backend: str, row: dict[str, Any]) -> sa.ClauseElement:

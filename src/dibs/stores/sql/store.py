@@ -22,7 +22,16 @@ from sqlalchemy.engine.url import URL
 
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
-from dibs.records import MAX_FENCE, ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
+from dibs.records import (
+    MAX_FENCE,
+    ArtifactRecord,
+    Granted,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    StoreOutcome,
+    new_lease_id,
+)
 from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
@@ -185,14 +194,7 @@ class SQLStore(Store):
         with self._keeper.bounded(dbapi_connection, seconds) as ended:
             yield ended
 
-    @contextlib.contextmanager
-    def _cursor(self, bound: float | None = None) -> Iterator[Any]:
-        """A DBAPI cursor on a pooled autocommit connection (see :meth:`_pooled_cursor`)."""
-        with self._fork_gate(), self._pooled_cursor(bound) as cursor:
-            yield cursor
-
-    @contextlib.contextmanager
-    def _pooled_cursor(self, bound: float | None = None) -> Iterator[Any]:
+    def _cursor(self, bound: float | None = None) -> _PooledCursor:
         """A DBAPI cursor on a pooled autocommit connection, for the prepared statements.
 
         Errors are translated as :meth:`_connect` does: an operational error or a lost connection
@@ -200,44 +202,7 @@ class SQLStore(Store):
         database error is raised as SQLAlchemy's exception for it. The block may wait for the server
         ``bound`` seconds (default: the store's ``timeout``) before its connection is shut.
         """
-        self._ensure_ready()
-        dbapi = self.engine.dialect.loaded_dbapi
-        try:
-            connection = self.engine.raw_connection()
-        except (dbapi.Error, sa_exc.TimeoutError) as exc:
-            # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
-            raise self._unavailable(exc) from exc
-        cursor = None
-        ended = [False]
-        try:
-            if self._keeper is None:  # SQLite: nothing to bound (see _bounded), and no generator to pay for
-                cursor = connection.cursor()
-                yield cursor
-            else:
-                seconds = self.timeout if bound is None else bound
-                with self._keeper.bounded(connection.dbapi_connection, seconds) as ended:
-                    cursor = connection.cursor()
-                    yield cursor
-        except dbapi.Error as exc:
-            lost = ended[0] or self.engine.dialect.is_disconnect(exc, connection, cursor)
-            if lost:
-                connection.invalidate(exc)
-            if lost and not ended[0]:
-                # The server ended this connection (a restart, pg_terminate_backend): it will have
-                # ended the other idle ones too. Drop them all now, or each would fail one later call.
-                self.engine.dispose()
-            if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
-                raise self._unavailable(exc, disconnected=lost and not ended[0], timed_out=ended[0]) from exc
-            dialect = self.engine.dialect
-            raise sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect) from exc
-        finally:
-            if cursor is not None:
-                with contextlib.suppress(dbapi.Error):
-                    cursor.close()
-            if ended[0] and connection.dbapi_connection is not None:
-                # The bound shut its socket just as the call succeeded: never hand it to the next call.
-                connection.invalidate()
-            connection.close()
+        return _PooledCursor(self, self.timeout if bound is None else bound)
 
     def _first_line(self, error: BaseException, limit: int) -> str:
         """The first line of a driver's message, without any secret of the URL."""
@@ -342,6 +307,7 @@ class SQLStore(Store):
         prepared = Statements(self.t, self._now, self.engine.dialect, self.dialect)
         self._read_state = prepared.read_state
         self._insert_new, self._swap_row = prepared.insert_new, prepared.swap_row
+        self._read_or_insert = prepared.read_or_insert
         self._heartbeat = prepared.heartbeat
         self._complete, self._stored_variables = prepared.complete, prepared.stored_variables
         self._release, self._release_failed = prepared.release, prepared.release_failed
@@ -351,7 +317,10 @@ class SQLStore(Store):
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
-        row = self._read_state.fetch_one(cursor, {"p_key_hash": key.digest})
+        return self._checked_state(key, self._read_state.fetch_one(cursor, {"p_key_hash": key.digest}))
+
+    def _checked_state(self, key: Key, row: Mapping[str, Any]) -> tuple[KeyState, int | None]:
+        """A read row's state and version, a version no write could increment being corrupt."""
         state, version = self._state(key, row), row["version"]
         if version is not None and not (isinstance(version, int) and 0 < version < MAX_FENCE):
             # Every write increments it: at the largest BIGINT the row can never change again.
@@ -416,8 +385,13 @@ class SQLStore(Store):
     # -- acquire: read, decide, compare-and-swap ------------------------------------------------------
     def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         def attempt(cursor: Any) -> StoreOutcome:
-            for _ in range(16):
-                state, version = self._read(cursor, key)
+            for round_number in range(16):
+                if round_number == 0 and self._read_or_insert is not None:
+                    granted, state, version = self._read_or_insert_first(cursor, key, request)
+                    if granted is not None:
+                        return granted
+                else:
+                    state, version = self._read(cursor, key)
                 outcome, new_state = transitions.acquire(state, request)
                 if new_state is None or self._swap(cursor, key, version, new_state):
                     return outcome
@@ -426,6 +400,32 @@ class SQLStore(Store):
             )
 
         return self._repeatable(attempt)
+
+    def _read_or_insert_first(
+        self, cursor: Any, key: Key, request: AcquireRequest
+    ) -> tuple[Granted | None, KeyState, int | None]:
+        """PostgreSQL: read the key and, if it has no row, take its first lease, in one round trip
+        (see :func:`~dibs.stores.sql.statements.read_or_insert`). The lease granted, or ``None`` and
+        the key's state and row version for :func:`transitions.acquire` to decide on."""
+        assert self._read_or_insert is not None
+        span = request.ttl if request.max_lease_age is None else min(request.ttl, request.max_lease_age)
+        values = {
+            "p_key_hash": key.digest,
+            "p_namespace": key.namespace,
+            "p_name": key.name,
+            "p_owner": request.owner,
+            "p_lease_id": new_lease_id(),
+            "p_span": span,
+            "p_max_lease_age": request.max_lease_age,
+            "p_ttl": request.ttl,
+        }
+        row = self._read_or_insert.fetch_one(cursor, values)
+        state, version = self._checked_state(key, row)
+        if not row["inserted"]:
+            return None, state, version
+        # The row the statement inserted is the first lease transitions.acquire grants a free key.
+        assert state.lease is not None
+        return Granted(state.lease, state.failure), state, version
 
     def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
         values = {f"p_{name}": value for name, value in lease_columns(new.lease).items()}
@@ -707,6 +707,86 @@ class SQLStore(Store):
         if self.dialect == "sqlite":
             return DataVersionFeed(self)
         return VersionsFeed(self)
+
+
+class _PooledCursor:
+    """:meth:`SQLStore._cursor`: the fork gate (SQLite), a pooled connection, the call's bound and a
+    cursor, entered and left by one object. Written out rather than as nested generator context
+    managers: it runs twice for every reservation, and each generator layer cost a few microseconds,
+    as much as the rest of the Python of an SQLite call (issue 20)."""
+
+    __slots__ = ("_bound", "_connection", "_cursor", "_dbapi", "_gate", "_store", "_ticket")
+
+    def __init__(self, store: SQLStore, bound: float) -> None:
+        self._store = store
+        self._bound = bound
+        self._gate: Any = GATE if store.dialect == "sqlite" else None
+        self._connection: Any = None
+        self._cursor: Any = None
+        self._ticket: int | None = None
+
+    def __enter__(self) -> Any:
+        store = self._store
+        store._ensure_ready()
+        gate = self._gate
+        if gate is not None:
+            gate.__enter__()
+        try:
+            dbapi = self._dbapi = store.engine.dialect.loaded_dbapi
+            try:
+                connection = self._connection = store.engine.raw_connection()
+            except (dbapi.Error, sa_exc.TimeoutError) as exc:
+                # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
+                raise store._unavailable(exc) from exc
+            try:
+                if store._keeper is not None:  # SQLite: no network; its busy timeout bounds lock waits
+                    self._ticket = store._keeper.register(connection.dbapi_connection, self._bound)
+                self._cursor = connection.cursor()
+            except BaseException as exc:
+                self._end(type(exc), exc)  # raises a database error translated
+                raise
+            return self._cursor
+        except BaseException:
+            if gate is not None:
+                gate.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self._end(exc_type, exc)
+        finally:
+            if self._gate is not None:
+                self._gate.__exit__(None, None, None)
+
+    def _end(self, exc_type: Any, exc: BaseException | None) -> None:
+        """Give the connection back; a database error that ended the block is raised translated."""
+        store, connection, cursor, dbapi = self._store, self._connection, self._cursor, self._dbapi
+        ended = store._keeper.unregister(self._ticket) if store._keeper is not None else False
+        error: BaseException | None = None
+        try:
+            if exc is not None and isinstance(exc, dbapi.Error):
+                lost = ended or store.engine.dialect.is_disconnect(exc, connection, cursor)
+                if lost:
+                    connection.invalidate(exc)
+                if lost and not ended:
+                    # The server ended this connection (a restart, pg_terminate_backend): it will have
+                    # ended the other idle ones too. Drop them all now, or each would fail one later call.
+                    store.engine.dispose()
+                if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
+                    error = store._unavailable(exc, disconnected=lost and not ended, timed_out=ended)
+                else:
+                    dialect = store.engine.dialect
+                    error = sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect)
+        finally:
+            if cursor is not None:
+                with contextlib.suppress(dbapi.Error):
+                    cursor.close()
+            if ended and connection.dbapi_connection is not None:
+                # The bound shut its socket just as the call succeeded: never hand it to the next call.
+                connection.invalidate()
+            connection.close()
+        if error is not None:
+            raise error from exc
 
 
 # -- helpers -----------------------------------------------------------------------------------------
