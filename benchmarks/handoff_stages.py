@@ -72,9 +72,9 @@ def _install() -> None:
     import psycopg
     import redis.client
 
-    import dibs
-    from dibs import hub
+    from dibs import artifacts, hub
     from dibs.stores import redis as redis_store
+    from dibs.stores.redis import feed as redis_feed
     from dibs.stores.sql import feed, statements, store
 
     # holder
@@ -91,7 +91,7 @@ def _install() -> None:
     )
     _wrap(feed.DataVersionFeed, "probe", "data_version", exit_if=bool)
     _wrap(feed.DataVersionFeed, "tokens", "versions")
-    for cls in (feed.ListenFeed, feed.DataVersionFeed, redis_store._PatternFeed):
+    for cls in (feed.ListenFeed, feed.DataVersionFeed, redis_feed.PatternFeed):
         _wrap(cls, "changes", "changes", exit_if=bool)
     # waiter: the hub and the waiter's thread
     # the hub's read: on the feed's connection (PostgreSQL), else the store's
@@ -100,7 +100,7 @@ def _install() -> None:
     _wrap(redis_store.RedisStore, "read_many", "read")
     _wrap(hub.Subscription, "_offer", "offer")
     _wrap(hub.Subscription, "wait", "wait", exit_if=lambda state: state is not None)
-    _wrap(dibs.Reservations, "_hit", "decode")
+    _wrap(artifacts.ArtifactReader, "hit", "decode")
 
 
 #: What every store's waiter does once its hub heard of the change.
