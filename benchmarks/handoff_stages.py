@@ -144,6 +144,7 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         *_HUB_AND_WAITER,
     ),
 }
+STAGES["sqlite-full"] = STAGES["sqlite"]
 
 
 def _waiter(url: str, namespace: str, conn: multiprocessing.connection.Connection) -> None:
