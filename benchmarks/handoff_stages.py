@@ -10,7 +10,8 @@ methods involved for the run only (nothing in dibs is changed):
 * holder: ``complete`` called, the store's ``complete`` entered, its statement or script sent and
   answered, ``complete`` returned;
 * waiter: the feed's first sight of the change (a ``NOTIFY`` yielded by psycopg, a Redis ``pmessage``,
-  SQLite's ``data_version`` probe that saw it), the feed's ``changes`` returning it, the hub's read
+  the inotify watch on SQLite's ``-wal`` file waking (Linux), SQLite's ``data_version`` probe that saw
+  it), the feed's ``changes`` returning it, the hub's read
   (``read_many``), the hand-over to the waiter's subscription, the waiter's thread awake, the
   artifact decoded, ``acquire`` returned.
 
@@ -73,6 +74,7 @@ def _install() -> None:
     import redis.client
 
     from dibs import artifacts, hub
+    from dibs.stores import _inotify
     from dibs.stores import redis as redis_store
     from dibs.stores.redis import feed as redis_feed
     from dibs.stores.sql import feed, statements, store
@@ -89,13 +91,15 @@ def _install() -> None:
         "message",
         exit_if=lambda m: m is not None and m.get("type") == "pmessage",
     )
+    _wrap(_inotify.FileWatch, "wait", "inotify", exit_if=bool)
     _wrap(feed.DataVersionFeed, "probe", "data_version", exit_if=bool)
     _wrap(feed.DataVersionFeed, "tokens", "versions")
     for cls in (feed.ListenFeed, feed.DataVersionFeed, redis_feed.PatternFeed):
         _wrap(cls, "changes", "changes", exit_if=bool)
     # waiter: the hub and the waiter's thread
-    # the hub's read: on the feed's connection (PostgreSQL), else the store's
-    _wrap(feed.ListenFeed, "read_many", "read", exit_if=lambda states: states is not None)
+    # the hub's read: on the feed's connection (PostgreSQL, SQLite), else the store's
+    for cls in (feed.ListenFeed, feed.DataVersionFeed):
+        _wrap(cls, "read_many", "read", exit_if=lambda states: states is not None)
     _wrap(store.SQLStore, "read_many", "read")
     _wrap(redis_store.RedisStore, "read_many", "read")
     _wrap(hub.Subscription, "_offer", "offer")
@@ -131,6 +135,7 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         ("statement sent", "H:sql>"),
         ("statement committed", "H:sql<"),
         ("complete returned", "H:complete<"),
+        ("-wal write heard (inotify)", "W:inotify<"),
         ("data_version changed", "W:data_version<"),
         ("versions read", "W:versions<"),
         *_HUB_AND_WAITER,

@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 import dibs
 from dibs.keys import Key
 from dibs.records import Granted, checksum
 from dibs.runtime import runtime
 from dibs.stores import AcquireRequest, NewArtifact, Store, _inotify
+from dibs.stores.feeds import fingerprint
 from dibs.stores.sql import SQLStore
 from dibs.stores.sql.feed import DataVersionFeed
 from tests.scale import wait_until
@@ -242,3 +244,27 @@ def _inotify_descriptors() -> int:
         with contextlib.suppress(OSError):
             found += os.readlink(f"/proc/self/fd/{entry}") == "anon_inode:inotify"
     return found
+
+
+def test_the_feed_reads_one_changed_key_on_its_own_connection(store: SQLStore) -> None:
+    key, other = Key("feed", "done"), Key("feed", "other")
+    granted = store.acquire(key, AcquireRequest("alice", 60))
+    assert isinstance(granted, Granted)
+    store.complete(key, granted.lease.token, NewArtifact("bytes", b"for the hub", checksum(b"for the hub")))
+    feed = _feed(store)
+    checkouts: list[object] = []
+    sa.event.listen(store.engine, "checkout", lambda *args: checkouts.append(args))
+    feed.open()
+    try:
+        checkouts.clear()
+        [state] = feed.read_many(store, [key]) or []
+        assert checkouts == []  # no pooled connection: the feed's own
+        assert state.artifact is not None and state.artifact.verified_payload(key) == b"for the hub"
+        assert fingerprint(state) == fingerprint(store.read(key))
+        assert feed.read_many(store, [other]) == []  # no row
+        # Another store object (one wrapped around this store, say), or several keys: the store reads.
+        assert feed.read_many(SQLStore(store.url), [key]) is None
+        assert feed.read_many(store, [key, other]) is None
+    finally:
+        feed.close()
+    assert feed.read_many(store, [key]) is None  # closed: the store reads

@@ -216,6 +216,26 @@ class DataVersionFeed(VersionsFeed):
             raise self._store._unavailable(exc) from exc
         return found
 
+    def read_many(self, store: object, keys: Sequence[Key]) -> list[KeyState] | None:
+        """One key (a hand-off) is read on the feed's own connection, idle right after its look, with
+        the store's prepared read: no pooled connection checked out and returned (~0.3 ms of a
+        hand-off of ~1.5, issue 20). Several keys, or any failure: the store reads."""
+        source = self._store
+        if store is not source or len(keys) != 1 or self._conn is None or not source.feed_may_read:
+            return None
+        try:
+            with GATE.inside():
+                cursor = self._conn.cursor()
+                try:
+                    state, version = source._read(cursor, keys[0])
+                finally:
+                    cursor.close()
+        except CorruptRecord:
+            return []  # its waiters ask for themselves, and get the error
+        except source.engine.dialect.loaded_dbapi.Error:
+            return None
+        return [] if version is None else [state]
+
     def _versions_query(self, count: int) -> str:
         sql = self._versions_sql.get(count)
         if sql is None:
