@@ -174,7 +174,11 @@ class FileWatch:
                         self._closed = True
                         written = True
                     elif name == self._name:  # (re)created: watch the new file
-                        self._watch_file()
+                        try:
+                            self._watch_file()
+                        except OSError as exc:  # the watch limit reached meanwhile, say
+                            log.debug("no inotify watch on %s any more: %s", self._path, exc)
+                            self._closed = True  # broken: the caller looks on its own
                         written = True
                 elif wd == self._file_wd:
                     if mask & IN_IGNORED:  # deleted: its creation will be heard of
