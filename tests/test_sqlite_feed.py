@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -199,38 +200,57 @@ def _url(tmp_path: Path) -> str:
 
 @LINUX
 def test_a_process_with_many_waiters_holds_one_watch(tmp_path: Path) -> None:
-    """The watch is the hub's, one per store and process: two descriptors (the inotify instance and
-    the eventfd that cuts its wait short), however many waiters; none left once the hub lets go."""
+    """The watch is the hub's, one per store and process: one inotify instance (and the eventfd that
+    cuts its wait short), however many waiters; none left once the hub lets go. In a fresh process,
+    so that no other test's hub is closing its own meanwhile."""
     url = _url(tmp_path)
-    holder = SQLStore(url)  # another store object: its leases are not this process's client's
-    client = dibs.Reservations(url, namespace="feed")
-    keys = [client.key(f"k{i}") for i in range(20)]
+    holder = SQLStore(url)
+    names = [f"k{i}" for i in range(20)]
+    keys = [Key("feed", name) for name in names]
     tokens = []
     for key in keys:
         granted = holder.acquire(key, AcquireRequest("holder", 60))
         assert isinstance(granted, Granted)
         tokens.append(granted.lease.token)
-    before = _inotify_descriptors()
-    got: list[object] = []
-    threads = [threading.Thread(target=_acquire, args=(client, key, got)) for key in keys]
-    for thread in threads:
-        thread.start()
+    ours, theirs = SPAWN.Pipe()
+    process = SPAWN.Process(target=_many_waiters, args=(url, names, theirs))
+    process.start()
     try:
-        wait_until(lambda: _watching(client.store, len(keys)), "every waiter is subscribed")
-        assert _inotify_descriptors() - before == 1
+        assert ours.poll(60)
+        before, waiting = ours.recv()
+        assert (before, waiting) == (0, 1)
     finally:
         for key, token in zip(keys, tokens, strict=True):
             holder.complete(key, token, NewArtifact("json", b"1", checksum(b"1")))
-        for thread in threads:
-            thread.join(60)
-    assert len(got) == len(keys) and all(isinstance(outcome, dibs.Hit) for outcome in got)
+        holder.close()
+    assert ours.poll(60)
+    hits, after = ours.recv()
+    process.join(60)
+    assert process.exitcode == 0
+    assert hits == len(names) and after == 0
+
+
+def _many_waiters(url: str, names: list[str], conn: Any) -> None:
+    """In a fresh process: wait on every key in a thread each; send the inotify descriptors before and
+    while waiting, then the hits and the descriptors after the hub let go."""
+    client = dibs.Reservations(url, namespace="feed")
+    before = _inotify_descriptors()
+    got: list[object] = []
+    threads = [threading.Thread(target=_acquire, args=(client, name, got)) for name in names]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: _watching(client.store, len(names)), "every waiter is subscribed")
+    conn.send((before, _inotify_descriptors()))
+    for thread in threads:
+        thread.join(60)
+    hits = sum(isinstance(outcome, dibs.Hit) for outcome in got)
     runtime().close()  # the hub's thread closes its feed at its next turn
-    holder.close()
-    wait_until(lambda: _inotify_descriptors() == before, "the hub closed its watch")
+    wait_until(lambda: _inotify_descriptors() == before, "the hub closed its watch", timeout=30)
+    conn.send((hits, _inotify_descriptors()))
 
 
-def _acquire(client: dibs.Reservations, key: Key, got: list[object]) -> None:
-    got.append(client.acquire(key, timeout=60))
+def _acquire(client: dibs.Reservations, name: str, got: list[object]) -> None:
+    got.append(client.acquire(name, timeout=60))
 
 
 def _watching(store: Store, keys: int) -> bool:
