@@ -10,7 +10,8 @@ methods involved for the run only (nothing in dibs is changed):
 * holder: ``complete`` called, the store's ``complete`` entered, its statement or script sent and
   answered, ``complete`` returned;
 * waiter: the feed's first sight of the change (a ``NOTIFY`` yielded by psycopg, a Redis ``pmessage``,
-  SQLite's ``data_version`` probe that saw it), the feed's ``changes`` returning it, the hub's read
+  the inotify watch on SQLite's ``-wal`` file waking (Linux), SQLite's ``data_version`` probe that saw
+  it), the feed's ``changes`` returning it, the hub's read
   (``read_many``), the hand-over to the waiter's subscription, the waiter's thread awake, the
   artifact decoded, ``acquire`` returned.
 
@@ -72,9 +73,10 @@ def _install() -> None:
     import psycopg
     import redis.client
 
-    import dibs
-    from dibs import hub
+    from dibs import artifacts, hub
+    from dibs.stores import _inotify
     from dibs.stores import redis as redis_store
+    from dibs.stores.redis import feed as redis_feed
     from dibs.stores.sql import feed, statements, store
 
     # holder
@@ -89,18 +91,20 @@ def _install() -> None:
         "message",
         exit_if=lambda m: m is not None and m.get("type") == "pmessage",
     )
+    _wrap(_inotify.FileWatch, "wait", "inotify", exit_if=bool)
     _wrap(feed.DataVersionFeed, "probe", "data_version", exit_if=bool)
     _wrap(feed.DataVersionFeed, "tokens", "versions")
-    for cls in (feed.ListenFeed, feed.DataVersionFeed, redis_store._PatternFeed):
+    for cls in (feed.ListenFeed, feed.DataVersionFeed, redis_feed.PatternFeed):
         _wrap(cls, "changes", "changes", exit_if=bool)
     # waiter: the hub and the waiter's thread
-    # the hub's read: on the feed's connection (PostgreSQL), else the store's
-    _wrap(feed.ListenFeed, "read_many", "read", exit_if=lambda states: states is not None)
+    # the hub's read: on the feed's connection (PostgreSQL, SQLite), else the store's
+    for cls in (feed.ListenFeed, feed.DataVersionFeed):
+        _wrap(cls, "read_many", "read", exit_if=lambda states: states is not None)
     _wrap(store.SQLStore, "read_many", "read")
     _wrap(redis_store.RedisStore, "read_many", "read")
     _wrap(hub.Subscription, "_offer", "offer")
     _wrap(hub.Subscription, "wait", "wait", exit_if=lambda state: state is not None)
-    _wrap(dibs.Reservations, "_hit", "decode")
+    _wrap(artifacts.ArtifactReader, "hit", "decode")
 
 
 #: What every store's waiter does once its hub heard of the change.
@@ -131,6 +135,7 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         ("statement sent", "H:sql>"),
         ("statement committed", "H:sql<"),
         ("complete returned", "H:complete<"),
+        ("-wal write heard (inotify)", "W:inotify<"),
         ("data_version changed", "W:data_version<"),
         ("versions read", "W:versions<"),
         *_HUB_AND_WAITER,
@@ -144,6 +149,7 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         *_HUB_AND_WAITER,
     ),
 }
+STAGES["sqlite-full"] = STAGES["sqlite"]
 
 
 def _waiter(url: str, namespace: str, conn: multiprocessing.connection.Connection) -> None:

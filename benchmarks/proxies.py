@@ -87,7 +87,8 @@ class CountingStore(DelegatingStore):
 
     A feed's looks are one stream per process, whatever the number of waiters: a polling feed's
     ``tokens`` (a versions query, a ``stat`` of each watched record, ETag HEADs or a listing) and its
-    ``probe`` (SQLite's ``data_version``, read from shared memory). Listening feeds (PostgreSQL
+    ``probe`` (SQLite's ``data_version``, read from shared memory), and among the probes those an
+    inotify watch woke (SQLite's ``-wal`` file written, on Linux). Listening feeds (PostgreSQL
     ``LISTEN``, Redis ``PSUBSCRIBE``) send nothing while nothing changes.
     """
 
@@ -177,8 +178,11 @@ class CountingStore(DelegatingStore):
             probe = feed.probe
 
             def counted_probe(timeout: float) -> bool:
+                before = getattr(feed, "inotify_wakeups", 0)
                 changed = probe(timeout)
                 self.record("feed.probe")
+                if getattr(feed, "inotify_wakeups", 0) != before:  # SQLite's -wal file was written
+                    self.record("feed.inotify")
                 return changed
 
             feed.probe = counted_probe  # type: ignore[method-assign]
@@ -188,5 +192,5 @@ class CountingStore(DelegatingStore):
         with self._lock:
             return {
                 name: sum(1 for t in self.calls.get(name, []) if start <= t < end)
-                for name in ("feed.tokens", "feed.probe")
+                for name in ("feed.tokens", "feed.probe", "feed.inotify")
             }

@@ -42,7 +42,8 @@ _LABELS = {
     "file": "Filesystem (local disk)",
 }
 _PUSH = {
-    "sqlite": "watch hub: data_version probe every 4 ms",
+    "sqlite": "watch hub: data_version probe when inotify sees the -wal file written, else every 0.1 s"
+    " (every 4 ms without inotify)",
     "postgres": "watch hub: one LISTEN connection",
     "mysql": "watch hub: one versions query per look (50 ms to 1 s)",
     "redis": "watch hub: one pattern subscription",

@@ -93,8 +93,9 @@ class SQLStore(Store):
         self.timeout = seconds_option(options, "timeout", DEFAULT_TIMEOUT)
         self.max_artifact_size = bytes_option(options, "max_artifact_size")
         self.engine = make_engine(sa_url, options, engine_kwargs, self.timeout)
-        #: Whether the change feed may read records on its own LISTEN connection: only when that
-        #: connection is made as the pool's are (a caller's connect_args, a search_path say, are not).
+        #: Whether the change feed may read records on its own connection (PostgreSQL's LISTEN one,
+        #: SQLite's data_version one): only when that connection is made as the pool's are (a caller's
+        #: connect_args, a search_path say, are not).
         self.feed_may_read = "connect_args" not in engine_kwargs
         self._keeper: Keeper | None = None
         if self.dialect != "sqlite":
