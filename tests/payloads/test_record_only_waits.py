@@ -13,6 +13,7 @@ import dibs
 from dibs.hub import Subscription
 from dibs.payloads import ReferencedArtifact, unread
 from dibs.payloads.files import FilePayloadStore
+from dibs.payloads.references import REFERENCE
 from dibs.records import ArtifactRecord
 from dibs.runtime import runtime
 
@@ -88,6 +89,51 @@ def test_one_hub_serves_waiters_that_load_and_waiters_that_only_read_the_record(
         assert [artifact.loaded for artifact in got[:3]] == [BIG] * 3  # type: ignore[union-attr]
         assert [artifact.loaded for artifact in got[3:]] == [None] * 3  # type: ignore[union-attr]
         assert len(payloads.opened) == 1  # one load, for the loading view's waiters only
+
+
+class _SlowFiles(FilePayloadStore):
+    """A folder payload store whose every open blocks until the test releases it (a remote file
+    system that takes seconds to open a file)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.opening, self.released = threading.Event(), threading.Event()
+
+    def open(self, sha256: str) -> IO[bytes]:
+        self.opening.set()
+        if not self.released.wait(60):
+            raise AssertionError("the test never released the open")
+        return super().open(sha256)
+
+
+def test_a_slow_payload_load_holds_back_no_waiter_that_does_not_load(
+    records_url: str, tmp_path: Path
+) -> None:
+    """The hub hands the record store's own waiters and the record-only ones their state while the
+    loading view's load is still blocked in the payload store's open; the loading waiters get theirs
+    once it returns."""
+    payloads = _SlowFiles(tmp_path / "payloads")
+    with dibs.Reservations(records_url, payloads=payloads, serializer="bytes") as client:
+        twin = unread(client.store, "size")
+        lease = client.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+        key = lease.key
+        loading = runtime().subscribe(client.store, key)  # first: the hub meets its view first
+        record_only = runtime().subscribe(twin, key)
+        plain = runtime().subscribe(client.store.record_store, key)
+        try:
+            lease.complete(BIG)
+            assert payloads.opening.wait(30), "the hub never loaded the payload"
+            early = [_artifact_when_done(subscription) for subscription in (plain, record_only)]
+            assert not payloads.released.is_set()  # both handed their state during the load
+            payloads.released.set()
+            late = _artifact_when_done(loading)
+        finally:
+            payloads.released.set()
+            for subscription in (loading, record_only, plain):
+                subscription.close()
+        assert isinstance(early[1], ReferencedArtifact) and early[1].loaded is None
+        assert early[0] is not None and early[0].serializer == REFERENCE  # the record as it is kept
+        assert isinstance(late, ReferencedArtifact) and late.loaded == BIG
 
 
 def _artifact_when_done(subscription: Subscription) -> ArtifactRecord | None:

@@ -237,6 +237,13 @@ class Store(Closing):
         only check it is there). A store that keeps its own records shows them as they are."""
         return builtins.list(states)
 
+    @property
+    def view_loads(self) -> bool:
+        """Whether :meth:`view_many` may load payloads (slow: a remote file system's open). The watch
+        hub shows states through such views after every other, so their waiters never hold back
+        those of the views that only read records."""
+        return False
+
     def change_feed(self) -> ChangeFeed | None:
         """The feed that tells this process's watch hub which keys may have changed (see
         :mod:`dibs.stores.feeds`). ``None`` leaves every waiter to poll on its own."""
