@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+import pytest
+
 import dibs
 from dibs.hub import Subscription
 from dibs.payloads import ReferencedArtifact, unread
@@ -60,6 +62,23 @@ def test_without_a_payload_store_a_record_only_wait_hands_back_the_inline_record
         assert hit is not None and isinstance(hit.value, ArtifactRecord)
         assert client.decode(hit.key, hit.value) == {"rows": 3}
         assert client.wait("k") == dibs.Hit.of(hit.key, hit.value, {"rows": 3})  # decoded, as before
+
+
+def test_decode_must_be_true_or_false(records_url: str) -> None:
+    """``decode=None`` (or 0, or "no") is refused, naming the value, sync and async: it would otherwise
+    have meant a record-only wait, the opposite of a default."""
+    with dibs.Reservations(records_url) as client:
+        client.run("k", lambda: 1)
+        for wrong in (None, 0, "no"):
+            with pytest.raises(dibs.ConfigurationError, match=f"decode must be True or False, got {wrong!r}"):
+                client.wait("k", decode=wrong)  # type: ignore[arg-type]
+
+            async def waited(wrong: object = wrong) -> object:
+                return await client.aio().wait("k", decode=wrong, timeout=5)  # type: ignore[arg-type]
+
+            with pytest.raises(dibs.ConfigurationError, match="decode must be True or False"):
+                asyncio.run(waited())
+        assert client.wait("k", decode=True) is not None
 
 
 def test_one_hub_serves_waiters_that_load_and_waiters_that_only_read_the_record(
