@@ -64,6 +64,25 @@ def test_without_a_payload_store_a_record_only_wait_hands_back_the_inline_record
         assert client.wait("k") == dibs.Hit.of(hit.key, hit.value, {"rows": 3})  # decoded, as before
 
 
+def test_without_the_payload_store_a_record_only_wait_cannot_check_a_reference(
+    records_url: str, tmp_path: Path
+) -> None:
+    """What docs/payloads.md says: the check that a payload is there is the client's payload store's;
+    a client without one ends its record-only wait on the reference record, unchecked, even when the
+    payload is gone; the client with the payload store finds it missing (no hit)."""
+    payloads = _CountingFiles(tmp_path / "payloads")
+    with dibs.Reservations(records_url, payloads=payloads, serializer="bytes") as client:
+        client.run("k", lambda: BIG)
+        for path in (tmp_path / "payloads").rglob("*"):
+            if path.is_file():
+                path.unlink()
+        assert client.wait("k", decode=False, timeout=0) is None  # checked: missing, so a miss
+    with dibs.Reservations(records_url) as without:
+        hit = without.wait("k", decode=False, timeout=0)
+        assert hit is not None and isinstance(hit.value, ArtifactRecord)
+        assert hit.value.serializer == REFERENCE  # unchecked: the payload is gone
+
+
 def test_decode_must_be_true_or_false(records_url: str) -> None:
     """``decode=None`` (or 0, or "no") is refused, naming the value, sync and async: it would otherwise
     have meant a record-only wait, the opposite of a default."""
