@@ -308,6 +308,32 @@ def test_what_a_failed_alter_says(dialect: str, error: BaseException, failure: s
     assert sql_schema.may_not_alter(dialect, error) is (failure == "refused")
 
 
+def test_a_connection_lost_while_adding_the_column_is_an_error_naming_the_statement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a reason to go on without the column: the connection is gone (no real server can be made
+    to drop it at that statement on demand, so the driver's error is injected)."""
+    url = f"sqlite:///{tmp_path / 'lost.db'}"
+    admin = SQLStore(url)
+    dibs.Reservations(admin, namespace="lost").run("kept", lambda: 1)
+    _drop_added_columns(admin)
+    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+
+    @contextlib.contextmanager
+    def lost(self: Any, conn: Any) -> Iterator[None]:
+        gone = Exception("server closed the connection unexpectedly")
+        raise sa.exc.OperationalError("ALTER TABLE", {}, gone, connection_invalidated=True)
+        yield
+
+    monkeypatch.setattr(sql_schema.SchemaCheck, "_metadata_lock_bounded", lost)
+    client = dibs.Reservations(SQLStore(url), namespace="lost")
+    with pytest.raises(dibs.StoreUnavailable, match="connection was lost while adding the column") as caught:
+        client.status("kept")
+    assert "compute_seconds" in str(caught.value) and "the statement was: ALTER TABLE" in str(caught.value)
+    client.close()
+    admin.close()
+
+
 def test_a_read_only_sqlite_file_may_not_alter(tmp_path: Path) -> None:
     import sqlite3
 

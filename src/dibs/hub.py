@@ -1,9 +1,9 @@
-"""The watch hub: one thread per store and process that follows the store and wakes its waiters.
+"""The watch hub: one thread per record store and process, following the store, waking its waiters.
 
 A triggerer with a thousand deferred tasks, or a worker with hundreds of threads, may wait on many
 keys of one store at once. Opening a listening connection, or a thread, per waiter does not survive
 that (a PostgreSQL server refuses clients at about a hundred connections). So each process has one
-:class:`WatchHub` per store, with one :class:`~dibs.stores.feeds.ChangeFeed` (a ``LISTEN``
+:class:`WatchHub` per record store, with one :class:`~dibs.stores.feeds.ChangeFeed` (a ``LISTEN``
 connection, a Redis pattern subscription, a ``data_version`` probe, a poller):
 
 * a waiter :meth:`~WatchHub.subscribe`\\ s to its key, which costs a dictionary entry;

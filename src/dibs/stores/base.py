@@ -12,9 +12,10 @@ Two families implement it:
 * Stores that decide inside the service (SQL, Redis) override the operations directly.
 
 Waiting is not a store operation either. A store offers a :meth:`Store.change_feed` (see
-:mod:`dibs.stores.feeds`), and the process's one watch hub per store (:mod:`dibs.hub`) turns it into
-wake-ups for any number of waiters. Async callers run these same one-attempt operations in the
-runtime's small I/O executor (:mod:`dibs.runtime`) instead of a second, async copy of every store.
+:mod:`dibs.stores.feeds`), and the process's one watch hub per record store
+(:attr:`Store.record_store`, :mod:`dibs.hub`) turns it into wake-ups for any number of waiters.
+Async callers run these same one-attempt operations in the runtime's small I/O executor
+(:mod:`dibs.runtime`) instead of a second, async copy of every store.
 """
 
 from __future__ import annotations
