@@ -8,10 +8,13 @@ key is reported and left byte for byte as it was. Needs ``DIBS_TEST_REDIS_URL`` 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import random
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -612,3 +615,129 @@ def test_the_hubs_read_of_one_key_skips_a_key_the_server_refuses_as_its_read_of_
             assert [state.key for state in limited.read_many([readable])] == [readable]
     finally:
         raw.acl_deluser(user)
+
+
+@contextlib.contextmanager
+def _server_to_make_busy(redis_url: str) -> Iterator[str]:
+    """The URL (with ``redis_url``'s prefix) of a Redis server this test may make BUSY: a private
+    ``redis-server`` when there is one on PATH (a long script stalls every client of its server, and
+    the shared one serves other tests), else the shared one for the short while the script runs."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield redis_url
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        client = redis.Redis(port=port, socket_connect_timeout=1)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0?{redis_url.split('?', 1)[1]}"
+    finally:
+        server.terminate()
+        server.wait(GENEROUS)
+
+
+def test_the_hubs_reads_raise_while_the_server_is_busy_so_the_hub_reads_again(redis_url: str) -> None:
+    """A server BUSY running a long script answers every read with an error reply that is not about
+    the key, and passes: ``read_many`` (one key, or several in a pipeline) raises StoreUnavailable, so
+    the hub reads them again later, instead of leaving them out as it does a key the server refuses
+    this user (NOPERM) for good."""
+    with _server_to_make_busy(redis_url) as url, opened_stores(lambda: RedisStore.from_url(url)) as opener:
+        store = opener()
+        keys = [Key("redis.tests", "one"), Key("redis.tests", "two")]
+        for key in keys:
+            _granted(store.acquire(key, AcquireRequest("alice", 30)))
+        raw = redis.Redis.from_url(url.split("?", 1)[0])
+        threshold = raw.config_get("busy-reply-threshold")["busy-reply-threshold"]
+        raw.config_set("busy-reply-threshold", 10)  # milliseconds before other clients hear BUSY
+        spinner = redis.Redis.from_url(url.split("?", 1)[0])
+        spin = (  # runs ARGV[1] microseconds by the server's clock
+            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] "
+            "repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - s > tonumber(ARGV[1])"
+        )
+        spinning = threading.Thread(target=spinner.eval, args=(spin, 0, 1_500_000))
+        try:
+            spinning.start()
+            for _ in range(200):
+                try:
+                    raw.ping()
+                except redis.exceptions.ResponseError as exc:
+                    assert "BUSY" in str(exc)
+                    break
+                time.sleep(0.005)
+            else:
+                raise AssertionError("the server never answered BUSY")
+            with pytest.raises(StoreUnavailable, match="BUSY"):
+                store.read_many(keys[:1])
+            with pytest.raises(StoreUnavailable, match="BUSY"):
+                store.read_many(keys)
+        finally:
+            spinning.join(GENEROUS)
+            raw.config_set("busy-reply-threshold", threshold)
+            spinner.close()
+            raw.close()
+        assert [state.key for state in store.read_many(keys)] == keys  # the script over: read again
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'"),
+        redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica."),
+        redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
+    ],
+    ids=lambda error: str(error).split()[0],
+)
+def test_the_hubs_reads_raise_on_a_passing_error_reply(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """Error replies about the server, not the key (which no test can make a real server give on
+    demand, nor for one key of a pipeline), raise StoreUnavailable from the hub's read of one key and
+    of several; NOPERM alone skips the key."""
+    other = Key("redis.tests", "other")
+    for key in (KEY, other):
+        _granted(store.acquire(key, AcquireRequest("alice", 30)))
+    raised: Exception = error
+
+    def failing(**_: Any) -> Any:
+        raise raised
+
+    pipeline = store._client.pipeline
+
+    def failing_last(*args: Any, **kwargs: Any) -> Any:  # the last key's reply is the error
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def executed(raise_on_error: bool = True) -> list[Any]:
+            replies = execute(raise_on_error=raise_on_error)
+            replies[-1] = raised
+            return replies
+
+        pipe.execute = executed
+        return pipe
+
+    monkeypatch.setattr(store._client, "pipeline", failing_last)
+    with pytest.raises(StoreUnavailable, match=str(error).split()[0]):
+        store.read_many([KEY, other])
+    monkeypatch.setattr(store, "_read", failing)
+    with pytest.raises(StoreUnavailable, match=str(error).split()[0]):
+        store.read_many([KEY])
+    raised = redis.exceptions.NoPermissionError("NOPERM this user has no permissions to access the key")
+    assert store.read_many([KEY]) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(store._client, "pipeline", failing_last)
+    assert [state.key for state in store.read_many([KEY, other])] == [KEY]

@@ -226,13 +226,16 @@ class WaitFor:
 
     @classmethod
     def of(cls, settings: Settings, key: Key, options: WaitOptions) -> WaitFor:
+        decode = options.get("decode", True)
+        if not isinstance(decode, bool):  # decode=None would otherwise quietly mean record-only
+            raise ConfigurationError(f"decode must be True or False, got {decode!r}")
         return cls(
             key,
             Deadline(options.get("timeout")),
             options.get("for_artifact", False),
             max_age_of(settings, options.get("max_age")),
             options.get("min_token"),
-            options.get("decode", True),
+            decode,
         )
 
     def through(self, store: Store) -> Store:

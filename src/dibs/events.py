@@ -338,10 +338,12 @@ class Observation:
 
     def close(self) -> None:
         # Once: closed again, it must not remove an equal observer registered since (a bound method
-        # such as ``heard.append`` equals every other one of the same list).
-        if not self._closed:
-            self._closed = True
-            self._observers.remove(self.observer)
+        # such as ``heard.append`` equals every other one of the same list). Checked and removed under
+        # the observers' lock: two threads closing it at once remove it once.
+        with self._observers._lock:
+            if not self._closed:
+                self._closed = True
+                self._observers._discard(self.observer)
 
     def __enter__(self) -> Self:
         return self
@@ -372,10 +374,14 @@ class Observers:
 
     def remove(self, observer: Observer) -> None:
         with self._lock:
-            if observer in self._all:
-                index = self._all.index(observer)
-                self._all = self._all[:index] + self._all[index + 1 :]
-                self._sort()
+            self._discard(observer)
+
+    def _discard(self, observer: Observer) -> None:
+        """:meth:`remove`, under the lock."""
+        if observer in self._all:
+            index = self._all.index(observer)
+            self._all = self._all[:index] + self._all[index + 1 :]
+            self._sort()
 
     def _sort(self) -> None:
         self.operations = tuple(
@@ -420,15 +426,15 @@ class _InstalledOnce(Observation):
 def observe_once(make: Callable[[], Observer]) -> Observation:
     """:func:`observe` with ``make()``, once per process however many times (and threads) ask: an
     integration's ``install()`` is called from every task, and its observer must hear each event once.
-    Once the observation is closed, the next call installs a new ``make()``."""
-    observation = _ONCE.get(make)
-    if observation is None:
-        with _ONCE_LOCK:
-            observation = _ONCE.get(make)
-            if observation is None:
-                observer = make()
-                PROCESS.add(observer)
-                observation = _ONCE[make] = _InstalledOnce(PROCESS, observer, make)
+    Once the observation is closed, the next call installs a new ``make()``. Always under the lock
+    (the call is rare and cheap): read without it, the observation found could be one another thread
+    is closing, handed out closed."""
+    with _ONCE_LOCK:
+        observation = _ONCE.get(make)
+        if observation is None:
+            observer = make()
+            PROCESS.add(observer)
+            observation = _ONCE[make] = _InstalledOnce(PROCESS, observer, make)
     return observation
 
 

@@ -1,9 +1,9 @@
-"""The watch hub: one thread per store and process that follows the store and wakes its waiters.
+"""The watch hub: one thread per record store and process, following the store, waking its waiters.
 
 A triggerer with a thousand deferred tasks, or a worker with hundreds of threads, may wait on many
 keys of one store at once. Opening a listening connection, or a thread, per waiter does not survive
 that (a PostgreSQL server refuses clients at about a hundred connections). So each process has one
-:class:`WatchHub` per store, with one :class:`~dibs.stores.feeds.ChangeFeed` (a ``LISTEN``
+:class:`WatchHub` per record store, with one :class:`~dibs.stores.feeds.ChangeFeed` (a ``LISTEN``
 connection, a Redis pattern subscription, a ``data_version`` probe, a poller):
 
 * a waiter :meth:`~WatchHub.subscribe`\\ s to its key, which costs a dictionary entry;
@@ -344,16 +344,20 @@ class WatchHub:
             if seen != entry.seen:
                 entry.seen = seen
                 changed.append((self._subscriptions(entry), state))
-        self._offer_all(offers + self._through_views(changed))
+        self._through_views(offers, changed)
         return True
 
     def _through_views(
-        self, changed: list[tuple[list[Subscription], KeyState]]
-    ) -> list[tuple[Subscription, KeyState | None]]:
-        """Each changed state for each of its waiters, as the store that waiter reads through shows it:
-        one :meth:`~dibs.stores.Store.view_many` per view for all its waiters' keys (a payload loaded
-        once for all of them, or only checked to be there for a record-only view)."""
-        offers: list[tuple[Subscription, KeyState | None]] = []
+        self,
+        offers: list[tuple[Subscription, KeyState | None]],
+        changed: list[tuple[list[Subscription], KeyState]],
+    ) -> None:
+        """Offer each changed state to each of its waiters as the store that waiter reads through shows
+        it: one :meth:`~dibs.stores.Store.view_many` per view for all its waiters' keys (a payload
+        loaded once for all of them, or only checked to be there for a record-only view). Offered as
+        soon as each is ready: first ``offers`` and the waiters on the record store itself, then each
+        view's, those that only read records before those that load payloads
+        (:attr:`~dibs.stores.Store.view_loads`), so a slow load never holds back the others."""
         views: dict[int, tuple[Store, list[tuple[Subscription, KeyState]]]] = {}
         for subscriptions, state in changed:
             for subscription in subscriptions:
@@ -363,7 +367,8 @@ class WatchHub:
                     views.setdefault(id(subscription.view), (subscription.view, []))[1].append(
                         (subscription, state)
                     )
-        for view, waiting in views.values():
+        self._offer_all(offers)
+        for view, waiting in sorted(views.values(), key=lambda each: each[0].view_loads):
             raw = list({state.key.digest: state for _, state in waiting}.values())
             try:
                 shown = {state.key.digest: state for state in view.view_many(raw)}
@@ -372,8 +377,7 @@ class WatchHub:
                     "the watch hub could not read keys of %s through %r: %r", self._store.url, view, exc
                 )
                 shown = {}
-            offers.extend((subscription, shown.get(state.key.digest)) for subscription, state in waiting)
-        return offers
+            self._offer_all([(subscription, shown.get(state.key.digest)) for subscription, state in waiting])
 
     def _subscriptions(self, entry: _Watched) -> list[Subscription]:
         with self._lock:

@@ -9,10 +9,13 @@ import time
 from pathlib import Path
 from typing import IO
 
+import pytest
+
 import dibs
 from dibs.hub import Subscription
 from dibs.payloads import ReferencedArtifact, unread
 from dibs.payloads.files import FilePayloadStore
+from dibs.payloads.references import REFERENCE
 from dibs.records import ArtifactRecord
 from dibs.runtime import runtime
 
@@ -61,6 +64,42 @@ def test_without_a_payload_store_a_record_only_wait_hands_back_the_inline_record
         assert client.wait("k") == dibs.Hit.of(hit.key, hit.value, {"rows": 3})  # decoded, as before
 
 
+def test_without_the_payload_store_a_record_only_wait_cannot_check_a_reference(
+    records_url: str, tmp_path: Path
+) -> None:
+    """What docs/payloads.md says: the check that a payload is there is the client's payload store's;
+    a client without one ends its record-only wait on the reference record, unchecked, even when the
+    payload is gone; the client with the payload store finds it missing (no hit)."""
+    payloads = _CountingFiles(tmp_path / "payloads")
+    with dibs.Reservations(records_url, payloads=payloads, serializer="bytes") as client:
+        client.run("k", lambda: BIG)
+        for path in (tmp_path / "payloads").rglob("*"):
+            if path.is_file():
+                path.unlink()
+        assert client.wait("k", decode=False, timeout=0) is None  # checked: missing, so a miss
+    with dibs.Reservations(records_url) as without:
+        hit = without.wait("k", decode=False, timeout=0)
+        assert hit is not None and isinstance(hit.value, ArtifactRecord)
+        assert hit.value.serializer == REFERENCE  # unchecked: the payload is gone
+
+
+def test_decode_must_be_true_or_false(records_url: str) -> None:
+    """``decode=None`` (or 0, or "no") is refused, naming the value, sync and async: it would otherwise
+    have meant a record-only wait, the opposite of a default."""
+    with dibs.Reservations(records_url) as client:
+        client.run("k", lambda: 1)
+        for wrong in (None, 0, "no"):
+            with pytest.raises(dibs.ConfigurationError, match=f"decode must be True or False, got {wrong!r}"):
+                client.wait("k", decode=wrong)  # type: ignore[arg-type]
+
+            async def waited(wrong: object = wrong) -> object:
+                return await client.aio().wait("k", decode=wrong, timeout=5)  # type: ignore[arg-type]
+
+            with pytest.raises(dibs.ConfigurationError, match="decode must be True or False"):
+                asyncio.run(waited())
+        assert client.wait("k", decode=True) is not None
+
+
 def test_one_hub_serves_waiters_that_load_and_waiters_that_only_read_the_record(
     records_url: str, tmp_path: Path
 ) -> None:
@@ -88,6 +127,51 @@ def test_one_hub_serves_waiters_that_load_and_waiters_that_only_read_the_record(
         assert [artifact.loaded for artifact in got[:3]] == [BIG] * 3  # type: ignore[union-attr]
         assert [artifact.loaded for artifact in got[3:]] == [None] * 3  # type: ignore[union-attr]
         assert len(payloads.opened) == 1  # one load, for the loading view's waiters only
+
+
+class _SlowFiles(FilePayloadStore):
+    """A folder payload store whose every open blocks until the test releases it (a remote file
+    system that takes seconds to open a file)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.opening, self.released = threading.Event(), threading.Event()
+
+    def open(self, sha256: str) -> IO[bytes]:
+        self.opening.set()
+        if not self.released.wait(60):
+            raise AssertionError("the test never released the open")
+        return super().open(sha256)
+
+
+def test_a_slow_payload_load_holds_back_no_waiter_that_does_not_load(
+    records_url: str, tmp_path: Path
+) -> None:
+    """The hub hands the record store's own waiters and the record-only ones their state while the
+    loading view's load is still blocked in the payload store's open; the loading waiters get theirs
+    once it returns."""
+    payloads = _SlowFiles(tmp_path / "payloads")
+    with dibs.Reservations(records_url, payloads=payloads, serializer="bytes") as client:
+        twin = unread(client.store, "size")
+        lease = client.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+        key = lease.key
+        loading = runtime().subscribe(client.store, key)  # first: the hub meets its view first
+        record_only = runtime().subscribe(twin, key)
+        plain = runtime().subscribe(client.store.record_store, key)
+        try:
+            lease.complete(BIG)
+            assert payloads.opening.wait(30), "the hub never loaded the payload"
+            early = [_artifact_when_done(subscription) for subscription in (plain, record_only)]
+            assert not payloads.released.is_set()  # both handed their state during the load
+            payloads.released.set()
+            late = _artifact_when_done(loading)
+        finally:
+            payloads.released.set()
+            for subscription in (loading, record_only, plain):
+                subscription.close()
+        assert isinstance(early[1], ReferencedArtifact) and early[1].loaded is None
+        assert early[0] is not None and early[0].serializer == REFERENCE  # the record as it is kept
+        assert isinstance(late, ReferencedArtifact) and late.loaded == BIG
 
 
 def _artifact_when_done(subscription: Subscription) -> ArtifactRecord | None:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import dibs
-from dibs import calls, flow
-from dibs.events import _ONCE, Emitter, Observers, observe_once
+from dibs import calls, events, flow
+from dibs.events import _ONCE, Emitter, Observation, Observers, observe_once
 from dibs.stores.memory import MemoryStore
 from tests.unit.conftest import FakeClock
 
@@ -134,6 +136,78 @@ def test_an_observer_installed_once_is_installed_again_after_it_was_closed(
     finally:
         second.close()
         _ONCE.pop(make, None)
+
+
+class _RacingClose(Observation):
+    """An observation whose ``_closed`` flag, read by two closing threads, is read by both before
+    either sets it, if nothing keeps them apart (a barrier; a lock around the check keeps the second
+    out, and the barrier lets the first go on after a while)."""
+
+    def __init__(self, observers: Observers, observer: dibs.Observer) -> None:
+        self._meeting = threading.Barrier(2)
+        self._flag = False
+        super().__init__(observers, observer)
+
+    @property
+    def _closed(self) -> bool:  # type: ignore[override]
+        flag = self._flag
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self._meeting.wait(0.5)
+        return flag
+
+    @_closed.setter
+    def _closed(self, value: bool) -> None:
+        self._flag = value
+
+
+def test_two_threads_closing_one_observation_remove_it_once() -> None:
+    """Closed by two threads at once, an observation removes its observer once: not also an equal
+    observer registered by someone else (a bound method equals every other of the same list)."""
+    observers, heard = Observers(), list[object]()
+    observers.add(heard.append)
+    racing = _RacingClose(observers, heard.append)
+    observers.add(heard.append)  # someone else's, equal to it
+    closers = [threading.Thread(target=racing.close) for _ in range(2)]
+    for closer in closers:
+        closer.start()
+    for closer in closers:
+        closer.join()
+    assert list(observers) == [heard.append]  # one removed, the other's still there
+
+
+def test_observe_once_never_hands_out_the_observation_another_thread_is_closing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread closing the installed observation holds the lock while it forgets and removes it; an
+    ``observe_once`` meanwhile waits for it and installs a new one, instead of reading the old one
+    without the lock and handing it out closed."""
+    read = threading.Event()
+
+    class _Once(dict):  # type: ignore[type-arg]
+        def get(self, key: object, default: object = None) -> object:
+            read.set()
+            return super().get(key, default)
+
+    monkeypatch.setattr(events, "_ONCE", _Once())
+
+    def make() -> dibs.Observer:
+        return lambda _event: None
+
+    first = observe_once(make)
+    got: list[Observation] = []
+    with events._ONCE_LOCK:  # what first.close() does, held here so the other thread comes meanwhile
+        read.clear()
+        other = threading.Thread(target=lambda: got.append(observe_once(make)))
+        other.start()
+        read.wait(0.5)  # it reads at once without the lock; with it, it waits for the lock
+        del events._ONCE[make]
+        Observation.close(first)
+    other.join()
+    try:
+        assert got[0] is not first and not got[0]._closed
+        assert got[0].observer in list(events.PROCESS)
+    finally:
+        got[0].close()
 
 
 def test_a_call_observer_hears_only_its_call(client: dibs.Reservations) -> None:

@@ -92,7 +92,8 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def _close_referencing(records: Store) -> None:
     """A record store closed (the runtime evicts idle ones): its referencing stores, which hold it and
-    would keep it and their watch hubs alive for the life of the process, close with it."""
+    would keep it (and so its watch hub, which they share) alive for the life of the process, close
+    with it."""
     with _OPENED.lock:
         made = _OPENED.referencing.pop(records, {})
     for referencing_store in made.values():

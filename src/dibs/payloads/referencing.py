@@ -140,6 +140,10 @@ class ReferencingStore(Store):
         return self.records.record_store
 
     @property
+    def view_loads(self) -> bool:
+        return self.load or self.records.view_loads
+
+    @property
     def url(self) -> str:
         return self.records.url
 

@@ -12,9 +12,10 @@ Two families implement it:
 * Stores that decide inside the service (SQL, Redis) override the operations directly.
 
 Waiting is not a store operation either. A store offers a :meth:`Store.change_feed` (see
-:mod:`dibs.stores.feeds`), and the process's one watch hub per store (:mod:`dibs.hub`) turns it into
-wake-ups for any number of waiters. Async callers run these same one-attempt operations in the
-runtime's small I/O executor (:mod:`dibs.runtime`) instead of a second, async copy of every store.
+:mod:`dibs.stores.feeds`), and the process's one watch hub per record store
+(:attr:`Store.record_store`, :mod:`dibs.hub`) turns it into wake-ups for any number of waiters.
+Async callers run these same one-attempt operations in the runtime's small I/O executor
+(:mod:`dibs.runtime`) instead of a second, async copy of every store.
 """
 
 from __future__ import annotations
@@ -236,6 +237,13 @@ class Store(Closing):
         read them: a payload-referencing store resolves references here (and may load a payload, or
         only check it is there). A store that keeps its own records shows them as they are."""
         return builtins.list(states)
+
+    @property
+    def view_loads(self) -> bool:
+        """Whether :meth:`view_many` may load payloads (slow: a remote file system's open). The watch
+        hub shows states through such views after every other, so their waiters never hold back
+        those of the views that only read records."""
+        return False
 
     def change_feed(self) -> ChangeFeed | None:
         """The feed that tells this process's watch hub which keys may have changed (see

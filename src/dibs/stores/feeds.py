@@ -1,10 +1,11 @@
 """Change feeds: how a store tells its process's watch hub which keys may have changed.
 
-A process has one watch hub per store (:mod:`dibs.hub`), and the hub has one feed, driven by its one
-thread, however many waiters the process has. Stores that can push changes give a feed that listens
-(PostgreSQL ``LISTEN``, Redis pattern subscriptions); the others give a :class:`PollingFeed`, which
-looks at every watched key at once with one cheap question per look (SQLite's ``data_version`` and
-a versions query, ``stat`` of record files, blob ETags, a MySQL versions query).
+A process has one watch hub per record store (:mod:`dibs.hub`: the stores wrapped around it share it),
+and the hub has one feed, driven by its one thread, however many waiters the process has. Stores that
+can push changes give a feed that listens (PostgreSQL ``LISTEN``, Redis pattern subscriptions); the
+others give a :class:`PollingFeed`, which looks at every watched key at once with one cheap question
+per look (SQLite's ``data_version`` and a versions query, ``stat`` of record files, blob ETags, a
+MySQL versions query).
 
 A feed only says *which* keys may have changed. The hub reads those keys once and hands the state
 to every waiter on them, so a feed may report too much (that costs a read) but should not report

@@ -299,16 +299,18 @@ class RedisStore(Store):
         if len(keys) == 1:
             # The hub's usual case (one key changed, every waiter of it woken): the read script
             # called directly, without a pipeline (0.05-0.13 ms less per hand-off, measured).
-            # An error reply skips the key, as the pipeline below skips it (raise_on_error=False): a key
-            # the server refused (an ACL's NOPERM, say) must not stop the hub reading, nor raise here.
+            # A key the server refuses this user (an ACL's NOPERM: permanent, and per key) is skipped,
+            # as the pipeline below skips it: its waiters ask for themselves and get the error. Any
+            # other error reply (BUSY, OOM, READONLY, TRYAGAIN, CLUSTERDOWN: the server, not the key,
+            # and passing) is StoreUnavailable, so the hub reads again later.
             key = keys[0]
             with self._service("read", key):
                 try:
                     reply = cast(
                         Reply, self._read(keys=[self.record_key(key)], args=[key.namespace, key.name, "1"])
                     )
-                except redis.exceptions.ResponseError:
-                    return []  # its waiters ask for themselves, and get the error
+                except redis.exceptions.NoPermissionError:
+                    return []
             try:
                 return [] if reply[0] == b"corrupt" else [self._state(key, reply, with_payload=True)]
             except CorruptRecord:
@@ -318,11 +320,14 @@ class RedisStore(Store):
             for key in keys:
                 self._read(keys=[self.record_key(key)], args=[key.namespace, key.name, "1"], client=pipe)
             replies = pipe.execute(raise_on_error=False)
+            for reply in replies:  # as above: only a key refused this user is skipped
+                if isinstance(reply, Exception) and not isinstance(reply, redis.exceptions.NoPermissionError):
+                    raise reply
         states = []
         for key, reply in zip(keys, replies, strict=True):
             try:
                 if isinstance(reply, Exception) or reply[0] == b"corrupt":
-                    continue  # its waiters ask for themselves, and get the error
+                    continue  # refused, or damaged: its waiters ask for themselves, and get the error
                 states.append(self._state(key, cast(Reply, reply), with_payload=True))
             except CorruptRecord:
                 continue

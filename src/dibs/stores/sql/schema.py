@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -250,53 +250,55 @@ class SchemaCheck:
     def _add_columns(self, conn: Connection) -> tuple[str, ...]:
         """Add the nullable :data:`ADDED_COLUMNS` a version 1 table lacks (its rows are kept; old
         records read the new columns as NULL: unknown), record that they are there, and return those
-        the table has. An ALTER that fails because a racing process added the column first is fine; one
-        that fails because this user may not alter the table (PostgreSQL/MySQL: an administrator's role
-        owns it) or may not write at all (a read-only database) leaves the column out, with one warning
-        naming the statement an administrator should run: every operation works, without what the
-        column would keep. Any other failure (a lock wait that timed out, a lost connection, an error
-        in the statement) is not a matter of rights, and raises :class:`StoreUnavailable` naming the
-        statement: working on without the column would hide it."""
+        the table has. An ALTER that fails because a racing process added the column first is fine.
+
+        Any other failure never fails the store: this process works without the column (every
+        operation works, without what the column would keep), with one warning that says why. A
+        refusal (this user may not alter the table, or may not write) names the statement an
+        administrator should run; a transient failure (a lock wait or statement that timed out, a
+        deadlock: a long report holding the table, say) says the next process to open the store tries
+        again; anything else (an event trigger or a proxy refusing DDL) names the statement and the
+        error. One attempt per process: the ALTER queues an exclusive lock on the table that stalls
+        every other session's queries on it while it waits, so it is not repeated (the outcome is
+        cached by :func:`check_once`). A lost connection raises :class:`StoreUnavailable` naming the
+        statement."""
         if self._added_columns(conn) >= len(ADDED_COLUMNS):
             return ADDED_COLUMNS
         present = self._present_columns(conn)
         _, full, _ = tables(self.table_name, self.schema, self.dialect)
         preparer = conn.dialect.identifier_preparer
         table = preparer.format_table(full)
-        refused: list[tuple[str, str]] = []
+        kinds = {name: full.c[name].type.compile(dialect=conn.dialect) for name in ADDED_COLUMNS}
+        statements = {
+            name: f"ALTER TABLE {table} ADD COLUMN {preparer.quote(name)} {kinds[name]}"
+            for name in ADDED_COLUMNS
+        }
         for name in ADDED_COLUMNS:
             if name in present:
                 continue
-            kind = full.c[name].type.compile(dialect=conn.dialect)
-            statement = f"ALTER TABLE {table} ADD COLUMN {preparer.quote(name)} {kind}"
+            statement = statements[name]
             try:
-                conn.execute(sa.text(statement))
+                with self._metadata_lock_bounded(conn):
+                    conn.execute(sa.text(statement))
             except sa_exc.DBAPIError as exc:
+                orig = exc.orig or exc
                 if exc.connection_invalidated:
-                    raise
+                    raise StoreUnavailable(
+                        f"SQL store {self.url} failed: the connection was lost while adding the column "
+                        f"{name} to table {self.table_name} ({type(orig).__name__}: "
+                        f"{self._first_line(orig, 300)}); the statement was: {statement}",
+                        store=self.url,
+                    ) from exc
                 present = self._present_columns(conn)
                 if name in present:  # a racing process added it first
                     continue
-                orig = exc.orig or exc
-                if not may_not_alter(self.dialect, orig):
-                    raise StoreUnavailable(
-                        f"SQL store {self.url} failed: adding the column {name} to table {self.table_name} "
-                        f"failed ({type(orig).__name__}: {self._first_line(orig, 300)}); the statement "
-                        f"was: {statement}",
-                        store=self.url,
-                    ) from exc
-                refused.append((statement, self._first_line(orig, 200)))
-        if refused:
-            log.warning(
-                "%s: table %s lacks the column(s) %s and adding them failed (%s); dibs works without "
-                "them (artifacts' compute times are not kept) until an administrator runs: %s",
-                self.url,
-                self.table_name,
-                ", ".join(name for name in ADDED_COLUMNS if name not in present),
-                refused[0][1],
-                "; ".join(statement for statement, _ in refused),
-            )
-            return tuple(name for name in ADDED_COLUMNS if name in present)
+                self._warn_without_columns(
+                    alter_failure(self.dialect, orig),
+                    f"{type(orig).__name__}: {self._first_line(orig, 200)}",
+                    [name for name in ADDED_COLUMNS if name not in present],
+                    [statements[name] for name in ADDED_COLUMNS if name not in present],
+                )
+                return tuple(name for name in ADDED_COLUMNS if name in present)
         done = str(len(ADDED_COLUMNS))
         updated = conn.execute(sa.update(self.meta).where(self.meta.c.name == "columns").values(value=done))
         if updated.rowcount == 0:
@@ -304,8 +306,64 @@ class SchemaCheck:
                 conn.execute(sa.insert(self.meta).values(name="columns", value=done))
         return ADDED_COLUMNS
 
+    @contextlib.contextmanager
+    def _metadata_lock_bounded(self, conn: Connection) -> Iterator[None]:
+        """MySQL/MariaDB: an ALTER waits for the table's metadata lock up to ``lock_wait_timeout``
+        (a year by default), not the store's ``innodb_lock_wait_timeout``; so for the ALTER it is the
+        latter (0.8 of ``?timeout=``), and the wait ends with a lock wait timeout (transient) rather
+        than the store's bound shutting the connection. PostgreSQL's ``lock_timeout`` already covers
+        it."""
+        if self.dialect not in ("mysql", "mariadb"):
+            yield
+            return
+        conn.execute(sa.text("SET SESSION lock_wait_timeout = @@SESSION.innodb_lock_wait_timeout"))
+        try:
+            yield
+        finally:
+            if not conn.invalidated:  # never in place of the ALTER's own error
+                with contextlib.suppress(sa_exc.DBAPIError):
+                    conn.execute(sa.text("SET SESSION lock_wait_timeout = DEFAULT"))
+
     def _present_columns(self, conn: Connection) -> set[str]:
         return {column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)}
+
+    def _warn_without_columns(
+        self, failure: str, error: str, missing: list[str], statements: list[str]
+    ) -> None:
+        """The one warning of a process that works without the ``missing`` columns, saying why
+        (``failure``, see :func:`alter_failure`) and what to do."""
+        columns, statement = ", ".join(missing), "; ".join(statements)
+        if failure == "refused":
+            log.warning(
+                "%s: table %s lacks the column(s) %s and this user may not add them (%s); dibs works "
+                "without them (artifacts' compute times are not kept) until an administrator runs: %s",
+                self.url,
+                self.table_name,
+                columns,
+                error,
+                statement,
+            )
+        elif failure == "transient":
+            log.warning(
+                "%s: table %s lacks the column(s) %s and they could not be added now (%s; another "
+                "session may be holding the table); this process works without them (artifacts' compute "
+                "times are not kept), and the next process to open the store tries again: %s",
+                self.url,
+                self.table_name,
+                columns,
+                error,
+                statement,
+            )
+        else:
+            log.warning(
+                "%s: table %s lacks the column(s) %s and adding them failed (%s); this process works "
+                "without them (artifacts' compute times are not kept); the statement was: %s",
+                self.url,
+                self.table_name,
+                columns,
+                error,
+                statement,
+            )
 
     def _create_postgres(self, conn: Connection) -> None:
         # A session-level advisory lock (statements autocommit here) serializes concurrent creators;
@@ -389,10 +447,39 @@ class SchemaCheck:
 
 #: The errors that say this user may not change the table, as opposed to a failure of the statement:
 #: PostgreSQL's SQLSTATEs insufficient_privilege and read_only_sql_transaction (a standby, or
-#: default_transaction_read_only); MySQL's table, column, database and privilege access denied, and
-#: the server or transaction in read-only mode.
+#: default_transaction_read_only); MySQL's table, column, database and privilege access denied, the
+#: server or transaction in read-only mode, InnoDB read-only (innodb_read_only), a read-only table, and
+#: a table Group Replication refuses.
 _PG_REFUSED = frozenset({"42501", "25006"})
-_MYSQL_REFUSED = frozenset({1142, 1143, 1044, 1227, 1290, 1792, 1836})
+_MYSQL_REFUSED = frozenset({1142, 1143, 1044, 1227, 1290, 1792, 1836, 1874, 1036, 3098})
+#: The errors that say the statement could not run now but may later: PostgreSQL's lock_not_available
+#: (lock_timeout), query_canceled (statement_timeout), deadlock_detected and serialization_failure;
+#: MySQL's lock wait timeout and deadlock, MariaDB's max_statement_time.
+_PG_TRANSIENT = frozenset({"55P03", "57014", "40P01", "40001"})
+_MYSQL_TRANSIENT = frozenset({1205, 1213, 1969})
+
+
+def alter_failure(dialect: str, error: BaseException) -> str:
+    """What the driver's ``error`` from an ``ALTER TABLE`` says: ``"refused"`` (this user may not
+    alter the table, see :func:`may_not_alter`), ``"transient"`` (a lock or statement timeout, a
+    deadlock: it may work later) or ``"other"``."""
+    if may_not_alter(dialect, error):
+        return "refused"
+    if dialect == "postgresql":
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        transient = code in _PG_TRANSIENT
+    elif dialect in ("mysql", "mariadb"):
+        number = error.args[0] if error.args else None
+        transient = isinstance(number, int) and number in _MYSQL_TRANSIENT
+    elif dialect == "sqlite":
+        name = getattr(error, "sqlite_errorname", None)
+        if isinstance(name, str):
+            transient = name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+        else:
+            transient = "is locked" in str(error).lower()
+    else:
+        transient = False
+    return "transient" if transient else "other"
 
 
 def may_not_alter(dialect: str, error: BaseException) -> bool:
