@@ -65,6 +65,7 @@ class AsyncReservations:
 
     def __init__(self, client: SyncClient) -> None:
         self.client = client
+        self._io = AsyncStoreIO(client)  # one per client, not one per wait
 
     @property
     def store(self) -> Store:
@@ -115,7 +116,7 @@ class AsyncReservations:
 
     async def _ask_store(self, ask: AskAcquire) -> StoreOutcome:
         """One ask in the I/O executor; a cancelled caller leaves nothing held (:class:`AsyncStoreIO`)."""
-        return await AsyncStoreIO(self.client).acquire(ask)
+        return await self._io.acquire(ask)
 
     async def _wait_store(
         self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
@@ -124,8 +125,8 @@ class AsyncReservations:
         per waiter); ``held`` hears who holds it meanwhile."""
         c = self.client
         with runtime().subscribe(c.store, ask.key) as subscription:
-            loop = acquire_until(ask, deadline, c.settings.backoff, lambda: subscription.following, held)
-            return await adrive(loop, AsyncStoreIO(c), subscription)
+            loop = acquire_until(ask, deadline, c.settings.backoff, subscription.is_following, held)
+            return await adrive(loop, self._io, subscription)
 
     async def wait(
         self,
@@ -144,13 +145,18 @@ class AsyncReservations:
         c = self.client
         waiting = calls.WaitFor.of(c.settings, c.key(key), options)
         holding.not_held_here(c.store, waiting.key)
-        io = AsyncStoreIO(c)
+        io = self._io
         state = await io.read(waiting.key)
         if seen is not None:
             seen(state)
         if not waiting.settles(state) and not waiting.deadline.expired:
-            with runtime().subscribe(c.store, waiting.key) as subscription:
+            # try/finally rather than ``with``: a thousand waiting coroutines would each keep the
+            # bound ``__exit__`` alive (issue 20: every object a waiter keeps is the GC's to traverse).
+            subscription = runtime().subscribe(c.store, waiting.key)
+            try:
                 state = await adrive(waiting.loop(c.settings, subscription), io, subscription, seen)
+            finally:
+                subscription.close()
         if state.artifact is not None and state.artifact.size > DECODE_ON_LOOP_BYTES:
             return await runtime().io(waiting.ended, c.artifacts, state)
         return waiting.ended(c.artifacts, state)
