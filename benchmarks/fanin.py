@@ -2,7 +2,7 @@
 
 One waiter process (fresh, started for this benchmark) runs N waiting coroutines in one event loop:
 Airflow's :class:`~dibs_provider.triggers.reservation.ReservationTrigger` ``run()`` where Airflow is
-importable (each builds its own hook and client, exactly as in a triggerer), else
+importable (each builds its own hook, exactly as in a triggerer), else
 :meth:`dibs.AsyncReservations.wait`. They wait on **one** key, or on **N distinct** keys (one each).
 The benchmark process holds the keys and, 50 to 250 ms after every waiter is subscribed to the
 process's watch hub, completes them (one after another for N keys). Per case:

@@ -22,7 +22,7 @@ _SHORT = {
 }
 YES, NO = "✅", "❌"
 #: Stores whose watch hub is woken by the store (or by a probe of shared memory or ``stat``): the
-#: hand-off goal of 10 ms is theirs. MySQL's hub polls the store (every 50 ms), Azure's too (50 ms to 1 s).
+#: hand-off goal of 10 ms is theirs. MySQL's hub polls the store (every 25 ms), Azure's too (50 ms to 1 s).
 PUSHING = frozenset({"sqlite", "postgres", "redis", "file"})
 #: The stores the fan-in goals name (the others are measured for information).
 FANIN_GOAL_STORES = frozenset({"postgres", "redis", "sqlite"})

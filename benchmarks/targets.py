@@ -44,7 +44,7 @@ _LABELS = {
 _PUSH = {
     "sqlite": "watch hub: data_version probe every 4 ms",
     "postgres": "watch hub: one LISTEN connection",
-    "mysql": "watch hub: one versions query per look (every 50 ms)",
+    "mysql": "watch hub: one versions query per look (every 25 ms)",
     "redis": "watch hub: one pattern subscription",
     "azure": "watch hub: ETags of the watched records (50 ms to 1 s)",
     "file": "watch hub: stat() of the watched records",

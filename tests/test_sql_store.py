@@ -400,7 +400,7 @@ def test_the_mysql_feed_reads_the_version_of_every_watched_row(tmp_path: Path) -
 
 
 def test_the_mysql_feeds_longest_pause_is_the_urls_watch_interval(tmp_path: Path) -> None:
-    """50 ms by default, so that a change reaches a MySQL process's waiters within about that long
+    """25 ms by default, so that a change reaches a MySQL process's waiters within about that long
     however long they have waited (issue 20); ``?watch_interval=`` trades that for fewer queries."""
     with mysql.isolated_url(tmp_path) as url:
         stores = [SQLStore(url), SQLStore(f"{url}&watch_interval=2"), SQLStore(f"{url}&watch_interval=0.01")]
@@ -408,7 +408,7 @@ def test_the_mysql_feeds_longest_pause_is_the_urls_watch_interval(tmp_path: Path
             feeds = [store.change_feed() for store in stores]
             assert all(isinstance(feed, VersionsFeed) for feed in feeds)
             intervals = [(feed.min_interval, feed.max_interval) for feed in feeds]  # type: ignore[attr-defined]
-            assert intervals == [(0.05, 0.05), (0.05, 2.0), (0.01, 0.01)]
+            assert intervals == [(0.025, 0.025), (0.025, 2.0), (0.01, 0.01)]
         finally:
             for store in stores:
                 store.close()

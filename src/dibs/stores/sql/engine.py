@@ -9,7 +9,7 @@ at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLit
 (PostgreSQL/MySQL connections per process, default 3), ``timeout`` (seconds, PostgreSQL/MySQL: how
 long one call may wait for the server, default 10), ``max_artifact_size`` (bytes: a limit below the
 database's own, for every database) and ``watch_interval`` (seconds, MySQL/MariaDB only: the longest
-pause between two looks of the process's watch hub at the watched rows, default 0.05; see
+pause between two looks of the process's watch hub at the watched rows, default 0.025; see
 :class:`~dibs.stores.sql.feed.VersionsFeed`).
 
 SQLite is opened in WAL mode with a busy timeout, by many processes of one machine at once. Its
@@ -62,7 +62,7 @@ DEFAULT_POOL_SIZE = 3
 DEFAULT_TIMEOUT = 10.0
 #: Seconds between two looks of a MySQL/MariaDB process's watch hub at its watched rows, at the most
 #: (``?watch_interval=``): a change reaches the process's waiters within about this long (issue 20).
-DEFAULT_WATCH_INTERVAL = 0.05
+DEFAULT_WATCH_INTERVAL = 0.025
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Identifiers are at most 63 characters in PostgreSQL (64 in MySQL); the longest name derived from the
 # table is its index, "ix_<table>_namespace" (13 more), then "<table>_notify" and "<table>_meta".
