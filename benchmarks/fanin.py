@@ -2,7 +2,7 @@
 
 One waiter process (fresh, started for this benchmark) runs N waiting coroutines in one event loop:
 Airflow's :class:`~dibs_provider.triggers.reservation.ReservationTrigger` ``run()`` where Airflow is
-importable (each builds its own hook and client, exactly as in a triggerer), else
+importable (each builds its own hook, exactly as in a triggerer), else
 :meth:`dibs.AsyncReservations.wait`. They wait on **one** key, or on **N distinct** keys (one each).
 The benchmark process holds the keys and, 50 to 250 ms after every waiter is subscribed to the
 process's watch hub, completes them (one after another for N keys). Per case:
@@ -25,7 +25,11 @@ process's watch hub, completes them (one after another for N keys). Per case:
   measured in the same run before the cases; hand-off p50 is reported against it.
 
 Baselines measured in the same run, interleaved round by round: N = 1 with the same code (ratios of
-p50 and of CPU seconds), the idle loop's lag, and the connection bound.
+p50 and of CPU seconds), the idle loop's lag, and the connection bound. And what any N triggers cost
+the same loop, with the same heap, right after each round of the largest N on one key: N of Airflow's
+own ``DateTimeTrigger.run()`` (standard provider) started at once, firing 1 s later, and N bare
+coroutines that only ``asyncio.sleep`` as long; the worst lag of each from the first start to the last
+return, and while starting (their first 0.5 s). What ``ReservationTrigger`` adds is the difference.
 """
 
 from __future__ import annotations
@@ -140,6 +144,20 @@ async def _floor(count: int, settle: float) -> dict[str, Any]:
     threading.Thread(target=fire, name="bench-fanin-floor").start()
     arrivals = await asyncio.gather(*tasks)
     return {"latencies": [arrived - fired[0] for arrived in arrivals]}
+
+
+#: How long the baseline triggers and coroutines wait before they return (s), and the part of it
+#: counted as their start.
+BASELINE_HOLD, BASELINE_START = 1.0, 0.5
+
+
+def _import_baseline_trigger() -> Any:
+    """Airflow's own most trivial trigger, if the standard provider is installed."""
+    try:
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+    except ImportError:
+        return None
+    return DateTimeTrigger
 
 
 def _import_trigger() -> Any:
@@ -301,6 +319,34 @@ class _Waiters:
             "floor": await _floor(len(keys), spec["idle_s"]),
         }
 
+    async def baseline(self, count: int, spec: Any) -> dict[str, Any]:
+        """What ``count`` triggers that do nothing cost this loop: Airflow's ``DateTimeTrigger`` (if
+        installed) and bare coroutines, started at once, returning after :data:`BASELINE_HOLD`."""
+        import datetime
+
+        loop = asyncio.get_running_loop()
+        found: dict[str, Any] = {}
+        trigger_class = _import_baseline_trigger()
+        kinds = ["bare"] if trigger_class is None else ["trigger", "bare"]
+        for kind in kinds:
+            with _Ticker() as idle:
+                await asyncio.sleep(spec["idle_s"])
+            with _Ticker() as ticker:
+                started = time.monotonic()
+                if kind == "trigger":
+                    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=BASELINE_HOLD)
+                    tasks = [loop.create_task(anext(trigger_class(moment).run())) for _ in range(count)]
+                else:
+                    tasks = [loop.create_task(asyncio.sleep(BASELINE_HOLD)) for _ in range(count)]
+                await asyncio.gather(*tasks)
+            found[kind] = {
+                "start_ms": ticker.stats(until=started + BASELINE_START)["worst_ms"],
+                "all_ms": ticker.stats()["worst_ms"],
+                "idle_ms": idle.stats()["worst_ms"],
+            }
+        found["trigger_label"] = None if trigger_class is None else "DateTimeTrigger.run()"
+        return found
+
 
 def waiter_main(conn: multiprocessing.connection.Connection, airflow_home: str, log_path: str) -> None:
     """(A plain ``Process`` target.) Serve cases until told to stop.
@@ -334,6 +380,9 @@ def waiter_main(conn: multiprocessing.connection.Connection, airflow_home: str, 
             elif kind == "case":
                 _, keys, tokens, spec = message
                 conn.send(("done", asyncio.run(waiters.case(conn, keys, tokens, spec))))
+            elif kind == "baseline":
+                _, count, spec = message
+                conn.send(("done", asyncio.run(waiters.baseline(count, spec))))
         except BaseException:
             conn.send(("error", traceback.format_exc()))
 
@@ -588,6 +637,7 @@ def _store(
     notify = notify_rtt.measure(target.family, target.url)
     holder = dibs.Reservations(target.url, namespace=NAMESPACE, ttl=600)
     collected: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    baselines: list[dict[str, Any]] = []
     late: dict[str, Any] | None = None
 
     def case(count: int, layout: str, hold: float) -> dict[str, Any]:
@@ -607,6 +657,9 @@ def _store(
                         for layout in LAYOUTS if count > 1 else ("one",):
                             one = case(count, layout, rng.uniform(*settings.handoff_hold))
                             collected.setdefault((layout, count), []).append(one)
+                            if count == max(counts) and layout == "one":  # what any N triggers cost
+                                spec = {"idle_s": settings.fanin_idle}
+                                baselines.append(waiter.call("baseline", count, spec))
                 if settings.fanin_late_hold:
                     late = _merge([case(max(counts), "one", settings.fanin_late_hold)], max(counts))
             finally:
@@ -629,10 +682,41 @@ def _store(
             if count > 1:
                 log(_line(target.name, layout, row))
         per_store[layout] = rows
+    if baselines:
+        per_store["baseline"] = _merge_baselines(baselines, max(counts))
+        log(_baseline_line(target.name, per_store["baseline"]))
     if late is not None:
         per_store["late"] = _with_ratios(late, base, notify)
         log(_line(target.name, f"one, after {settings.fanin_late_hold:g} s,", late))
     return per_store
+
+
+def _merge_baselines(rounds: list[dict[str, Any]], count: int) -> dict[str, Any]:
+    """The worst lag of each baseline kind over its rounds."""
+    merged: dict[str, Any] = {
+        "waiters": count,
+        "rounds": len(rounds),
+        "trigger_label": rounds[0]["trigger_label"],
+    }
+    for kind in ("trigger", "bare"):
+        if all(kind in one for one in rounds):
+            merged[kind] = {
+                name: max(one[kind][name] for one in rounds) for name in ("start_ms", "all_ms", "idle_ms")
+            }
+    return merged
+
+
+def _baseline_line(store: str, baseline: dict[str, Any]) -> str:
+    parts = []
+    if "trigger" in baseline:
+        trigger = baseline["trigger"]
+        parts.append(
+            f"{baseline['trigger_label']} lag {trigger['start_ms']:.0f} ms starting, "
+            f"{trigger['all_ms']:.0f} ms in all"
+        )
+    bare = baseline["bare"]
+    parts.append(f"bare coroutines {bare['start_ms']:.0f} / {bare['all_ms']:.0f} ms")
+    return f"fanin {store} baseline N={baseline['waiters']}: " + "; ".join(parts)
 
 
 def _with_ratios(

@@ -45,7 +45,7 @@ _PUSH = {
     "sqlite": "watch hub: data_version probe when inotify sees the -wal file written, else every 0.1 s"
     " (every 4 ms without inotify)",
     "postgres": "watch hub: one LISTEN connection",
-    "mysql": "watch hub: one versions query per look (50 ms to 1 s)",
+    "mysql": "watch hub: one versions query per look (every 25 ms)",
     "redis": "watch hub: one pattern subscription",
     "azure": "watch hub: ETags of the watched records (50 ms to 1 s)",
     "file": "watch hub: stat() of the watched records",

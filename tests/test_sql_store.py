@@ -22,6 +22,7 @@ from dibs.stores import AcquireRequest, NewArtifact
 from dibs.stores.feeds import fingerprint
 from dibs.stores.sql import SQLStore
 from dibs.stores.sql import schema as sql_schema
+from dibs.stores.sql.feed import VersionsFeed
 from tests.backends import mysql, postgres, sqlite
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -545,3 +546,83 @@ def test_a_postgres_row_committed_after_the_reads_snapshot_is_not_overwritten(tm
         finally:
             store.close()
             other.close()
+
+
+def test_the_mysql_feed_reads_the_version_of_every_watched_row(tmp_path: Path) -> None:
+    """The versions query the watch hub of a MySQL process sends every ``watch_interval``: each key
+    with a row gets its version, a key without one is left out, any number of keys (padded IN lists
+    of every size, several per look above 500 keys), and a write changes its own key's version only."""
+    with mysql.isolated_url(tmp_path) as url:
+        store = SQLStore(url)
+        try:
+            keys = [Key("sql.tests", f"v{index}") for index in range(1100)]
+            assert store.versions([]) == {}
+            assert store.versions(keys[:3]) == {}  # no rows yet
+            with store.engine.begin() as conn:  # rows for every other key, in one statement
+                conn.execute(
+                    sa.insert(store.t),
+                    [
+                        {
+                            "key_hash": key.digest,
+                            "namespace": key.namespace,
+                            "name": key.name,
+                            "version": 7,
+                            "fence": 0,
+                            "attempts": 0,
+                            "failure_count": 0,
+                        }
+                        for key in keys[::2]
+                    ],
+                )
+            for count in (1, 2, 3, 5, 17, 500, 501, 1100):
+                found = store.versions(keys[:count])
+                assert found == {key.digest: 7 for key in keys[:count:2]}, count
+            _completed(store, keys[1], b"written")
+            after = store.versions(keys[:3])
+            assert after[keys[0].digest] == after[keys[2].digest] == 7 and set(after) == {
+                key.digest for key in keys[:3]
+            }
+            assert after[keys[1].digest] == store.versions([keys[1]])[keys[1].digest]
+            _completed(store, keys[5], b"also written")
+            assert store.versions(keys[:3]) == after  # another row's write changes nothing here
+            _completed(store, keys[0], b"over the old row")
+            assert store.versions(keys[:3]) == after | {
+                keys[0].digest: store.versions([keys[0]])[keys[0].digest]
+            }
+            assert store.versions([keys[0]])[keys[0].digest] != 7
+            after = store.versions(keys[:3])
+            feed = store.change_feed()
+            assert isinstance(feed, VersionsFeed)
+            assert feed.tokens(keys[:3]) == after
+        finally:
+            store.close()
+
+
+def test_the_mysql_feeds_longest_pause_is_the_urls_watch_interval(tmp_path: Path) -> None:
+    """25 ms by default, so that a change reaches a MySQL process's waiters within about that long
+    however long they have waited (issue 20); ``?watch_interval=`` trades that for fewer queries."""
+    with mysql.isolated_url(tmp_path) as url:
+        stores = [SQLStore(url), SQLStore(f"{url}&watch_interval=2"), SQLStore(f"{url}&watch_interval=0.01")]
+        try:
+            feeds = [store.change_feed() for store in stores]
+            assert all(isinstance(feed, VersionsFeed) for feed in feeds)
+            intervals = [(feed.min_interval, feed.max_interval) for feed in feeds]  # type: ignore[attr-defined]
+            assert intervals == [(0.025, 0.025), (0.025, 2.0), (0.01, 0.01)]
+        finally:
+            for store in stores:
+                store.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "1e9"])
+def test_a_bad_watch_interval_is_refused_naming_it(tmp_path: Path, value: str) -> None:
+    with pytest.raises(dibs.ConfigurationError, match="watch_interval"):
+        SQLStore(f"mysql+pymysql://root@127.0.0.1:1/nowhere?watch_interval={value}")
+
+
+def test_watch_interval_is_refused_where_the_hub_does_not_poll(tmp_path: Path) -> None:
+    for url in (
+        f"sqlite:///{tmp_path / 'w.db'}?watch_interval=1",
+        "postgresql+psycopg://u@h/db?watch_interval=1",
+    ):
+        with pytest.raises(dibs.ConfigurationError, match="only a MySQL/MariaDB store takes it"):
+            SQLStore(url)

@@ -65,6 +65,18 @@ class AsyncReservations:
 
     def __init__(self, client: SyncClient) -> None:
         self.client = client
+        self._io = AsyncStoreIO(client)  # one per client, not one per wait
+        self._unread_io: AsyncStoreIO | None = None  # the same for record-only waits (see _io_for)
+
+    def _io_for(self, store: Store) -> AsyncStoreIO:
+        """The I/O helper of a wait through ``store``: the client's store, or the unread twin that
+        record-only waits read (one per process, so one helper serves every trigger of a client)."""
+        if store is self.client.store:
+            return self._io
+        found = self._unread_io
+        if found is None or found._store is not store:
+            found = self._unread_io = AsyncStoreIO(self.client, store)
+        return found
 
     @property
     def store(self) -> Store:
@@ -115,7 +127,7 @@ class AsyncReservations:
 
     async def _ask_store(self, ask: AskAcquire) -> StoreOutcome:
         """One ask in the I/O executor; a cancelled caller leaves nothing held (:class:`AsyncStoreIO`)."""
-        return await AsyncStoreIO(self.client).acquire(ask)
+        return await self._io.acquire(ask)
 
     async def _wait_store(
         self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
@@ -124,8 +136,8 @@ class AsyncReservations:
         per waiter); ``held`` hears who holds it meanwhile."""
         c = self.client
         with runtime().subscribe(c.store, ask.key) as subscription:
-            loop = acquire_until(ask, deadline, c.settings.backoff, lambda: subscription.following, held)
-            return await adrive(loop, AsyncStoreIO(c), subscription)
+            loop = acquire_until(ask, deadline, c.settings.backoff, subscription.is_following, held)
+            return await adrive(loop, self._io, subscription)
 
     async def wait(
         self,
@@ -146,13 +158,18 @@ class AsyncReservations:
         waiting = calls.WaitFor.of(c.settings, c.key(key), options)
         store = waiting.through(c.store)
         holding.not_held_here(store, waiting.key)
-        io = AsyncStoreIO(c, store)
+        io = self._io_for(store)
         state = await io.read(waiting.key)
         if seen is not None:
             seen(state)
         if not waiting.settles(state) and not waiting.deadline.expired:
-            with runtime().subscribe(store, waiting.key) as subscription:
+            # try/finally rather than ``with``: a thousand waiting coroutines would each keep the
+            # bound ``__exit__`` alive (issue 20: every object a waiter keeps is the GC's to traverse).
+            subscription = runtime().subscribe(store, waiting.key)
+            try:
                 state = await adrive(waiting.loop(c.settings, subscription), io, subscription, seen)
+            finally:
+                subscription.close()
         large = state.artifact is not None and state.artifact.size > DECODE_ON_LOOP_BYTES
         if large and waiting.decode:
             return await runtime().io(waiting.ended, c.artifacts, state)

@@ -256,7 +256,7 @@ class WaitFor:
             self.key,
             self.deadline,
             settings.backoff,
-            lambda: subscription.following,
+            subscription.is_following,
             for_artifact=self.for_artifact,
             max_age=self.max_age,
             min_fence=self.min_token,

@@ -239,7 +239,7 @@ class Reservations(Closing, Configured):
         """Ask until the key is not busy or ``deadline`` passes, woken by the watch hub; ``held``
         hears who holds it meanwhile."""
         with runtime().subscribe(self.store, ask.key) as subscription:
-            loop = acquire_until(ask, deadline, self.backoff, lambda: subscription.following, held)
+            loop = acquire_until(ask, deadline, self.backoff, subscription.is_following, held)
             return drive(loop, self.store, subscription)
 
     def wait(self, key: str | Key, **options: Unpack[WaitOptions]) -> Hit | None:

@@ -54,6 +54,12 @@ POLL_SECONDS = 0.5
 REOPEN_FIRST, REOPEN_LAST = 0.1, 5.0
 
 
+#: Locks shared by all subscriptions, picked by a subscription's identity: a lock per subscription
+#: was one more object per waiter for the garbage collector to traverse (a triggerer keeps a thousand
+#: waiters, issue 20); each lock is held for a few assignments, so sharing costs no waiting.
+_LOCKS = tuple(threading.Lock() for _ in range(64))
+
+
 class Subscription(Closing):
     """One waiter's interest in one key, until :meth:`close`.
 
@@ -61,7 +67,7 @@ class Subscription(Closing):
     a waiter takes the latest offer with :meth:`wait` in a thread or :meth:`wait_async` on an event loop.
     """
 
-    __slots__ = ("_closed", "_event", "_has", "_hub", "_lock", "_offered", "_waiter", "key", "view")
+    __slots__ = ("_closed", "_event", "_future", "_has", "_hub", "_lock", "_loop", "_offered", "key", "view")
 
     def __init__(self, hub: WatchHub | None, key: Key, view: Store | None = None) -> None:
         self.key = key
@@ -69,16 +75,22 @@ class Subscription(Closing):
         #: the hub's store itself).
         self.view = view
         self._hub = hub
-        self._lock = threading.Lock()
+        self._lock = _LOCKS[(id(self) >> 4) % len(_LOCKS)]
         self._offered: KeyState | None = None
         self._has = False
         self._event: threading.Event | None = None
-        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        # The async waiter, if one waits: its loop and the future it awaits (two slots, not a tuple).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._future: asyncio.Future[None] | None = None
         self._closed = False
 
     @property
     def following(self) -> bool:
         """Whether the hub follows the store right now: then this waiter's own asking is only a backstop."""
+        return self._hub is not None and self._hub.following
+
+    def is_following(self) -> bool:
+        """:attr:`following`, as a function for the waiting loops to call."""
         return self._hub is not None and self._hub.following
 
     # -- the hub's side (its thread) --------------------------------------------------------------
@@ -88,8 +100,8 @@ class Subscription(Closing):
             self._offered, self._has = state, True
             if self._event is not None:
                 self._event.set()
-            waiter, self._waiter = self._waiter, None
-        return waiter
+            loop, future, self._loop, self._future = self._loop, self._future, None, None
+        return None if loop is None or future is None else (loop, future)
 
     def _take(self) -> KeyState | None:
         state, self._offered, self._has = self._offered, None, False
@@ -117,15 +129,15 @@ class Subscription(Closing):
             if self._has:
                 return self._take()
             future: asyncio.Future[None] = loop.create_future()
-            self._waiter = (loop, future)
+            self._loop, self._future = loop, future
         timer = loop.call_later(max(0.0, timeout), _resolve, future)
         try:
             await future
         finally:
             timer.cancel()
             with self._lock:
-                if self._waiter is not None and self._waiter[1] is future:
-                    self._waiter = None
+                if self._future is future:
+                    self._loop = self._future = None
         with self._lock:
             return self._take() if self._has else None
 

@@ -168,6 +168,8 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         """These settings with ``changes`` applied (``None`` values keep the current setting), checked."""
         given = {name: value for name, value in changes.items() if value is not None}
+        if not given:
+            return self  # frozen: the same settings (a client per trigger asked for this, issue 20)
         unknown = set(given) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigurationError(f"unknown setting(s) {', '.join(sorted(unknown))}")

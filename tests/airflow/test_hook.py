@@ -213,3 +213,44 @@ def test_a_failed_shared_lookup_fails_every_hook_that_waited_for_it(store_url: s
     errors = asyncio.run(scenario())
     assert all(isinstance(error, ConfigurationError) for error in errors)
     assert "'dibs_missing_many' is not defined" in str(errors[0])
+
+
+def test_triggers_waiting_on_one_connection_share_one_client(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A thousand deferred tasks on one connection cost one client, not one each (issue 20): the
+    hooks of one connection, namespace and ttl get the same client while any of them uses it; the
+    last to close it closes it; another namespace or a changed connection gets a client of its own."""
+    env_conn(
+        monkeypatch,
+        "dibs_shared",
+        {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/s1.db"}},
+    )
+
+    async def scenario() -> None:
+        clients = await asyncio.gather(*(DibsHook("dibs_shared").aget_client() for _ in range(50)))
+        assert len({id(client) for client in clients}) == 1
+        shared = clients[0]
+        other = await DibsHook("dibs_shared", namespace="elsewhere").aget_client()
+        assert other is not shared and other.client.namespace == "elsewhere"
+        await DibsHook.aclose(other)
+        assert other.client._closed
+        for client in clients[:-1]:
+            await DibsHook.aclose(client)
+        assert not shared.client._closed  # one trigger still uses it
+        assert await DibsHook("dibs_shared").aget_client() is shared  # a later trigger joins it
+        await DibsHook.aclose(shared)
+        await DibsHook.aclose(shared)
+        assert shared.client._closed  # its last user gave it back
+        env_conn(
+            monkeypatch,
+            "dibs_shared",
+            {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/s2.db"}},
+        )
+        fresh = await DibsHook("dibs_shared").aget_client()
+        assert fresh is not shared and not fresh.client._closed
+        assert fresh.client.store.url.endswith("s2.db")
+        await DibsHook.aclose(fresh)
+        assert fresh.client._closed
+
+    asyncio.run(scenario())

@@ -39,8 +39,9 @@ in every error.
 Clients are cheap: every client of a process for one store shares the store object, its connection
 pool and its watch hub (:mod:`dibs.runtime`), so a hook may build one per task or per trigger. In a
 triggerer, the triggers that start together (a thousand tasks deferring at once) share one lookup of
-their connection (one fetch in flight per connection and event loop), so starting them costs the loop
-little (issue 20); a trigger that starts after that lookup has ended looks the connection up again.
+their connection (one fetch in flight per connection and event loop), and the triggers waiting on one
+connection share one async client, so starting them costs the loop little (issue 20); a trigger that
+starts after that lookup has ended looks the connection up again.
 
 Without a ``dibs_default`` connection the hook falls back to ``DIBS_STORE_URL`` and then to the
 embedded default, and logs which one it used. A connection id that was asked for explicitly and
@@ -53,7 +54,8 @@ import asyncio
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Coroutine
+import threading
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -471,22 +473,29 @@ class DibsHook(BaseHook):
         """An async client for the triggerer; close it with ``await hook.aclose(client)``.
 
         The process's first client of a store imports its driver and builds its pool: that runs in
-        dibs's I/O executor, never on the loop. Every later one shares them (:mod:`dibs.runtime`) and is
-        built on the loop (tens of microseconds, no I/O).
+        dibs's I/O executor, never on the loop. The triggers that wait at the same time on one
+        connection (the same checked settings, namespace and ttl) share one client, so a thousand
+        deferred tasks cost one client, not a thousand (their settings, serializer, observers: issue
+        20); it is closed when the last of them closes it.
         """
         stats.install()  # the triggerer's store operations show in Airflow's metrics
         await take_turn()  # a thousand triggers starting together start a bounded batch per iteration
         settings = await self.aget_settings()
         payloads = settings.payloads_url or os.environ.get(PAYLOADS_URL_ENV) or None
+        share = (settings, self.namespace, self.ttl, payloads)
+        client = _SHARED_CLIENTS.take(share)
+        if client is not None:
+            return client
         if runtime().has_store(settings.store_url) and (payloads is None or is_open(payloads)):
             # Shared already: building a client imports and sends nothing.
-            return settings.client(namespace=self.namespace, ttl=self.ttl).aio()
-        client = await runtime().io(settings.client, namespace=self.namespace, ttl=self.ttl)
-        return client.aio()
+            built = settings.client(namespace=self.namespace, ttl=self.ttl)
+        else:
+            built = await runtime().io(settings.client, namespace=self.namespace, ttl=self.ttl)
+        return _SHARED_CLIENTS.keep(share, built.aio())
 
     @staticmethod
     async def aclose(client: AsyncReservations) -> None:
-        client.client.close()  # gives its share of the store back: no I/O
+        _SHARED_CLIENTS.give_back(client)  # gives its share of the store back once unused: no I/O
 
     def test_connection(self) -> tuple[bool, str]:
         """Open the store and read one key: what ``airflow connections test`` and the UI call."""
@@ -542,3 +551,65 @@ class _SharedLookups:
 
 
 _SHARED_LOOKUPS = _SharedLookups()
+
+
+class _SharedClients:
+    """The async clients in use in this process, one per ``(settings, namespace, ttl, payloads)``,
+    each with the number of triggers using it; the last one to give it back closes it.
+
+    Keyed by the checked settings' value, so triggers whose lookups returned the same connection
+    share a client, and a changed connection gets a client of its own. Settings that cannot be hashed
+    (a custom serializer object, say) are not shared.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[Hashable, list[Any]] = {}  # share -> [client, users]
+        self._shares: dict[int, Hashable] = {}  # id(client) -> its share
+
+    def take(self, share: Hashable) -> AsyncReservations | None:
+        """The client of ``share`` with one user more, if there is one."""
+        try:
+            with self._lock:
+                entry = self._clients.get(share)
+                if entry is None:
+                    return None
+                entry[1] += 1
+                client: AsyncReservations = entry[0]
+                return client
+        except TypeError:  # unhashable settings: each trigger builds its own
+            return None
+
+    def keep(self, share: Hashable, client: AsyncReservations) -> AsyncReservations:
+        """``client``, just built for ``share``, with its first user; or, if another trigger built one
+        meanwhile, that one (and ``client`` is closed)."""
+        try:
+            with self._lock:
+                entry = self._clients.get(share)
+                if entry is None:
+                    self._clients[share] = [client, 1]
+                    self._shares[id(client)] = share
+                    return client
+                entry[1] += 1
+                kept: AsyncReservations = entry[0]
+        except TypeError:
+            return client
+        client.client.close()
+        return kept
+
+    def give_back(self, client: AsyncReservations) -> None:
+        with self._lock:
+            share = self._shares.get(id(client))
+            entry = self._clients.get(share) if share is not None else None
+            if entry is None or entry[0] is not client:
+                entry = None  # not shared: its own trigger's
+            else:
+                entry[1] -= 1
+                if entry[1] > 0:
+                    return
+                del self._clients[share]
+                del self._shares[id(client)]
+        client.client.close()
+
+
+_SHARED_CLIENTS = _SharedClients()

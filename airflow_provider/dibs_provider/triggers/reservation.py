@@ -153,13 +153,15 @@ class ReservationTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
         key = self.key
-        hook = DibsHook(self.dibs_conn_id, namespace=self.namespace)
         try:
-            client = await hook.aget_client()
-            key = str(client.client.key(self.key))
+            # The hook is only needed for the client: not kept while the trigger waits (a thousand
+            # waiting triggers keep as little as they can alive, issue 20).
+            client = await DibsHook(self.dibs_conn_id, namespace=self.namespace).aget_client()
             try:
+                watched = client.client.key(self.key)  # validated once, and given to the wait as is
+                key = str(watched)
                 hit = await client.wait(
-                    self.key,
+                    watched,
                     timeout=self.timeout,
                     for_artifact=self.for_artifact,
                     max_age=self.max_age,
@@ -167,9 +169,9 @@ class ReservationTrigger(BaseTrigger):
                     decode=False,  # the record only: the task reads the value, never the triggerer
                     seen=_HolderLog(self.log, key),
                 )
-                state = None if hit is not None else await client.status(self.key)
+                state = None if hit is not None else await client.status(watched)
             finally:
-                await hook.aclose(client)
+                await DibsHook.aclose(client)
         except WaitTimeout as exc:
             yield self._event("timeout", key, started, **_error_details(exc))
             return

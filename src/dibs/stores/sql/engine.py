@@ -7,8 +7,10 @@ never a name the databases reserve, ``pg_*`` or ``sqlite_*``; a table that exist
 ``schema`` (PostgreSQL/MySQL schema to create the table in,
 at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLite), ``pool_size``
 (PostgreSQL/MySQL connections per process, default 3), ``timeout`` (seconds, PostgreSQL/MySQL: how
-long one call may wait for the server, default 10) and ``max_artifact_size`` (bytes: a limit below the
-database's own, for every database).
+long one call may wait for the server, default 10), ``max_artifact_size`` (bytes: a limit below the
+database's own, for every database) and ``watch_interval`` (seconds, MySQL/MariaDB only: the longest
+pause between two looks of the process's watch hub at the watched rows, default 0.025; see
+:class:`~dibs.stores.sql.feed.VersionsFeed`).
 
 SQLite is opened in WAL mode with a busy timeout, by many processes of one machine at once. Its
 durability trade-off: ``synchronous=NORMAL`` (the default here) survives a crash of any process but
@@ -41,7 +43,16 @@ from dibs.stores import redact_url
 from dibs.stores.sql.bounds import PatientPool
 
 #: The URL's own options (see the module docstring): taken out of the query before SQLAlchemy sees it.
-_OPTIONS = ("table", "schema", "synchronous", "busy_timeout", "pool_size", "timeout", "max_artifact_size")
+_OPTIONS = (
+    "table",
+    "schema",
+    "synchronous",
+    "busy_timeout",
+    "pool_size",
+    "timeout",
+    "max_artifact_size",
+    "watch_interval",
+)
 #: Connections per store and process for PostgreSQL and MySQL (``?pool_size=``). The store object is
 #: shared by every client of the process (dibs.runtime) and PostgreSQL's watch hub adds one listening
 #: connection, so a process holds at most DEFAULT_POOL_SIZE + 1, however many tasks wait in it.
@@ -49,6 +60,9 @@ DEFAULT_POOL_SIZE = 3
 #: Seconds one PostgreSQL/MySQL call may wait for the server (``?timeout=``); see Limits in
 #: :mod:`dibs.stores.sql`.
 DEFAULT_TIMEOUT = 10.0
+#: Seconds between two looks of a MySQL/MariaDB process's watch hub at its watched rows, at the most
+#: (``?watch_interval=``): a change reaches the process's waiters within about this long (issue 20).
+DEFAULT_WATCH_INTERVAL = 0.025
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Identifiers are at most 63 characters in PostgreSQL (64 in MySQL); the longest name derived from the
 # table is its index, "ix_<table>_namespace" (13 more), then "<table>_notify" and "<table>_meta".

@@ -39,6 +39,7 @@ from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.sql.bounds import Keeper
 from dibs.stores.sql.engine import (
     DEFAULT_TIMEOUT,
+    DEFAULT_WATCH_INTERVAL,
     bytes_option,
     dispose_in_forked_children,
     make_engine,
@@ -92,6 +93,13 @@ class SQLStore(Store):
         self.metadata, self.t, self.meta = tables(self.table_name, self.schema, self.dialect)
         self.timeout = seconds_option(options, "timeout", DEFAULT_TIMEOUT)
         self.max_artifact_size = bytes_option(options, "max_artifact_size")
+        if "watch_interval" in options and self.dialect not in ("mysql", "mariadb"):
+            raise ConfigurationError(
+                f"watch_interval={options['watch_interval']!r}: only a MySQL/MariaDB store takes it (its "
+                "waiters' hub polls); PostgreSQL's hub listens (LISTEN) and SQLite's probes data_version"
+            )
+        #: MySQL/MariaDB: the longest pause between two looks of the watch hub's versions query.
+        self.watch_interval = seconds_option(options, "watch_interval", DEFAULT_WATCH_INTERVAL)
         self.engine = make_engine(sa_url, options, engine_kwargs, self.timeout)
         #: Whether the change feed may read records on its own connection (PostgreSQL's LISTEN one,
         #: SQLite's data_version one): only when that connection is made as the pool's are (a caller's
@@ -314,6 +322,7 @@ class SQLStore(Store):
         self._release, self._release_failed = prepared.release, prepared.release_failed
         self._release_stopped = prepared.release_stopped
         self._drop_lease, self._reap_expired = prepared.drop_lease, prepared.reap_expired
+        self._versions_by_size: dict[int, Prepared] = {}
         self._drop_result, self._clear_row = prepared.drop_result, prepared.clear_row
 
     # -- reading ----------------------------------------------------------------------------------
@@ -690,16 +699,41 @@ class SQLStore(Store):
         return states
 
     def versions(self, keys: Iterable[Key]) -> dict[str, int]:
-        """The row version of each key that has a row: it changes with every write to the row."""
-        t = self.t
-        query = sa.select(t.c.key_hash, t.c.version).where(
-            t.c.key_hash.in_(sa.bindparam("hashes", expanding=True))
-        )
+        """The row version of each key that has a row: it changes with every write to the row.
+
+        MySQL's watch hub asks this every ``watch_interval`` while anything is watched, so it runs
+        prepared statements on a pooled cursor (0.09 ms of the client's CPU for one key, against 0.26
+        ms for a Core statement compiled each time; measured on MariaDB, issue 20): one per size of
+        ``IN`` list, a power of two up to :data:`IN_LIST`, the list padded with its first digest.
+        """
+        digests = [key.digest for key in keys]
         found: dict[str, int] = {}
-        for chunk in chunks([key.digest for key in keys], IN_LIST):
-            with self._connect() as conn:
-                found.update((str(h), int(v)) for h, v in conn.execute(query, {"hashes": chunk}).all())
+        if not digests:
+            return found
+
+        def look(cursor: Any) -> None:
+            for chunk in chunks(digests, IN_LIST):
+                statement, size = self._versions_statement(len(chunk))
+                padded = [*chunk, *[chunk[0]] * (size - len(chunk))]
+                rows = statement.fetch_all(cursor, {f"p_h{i}": digest for i, digest in enumerate(padded)})
+                found.update((str(row["key_hash"]), int(row["version"])) for row in rows)
+
+        self._repeatable(look)
         return found
+
+    def _versions_statement(self, count: int) -> tuple[Prepared, int]:
+        """The versions query for ``count`` keys, and how many it takes (see :meth:`versions`)."""
+        size = min(IN_LIST, 1 << max(0, count - 1).bit_length())
+        statement = self._versions_by_size.get(size)
+        if statement is None:
+            t = self.t
+            query = sa.select(t.c.key_hash, t.c.version).where(
+                t.c.key_hash.in_([sa.bindparam(f"p_h{i}") for i in range(size)])
+            )
+            statement = self._versions_by_size[size] = Prepared(
+                query, self.engine.dialect, ("key_hash", "version")
+            )
+        return statement, size
 
     def change_feed(self) -> ChangeFeed:
         """PostgreSQL: one ``LISTEN`` connection; SQLite: ``data_version``; MySQL: a versions poll."""
@@ -707,7 +741,7 @@ class SQLStore(Store):
             return ListenFeed(self)
         if self.dialect == "sqlite":
             return DataVersionFeed(self)
-        return VersionsFeed(self)
+        return VersionsFeed(self, self.watch_interval)
 
 
 class _PooledCursor:
