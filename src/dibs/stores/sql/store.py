@@ -63,6 +63,26 @@ BYTES_PER_SECOND = 1024 * 1024  # a slow link: a generous bound, never a cut of 
 POSTGRES_MAX_BYTEA = 0x3FFFFFFF - 4
 #: What a row holds besides the payload and the texts complete writes (numbers, digests, a failure).
 _ROW_OVERHEAD = 16 * 1024
+#: The longest text of a number a statement carries: an int64 takes up to 20 characters, a float's
+#: shortest repr up to 24 (``-1.2345678901234567e-308``).
+_NUMBER_SIZE = 24
+
+
+def _others_size(values: Mapping[str, Any]) -> int:
+    """An upper bound of the bytes the values of ``complete`` other than the payload take as text.
+
+    Called on every ``complete``: only texts (owner, key, digests) vary in length, and an ASCII text's
+    length is its size in UTF-8, so nothing is converted; a number counts as its longest text.
+    """
+    size = 0
+    for name, value in values.items():
+        if type(value) is str:
+            size += len(value) if value.isascii() else len(value.encode())
+        elif name != "p_payload":
+            size += _NUMBER_SIZE
+    return size
+
+
 #: MySQL/MariaDB errors that mean the statement was rolled back by the server, so it may run again:
 #: 1213 deadlock, 1205 lock wait timeout. How often, before the error is reported.
 _ROLLED_BACK = (1213, 1205)
@@ -537,7 +557,7 @@ class SQLStore(Store):
             import sqlite3
 
             limit = int(cursor.connection.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
-            others = sum(len(str(value).encode()) for name, value in values.items() if name != "p_payload")
+            others = _others_size(values)
             refuse_too_large(
                 key,
                 len(payload),
@@ -569,7 +589,7 @@ class SQLStore(Store):
             cursor.execute("SELECT @@max_allowed_packet")
             self._max_packet = int(cursor.fetchone()[0])
         payload = values["p_payload"]
-        others = sum(2 * len(str(value).encode()) for name, value in values.items() if name != "p_payload")
+        others = 2 * _others_size(values)
         needed = self._literal_size(cursor, payload) + others + len(self._complete.sql) + 64
         refuse_too_large(
             key,
