@@ -8,28 +8,26 @@
 -- taken beside it, and complete replaces it.
 -- After the prelude's guard: `now` is the server's time, `rec` the key's record or nil.
 if rec == nil then
-  rec = {fence = '0', attempts = '0'}
-  redis.call('HSET', KEYS[1], 'format', FORMAT, 'namespace', ARGV[1], 'name', ARGV[2],
-    'fence', '0', 'attempts', '0')
+  rec = {}
+  set(rec, 'format', FORMAT, 'namespace', ARGV[1], 'name', ARGV[2], 'fence', '0', 'attempts', '0')
 end
 if rec.artifact_fence then
   local created = tonumber(rec.artifact_created_at)
   local stale = (ARGV[7] ~= '' and (tonumber(ARGV[7]) <= 0 or now - created >= tonumber(ARGV[7])))
     or (ARGV[8] ~= '' and fence_below(rec.artifact_fence, ARGV[8]))
   if not stale then
-    return reply('present', now, KEYS[1], false, true)
+    return reply('present', now, rec, false, true)
   end
 end
 local ttl = tonumber(ARGV[4])
 local max_expires = tonumber(rec.lease_max_expires_at)
 if rec.lease_id and rec.lease_owner == ARGV[3] and (max_expires == nil or now < max_expires) then
   -- The same owner again: its own lease, same token, expiry extended.
-  redis.call('HSET', KEYS[1], 'lease_expires_at', num(capped_expiry(now, ttl, max_expires)),
-    'lease_ttl', ARGV[4])
-  return reply('reentered', now, KEYS[1], false, false)
+  set(rec, 'lease_expires_at', num(capped_expiry(now, ttl, max_expires)), 'lease_ttl', ARGV[4])
+  return reply('reentered', now, rec, false, false)
 end
 if rec.lease_id and now < tonumber(rec.lease_expires_at) then
-  return reply('held', now, KEYS[1], false, false)
+  return reply('held', now, rec, false, false)
 end
 -- Free, released or expired: the key changes hands and the fence goes up, exactly (HINCRBY on the
 -- decimal string, read back as a string), unless it cannot go any higher.
@@ -38,6 +36,7 @@ if rec.fence == MAX_FENCE then
 end
 redis.call('HINCRBY', KEYS[1], 'fence', 1)
 local fence = redis.call('HGET', KEYS[1], 'fence')
+rec.fence = fence
 local attempt = rec.attempts
 if attempt ~= MAX_COUNT then
   attempt = num(tonumber(attempt) + 1)
@@ -46,13 +45,14 @@ local new_max = nil
 if ARGV[5] ~= '' then
   new_max = now + tonumber(ARGV[5])
 end
-redis.call('HSET', KEYS[1], 'attempts', attempt,
+local took_over_from = rec.lease_owner or false
+set(rec, 'attempts', attempt,
   'lease_owner', ARGV[3], 'lease_fence', fence, 'lease_id', ARGV[6],
   'lease_acquired_at', num(now), 'lease_expires_at', num(capped_expiry(now, ttl, new_max)),
   'lease_ttl', ARGV[4], 'lease_attempt', attempt)
 if new_max then
-  redis.call('HSET', KEYS[1], 'lease_max_expires_at', num(new_max))
+  set(rec, 'lease_max_expires_at', num(new_max))
 else
-  redis.call('HDEL', KEYS[1], 'lease_max_expires_at')
+  unset(rec, 'lease_max_expires_at')
 end
-return reply('granted', now, KEYS[1], rec.lease_owner or false, false)
+return reply('granted', now, rec, took_over_from, false)

@@ -4,16 +4,16 @@
 -- ARGV[9]: the work's compute time in seconds ('' when unknown)
 -- Returns {'corrupt', why} or {'ok'|'lost', now, false, FIELDS...} (without the payload)
 -- After the prelude's guard: `now`, and `rec`, whose current lease is the caller's.
-redis.call('HSET', KEYS[1], 'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
+set(rec, 'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
   'artifact_size', num(string.len(ARGV[6])), 'artifact_checksum', ARGV[7],
   'artifact_producer', rec.lease_owner, 'artifact_fence', rec.lease_fence,
   'artifact_created_at', num(now))
 local compute = tonumber(ARGV[9])
 if compute ~= nil and compute >= 0 and compute <= MAX_TIME then
-  redis.call('HSET', KEYS[1], 'artifact_compute_seconds', num(compute))
+  set(rec, 'artifact_compute_seconds', num(compute))
 else
-  redis.call('HDEL', KEYS[1], 'artifact_compute_seconds')
+  unset(rec, 'artifact_compute_seconds')
 end
-drop_lease(KEYS[1])
+drop_lease(rec)
 redis.call('PUBLISH', ARGV[8], 'complete')
-return reply('ok', now, KEYS[1], false, false)
+return reply('ok', now, rec, false, false)

@@ -38,7 +38,7 @@ elseif ARGV[4] == 'old' then
   elseif rec.failure_count and tonumber(rec.failure_at) >= limit then
     return {'unchanged'}
   end
-  drop_lease(KEYS[1])
+  drop_lease(rec)
   redis.call('HDEL', KEYS[1], 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
   redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
   redis.call('HSET', KEYS[1], 'attempts', '0')
@@ -49,7 +49,7 @@ else
   if ARGV[4] == 'expired' and now < tonumber(rec.lease_expires_at) then
     return {'unchanged'}
   end
-  drop_lease(KEYS[1])
+  drop_lease(rec)
 end
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {'changed'}

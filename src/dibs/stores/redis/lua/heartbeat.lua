@@ -4,8 +4,7 @@
 -- After the prelude's guard: `now`, and `rec`, whose current lease is the caller's.
 local max_expires = tonumber(rec.lease_max_expires_at)
 if max_expires ~= nil and now >= max_expires then
-  return reply('lost', now, KEYS[1], false, false)
+  return reply('lost', now, rec, false, false)
 end
-redis.call('HSET', KEYS[1], 'lease_expires_at',
-  num(capped_expiry(now, tonumber(ARGV[5]), max_expires)), 'lease_ttl', ARGV[5])
-return reply('ok', now, KEYS[1], false, false)
+set(rec, 'lease_expires_at', num(capped_expiry(now, tonumber(ARGV[5]), max_expires)), 'lease_ttl', ARGV[5])
+return reply('ok', now, rec, false, false)

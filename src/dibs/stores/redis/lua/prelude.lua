@@ -131,19 +131,37 @@ local function capped_expiry(now, ttl, max_expires)
   return expires
 end
 
-local function drop_lease(key)
-  redis.call('HDEL', key, 'lease_max_expires_at', unpack(GROUPS.lease))
+-- Every write of a script to the record at KEYS[1] goes through set and unset, which keep `rec` (the
+-- record as loaded) equal to what the hash holds, so a reply is built from `rec` without reading
+-- the record a second time. set takes field, value pairs, all strings.
+local function set(rec, ...)
+  redis.call('HSET', KEYS[1], ...)
+  local pairs_ = {...}
+  for i = 1, #pairs_, 2 do
+    rec[pairs_[i]] = pairs_[i + 1]
+  end
 end
 
--- {status, now, extra, FIELDS...[, payload]}, read after this script's writes.
-local function reply(status, now, key, extra, with_payload)
+local function unset(rec, ...)
+  redis.call('HDEL', KEYS[1], ...)
+  for _, field in ipairs({...}) do
+    rec[field] = nil
+  end
+end
+
+local function drop_lease(rec)
+  unset(rec, 'lease_max_expires_at', unpack(GROUPS.lease))
+end
+
+-- {status, now, extra, FIELDS...[, payload]}: the record after this script's writes (`rec`, kept in
+-- step by set and unset; nil when there is none), absent fields as Redis nils.
+local function reply(status, now, rec, extra, with_payload)
   local out = {status, num(now), extra or false}
-  local values = redis.call('HMGET', key, unpack(FIELDS))
-  for i = 1, #FIELDS do
-    out[i + 3] = values[i]
+  for i, field in ipairs(FIELDS) do
+    out[i + 3] = (rec and rec[field]) or false
   end
   if with_payload then
-    out[#FIELDS + 4] = redis.call('HGET', key, 'artifact_payload')
+    out[#FIELDS + 4] = redis.call('HGET', KEYS[1], 'artifact_payload')
   end
   return out
 end
@@ -158,5 +176,5 @@ if rec == false then
   return {'corrupt', why}
 end
 if UNDER_LEASE and not is_current(rec, ARGV[3], ARGV[4]) then
-  return reply('lost', now, KEYS[1], false, false)
+  return reply('lost', now, rec, false, false)
 end

@@ -3,4 +3,4 @@
 -- ARGV[2]: name, ARGV[3]: '1' to include the artifact payload, else '0'
 -- Returns {'corrupt', why} or {'ok', now, false, FIELDS...[, payload]}
 -- After the prelude's guard: `now` is the server's time, `rec` the key's record or nil.
-return reply('ok', now, KEYS[1], false, ARGV[3] == '1')
+return reply('ok', now, rec, false, ARGV[3] == '1')

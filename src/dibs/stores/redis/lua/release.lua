@@ -10,9 +10,9 @@ if ARGV[5] ~= '0' then
   if ARGV[5] == '1' and count ~= MAX_COUNT then
     count = num(tonumber(count) + 1)
   end
-  redis.call('HSET', KEYS[1], 'failure_count', count, 'failure_error', ARGV[6],
-    'failure_owner', rec.lease_owner, 'failure_at', num(now))
+  set(rec, 'failure_count', count, 'failure_error', ARGV[6], 'failure_owner', rec.lease_owner,
+    'failure_at', num(now))
 end
-drop_lease(KEYS[1])
+drop_lease(rec)
 redis.call('PUBLISH', ARGV[7], 'release')
-return reply('ok', now, KEYS[1], false, false)
+return reply('ok', now, rec, false, false)
