@@ -3,7 +3,8 @@
 Each script Redis runs is three parts, in this order:
 
 1. constants generated from Python: the record's hash fields (the shared decoder's names, in the
-   order the scripts return them), which of them are integers, counters, times or non-empty text,
+   order the scripts return them, and the shorter lists of the replies to a granted lease and a
+   completed key), which of them are integers, counters, times or non-empty text,
    and the limits of :mod:`dibs.records`; so the Lua side cannot drift from the decoder;
 2. ``lua/prelude.lua``, shared by every script: the functions (load and check a record, compare
    fences, build the reply) and the guard every script starts with, written once: read the server's
@@ -27,7 +28,16 @@ from redis.commands.core import Script
 from dibs.records import MAX_COUNT, MAX_FENCE, MAX_TIMESTAMP
 from dibs.stores import decoder
 
-__all__ = ["FIELDS", "FORMAT", "UNDER_LEASE", "Reply", "Scripts", "source"]
+__all__ = [
+    "COMPLETED_FIELDS",
+    "FIELDS",
+    "FORMAT",
+    "GRANTED_FIELDS",
+    "UNDER_LEASE",
+    "Reply",
+    "Scripts",
+    "source",
+]
 
 FORMAT = "dibs.redis/1"
 
@@ -36,6 +46,13 @@ Reply = list[Any]
 
 # The hash fields of a record are the shared decoder's names, in the order the scripts return them.
 FIELDS = decoder.FIELDS
+#: What a ``granted`` reply of acquire carries after ``{status, now, took_over_from}``: the fields of the
+#: new lease's record that the caller does not know already (it sent the owner, lease id and ttl; the
+#: lease's fence and attempt are the record's, its start is ``now``), and the failure it reports.
+GRANTED_FIELDS = ("fence", "attempts", "lease_expires_at", "lease_max_expires_at", *decoder.FAILURE_FIELDS)
+#: What an ``ok`` reply of complete carries after ``{status, now, false}``: the fields of the stored
+#: artifact the caller does not know (it sent serializer, payload and checksum; the fence is its token's).
+COMPLETED_FIELDS = ("attempts", "artifact_producer", "artifact_created_at", "artifact_compute_seconds")
 # Integers up to a signed 64-bit one (the most HINCRBY can hold), and counters up to a 32-bit one.
 _WIDE_INTEGERS = ("fence", "lease_fence", "artifact_size", "artifact_fence")
 _COUNTERS = ("attempts", "lease_attempt", "failure_count")
@@ -89,6 +106,8 @@ def _constants(under_lease: bool) -> str:
         "COUNTERS": _lua_list(_COUNTERS),
         "SECONDS_FIELDS": _lua_list(_SECONDS),
         "NONEMPTY_FIELDS": _lua_list(_NONEMPTY),
+        "GRANTED_FIELDS": _lua_list(GRANTED_FIELDS),
+        "COMPLETED_FIELDS": _lua_list(COMPLETED_FIELDS),
         "UNDER_LEASE": "true" if under_lease else "false",
     }
     return "".join(f"local {name} = {value}\n" for name, value in values.items())

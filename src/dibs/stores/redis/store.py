@@ -32,7 +32,7 @@ from dibs.stores import decoder, redact_url, transitions
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.redis.feed import PatternFeed
-from dibs.stores.redis.scripts import FIELDS, FORMAT, Reply, Scripts
+from dibs.stores.redis.scripts import COMPLETED_FIELDS, FIELDS, FORMAT, GRANTED_FIELDS, Reply, Scripts
 from dibs.stores.redis.settings import CLIENT_DEFAULTS, DEFAULT_MAX_CONNECTIONS, SCAN_BATCH, parse_url
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
@@ -123,6 +123,7 @@ class RedisStore(Store):
         return self._state(key, reply, with_payload=True)
 
     def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
+        ttl, lease_id = _seconds(request.ttl, "ttl"), new_lease_id()
         reply = self._run(
             self._acquire,
             key,
@@ -130,16 +131,35 @@ class RedisStore(Store):
             key.namespace,
             key.name,
             request.owner,
-            _seconds(request.ttl, "ttl"),
+            ttl,
             "" if request.max_lease_age is None else _seconds(request.max_lease_age, "max_lease_age"),
-            new_lease_id(),
+            lease_id,
             "" if request.max_age is None else _seconds(request.max_age, "max_age"),
             "" if request.min_fence is None else str(int(request.min_fence)),
         )
         status = reply[0]
         if status == b"exhausted":
             raise transitions.fence_exhausted(key, int(reply[1]))
-        state = self._state(key, reply, with_payload=status == b"present")
+        if status == b"granted":
+            # The short reply: the rest of the new lease is what was sent (the record's key and
+            # format were checked by the script before it wrote). Any stale artifact beside the
+            # lease is left out; a grant does not report it.
+            fields = dict.fromkeys(FIELDS)
+            fields.update(zip(GRANTED_FIELDS, reply[3:], strict=True))
+            fields.update(
+                format=FORMAT,
+                namespace=key.namespace,
+                name=key.name,
+                lease_owner=request.owner,
+                lease_fence=fields["fence"],
+                lease_id=lease_id,
+                lease_acquired_at=reply[1],
+                lease_ttl=ttl,
+                lease_attempt=fields["attempts"],
+            )
+            state = self._decode(key, fields, float(reply[1]))
+        else:
+            state = self._state(key, reply, with_payload=status == b"present")
         if status == b"present":
             assert state.artifact is not None
             return Present(state.artifact)
@@ -211,9 +231,24 @@ class RedisStore(Store):
             self.channel(key),
             "" if artifact.compute_seconds is None else repr(float(artifact.compute_seconds)),
         )
-        state = self._state(key, reply)
         if reply[0] == b"lost":
-            raise explain_lost(state, token, "complete")
+            raise explain_lost(self._state(key, reply), token, "complete")
+        # The short reply: the rest of the stored artifact is what was sent (the script wrote the
+        # producer and fence of the current lease, checked to be this token's).
+        fields = dict.fromkeys(FIELDS)
+        fields.update(zip(COMPLETED_FIELDS, reply[3:], strict=True))
+        fence = str(token.fence)
+        fields.update(
+            format=FORMAT,
+            namespace=key.namespace,
+            name=key.name,
+            fence=fence,
+            artifact_serializer=artifact.serializer,
+            artifact_size=str(len(payload)),
+            artifact_checksum=artifact.checksum,
+            artifact_fence=fence,
+        )
+        state = self._decode(key, fields, float(reply[1]))
         assert state.artifact is not None
         # The reply leaves the payload out (no need to send it back): it is the one just written.
         return ArtifactRecord(
@@ -427,15 +462,26 @@ class RedisStore(Store):
         if key is not None and fields["format"] is None:
             return KeyState(key=key, now=now)
         payload = reply[3 + len(FIELDS)] if with_payload else b""
+        return self._decode(key, fields, now, payload=payload, record_key=record_key, digest=digest)
+
+    def _decode(
+        self,
+        key: Key | None,
+        fields: dict[str, object],
+        now: float,
+        *,
+        payload: bytes | None = b"",
+        record_key: str | None = None,
+        digest: str | None = None,
+    ) -> KeyState:
         if record_key is None:
             assert key is not None
             record_key = self.record_key(key)
-        where = self._where(record_key)
         return decoder.decode(
             fields,
             key,
             now,
-            where=where,
+            where=self._where(record_key),
             digest=digest,
             textual=True,
             expected_format=FORMAT,

@@ -2,7 +2,7 @@
 -- ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id, ARGV[5]: serializer,
 -- ARGV[6]: payload, ARGV[7]: checksum, ARGV[8]: the key's notification channel,
 -- ARGV[9]: the work's compute time in seconds ('' when unknown)
--- Returns {'corrupt', why} or {'ok'|'lost', now, false, FIELDS...} (without the payload)
+-- Returns {'corrupt', why}, {'ok', now, false, COMPLETED_FIELDS...} or {'lost', now, false, FIELDS...}
 -- After the prelude's guard: `now`, and `rec`, whose current lease is the caller's.
 set(rec, 'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
   'artifact_size', num(string.len(ARGV[6])), 'artifact_checksum', ARGV[7],
@@ -16,4 +16,4 @@ else
 end
 drop_lease(rec)
 redis.call('PUBLISH', ARGV[8], 'complete')
-return reply('ok', now, rec, false, false)
+return short_reply('ok', now, rec, false, COMPLETED_FIELDS)

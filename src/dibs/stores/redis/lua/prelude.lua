@@ -1,5 +1,5 @@
 -- The start of every dibs script: dibs.stores.redis.scripts puts the constants it generates from
--- Python (FORMAT, FIELDS and the field groups, the limits, and UNDER_LEASE for this script) above
+-- Python (FORMAT, FIELDS and the field groups, the fields of the short replies, the limits, and UNDER_LEASE for this script) above
 -- this prelude, and the script's own body below it.
 --
 -- Nothing is written before load_record has accepted the record, so a foreign or damaged value at
@@ -162,6 +162,16 @@ local function reply(status, now, rec, extra, with_payload)
   end
   if with_payload then
     out[#FIELDS + 4] = redis.call('HGET', KEYS[1], 'artifact_payload')
+  end
+  return out
+end
+
+-- {status, now, extra, values of `names`}: the reply where the caller knows the rest of the record
+-- (a lease it was just granted, an artifact it just stored), so that less is sent and parsed.
+local function short_reply(status, now, rec, extra, names)
+  local out = {status, num(now), extra or false}
+  for i, field in ipairs(names) do
+    out[i + 3] = rec[field] or false
   end
   return out
 end
