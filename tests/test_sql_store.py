@@ -548,6 +548,53 @@ def test_a_postgres_row_committed_after_the_reads_snapshot_is_not_overwritten(tm
             other.close()
 
 
+def test_a_postgres_acquire_of_a_key_whose_row_is_being_written_does_not_wait_for_the_writer(
+    tmp_path: Path,
+) -> None:
+    """A hit or a waiter reads the row as its snapshot shows it, like the plain read: an unguarded
+    ``INSERT ... ON CONFLICT`` would check the unique index and wait for another session's write to
+    the row still in flight (a large ``complete``, a slow heartbeat) until ``lock_timeout`` ended it
+    with an error. Here the other session's update is held open for the whole acquire."""
+    with postgres.isolated_url(tmp_path) as url:
+        store = SQLStore(url + "&timeout=1")
+        writer = sa.create_engine(url.split("?")[0])
+        try:
+            held = store.acquire(KEY, AcquireRequest("alice", 60))
+            assert isinstance(held, Granted)
+            schema_name = url.split("schema=")[1]
+            with writer.connect() as conn:
+                conn.execute(
+                    sa.text(f"UPDATE {schema_name}.{store.t.name} SET ttl = ttl WHERE key_hash = :key_hash"),
+                    {"key_hash": KEY.digest},
+                )  # the transaction stays open: the row is locked until the rollback below
+                got = store.acquire(KEY, AcquireRequest("bob", 60))
+                assert not isinstance(got, Granted) and got.lease == held.lease  # busy, decided on the row
+                assert store.acquire(KEY, AcquireRequest("bob", 60)).lease == held.lease
+                conn.rollback()
+        finally:
+            store.close()
+            writer.dispose()
+
+
+def test_a_postgres_tombstone_is_reserved_again_with_a_higher_fence(tmp_path: Path) -> None:
+    """A pruned key keeps its row (a tombstone with its fence): the read-or-insert finds it and
+    inserts nothing, and the next lease's fence follows the tombstone's, never starting again at 1."""
+    with postgres.isolated_url(tmp_path) as url:
+        store = SQLStore(url)
+        try:
+            first = store.acquire(KEY, AcquireRequest("alice", 60))
+            assert isinstance(first, Granted) and first.lease.token.fence == 1
+            _completed(store, KEY, b"first")
+            assert store.prune(KEY.namespace, 0) == 1  # a tombstone: the row stays, with fence 1
+            assert store.read(KEY).artifact is None
+            again = store.acquire(KEY, AcquireRequest("bob", 60))
+            assert isinstance(again, Granted) and again.lease.token.fence == 2
+            with store.engine.connect() as conn:
+                assert conn.execute(sa.select(sa.func.count()).select_from(store.t)).scalar() == 1
+        finally:
+            store.close()
+
+
 def test_the_mysql_feed_reads_the_version_of_every_watched_row(tmp_path: Path) -> None:
     """The versions query the watch hub of a MySQL process sends every ``watch_interval``: each key
     with a row gets its version, a key without one is left out, any number of keys (padded IN lists
