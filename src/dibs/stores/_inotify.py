@@ -116,6 +116,8 @@ class FileWatch:
         self._poller = select.poll()  # not select(): no limit on descriptor numbers
         self._poller.register(self._fd, select.POLLIN)
         self._poller.register(self._poke_fd, select.POLLIN)
+        self._poke_poller = select.poll()  # for hold(): a poke only
+        self._poke_poller.register(self._poke_fd, select.POLLIN)
         _LIVE.add(self)
 
     def _add(self, path: str, mask: int) -> int:
@@ -136,9 +138,19 @@ class FileWatch:
         """Closed, or broken (its folder's watch is gone): the caller looks on its own from now on."""
         return self._closed
 
+    def hold(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds or until a :meth:`poke`, leaving events queued: the
+        :meth:`wait` that follows takes every write heard meanwhile at once (the caller's minimum
+        gap between looks). A poke is left for that wait too, which then ends at once."""
+        if self._closed:
+            return
+        with contextlib.suppress(InterruptedError):
+            self._poke_poller.poll(max(0, int(timeout * 1000 + 0.999)))
+
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; whether the file was written or created meanwhile (or may
-        have been: a queue overflow), as opposed to a timeout or a :meth:`poke`."""
+        have been: a queue overflow), as opposed to a timeout or a :meth:`poke`. Every queued event is
+        read: writes heard together wake the caller once."""
         if self._closed:
             return False
         try:
