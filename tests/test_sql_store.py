@@ -286,6 +286,44 @@ def test_a_table_held_by_another_session_is_opened_without_the_column_and_altere
     admin.close()
 
 
+def test_the_alter_puts_back_the_sessions_own_lock_wait_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MySQL: the ALTER's ``lock_wait_timeout`` is the store's lock wait only for the ALTER; the
+    connection goes back to the pool with the value its session had (here one set when it was
+    opened), not the server's default."""
+    with mysql.isolated_url(tmp_path) as url:
+        admin = SQLStore(url)
+        dibs.Reservations(admin, namespace="wait").run("kept", lambda: 1)
+        _drop_added_columns(admin)
+        _as_a_new_process(monkeypatch)
+        store = SQLStore(url)
+        altered: list[Any] = []
+
+        def own_value(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET SESSION lock_wait_timeout = 1234")
+
+        def note(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if statement.startswith("ALTER TABLE"):
+                altered.append(conn.connection.dbapi_connection)
+
+        sa.event.listen(store.engine, "connect", own_value)
+        sa.event.listen(store.engine, "before_cursor_execute", note)
+        try:
+            timed = dibs.Reservations(store, namespace="wait")
+            timed.run("fresh", lambda: 2)
+            artifact = timed.status("fresh").artifact
+            assert artifact is not None and artifact.compute_seconds is not None  # the ALTER ran
+            assert len(altered) == 1
+            with altered[0].cursor() as cursor:
+                cursor.execute("SELECT @@SESSION.lock_wait_timeout")
+                assert int(cursor.fetchone()[0]) == 1234
+        finally:
+            store.close()
+            admin.close()
+
+
 @pytest.mark.parametrize(
     ("dialect", "error", "failure"),
     [

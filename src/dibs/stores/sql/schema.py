@@ -317,17 +317,23 @@ class SchemaCheck:
         (a year by default), not the store's ``innodb_lock_wait_timeout``; so for the ALTER it is the
         latter (0.8 of ``?timeout=``), and the wait ends with a lock wait timeout (transient) rather
         than the store's bound shutting the connection. PostgreSQL's ``lock_timeout`` already covers
-        it."""
+        it. The session's own value is put back afterwards (not the server's default: the session may
+        have set one of its own); a connection whose value cannot be put back is invalidated rather than
+        returned to the pool changed."""
         if self.dialect not in ("mysql", "mariadb"):
             yield
             return
+        saved = int(conn.execute(sa.text("SELECT @@SESSION.lock_wait_timeout")).scalar_one())
         conn.execute(sa.text("SET SESSION lock_wait_timeout = @@SESSION.innodb_lock_wait_timeout"))
         try:
             yield
         finally:
             if not conn.invalidated:  # never in place of the ALTER's own error
-                with contextlib.suppress(sa_exc.DBAPIError):
-                    conn.execute(sa.text("SET SESSION lock_wait_timeout = DEFAULT"))
+                try:
+                    conn.execute(sa.text(f"SET SESSION lock_wait_timeout = {saved}"))
+                except sa_exc.DBAPIError:
+                    if not conn.invalidated:
+                        conn.invalidate()
 
     def _present_columns(self, conn: Connection) -> set[str]:
         return {column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)}
