@@ -333,3 +333,38 @@ def test_a_busy_database_does_not_make_the_feed_look_at_every_write(store: SQLSt
         assert _until_changed(feed) == "inotify"
     finally:
         feed.close()
+
+
+def _inotify_or_eventfd(fd: int) -> bool:
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False
+    return "inotify" in target or "eventfd" in target
+
+
+@LINUX
+def test_a_watch_dropped_without_close_closes_its_descriptors(tmp_path: Path) -> None:
+    """Its inotify instance counts against the user's ``fs.inotify.max_user_instances``: a watch
+    nobody closed gives both descriptors back when it is collected (and one closed gives nothing
+    twice: the numbers may be another file's by then)."""
+    import gc
+
+    watch = _inotify.watch(str(tmp_path / "x.db-wal"))
+    assert watch is not None
+    fds = [watch._fd, watch._poke_fd]
+    assert all(_inotify_or_eventfd(fd) for fd in fds)
+    del watch
+    gc.collect()
+    assert not any(_inotify_or_eventfd(fd) for fd in fds)
+    closed = _inotify.watch(str(tmp_path / "y.db-wal"))
+    assert closed is not None
+    closed.close()
+    reused = [os.open(os.devnull, os.O_RDONLY), os.open(os.devnull, os.O_RDONLY)]
+    try:
+        del closed
+        gc.collect()
+        assert all(_is_open(fd) for fd in reused)  # the finalizer closed nothing of someone else's
+    finally:
+        for fd in reused:
+            os.close(fd)

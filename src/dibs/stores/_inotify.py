@@ -106,6 +106,10 @@ class FileWatch:
         except OSError:
             os.close(fd)
             raise
+        # A watch dropped without close() closes its descriptors when collected (the list is shared,
+        # not the watch: the finalizer must not keep it alive); close() empties the list first.
+        self._owned = [fd, self._poke_fd]
+        weakref.finalize(self, _close_owned, self._owned)
         try:
             # the folder first: a file created between the two is heard of by the folder's watch
             self._folder_wd = self._add(self._folder, IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)
@@ -211,11 +215,21 @@ class FileWatch:
 
     def _close_fds(self) -> None:
         self._closed = True
+        owned = getattr(self, "_owned", None)
+        if owned is not None:
+            owned.clear()  # closed here: nothing left for the finalizer
         fds = [fd for fd in (getattr(self, "_fd", -1), getattr(self, "_poke_fd", -1)) if fd >= 0]
         self._fd = self._poke_fd = -1  # forgotten before closed: a fork in between closes nothing reused
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _close_owned(owned: list[int]) -> None:
+    """A collected watch's descriptors, unless :meth:`FileWatch.close` closed them."""
+    while owned:
+        with contextlib.suppress(OSError):
+            os.close(owned.pop())
 
 
 def _error(path: str) -> OSError:
