@@ -37,6 +37,12 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
+def _as_a_new_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget the schema checks (and column upgrades) this process made, as a new process would."""
+    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})
+    monkeypatch.setattr(sql_schema, "_ALTER_TRIED", set())
+
+
 def _raw_update(store: SQLStore, key: Key, **values: object) -> None:
     with store.engine.connect() as conn:
         conn.execute(sa.update(store.t).where(store.t.c.key_hash == key.digest).values(**values))
@@ -94,7 +100,7 @@ def test_a_newer_schema_version_is_refused_before_anything_is_written(
         conn.execute(sa.update(store.meta).values(value="99"))
     store.close()
     # A process checks a schema once; a new process (no verified schemas yet) finds the new version.
-    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})
+    _as_a_new_process(monkeypatch)
     newer = SQLStore(sql_url)
     with pytest.raises(dibs.ConfigurationError, match="schema version '99', newer than this dibs"):
         newer.acquire(KEY, AcquireRequest("alice", 30))
@@ -112,7 +118,7 @@ def test_a_table_from_before_compute_times_gains_the_column_and_keeps_its_rows(
     # The table as dibs wrote it before artifacts kept their compute time.
     _drop_added_columns(store)
     old.close()
-    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+    _as_a_new_process(monkeypatch)  # a new process, as after an upgrade
 
     new = dibs.Reservations(SQLStore(sql_url), namespace="upgrade")  # a store of its own: not yet ready
     assert isinstance(new.store, SQLStore)
@@ -195,7 +201,7 @@ def test_a_user_who_may_not_alter_the_table_works_without_the_new_column(
     dibs.Reservations(admin, namespace="limited").run("kept", lambda: {"rows": 3})
     _drop_added_columns(admin)
     with _user_without_alter(admin) as limited_url:
-        monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+        _as_a_new_process(monkeypatch)  # a new process, as after an upgrade
         caplog.set_level(logging.WARNING, logger="dibs.stores.sql.schema")
         client = dibs.Reservations(SQLStore(limited_url), namespace="limited")
         kept = client.status("kept").artifact
@@ -217,7 +223,7 @@ def test_a_user_who_may_not_alter_the_table_works_without_the_new_column(
 
         with admin.engine.connect() as conn:  # the administrator runs what the warning names
             conn.execute(sa.text(statement))
-        monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # the next process
+        _as_a_new_process(monkeypatch)  # the next process
         later = dibs.Reservations(SQLStore(limited_url), namespace="limited")
         later.run("later", lambda: 3)
         timed = later.status("later").artifact
@@ -226,18 +232,21 @@ def test_a_user_who_may_not_alter_the_table_works_without_the_new_column(
     admin.close()
 
 
+@pytest.mark.parametrize("seconds", ["2", "1"])
 def test_a_table_held_by_another_session_is_opened_without_the_column_and_altered_once(
-    server_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    server_url: str, seconds: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Another session holds the table (a long report: a shared lock, until its transaction ends),
     so the ALTER's lock wait times out (0.8 of ``?timeout=``). The store still opens and works
     without the column, one warning says it could not be added now, and the ALTER is tried once in
     this process: each attempt queues an exclusive lock that stalls every other session's queries
-    on the table. The next process adds it."""
+    on the table. The next process adds it. With ``?timeout=1`` MySQL's lock wait (whole seconds, at
+    least 1) is as long as the call's bound: the schema check's connection is bounded longer, so the
+    lock wait ends cleanly (error 1205) before the bound would cut the connection."""
     admin = SQLStore(server_url)
     dibs.Reservations(admin, namespace="locked").run("kept", lambda: {"rows": 3})
     _drop_added_columns(admin)
-    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+    _as_a_new_process(monkeypatch)  # a new process, as after an upgrade
     caplog.set_level(logging.WARNING, logger="dibs.stores.sql.schema")
     alters: list[str] = []
 
@@ -245,7 +254,7 @@ def test_a_table_held_by_another_session_is_opened_without_the_column_and_altere
         if statement.startswith("ALTER TABLE"):
             alters.append(statement)
 
-    timeout = "&timeout=2" if "?" in server_url else "?timeout=2"
+    timeout = f"{'&' if '?' in server_url else '?'}timeout={seconds}"
     with admin.engine.connect() as connection:  # the store's connections autocommit: this one must not
         holder = connection.execution_options(isolation_level="READ COMMITTED")
         transaction = holder.begin()
@@ -263,9 +272,10 @@ def test_a_table_held_by_another_session_is_opened_without_the_column_and_altere
     warnings = [record.getMessage() for record in caplog.records if "compute_seconds" in record.getMessage()]
     assert len(warnings) == 1, warnings
     assert "could not be added now" in warnings[0] and "next process" in warnings[0]
-    assert "administrator" not in warnings[0]
+    assert "administrator" not in warnings[0] and "connection was lost" not in warnings[0]
+    assert ("LockNotAvailable" if "postgresql" in server_url else "1205") in warnings[0]
     # The lock gone, the next process adds the column.
-    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})
+    _as_a_new_process(monkeypatch)
     later = dibs.Reservations(SQLStore(f"{server_url}{timeout}"), namespace="locked")
     later.run("later", lambda: 3)
     timed = later.status("later").artifact
@@ -274,6 +284,44 @@ def test_a_table_held_by_another_session_is_opened_without_the_column_and_altere
     another.close()
     later.close()
     admin.close()
+
+
+def test_the_alter_puts_back_the_sessions_own_lock_wait_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MySQL: the ALTER's ``lock_wait_timeout`` is the store's lock wait only for the ALTER; the
+    connection goes back to the pool with the value its session had (here one set when it was
+    opened), not the server's default."""
+    with mysql.isolated_url(tmp_path) as url:
+        admin = SQLStore(url)
+        dibs.Reservations(admin, namespace="wait").run("kept", lambda: 1)
+        _drop_added_columns(admin)
+        _as_a_new_process(monkeypatch)
+        store = SQLStore(url)
+        altered: list[Any] = []
+
+        def own_value(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET SESSION lock_wait_timeout = 1234")
+
+        def note(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if statement.startswith("ALTER TABLE"):
+                altered.append(conn.connection.dbapi_connection)
+
+        sa.event.listen(store.engine, "connect", own_value)
+        sa.event.listen(store.engine, "before_cursor_execute", note)
+        try:
+            timed = dibs.Reservations(store, namespace="wait")
+            timed.run("fresh", lambda: 2)
+            artifact = timed.status("fresh").artifact
+            assert artifact is not None and artifact.compute_seconds is not None  # the ALTER ran
+            assert len(altered) == 1
+            with altered[0].cursor() as cursor:
+                cursor.execute("SELECT @@SESSION.lock_wait_timeout")
+                assert int(cursor.fetchone()[0]) == 1234
+        finally:
+            store.close()
+            admin.close()
 
 
 @pytest.mark.parametrize(
@@ -309,29 +357,47 @@ def test_what_a_failed_alter_says(dialect: str, error: BaseException, failure: s
     assert sql_schema.may_not_alter(dialect, error) is (failure == "refused")
 
 
-def test_a_connection_lost_while_adding_the_column_is_an_error_naming_the_statement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_connection_lost_while_adding_the_column_is_tried_once_and_the_store_works_without_it(
+    server_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Not a reason to go on without the column: the connection is gone (no real server can be made
-    to drop it at that statement on demand, so the driver's error is injected)."""
-    url = f"sqlite:///{tmp_path / 'lost.db'}"
-    admin = SQLStore(url)
+    """The ALTER's connection is cut while it runs (as the store's call bound cuts it, by shutting its
+    socket down): a transient failure like a lock wait that timed out. The process works without the
+    column, says so once, naming the statement, and never tries the ALTER again: not in the schema
+    check's retries, not at a later operation, not for another client of the store; each attempt
+    would queue another exclusive lock on the table."""
+    from dibs.stores.sql.bounds import _fileno, _shut_down
+
+    admin = SQLStore(server_url)
     dibs.Reservations(admin, namespace="lost").run("kept", lambda: 1)
     _drop_added_columns(admin)
-    monkeypatch.setattr(sql_schema, "_VERIFIED_SCHEMAS", {})  # a new process, as after an upgrade
+    _as_a_new_process(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="dibs.stores.sql.schema")
+    alters: list[str] = []
 
-    @contextlib.contextmanager
-    def lost(self: Any, conn: Any) -> Iterator[None]:
-        gone = Exception("server closed the connection unexpectedly")
-        raise sa.exc.OperationalError("ALTER TABLE", {}, gone, connection_invalidated=True)
-        yield
+    def cut(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith("ALTER TABLE"):
+            alters.append(statement)
+            fileno = _fileno(conn.connection.dbapi_connection)
+            assert fileno is not None
+            _shut_down(fileno)
 
-    monkeypatch.setattr(sql_schema.SchemaCheck, "_metadata_lock_bounded", lost)
-    client = dibs.Reservations(SQLStore(url), namespace="lost")
-    with pytest.raises(dibs.StoreUnavailable, match="connection was lost while adding the column") as caught:
-        client.status("kept")
-    assert "compute_seconds" in str(caught.value) and "the statement was: ALTER TABLE" in str(caught.value)
+    store = SQLStore(server_url)
+    sa.event.listen(store.engine, "before_cursor_execute", cut)
+    client = dibs.Reservations(store, namespace="lost")
+    kept = client.status("kept").artifact
+    assert kept is not None and kept.compute_seconds is None
+    assert client.run("fresh", lambda: 2) == 2
+    other = SQLStore(server_url)
+    sa.event.listen(other.engine, "before_cursor_execute", cut)
+    another = dibs.Reservations(other, namespace="lost")
+    assert another.run("fresh", lambda: 3) == 2 and another.run("more", lambda: 4) == 4
+    assert len(alters) == 1, alters
+    warnings = [record.getMessage() for record in caplog.records if "compute_seconds" in record.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "connection was lost" in warnings[0] and "could not be added now" in warnings[0]
+    assert "ADD COLUMN" in warnings[0]
     client.close()
+    another.close()
     admin.close()
 
 
@@ -546,6 +612,53 @@ def test_a_postgres_row_committed_after_the_reads_snapshot_is_not_overwritten(tm
         finally:
             store.close()
             other.close()
+
+
+def test_a_postgres_acquire_of_a_key_whose_row_is_being_written_does_not_wait_for_the_writer(
+    tmp_path: Path,
+) -> None:
+    """A hit or a waiter reads the row as its snapshot shows it, like the plain read: an unguarded
+    ``INSERT ... ON CONFLICT`` would check the unique index and wait for another session's write to
+    the row still in flight (a large ``complete``, a slow heartbeat) until ``lock_timeout`` ended it
+    with an error. Here the other session's update is held open for the whole acquire."""
+    with postgres.isolated_url(tmp_path) as url:
+        store = SQLStore(url + "&timeout=1")
+        writer = sa.create_engine(url.split("?")[0])
+        try:
+            held = store.acquire(KEY, AcquireRequest("alice", 60))
+            assert isinstance(held, Granted)
+            schema_name = url.split("schema=")[1]
+            with writer.connect() as conn:
+                conn.execute(
+                    sa.text(f"UPDATE {schema_name}.{store.t.name} SET ttl = ttl WHERE key_hash = :key_hash"),
+                    {"key_hash": KEY.digest},
+                )  # the transaction stays open: the row is locked until the rollback below
+                got = store.acquire(KEY, AcquireRequest("bob", 60))
+                assert not isinstance(got, Granted) and got.lease == held.lease  # busy, decided on the row
+                assert store.acquire(KEY, AcquireRequest("bob", 60)).lease == held.lease
+                conn.rollback()
+        finally:
+            store.close()
+            writer.dispose()
+
+
+def test_a_postgres_tombstone_is_reserved_again_with_a_higher_fence(tmp_path: Path) -> None:
+    """A pruned key keeps its row (a tombstone with its fence): the read-or-insert finds it and
+    inserts nothing, and the next lease's fence follows the tombstone's, never starting again at 1."""
+    with postgres.isolated_url(tmp_path) as url:
+        store = SQLStore(url)
+        try:
+            first = store.acquire(KEY, AcquireRequest("alice", 60))
+            assert isinstance(first, Granted) and first.lease.token.fence == 1
+            _completed(store, KEY, b"first")
+            assert store.prune(KEY.namespace, 0) == 1  # a tombstone: the row stays, with fence 1
+            assert store.read(KEY).artifact is None
+            again = store.acquire(KEY, AcquireRequest("bob", 60))
+            assert isinstance(again, Granted) and again.lease.token.fence == 2
+            with store.engine.connect() as conn:
+                assert conn.execute(sa.select(sa.func.count()).select_from(store.t)).scalar() == 1
+        finally:
+            store.close()
 
 
 def test_the_mysql_feed_reads_the_version_of_every_watched_row(tmp_path: Path) -> None:

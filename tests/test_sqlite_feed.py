@@ -11,6 +11,7 @@ import select
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -288,3 +289,82 @@ def test_the_feed_reads_one_changed_key_on_its_own_connection(store: SQLStore) -
     finally:
         feed.close()
     assert feed.read_many(store, [key]) is None  # closed: the store reads
+
+
+def _write_elsewhere(path: str, seconds: float, started: Any) -> None:
+    """In another process: commits to a table the feed does not watch, as fast as they go."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")  # the most commits a second: the most -wal writes
+    conn.execute("CREATE TABLE IF NOT EXISTS elsewhere (n INTEGER)")
+    started.set()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        conn.execute("INSERT INTO elsewhere VALUES (1)")
+    conn.close()
+
+
+@LINUX
+def test_a_busy_database_does_not_make_the_feed_look_at_every_write(store: SQLStore, tmp_path: Path) -> None:
+    """Every commit to the database writes the ``-wal`` file, whatever its table: the feed takes the
+    writes heard within :data:`DataVersionFeed.MIN_GAP` of its last look together, so its looks are
+    bounded by the time it watched (counted against the elapsed time it measured, not a time limit),
+    not by the writer's rate; and it still sees a commit to the watched key."""
+    url = _url(tmp_path)
+    feed = _feed(store)
+    feed.open()
+    try:
+        assert feed.watching
+        started = SPAWN.Event()
+        writer = SPAWN.Process(target=_write_elsewhere, args=(str(tmp_path / "dibs.db"), 1.0, started))
+        writer.start()
+        assert started.wait(60)
+        looks_before, wakeups_before = feed.looks, feed.inotify_wakeups
+        began = time.monotonic()
+        while writer.is_alive():
+            feed.probe(0.1)
+        elapsed = time.monotonic() - began
+        writer.join(60)
+        assert writer.exitcode == 0
+        looks = feed.looks - looks_before
+        assert feed.inotify_wakeups > wakeups_before  # the writes were heard
+        assert looks <= 1.2 * elapsed / DataVersionFeed.MIN_GAP + 10, (looks, elapsed)
+        _commit_in_a_process(url, "watched")
+        assert _until_changed(feed) == "inotify"
+    finally:
+        feed.close()
+
+
+def _inotify_or_eventfd(fd: int) -> bool:
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False
+    return "inotify" in target or "eventfd" in target
+
+
+@LINUX
+def test_a_watch_dropped_without_close_closes_its_descriptors(tmp_path: Path) -> None:
+    """Its inotify instance counts against the user's ``fs.inotify.max_user_instances``: a watch
+    nobody closed gives both descriptors back when it is collected (and one closed gives nothing
+    twice: the numbers may be another file's by then)."""
+    import gc
+
+    watch = _inotify.watch(str(tmp_path / "x.db-wal"))
+    assert watch is not None
+    fds = [watch._fd, watch._poke_fd]
+    assert all(_inotify_or_eventfd(fd) for fd in fds)
+    del watch
+    gc.collect()
+    assert not any(_inotify_or_eventfd(fd) for fd in fds)
+    closed = _inotify.watch(str(tmp_path / "y.db-wal"))
+    assert closed is not None
+    closed.close()
+    reused = [os.open(os.devnull, os.O_RDONLY), os.open(os.devnull, os.O_RDONLY)]
+    try:
+        del closed
+        gc.collect()
+        assert all(_is_open(fd) for fd in reused)  # the finalizer closed nothing of someone else's
+    finally:
+        for fd in reused:
+            os.close(fd)

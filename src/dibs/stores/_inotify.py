@@ -106,6 +106,10 @@ class FileWatch:
         except OSError:
             os.close(fd)
             raise
+        # A watch dropped without close() closes its descriptors when collected (the list is shared,
+        # not the watch: the finalizer must not keep it alive); close() empties the list first.
+        self._owned = [fd, self._poke_fd]
+        weakref.finalize(self, _close_owned, self._owned)
         try:
             # the folder first: a file created between the two is heard of by the folder's watch
             self._folder_wd = self._add(self._folder, IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)
@@ -116,6 +120,8 @@ class FileWatch:
         self._poller = select.poll()  # not select(): no limit on descriptor numbers
         self._poller.register(self._fd, select.POLLIN)
         self._poller.register(self._poke_fd, select.POLLIN)
+        self._poke_poller = select.poll()  # for hold(): a poke only
+        self._poke_poller.register(self._poke_fd, select.POLLIN)
         _LIVE.add(self)
 
     def _add(self, path: str, mask: int) -> int:
@@ -136,9 +142,19 @@ class FileWatch:
         """Closed, or broken (its folder's watch is gone): the caller looks on its own from now on."""
         return self._closed
 
+    def hold(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds or until a :meth:`poke`, leaving events queued: the
+        :meth:`wait` that follows takes every write heard meanwhile at once (the caller's minimum
+        gap between looks). A poke is left for that wait too, which then ends at once."""
+        if self._closed:
+            return
+        with contextlib.suppress(InterruptedError):
+            self._poke_poller.poll(max(0, int(timeout * 1000 + 0.999)))
+
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; whether the file was written or created meanwhile (or may
-        have been: a queue overflow), as opposed to a timeout or a :meth:`poke`."""
+        have been: a queue overflow), as opposed to a timeout or a :meth:`poke`. Every queued event is
+        read: writes heard together wake the caller once."""
         if self._closed:
             return False
         try:
@@ -199,11 +215,21 @@ class FileWatch:
 
     def _close_fds(self) -> None:
         self._closed = True
+        owned = getattr(self, "_owned", None)
+        if owned is not None:
+            owned.clear()  # closed here: nothing left for the finalizer
         fds = [fd for fd in (getattr(self, "_fd", -1), getattr(self, "_poke_fd", -1)) if fd >= 0]
         self._fd = self._poke_fd = -1  # forgotten before closed: a fork in between closes nothing reused
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _close_owned(owned: list[int]) -> None:
+    """A collected watch's descriptors, unless :meth:`FileWatch.close` closed them."""
+    while owned:
+        with contextlib.suppress(OSError):
+            os.close(owned.pop())
 
 
 def _error(path: str) -> OSError:

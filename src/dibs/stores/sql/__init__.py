@@ -13,7 +13,9 @@ One row per key. How each operation stays atomic and cheap:
   is free whatever is asked, so one statement (a ``WITH ... INSERT ... ON CONFLICT DO NOTHING
   RETURNING`` beside the read) inserts its first lease or, when a row exists, writes nothing and
   returns it. A new key's reservation is then one round trip, like the raw conditional upsert,
-  instead of a read and a write; hits and waiters still write nothing.
+  instead of a read and a write; hits and waiters still write nothing. The insert is attempted only
+  when the statement's snapshot shows no row (``WHERE NOT EXISTS``): the conflict check would
+  otherwise wait for any write to the row in flight, so a hit or a waiter never waits for a writer.
 * ``heartbeat``, ``complete`` and ``release`` are one token-checked ``UPDATE`` each (fence and random
   lease id in the ``WHERE``); only when it matches no row is the row read again, to explain who has
   the key now.

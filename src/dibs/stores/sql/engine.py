@@ -160,6 +160,25 @@ def bytes_option(options: Mapping[str, str], name: str) -> int | None:
     return int(text)
 
 
+def mysql_lock_wait(timeout: float) -> int:
+    """MySQL/MariaDB: the seconds a lock wait may take (``innodb_lock_wait_timeout``, and
+    ``lock_wait_timeout`` for an ``ALTER``): 0.8 ``timeout``, but whole seconds, at least 1."""
+    return max(1, int(timeout * 0.8))
+
+
+#: Seconds the schema check's connection is bounded beyond a MySQL ``ALTER``'s lock wait: its lock
+#: wait (whole seconds, at least 1) would otherwise outlast a ``timeout`` of 1.25 s or less, and the
+#: bound would cut the connection before the wait ended cleanly.
+ALTER_MARGIN = 1.0
+
+
+def schema_bound(backend: str, timeout: float) -> float:
+    """Seconds the schema check's connection may wait for the server (see :data:`ALTER_MARGIN`)."""
+    if backend in ("mysql", "mariadb"):
+        return max(timeout, mysql_lock_wait(timeout) + ALTER_MARGIN)
+    return timeout
+
+
 def server_bounds(url: URL, timeout: float) -> dict[str, Any]:
     """Connection arguments that bound, on the server's side too, how long one call may take.
 
@@ -193,7 +212,7 @@ def server_bounds(url: URL, timeout: float) -> dict[str, Any]:
             # Once connected, they are lifted (_lift_socket_timeouts) and the keeper bounds each call.
             "read_timeout": seconds,
             "write_timeout": seconds,
-            "init_command": f"SET SESSION innodb_lock_wait_timeout = {max(1, int(timeout * 0.8))}",
+            "init_command": f"SET SESSION innodb_lock_wait_timeout = {mysql_lock_wait(timeout)}",
         }
     return {}
 

@@ -154,6 +154,9 @@ def row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
 #: (URL, table, schema) whose schema this process has checked, never twice (see :func:`check_once`):
 #: the :data:`ADDED_COLUMNS` its table has.
 _VERIFIED_SCHEMAS: dict[tuple[str, str, str | None], tuple[str, ...]] = {}
+#: (URL as shown, table, schema) whose columns this process tried to add: never twice, even when the
+#: check failed afterwards and is run again (see :meth:`SchemaCheck._add_columns`).
+_ALTER_TRIED: set[tuple[str, str, str | None]] = set()
 
 
 def check_once(
@@ -258,13 +261,17 @@ class SchemaCheck:
         administrator should run; a transient failure (a lock wait or statement that timed out, a
         deadlock: a long report holding the table, say) says the next process to open the store tries
         again; anything else (an event trigger or a proxy refusing DDL) names the statement and the
-        error. One attempt per process: the ALTER queues an exclusive lock on the table that stalls
-        every other session's queries on it while it waits, so it is not repeated (the outcome is
-        cached by :func:`check_once`). A lost connection raises :class:`StoreUnavailable` naming the
-        statement."""
+        error. A lost connection (the server gone, or the call's bound shutting it) is transient too.
+        One attempt per process, whatever its outcome: the ALTER queues an exclusive lock on the table
+        that stalls every other session's queries on it while it waits, so it is not repeated, not by
+        :meth:`run`'s retries nor by a later operation after an error of the check (the outcome is
+        cached by :func:`check_once`, the attempt by :data:`_ALTER_TRIED`)."""
         if self._added_columns(conn) >= len(ADDED_COLUMNS):
             return ADDED_COLUMNS
         present = self._present_columns(conn)
+        tried = (self.url, self.table_name, self.schema)
+        if tried in _ALTER_TRIED:  # failed before in this process (and said so)
+            return tuple(name for name in ADDED_COLUMNS if name in present)
         _, full, _ = tables(self.table_name, self.schema, self.dialect)
         preparer = conn.dialect.identifier_preparer
         table = preparer.format_table(full)
@@ -277,24 +284,22 @@ class SchemaCheck:
             if name in present:
                 continue
             statement = statements[name]
+            _ALTER_TRIED.add(tried)
             try:
                 with self._metadata_lock_bounded(conn):
                     conn.execute(sa.text(statement))
             except sa_exc.DBAPIError as exc:
                 orig = exc.orig or exc
-                if exc.connection_invalidated:
-                    raise StoreUnavailable(
-                        f"SQL store {self.url} failed: the connection was lost while adding the column "
-                        f"{name} to table {self.table_name} ({type(orig).__name__}: "
-                        f"{self._first_line(orig, 300)}); the statement was: {statement}",
-                        store=self.url,
-                    ) from exc
-                present = self._present_columns(conn)
-                if name in present:  # a racing process added it first
-                    continue
+                lost = exc.connection_invalidated or conn.invalidated
+                if not lost:
+                    with contextlib.suppress(sa_exc.DBAPIError):
+                        present = self._present_columns(conn)
+                    if name in present:  # a racing process added it first
+                        continue
                 self._warn_without_columns(
-                    alter_failure(self.dialect, orig),
-                    f"{type(orig).__name__}: {self._first_line(orig, 200)}",
+                    "transient" if lost else alter_failure(self.dialect, orig),
+                    f"{'the connection was lost: ' if lost else ''}{type(orig).__name__}: "
+                    f"{self._first_line(orig, 200)}",
                     [name for name in ADDED_COLUMNS if name not in present],
                     [statements[name] for name in ADDED_COLUMNS if name not in present],
                 )
@@ -312,17 +317,23 @@ class SchemaCheck:
         (a year by default), not the store's ``innodb_lock_wait_timeout``; so for the ALTER it is the
         latter (0.8 of ``?timeout=``), and the wait ends with a lock wait timeout (transient) rather
         than the store's bound shutting the connection. PostgreSQL's ``lock_timeout`` already covers
-        it."""
+        it. The session's own value is put back afterwards (not the server's default: the session may
+        have set one of its own); a connection whose value cannot be put back is invalidated rather than
+        returned to the pool changed."""
         if self.dialect not in ("mysql", "mariadb"):
             yield
             return
+        saved = int(conn.execute(sa.text("SELECT @@SESSION.lock_wait_timeout")).scalar_one())
         conn.execute(sa.text("SET SESSION lock_wait_timeout = @@SESSION.innodb_lock_wait_timeout"))
         try:
             yield
         finally:
             if not conn.invalidated:  # never in place of the ALTER's own error
-                with contextlib.suppress(sa_exc.DBAPIError):
-                    conn.execute(sa.text("SET SESSION lock_wait_timeout = DEFAULT"))
+                try:
+                    conn.execute(sa.text(f"SET SESSION lock_wait_timeout = {saved}"))
+                except sa_exc.DBAPIError:
+                    if not conn.invalidated:
+                        conn.invalidate()
 
     def _present_columns(self, conn: Connection) -> set[str]:
         return {column["name"] for column in sa.inspect(conn).get_columns(self.table_name, self.schema)}

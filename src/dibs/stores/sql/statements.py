@@ -244,12 +244,17 @@ def read_or_insert(t: sa.Table, now: ColumnElement[float]) -> sa.ClauseElement:
     false; the caller decides and swaps as before. The ``clock`` CTE, being volatile, is evaluated
     once, so the inserted row and the returned ``now`` agree.
 
-    A row committed by another session after this statement's snapshot makes the insert do nothing
-    and the read find no row: the caller's compare-and-swap insert then fails and it reads again.
-    The insert's conflict check waits for a write to the row that is in flight (a heartbeat or
-    complete, one autocommit statement), where the plain read would not have: a short wait, bounded
-    by ``lock_timeout`` like every lock wait of the store, and never a deadlock (the statement holds
-    nothing that the writer needs).
+    The insert is attempted only when the statement's snapshot shows no row for the key (``NOT
+    EXISTS``): ``ON CONFLICT`` checks the unique index even when a row is there, and that check waits
+    for any write to the row still in flight (a ``complete`` storing a large payload, a heartbeat on
+    a server slow to flush), so a hit or a waiter would wait on the writer, up to ``lock_timeout``,
+    where the plain read never waited. With the guard, a key that has a row is only read.
+
+    A row committed by another session after this statement's snapshot still meets the insert's
+    conflict check: the insert does nothing and the read finds no row, so the caller's
+    compare-and-swap insert fails and it reads again. Only then can the statement wait (for a
+    first insert of the key still being committed), and never in a deadlock: it holds nothing that
+    the writer needs.
     """
     from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -271,7 +276,11 @@ def read_or_insert(t: sa.Table, now: ColumnElement[float]) -> sa.ClauseElement:
         "ttl": p("p_ttl", type_=sa.Double),
         "attempt": sa.literal_column("1", sa.Integer),
     }
-    values = sa.select(*(value.label(name) for name, value in first.items())).select_from(clock)
+    values = (
+        sa.select(*(value.label(name) for name, value in first.items()))
+        .select_from(clock)
+        .where(~sa.exists(sa.select(sa.literal_column("1")).where(t.c.key_hash == p("p_key_hash"))))
+    )
     inserted = (
         pg_insert(t)
         .from_select(list(first), values)

@@ -43,6 +43,7 @@ from dibs.stores.sql.engine import (
     bytes_option,
     dispose_in_forked_children,
     make_engine,
+    schema_bound,
     seconds_option,
     split_options,
 )
@@ -158,12 +159,13 @@ class SQLStore(Store):
 
     # -- plumbing ---------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _connect(self, *, ready: bool = True) -> Iterator[Connection]:
+    def _connect(self, *, ready: bool = True, bound: float | None = None) -> Iterator[Connection]:
         """A pooled autocommit connection; database errors become :class:`StoreUnavailable`.
 
-        ``ready=False`` skips the schema check (only the schema check itself uses it).
+        ``ready=False`` skips the schema check (only the schema check itself uses it); ``bound``:
+        seconds the block may wait for the server (default: the store's ``timeout``).
         """
-        with self._fork_gate(), self._pooled_connection(ready=ready) as connection:
+        with self._fork_gate(), self._pooled_connection(ready=ready, bound=bound) as connection:
             yield connection
 
     def _fork_gate(self) -> contextlib.AbstractContextManager[None]:
@@ -171,7 +173,7 @@ class SQLStore(Store):
         return GATE if self.dialect == "sqlite" else _NO_GATE
 
     @contextlib.contextmanager
-    def _pooled_connection(self, *, ready: bool = True) -> Iterator[Connection]:
+    def _pooled_connection(self, *, ready: bool = True, bound: float | None = None) -> Iterator[Connection]:
         """:meth:`_connect` without the fork gate.
 
         ``ready=False`` skips the schema check (only the schema check itself uses it).
@@ -204,7 +206,8 @@ class SQLStore(Store):
         try:
             # The bound ends before the connection goes back to the pool, and before the errors
             # below are translated (they need to know whether the bound ended the call).
-            with connection as conn, self._bounded(conn.connection.dbapi_connection, self.timeout) as ended:
+            seconds = self.timeout if bound is None else bound
+            with connection as conn, self._bounded(conn.connection.dbapi_connection, seconds) as ended:
                 yield conn
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
             raise self._unavailable(exc, timed_out=ended[0]) from exc
@@ -318,7 +321,10 @@ class SQLStore(Store):
     def _ensure_schema(self) -> tuple[str, ...]:
         """The schema check itself (:class:`~dibs.stores.sql.schema.SchemaCheck`), on connections that
         skip it; the :data:`~dibs.stores.sql.schema.ADDED_COLUMNS` the table has."""
-        connect = functools.partial(self._connect, ready=False)
+        # MySQL: longer than an ALTER's lock wait, which ends cleanly then (see engine.schema_bound)
+        connect = functools.partial(
+            self._connect, ready=False, bound=schema_bound(self.dialect, self.timeout)
+        )
         check = SchemaCheck(
             self.table_name, self.schema, self.dialect, self.url, connect=connect, first_line=self._first_line
         )
