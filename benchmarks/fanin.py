@@ -50,7 +50,7 @@ import time
 import traceback
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ import dibs
 from benchmarks import notify_rtt
 from benchmarks.pool import process_context
 from benchmarks.settings import Settings
-from benchmarks.stats import percentile, ratio, summarize
+from benchmarks.stats import lag_text, percentile, ratio, summarize
 from benchmarks.targets import Target
 from dibs.runtime import runtime
 
@@ -75,20 +75,21 @@ LAYOUTS = ("one", "distinct")
 
 
 class _Ticker:
-    """Sleeps ``TICK`` again and again on the running loop; records when and how late each wake-up was."""
+    """Sleeps ``TICK`` again and again on the running loop; records when each wake-up was due, when it
+    came, and how late it was."""
 
     def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float, float]] = []  # (due, woke, lag)
         self.threads = threading.active_count()
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            before = loop.time()
+            due = loop.time() + TICK
             await asyncio.sleep(TICK)
             woke = loop.time()
-            self.samples.append((woke, max(0.0, woke - before - TICK)))
+            self.samples.append((due, woke, max(0.0, woke - due)))
             self.threads = max(self.threads, threading.active_count())
 
     def __enter__(self) -> _Ticker:
@@ -99,16 +100,23 @@ class _Ticker:
         assert self._task is not None
         self._task.cancel()
 
-    def stats(self, since: float = -math.inf, until: float = math.inf) -> dict[str, float]:
-        """The worst and p99 lag of the wake-ups between ``since`` and ``until`` (monotonic), in ms.
+    def stats(self, since: float = -math.inf, until: float = math.inf) -> dict[str, Any]:
+        """The worst and p99 lag of the wake-ups late during ``since`` to ``until`` (monotonic), in ms;
+        ``None`` if no tick was (then the window was not measured: not "no lag").
 
-        A wake-up late because of something before ``since`` is counted when it happens, after it."""
-        lags = [lag for woke, lag in self.samples if since <= woke < until]
+        A tick counts in every window its lateness overlaps (from when it was due to when it woke): a
+        stall that spans a window, or begins in it and ends after it, is that window's lag too."""
+        lags = [lag for due, woke, lag in self.samples if due < until and woke >= since]
         return {
-            "worst_ms": max(lags, default=0.0) * 1e3,
-            "p99_ms": percentile(lags, 99) * 1e3 if lags else 0.0,
+            "worst_ms": max(lags) * 1e3 if lags else None,
+            "p99_ms": percentile(lags, 99) * 1e3 if lags else None,
             "ticks": len(lags),
         }
+
+
+def _worst(values: Iterable[float | None]) -> float | None:
+    """The largest of the measured values (``None``: not measured), ``None`` if none was."""
+    return max((value for value in values if value is not None), default=None)
 
 
 async def _drain_io() -> None:
@@ -606,7 +614,7 @@ def _merge(rounds: list[dict[str, Any]], count: int) -> dict[str, Any]:
         "errors": sum(one["errors"] for one in rounds),
         "error_samples": [sample for one in rounds for sample in one["error_samples"]][:5],
         "lag_worst_ms": {
-            phase: max(one["lag"][phase]["worst_ms"] for one in rounds)
+            phase: _worst(one["lag"][phase]["worst_ms"] for one in rounds)
             for phase in ("idle", "setup", "wait", "handoff")
         },
         "connections_peak": max(peaks) if peaks else None,
@@ -701,7 +709,7 @@ def _merge_baselines(rounds: list[dict[str, Any]], count: int) -> dict[str, Any]
     for kind in ("trigger", "bare"):
         if all(kind in one for one in rounds):
             merged[kind] = {
-                name: max(one[kind][name] for one in rounds) for name in ("start_ms", "all_ms", "idle_ms")
+                name: _worst(one[kind][name] for one in rounds) for name in ("start_ms", "all_ms", "idle_ms")
             }
     return merged
 
@@ -711,11 +719,11 @@ def _baseline_line(store: str, baseline: dict[str, Any]) -> str:
     if "trigger" in baseline:
         trigger = baseline["trigger"]
         parts.append(
-            f"{baseline['trigger_label']} lag {trigger['start_ms']:.0f} ms starting, "
-            f"{trigger['all_ms']:.0f} ms in all"
+            f"{baseline['trigger_label']} lag {lag_text(trigger['start_ms'])} ms starting, "
+            f"{lag_text(trigger['all_ms'])} ms in all"
         )
     bare = baseline["bare"]
-    parts.append(f"bare coroutines {bare['start_ms']:.0f} / {bare['all_ms']:.0f} ms")
+    parts.append(f"bare coroutines {lag_text(bare['start_ms'])} / {lag_text(bare['all_ms'])} ms")
     return f"fanin {store} baseline N={baseline['waiters']}: " + "; ".join(parts)
 
 
@@ -736,8 +744,8 @@ def _line(store: str, layout: str, row: dict[str, Any]) -> str:
         f"p50 {latency['median']:.1f} ms, p99 {latency['p99']:.1f} ms "
         f"(floor {row['floor_ms']['median']:.1f} ms"
         + (f", {row['p50_vs_notify']:.0f}x the store's notification" if row.get("p50_vs_notify") else "")
-        + f"), errors {row['errors']}, lag {lag['wait']:.0f}/"
-        f"{lag['handoff']:.0f} ms waiting/handing off ({lag['setup']:.0f} setting up), "
+        + f"), errors {row['errors']}, lag {lag_text(lag['wait'])}/"
+        f"{lag_text(lag['handoff'])} ms waiting/handing off ({lag_text(lag['setup'])} setting up), "
         f"connections {row['connections_peak']}, CPU {row['cpu_s']:.2f} s, "
         f"hand-off {row['handoff_loop_cpu_us_per_waiter']:.0f} µs/waiter on the loop"
     )

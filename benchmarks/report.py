@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import lag_text
 from benchmarks.targets import ALL_STORES, EXTRA_STORES
 
 __all__ = ["write"]
@@ -32,6 +33,11 @@ def _num(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:.{digits}f}"
+
+
+def _worst_lag(*values: float | None) -> float | None:
+    """The worst of the measured lags (``None``: that window had no tick), ``None`` if none was."""
+    return max((value for value in values if value is not None), default=None)
 
 
 def _mark(ok: bool | None) -> str:
@@ -232,7 +238,9 @@ def _fanin_goal_rows(results: dict[str, Any], stores: list[str]) -> list[list[st
         return f"{_num(value, 0)} ms{_mark(value <= 200 if marked else None)}"
 
     def lag(row: dict[str, Any], store: str, marked: bool) -> str:
-        value = max(row["lag_worst_ms"]["wait"], row["lag_worst_ms"]["handoff"])
+        value = _worst_lag(row["lag_worst_ms"]["wait"], row["lag_worst_ms"]["handoff"])
+        if value is None:
+            return "n/a"
         return f"{_num(value, 0)} ms{_mark(value <= 50 if marked else None)}"
 
     hold = results["settings"]["handoff_hold"]
@@ -660,7 +668,8 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
                     f"{_num(row['floor_ms']['median'], 2)}",
                     "-" if row.get("p50_vs_notify") is None else f"{_num(row['p50_vs_notify'], 0)}x",
                     str(row["errors"]),
-                    f"{lag['wait']:.0f} / {lag['handoff']:.0f} ({lag['setup']:.0f}; {lag['idle']:.0f})",
+                    f"{lag_text(lag['wait'])} / {lag_text(lag['handoff'])} "
+                    f"({lag_text(lag['setup'])}; {lag_text(lag['idle'])})",
                     "-" if row["connections_peak"] is None else str(row["connections_peak"]),
                     f"{row['threads_before']} → {row['threads_peak']}",
                     f"{row['cpu_s']:.2f}",
@@ -698,15 +707,17 @@ def _fanin_baselines(data: dict[str, Any]) -> list[str]:
             continue
         count = str(baseline["waiters"])
         ours = per_store["one"][count]["lag_worst_ms"]
-        parts = [f"ReservationTrigger.run() {ours['setup']:.0f} ms setting up (one key)"]
+        parts = [f"ReservationTrigger.run() {lag_text(ours['setup'])} ms setting up (one key)"]
         if "trigger" in baseline:
             trigger = baseline["trigger"]
             parts.append(
-                f"{baseline['trigger_label']} {trigger['start_ms']:.0f} ms starting "
-                f"({trigger['all_ms']:.0f} ms until they fired)"
+                f"{baseline['trigger_label']} {lag_text(trigger['start_ms'])} ms starting "
+                f"({lag_text(trigger['all_ms'])} ms until they fired)"
             )
         bare = baseline["bare"]
-        parts.append(f"bare coroutines sleeping {bare['start_ms']:.0f} ms ({bare['all_ms']:.0f} ms in all)")
+        parts.append(
+            f"bare coroutines sleeping {lag_text(bare['start_ms'])} ms ({lag_text(bare['all_ms'])} ms in all)"
+        )
         lines.append(f"* {_SHORT.get(store, store)}: " + "; ".join(parts) + ".")
     if not lines:
         return []

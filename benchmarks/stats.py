@@ -61,3 +61,8 @@ def ratio(numerator: float, denominator: float) -> float:
     if denominator == 0 or math.isnan(denominator) or math.isnan(numerator):
         return math.nan
     return numerator / denominator
+
+
+def lag_text(value: float | None) -> str:
+    """An event-loop lag in whole ms, or "n/a" for a window that had no tick to measure it (not 0)."""
+    return "n/a" if value is None else f"{value:.0f}"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Collection, Hashable
@@ -56,8 +57,19 @@ REOPEN_FIRST, REOPEN_LAST = 0.1, 5.0
 
 #: Locks shared by all subscriptions, picked by a subscription's identity: a lock per subscription
 #: was one more object per waiter for the garbage collector to traverse (a triggerer keeps a thousand
-#: waiters, issue 20); each lock is held for a few assignments, so sharing costs no waiting.
-_LOCKS = tuple(threading.Lock() for _ in range(64))
+#: waiters, issue 20); each lock is held for a few assignments, so sharing costs no waiting. A list,
+#: renewed in place in a forked child.
+_LOCKS = [threading.Lock() for _ in range(64)]
+
+
+def _new_locks_after_fork() -> None:
+    # A lock the hub's thread held when the process forked stays held in the child, with no thread to
+    # release it: the child's subscriptions get locks of their own (the parent's hubs are forgotten too).
+    _LOCKS[:] = [threading.Lock() for _ in _LOCKS]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 class Subscription(Closing):

@@ -254,3 +254,43 @@ def test_triggers_waiting_on_one_connection_share_one_client(
         assert fresh.client._closed
 
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork is POSIX")
+def test_a_forked_child_shares_none_of_the_parents_clients_nor_waits_for_its_lock() -> None:
+    """A triggerer thread giving a client back (holding the table's lock) as the process forks: the
+    child starts with a lock of its own and an empty table (the parent's stores are not its own)."""
+    import os
+    import signal
+    import time
+
+    from dibs_provider.hooks import dibs as hook_module
+
+    shared = hook_module._SHARED_CLIENTS
+    share = ("a connection's settings", "ns", None, None)
+    with shared._lock:
+        shared._clients[share] = [object(), 1]
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into pytest
+                code = 1
+                try:
+                    got = hook_module._SHARED_CLIENTS._lock.acquire(timeout=5)
+                    if got:
+                        hook_module._SHARED_CLIENTS._lock.release()
+                        code = 0 if hook_module._SHARED_CLIENTS.take(share) is None else 2
+                finally:
+                    os._exit(code)
+        finally:
+            del shared._clients[share]
+    deadline, code = time.monotonic() + 20, -1
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert code == 0

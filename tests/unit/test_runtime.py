@@ -487,3 +487,50 @@ def test_one_hub_serves_the_views_of_a_record_store_and_a_failing_view_only_fail
         direct.close()
         through.close()
         records.close()
+
+
+def _in_a_forked_child(check: Any) -> int:
+    """Run ``check`` in a forked child (exit code 0 when it returns true); the child's exit code, or -1
+    if it had not ended after 20 s (then it is killed: a hang must fail the test, not the suite)."""
+    import os
+    import signal
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork is POSIX")
+def test_a_forked_childs_subscriptions_do_not_inherit_a_lock_held_in_the_parent() -> None:
+    from dibs import hub as hub_module
+
+    # The hub's thread holding a subscription's lock as the process forks: held by the main thread here.
+    held = hub_module._LOCKS[0]
+
+    def child() -> bool:
+        made = [Subscription(None, Key("dibs-fork", "k"))]  # all kept: each at an address of its own
+        while made[-1]._lock is not hub_module._LOCKS[0]:  # one mapped to the lock held in the parent
+            made.append(Subscription(None, Key("dibs-fork", "k")))
+        subscription = made[-1]
+        if not subscription._lock.acquire(timeout=5):
+            return False
+        subscription._lock.release()
+        subscription._offer(None)
+        return subscription.wait(5) is None and asyncio.run(subscription.wait_async(0.01)) is None
+
+    with held:
+        code = _in_a_forked_child(child)
+    assert code == 0

@@ -563,6 +563,11 @@ class _SharedClients:
     """
 
     def __init__(self) -> None:
+        self._forget_after_fork()
+
+    def _forget_after_fork(self) -> None:
+        # A forked child must not share the parent's clients (their stores were forgotten with dibs's
+        # runtime), nor wait for a lock a parent's thread held when it forked.
         self._lock = threading.Lock()
         self._clients: dict[Hashable, list[Any]] = {}  # share -> [client, users]
         self._shares: dict[int, Hashable] = {}  # id(client) -> its share
@@ -613,3 +618,5 @@ class _SharedClients:
 
 
 _SHARED_CLIENTS = _SharedClients()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SHARED_CLIENTS._forget_after_fork)
