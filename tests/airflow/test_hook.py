@@ -391,3 +391,41 @@ def test_triggers_sharing_a_client_outlive_one_that_fails_and_one_cancelled(
         assert not hook_module._SHARED_CLIENTS._clients and not hook_module._SHARED_CLIENTS._handles
 
     asyncio.run(scenario())
+
+
+def test_a_trigger_cancelled_while_its_client_is_built_closes_that_client(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import threading
+
+    from dibs_provider.hooks import dibs as hook_module
+
+    env_conn(
+        monkeypatch, "dibs_built", {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/b.db"}}
+    )
+    building, go_on, built = threading.Event(), threading.Event(), []
+    client_of = hook_module.DibsSettings.client
+
+    def slow_client(self: Any, **kwargs: Any) -> Any:
+        building.set()
+        go_on.wait(10)
+        built.append(client_of(self, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(hook_module.DibsSettings, "client", slow_client)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(DibsHook("dibs_built").aget_client())
+        while not building.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        go_on.set()
+        for _ in range(500):  # bounded: until the build has ended and its callback ran
+            if built and built[0]._closed:
+                break
+            await asyncio.sleep(0.01)
+        assert built and built[0]._closed
+
+    asyncio.run(scenario())

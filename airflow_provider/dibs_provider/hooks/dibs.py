@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import os
 import re
 import threading
@@ -491,7 +492,14 @@ class DibsHook(BaseHook):
             # Shared already: building a client imports and sends nothing.
             built = settings.client(namespace=self.namespace, ttl=self.ttl)
         else:
-            built = await runtime().io(settings.client, namespace=self.namespace, ttl=self.ttl)
+            build = functools.partial(settings.client, namespace=self.namespace, ttl=self.ttl)
+            building = asyncio.get_running_loop().run_in_executor(runtime().executor(), build)
+            try:
+                # Shielded: a trigger cancelled meanwhile must not lose a client still being built.
+                built = await asyncio.shield(building)
+            except asyncio.CancelledError:
+                building.add_done_callback(_close_built)  # nobody will use it: give its store back
+                raise
         return _SHARED_CLIENTS.keep(share, built.aio())
 
     @staticmethod
@@ -552,6 +560,11 @@ class _SharedLookups:
 
 
 _SHARED_LOOKUPS = _SharedLookups()
+
+
+def _close_built(done: asyncio.Future[Reservations]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        done.result().close()
 
 
 class _SharedClients:
