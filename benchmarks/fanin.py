@@ -26,7 +26,8 @@ process's watch hub, completes them (one after another for N keys). Per case:
 
 Baselines measured in the same run, interleaved round by round: N = 1 with the same code (ratios of
 p50 and of CPU seconds), the idle loop's lag, and the connection bound. And what any N triggers cost
-the same loop, with the same heap, right after each round of the largest N on one key: N of Airflow's
+an event loop of the same process and thread, with the same heap (a fresh loop of its own, in its own
+``asyncio.run``, not the waiters' loop), right after each round of the largest N on one key: N of Airflow's
 own ``DateTimeTrigger.run()`` (standard provider) started at once, firing 1 s later, and N bare
 coroutines that only ``asyncio.sleep`` as long; the worst lag of each from the first start to the last
 return, and while starting (their first 0.5 s). What ``ReservationTrigger`` adds is the difference.

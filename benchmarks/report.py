@@ -699,7 +699,7 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
 
 
 def _fanin_baselines(data: dict[str, Any]) -> list[str]:
-    """What any N triggers cost the same loop with the same heap, beside the setup lag of dibs's N."""
+    """What any N triggers cost a loop of the same process (same heap), beside the setup lag of dibs's N."""
     lines = []
     for store, per_store in data["stores"].items():
         baseline = per_store.get("baseline")
@@ -724,7 +724,8 @@ def _fanin_baselines(data: dict[str, Any]) -> list[str]:
     count = next(per["baseline"]["waiters"] for per in data["stores"].values() if per.get("baseline"))
     return [
         "",
-        f"Baseline, what any {count:,} triggers cost: in the same loop of the same process (same heap), "
+        f"Baseline, what any {count:,} triggers cost: in the same process and thread (same heap; a fresh "
+        "event loop of its own), "
         f"right after each round of {count:,} waiters on one key, {count:,} of Airflow's own "
         "`DateTimeTrigger.run()` (standard provider; each logs a line as it starts) started at once, "
         "firing 1 s later, then as many bare coroutines sleeping 1 s; the worst lag of the 5 ms ticker while "
