@@ -26,10 +26,14 @@ process's watch hub, completes them (one after another for N keys). Per case:
 
 Baselines measured in the same run, interleaved round by round: N = 1 with the same code (ratios of
 p50 and of CPU seconds), the idle loop's lag, and the connection bound. And what any N triggers cost
-the same loop, with the same heap, right after each round of the largest N on one key: N of Airflow's
+an event loop of the same process and thread, with the same heap (a fresh loop of its own, in its own
+``asyncio.run``, not the waiters' loop), right after each round of the largest N on one key: N of Airflow's
 own ``DateTimeTrigger.run()`` (standard provider) started at once, firing 1 s later, and N bare
 coroutines that only ``asyncio.sleep`` as long; the worst lag of each from the first start to the last
-return, and while starting (their first 0.5 s). What ``ReservationTrigger`` adds is the difference.
+return, and while starting (their first 0.5 s). Every measured start, dibs's and the baselines', follows a
+``gc.collect()``, and the full collections that land in each window are counted (``gc.callbacks``):
+a full collection stalls whichever coroutine tips it, so lags are compared with their counts beside.
+What ``ReservationTrigger`` adds is the difference.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import json
 import math
 import multiprocessing.connection
@@ -112,6 +117,28 @@ class _Ticker:
             "p99_ms": percentile(lags, 99) * 1e3 if lags else None,
             "ticks": len(lags),
         }
+
+
+class _FullCollections:
+    """When the garbage collector began full (oldest-generation) collections while inside: each
+    stalls the loop, in whichever coroutine tips it, so a window's lag is read beside its count."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            self.times.append(time.monotonic())
+
+    def __enter__(self) -> _FullCollections:
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._seen)
+
+    def count(self, since: float = -math.inf, until: float = math.inf) -> int:
+        return sum(since <= moment < until for moment in self.times)
 
 
 def _worst(values: Iterable[float | None]) -> float | None:
@@ -262,9 +289,12 @@ class _Waiters:
             marks[f"{phase}_loop_cpu"] = time.thread_time()
             counted[phase] = dict(self.requests)
 
+        # Every measured start begins with the collector's counts reset, as the baselines' do: whether a
+        # full collection lands in a start then depends on what that start allocates, not on the past.
+        gc.collect()
         cpu_started = time.process_time()
         mark("start")
-        with _Ticker() as ticker:
+        with _FullCollections() as collections, _Ticker() as ticker:
             tasks = [loop.create_task(self.wait_one(key, tokens[key])) for key in keys]
             deadline = marks["start"] + spec["timeout_s"]
             while hub.waiters - base_waiters < len(keys) and time.monotonic() < deadline:
@@ -322,6 +352,11 @@ class _Waiters:
                 "handoff": ticker.stats(since=marks["completing"]),
                 "idle": idle.stats(),
             },
+            "full_collections": {
+                "setup": collections.count(until=marks["parked"]),
+                "wait": collections.count(since=marks["parked"], until=marks["completing"]),
+                "handoff": collections.count(since=marks["completing"]),
+            },
             "threads_before": idle.threads,
             "threads_peak": ticker.threads,
             "floor": await _floor(len(keys), spec["idle_s"]),
@@ -339,7 +374,8 @@ class _Waiters:
         for kind in kinds:
             with _Ticker() as idle:
                 await asyncio.sleep(spec["idle_s"])
-            with _Ticker() as ticker:
+            gc.collect()  # as before each of dibs's starts
+            with _FullCollections() as collections, _Ticker() as ticker:
                 started = time.monotonic()
                 if kind == "trigger":
                     moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=BASELINE_HOLD)
@@ -351,6 +387,8 @@ class _Waiters:
                 "start_ms": ticker.stats(until=started + BASELINE_START)["worst_ms"],
                 "all_ms": ticker.stats()["worst_ms"],
                 "idle_ms": idle.stats()["worst_ms"],
+                "full_collections_start": collections.count(until=started + BASELINE_START),
+                "full_collections_all": len(collections.times),
             }
         found["trigger_label"] = None if trigger_class is None else "DateTimeTrigger.run()"
         return found
@@ -617,6 +655,11 @@ def _merge(rounds: list[dict[str, Any]], count: int) -> dict[str, Any]:
             phase: _worst(one["lag"][phase]["worst_ms"] for one in rounds)
             for phase in ("idle", "setup", "wait", "handoff")
         },
+        # full collections in each phase, summed over the rounds (each start follows a gc.collect())
+        "full_collections": {
+            phase: sum(one["full_collections"][phase] for one in rounds)
+            for phase in ("setup", "wait", "handoff")
+        },
         "connections_peak": max(peaks) if peaks else None,
         "threads_peak": max(one["threads_peak"] for one in rounds),
         "threads_before": min(one["threads_before"] for one in rounds),
@@ -711,7 +754,15 @@ def _merge_baselines(rounds: list[dict[str, Any]], count: int) -> dict[str, Any]
             merged[kind] = {
                 name: _worst(one[kind][name] for one in rounds) for name in ("start_ms", "all_ms", "idle_ms")
             }
+            for name in ("full_collections_start", "full_collections_all"):  # summed over the rounds
+                merged[kind][name] = sum(one[kind][name] for one in rounds)
     return merged
+
+
+def _collections_text(kind: dict[str, Any]) -> str:
+    if "full_collections_start" not in kind:
+        return ""
+    return f" ({kind['full_collections_start']} / {kind['full_collections_all']} full collections)"
 
 
 def _baseline_line(store: str, baseline: dict[str, Any]) -> str:
@@ -720,10 +771,13 @@ def _baseline_line(store: str, baseline: dict[str, Any]) -> str:
         trigger = baseline["trigger"]
         parts.append(
             f"{baseline['trigger_label']} lag {lag_text(trigger['start_ms'])} ms starting, "
-            f"{lag_text(trigger['all_ms'])} ms in all"
+            f"{lag_text(trigger['all_ms'])} ms in all{_collections_text(trigger)}"
         )
     bare = baseline["bare"]
-    parts.append(f"bare coroutines {lag_text(bare['start_ms'])} / {lag_text(bare['all_ms'])} ms")
+    parts.append(
+        f"bare coroutines {lag_text(bare['start_ms'])} / {lag_text(bare['all_ms'])} ms"
+        + _collections_text(bare)
+    )
     return f"fanin {store} baseline N={baseline['waiters']}: " + "; ".join(parts)
 
 

@@ -698,8 +698,15 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
     return [*lines, *_table(header, rows), *_fanin_baselines(data)]
 
 
+def _gc_text(kind: dict[str, Any]) -> str:
+    """The full collections while a baseline started / in all, summed over rounds (newer runs only)."""
+    if "full_collections_start" not in kind:
+        return ""
+    return f"; {kind['full_collections_start']} / {kind['full_collections_all']} full collections"
+
+
 def _fanin_baselines(data: dict[str, Any]) -> list[str]:
-    """What any N triggers cost the same loop with the same heap, beside the setup lag of dibs's N."""
+    """What any N triggers cost a loop of the same process (same heap), beside the setup lag of dibs's N."""
     lines = []
     for store, per_store in data["stores"].items():
         baseline = per_store.get("baseline")
@@ -707,28 +714,47 @@ def _fanin_baselines(data: dict[str, Any]) -> list[str]:
             continue
         count = str(baseline["waiters"])
         ours = per_store["one"][count]["lag_worst_ms"]
-        parts = [f"ReservationTrigger.run() {lag_text(ours['setup'])} ms setting up (one key)"]
+        ours_gc = per_store["one"][count].get("full_collections")
+        parts = [
+            f"ReservationTrigger.run() {lag_text(ours['setup'])} ms setting up (one key"
+            + ("" if ours_gc is None else f"; {ours_gc['setup']} full collections")
+            + ")"
+        ]
         if "trigger" in baseline:
             trigger = baseline["trigger"]
             parts.append(
                 f"{baseline['trigger_label']} {lag_text(trigger['start_ms'])} ms starting "
-                f"({lag_text(trigger['all_ms'])} ms until they fired)"
+                f"({lag_text(trigger['all_ms'])} ms until they fired{_gc_text(trigger)})"
             )
         bare = baseline["bare"]
         parts.append(
-            f"bare coroutines sleeping {lag_text(bare['start_ms'])} ms ({lag_text(bare['all_ms'])} ms in all)"
+            f"bare coroutines sleeping {lag_text(bare['start_ms'])} ms "
+            f"({lag_text(bare['all_ms'])} ms in all{_gc_text(bare)})"
         )
         lines.append(f"* {_SHORT.get(store, store)}: " + "; ".join(parts) + ".")
     if not lines:
         return []
     count = next(per["baseline"]["waiters"] for per in data["stores"].values() if per.get("baseline"))
+    counted = any(
+        "full_collections_start" in per["baseline"]["bare"]
+        for per in data["stores"].values()
+        if per.get("baseline")
+    )
     return [
         "",
-        f"Baseline, what any {count:,} triggers cost: in the same loop of the same process (same heap), "
+        f"Baseline, what any {count:,} triggers cost: in the same process and thread (same heap; a fresh "
+        "event loop of its own), "
         f"right after each round of {count:,} waiters on one key, {count:,} of Airflow's own "
         "`DateTimeTrigger.run()` (standard provider; each logs a line as it starts) started at once, "
         "firing 1 s later, then as many bare coroutines sleeping 1 s; the worst lag of the 5 ms ticker while "
-        "they start (their first 0.5 s) and until the last returned, worst of the rounds:",
+        "they start (their first 0.5 s) and until the last returned, worst of the rounds"
+        + (
+            ". Each start, dibs's and the baselines', follows a `gc.collect()`; the full collections that "
+            "landed while starting / in all, summed over the rounds, are shown beside (the garbage "
+            "collector's stalls fall on whichever coroutine tips them):"
+            if counted
+            else ":"
+        ),
         "",
         *lines,
     ]

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 import dibs
 from dibs.keys import Key
 from dibs.records import Granted, checksum
-from dibs.stores import AcquireRequest, NewArtifact
+from dibs.stores import AcquireRequest, NewArtifact, open_store
 from dibs.stores.feeds import fingerprint
 from dibs.stores.sql import SQLStore
 from dibs.stores.sql import schema as sql_schema
@@ -726,10 +726,29 @@ def test_the_mysql_feeds_longest_pause_is_the_urls_watch_interval(tmp_path: Path
                 store.close()
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "1e9"])
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "1e9", "0.000001", "0.004", "10.5", "3600"])
 def test_a_bad_watch_interval_is_refused_naming_it(tmp_path: Path, value: str) -> None:
     with pytest.raises(dibs.ConfigurationError, match="watch_interval"):
         SQLStore(f"mysql+pymysql://root@127.0.0.1:1/nowhere?watch_interval={value}")
+
+
+@pytest.mark.parametrize("value", ["0.000001", "0.004", "10.5"])
+def test_a_watch_interval_outside_5_ms_to_the_backstop_is_refused_with_the_range(value: str) -> None:
+    """Below 5 ms the hub's versions query would run in a tight loop; beyond the waiters' own backstop
+    (``Backoff.notify_maximum``, 10 s) the hub would only lag behind them. The file store's likewise."""
+    for url in (
+        f"mysql+pymysql://root@127.0.0.1:1/nowhere?watch_interval={value}",
+        f"file:///tmp/dibs-never-made?watch_interval={value}",
+    ):
+        with pytest.raises(dibs.ConfigurationError, match=r"watch_interval=.* is outside 5 ms to 10 s"):
+            open_store(url)
+
+
+def test_the_limits_of_watch_interval_are_allowed(tmp_path: Path) -> None:
+    for value in ("0.005", "10"):
+        store = open_store(f"file://{tmp_path}/fs?watch_interval={value}")
+        store.close()
+        SQLStore(f"mysql+pymysql://root@127.0.0.1:1/nowhere?watch_interval={value}").close()
 
 
 def test_watch_interval_is_refused_where_the_hub_does_not_poll(tmp_path: Path) -> None:

@@ -14,6 +14,10 @@ class Closing(abc.ABC):
     """A base for objects used as ``with obj: ...`` that :meth:`close` at the end of the block (as
     ``contextlib.closing`` does, but the object itself is what the ``with`` gives)."""
 
+    # No instance dict of its own: a subclass with ``__slots__`` (a hub's subscription, a thousand per
+    # triggerer, issue 20) stays without one; subclasses without ``__slots__`` get theirs as before.
+    __slots__ = ()
+
     @abc.abstractmethod
     def close(self) -> None:
         """Give back what this object holds; it must not be used afterwards."""

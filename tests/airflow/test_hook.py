@@ -229,18 +229,19 @@ def test_triggers_waiting_on_one_connection_share_one_client(
 
     async def scenario() -> None:
         clients = await asyncio.gather(*(DibsHook("dibs_shared").aget_client() for _ in range(50)))
-        assert len({id(client) for client in clients}) == 1
+        assert len({id(client.client) for client in clients}) == 1
         shared = clients[0]
         other = await DibsHook("dibs_shared", namespace="elsewhere").aget_client()
-        assert other is not shared and other.client.namespace == "elsewhere"
+        assert other.client is not shared.client and other.client.namespace == "elsewhere"
         await DibsHook.aclose(other)
         assert other.client._closed
         for client in clients[:-1]:
             await DibsHook.aclose(client)
         assert not shared.client._closed  # one trigger still uses it
-        assert await DibsHook("dibs_shared").aget_client() is shared  # a later trigger joins it
-        await DibsHook.aclose(shared)
-        await DibsHook.aclose(shared)
+        later = await DibsHook("dibs_shared").aget_client()
+        assert later.client is shared.client  # a later trigger joins it
+        await DibsHook.aclose(later)
+        await DibsHook.aclose(clients[-1])
         assert shared.client._closed  # its last user gave it back
         env_conn(
             monkeypatch,
@@ -294,3 +295,137 @@ def test_a_forked_child_shares_none_of_the_parents_clients_nor_waits_for_its_loc
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert code == 0
+
+
+def test_a_trigger_giving_its_client_back_twice_gives_back_one_share(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Closing twice must not take another trigger's share away (its client closed under its wait)."""
+    from dibs_provider.hooks import dibs as hook_module
+
+    env_conn(
+        monkeypatch, "dibs_twice", {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/t.db"}}
+    )
+
+    async def scenario() -> None:
+        first = await DibsHook("dibs_twice").aget_client()
+        second = await DibsHook("dibs_twice").aget_client()
+        assert first.client is second.client
+        await DibsHook.aclose(first)
+        await DibsHook.aclose(first)
+        assert not second.client._closed  # still the second trigger's
+        await DibsHook.aclose(second)
+        assert second.client._closed
+        assert not hook_module._SHARED_CLIENTS._clients and not hook_module._SHARED_CLIENTS._handles
+
+    asyncio.run(scenario())
+
+
+def test_a_client_closed_by_hand_is_never_handed_to_a_new_trigger(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from dibs_provider.hooks import dibs as hook_module
+
+    env_conn(
+        monkeypatch,
+        "dibs_byhand",
+        {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/h.db"}},
+    )
+
+    async def scenario() -> None:
+        first = await DibsHook("dibs_byhand").aget_client()
+        first.client.close()  # a user closing the client itself, not through the hook
+        fresh = await DibsHook("dibs_byhand").aget_client()
+        assert fresh.client is not first.client and not fresh.client._closed
+        await DibsHook.aclose(first)
+        assert not fresh.client._closed
+        await DibsHook.aclose(fresh)
+        assert fresh.client._closed
+        assert not hook_module._SHARED_CLIENTS._clients and not hook_module._SHARED_CLIENTS._handles
+
+    asyncio.run(scenario())
+
+
+def test_triggers_sharing_a_client_outlive_one_that_fails_and_one_cancelled(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from dibs_provider.hooks import dibs as hook_module
+
+    env_conn(
+        monkeypatch, "dibs_fail", {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/f.db"}}
+    )
+
+    async def scenario() -> None:
+        joined, release = asyncio.Event(), asyncio.Event()
+        holding: list[Any] = []
+
+        async def trigger(fails: bool) -> bool:
+            client = await DibsHook("dibs_fail").aget_client()
+            holding.append(client)
+            try:
+                await joined.wait()  # all five share it before any ends
+                if fails:
+                    raise RuntimeError("this trigger failed")
+                await release.wait()
+                return bool(client.client._closed)
+            finally:
+                await DibsHook.aclose(client)
+                await DibsHook.aclose(client)  # a careless trigger closing twice
+
+        waiting = [asyncio.create_task(trigger(False)) for _ in range(3)]
+        failing = asyncio.create_task(trigger(True))
+        cancelled = asyncio.create_task(trigger(False))
+        while len(holding) < 5:
+            await asyncio.sleep(0.01)
+        assert len({id(client.client) for client in holding}) == 1
+        joined.set()
+        with pytest.raises(RuntimeError):
+            await failing
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert not holding[0].client._closed
+        release.set()
+        assert await asyncio.gather(*waiting) == [False, False, False]  # none saw its client closed
+        assert holding[0].client._closed
+        assert not hook_module._SHARED_CLIENTS._clients and not hook_module._SHARED_CLIENTS._handles
+
+    asyncio.run(scenario())
+
+
+def test_a_trigger_cancelled_while_its_client_is_built_closes_that_client(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import threading
+
+    from dibs_provider.hooks import dibs as hook_module
+
+    env_conn(
+        monkeypatch, "dibs_built", {"conn_type": "dibs", "extra": {"store_url": f"sqlite:///{tmp_path}/b.db"}}
+    )
+    building, go_on, built = threading.Event(), threading.Event(), []
+    client_of = hook_module.DibsSettings.client
+
+    def slow_client(self: Any, **kwargs: Any) -> Any:
+        building.set()
+        go_on.wait(10)
+        built.append(client_of(self, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(hook_module.DibsSettings, "client", slow_client)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(DibsHook("dibs_built").aget_client())
+        while not building.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        go_on.set()
+        for _ in range(500):  # bounded: until the build has ended and its callback ran
+            if built and built[0]._closed:
+                break
+            await asyncio.sleep(0.01)
+        assert built and built[0]._closed
+
+    asyncio.run(scenario())

@@ -29,3 +29,16 @@ def test_a_window_without_ticks_is_not_measured_rather_than_no_lag() -> None:
     assert empty["ticks"] == 0 and empty["worst_ms"] is None and empty["p99_ms"] is None
     assert lag_text(empty["worst_ms"]) == "n/a" and lag_text(12.4) == "12"
     assert fanin._worst([None, 3.0, None]) == 3.0 and fanin._worst([None, None]) is None
+
+
+def test_full_collections_are_counted_in_their_window() -> None:
+    import gc
+    import time
+
+    with fanin._FullCollections() as collections:
+        before = time.monotonic()
+        gc.collect(1)  # a young collection is not a full one
+        gc.collect()
+    assert collections.count() == 1 and collections.count(since=before) == 1
+    assert collections.count(until=before) == 0
+    assert collections._seen not in gc.callbacks

@@ -534,3 +534,16 @@ def test_a_forked_childs_subscriptions_do_not_inherit_a_lock_held_in_the_parent(
     with held:
         code = _in_a_forked_child(child)
     assert code == 0
+
+
+def test_a_subscription_keeps_no_instance_dict() -> None:
+    """A triggerer holds a thousand: each keeps its slots only (issue 20), no dict for the collector."""
+    subscription = Subscription(None, Key("default", "slots"))
+    assert not hasattr(subscription, "__dict__")
+    with pytest.raises(AttributeError):
+        subscription.anything = 1  # type: ignore[attr-defined]
+    store = MemoryStore()  # subclasses without __slots__ keep their dict, and weak references to them
+    import weakref
+
+    assert weakref.ref(store)() is store and hasattr(store, "__dict__")
+    store.close()

@@ -51,7 +51,9 @@ does not exist is an error instead: silently using another store would make rese
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
+import functools
 import os
 import re
 import threading
@@ -490,7 +492,14 @@ class DibsHook(BaseHook):
             # Shared already: building a client imports and sends nothing.
             built = settings.client(namespace=self.namespace, ttl=self.ttl)
         else:
-            built = await runtime().io(settings.client, namespace=self.namespace, ttl=self.ttl)
+            build = functools.partial(settings.client, namespace=self.namespace, ttl=self.ttl)
+            building = asyncio.get_running_loop().run_in_executor(runtime().executor(), build)
+            try:
+                # Shielded: a trigger cancelled meanwhile must not lose a client still being built.
+                built = await asyncio.shield(building)
+            except asyncio.CancelledError:
+                building.add_done_callback(_close_built)  # nobody will use it: give its store back
+                raise
         return _SHARED_CLIENTS.keep(share, built.aio())
 
     @staticmethod
@@ -553,6 +562,11 @@ class _SharedLookups:
 _SHARED_LOOKUPS = _SharedLookups()
 
 
+def _close_built(done: asyncio.Future[Reservations]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        done.result().close()
+
+
 class _SharedClients:
     """The async clients in use in this process, one per ``(settings, namespace, ttl, payloads)``,
     each with the number of triggers using it; the last one to give it back closes it.
@@ -560,6 +574,10 @@ class _SharedClients:
     Keyed by the checked settings' value, so triggers whose lookups returned the same connection
     share a client, and a changed connection gets a client of its own. Settings that cannot be hashed
     (a custom serializer object, say) are not shared.
+
+    Each trigger gets a handle of its own (a shallow copy sharing the client and its I/O helpers), so
+    that giving one back twice gives back one share, not another trigger's; and a client somebody
+    closed directly is dropped, never handed to a new trigger.
     """
 
     def __init__(self) -> None:
@@ -570,51 +588,61 @@ class _SharedClients:
         # runtime), nor wait for a lock a parent's thread held when it forked.
         self._lock = threading.Lock()
         self._clients: dict[Hashable, list[Any]] = {}  # share -> [client, users]
-        self._shares: dict[int, Hashable] = {}  # id(client) -> its share
+        self._handles: dict[int, tuple[Any, AsyncReservations]] = {}  # id(handle) -> (share, handle)
+
+    def _handle(self, share: Any, client: AsyncReservations) -> AsyncReservations:
+        handle = copy.copy(client)
+        self._handles[id(handle)] = (share, handle)
+        return handle
 
     def take(self, share: Hashable) -> AsyncReservations | None:
-        """The client of ``share`` with one user more, if there is one."""
+        """A handle on the client of ``share``, with one user more, if there is an open one."""
         try:
             with self._lock:
                 entry = self._clients.get(share)
                 if entry is None:
                     return None
+                if entry[0].client._closed:  # closed by hand: its users keep it, nobody new gets it
+                    del self._clients[share]
+                    return None
                 entry[1] += 1
-                client: AsyncReservations = entry[0]
-                return client
+                return self._handle(share, entry[0])
         except TypeError:  # unhashable settings: each trigger builds its own
             return None
 
     def keep(self, share: Hashable, client: AsyncReservations) -> AsyncReservations:
-        """``client``, just built for ``share``, with its first user; or, if another trigger built one
-        meanwhile, that one (and ``client`` is closed)."""
+        """A handle on ``client``, just built for ``share``, with its first user; or, if another trigger
+        built one meanwhile, on that one (and ``client`` is closed)."""
         try:
             with self._lock:
                 entry = self._clients.get(share)
-                if entry is None:
+                if entry is None or entry[0].client._closed:
                     self._clients[share] = [client, 1]
-                    self._shares[id(client)] = share
-                    return client
+                    return self._handle(share, client)
                 entry[1] += 1
-                kept: AsyncReservations = entry[0]
+                kept = self._handle(share, entry[0])
         except TypeError:
-            return client
+            with self._lock:
+                return self._handle(None, client)  # its trigger's own, closed when given back
         client.client.close()
         return kept
 
-    def give_back(self, client: AsyncReservations) -> None:
+    def give_back(self, handle: AsyncReservations) -> None:
+        """Give ``handle``'s share back (once: again, or a handle not from here, does nothing)."""
         with self._lock:
-            share = self._shares.get(id(client))
+            # A registered handle is kept alive by the table, so its id is nobody else's meanwhile.
+            found = self._handles.pop(id(handle), None)
+            if found is None:
+                return
+            share = found[0]
             entry = self._clients.get(share) if share is not None else None
-            if entry is None or entry[0] is not client:
-                entry = None  # not shared: its own trigger's
-            else:
+            if entry is not None and entry[0].client is handle.client:
                 entry[1] -= 1
                 if entry[1] > 0:
                     return
                 del self._clients[share]
-                del self._shares[id(client)]
-        client.client.close()
+        # The last user, an unshared client, or one dropped as closed (closing again does nothing).
+        handle.client.close()
 
 
 _SHARED_CLIENTS = _SharedClients()

@@ -25,7 +25,31 @@ from dibs.keys import Key
 if TYPE_CHECKING:
     from dibs.records import KeyState
 
-__all__ = ["ChangeFeed", "PollingFeed", "ReadPollingFeed", "fingerprint"]
+__all__ = ["ChangeFeed", "PollingFeed", "ReadPollingFeed", "check_watch_interval", "fingerprint"]
+
+#: The shortest ``watch_interval`` a polling store takes: below it the hub's query loop would all but
+#: spin (the file store's default is this).
+WATCH_INTERVAL_MIN = 0.005
+
+
+def check_watch_interval(seconds: float) -> float:
+    """``seconds`` if it is a sensible pause between two looks of a polling hub, else a
+    :class:`~dibs.errors.ConfigurationError` naming it and the allowed range.
+
+    Longer than the waiters' own backstop (:attr:`dibs.backoff.Backoff.notify_maximum`) would make the
+    hub slower than the waiters asking the store themselves: the hub would be pointless.
+    """
+    from dibs.backoff import Backoff
+    from dibs.errors import ConfigurationError
+
+    longest = Backoff.notify_maximum
+    if not WATCH_INTERVAL_MIN <= seconds <= longest:
+        raise ConfigurationError(
+            f"watch_interval={seconds:g} is outside {WATCH_INTERVAL_MIN * 1e3:g} ms to {longest:g} s: "
+            "shorter, the watch hub's looks would all but spin; longer, waiters would ask the store "
+            f"themselves (every {longest:g} s at most) before the hub did"
+        )
+    return seconds
 
 
 def fingerprint(state: KeyState) -> Hashable:

@@ -72,7 +72,7 @@ from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import codec, decoder, redact_url, url_userinfo
 from dibs.stores.base import Listing, RecordStore, Skipped, skip
-from dibs.stores.feeds import ChangeFeed, PollingFeed
+from dibs.stores.feeds import ChangeFeed, PollingFeed, check_watch_interval
 from dibs.stores.transitions import empty
 
 if sys.platform != "win32":
@@ -135,7 +135,9 @@ class FileStore(RecordStore):
                 "'/var/lib/dibs', so that every process names the same directory"
             )
         self._lock_timeout = validate_seconds("lock_timeout", lock_timeout, allow_zero=True) or 0.0
-        self._watch_interval = validate_seconds("watch_interval", watch_interval) or WATCH_INTERVAL
+        self._watch_interval = check_watch_interval(
+            validate_seconds("watch_interval", watch_interval) or WATCH_INTERVAL
+        )
         self._create_layout()
 
     # -- URLs -------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from dibs.records import (
 )
 from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
-from dibs.stores.feeds import ChangeFeed
+from dibs.stores.feeds import ChangeFeed, check_watch_interval
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.sql.bounds import Keeper
 from dibs.stores.sql.engine import (
@@ -120,7 +120,9 @@ class SQLStore(Store):
                 "waiters' hub polls); PostgreSQL's hub listens (LISTEN) and SQLite's probes data_version"
             )
         #: MySQL/MariaDB: the longest pause between two looks of the watch hub's versions query.
-        self.watch_interval = seconds_option(options, "watch_interval", DEFAULT_WATCH_INTERVAL)
+        self.watch_interval = check_watch_interval(
+            seconds_option(options, "watch_interval", DEFAULT_WATCH_INTERVAL)
+        )
         self.engine = make_engine(sa_url, options, engine_kwargs, self.timeout)
         #: Whether the change feed may read records on its own connection (PostgreSQL's LISTEN one,
         #: SQLite's data_version one): only when that connection is made as the pool's are (a caller's
