@@ -6,6 +6,8 @@ the MariaDB errors are injected, since a deadlock cannot be produced on demand.
 
 from __future__ import annotations
 
+import decimal
+import enum
 import multiprocessing
 import sqlite3
 import threading
@@ -73,6 +75,73 @@ def test_sqlite_refuses_a_value_over_its_length_limit_before_sending(url_of: Any
     fits = b"y" * (limit // 2)
     assert client.run("small", lambda: fits) == fits and client.status("small").status == "done"
     client.close()
+
+
+class _Namespace(enum.StrEnum):
+    LONG = ".".join(["limits", *["n" * 60] * 3])  # 193 characters
+
+
+class _Name(str):
+    """A name of a ``str`` subclass: validation and NFC normalisation keep its type."""
+
+
+def _real_size(value: Any) -> int:
+    """The bytes a value takes as text in a statement (PyMySQL writes a float as repr, plus ``e0``
+    when the repr has no exponent)."""
+    if isinstance(value, float):
+        text = repr(value)
+        return len(text) + (0 if "e" in text else 2)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    return len(str(value).encode())
+
+
+def test_the_size_estimate_is_never_below_the_real_size() -> None:
+    # A str subclass (a StrEnum namespace) counted as a number (24 bytes), so the bound came in under
+    # the real size and MySQL dropped the connection instead of the complete being refused.
+    values: dict[str, Any] = {
+        "p_namespace": _Namespace.LONG,
+        "p_name": _Name("é" * 1024),
+        "p_owner": "ö" * 100,
+        "p_none": None,
+        "p_true": True,
+        "p_int": -(2**63),
+        "p_big": 10**40,
+        "p_float": -1.2345678901234567e-300,
+        "p_float_plain": -0.00012345678901234567,
+        "p_decimal": decimal.Decimal("1." + "9" * 60),
+        "p_bytes": b"\xff" * 40,
+        "p_payload": b"not counted",
+    }
+    for name, value in values.items():
+        if name != "p_payload":
+            assert sql_store._others_size({name: value}) >= _real_size(value), name
+    real = sum(_real_size(v) for name, v in values.items() if name != "p_payload")
+    assert sql_store._others_size(values) >= real
+
+
+def test_sqlite_counts_a_long_key_of_a_str_subclass_against_its_length_limit(url_of: Any) -> None:
+    # The payload alone fits; with the key it does not: the complete is refused before sending.
+    limit = 100_000
+    store = SQLStore(url_of("sqlite"))
+    sa.event.listen(
+        store.engine, "connect", lambda conn, _record: conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit)
+    )
+    payload = b"x" * (limit - sql_store._ROW_OVERHEAD - 2000)
+    for key, refused in (
+        (Key("limits.size", "short"), False),
+        (Key(_Namespace.LONG, _Name("é" * 1024)), True),
+    ):
+        got = store.acquire(key, AcquireRequest("alice", 600))
+        assert isinstance(got, Granted)
+        artifact = NewArtifact("bytes", payload, checksum(payload))
+        if refused:
+            with pytest.raises(dibs.ArtifactTooLarge):
+                store.complete(key, got.lease.token, artifact)
+            assert store.read(key).artifact is None
+        else:
+            assert store.complete(key, got.lease.token, artifact).size == len(payload)
+    store.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres", "mysql", "redis"])

@@ -741,3 +741,56 @@ def test_the_hubs_reads_raise_on_a_passing_error_reply(
     monkeypatch.undo()
     monkeypatch.setattr(store._client, "pipeline", failing_last)
     assert [state.key for state in store.read_many([KEY, other])] == [KEY]
+
+
+# -- short replies ----------------------------------------------------------------------------------
+
+
+def _granted_as_read(store: RedisStore, outcome: object) -> LeaseRecord:
+    """The grant's lease and failure, as filled in from a short reply, are the ones a read gives."""
+    assert isinstance(outcome, Granted), outcome
+    state = store.read(outcome.lease.key)
+    assert outcome.lease == state.lease
+    assert outcome.failure == state.failure
+    return outcome.lease
+
+
+def test_short_replies_fill_in_what_a_read_returns(store: RedisStore) -> None:
+    # A grant and a complete return only the fields the caller did not send; the rest is filled in
+    # from what it sent. The whole record must still be the stored one.
+    fresh = _granted_as_read(store, store.acquire(Key("short.r", "fresh"), AcquireRequest("a", 600)))
+    assert fresh.max_expires_at is None
+    capped = Key("short.r", "capped")
+    lease = _granted_as_read(store, store.acquire(capped, AcquireRequest("a", 600, max_lease_age=30)))
+    assert lease.max_expires_at is not None
+    reentered = store.acquire(capped, AcquireRequest("a", 300, max_lease_age=30))
+    assert isinstance(reentered, Granted) and reentered.reentered
+    _granted_as_read(store, reentered)
+    assert store.heartbeat(capped, lease.token, 120) == store.read(capped).lease
+
+    failed = Key("short.r", "failed")
+    lease = _granted_as_read(store, store.acquire(failed, AcquireRequest("a", 600)))
+    store.release(failed, lease.token, "boom")
+    after_failure = store.acquire(failed, AcquireRequest("b", 600))
+    assert isinstance(after_failure, Granted) and after_failure.failure is not None
+    _granted_as_read(store, after_failure)
+
+    expired = Key("short.r", "expired")
+    store.acquire(expired, AcquireRequest("a", 0.05))
+    time.sleep(0.2)
+    takeover = store.acquire(expired, AcquireRequest("b", 600))
+    assert isinstance(takeover, Granted) and takeover.took_over_from == "a"
+    _granted_as_read(store, takeover)
+
+    for name, seconds in (("sum", 0.1 + 0.2), ("huge", 1e300), ("none", None)):
+        key = Key("short.r", name)
+        lease = _granted_as_read(store, store.acquire(key, AcquireRequest("a", 600)))
+        payload = b"v" * 10
+        artifact = store.complete(key, lease.token, NewArtifact("bytes", payload, checksum(payload), seconds))
+        assert artifact == store.read(key).artifact
+    assert store.read(Key("short.r", "sum")).artifact.compute_seconds == 0.1 + 0.2  # type: ignore[union-attr]
+
+    stale = Key("short.r", "sum")  # an artifact older than max_age stays beside the new lease
+    time.sleep(0.05)
+    _granted_as_read(store, store.acquire(stale, AcquireRequest("b", 600, max_age=0.01)))
+    assert store.read(stale).artifact is not None

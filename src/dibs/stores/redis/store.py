@@ -143,7 +143,8 @@ class RedisStore(Store):
         if status == b"granted":
             # The short reply: the rest of the new lease is what was sent (the record's key and
             # format were checked by the script before it wrote). Any stale artifact beside the
-            # lease is left out; a grant does not report it.
+            # lease is left out: the returned state carries none (a grant does not report it, and
+            # nothing reads it).
             fields = dict.fromkeys(FIELDS)
             fields.update(zip(GRANTED_FIELDS, reply[3:], strict=True))
             fields.update(
@@ -234,7 +235,8 @@ class RedisStore(Store):
         if reply[0] == b"lost":
             raise explain_lost(self._state(key, reply), token, "complete")
         # The short reply: the rest of the stored artifact is what was sent (the script wrote the
-        # producer and fence of the current lease, checked to be this token's).
+        # producer and fence of the current lease, checked to be this token's). The decoded state
+        # carries no failure fields, which the record may still hold: only its artifact is returned.
         fields = dict.fromkeys(FIELDS)
         fields.update(zip(COMPLETED_FIELDS, reply[3:], strict=True))
         fence = str(token.fence)

@@ -64,23 +64,39 @@ BYTES_PER_SECOND = 1024 * 1024  # a slow link: a generous bound, never a cut of 
 POSTGRES_MAX_BYTEA = 0x3FFFFFFF - 4
 #: What a row holds besides the payload and the texts complete writes (numbers, digests, a failure).
 _ROW_OVERHEAD = 16 * 1024
-#: The longest text of a number a statement carries: an int64 takes up to 20 characters, a float's
-#: shortest repr up to 24 (``-1.2345678901234567e-308``).
-_NUMBER_SIZE = 24
+#: The longest text of a number a statement carries: an int64 takes up to 20 characters; PyMySQL
+#: writes a float as its repr with ``e0`` appended when the repr has no exponent, up to 25 characters
+#: (``-0.00012345678901234567e0``). An int longer than this counts as its own text.
+_NUMBER_SIZE = 32
+#: The int whose text is the longest one :data:`_NUMBER_SIZE` covers (a sign and 30 digits).
+_NUMBER_LIMIT = 10**30
 
 
 def _others_size(values: Mapping[str, Any]) -> int:
     """An upper bound of the bytes the values of ``complete`` other than the payload take as text.
 
     Called on every ``complete``: only texts (owner, key, digests) vary in length, and an ASCII text's
-    length is its size in UTF-8, so nothing is converted; a number counts as its longest text.
+    length is its size in UTF-8, so a plain ``str`` is not converted. A number counts as its longest
+    text. Anything else (a ``str`` subclass such as a ``StrEnum`` namespace, which validation keeps,
+    bytes, a ``Decimal``) counts as its encoded text, so the bound is never below the real size.
     """
     size = 0
     for name, value in values.items():
-        if type(value) is str:
+        if name == "p_payload":
+            continue
+        kind = type(value)
+        if kind is str:
             size += len(value) if value.isascii() else len(value.encode())
-        elif name != "p_payload":
+        elif value is None or kind is bool or kind is float:
             size += _NUMBER_SIZE
+        elif kind is int:
+            size += _NUMBER_SIZE if -_NUMBER_LIMIT < value < _NUMBER_LIMIT else len(str(value))
+        elif isinstance(value, str):
+            size += len(value.encode())
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            size += memoryview(value).nbytes
+        else:
+            size += len(str(value).encode())
     return size
 
 

@@ -3,10 +3,10 @@
 -- ARGV[5]: maximum lease age in seconds, or '' for none, ARGV[6]: lease id for a new lease,
 -- ARGV[7]: the oldest artifact the caller takes, as a maximum age in seconds, or '' for any,
 -- ARGV[8]: the lowest fencing token of an artifact the caller takes (decimal), or ''
--- Returns {'corrupt', why}, {'exhausted', fence}, {'granted', now, took_over_from, GRANTED_FIELDS...}
--- or {'present'|'reentered'|'held', now, false, FIELDS...}; a 'present' reply ends with the artifact
--- payload. A stale artifact is no hit: the lease can be
--- taken beside it, and complete replaces it.
+-- Returns {'corrupt', why}, {'exhausted', fence},
+-- {'granted', now, took_over_from, GRANTED_FIELDS...} or {'present'|'reentered'|'held', now, false,
+-- FIELDS...}; a 'present' reply ends with the artifact payload. A stale artifact is no hit: the
+-- lease can be taken beside it, and complete replaces it.
 -- After the prelude's guard: `now` is the server's time, `rec` the key's record or nil.
 if rec == nil then
   rec = {}

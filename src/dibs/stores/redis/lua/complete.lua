@@ -2,7 +2,8 @@
 -- ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id, ARGV[5]: serializer,
 -- ARGV[6]: payload, ARGV[7]: checksum, ARGV[8]: the key's notification channel,
 -- ARGV[9]: the work's compute time in seconds ('' when unknown)
--- Returns {'corrupt', why}, {'ok', now, false, COMPLETED_FIELDS...} or {'lost', now, false, FIELDS...}
+-- Returns {'corrupt', why}, {'ok', now, false, COMPLETED_FIELDS...} or
+-- {'lost', now, false, FIELDS...}
 -- After the prelude's guard: `now`, and `rec`, whose current lease is the caller's.
 set(rec, 'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
   'artifact_size', num(string.len(ARGV[6])), 'artifact_checksum', ARGV[7],

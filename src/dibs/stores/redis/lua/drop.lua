@@ -13,17 +13,18 @@ if ARGV[4] == 'result' then
   if not (rec.artifact_fence or rec.failure_count) then
     return {'unchanged'}
   end
-  redis.call('HDEL', KEYS[1], 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
-  redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
+  unset(rec, 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
+  unset(rec, unpack(GROUPS.failure))
 elseif ARGV[4] == 'empty' then
   -- discard: only a record that holds nothing becomes a tombstone (not counted if it is one)
   if rec.lease_id or rec.artifact_fence or rec.failure_count or rec.attempts == '0' then
     return {'unchanged'}
   end
-  redis.call('HSET', KEYS[1], 'attempts', '0')
+  set(rec, 'attempts', '0')
   return {'changed'}
 elseif ARGV[4] == 'old' then
-  -- prune (ARGV[5]: seconds): see dibs.stores.transitions.prunable; a tombstone is not counted again
+  -- prune (ARGV[5]: seconds): see dibs.stores.transitions.prunable; a tombstone is not counted
+  -- again
   if not (rec.lease_id or rec.artifact_fence or rec.failure_count or rec.attempts ~= '0') then
     return {'unchanged'}
   end
@@ -39,9 +40,9 @@ elseif ARGV[4] == 'old' then
     return {'unchanged'}
   end
   drop_lease(rec)
-  redis.call('HDEL', KEYS[1], 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
-  redis.call('HDEL', KEYS[1], unpack(GROUPS.failure))
-  redis.call('HSET', KEYS[1], 'attempts', '0')
+  unset(rec, 'artifact_payload', 'artifact_compute_seconds', unpack(GROUPS.artifact))
+  unset(rec, unpack(GROUPS.failure))
+  set(rec, 'attempts', '0')
 else
   if not rec.lease_id then
     return {'unchanged'}

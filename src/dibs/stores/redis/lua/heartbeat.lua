@@ -6,5 +6,6 @@ local max_expires = tonumber(rec.lease_max_expires_at)
 if max_expires ~= nil and now >= max_expires then
   return reply('lost', now, rec, false, false)
 end
-set(rec, 'lease_expires_at', num(capped_expiry(now, tonumber(ARGV[5]), max_expires)), 'lease_ttl', ARGV[5])
+set(rec, 'lease_expires_at', num(capped_expiry(now, tonumber(ARGV[5]), max_expires)),
+  'lease_ttl', ARGV[5])
 return reply('ok', now, rec, false, false)

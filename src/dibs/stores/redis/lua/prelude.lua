@@ -1,6 +1,6 @@
 -- The start of every dibs script: dibs.stores.redis.scripts puts the constants it generates from
--- Python (FORMAT, FIELDS and the field groups, the fields of the short replies, the limits, and UNDER_LEASE for this script) above
--- this prelude, and the script's own body below it.
+-- Python (FORMAT, FIELDS and the field groups, the fields of the short replies, the limits, and
+-- UNDER_LEASE for this script) above this prelude, and the script's own body below it.
 --
 -- Nothing is written before load_record has accepted the record, so a foreign or damaged value at
 -- a dibs key is reported (as {'corrupt', why}) and never changed.
@@ -9,9 +9,10 @@ local GROUPS = {
   failure = FAILURE_FIELDS,
   artifact = ARTIFACT_FIELDS,
 }
--- Integers are compared and stored as decimal strings, never as Lua numbers: those are doubles, and
--- a fence above 2^53 would stop increasing and be written back as '1e+17'. MAX_FENCE is what HINCRBY
--- holds (a signed 64-bit integer), MAX_COUNT a signed 32-bit one; MAX_TIME the end of the year 9999.
+-- Integers are compared and stored as decimal strings, never as Lua numbers: those are doubles,
+-- and a fence above 2^53 would stop increasing and be written back as '1e+17'. MAX_FENCE is what
+-- HINCRBY holds (a signed 64-bit integer), MAX_COUNT a signed 32-bit one; MAX_TIME the end of the
+-- year 9999.
 local LIMITS = {}
 for _, field in ipairs(WIDE_INTEGERS) do LIMITS[field] = MAX_FENCE end
 for _, field in ipairs(COUNTERS) do LIMITS[field] = MAX_COUNT end
@@ -118,7 +119,8 @@ local function fence_below(a, b)
   return #a < #b or (#a == #b and a < b)
 end
 
--- Whether (fence, lease id) is the current token: a lease, not yet completed, with both parts equal.
+-- Whether (fence, lease id) is the current token: a lease, not yet completed, with both parts
+-- equal.
 local function is_current(rec, fence, lease_id)
   return rec ~= nil and rec.lease_id == lease_id and rec.lease_fence == fence
 end
@@ -131,9 +133,11 @@ local function capped_expiry(now, ttl, max_expires)
   return expires
 end
 
--- Every write of a script to the record at KEYS[1] goes through set and unset, which keep `rec` (the
--- record as loaded) equal to what the hash holds, so a reply is built from `rec` without reading
--- the record a second time. set takes field, value pairs, all strings.
+-- Every write of a script to the record at KEYS[1] goes through set and unset, which keep `rec`
+-- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
+-- reading the record a second time. set takes field, value pairs, all strings. The one exception
+-- is acquire's HINCRBY of the fence (exact on a decimal string), which stores the result in
+-- `rec.fence` itself.
 local function set(rec, ...)
   redis.call('HSET', KEYS[1], ...)
   local pairs_ = {...}
