@@ -368,3 +368,48 @@ def test_a_watch_dropped_without_close_closes_its_descriptors(tmp_path: Path) ->
     finally:
         for fd in reused:
             os.close(fd)
+
+
+_EXIT_WHILE_WATCHING = """
+import atexit, os, sys, threading, time
+from dibs.stores import _inotify
+
+atexit.register(time.sleep, 0.6)  # runs after the watches' own exit hooks: the thread still waits then
+path = sys.argv[1]
+watch = _inotify.watch(path)
+assert watch is not None
+waiting = threading.Event()
+
+def follow():
+    while True:
+        waiting.set()
+        try:
+            watch.wait(0.1)
+        except OSError as exc:
+            print(f"the watch failed: {exc}", flush=True)
+            return
+
+threading.Thread(target=follow, daemon=True).start()
+waiting.wait(30)
+"""
+
+
+def test_a_live_watch_is_not_closed_under_its_thread_when_the_process_exits(tmp_path: Path) -> None:
+    # dibs wait / run exit while the hub's daemon thread still follows the -wal file; a finalizer that
+    # closed the watch's descriptors at exit made that thread read closed ones and warn "lost the
+    # change feed ... Bad file descriptor" on the way out.
+    if not _inotify.ENABLED:
+        pytest.skip("inotify is Linux-only")
+    wal = tmp_path / "db.sqlite-wal"
+    wal.write_bytes(b"")
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WHILE_WATCHING, str(wal)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "the watch failed" not in done.stdout, done.stdout

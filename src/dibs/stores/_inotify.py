@@ -109,7 +109,9 @@ class FileWatch:
         # A watch dropped without close() closes its descriptors when collected (the list is shared,
         # not the watch: the finalizer must not keep it alive); close() empties the list first.
         self._owned = [fd, self._poke_fd]
-        weakref.finalize(self, _close_owned, self._owned)
+        # Not at interpreter exit (finalize's default): the hub's daemon thread may still be using a
+        # live watch then, and would read closed descriptors (the exit closes them anyway).
+        weakref.finalize(self, _close_owned, self._owned).atexit = False
         try:
             # the folder first: a file created between the two is heard of by the folder's watch
             self._folder_wd = self._add(self._folder, IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)
