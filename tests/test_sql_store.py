@@ -758,3 +758,28 @@ def test_watch_interval_is_refused_where_the_hub_does_not_poll(tmp_path: Path) -
     ):
         with pytest.raises(dibs.ConfigurationError, match="only a MySQL/MariaDB store takes it"):
             SQLStore(url)
+
+
+def test_a_read_only_postgres_server_is_store_unavailable_for_writes_and_reads_still_work(
+    tmp_path: Path,
+) -> None:
+    # A hot standby refuses writes with read_only_sql_transaction; default_transaction_read_only gives
+    # the same error on any server, so the test needs no replica.
+    with postgres.isolated_url(tmp_path) as url:
+        writable = SQLStore(url)
+        _completed(writable, KEY, b"done on the primary")
+        separator = "&" if "?" in url else "?"
+        read_only = SQLStore(f"{url}{separator}options=-c%20default_transaction_read_only%3Don")
+        try:
+            state = read_only.read(KEY)
+            assert state is not None and state.artifact is not None
+            assert state.artifact.verified_payload(KEY) == b"done on the primary"
+            with pytest.raises(
+                dibs.StoreUnavailable, match=r"ReadOnlySqlTransaction.*point the store URL at the primary"
+            ):
+                read_only.acquire(Key("sql.tests", "fresh"), AcquireRequest("alice", 60))
+            # A read-only server stays usable for reads after the refusal (its connection is not lost).
+            assert read_only.read(KEY) is not None
+        finally:
+            read_only.close()
+            writable.close()

@@ -470,6 +470,28 @@ _PG_TRANSIENT = frozenset({"55P03", "57014", "40P01", "40001"})
 _MYSQL_TRANSIENT = frozenset({1205, 1213, 1969})
 
 
+#: The errors that say the server takes no writes at all, whoever asks: PostgreSQL's
+#: read_only_sql_transaction (a hot standby, ``default_transaction_read_only``); MySQL's server in
+#: ``--read-only`` / ``super_read_only`` mode, a read-only transaction, InnoDB read-only.
+_PG_READ_ONLY = frozenset({"25006"})
+_MYSQL_READ_ONLY = frozenset({1290, 1792, 1836, 1874})
+
+
+def refuses_writes(dialect: str, error: BaseException) -> bool:
+    """Whether the driver's ``error`` says the server is read-only (see :data:`_PG_READ_ONLY`).
+
+    A lease is a write, so such a server cannot serve ``acquire`` or ``complete`` until it is a primary
+    again (a failover in progress) or the URL names the primary: the store reports it as
+    :class:`~dibs.errors.StoreUnavailable`, which the callers' ``on_unavailable`` policy handles,
+    rather than as a bare driver error."""
+    if dialect == "postgresql":
+        return (getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)) in _PG_READ_ONLY
+    if dialect in ("mysql", "mariadb"):
+        code = error.args[0] if error.args else None
+        return isinstance(code, int) and code in _MYSQL_READ_ONLY
+    return False
+
+
 def alter_failure(dialect: str, error: BaseException) -> str:
     """What the driver's ``error`` from an ``ALTER TABLE`` says: ``"refused"`` (this user may not
     alter the table, see :func:`may_not_alter`), ``"transient"`` (a lock or statement timeout, a

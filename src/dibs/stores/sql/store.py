@@ -49,7 +49,15 @@ from dibs.stores.sql.engine import (
 )
 from dibs.stores.sql.feed import DataVersionFeed, ListenFeed, VersionsFeed
 from dibs.stores.sql.fork import GATE
-from dibs.stores.sql.schema import ADDED_COLUMNS, SchemaCheck, check_once, lease_columns, row_fields, tables
+from dibs.stores.sql.schema import (
+    ADDED_COLUMNS,
+    SchemaCheck,
+    check_once,
+    lease_columns,
+    refuses_writes,
+    row_fields,
+    tables,
+)
 from dibs.stores.sql.statements import IN_LIST, Prepared, Statements, chunks, server_now
 
 __all__ = ["SQLStore"]
@@ -230,7 +238,7 @@ class SQLStore(Store):
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
             raise self._unavailable(exc, timed_out=ended[0]) from exc
         except sa_exc.DBAPIError as exc:
-            if exc.connection_invalidated:
+            if exc.connection_invalidated or refuses_writes(self.dialect, exc.orig or exc):
                 raise self._unavailable(exc, timed_out=ended[0]) from exc
             raise
 
@@ -271,6 +279,11 @@ class SQLStore(Store):
             why = (
                 f"no answer within the store's timeout ({self.timeout:g}s, ?timeout= in the URL), so the "
                 f"connection was closed ({why})"
+            )
+        elif refuses_writes(self.dialect, orig):
+            why += (
+                "; the server takes no writes (a standby, or the server or session set read-only), and "
+                "taking or ending a lease writes: point the store URL at the primary"
             )
         elif _too_many_clients(why):
             why += (
@@ -851,7 +864,11 @@ class _PooledCursor:
                     # The server ended this connection (a restart, pg_terminate_backend): it will have
                     # ended the other idle ones too. Drop them all now, or each would fail one later call.
                     store.engine.dispose()
-                if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
+                if (
+                    lost
+                    or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError)
+                    or refuses_writes(store.dialect, exc)
+                ):
                     error = store._unavailable(exc, disconnected=lost and not ended, timed_out=ended)
                 else:
                     dialect = store.engine.dialect
