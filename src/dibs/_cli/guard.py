@@ -19,6 +19,11 @@ member of the group, whatever its group or session (issue 16, item 11: such a ch
 ``dibs run`` finished after the next holder had started). What still escapes is what has left the
 process tree before ``dibs run`` died: a daemon that double-forked, so that init adopted it.
 
+Such a stray is signalled by a pidfd taken when it was found (Linux 5.3+), never by its number: it may
+exit during the grace period and its number go to an unrelated process, which a plain ``kill(pid)``
+would then stop. The group is signalled by its id, which the kernel does not reuse while any member
+lives.
+
 The guard is run as a plain script (``python -I -S guard.py GRACE``) and imports nothing but the
 standard library, so it starts in a few milliseconds and never imports dibs.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import time
@@ -51,20 +57,70 @@ def main(argv: list[str]) -> int:
 def stop_group(group: int, grace: float) -> None:
     """SIGTERM the process group and the descendants that left it, then SIGKILL whatever is left of
     them after ``grace`` seconds."""
-    strays = descendants_outside(group)  # before any signal: while the tree still leads to them
-    for pid in strays:
-        _kill(pid, signal.SIGTERM)
-    if not _signal(group, signal.SIGTERM) and not strays:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        strays = {pid for pid in strays if _runs(pid)}
-        if not _signal(group, 0) and not strays:
+    strays = [Stray.of(pid) for pid in descendants_outside(group)]  # while the tree still leads to them
+    try:
+        for stray in strays:
+            stray.kill(signal.SIGTERM)
+        if not _signal(group, signal.SIGTERM) and not strays:
             return
-        time.sleep(_POLL_SECONDS)
-    _signal(group, signal.SIGKILL)
-    for pid in strays:
-        _kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            strays = [stray for stray in strays if stray.runs()]
+            if not _signal(group, 0) and not strays:
+                return
+            time.sleep(_POLL_SECONDS)
+        _signal(group, signal.SIGKILL)
+        for stray in strays:
+            stray.kill(signal.SIGKILL)
+    finally:
+        for stray in strays:
+            stray.close()
+
+
+class Stray:
+    """A process found outside the group, held by a pidfd where the system has them (Linux 5.3+), so
+    that a signal can only reach that very process, not whoever gets its number after it exits."""
+
+    def __init__(self, pid: int, fd: int | None) -> None:
+        self.pid, self.fd = pid, fd
+
+    @classmethod
+    def of(cls, pid: int) -> Stray:
+        before = _stat(str(pid))
+        try:
+            fd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:  # already gone: nothing to signal
+            return cls(pid, -1)
+        except (AttributeError, OSError):  # no pidfds on this system: signal the number, as before
+            return cls(pid, None)
+        after = _stat(str(pid))
+        if before is None or after is None or after[1:] != before[1:]:
+            # Its number changed hands between the scan and the pidfd: the fd is somebody else's.
+            os.close(fd)
+            return cls(pid, -1)
+        return cls(pid, fd)
+
+    def kill(self, sig: int) -> None:
+        if self.fd == -1:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or no longer ours
+            if self.fd is None:
+                os.kill(self.pid, sig)
+            else:
+                signal.pidfd_send_signal(self.fd, sig)
+
+    def runs(self) -> bool:
+        """Whether it still runs code (a zombie nobody reaped yet does not)."""
+        if self.fd == -1:
+            return False
+        if self.fd is not None and select.select([self.fd], [], [], 0)[0]:
+            return False  # a pidfd is readable once its process has exited
+        return _runs(self.pid)
+
+    def close(self) -> None:
+        if self.fd is not None and self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def descendants_outside(group: int) -> set[int]:
@@ -113,11 +169,6 @@ def _runs(pid: int) -> bool:
     """Whether ``pid`` still runs code (a zombie nobody reaped yet does not)."""
     stat = _stat(str(pid))
     return stat is not None and stat[0] != "Z"
-
-
-def _kill(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or no longer ours
-        os.kill(pid, sig)
 
 
 def _signal(group: int, sig: int) -> bool:

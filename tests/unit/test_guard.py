@@ -1,0 +1,59 @@
+"""The guard of ``dibs run`` signals the strays it found by pidfd, never by a number that may have
+changed hands (see :mod:`dibs._cli.guard`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dibs._cli import guard
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux 5.3+ only")
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_stray_that_exited_is_never_signalled_by_its_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    child = _sleeper()
+    stray = guard.Stray.of(child.pid)
+    try:
+        assert stray.fd is not None and stray.fd >= 0 and stray.runs()
+        child.kill()
+        child.wait()  # reaped: its number is free for an unrelated process
+        by_number: list[tuple[int, int]] = []
+        monkeypatch.setattr(os, "kill", lambda pid, sig: by_number.append((pid, sig)))
+        monkeypatch.setattr(os, "killpg", lambda pid, sig: by_number.append((pid, sig)))
+        assert not stray.runs()
+        stray.kill(signal.SIGKILL)  # through the pidfd: the kernel answers "gone", nothing else is hit
+        assert by_number == []
+    finally:
+        stray.close()
+
+
+def test_a_live_stray_is_stopped_through_its_pidfd() -> None:
+    child = _sleeper()
+    stray = guard.Stray.of(child.pid)
+    try:
+        stray.kill(signal.SIGTERM)
+        assert child.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        stray.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_a_process_already_gone_when_found_is_left_alone() -> None:
+    child = _sleeper()
+    child.kill()
+    child.wait()
+    stray = guard.Stray.of(child.pid)
+    assert stray.fd == -1 and not stray.runs()
+    stray.kill(signal.SIGKILL)  # a no-op, not a signal to whoever has the number now
+    stray.close()
