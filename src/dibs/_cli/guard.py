@@ -88,7 +88,7 @@ class Stray:
     def of(cls, pid: int) -> Stray:
         before = _stat(str(pid))
         try:
-            fd: int | None = os.pidfd_open(pid)
+            fd = os.pidfd_open(pid)
         except ProcessLookupError:  # already gone: nothing to signal
             return cls(pid, -1)
         except (AttributeError, OSError):  # no pidfds on this system: signal the number, as before
