@@ -87,8 +87,8 @@ class OpenTelemetry:
         self._later = Later(
             lambda point: self._points[point.name](point.value, point.attributes), additive, self._measure
         )
-        #: The open ``dibs.reserve`` span of each call, and its context token. Only a call's own thread
-        #: adds and pops its entry; single dict operations need no lock (see ``_trace``).
+        #: The open ``dibs.reserve`` span of each call, and its context token. Each entry is added once
+        #: (the call's ask) and popped once (its end): single dict operations, atomic, need no lock.
         self._spans: dict[int, tuple[Span, object]] = {}
         self._put = self._later.put_event
         #: What each kind of event does to its call's span (the other kinds: nothing), by exact type.
@@ -121,7 +121,7 @@ class OpenTelemetry:
         # only when true, the end sets its few attributes one by one, and a span that does not record
         # (sampled out) gets neither events nor attributes built for it. Every other event costs a
         # dict lookup by its type; the calls' spans are found without a lock (one dict operation
-        # each, atomic; only the call's own thread adds or removes its entry).
+        # each, atomic).
         kind = type(event)
         if kind is events.Asked:
             self._start(event, tracer)  # type: ignore[arg-type]
