@@ -15,6 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import dibs
 from dibs.observers.later import Later
@@ -292,3 +293,44 @@ def test_heartbeats_report_their_lateness_and_a_lost_lease_its_reason(
         if point.attributes.get("error.type") == "LeaseLost"
     ]
     assert {point.attributes["dibs.store.operation"] for point in failed_beats} >= {"heartbeat"}
+
+
+def test_a_sampled_out_call_has_no_span_but_its_metrics_and_its_context(client: dibs.Reservations) -> None:
+    """A sampler that drops the call's span: nothing recorded on it (the observer does not even build
+    its events' attributes), the work still runs under its context, the metrics are all there."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    spans = InMemorySpanExporter()
+    tracers = TracerProvider(sampler=ALWAYS_OFF)
+    tracers.add_span_processor(SimpleSpanProcessor(spans))
+    observer = OpenTelemetry(meters, tracers)
+    seen: list[trace.Span] = []
+
+    def work() -> str:
+        seen.append(trace.get_current_span())
+        return "fresh"
+
+    try:
+        with dibs.observe(observer):
+            client.compute("dropped", work, owner="me")
+            client.compute("dropped", work, owner="me")  # a hit
+        observer.flush()
+        assert spans.get_finished_spans() == ()
+        (span,) = seen
+        assert span.get_span_context().is_valid and not span.is_recording()
+        assert trace.get_current_span() is trace.INVALID_SPAN  # the call's context detached again
+        data = reader.get_metrics_data()
+        assert data is not None
+        points: list[Any] = [
+            point
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == "dibs.reservation.outcomes"
+            for point in metric.data.data_points
+        ]
+        outcomes = by_outcome(points)
+        assert outcomes == {"computed": 1, "hit": 1}
+    finally:
+        meters.shutdown()
+        tracers.shutdown()

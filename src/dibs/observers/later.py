@@ -63,7 +63,8 @@ class Later:
     def put_event(self, event: Event) -> None:
         """Queue ``event``; its points (``measure(event)``) are computed and recorded soon."""
         self._queue.append(event)
-        self._wake_up()
+        if not self._wake.is_set():  # as _wake_up, inline: this runs for every event, on the caller's path
+            self._wake_up()
 
     def _wake_up(self) -> None:
         if not self._wake.is_set():  # the recorder clears it before each batch: set once per batch

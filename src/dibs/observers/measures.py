@@ -77,7 +77,7 @@ class Measurer:
         self._waiting: set[int] = set()
         self._lock = threading.Lock()
         self._commons: dict[tuple[str, str, str], dict[str, str]] = {}
-        self._extra: dict[tuple[tuple[str, str, str], str, str], dict[str, str]] = {}
+        self._extra: dict[tuple[int, str, str], dict[str, str]] = {}
         self._dispatch: dict[type[Event], Callable[[Event, dict[str, str], list[Measurement]], None]] = {
             events.StoreOperation: self._store_operation,  # type: ignore[dict-item]
             events.Finished: self._finished,  # type: ignore[dict-item]
@@ -112,11 +112,8 @@ class Measurer:
         return found
 
     def _with(self, common: dict[str, str], name: str, value: str) -> dict[str, str]:
-        which = (
-            (common["dibs.namespace"], common.get("dibs.store", ""), common.get("dibs.frontend", "")),
-            name,
-            value,
-        )
+        # ``common`` is one of ``_commons``' dicts, kept for good: its identity names it.
+        which = (id(common), name, value)
         found = self._extra.get(which)
         if found is None:
             found = self._extra[which] = {**common, name: value}
