@@ -96,7 +96,9 @@ class AirflowStats:
     def _send(self, point: Measurement) -> None:
         attributes = point.attributes
         tags = {_TAGS[name]: value for name, value in attributes.items() if name in _TAGS}
-        tags.setdefault("frontend", "airflow")  # a store operation's event names no front end
+        # A store operation that serves no one call (the triggerer's waits, the watch hub's reads)
+        # names no front end: in an Airflow process, it is Airflow's.
+        tags.setdefault("frontend", "airflow")
         name = point.name
         named_by = _IN_NAME.get(name)
         if named_by is not None:

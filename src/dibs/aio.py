@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, Unpack, overload
 
-from dibs import calls, flow, holding
+from dibs import calls, events, flow, holding
 from dibs._waiting import AskAcquire, acquire_until, adrive
 from dibs.artifacts import DECODE_ON_LOOP_BYTES
 from dibs.backoff import Deadline
@@ -248,7 +248,8 @@ class AsyncStoreIO:
         event loop does meanwhile (a second cancel, the loop closing): the release is shielded.
         """
         store = self._store or self._client.store
-        future = runtime().executor().submit(calls.ask_store, store, ask)
+        ask_store = events.for_this_call(functools.partial(calls.ask_store, store, ask))  # its front end
+        future = runtime().executor().submit(ask_store)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -18,7 +18,10 @@ One call's events, in order (``*``: only when it happens)::
 While the lease is held, each heartbeat reports ``HeartbeatSent`` (how late it ran). Below every
 call, each store operation reports a ``StoreOperation`` (its duration, and its error's type) to the
 process's observers (:func:`observe`) that ask for it in their ``kinds`` (a store does not know which
-client called it, and these are not steps of any call): ``kinds = dibs.events.EVERY_KIND``.
+client called it, and these are not steps of any call): ``kinds = dibs.events.EVERY_KIND``. A store
+operation made on behalf of a call names that call's front end, all the same: the flow's drivers
+(:mod:`dibs.flow`) set :data:`FRONTEND` while they drive a call, and a lease's own operations (its
+heartbeats, complete, release) name the front end of the call that made the lease.
 
 Every event carries the key, the owner that asked, the front end, the kind of store, the number of
 its call (the same for every event of one compute-once call, so a tracer can group them into one
@@ -41,6 +44,7 @@ ignored: an observer never changes a result. With nobody listening an event cost
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import itertools
 import logging
@@ -86,6 +90,13 @@ Ending = Literal["computed", "took_over", "waited", "hit", "unreserved", "failed
 
 #: Which front end drove the flow.
 Frontend = Literal["python", "airflow", "prefect", "cli"]
+
+#: The front end of the compute-once call this code runs for (``""``: none), which the store
+#: operations it makes report (:class:`StoreOperation`). A context variable, not a thread-local: each
+#: ``asyncio`` task has its own, a hop to another thread that copies the context (``asyncio.to_thread``)
+#: keeps it, and the runtime's I/O executor's jobs carry it (:func:`for_this_call`). Read only when an
+#: observer asked for store operations.
+FRONTEND: contextvars.ContextVar[str] = contextvars.ContextVar("dibs_frontend", default="")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -229,7 +240,12 @@ class Deferred(Event):
 class StoreOperation(Event):
     """One store operation (``acquire``, ``heartbeat``, ``complete``, ``release``, ``read``, …) took
     ``seconds``; ``error_type`` names what it raised (``StoreUnavailable``, ``LeaseLost``, …).
-    ``owner``, ``frontend`` and ``call`` are empty: a store serves every call of the process."""
+
+    ``frontend`` is the front end of the call the operation was made for (:data:`FRONTEND`; a lease's
+    heartbeats, complete and release: the call that made the lease), and empty for what serves many
+    calls at once (the watch hub's reads, the batched reads of async waiters) or none (an operation
+    outside any compute-once call). ``owner`` and ``call`` are empty: a store serves every call of
+    the process."""
 
     operation: str
     seconds: float
@@ -397,6 +413,29 @@ class Observers:
 
 #: Observers of every call in this process.
 PROCESS = Observers()
+
+_T = TypeVar("_T")
+
+
+def for_this_call(job: Callable[[], _T]) -> Callable[[], _T]:
+    """``job``, to run in another thread (the runtime's I/O executor) for the call this thread serves:
+    its store operations name the same front end (:data:`FRONTEND`). Only that variable crosses, not
+    the rest of the caller's context: a Prefect task's run context, seen in the executor, would make
+    Prefect's own calls there think they run on an event loop. Unobserved, ``job`` itself."""
+    if not PROCESS.operations:
+        return job
+    frontend = FRONTEND.get()
+    if not frontend:
+        return job
+
+    def run() -> _T:
+        acting = FRONTEND.set(frontend)
+        try:
+            return job()
+        finally:
+            FRONTEND.reset(acting)
+
+    return run
 
 
 def observe(observer: Observer) -> Observation:

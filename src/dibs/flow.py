@@ -362,35 +362,46 @@ def _deferred(emitter: Emitter, waiting: Waiting) -> None:
 
 
 def drive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
-    """Carry a flow out in this thread: events to the observers, every other step to ``io``."""
+    """Carry a flow out in this thread: events to the observers, every other step to ``io``. The
+    store operations made meanwhile name the call's front end (:data:`dibs.events.FRONTEND`)."""
     answer: Any = None
     error: BaseException | None = None
-    while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
-        try:
-            answer, error = _handler(io, step)(step), None
-        except Suspend as suspend:
-            flow.close()
-            _deferred(emitter, suspend.waiting)
-            raise
-        except BaseException as exc:  # the flow decides: a policy, or it lets it through
-            answer, error = None, exc
+    acting = events.FRONTEND.set(emitter.frontend)
+    try:
+        while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
+            try:
+                answer, error = _handler(io, step)(step), None
+            except Suspend as suspend:
+                flow.close()
+                _deferred(emitter, suspend.waiting)
+                raise
+            except BaseException as exc:  # the flow decides: a policy, or it lets it through
+                answer, error = None, exc
+    finally:
+        events.FRONTEND.reset(acting)
     return step.report
 
 
 async def adrive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
-    """:func:`drive` on an event loop: ``io``'s methods are coroutines, awaited in turn."""
+    """:func:`drive` on an event loop: ``io``'s methods are coroutines, awaited in turn (the front
+    end is set in this task's context; the store calls they hand to the runtime's I/O executor run in
+    a copy of it)."""
     answer: Any = None
     error: BaseException | None = None
-    while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
-        pending: Awaitable[Any] = _handler(io, step)(step)
-        try:
-            answer, error = await pending, None
-        except Suspend as suspend:
-            flow.close()
-            _deferred(emitter, suspend.waiting)
-            raise
-        except BaseException as exc:
-            answer, error = None, exc
+    acting = events.FRONTEND.set(emitter.frontend)
+    try:
+        while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
+            pending: Awaitable[Any] = _handler(io, step)(step)
+            try:
+                answer, error = await pending, None
+            except Suspend as suspend:
+                flow.close()
+                _deferred(emitter, suspend.waiting)
+                raise
+            except BaseException as exc:
+                answer, error = None, exc
+    finally:
+        events.FRONTEND.reset(acting)
     return step.report
 
 

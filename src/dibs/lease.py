@@ -15,6 +15,7 @@ interval costs no thread at all.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import math
@@ -23,8 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, Self, TypeVar
 
+from dibs import events
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
@@ -63,6 +65,28 @@ class LeaseSource(Protocol):
     def settings(self) -> Settings: ...
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _for_its_call(operation: Callable[Concatenate[Lease, P], R]) -> Callable[Concatenate[Lease, P], R]:
+    """A lease's own operation: its store operations name the front end of the call that made the
+    lease (:data:`dibs.events.FRONTEND`), from whichever thread it runs (its heartbeat thread, Prefect's
+    release of a lock outside the call that took it). Unobserved, one check."""
+
+    @functools.wraps(operation)
+    def operate(self: Lease, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if not self._frontend or not events.PROCESS.operations:
+            return operation(self, *args, **kwargs)
+        acting = events.FRONTEND.set(self._frontend)
+        try:
+            return operation(self, *args, **kwargs)
+        finally:
+            events.FRONTEND.reset(acting)
+
+    return operate
+
+
 class Lease:
     """The right to compute one key until ``expires_at`` (store clock). See the module docstring."""
 
@@ -71,6 +95,7 @@ class Lease:
         self._record = record
         self._ended = False
         self._granted = time.monotonic()  # the default compute time of complete() counts from here
+        self._frontend = events.FRONTEND.get()  # the front end of the call that made it ("": none)
 
     # -- what the lease is --------------------------------------------------------------------------
     @property
@@ -110,11 +135,13 @@ class Lease:
         return f"Lease(key={str(self.key)!r}, owner={self.owner!r}, token={self.token})"
 
     # -- the lease's operations -------------------------------------------------------------------
+    @_for_its_call
     def heartbeat(self) -> float:
         """Extend the lease to store-now + ttl; returns the new expiry. :class:`LeaseLost` if stale."""
         self._record = self._client.store.heartbeat(self.key, self._record.token, self._record.ttl)
         return self._record.expires_at
 
+    @_for_its_call
     def complete(self, value: Any, *, compute_seconds: float | None = None) -> ArtifactRecord:
         """Store ``value`` as the key's artifact and end the lease, fenced by this lease's token.
 
@@ -230,6 +257,7 @@ class Lease:
             token=token.fence,
         )
 
+    @_for_its_call
     def release(self, error: BaseException | str | None = None) -> None:
         """End the lease without an artifact so a waiter takes over now; ``error`` is recorded.
 
@@ -242,6 +270,7 @@ class Lease:
         self._client.store.release(self.key, self._record.token, summary, counted=counted)
         self._ended = True
 
+    @_for_its_call
     def verify(self) -> None:
         """Check with the store that this lease is still the current one; :class:`LeaseLost` if not.
 

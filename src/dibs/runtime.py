@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
+from dibs import events
 from dibs.keys import Key
 from dibs.stores import Store, open_store
 from dibs.stores.base import CLOSE_HOOKS
@@ -159,11 +160,13 @@ class Runtime:
             return self._executor
 
     async def io(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """``fn(*args, **kwargs)`` in the I/O executor, awaited: for store calls from an event loop."""
+        """``fn(*args, **kwargs)`` in the I/O executor, awaited: for store calls from an event loop
+        (naming the front end of the call they serve: :func:`dibs.events.for_this_call`)."""
         import asyncio
 
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor(), functools.partial(fn, *args, **kwargs))
+        job = events.for_this_call(functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self.executor(), job)
 
     async def read(self, store: Store, key: Key) -> KeyState:
         """``store.read(key)`` for an event loop, in the I/O executor, batched with the other reads

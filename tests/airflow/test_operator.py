@@ -8,6 +8,7 @@ Airflow would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -24,6 +25,7 @@ from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import BaseOperator
 
 import dibs
+import dibs.events
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.operators.reserved import (
     OUTCOME_XCOM_KEY,
@@ -143,6 +145,41 @@ def test_resume_done_returns_the_artifact(client: dibs.Reservations, make_contex
     assert work.calls == 0
     assert outcome(context)["role"] == "waited" and outcome(context)["waited_on"] == "holder"
     assert outcome(context)["deferrals"] == 1 and outcome(context)["producer"] == "holder"
+
+
+def test_a_task_s_store_operations_name_airflow_on_both_sides_of_its_deferral(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    """What the metrics say of each store operation (``dibs.frontend``): the task's asks before and
+    after its deferral are Airflow's; the trigger's reads are batched with other waits (they serve no
+    one call) and the direct API's complete serves none, so they name no front end (Airflow's Stats
+    calls those Airflow's: in its processes, they are)."""
+    operations: list[tuple[str, str]] = []
+
+    class Operations:
+        kinds = dibs.events.EVERY_KIND
+
+        def __call__(self, event: dibs.Event) -> None:
+            if isinstance(event, dibs.StoreOperation):
+                operations.append((event.operation, event.frontend))
+
+    def taken() -> list[tuple[str, str]]:
+        done = list(operations)
+        operations.clear()
+        return done
+
+    lease = client.get_or_reserve(KEY, owner="holder").lease  # type: ignore[union-attr]
+    work, context = Work(), make_context()
+    op = operator(work)
+    with contextlib.closing(dibs.observe(Operations())):
+        trigger = deferred(op, context).trigger
+        assert set(taken()) == {("acquire", "airflow")}
+        lease.complete({"rows": 99})
+        assert taken() == [("complete", "")]
+        event = run_trigger(trigger)
+        assert {frontend for _, frontend in taken()} == {""}
+        assert op.execute_complete(context, event=event) == {"rows": 99}
+        assert set(taken()) == {("acquire", "airflow")}
 
 
 def test_resume_free_after_a_failure_runs_the_work(client: dibs.Reservations, make_context: Any) -> None:

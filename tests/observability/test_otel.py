@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import dibs
+from dibs.flow import Steps
 from dibs.observers.later import Later
 from dibs.observers.measures import METRICS, Measurement
 from dibs.observers.otel import OpenTelemetry
@@ -334,3 +336,146 @@ def test_a_sampled_out_call_has_no_span_but_its_metrics_and_its_context(client: 
     finally:
         meters.shutdown()
         tracers.shutdown()
+
+
+# -- the front end a store operation serves (issue 18: every metric carries dibs.frontend) ------------------
+def frontends(telemetry: Telemetry) -> dict[tuple[str, str | None], int]:
+    """The store operations recorded, by operation and front end (``None``: no front end)."""
+    found: dict[tuple[str, str | None], int] = {}
+    for point in telemetry.points("dibs.store.operation.duration"):
+        which = (point.attributes["dibs.store.operation"], point.attributes.get("dibs.frontend"))
+        found[which] = found.get(which, 0) + point.count
+    return found
+
+
+def test_a_python_call_s_store_operations_name_its_front_end(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
+    assert client.run("py", lambda: 1) == 1
+    assert client.run("py", lambda: 2) == 1  # a hit
+    assert frontends(telemetry) == {("acquire", "python"): 2, ("complete", "python"): 1}
+
+
+def test_the_store_operations_of_another_front_end_s_call_name_that_one(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
+    """What Airflow's operator, Prefect's task and ``dibs run`` do: drive a call they made with their
+    own ``frontend=``; what a failure releases names it too."""
+    call = client.call("af", frontend="airflow")
+    assert call.drive(Steps(client, lambda: 1, emit=call.emitter)).role == "computed"
+
+    def fail() -> None:
+        raise KeyError("no rows")
+
+    call = client.call("broken", frontend="cli")
+    with pytest.raises(KeyError):
+        call.drive(Steps(client, fail, emit=call.emitter))
+    assert frontends(telemetry) == {
+        ("acquire", "airflow"): 1,
+        ("complete", "airflow"): 1,
+        ("acquire", "cli"): 1,
+        ("release", "cli"): 1,
+    }
+
+
+def test_an_async_call_s_store_operations_in_the_io_executor_name_its_front_end(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    """The async client asks, completes and releases in the runtime's I/O executor, whose threads
+    serve every call: each job carries its call's front end there. A lease refused after too many
+    failures is made and released in the executor too."""
+
+    async def fail() -> None:
+        raise KeyError("no rows")
+
+    async def calls(client: dibs.AsyncReservations) -> None:
+        assert (await client.compute("fine", lambda: asyncio.sleep(0, "v"))).role == "computed"
+        with pytest.raises(KeyError):
+            await client.compute("broken", fail)
+        with pytest.raises(dibs.TooManyFailures):
+            await client.compute("broken", fail)
+
+    with dibs.Reservations(f"sqlite:///{tmp_path / 'a.db'}", namespace="otel", max_failures=1) as client:
+        asyncio.run(calls(client.aio()))
+    assert frontends(telemetry) == {
+        ("acquire", "python"): 3,
+        ("complete", "python"): 1,
+        ("release", "python"): 2,  # the failure's, and the refused lease's
+    }
+
+
+def test_heartbeats_name_the_front_end_of_the_call_that_made_the_lease(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    """Heartbeats run on a thread that serves no call: the lease says whose they are."""
+    beat = threading.Event()
+
+    def heard(event: dibs.Event) -> None:
+        if isinstance(event, dibs.HeartbeatSent):
+            beat.set()
+
+    def work() -> str:
+        assert beat.wait(30), "no heartbeat"
+        return "value"
+
+    with dibs.Reservations(f"sqlite:///{tmp_path / 'beat.db'}", namespace="otel", ttl=0.3) as client:
+        call = client.call("beating", frontend="prefect", observer=heard)
+        call.drive(Steps(client, work, emit=call.emitter))
+    found = frontends(telemetry)
+    assert found.get(("heartbeat", "prefect"), 0) >= 1
+    assert {frontend for _, frontend in found} == {"prefect"}
+
+
+def test_the_watch_hub_s_shared_reads_name_no_front_end(telemetry: Telemetry) -> None:
+    """The hub reads a key once for every waiter on it, whatever their calls: its reads name no front
+    end, while the calls' own operations (a waiter's asks included) name theirs."""
+    from dibs.stores.memory import MemoryStore  # no read_many: the hub's reads are timed one by one
+
+    holding, busy = threading.Event(), threading.Semaphore(0)
+    operations: list[tuple[str, str, str]] = []  # (thread, operation, front end)
+    hub_read = threading.Event()
+
+    class Heard:
+        kinds = dibs.events.EVERY_KIND
+
+        def __call__(self, event: dibs.Event) -> None:
+            if isinstance(event, dibs.KeyBusy):
+                busy.release()
+            elif isinstance(event, dibs.StoreOperation):
+                thread = threading.current_thread().name
+                operations.append((thread, event.operation, event.frontend))
+                if thread.startswith("dibs-hub-"):
+                    hub_read.set()
+
+    def work() -> str:
+        holding.set()
+        assert busy.acquire(timeout=30), "the waiter never found the key busy"
+        assert hub_read.wait(30), "the hub never read the key"
+        return "value"
+
+    with dibs.Reservations(MemoryStore(), namespace="otel", ttl=30) as client, dibs.observe(Heard()):
+        holder = threading.Thread(target=lambda: client.run("shared", work), name="holder")
+        waiter = threading.Thread(target=lambda: client.run("shared", lambda: "never"), name="waiter")
+        holder.start()
+        assert holding.wait(30)  # the holder first: the waiter waits on it
+        waiter.start()
+        holder.join()
+        waiter.join()
+    hub = {
+        (operation, frontend) for thread, operation, frontend in operations if thread.startswith("dibs-hub-")
+    }
+    assert hub == {("read", "")}
+    calls = {
+        (thread, operation, frontend)
+        for thread, operation, frontend in operations
+        if thread in ("holder", "waiter")
+    }
+    assert calls >= {
+        ("holder", "acquire", "python"),
+        ("holder", "complete", "python"),
+        ("waiter", "acquire", "python"),
+    }
+    assert {frontend for _, _, frontend in calls} == {"python"}
+    found = frontends(telemetry)  # in the metrics: the hub's reads without dibs.frontend
+    assert found[("read", None)] >= 1
+    assert {frontend for (operation, frontend) in found if operation != "read"} == {"python"}

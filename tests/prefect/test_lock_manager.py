@@ -282,6 +282,28 @@ def test_a_held_lock_tells_the_observers_of_its_heartbeats(lock_url: str, key: s
     assert beat.key == manager._key(key)
 
 
+def test_a_lock_s_store_operations_name_prefect_even_its_release(manager: DibsLockManager, key: str) -> None:
+    """Prefect releases a lock in a call of its own, after the one that took it: the lease remembers
+    whose it is, so its release (like its acquisition and heartbeats) names the front end in the
+    metrics (``dibs.frontend``)."""
+    operations: list[tuple[str, str]] = []
+
+    class Operations:
+        kinds = dibs.events.EVERY_KIND
+
+        def __call__(self, event: dibs.Event) -> None:
+            if isinstance(event, dibs.StoreOperation):
+                operations.append((event.operation, event.frontend))
+
+    with contextlib.closing(dibs.observe(Operations())):
+        assert manager.acquire_lock(key, holder="holder1")
+        manager.release_lock(key, holder="holder1")
+    assert ("acquire", "prefect") in operations and ("release", "prefect") in operations
+    assert {frontend for operation, frontend in operations if operation in ("acquire", "release")} == {
+        "prefect"
+    }
+
+
 def test_release_from_another_copy_of_the_manager(manager: DibsLockManager, lock_url: str, key: str) -> None:
     """The store decides who holds a lock: a copy (another worker) may release the holder's lock."""
     if lock_url.startswith("memory://"):

@@ -4,7 +4,8 @@ Every store class gets this once, from :meth:`dibs.stores.base.Store.__init_subc
 operations a class defines itself are wrapped, so no store (nor a test's or a benchmark's proxy store)
 has to remember to time itself. Unobserved, a wrapped operation costs one check (are there process
 observers that asked for store operations: a tuple's truth) on top of the call; observed, it reads the
-clock twice and builds one :class:`~dibs.events.StoreOperation`. Stores that call another operation
+clock twice and the front end of the call it serves (:data:`dibs.events.FRONTEND`), and builds one
+:class:`~dibs.events.StoreOperation`. Stores that call another operation
 inside one (Azure's complete reads first; a proxy around a store) report only the outermost.
 """
 
@@ -59,7 +60,7 @@ def _tell(store: Any, operation: str, key: Key, seconds: float, error: str | Non
     event = events.StoreOperation(
         key=key,
         owner="",
-        frontend="",
+        frontend=events.FRONTEND.get(),  # the call's, if it runs for one (set by dibs.flow, dibs.lease)
         call=0,
         store=kind_of(store),
         operation=operation,
