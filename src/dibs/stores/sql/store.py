@@ -9,9 +9,11 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -107,6 +109,11 @@ _ROLLED_BACK_ATTEMPTS = 5
 #: The gate of the stores that need none (every server store): a context manager that does nothing.
 _NO_GATE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
+#: SQLite: how many connections a store keeps checked out of its pool between calls, for the next call
+#: (see ``_PooledCursor``): SQLAlchemy's checkout and checkin cost ~13 µs a call, a third of SQLite's
+#: own time for a reserve + complete (issue 20). Few: the pool (5 + 10 overflow) still bounds the rest.
+_SHELF_SIZE = 2
+
 # The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
 _MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
 
@@ -148,6 +155,11 @@ class SQLStore(Store):
         if self.dialect != "sqlite":
             keeper = self._keeper = Keeper(self.engine)
             sa.event.listen(self.engine, "checkin", lambda _dbapi, record: keeper.returned(record))
+        #: SQLite: pooled connections kept checked out between calls (see ``_PooledCursor``); ``None``
+        #: elsewhere (a server's connections go back to the pool, whose keeper trims the idle ones).
+        self._shelf: builtins.list[Any] | None = [] if self.dialect == "sqlite" else None
+        if self._shelf is not None:
+            _SHELVES.add(self)
         self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
         self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
         dispose_in_forked_children(self.engine)
@@ -173,7 +185,20 @@ class SQLStore(Store):
         super().close()
         if self._keeper is not None:
             self._keeper.close()
+        shelf, self._shelf = self._shelf, None  # calls that end from now on give their connection back
+        self._empty_shelf(shelf)
         self.engine.dispose()
+
+    def _empty_shelf(self, shelf: builtins.list[Any] | None = None) -> None:
+        """Give the connections kept between calls back to the pool (before it is disposed of)."""
+        shelf = self._shelf if shelf is None else shelf
+        while shelf:
+            try:
+                connection = shelf.pop()
+            except IndexError:  # another thread took the last one
+                break
+            with contextlib.suppress(Exception):
+                connection.close()
 
     # -- plumbing ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -482,8 +507,22 @@ class SQLStore(Store):
         return Granted(state.lease, state.failure), state, version
 
     def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
-        values = {f"p_{name}": value for name, value in lease_columns(new.lease).items()}
-        values.update(p_key_hash=key.digest, p_fence=new.fence, p_attempts=new.attempts)
+        lease = new.lease
+        if lease is None:
+            values = {f"p_{name}": value for name, value in lease_columns(None).items()}
+        else:  # lease_columns(lease) written out: this runs for every lease granted (issue 20)
+            values = {
+                "p_owner": lease.owner,
+                "p_lease_id": lease.token.lease_id,
+                "p_acquired_at": lease.acquired_at,
+                "p_expires_at": lease.expires_at,
+                "p_max_expires_at": lease.max_expires_at,
+                "p_ttl": lease.ttl,
+                "p_attempt": lease.attempt,
+            }
+        values["p_key_hash"] = key.digest
+        values["p_fence"] = new.fence
+        values["p_attempts"] = new.attempts
         if version is None:
             values.update(p_namespace=key.namespace, p_name=key.name)
             return self._insert_new.execute(cursor, values) == 1
@@ -812,11 +851,16 @@ class _PooledCursor:
             gate.__enter__()
         try:
             dbapi = self._dbapi = store.engine.dialect.loaded_dbapi
-            try:
-                connection = self._connection = store.engine.raw_connection()
-            except (dbapi.Error, sa_exc.TimeoutError) as exc:
-                # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
-                raise store._unavailable(exc) from exc
+            connection = None
+            if store._shelf:  # SQLite: a connection kept from an earlier call, past the pool
+                with contextlib.suppress(IndexError):  # another thread took the last one
+                    connection = self._connection = store._shelf.pop()
+            if connection is None:
+                try:
+                    connection = self._connection = store.engine.raw_connection()
+                except (dbapi.Error, sa_exc.TimeoutError) as exc:
+                    # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
+                    raise store._unavailable(exc) from exc
             try:
                 if store._keeper is not None:  # SQLite: no network; its busy timeout bounds lock waits
                     self._ticket = store._keeper.register(connection.dbapi_connection, self._bound)
@@ -850,6 +894,7 @@ class _PooledCursor:
                 if lost and not ended:
                     # The server ended this connection (a restart, pg_terminate_backend): it will have
                     # ended the other idle ones too. Drop them all now, or each would fail one later call.
+                    store._empty_shelf()
                     store.engine.dispose()
                 if lost or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
                     error = store._unavailable(exc, disconnected=lost and not ended, timed_out=ended)
@@ -863,12 +908,41 @@ class _PooledCursor:
             if ended and connection.dbapi_connection is not None:
                 # The bound shut its socket just as the call succeeded: never hand it to the next call.
                 connection.invalidate()
-            connection.close()
+            shelf = store._shelf
+            if (
+                shelf is not None
+                and exc is None
+                and len(shelf) < _SHELF_SIZE
+                and connection.dbapi_connection is not None
+            ):
+                shelf.append(connection)  # SQLite: kept for the next call (a call that failed is not)
+                if store._shelf is not shelf:  # the store was closed meanwhile
+                    store._empty_shelf(shelf)
+            else:
+                connection.close()
         if error is not None:
             raise error from exc
 
 
 # -- helpers -----------------------------------------------------------------------------------------
+
+
+#: The SQLite stores of the process, whose shelves a forked child empties (see ``_abandon_shelves``).
+_SHELVES: weakref.WeakSet[SQLStore] = weakref.WeakSet()
+#: The parent's shelved connections, in a forked child: kept referenced, never used nor closed there
+#: (closing an SQLite connection the parent still uses is what SQLite's docs warn against).
+_ABANDONED: builtins.list[Any] = []
+
+
+def _abandon_shelves() -> None:
+    for store in list(_SHELVES):
+        shelf = store._shelf
+        if shelf:
+            _ABANDONED.extend(shelf)
+            shelf.clear()
+
+
+os.register_at_fork(after_in_child=_abandon_shelves)
 
 
 def _error_code(error: BaseException) -> int | None:
