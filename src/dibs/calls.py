@@ -129,6 +129,8 @@ class Source(LeaseSource, Protocol):
 
 def terms(settings: Settings, ttl: float | None, max_lease_age: float | None) -> tuple[float, float | None]:
     """The ttl and maximum age of one lease: the call's, else the client's; checked together."""
+    if ttl is None and max_lease_age is None:  # the client's own, checked together when it was made
+        return settings.ttl, settings.max_lease_age
     ttl = settings.ttl if ttl is None else ttl
     max_lease_age = settings.max_lease_age if max_lease_age is None else max_lease_age
     checked_ttl, _, checked_age = validate_timings(ttl=ttl, max_lease_age=max_lease_age)
