@@ -7,6 +7,7 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,41 @@ def test_a_forked_child_never_uses_the_parents_kept_connections(tmp_path: Path) 
         assert id(_dbapi(store)) == parents  # the parent's is still its own, and still works
     finally:
         store.close()
+
+
+def test_a_server_store_keeps_one_and_its_keeper_trims_every_idle_pooled_one(tmp_path: Path) -> None:
+    # A PostgreSQL store keeps one connection on its shelf: that is the one left open, so the keeper
+    # closes every idle one in the pool (a waiting process still holds one, not two).
+    from tests.scale import server_connections, tagged_url
+
+    with tagged_url("postgres", tmp_path) as (url, tag):
+        store = open_store(url)
+        assert isinstance(store, SQLStore) and store._keeper is not None
+        try:
+            store.read(Key("ns", "a"))
+            inside, leave = threading.Barrier(3), threading.Event()
+
+            def call() -> None:
+                with store._cursor():
+                    inside.wait(30)
+                    leave.wait(30)
+
+            threads = [threading.Thread(target=call) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            inside.wait(30)  # two calls at once: two connections
+            leave.set()
+            for thread in threads:
+                thread.join(30)
+            assert store._shelf is not None and len(store._shelf) == 1  # one kept, one back in the pool
+            assert server_connections("postgres", tag) == 2
+            store._keeper._idle_seconds = 0.0
+            store._keeper._trim()
+            for _ in range(100):  # the server ends the closed connection's backend soon after
+                if server_connections("postgres", tag) == 1:
+                    break
+                time.sleep(0.1)
+            assert server_connections("postgres", tag) == 1  # the shelved one
+            store.read(Key("ns", "a"))  # and it serves the next call
+        finally:
+            store.close()

@@ -109,10 +109,13 @@ _ROLLED_BACK_ATTEMPTS = 5
 #: The gate of the stores that need none (every server store): a context manager that does nothing.
 _NO_GATE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
-#: SQLite: how many connections a store keeps checked out of its pool between calls, for the next call
-#: (see ``_PooledCursor``): SQLAlchemy's checkout and checkin cost ~13 µs a call, a third of SQLite's
-#: own time for a reserve + complete (issue 20). Few: the pool (5 + 10 overflow) still bounds the rest.
+#: How many connections a store keeps checked out of its pool between calls, for the next call (its
+#: shelf, see ``_PooledCursor``): SQLAlchemy's checkout and checkin cost 10-13 µs a call, a third of
+#: SQLite's own time for a reserve + complete (issue 20). SQLite: a few (its pool, 5 + 10 overflow,
+#: still bounds the rest). A server: one, the one connection the keeper leaves open anyway (it trims
+#: every idle pooled one while the shelf holds it, see :class:`~dibs.stores.sql.bounds.Keeper`).
 _SHELF_SIZE = 2
+_SERVER_SHELF_SIZE = 1
 
 # The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
 _MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
@@ -151,15 +154,23 @@ class SQLStore(Store):
         #: SQLite's data_version one): only when that connection is made as the pool's are (a caller's
         #: connect_args, a search_path say, are not).
         self.feed_may_read = "connect_args" not in engine_kwargs
+        #: Pooled connections kept checked out between calls (see ``_PooledCursor``); ``None`` once closed.
+        self._shelf: builtins.list[Any] | None = []
+        self._shelf_size = _SHELF_SIZE if self.dialect == "sqlite" else _SERVER_SHELF_SIZE
+        #: Seconds after which the pool replaces a connection (``pool_recycle``): a shelved one too.
+        recycle = getattr(self.engine.pool, "_recycle", -1)
+        self._recycle: float | None = float(recycle) if recycle is not None and recycle > 0 else None
+        _SHELVES.add(self)
         self._keeper: Keeper | None = None
         if self.dialect != "sqlite":
-            keeper = self._keeper = Keeper(self.engine)
+            this = weakref.ref(self)
+
+            def shelved() -> bool:
+                store = this()
+                return store is not None and bool(store._shelf)
+
+            keeper = self._keeper = Keeper(self.engine, shelved=shelved)
             sa.event.listen(self.engine, "checkin", lambda _dbapi, record: keeper.returned(record))
-        #: SQLite: pooled connections kept checked out between calls (see ``_PooledCursor``); ``None``
-        #: elsewhere (a server's connections go back to the pool, whose keeper trims the idle ones).
-        self._shelf: builtins.list[Any] | None = [] if self.dialect == "sqlite" else None
-        if self._shelf is not None:
-            _SHELVES.add(self)
         self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
         self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
         dispose_in_forked_children(self.engine)
@@ -466,9 +477,11 @@ class SQLStore(Store):
         def attempt(cursor: Any) -> StoreOutcome:
             for round_number in range(16):
                 if round_number == 0 and self._read_or_insert is not None:
-                    granted, state, version = self._read_or_insert_first(cursor, key, request)
+                    granted, first, version = self._read_or_insert_first(cursor, key, request)
                     if granted is not None:
                         return granted
+                    assert first is not None
+                    state = first
                 else:
                     state, version = self._read(cursor, key)
                 outcome, new_state = transitions.acquire(state, request)
@@ -482,29 +495,42 @@ class SQLStore(Store):
 
     def _read_or_insert_first(
         self, cursor: Any, key: Key, request: AcquireRequest
-    ) -> tuple[Granted | None, KeyState, int | None]:
+    ) -> tuple[Granted | None, KeyState | None, int | None]:
         """PostgreSQL: read the key and, if it has no row, take its first lease, in one round trip
         (see :func:`~dibs.stores.sql.statements.read_or_insert`). The lease granted, or ``None`` and
         the key's state and row version for :func:`transitions.acquire` to decide on."""
         assert self._read_or_insert is not None
         span = request.ttl if request.max_lease_age is None else min(request.ttl, request.max_lease_age)
+        lease_id = new_lease_id()
         values = {
             "p_key_hash": key.digest,
             "p_namespace": key.namespace,
             "p_name": key.name,
             "p_owner": request.owner,
-            "p_lease_id": new_lease_id(),
+            "p_lease_id": lease_id,
             "p_span": span,
             "p_max_lease_age": request.max_lease_age,
             "p_ttl": request.ttl,
         }
         row = self._read_or_insert.fetch_one(cursor, values)
-        state, version = self._checked_state(key, row)
         if not row["inserted"]:
+            state, version = self._checked_state(key, row)
             return None, state, version
-        # The row the statement inserted is the first lease transitions.acquire grants a free key.
-        assert state.lease is not None
-        return Granted(state.lease, state.failure), state, version
+        # The row the statement inserted is the first lease transitions.acquire grants a free key
+        # (fence 1, attempt 1, no failure): built from what was sent and the times the database
+        # wrote, rather than by decoding the whole row back (issue 20).
+        max_expires_at = row["max_expires_at"]
+        lease = LeaseRecord(
+            key=key,
+            owner=request.owner,
+            token=LeaseToken(1, lease_id),
+            acquired_at=float(row["acquired_at"]),
+            expires_at=float(row["expires_at"]),
+            ttl=request.ttl,
+            attempt=1,
+            max_expires_at=None if max_expires_at is None else float(max_expires_at),
+        )
+        return Granted(lease), None, None
 
     def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
         lease = new.lease
@@ -852,9 +878,18 @@ class _PooledCursor:
         try:
             dbapi = self._dbapi = store.engine.dialect.loaded_dbapi
             connection = None
-            if store._shelf:  # SQLite: a connection kept from an earlier call, past the pool
+            shelf = store._shelf
+            if shelf:  # a connection kept from an earlier call, past the pool
                 with contextlib.suppress(IndexError):  # another thread took the last one
-                    connection = self._connection = store._shelf.pop()
+                    connection = shelf.pop()
+                if (
+                    connection is not None
+                    and store._recycle is not None
+                    and _expired(connection, store._recycle)
+                ):
+                    connection.close()  # the pool replaces it on a later checkout (pool_recycle)
+                    connection = None
+                self._connection = connection
             if connection is None:
                 try:
                     connection = self._connection = store.engine.raw_connection()
@@ -912,10 +947,10 @@ class _PooledCursor:
             if (
                 shelf is not None
                 and exc is None
-                and len(shelf) < _SHELF_SIZE
+                and len(shelf) < store._shelf_size
                 and connection.dbapi_connection is not None
             ):
-                shelf.append(connection)  # SQLite: kept for the next call (a call that failed is not)
+                shelf.append(connection)  # kept for the next call (a call that failed is not)
                 if store._shelf is not shelf:  # the store was closed meanwhile
                     store._empty_shelf(shelf)
             else:
@@ -927,10 +962,11 @@ class _PooledCursor:
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-#: The SQLite stores of the process, whose shelves a forked child empties (see ``_abandon_shelves``).
+#: The SQL stores of the process, whose shelves a forked child empties (see ``_abandon_shelves``).
 _SHELVES: weakref.WeakSet[SQLStore] = weakref.WeakSet()
 #: The parent's shelved connections, in a forked child: kept referenced, never used nor closed there
-#: (closing an SQLite connection the parent still uses is what SQLite's docs warn against).
+#: (closing an SQLite connection the parent still uses is what SQLite's docs warn against; a server
+#: connection's socket is the parent's, as ``engine.dispose(close=False)`` leaves the pool's).
 _ABANDONED: builtins.list[Any] = []
 
 
@@ -943,6 +979,13 @@ def _abandon_shelves() -> None:
 
 
 os.register_at_fork(after_in_child=_abandon_shelves)
+
+
+def _expired(connection: Any, recycle: float) -> bool:
+    """Whether a shelved pooled connection is older than the pool's ``pool_recycle``."""
+    record = getattr(connection, "_connection_record", None)
+    started = getattr(record, "starttime", None)
+    return started is not None and time.time() - started > recycle
 
 
 def _error_code(error: BaseException) -> int | None:
