@@ -320,11 +320,29 @@ def held_for(
     )
 
 
+#: The kinds the log observer wants, by which of INFO, WARNING and ERROR the ``dibs`` logger writes.
+_LOGGED: dict[tuple[bool, bool, bool], frozenset[type[Event]]] = {}
+
+
 class _LogEvents:
     """The Python front end's log lines: the ``dibs`` logger's words for a few of the flow's events
     (only these are built when nobody else listens)."""
 
-    kinds = frozenset({events.ArtifactFound, events.LeaseAcquired, events.RanUnreserved, events.Finished})
+    @property
+    def kinds(self) -> frozenset[type[Event]]:
+        """The events whose log lines the ``dibs`` logger would write at its level now: the others
+        are not even built for it (a hit's ArtifactFound is logged at INFO, which is usually off)."""
+        levels = (
+            log.isEnabledFor(logging.INFO),
+            log.isEnabledFor(logging.WARNING),
+            log.isEnabledFor(logging.ERROR),
+        )
+        kinds = _LOGGED.get(levels)
+        if kinds is None:
+            chosen = [(events.ArtifactFound, levels[0]), (events.LeaseAcquired, levels[1])]
+            chosen += [(events.RanUnreserved, levels[1]), (events.Finished, levels[2])]
+            kinds = _LOGGED[levels] = frozenset(kind for kind, logged in chosen if logged)
+        return kinds
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, events.ArtifactFound):
