@@ -129,6 +129,8 @@ class Source(LeaseSource, Protocol):
 
 def terms(settings: Settings, ttl: float | None, max_lease_age: float | None) -> tuple[float, float | None]:
     """The ttl and maximum age of one lease: the call's, else the client's; checked together."""
+    if ttl is None and max_lease_age is None:  # the client's own, checked together when it was made
+        return settings.ttl, settings.max_lease_age
     ttl = settings.ttl if ttl is None else ttl
     max_lease_age = settings.max_lease_age if max_lease_age is None else max_lease_age
     checked_ttl, _, checked_age = validate_timings(ttl=ttl, max_lease_age=max_lease_age)
@@ -318,11 +320,29 @@ def held_for(
     )
 
 
+#: The kinds the log observer wants, by which of INFO, WARNING and ERROR the ``dibs`` logger writes.
+_LOGGED: dict[tuple[bool, bool, bool], frozenset[type[Event]]] = {}
+
+
 class _LogEvents:
     """The Python front end's log lines: the ``dibs`` logger's words for a few of the flow's events
     (only these are built when nobody else listens)."""
 
-    kinds = frozenset({events.ArtifactFound, events.LeaseAcquired, events.RanUnreserved, events.Finished})
+    @property
+    def kinds(self) -> frozenset[type[Event]]:
+        """The events whose log lines the ``dibs`` logger would write at its level now: the others
+        are not even built for it (a hit's ArtifactFound is logged at INFO, which is usually off)."""
+        levels = (
+            log.isEnabledFor(logging.INFO),
+            log.isEnabledFor(logging.WARNING),
+            log.isEnabledFor(logging.ERROR),
+        )
+        kinds = _LOGGED.get(levels)
+        if kinds is None:
+            chosen = [(events.ArtifactFound, levels[0]), (events.LeaseAcquired, levels[1])]
+            chosen += [(events.RanUnreserved, levels[1]), (events.Finished, levels[2])]
+            kinds = _LOGGED[levels] = frozenset(kind for kind, logged in chosen if logged)
+        return kinds
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, events.ArtifactFound):

@@ -57,7 +57,22 @@ def default_store_url() -> str:
 
 def default_owner() -> str:
     """A fresh identity for one caller: host, process and 48 random bits (``host:pid:random``)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+    return f"{_host_and_process()}{secrets.token_hex(6)}"
+
+
+#: ``host:pid:`` of this process, read once (two system calls of every ask that names no owner);
+#: a forked child reads its own.
+_HOST_AND_PROCESS: list[str] = []
+
+
+def _host_and_process() -> str:
+    if not _HOST_AND_PROCESS:
+        _HOST_AND_PROCESS.append(f"{socket.gethostname()}:{os.getpid()}:")
+    return _HOST_AND_PROCESS[0]
+
+
+if hasattr(os, "register_at_fork"):  # POSIX: where a process can be forked
+    os.register_at_fork(after_in_child=_HOST_AND_PROCESS.clear)
 
 
 #: The longest duration dibs accepts for any setting (ttl, intervals, timeouts, maximum lease age):

@@ -76,7 +76,7 @@ def validate_name(name: object) -> str:
             f"(digest long inputs with dibs.digest()): {name[:60]!r}...",
             name=name[:60],
         )
-    bad = next((ch for ch in name if not ch.isprintable()), None)
+    bad = None if name.isprintable() else next(ch for ch in name if not ch.isprintable())
     if bad is not None:
         raise InvalidKey(
             f"key name {name!r} contains the non-printable character {bad!r}; "
@@ -107,7 +107,9 @@ def validate_owner(owner: object) -> str:
             f"{owner[:60]!r}...",
             setting="owner",
         )
-    bad = next((ch for ch in owner if not ch.isprintable()), None)
+    # One C call for the whole text (a character by character look cost ~2 µs a reservation); the
+    # look only finds which character to name.
+    bad = None if owner.isprintable() else next(ch for ch in owner if not ch.isprintable())
     if bad is not None:
         raise ConfigurationError(
             f"owner {owner!r:.100} contains the non-printable character {bad!r}; "

@@ -20,11 +20,12 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, Self, TypeVar, cast
 
 from dibs import events
 from dibs.config import validate_seconds
@@ -40,6 +41,7 @@ from dibs.stops import failure_text, is_stop
 from dibs.stores.requests import NewArtifact
 
 if TYPE_CHECKING:
+    from dibs.payloads.referencing import ReferencingStore
     from dibs.serializers import Serializer
     from dibs.settings import Settings
     from dibs.stores.base import Store
@@ -182,11 +184,12 @@ class Lease:
         """A payload too large for the record, completed through the payload store: written there
         while its SHA-256 is computed (one pass, not a checksum pass and then a write), then published
         as a reference; ``None`` when the client has no payload store or the payload stays inline."""
-        from dibs.payloads.referencing import ReferencingStore
-
-        store = self._client.store
-        if not isinstance(store, ReferencingStore):
+        # Not imported here: a store can only be a ReferencingStore once its module was imported, so
+        # a process without payload stores neither imports it nor pays an import per complete.
+        referencing = sys.modules.get("dibs.payloads.referencing")
+        if referencing is None or not isinstance(self._client.store, referencing.ReferencingStore):
             return None
+        store = cast("ReferencingStore", self._client.store)
         if compute_seconds is None:  # the work's time, not the write's
             compute_seconds = time.monotonic() - self._granted
         stored = store.offload(serializer, payload)

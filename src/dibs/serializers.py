@@ -56,6 +56,11 @@ class Serializer(Protocol):
     def loads(self, payload: bytes) -> Any: ...
 
 
+#: ``json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)``'s encoder, built once
+#: (``dumps`` with options builds one per call); it keeps no state between calls.
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
 class JSONSerializer:
     """Compact, key-sorted JSON: readable with any tool, shared across languages and orchestrators."""
 
@@ -63,7 +68,7 @@ class JSONSerializer:
 
     def dumps(self, value: Any) -> bytes:
         try:
-            return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+            return _JSON.encode(value).encode()
         except RecursionError:
             raise SerializationError(
                 f"cannot store a {type(value).__name__} as JSON: it is nested deeper than Python's recursion "

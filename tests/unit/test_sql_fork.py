@@ -137,3 +137,35 @@ def test_a_forked_child_forgets_the_parents_bounded_calls() -> None:
         keeper.close()
         ours.close()
         theirs.close()
+
+
+def test_a_fork_from_inside_a_section_goes_ahead_once_the_other_threads_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The forking thread is inside a section itself: the others leaving must wake it (it waited for
+    # the whole patience when the count stopped at its own 1 rather than 0).
+    monkeypatch.setattr(sql_fork, "FORK_PATIENCE", 60.0)
+    gate = ForkGate()
+    inside, leave, forked = threading.Event(), threading.Event(), threading.Event()
+
+    def user() -> None:
+        with gate.inside():
+            inside.set()
+            leave.wait()
+
+    def fork() -> None:
+        with gate.inside():
+            gate.before_fork()
+            gate.after_fork_in_parent()
+            forked.set()
+
+    threads = [threading.Thread(target=user)]
+    threads[0].start()
+    inside.wait()
+    threads.append(threading.Thread(target=fork))
+    threads[1].start()
+    assert not forked.wait(0.2)  # the other thread is still inside
+    leave.set()
+    assert forked.wait(30)  # well before the patience of 60 s
+    for thread in threads:
+        thread.join(10)

@@ -41,7 +41,7 @@ from dibs.records import (
     LeaseToken,
 )
 
-__all__ = ["FIELDS", "MAX_RECORD_BYTES", "corrupt", "decode", "key_of"]
+__all__ = ["FIELDS", "MAX_RECORD_BYTES", "corrupt", "decode", "granted_lease", "key_of", "stored_facts"]
 
 LEASE_FIELDS = (
     "lease_owner",
@@ -146,6 +146,59 @@ def decode(
         raise corrupt(key, where, str(exc)) from None
 
 
+def granted_lease(
+    key: Key,
+    owner: str,
+    lease_id: str,
+    ttl: float,
+    fields: Mapping[str, object],
+    *,
+    where: Callable[[], str],
+    textual: bool = False,
+) -> LeaseRecord:
+    """The lease a store just granted, from what the caller sent (``key``, ``owner``, ``lease_id``,
+    ``ttl``) and what only the store knew, in ``fields``: ``fence``, ``attempts``,
+    ``lease_acquired_at``, ``lease_expires_at`` and ``lease_max_expires_at``, each checked as
+    :func:`decode` checks it (a :class:`CorruptRecord` naming ``where()`` if one is wrong). A store's
+    short reply to a grant is read this way rather than by decoding back every field it was sent."""
+    r = _Reader(fields, textual)
+    try:
+        fence = r.integer("fence", low=1, high=MAX_FENCE)
+        max_expires_at = fields.get("lease_max_expires_at")
+        return LeaseRecord(
+            key=key,
+            owner=owner,
+            token=LeaseToken(fence, lease_id),
+            acquired_at=r.seconds("lease_acquired_at"),
+            expires_at=r.seconds("lease_expires_at"),
+            ttl=ttl,
+            attempt=r.integer("attempts"),
+            max_expires_at=None if max_expires_at is None else r.seconds("lease_max_expires_at"),
+        )
+    except _Damage as exc:
+        raise corrupt(key, where(), str(exc)) from None
+
+
+def stored_facts(
+    key: Key, fields: Mapping[str, object], *, where: Callable[[], str], textual: bool = False
+) -> tuple[str, float, float | None]:
+    """What a store's short reply to ``complete`` tells of the artifact it stored that the caller
+    did not know: its ``artifact_producer``, ``artifact_created_at`` and
+    ``artifact_compute_seconds`` (and the record's ``attempts``, checked), each checked as
+    :func:`decode` checks it."""
+    r = _Reader(fields, textual)
+    try:
+        r.integer("attempts")
+        compute_seconds = fields.get("artifact_compute_seconds")
+        return (
+            r.text("artifact_producer"),
+            r.seconds("artifact_created_at"),
+            None if compute_seconds is None else r.seconds("artifact_compute_seconds"),
+        )
+    except _Damage as exc:
+        raise corrupt(key, where(), str(exc)) from None
+
+
 def _key(fields: Mapping[str, object], textual: bool) -> Key:
     namespace, name = _text(fields, "namespace", textual), _text(fields, "name", textual)
     try:
@@ -176,6 +229,11 @@ def _text(fields: Mapping[str, object], name: str, textual: bool) -> str:
     return value
 
 
+#: The types of a textual field and of a number, as tuples: ``bytes | str`` would build a union per call.
+_TEXTS = (bytes, str)
+_NUMBERS = (int, float)
+
+
 class _Reader:
     """Typed, range-checked access to one record's fields."""
 
@@ -204,7 +262,7 @@ class _Reader:
         value = self.fields.get(name)
         if value is None:
             raise _Damage(f"its {name} is missing")
-        if self.textual and isinstance(value, bytes | str):
+        if self.textual and isinstance(value, _TEXTS):
             text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
             if not pattern.fullmatch(text):
                 raise _Damage(f"its {name} is {text[:40]!r}, not {what} as dibs writes it")
@@ -221,7 +279,7 @@ class _Reader:
 
     def seconds(self, name: str) -> float:
         value = self._number(name, _PLAIN_FLOAT, float, "a number of seconds")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, _NUMBERS) or not math.isfinite(value):
             raise _Damage(f"its {name} is {value!r}, not a finite number of seconds")
         if not 0 <= value <= MAX_TIMESTAMP:
             raise _Damage(f"its {name} is {value!r}, outside 0..{MAX_TIMESTAMP:.0f} (the year 9999)")

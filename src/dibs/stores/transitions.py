@@ -87,10 +87,17 @@ def acquire(
         and lease.owner == request.owner
         and (lease.max_expires_at is None or now < lease.max_expires_at)
     ):
-        renewed = dataclasses.replace(
-            lease, expires_at=_capped_expiry(now, request.ttl, lease.max_expires_at), ttl=request.ttl
+        renewed = LeaseRecord(
+            lease.key,
+            lease.owner,
+            lease.token,
+            lease.acquired_at,
+            _capped_expiry(now, request.ttl, lease.max_expires_at),
+            request.ttl,
+            lease.attempt,
+            lease.max_expires_at,
         )
-        return Granted(renewed, state.failure, reentered=True), dataclasses.replace(state, lease=renewed)
+        return Granted(renewed, state.failure, reentered=True), _with_lease(state, renewed)
     if lease is not None and lease.live_at(now):
         return Held(lease, now, state.failure), None
     if state.fence >= MAX_FENCE:
@@ -106,9 +113,17 @@ def acquire(
         attempt=min(state.attempts + 1, MAX_COUNT),
         max_expires_at=max_expires_at,
     )
-    new_state = dataclasses.replace(state, fence=fresh.token.fence, attempts=fresh.attempt, lease=fresh)
+    # The states are built field by field: dataclasses.replace cost 3 µs of every reservation (issue 20).
+    new_state = KeyState(
+        state.key, now, fresh.token.fence, fresh.attempt, fresh, state.artifact, state.failure
+    )
     took_over_from = lease.owner if lease is not None else None
     return Granted(fresh, state.failure, took_over_from), new_state
+
+
+def _with_lease(state: KeyState, lease: LeaseRecord) -> KeyState:
+    """``state`` with ``lease`` (``dataclasses.replace(state, lease=lease)``, without its cost)."""
+    return KeyState(state.key, state.now, state.fence, state.attempts, lease, state.artifact, state.failure)
 
 
 def fence_exhausted(key: Key, fence: int) -> CorruptRecord:

@@ -71,10 +71,18 @@ _IDLE_SINCE = "dibs_idle_since"
 class Keeper:
     """Deadlines of the calls in flight on one store's pool, and the trimming of its idle connections."""
 
-    def __init__(self, engine: Any, *, idle_seconds: float = IDLE_SECONDS) -> None:
+    def __init__(
+        self, engine: Any, *, idle_seconds: float = IDLE_SECONDS, shelved: Callable[[], bool] | None = None
+    ) -> None:
         self._engine = weakref.ref(engine)
         self._idle_seconds = idle_seconds
-        self._lock = threading.Condition()
+        #: Whether the store keeps a connection checked out between calls (its shelf): that one is the
+        #: connection left open, so every idle pooled one may be closed.
+        self._shelved = shelved or (lambda: False)
+        # A plain lock that the calls enter directly (C code: every call of the store registers and
+        # unregisters), and the thread's condition on it.
+        self._mutex = threading.Lock()
+        self._lock = threading.Condition(self._mutex)
         # ticket -> (deadline, socket file descriptor, the connection it must still belong to)
         self._calls: dict[int, tuple[float, int, Callable[[], Any]]] = {}
         self._ended: set[int] = set()
@@ -108,7 +116,7 @@ class Keeper:
         fileno = _fileno(dbapi_connection)
         if fileno is None:  # not a socket (SQLite): nothing to bound here
             return None
-        with self._lock:
+        with self._mutex:
             self._start()
             ticket = self._next_ticket = self._next_ticket + 1
             deadline = time.monotonic() + seconds
@@ -121,7 +129,7 @@ class Keeper:
         """End a call that :meth:`register` began: whether its deadline had shut its connection."""
         if ticket is None:
             return False
-        with self._lock:
+        with self._mutex:
             # Under the lock: once unregistered, the thread never touches this socket again.
             self._calls.pop(ticket, None)
             if ticket in self._ended:
@@ -132,7 +140,8 @@ class Keeper:
     def _after_fork_in_child(self) -> None:
         """The child has none of the parent's threads or calls: it must not shut the sockets it
         shares with the parent (their calls are the parent's), nor wait on a lock a parent thread held."""
-        self._lock = threading.Condition()
+        self._mutex = threading.Lock()
+        self._lock = threading.Condition(self._mutex)
         self._calls = {}
         self._ended = set()
         self._thread = None
@@ -144,7 +153,7 @@ class Keeper:
         """A connection went back to the pool: note when, and trim the idle ones later."""
         now = time.monotonic()
         connection_record.info[_IDLE_SINCE] = now
-        with self._lock:
+        with self._mutex:
             self._start()
             if self._trim_at is None:
                 self._trim_at = now + self._idle_seconds
@@ -152,16 +161,18 @@ class Keeper:
                     self._lock.notify()
 
     def _trim(self) -> bool:
-        """Close idle pooled connections beyond one that have been idle long enough; ``True`` while
-        others remain that may be closed later."""
+        """Close idle pooled connections beyond one (or all, while the store keeps one on its shelf)
+        that have been idle long enough; ``True`` while others remain that may be closed later."""
         pool = getattr(self._engine(), "pool", None)
         if not isinstance(pool, QueuePool):  # SQLite's own pool: nothing to trim
             return False
         queue: Any = pool._pool  # sqlalchemy.util.queue.Queue: its mutex and deque are what we need
         now = time.monotonic()
         with queue.mutex:
-            # LIFO pool: the most recently returned connection (the last) is the one kept.
-            candidates = list(queue.queue)[:-1]
+            # LIFO pool: the most recently returned connection (the last) is the one kept, unless the
+            # store keeps one of its own between calls.
+            idle = list(queue.queue)
+            candidates = idle if self._shelved() else idle[:-1]
             stale = [r for r in candidates if now - r.info.get(_IDLE_SINCE, now) >= self._idle_seconds]
             for record in stale:
                 queue.queue.remove(record)

@@ -36,7 +36,10 @@ class ForkGate:
         self._reset()
 
     def _reset(self) -> None:
-        self._cond = threading.Condition()
+        # A plain lock, entered directly (``with self._lock``: C code), and a condition on it for the
+        # waits: a Condition's own ``with`` runs Python code, a few hundred ns per SQLite call.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._inside = 0
         self._forking = False
         self._depth = threading.local()
@@ -52,7 +55,7 @@ class ForkGate:
         local = self._depth
         depth: int = getattr(local, "value", 0)
         if depth == 0:
-            with self._cond:
+            with self._lock:
                 while self._forking:
                     self._cond.wait()
                 self._inside += 1
@@ -63,9 +66,9 @@ class ForkGate:
         depth: int = local.value - 1
         local.value = depth
         if depth == 0:
-            with self._cond:
+            with self._lock:
                 self._inside = max(0, self._inside - 1)
-                if self._inside == 0:
+                if self._forking:  # only a fork waits on the condition (before_fork, under the lock)
                     self._cond.notify_all()
 
     def before_fork(self) -> None:

@@ -7,7 +7,8 @@ dialect, then run as plain SQL on a pooled DBAPI cursor (why: :mod:`dibs.stores.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -58,12 +59,22 @@ class Prepared:
         binds = compiled.bind_names.items()
         self._fixed = {name: bind.effective_value for bind, name in binds if not name.startswith("p_")}
         self._positions = tuple(compiled.positiontup or ()) if compiled.positional else None
+        #: The positional parameters' values out of a mapping, as a tuple, in one C call.
+        self._ordered: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
+        if self._positions is not None:
+            getter = operator.itemgetter(*self._positions) if self._positions else None
+            if getter is None:
+                self._ordered = lambda _merged: ()
+            elif len(self._positions) == 1:
+                self._ordered = lambda merged: (getter(merged),)
+            else:
+                self._ordered = getter
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
         merged = {**self._fixed, **values} if self._fixed else values
-        if self._positions is None:
+        if self._ordered is None:
             return merged
-        return tuple(merged[name] for name in self._positions)
+        return self._ordered(merged)
 
     def execute(self, cursor: Any, values: Mapping[str, Any]) -> int:
         """Run the statement; the number of rows it matched."""

@@ -9,9 +9,11 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -115,6 +117,14 @@ _ROLLED_BACK_ATTEMPTS = 5
 #: The gate of the stores that need none (every server store): a context manager that does nothing.
 _NO_GATE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
+#: How many connections a store keeps checked out of its pool between calls, for the next call (its
+#: shelf, see ``_PooledCursor``): SQLAlchemy's checkout and checkin cost 10-13 µs a call, a third of
+#: SQLite's own time for a reserve + complete (issue 20). SQLite: a few (its pool, 5 + 10 overflow,
+#: still bounds the rest). A server: one, the one connection the keeper leaves open anyway (it trims
+#: every idle pooled one while the shelf holds it, see :class:`~dibs.stores.sql.bounds.Keeper`).
+_SHELF_SIZE = 2
+_SERVER_SHELF_SIZE = 1
+
 # The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
 _MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
 
@@ -152,9 +162,22 @@ class SQLStore(Store):
         #: SQLite's data_version one): only when that connection is made as the pool's are (a caller's
         #: connect_args, a search_path say, are not).
         self.feed_may_read = "connect_args" not in engine_kwargs
+        #: Pooled connections kept checked out between calls (see ``_PooledCursor``); ``None`` once closed.
+        self._shelf: builtins.list[Any] | None = []
+        self._shelf_size = _SHELF_SIZE if self.dialect == "sqlite" else _SERVER_SHELF_SIZE
+        #: Seconds after which the pool replaces a connection (``pool_recycle``): a shelved one too.
+        recycle = getattr(self.engine.pool, "_recycle", -1)
+        self._recycle: float | None = float(recycle) if recycle is not None and recycle > 0 else None
+        _SHELVES.add(self)
         self._keeper: Keeper | None = None
         if self.dialect != "sqlite":
-            keeper = self._keeper = Keeper(self.engine)
+            this = weakref.ref(self)
+
+            def shelved() -> bool:
+                store = this()
+                return store is not None and bool(store._shelf)
+
+            keeper = self._keeper = Keeper(self.engine, shelved=shelved)
             sa.event.listen(self.engine, "checkin", lambda _dbapi, record: keeper.returned(record))
         self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
         self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
@@ -181,7 +204,20 @@ class SQLStore(Store):
         super().close()
         if self._keeper is not None:
             self._keeper.close()
+        shelf, self._shelf = self._shelf, None  # calls that end from now on give their connection back
+        self._empty_shelf(shelf)
         self.engine.dispose()
+
+    def _empty_shelf(self, shelf: builtins.list[Any] | None = None) -> None:
+        """Give the connections kept between calls back to the pool (before it is disposed of)."""
+        shelf = self._shelf if shelf is None else shelf
+        while shelf:
+            try:
+                connection = shelf.pop()
+            except IndexError:  # another thread took the last one
+                break
+            with contextlib.suppress(Exception):
+                connection.close()
 
     # -- plumbing ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -454,9 +490,11 @@ class SQLStore(Store):
         def attempt(cursor: Any) -> StoreOutcome:
             for round_number in range(16):
                 if round_number == 0 and self._read_or_insert is not None:
-                    granted, state, version = self._read_or_insert_first(cursor, key, request)
+                    granted, first, version = self._read_or_insert_first(cursor, key, request)
                     if granted is not None:
                         return granted
+                    assert first is not None
+                    state = first
                 else:
                     state, version = self._read(cursor, key)
                 outcome, new_state = transitions.acquire(state, request)
@@ -470,33 +508,60 @@ class SQLStore(Store):
 
     def _read_or_insert_first(
         self, cursor: Any, key: Key, request: AcquireRequest
-    ) -> tuple[Granted | None, KeyState, int | None]:
+    ) -> tuple[Granted | None, KeyState | None, int | None]:
         """PostgreSQL: read the key and, if it has no row, take its first lease, in one round trip
         (see :func:`~dibs.stores.sql.statements.read_or_insert`). The lease granted, or ``None`` and
         the key's state and row version for :func:`transitions.acquire` to decide on."""
         assert self._read_or_insert is not None
         span = request.ttl if request.max_lease_age is None else min(request.ttl, request.max_lease_age)
+        lease_id = new_lease_id()
         values = {
             "p_key_hash": key.digest,
             "p_namespace": key.namespace,
             "p_name": key.name,
             "p_owner": request.owner,
-            "p_lease_id": new_lease_id(),
+            "p_lease_id": lease_id,
             "p_span": span,
             "p_max_lease_age": request.max_lease_age,
             "p_ttl": request.ttl,
         }
         row = self._read_or_insert.fetch_one(cursor, values)
-        state, version = self._checked_state(key, row)
         if not row["inserted"]:
+            state, version = self._checked_state(key, row)
             return None, state, version
-        # The row the statement inserted is the first lease transitions.acquire grants a free key.
-        assert state.lease is not None
-        return Granted(state.lease, state.failure), state, version
+        # The row the statement inserted is the first lease transitions.acquire grants a free key
+        # (fence 1, attempt 1, no failure): built from what was sent and the times the database
+        # wrote, rather than by decoding the whole row back (issue 20).
+        max_expires_at = row["max_expires_at"]
+        lease = LeaseRecord(
+            key=key,
+            owner=request.owner,
+            token=LeaseToken(1, lease_id),
+            acquired_at=float(row["acquired_at"]),
+            expires_at=float(row["expires_at"]),
+            ttl=request.ttl,
+            attempt=1,
+            max_expires_at=None if max_expires_at is None else float(max_expires_at),
+        )
+        return Granted(lease), None, None
 
     def _swap(self, cursor: Any, key: Key, version: int | None, new: KeyState) -> bool:
-        values = {f"p_{name}": value for name, value in lease_columns(new.lease).items()}
-        values.update(p_key_hash=key.digest, p_fence=new.fence, p_attempts=new.attempts)
+        lease = new.lease
+        if lease is None:
+            values = {f"p_{name}": value for name, value in lease_columns(None).items()}
+        else:  # lease_columns(lease) written out: this runs for every lease granted (issue 20)
+            values = {
+                "p_owner": lease.owner,
+                "p_lease_id": lease.token.lease_id,
+                "p_acquired_at": lease.acquired_at,
+                "p_expires_at": lease.expires_at,
+                "p_max_expires_at": lease.max_expires_at,
+                "p_ttl": lease.ttl,
+                "p_attempt": lease.attempt,
+            }
+        values["p_key_hash"] = key.digest
+        values["p_fence"] = new.fence
+        values["p_attempts"] = new.attempts
         if version is None:
             values.update(p_namespace=key.namespace, p_name=key.name)
             return self._insert_new.execute(cursor, values) == 1
@@ -825,11 +890,25 @@ class _PooledCursor:
             gate.__enter__()
         try:
             dbapi = self._dbapi = store.engine.dialect.loaded_dbapi
-            try:
-                connection = self._connection = store.engine.raw_connection()
-            except (dbapi.Error, sa_exc.TimeoutError) as exc:
-                # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
-                raise store._unavailable(exc) from exc
+            connection = None
+            shelf = store._shelf
+            if shelf:  # a connection kept from an earlier call, past the pool
+                with contextlib.suppress(IndexError):  # another thread took the last one
+                    connection = shelf.pop()
+                if (
+                    connection is not None
+                    and store._recycle is not None
+                    and _expired(connection, store._recycle)
+                ):
+                    connection.close()  # the pool replaces it on a later checkout (pool_recycle)
+                    connection = None
+                self._connection = connection
+            if connection is None:
+                try:
+                    connection = self._connection = store.engine.raw_connection()
+                except (dbapi.Error, sa_exc.TimeoutError) as exc:
+                    # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
+                    raise store._unavailable(exc) from exc
             try:
                 if store._keeper is not None:  # SQLite: no network; its busy timeout bounds lock waits
                     self._ticket = store._keeper.register(connection.dbapi_connection, self._bound)
@@ -863,6 +942,7 @@ class _PooledCursor:
                 if lost and not ended:
                     # The server ended this connection (a restart, pg_terminate_backend): it will have
                     # ended the other idle ones too. Drop them all now, or each would fail one later call.
+                    store._empty_shelf()
                     store.engine.dispose()
                 if (
                     lost
@@ -880,12 +960,49 @@ class _PooledCursor:
             if ended and connection.dbapi_connection is not None:
                 # The bound shut its socket just as the call succeeded: never hand it to the next call.
                 connection.invalidate()
-            connection.close()
+            shelf = store._shelf
+            if (
+                shelf is not None
+                and exc is None
+                and len(shelf) < store._shelf_size
+                and connection.dbapi_connection is not None
+            ):
+                shelf.append(connection)  # kept for the next call (a call that failed is not)
+                if store._shelf is not shelf:  # the store was closed meanwhile
+                    store._empty_shelf(shelf)
+            else:
+                connection.close()
         if error is not None:
             raise error from exc
 
 
 # -- helpers -----------------------------------------------------------------------------------------
+
+
+#: The SQL stores of the process, whose shelves a forked child empties (see ``_abandon_shelves``).
+_SHELVES: weakref.WeakSet[SQLStore] = weakref.WeakSet()
+#: The parent's shelved connections, in a forked child: kept referenced, never used nor closed there
+#: (closing an SQLite connection the parent still uses is what SQLite's docs warn against; a server
+#: connection's socket is the parent's, as ``engine.dispose(close=False)`` leaves the pool's).
+_ABANDONED: builtins.list[Any] = []
+
+
+def _abandon_shelves() -> None:
+    for store in list(_SHELVES):
+        shelf = store._shelf
+        if shelf:
+            _ABANDONED.extend(shelf)
+            shelf.clear()
+
+
+os.register_at_fork(after_in_child=_abandon_shelves)
+
+
+def _expired(connection: Any, recycle: float) -> bool:
+    """Whether a shelved pooled connection is older than the pool's ``pool_recycle``."""
+    record = getattr(connection, "_connection_record", None)
+    started = getattr(record, "starttime", None)
+    return started is not None and time.time() - started > recycle
 
 
 def _error_code(error: BaseException) -> int | None:
