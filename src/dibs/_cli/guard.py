@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
 def stop_group(group: int, grace: float) -> None:
     """SIGTERM the process group and the descendants that left it, then SIGKILL whatever is left of
     them after ``grace`` seconds."""
-    strays = [Stray.of(pid) for pid in descendants_outside(group)]  # while the tree still leads to them
+    found = descendants_outside(group)  # before any signal: while the tree still leads to them
+    strays = everyone = [Stray.of(pid, started) for pid, started in found.items()]
     try:
         for stray in strays:
             stray.kill(signal.SIGTERM)
@@ -73,7 +74,7 @@ def stop_group(group: int, grace: float) -> None:
         for stray in strays:
             stray.kill(signal.SIGKILL)
     finally:
-        for stray in strays:
+        for stray in everyone:
             stray.close()
 
 
@@ -85,17 +86,18 @@ class Stray:
         self.pid, self.fd = pid, fd
 
     @classmethod
-    def of(cls, pid: int) -> Stray:
-        before = _stat(str(pid))
+    def of(cls, pid: int, started: int) -> Stray:
+        """The process ``pid`` that started at ``started`` (clock ticks after boot, as the scan read it)."""
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:  # already gone: nothing to signal
             return cls(pid, -1)
         except (AttributeError, OSError):  # no pidfds on this system: signal the number, as before
             return cls(pid, None)
-        after = _stat(str(pid))
-        if before is None or after is None or after[1:] != before[1:]:
-            # Its number changed hands between the scan and the pidfd: the fd is somebody else's.
+        now = _stat(str(pid))
+        if now is None or now[3] != started:
+            # Its number changed hands since the scan (its start time differs): the fd is somebody
+            # else's. Parent and group are no proof either way: a stray may be reparented meanwhile.
             os.close(fd)
             return cls(pid, -1)
         return cls(pid, fd)
@@ -123,20 +125,21 @@ class Stray:
             self.fd = -1
 
 
-def descendants_outside(group: int) -> set[int]:
-    """The processes that descend from a member of process group ``group`` but are not in it (Linux:
-    from ``/proc``; elsewhere, and when ``/proc`` cannot be read, none)."""
+def descendants_outside(group: int) -> dict[int, int]:
+    """The processes that descend from a member of process group ``group`` but are not in it, with
+    their start times (Linux: from ``/proc``; elsewhere, and when ``/proc`` cannot be read, none)."""
     parents: dict[int, int] = {}
+    starts: dict[int, int] = {}
     members: set[int] = set()
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return set()
+        return {}
     for entry in entries:
         stat = _stat(entry) if entry.isdigit() else None
         if stat is not None:
-            pid, (_, ppid, pgrp) = int(entry), stat
-            parents[pid] = ppid
+            pid, (_, ppid, pgrp, started) = int(entry), stat
+            parents[pid], starts[pid] = ppid, started
             if pgrp == group:
                 members.add(pid)
     children: dict[int, list[int]] = {}
@@ -150,17 +153,18 @@ def descendants_outside(group: int) -> set[int]:
                 found.add(child)
                 pending.append(child)
     found.discard(os.getpid())
-    return found
+    return {pid: starts[pid] for pid in found}
 
 
-def _stat(pid: str) -> tuple[str, int, int] | None:
-    """State, parent pid and process group of ``pid`` from ``/proc/PID/stat``; ``None`` if it is gone."""
+def _stat(pid: str) -> tuple[str, int, int, int] | None:
+    """State, parent pid, process group and start time (clock ticks after boot) of ``pid`` from
+    ``/proc/PID/stat``; ``None`` if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
             data = file.read()
         # The command name may hold spaces and parentheses: the fields follow the last ')'.
-        state, ppid, pgrp = data[data.rfind(b")") + 2 :].split()[:3]
-        return state.decode(), int(ppid), int(pgrp)
+        fields = data[data.rfind(b")") + 2 :].split()
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19])
     except (OSError, ValueError):
         return None
 

@@ -108,7 +108,9 @@ class Measurer:
                 found["dibs.store"] = which[1]
             if which[2]:
                 found["dibs.frontend"] = which[2]
-            self._commons[which] = found
+            # Two threads may build one at once: only the dict kept in ``_commons`` is ever used, so
+            # the identity ``_with`` keys on stays alive (a dropped one's address could be reused).
+            found = self._commons.setdefault(which, found)
         return found
 
     def _with(self, common: dict[str, str], name: str, value: str) -> dict[str, str]:
