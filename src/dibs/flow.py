@@ -32,6 +32,7 @@ and an observer translates the events (see docs/architecture.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
@@ -401,7 +402,10 @@ async def adrive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
             except BaseException as exc:
                 answer, error = None, exc
     finally:
-        events.FRONTEND.reset(acting)
+        # A coroutine abandoned by its task is closed later, maybe in another context (the garbage
+        # collector at the loop's teardown), where the token cannot be reset: that context never had it.
+        with contextlib.suppress(ValueError):
+            events.FRONTEND.reset(acting)
     return step.report
 
 
