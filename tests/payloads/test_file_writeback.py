@@ -16,6 +16,7 @@ import pytest
 from dibs.payloads import files
 from dibs.payloads.files import WRITEBACK, FilePayloadStore
 from dibs.payloads.verify import read_verified
+from tests.cli_harness import eventually
 
 
 def _recording(ranges: list[tuple[int, int]], result: int = 0) -> Callable[[], object]:
@@ -72,12 +73,15 @@ def test_the_hint_is_there_on_linux_and_harmless(tmp_path: Path) -> None:
     assert path.read_bytes() == b"x" * 4096
 
 
-def test_a_copy_of_a_payload_already_there_is_removed_beside_the_hand_off(
+def test_a_copy_of_a_payload_already_there_is_removed_once_settled_beside_the_caller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FilePayloadStore(tmp_path)
     data = os.urandom(2 * WRITEBACK)
     first = store.put(data)
+    assert store.put(data) == first
+    (copy,) = (tmp_path / "partial").iterdir()  # not removed while the hand-off goes on
+    assert store.path(first.sha256).exists()
     later: list[tuple[Callable[..., object], tuple[object, ...]]] = []
 
     def run_beside(function: Callable[..., object], *args: object) -> bool:
@@ -85,21 +89,23 @@ def test_a_copy_of_a_payload_already_there_is_removed_beside_the_hand_off(
         return True
 
     monkeypatch.setattr(files, "run_beside", run_beside)
-    assert store.put(data) == first  # returns before its copy is removed
-    (copy,) = (tmp_path / "partial").iterdir()
-    assert [args for _, args in later] == [(copy,)]
+    store.settle()
+    assert [args for _, args in later] == [([copy],)]
     for function, args in later:
         function(*args)
     assert not any((tmp_path / "partial").iterdir())
     assert read_verified(store, first, "test") == data
 
 
-def test_without_a_helper_thread_the_copy_is_removed_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("by", ["the next writer", "close"])
+def test_a_leftover_copy_goes_with_the_next_writer_or_close(tmp_path: Path, by: str) -> None:
     store = FilePayloadStore(tmp_path)
     data = os.urandom(1024)
     store.put(data)
-    monkeypatch.setattr(files, "run_beside", lambda function, *args: False)  # interpreter shutdown
-    store.put(data)
-    assert not any((tmp_path / "partial").iterdir())
+    store.put(data)  # nobody publishes it (put_payload, then no complete): left
+    assert any((tmp_path / "partial").iterdir())
+    if by == "close":
+        store.close()
+    else:
+        store.writer().abort()
+    eventually(lambda: not any((tmp_path / "partial").iterdir()), "the copy to be removed (a helper thread)")

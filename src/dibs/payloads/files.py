@@ -13,8 +13,11 @@ what makes the payload durable, before it is named.
 
 Two writers of the same bytes rename the same content onto one name, so the second one's rename is
 harmless; a writer that finds the payload already there refreshes the payload's modification time
-instead (see :mod:`dibs.payloads.collect` for why) and removes its copy in a helper thread, off the
-hand-off's path.
+instead (see :mod:`dibs.payloads.collect` for why), and its copy is removed once the hand-off is
+published (:meth:`FilePayloadStore.settle`), in a helper thread: freeing a large file's blocks takes
+tens of milliseconds (100 MB: about 40 ms on ext4 mounted with ``discard``), and done meanwhile it
+holds up the record store's commit on the same disk. A copy left by a process that died first is
+removed as a dead writer's (:meth:`FilePayloadStore.discard_partial`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import functools
 import os
 import secrets
 import sys
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,18 +70,10 @@ def _writeback() -> Callable[[int, int, int], object] | None:
     return lambda fd, offset, length: function(fd, offset, length, write)
 
 
-def _remove_beside(path: Path) -> None:
-    """Remove ``path`` (a writer's copy of a payload already in place) in a helper thread: freeing a
-    large file's blocks takes tens of milliseconds (100 MB: about 40 ms on ext4 mounted with
-    ``discard``), which the hand-off need not wait for. If the process dies first, the copy is left
-    in ``partial/`` like a dead writer's, and removed as one (:meth:`FilePayloadStore.discard_partial`)."""
-    if not run_beside(_unlink, path):  # no helper thread (interpreter shutdown): here and now
-        _unlink(path)
-
-
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(OSError):  # gone already, or left for discard_partial
-        path.unlink()
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):  # gone already, or left for discard_partial
+            path.unlink()
 
 
 class _FileWriter(PayloadWriter):
@@ -115,7 +111,7 @@ class _FileWriter(PayloadWriter):
             except FileNotFoundError:
                 pass  # removed meanwhile: this copy takes its place
             else:
-                _remove_beside(self._temp)
+                self._store._leave(self._temp)  # removed once the hand-off is published (settle)
                 return
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self._temp, target)  # a damaged or vanished copy is replaced by this whole one
@@ -130,6 +126,18 @@ class FilePayloadStore(PayloadStore):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._lock = threading.Lock()
+        self._leftovers: list[Path] = []  # writers' copies of payloads that were there already
+
+    def _leave(self, copy: Path) -> None:
+        with self._lock:
+            self._leftovers.append(copy)
+
+    def settle(self) -> None:
+        with self._lock:
+            leftovers, self._leftovers = self._leftovers, []
+        if leftovers and not run_beside(_unlink_all, leftovers):  # no helper thread (shutdown): now
+            _unlink_all(leftovers)
 
     @classmethod
     def from_url(cls, url: str) -> FilePayloadStore:
@@ -149,6 +157,7 @@ class FilePayloadStore(PayloadStore):
         return self.root / "sha256" / digest[:2] / digest
 
     def writer(self) -> PayloadWriter:
+        self.settle()  # a copy left by a put that nobody published, if any
         return _FileWriter(self)
 
     def open(self, sha256: str) -> IO[bytes]:
@@ -201,6 +210,9 @@ class FilePayloadStore(PayloadStore):
                     os.unlink(entry.path)
                     freed = freed + Freed(1, found.st_size)
         return freed
+
+    def close(self) -> None:
+        self.settle()
 
     def local_path(self, sha256: str) -> Path | None:
         return self.path(sha256)
