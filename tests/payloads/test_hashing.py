@@ -1,6 +1,7 @@
 """Hashing beside the I/O (dibs.payloads.hashing): the digests are the ones hashlib computes, whatever
 the chunking, a writer's caller may reuse its buffer as soon as ``write`` returns, and a forked child
-still hashes (the parent's helper threads do not exist there)."""
+still hashes (the parent's helper threads do not exist there); a last chunk, with nothing to overlap
+with, is hashed without a hand-over."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from dibs.payloads import hashing
 from dibs.payloads.files import FilePayloadStore
 from dibs.payloads.hashing import INLINE, Hasher, digest_beside
-from dibs.payloads.verify import check_whole, copy_verified, read_verified
+from dibs.payloads.verify import READ_CHUNK, check_whole, copy_verified, read_verified
 
 SIZES = [0, 1, INLINE, INLINE + 1, 3 * 1024 * 1024 + 17, 9 * 1024 * 1024]
 
@@ -78,3 +80,26 @@ def test_a_forked_child_hashes_with_helper_threads_of_its_own() -> None:
         child.join(10)
         if child.is_alive():
             child.kill()
+
+
+def _no_hand_over(*args: object) -> None:
+    raise AssertionError("a chunk was handed to a helper thread")
+
+
+@pytest.mark.parametrize("size", [INLINE + 1, 1024 * 1024])
+def test_a_last_chunk_is_hashed_in_the_caller_s_thread(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    data = os.urandom(size)
+    monkeypatch.setattr(hashing._pool, "submit", _no_hand_over)
+    hasher = Hasher()
+    hasher.update(data, last=True)  # nothing follows it to overlap with: no hand-over
+    assert hasher.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_a_payload_read_in_one_chunk_is_hashed_without_a_hand_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FilePayloadStore(tmp_path)
+    data = os.urandom(READ_CHUNK)  # exactly one chunk: its last
+    payload = store.put(data)
+    monkeypatch.setattr(hashing._pool, "submit", _no_hand_over)
+    assert read_verified(store, payload, "test") == data

@@ -114,3 +114,34 @@ def test_a_payload_longer_than_recorded_is_damaged_and_the_bytes_read_are_said_e
     with pytest.raises(PayloadDamaged, match="longer than recorded") as caught:
         READERS[reader](store, recorded, "test")
     assert f": {MB - 9:,} bytes read, {MB - 10:,} recorded" in str(caught.value)
+
+
+SPANS = {"one chunk": MB, "chunks, the last one full": 2 * READ_CHUNK, "chunks": 2 * READ_CHUNK + 5}
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("span", SPANS)
+@pytest.mark.parametrize("where", ["first byte", "last byte"])
+def test_a_payload_changed_in_place_is_damaged_whichever_chunk_holds_the_change(
+    tmp_path: Path, reader: str, span: str, where: str
+) -> None:
+    """Every chunk is hashed, whether in a helper thread or (the last one) in the reader's own."""
+    store = FilePayloadStore(tmp_path)
+    data = bytearray(os.urandom(SPANS[span]))
+    payload = store.put(data)
+    data[0 if where == "first byte" else -1] ^= 1
+    store.path(payload.sha256).write_bytes(data)
+    with pytest.raises(PayloadDamaged, match="does not match its recorded SHA-256"):
+        READERS[reader](store, payload, "test")
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("span", SPANS)
+def test_a_payload_cut_short_is_unavailable_not_damaged(tmp_path: Path, reader: str, span: str) -> None:
+    store = FilePayloadStore(tmp_path)
+    data = os.urandom(SPANS[span])
+    payload = store.put(data)
+    store.path(payload.sha256).write_bytes(data[:-1])
+    with pytest.raises(PayloadUnavailable, match="truncated") as caught:
+        READERS[reader](store, payload, "test")
+    assert not isinstance(caught.value, PayloadDamaged)

@@ -275,5 +275,10 @@ class PayloadStore(abc.ABC):
         except OSError as exc:
             raise _unwritable(exc) from exc
 
+    def settle(self) -> None:  # noqa: B027 (most stores leave nothing behind)
+        """Clean up after writers once their payload is published (or the hand-off failed): called by
+        :class:`~dibs.payloads.ReferencingStore` after each complete, and by the next writer. A folder
+        removes the copies of payloads that were there already, in a helper thread."""
+
     def close(self) -> None:  # noqa: B027 (most stores hold nothing to close)
         """Release clients and connections."""

@@ -6,7 +6,8 @@ while the caller writes it (or reads the next) makes the two passes cost about t
 two, not their sum: on a machine where SHA-256 and a file copy run at about the same speed, that is
 most of a hand-off's time. The helper threads are a small shared pool, started on first use (a
 forked child starts its own: a pool's threads do not survive ``fork``); chunks smaller than
-:data:`INLINE` are hashed in the caller's thread, where a hand-over would cost more than it saves.
+:data:`INLINE` are hashed in the caller's thread, where a hand-over would cost more than it saves,
+and so is a reader's last chunk (nothing follows it to overlap with).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["INLINE", "Hasher", "Ready", "digest_beside"]
+__all__ = ["INLINE", "Hasher", "Ready", "digest_beside", "run_beside"]
 
 #: Chunks up to this size are hashed in the caller's thread.
 INLINE = 64 * 1024
@@ -53,6 +54,12 @@ class _Pool:
 _pool = _Pool()
 
 
+def run_beside(function: Any, *args: Any) -> bool:
+    """``function(*args)`` in a helper thread, its result and errors ignored (I/O the caller need not
+    wait for); ``False`` when no helper thread can be had, and the caller runs it itself."""
+    return _pool.submit(function, *args) is not None
+
+
 class Hasher:
     """A SHA-256 fed chunk by chunk, in order, each chunk hashed in a helper thread while the caller
     goes on. At most one chunk is in hand: :meth:`update` waits for the previous one first, so a
@@ -62,9 +69,12 @@ class Hasher:
         self._hash = hashlib.sha256()
         self._pending: Future[None] | None = None
 
-    def update(self, chunk: bytes | bytearray | memoryview) -> None:
+    def update(self, chunk: bytes | bytearray | memoryview, *, last: bool = False) -> None:
+        """Hash ``chunk`` after those before it. ``last``: nothing follows it for its hashing to overlap
+        with, so it is hashed in the caller's thread (no hand-over: a payload read in one chunk is
+        hashed as a direct call would)."""
         self.wait()
-        if len(chunk) > INLINE:
+        if len(chunk) > INLINE and not last:
             self._pending = _pool.submit(self._hash.update, chunk)
             if self._pending is not None:
                 return

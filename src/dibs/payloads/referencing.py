@@ -301,6 +301,8 @@ class ReferencingStore(Store):
         except LeaseLost:
             self.collect([stored.sha256])  # never published: removed unless someone else needs it
             raise
+        finally:
+            self.payloads.settle()  # the writer's leftovers go now, not during the records' commit
         if data is not None:
             self.keep(stored, data)
         return ReferencedArtifact.of(record, document, stored, uri=uri, source=self.payloads, loaded=data)

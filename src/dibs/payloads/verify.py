@@ -145,8 +145,9 @@ def _read_into(stream: IO[bytes], buffer: memoryview, hasher: Hasher) -> int:
             window[:n] = chunk
         if not n:
             break
-        hasher.update(window[:n])  # this part of the buffer is not written again
         read += n
+        # This part of the buffer is not written again; the last one is hashed here and now.
+        hasher.update(window[:n], last=read == len(buffer))
     return read
 
 
