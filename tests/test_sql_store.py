@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.keys import Key
-from dibs.records import Granted, checksum
+from dibs.records import Granted, Held, Present, checksum
 from dibs.stores import AcquireRequest, NewArtifact, open_store
 from dibs.stores.feeds import fingerprint
 from dibs.stores.sql import SQLStore
@@ -780,6 +780,13 @@ def test_a_read_only_postgres_server_is_store_unavailable_for_writes_and_reads_s
                 read_only.acquire(Key("sql.tests", "fresh"), AcquireRequest("alice", 60))
             # A read-only server stays usable for reads after the refusal (its connection is not lost).
             assert read_only.read(KEY) is not None
+            # What needs no write is answered from a read: a hit gets its artifact, a waiter its holder.
+            hit = read_only.acquire(KEY, AcquireRequest("bob", 60))
+            assert isinstance(hit, Present) and hit.artifact.verified_payload(KEY) == b"done on the primary"
+            held = Key("sql.tests", "held-on-the-primary")
+            assert isinstance(writable.acquire(held, AcquireRequest("alice", 60)), Granted)
+            busy = read_only.acquire(held, AcquireRequest("bob", 60))
+            assert isinstance(busy, Held) and busy.lease.owner == "alice"
         finally:
             read_only.close()
             writable.close()

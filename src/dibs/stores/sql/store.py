@@ -336,6 +336,7 @@ class SQLStore(Store):
         error.rolled_back = (  # type: ignore[attr-defined]
             self.dialect in ("mysql", "mariadb") and _error_code(orig) in _ROLLED_BACK
         )
+        error.read_only = refuses_writes(self.dialect, orig)  # type: ignore[attr-defined]
         return error
 
     def _repeatable(
@@ -506,7 +507,18 @@ class SQLStore(Store):
                 f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
             )
 
-        return self._repeatable(attempt)
+        try:
+            return self._repeatable(attempt)
+        except StoreUnavailable as exc:
+            if not getattr(exc, "read_only", False):
+                raise
+            # A read-only server (a standby, a failover under way) refused the statement, which may
+            # write. An answer that writes nothing is still right from a read: a hit gets its
+            # artifact, a waiter learns who holds the key. Only a lease needs the primary.
+            outcome, new_state = transitions.acquire(self.read(key), request)
+            if new_state is not None:
+                raise
+            return outcome
 
     def _read_or_insert_first(
         self, cursor: Any, key: Key, request: AcquireRequest
