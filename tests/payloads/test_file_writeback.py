@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -109,3 +110,21 @@ def test_a_leftover_copy_goes_with_the_next_writer_or_close(tmp_path: Path, by: 
     else:
         store.writer().abort()
     eventually(lambda: not any((tmp_path / "partial").iterdir()), "the copy to be removed (a helper thread)")
+
+
+def test_a_leftover_copy_goes_when_the_process_exits_without_a_close(tmp_path: Path) -> None:
+    # A worker that only offloads (put_payload) and exits: its copy does not wait for a later prune.
+    script = (
+        "import os, sys\n"
+        "from dibs.payloads.files import FilePayloadStore\n"
+        "store = FilePayloadStore(sys.argv[1])\n"
+        "data = os.urandom(1024)\n"
+        "store.put(data)\n"
+        "store.put(data)\n"
+        "assert any(os.scandir(os.path.join(sys.argv[1], 'partial')))\n"
+    )
+    command = [sys.executable, "-c", script, str(tmp_path)]
+    done = subprocess.run(command, check=False, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert not any((tmp_path / "partial").iterdir())
+    assert len(list((tmp_path / "sha256").rglob("*"))) == 2  # its one payload (and its folder) stay

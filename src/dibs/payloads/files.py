@@ -7,7 +7,7 @@ Layout (created on first use)::
 
 A payload is written under ``partial/``, flushed to disk, then renamed into ``sha256/``: a reader sees
 a whole payload or none. On Linux, the disk write of each :data:`WRITEBACK` bytes is started while
-the next ones are written (``sync_file_range``, a hint that waits for nothing), so the ``fsync`` at
+the next ones are written (``sync_file_range``, a hint that waits only when the device's queue is full), so the ``fsync`` at
 the end finds most of the payload on its way to disk already, as a copy's would not: it is still
 what makes the payload durable, before it is named.
 
@@ -16,8 +16,10 @@ harmless; a writer that finds the payload already there refreshes the payload's 
 instead (see :mod:`dibs.payloads.collect` for why), and its copy is removed once the hand-off is
 published (:meth:`FilePayloadStore.settle`), in a helper thread: freeing a large file's blocks takes
 tens of milliseconds (100 MB: about 40 ms on ext4 mounted with ``discard``), and done meanwhile it
-holds up the record store's commit on the same disk. A copy left by a process that died first is
-removed as a dead writer's (:meth:`FilePayloadStore.discard_partial`).
+holds up the record store's commit on the same disk. A copy that no publish follows in this process
+(an offload alone, a failure before the complete) goes with the next writer, ``close``, or at the
+latest when the store is collected or the interpreter exits; one left by a process that died first
+is removed as a dead writer's (:meth:`FilePayloadStore.discard_partial`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import secrets
 import sys
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -66,7 +69,7 @@ def _writeback() -> Callable[[int, int, int], object] | None:
         function.restype = ctypes.c_int
     except (ImportError, OSError, AttributeError):
         return None
-    write = 2  # SYNC_FILE_RANGE_WRITE: start writing the range's dirty pages out, wait for nothing
+    write = 2  # SYNC_FILE_RANGE_WRITE: start writing the range's dirty pages out, without waiting for them
     return lambda fd, offset, length: function(fd, offset, length, write)
 
 
@@ -128,14 +131,19 @@ class FilePayloadStore(PayloadStore):
         self.root = Path(root)
         self._lock = threading.Lock()
         self._leftovers: list[Path] = []  # writers' copies of payloads that were there already
+        # A put that nobody publishes in this process (a worker's offload, a failure before the
+        # complete) leaves its copy for the next writer or close; at the latest it goes when the
+        # store is collected or the interpreter exits, not only with a later prune's grace period.
+        weakref.finalize(self, _unlink_all, self._leftovers)
 
     def _leave(self, copy: Path) -> None:
         with self._lock:
             self._leftovers.append(copy)
 
     def settle(self) -> None:
-        with self._lock:
-            leftovers, self._leftovers = self._leftovers, []
+        with self._lock:  # emptied in place: the finalizer holds this very list
+            leftovers = self._leftovers[:]
+            self._leftovers.clear()
         if leftovers and not run_beside(_unlink_all, leftovers):  # no helper thread (shutdown): now
             _unlink_all(leftovers)
 
