@@ -7,9 +7,9 @@ Layout (created on first use)::
 
 A payload is written under ``partial/``, flushed to disk, then renamed into ``sha256/``: a reader sees
 a whole payload or none. On Linux, the disk write of each :data:`WRITEBACK` bytes is started while
-the next ones are written (``sync_file_range``, a hint that waits only when the device's queue is full), so the ``fsync`` at
-the end finds most of the payload on its way to disk already, as a copy's would not: it is still
-what makes the payload durable, before it is named.
+the next ones are written (``sync_file_range``, a hint that waits only when the device's queue is
+full), so the ``fsync`` at the end finds most of the payload on its way to disk already, as a
+copy's would not: it is still what makes the payload durable, before it is named.
 
 Two writers of the same bytes rename the same content onto one name, so the second one's rename is
 harmless; a writer that finds the payload already there refreshes the payload's modification time
