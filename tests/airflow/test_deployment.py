@@ -243,18 +243,22 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
         holder_run,
     )
     print(f"waiters that Airflow failed by mistake and retried: {sorted(r[0] for r in retried)}")
-    _assert_stats(deployment.statsd)
+    _assert_stats(deployment.statsd, retried=len(retried))
 
 
-def _assert_stats(statsd: StatsD) -> None:
+def _assert_stats(statsd: StatsD, *, retried: int) -> None:
     """dibs's measurements reached Airflow's StatsD from the task processes and the triggerer."""
     got = statsd.metrics("dibs.")
     counted = {name: sum(value for value, _ in points) for name, points in got.items()}
-    # share: one computation, every other run waited; kill: a waiter took over (Airflow's own retries
-    # of waiters may add calls, never remove these)
+    # share: one computation, every other run waited; kill: a waiter took over. A waiter that Airflow
+    # failed by mistake while it was deferred never reports its wait: its retry finds the artifact
+    # and counts a hit instead (seen on a slow 2-core host: share-0 and kill-2 retried, waited 1).
     assert counted.get("dibs.reservation.outcomes.computed", 0) >= 1, sorted(got)
     assert counted.get("dibs.reservation.outcomes.took_over", 0) >= 1, sorted(got)
-    assert counted.get("dibs.reservation.outcomes.waited", 0) >= RUNS - 1, sorted(got)
+    waited = counted.get("dibs.reservation.outcomes.waited", 0)
+    hits = counted.get("dibs.reservation.outcomes.hit", 0)
+    assert waited >= RUNS - 1 - retried, (waited, retried, sorted(got))
+    assert waited + hits >= RUNS - 1, (waited, hits, sorted(got))
     assert counted["dibs.compute.saved_ms"] > 0 and got["dibs.wait.duration.waited"]
     # the tasks acquire, heartbeat, complete and release; reads are the deferred waits, in the triggerer
     assert got["dibs.store.operation.duration.read"] and got["dibs.store.operation.duration.acquire"]
