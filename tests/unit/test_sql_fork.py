@@ -58,6 +58,18 @@ def test_a_thread_may_fork_from_inside_its_own_section() -> None:
         gate.after_fork_in_parent()
 
 
+def test_a_child_forked_from_inside_a_section_leaves_it_and_forks_again() -> None:
+    gate = ForkGate()
+    with gate.inside(), gate.inside():
+        gate.before_fork()
+        gate.after_fork_in_child()  # what the child runs: it is still inside the parent's section
+    # Out of both sections: the child's next fork has nobody to wait for (before the fix, leaving
+    # the section raised AttributeError: the child's reset had dropped this thread's depth).
+    gate.before_fork()
+    assert gate._inside == 0
+    gate.after_fork_in_parent()
+
+
 @contextlib.contextmanager
 def _busy_in_sqlite(gate: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
     """A thread that calls into SQLite without pause, each call under ``gate``."""

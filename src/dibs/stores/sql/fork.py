@@ -95,7 +95,14 @@ class ForkGate:
         self._cond.release()
 
     def after_fork_in_child(self) -> None:
-        self._reset()  # the child has one thread, this one; the other threads were not copied
+        # The child has one thread, this one; the other threads were not copied. A fork from inside
+        # a section (a callback of SQLite's, a signal handler) leaves this thread inside it in the
+        # child too: it keeps its depth, or leaving the section would find no depth to count down.
+        depth: int = getattr(self._depth, "value", 0)
+        self._reset()
+        if depth:
+            self._depth.value = depth
+            self._inside = 1
 
 
 #: The one gate of the process, which every SQLite call of the SQL store passes.
