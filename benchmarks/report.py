@@ -915,7 +915,12 @@ def _plot(results: dict[str, Any], path: Path, log: Callable[[str], None]) -> No
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     colors = plt.get_cmap("tab10")
     for panel, (mode, title) in zip(
-        axes, (("push", "push: the watch hub wakes waiters"), ("poll", "poll: no hub")), strict=True
+        axes,
+        (
+            ("push", "push: the watch hub wakes waiters\n(dashed, x: the store's raw notification)"),
+            ("poll", "poll: no hub"),
+        ),
+        strict=True,
     ):
         for index, store in enumerate(ALL_STORES):
             per = data["stores"].get(store, {}).get(mode)
@@ -926,6 +931,10 @@ def _plot(results: dict[str, Any], path: Path, log: Callable[[str], None]) -> No
             color = colors(index)
             panel.plot(counts, p50, marker="o", color=color, label=_SHORT[store])
             panel.plot(counts, p99, linestyle=":", color=color, alpha=0.6)
+            raw = data.get("raw_notify", {}).get(store)
+            if mode == "push" and raw is not None:
+                raw_p50 = [raw[str(n)]["latency_ms"]["median"] for n in counts]
+                panel.plot(counts, raw_p50, marker="x", linestyle="--", color=color, alpha=0.7)
         for kind, color in (("filesystem", "black"), ("redis", "dimgrey")):
             per_kind = data.get("anchors", {}).get(kind, {})
             anchor = [n for n in counts if str(n) in per_kind]
