@@ -138,6 +138,11 @@ class Listener:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.family = spec["family"]
+        self._conn: Any = None
+        self._client: Any = None
+        self._reader: Any = None
+        self._pubsub: Any = None
+        self._watch: Any = None
         if self.family == "postgres":
             import psycopg
 
