@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import dibs
-from benchmarks import anchors
+from benchmarks import anchors, notify_fanout
 from benchmarks.pool import Pool
 from benchmarks.settings import Settings
 from benchmarks.stats import ratio, summarize
@@ -45,48 +45,65 @@ from benchmarks.targets import Target
 NAMESPACE = "bench.handoff"
 
 
-def _rounds(
-    pool: Pool,
-    count: int,
-    *,
-    rounds: int,
-    settings: Settings,
-    rng: random.Random,
-    begin: Callable[[str], Any],
-    start_waiter: Callable[[int, str], None],
-    finish: Callable[[Any, str], None],
-) -> dict[str, Any]:
-    """The measurement loop shared by dibs and the Prefect anchor."""
-    latencies: list[float] = []
-    slowest: list[float] = []
-    finishing: list[float] = []
-    run_id = uuid.uuid4().hex[:10]
-    for number in range(rounds):
-        key = f"{run_id}-{count}-{number}"
-        held = begin(key)
+class _Series:
+    """Rounds of one kind of hand-off (dibs, a raw notification, an anchor) at one waiter count,
+    run one at a time by the caller, so that kinds can be interleaved round by round."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        count: int,
+        *,
+        settings: Settings,
+        rng: random.Random,
+        begin: Callable[[str], Any],
+        start_waiter: Callable[[int, str], None],
+        finish: Callable[[Any, str], None],
+    ) -> None:
+        self.pool, self.count, self.settings, self.rng = pool, count, settings, rng
+        self.begin, self.start_waiter, self.finish = begin, start_waiter, finish
+        self.latencies: list[float] = []
+        self.slowest: list[float] = []
+        self.finishing: list[float] = []
+
+    def round(self, key: str) -> None:
+        pool, count = self.pool, self.count
+        held = self.begin(key)
         for index in range(count):
-            start_waiter(index, key)
+            self.start_waiter(index, key)
         for index in range(count):
             pool.wait_ready(index)
-        time.sleep(rng.uniform(*settings.handoff_hold))
+        time.sleep(self.rng.uniform(*self.settings.handoff_hold))
         started = time.monotonic()
-        finish(held, key)
-        finishing.append(time.monotonic() - started)
+        self.finish(held, key)
+        self.finishing.append(time.monotonic() - started)
         arrivals = [pool.result(index) for index in range(count)]
-        latencies.extend(arrival - started for arrival in arrivals)
-        slowest.append(max(arrivals) - started)
-    return {
-        "waiters": count,
-        "rounds": rounds,
-        "latency_ms": summarize(latencies).to_dict(1e3),
-        "slowest_waiter_ms": summarize(slowest).to_dict(1e3),
-        "holder_call_ms": summarize(finishing).to_dict(1e3),
-    }
+        self.latencies.extend(arrival - started for arrival in arrivals)
+        self.slowest.append(max(arrivals) - started)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "waiters": self.count,
+            "rounds": len(self.slowest),
+            "latency_ms": summarize(self.latencies).to_dict(1e3),
+            "slowest_waiter_ms": summarize(self.slowest).to_dict(1e3),
+            "holder_call_ms": summarize(self.finishing).to_dict(1e3),
+        }
+
+
+def _interleaved(series: list[_Series], rounds: int) -> list[dict[str, Any]]:
+    """``rounds`` rounds of each series, round by round (a busy spell of the machine hits them all)."""
+    run_id = uuid.uuid4().hex[:10]
+    for number in range(rounds):
+        for index, each in enumerate(series):
+            each.round(f"{run_id}-{each.count}-{number}-{index}")
+    return [each.summary() for each in series]
 
 
 def _dibs(
     pool: Pool, target: Target, mode: str, count: int, *, settings: Settings, rng: random.Random
-) -> dict[str, Any]:
+) -> tuple[_Series, dibs.Reservations]:
+    """The dibs hand-off's series, and the holder's client (the caller closes it)."""
     for index in range(count):
         pool.start(index, "warm", url=target.url, mode=mode, namespace=NAMESPACE)
     for index in range(count):
@@ -112,19 +129,46 @@ def _dibs(
     def finish(held: dibs.Acquired, key: str) -> None:
         held.lease.complete(f"artifact-of-{key}")
 
-    try:
-        return _rounds(
-            pool,
-            count,
-            rounds=settings.handoff_rounds[count],
-            settings=settings,
-            rng=rng,
-            begin=begin,
-            start_waiter=start_waiter,
-            finish=finish,
-        )
-    finally:
-        holder.close()
+    series = _Series(
+        pool, count, settings=settings, rng=rng, begin=begin, start_waiter=start_waiter, finish=finish
+    )
+    return series, holder
+
+
+def _raw(
+    pool: Pool, writer: notify_fanout.Writer, count: int, *, settings: Settings, rng: random.Random
+) -> _Series:
+    """The store's raw notification fan-out to ``count`` listener processes
+    (:mod:`benchmarks.notify_fanout`)."""
+
+    def start_waiter(index: int, key: str) -> None:
+        pool.start(index, "raw_notify_wait", spec=writer.spec, key=key, expected=f"value-of-{key}")
+
+    def finish(_: None, key: str) -> None:
+        writer.send(key, f"value-of-{key}")
+
+    return _Series(
+        pool,
+        count,
+        settings=settings,
+        rng=rng,
+        begin=lambda key: None,
+        start_waiter=start_waiter,
+        finish=finish,
+    )
+
+
+def _raw_writer(pool: Pool, target: Target, settings: Settings, scratch: Path) -> notify_fanout.Writer | None:
+    """The raw notification's writer for ``target``, its listeners started in every worker."""
+    if not target.pushes or target.family not in notify_fanout.FAMILIES:
+        return None
+    writer = notify_fanout.Writer(target.family, target.url, scratch)
+    workers = max(settings.handoff_waiters)
+    for index in range(workers):
+        pool.start(index, "raw_notify_warm", spec=writer.spec)
+    for index in range(workers):
+        pool.result(index)
+    return writer
 
 
 def _anchor(
@@ -158,16 +202,10 @@ def _anchor(
     def finish(_: None, key: str) -> None:
         manager.release_lock(lock(key), holder="holder")
 
-    return _rounds(
-        pool,
-        count,
-        rounds=settings.handoff_rounds[count],
-        settings=settings,
-        rng=rng,
-        begin=begin,
-        start_waiter=start_waiter,
-        finish=finish,
+    series = _Series(
+        pool, count, settings=settings, rng=rng, begin=begin, start_waiter=start_waiter, finish=finish
     )
+    return _interleaved([series], settings.handoff_rounds[count])[0]
 
 
 def _anchor_specs(targets: list[Target], scratch: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -193,27 +231,69 @@ def _anchor_specs(targets: list[Target], scratch: Path) -> tuple[dict[str, dict[
     return specs, skipped
 
 
-def run(targets: list[Target], settings: Settings, log: Callable[[str], None], pool: Pool) -> dict[str, Any]:
-    rng = random.Random(2)
-    first, last = str(min(settings.handoff_waiters)), str(max(settings.handoff_waiters))
-    results: dict[str, Any] = {"stores": {}, "anchors": {}}
-    for target in targets:
-        modes = ("push", "poll") if target.pushes else ("poll",)
-        per_store: dict[str, Any] = {}
-        for mode in modes:
+def _store(
+    pool: Pool,
+    target: Target,
+    *,
+    settings: Settings,
+    log: Callable[[str], None],
+    rng: random.Random,
+    scratch: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every mode of one store, and its raw notification fan-out (if it has one), which is
+    interleaved round by round with the ``push`` mode."""
+    counts = settings.handoff_waiters
+    first, last = str(min(counts)), str(max(counts))
+    per_store: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
+    writer = _raw_writer(pool, target, settings, scratch)
+    try:
+        for mode in ("push", "poll") if target.pushes else ("poll",):
             per_mode: dict[str, Any] = {}
-            for count in settings.handoff_waiters:
-                per_mode[str(count)] = _dibs(pool, target, mode, count, settings=settings, rng=rng)
-                latency = per_mode[str(count)]["latency_ms"]
-                log(
-                    f"handoff {target.name} {mode} N={count}: p50 {latency['median']:.1f} ms, "
-                    f"p99 {latency['p99']:.1f} ms"
-                )
+            for count in counts:
+                series, holder = _dibs(pool, target, mode, count, settings=settings, rng=rng)
+                try:
+                    if mode == "push" and writer is not None:
+                        raw_series = _raw(pool, writer, count, settings=settings, rng=rng)
+                        row, raw[str(count)] = _interleaved(
+                            [series, raw_series], settings.handoff_rounds[count]
+                        )
+                    else:
+                        (row,) = _interleaved([series], settings.handoff_rounds[count])
+                finally:
+                    holder.close()
+                per_mode[str(count)] = row
+                latency = row["latency_ms"]
+                text = f"p50 {latency['median']:.1f} ms, p99 {latency['p99']:.1f} ms"
+                if mode == "push" and str(count) in raw:
+                    row["vs_raw"] = ratio(latency["median"], raw[str(count)]["latency_ms"]["median"])
+                    text += f"; raw notification p50 {raw[str(count)]['latency_ms']['median']:.2f} ms"
+                log(f"handoff {target.name} {mode} N={count}: {text}")
             per_mode["scaling"] = ratio(
                 per_mode[last]["latency_ms"]["median"], per_mode[first]["latency_ms"]["median"]
             )
             per_store[mode] = per_mode
-        results["stores"][target.name] = per_store
+    finally:
+        if writer is not None:
+            writer.close()
+    if raw:
+        raw["scaling"] = ratio(raw[last]["latency_ms"]["median"], raw[first]["latency_ms"]["median"])
+        raw["how"] = notify_fanout.HOW[target.family]
+    return per_store, raw
+
+
+def run(targets: list[Target], settings: Settings, log: Callable[[str], None], pool: Pool) -> dict[str, Any]:
+    rng = random.Random(2)
+    results: dict[str, Any] = {"stores": {}, "raw_notify": {}, "anchors": {}}
+    raw_scratch = Path(tempfile.mkdtemp(prefix="dibs-bench-fanout-"))
+    try:
+        for target in targets:
+            per_store, raw = _store(pool, target, settings=settings, log=log, rng=rng, scratch=raw_scratch)
+            results["stores"][target.name] = per_store
+            if raw:
+                results["raw_notify"][target.name] = raw
+    finally:
+        shutil.rmtree(raw_scratch, ignore_errors=True)
     scratch = Path(tempfile.mkdtemp(prefix="dibs-bench-prefect-"))
     specs, skipped = _anchor_specs(targets, scratch)
     results["anchors_skipped"] = skipped

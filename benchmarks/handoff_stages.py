@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -34,12 +35,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-#: (label, monotonic ns) of this process, since the round began.
-_EVENTS: list[tuple[str, int]] = []
+#: (label, monotonic ns, this process's CPU ns) of this process, since the round began.
+_EVENTS: list[tuple[str, int, int]] = []
 
 
 def _mark(label: str) -> None:
-    _EVENTS.append((label, time.monotonic_ns()))
+    _EVENTS.append((label, time.monotonic_ns(), time.process_time_ns()))
 
 
 def _wrap(owner: Any, name: str, label: str, *, exit_if: Callable[[Any], bool] | None = None) -> None:
@@ -172,15 +173,58 @@ def _waiter(url: str, namespace: str, conn: multiprocessing.connection.Connectio
     client.close()
 
 
-def _first(events: list[tuple[str, int]], label: str, since: int) -> int | None:
-    return next((t for name, t in events if name == label and t >= since), None)
+def _first(events: list[tuple[str, int, int]], label: str, since: int) -> int | None:
+    return next((t for name, t, _ in events if name == label and t >= since), None)
+
+
+def _cpu_at(events: list[tuple[str, int, int]], label: str, since: int) -> tuple[int, int] | None:
+    """(monotonic ns, process CPU ns) of ``label``'s first event at or after ``since``."""
+    return next(((t, cpu) for name, t, cpu in events if name == label and t >= since), None)
+
+
+#: The waiter's first sight of the change, per store: where its CPU time is counted from.
+FIRST_SIGHT = {
+    "postgres": "W:notified",
+    "sqlite": "W:inotify<",
+    "sqlite-full": "W:inotify<",
+    "redis": "W:message<",
+}
+
+
+def _account(
+    name: str,
+    events: list[tuple[str, int, int]],
+    since: dict[str, list[float]],
+    steps: dict[str, list[float]],
+    cost: tuple[list[float], list[float]],
+) -> None:
+    """Add one waiter's round to the samples: each stage's time since ``complete`` and step, and the
+    waiter's wall and CPU time from its first sight of the change to its return."""
+    start = _first(events, "H:complete", 0)
+    assert start is not None
+    previous = start
+    for stage, label in STAGES[name]:
+        at = _first(events, label, start)
+        if at is None:
+            continue
+        since[stage].append((at - start) / 1e6)
+        steps[stage].append((at - previous) / 1e6)
+        previous = at
+    sight = _cpu_at(events, FIRST_SIGHT[name], start)
+    done = _cpu_at(events, "W:acquired", start)
+    if sight is not None and done is not None:
+        cost[0].append((done[0] - sight[0]) / 1e6)
+        cost[1].append((done[1] - sight[1]) / 1e6)
 
 
 def measure(
     name: str, url: str, rounds: int, rng: random.Random, waiters: int = 1
-) -> list[tuple[str, float, float]]:
+) -> tuple[list[tuple[str, float, float]], tuple[float, float]]:
     """The stages of ``rounds`` hand-offs on ``url`` to ``waiters`` processes: (stage, median ms
-    since complete, median ms step), over every waiter of every round."""
+    since complete, median ms step), over every waiter of every round; and the median wall time and
+    waiter-process CPU time (ms, all its threads) from the waiter's first sight of the change to
+    ``acquire`` returning: with more waiter processes than cores, the wall time beyond the CPU time is
+    time spent runnable but not running (or waiting on the server)."""
     import dibs
 
     namespace = "bench.stages"
@@ -196,6 +240,8 @@ def measure(
     stages = STAGES[name]
     since: dict[str, list[float]] = {stage: [] for stage, _ in stages}
     steps: dict[str, list[float]] = {stage: [] for stage, _ in stages}
+    walls: list[float] = []
+    cpus: list[float] = []
     run = uuid.uuid4().hex[:8]
     try:
         for number in range(rounds + 5):  # the first five warm up
@@ -211,33 +257,25 @@ def measure(
             _mark("complete")
             held.lease.complete(f"artifact-of-{key}")
             _mark("complete<")
-            mine = [(f"H:{label}", t) for label, t in _EVENTS]
+            mine = [(f"H:{label}", t, cpu) for label, t, cpu in _EVENTS]
             for pipe in pipes:
-                theirs_events = [(f"W:{label}", t) for label, t in pipe.recv()]
+                theirs_events = [(f"W:{label}", t, cpu) for label, t, cpu in pipe.recv()]
                 if number < 5:
                     continue
-                events = mine + theirs_events
-                start = _first(events, "H:complete", 0)
-                assert start is not None
-                previous = start
-                for stage, label in stages:
-                    at = _first(events, label, start)
-                    if at is None:
-                        continue
-                    since[stage].append((at - start) / 1e6)
-                    steps[stage].append((at - previous) / 1e6)
-                    previous = at
+                _account(name, mine + theirs_events, since, steps, (walls, cpus))
     finally:
         for pipe in pipes:
             pipe.send(None)
         for process in processes:
             process.join(30)
         holder.close()
-    return [
+    rows = [
         (stage, statistics.median(since[stage]), statistics.median(steps[stage]))
         for stage, _ in stages
         if since[stage]
     ]
+    cost = (statistics.median(walls), statistics.median(cpus)) if walls else (math.nan, math.nan)
+    return rows, cost
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,13 +292,17 @@ def main(argv: list[str] | None = None) -> None:
         for store, why in skipped.items():
             print(f"{store}: skipped ({why})")
         for target in targets:
-            rows = measure(target.name, target.url, args.rounds, rng, args.waiters)
+            rows, (wall, cpu) = measure(target.name, target.url, args.rounds, rng, args.waiters)
             print(
                 f"\n{target.label}, {args.rounds} rounds, {args.waiters} waiter(s): "
                 "median ms since complete was called | step"
             )
             for stage, at, step in rows:
                 print(f"  {stage:<28} {at:8.3f}   {step:+8.3f}")
+            print(
+                f"  waiter process, first sight of the change to acquire returned: wall {wall:.3f} ms, "
+                f"CPU {cpu:.3f} ms (median)"
+            )
 
 
 if __name__ == "__main__":

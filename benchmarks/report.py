@@ -110,6 +110,7 @@ def _goal_rows(results: dict[str, Any], stores: list[str]) -> list[list[str]]:
                 anchor[kind][store] = f"{_num(vs)}x"
         row("2", f"hand-off p50, watch hub, N={first} waiter", "≤ 10 ms", cells)
         row("2", f"hand-off p50, N={last} waiters / N={first}", "≤ 2x", scaling)
+        _raw_goal_rows(handoff, first, last, row)
         for kind, per_kind in handoff.get("anchors", {}).items():
             median = per_kind.get(first, {}).get("latency_ms", {}).get("median")
             if median is not None:
@@ -168,6 +169,37 @@ def _goal_rows(results: dict[str, Any], stores: list[str]) -> list[list[str]]:
     rows += _startup_goal_rows(results, stores)
     rows += _fanin_goal_rows(results, stores)
     return rows
+
+
+def _raw_goal_rows(
+    handoff: dict[str, Any], first: str, last: str, row: Callable[[str, str, str, dict[str, str]], None]
+) -> None:
+    """The hand-off against the store's raw notification fan-out measured alongside (issue 20)."""
+    raw = handoff.get("raw_notify", {})
+    if not raw:
+        return
+    vs_first, vs_last, raw_scaling = {}, {}, {}
+    for store, per in raw.items():
+        push = handoff["stores"][store]["push"]
+        vs = push[first].get("vs_raw")
+        vs_first[store] = f"{_num(vs)}x{_mark(vs <= 5 if vs is not None else None)}"
+        vs_last[store] = f"{_num(push[last].get('vs_raw'))}x"
+        raw_scaling[store] = f"{_num(per['scaling'])}x"
+    row(
+        "2",
+        f"hand-off p50, N={first}, vs the store's raw notification round trip (same run, "
+        f"{first} listener process)",
+        "≤ 5x",
+        vs_first,
+    )
+    row(
+        "2",
+        f"the raw notification round trip itself (no dibs), N={last} listener processes / N={first}: "
+        "the growth the primitive has on this machine",
+        "(info)",
+        raw_scaling,
+    )
+    row("2", f"hand-off p50, N={last}, vs the raw round trip with N={last} listeners", "(info)", vs_last)
 
 
 def _cells_row(number: str, what: str, goal: str, cells: dict[str, str], stores: list[str]) -> list[str]:
@@ -366,6 +398,18 @@ def _handoff_section(data: dict[str, Any], settings: dict[str, Any]) -> list[str
         "the holder releases the lock, waiters `wait_for_lock` then read the result.",
         "",
     ]
+    raw = data.get("raw_notify", {})
+    if raw:
+        lines += [
+            "`raw`: the store's own notification fan-out with nothing of dibs, measured in the same run "
+            "and the same worker processes, interleaved round by round with `push` "
+            "(`notify_fanout.py`): the benchmark process writes a row and notifies in one round trip, "
+            "each of N listener processes (one connection or subscription each, as each waiter "
+            "process's hub has) is woken and reads the row once; from the write call to the read having "
+            "returned. Its growth with N is what the machine (and the server) impose on any hub; "
+            "`vs raw` is push p50 / raw p50 at each N.",
+            "",
+        ]
     rows = []
     for store, modes in data["stores"].items():
         for mode, per in modes.items():
@@ -373,7 +417,21 @@ def _handoff_section(data: dict[str, Any], settings: dict[str, Any]) -> list[str
                 f"{_num(per[n]['latency_ms']['median'], 1)} / {_num(per[n]['latency_ms']['p99'], 1)}"
                 for n in counts
             ]
-            rows.append([_SHORT.get(store, store), mode, *cells, f"{_num(per['scaling'])}x"])
+            vs = (
+                " / ".join(f"{_num(per[n]['vs_raw'], 1)}x" for n in counts)
+                if "vs_raw" in per[counts[0]]
+                else "-"
+            )
+            rows.append([_SHORT.get(store, store), mode, *cells, f"{_num(per['scaling'])}x", vs])
+        if store in raw:
+            per = raw[store]
+            cells = [
+                f"{_num(per[n]['latency_ms']['median'], 2)} / {_num(per[n]['latency_ms']['p99'], 2)}"
+                for n in counts
+            ]
+            rows.append(
+                [_SHORT.get(store, store), f"raw: {per['how']}", *cells, f"{_num(per['scaling'])}x", "-"]
+            )
     for kind, reason in data.get("anchors_skipped", {}).items():
         lines += [f"- Anchor skipped, {kind}: {reason}"]
     if data.get("anchors_skipped"):
@@ -385,9 +443,18 @@ def _handoff_section(data: dict[str, Any], settings: dict[str, Any]) -> list[str
             else "-"
             for n in counts
         ]
-        rows.append([per_kind["label"], per_kind["wake_up"], *cells, f"{_num(per_kind.get('scaling'))}x"])
+        rows.append(
+            [per_kind["label"], per_kind["wake_up"], *cells, f"{_num(per_kind.get('scaling'))}x", "-"]
+        )
     lines += _table(
-        ["store", "wake-up", *(f"N={n} p50 / p99" for n in counts), f"N={counts[-1]} / N={counts[0]}"], rows
+        [
+            "store",
+            "wake-up",
+            *(f"N={n} p50 / p99" for n in counts),
+            f"N={counts[-1]} / N={counts[0]}",
+            f"p50 vs raw, N={' / '.join(counts)}",
+        ],
+        rows,
     )
     lines += ["![hand-off latency](handoff.png)", ""]
     killed = data.get("after_sigkill")
@@ -848,7 +915,12 @@ def _plot(results: dict[str, Any], path: Path, log: Callable[[str], None]) -> No
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     colors = plt.get_cmap("tab10")
     for panel, (mode, title) in zip(
-        axes, (("push", "push: the watch hub wakes waiters"), ("poll", "poll: no hub")), strict=True
+        axes,
+        (
+            ("push", "push: the watch hub wakes waiters\n(dashed, x: the store's raw notification)"),
+            ("poll", "poll: no hub"),
+        ),
+        strict=True,
     ):
         for index, store in enumerate(ALL_STORES):
             per = data["stores"].get(store, {}).get(mode)
@@ -859,6 +931,10 @@ def _plot(results: dict[str, Any], path: Path, log: Callable[[str], None]) -> No
             color = colors(index)
             panel.plot(counts, p50, marker="o", color=color, label=_SHORT[store])
             panel.plot(counts, p99, linestyle=":", color=color, alpha=0.6)
+            raw = data.get("raw_notify", {}).get(store)
+            if mode == "push" and raw is not None:
+                raw_p50 = [raw[str(n)]["latency_ms"]["median"] for n in counts]
+                panel.plot(counts, raw_p50, marker="x", linestyle="--", color=color, alpha=0.7)
         for kind, color in (("filesystem", "black"), ("redis", "dimgrey")):
             per_kind = data.get("anchors", {}).get(kind, {})
             anchor = [n for n in counts if str(n) in per_kind]

@@ -11,6 +11,7 @@ from typing import Any
 
 import dibs
 from benchmarks.anchors import manager_for
+from benchmarks.notify_fanout import Listener
 from benchmarks.pool import WorkerContext
 from benchmarks.proxies import PollingStore
 from benchmarks.raw import RawPrimitive, open_raw
@@ -19,6 +20,7 @@ from dibs.stores import open_store
 _CLIENTS: dict[tuple[str, str, str], dibs.Reservations] = {}
 _RAWS: dict[tuple[str, str], RawPrimitive] = {}
 _PREFECT: dict[str, Any] = {}
+_LISTENERS: dict[str, Listener] = {}
 
 
 def client_for(url: str, mode: str, namespace: str, ttl: float = 60.0) -> dibs.Reservations:
@@ -41,6 +43,9 @@ def close_all() -> None:
     for raw in _RAWS.values():
         raw.close()
     _RAWS.clear()
+    for listener in _LISTENERS.values():
+        listener.close()
+    _LISTENERS.clear()
 
 
 def warm(ctx: WorkerContext, *, url: str, mode: str, namespace: str, store: str | None = None) -> int:
@@ -70,6 +75,31 @@ def handoff_wait(
     arrived = time.monotonic()
     if not isinstance(got, dibs.Hit) or got.value != expected:
         raise AssertionError(f"waiter expected the artifact {expected!r}, got {got!r}")
+    return arrived
+
+
+def _listener(spec: dict[str, Any]) -> Listener:
+    cache_key = json.dumps(spec, sort_keys=True)
+    listener = _LISTENERS.get(cache_key)
+    if listener is None:
+        listener = _LISTENERS[cache_key] = Listener(spec)
+    return listener
+
+
+def raw_notify_warm(ctx: WorkerContext, *, spec: dict[str, Any]) -> int:
+    """Start listening (:mod:`benchmarks.notify_fanout`) before anything is timed."""
+    _listener(spec)
+    return os.getpid()
+
+
+def raw_notify_wait(ctx: WorkerContext, *, spec: dict[str, Any], key: str, expected: str) -> float:
+    """Wait for the raw notification of ``key`` and read its value once; the monotonic time it arrived."""
+    listener = _listener(spec)
+    ctx.ready()
+    value = listener.wait(key)
+    arrived = time.monotonic()
+    if value != expected:
+        raise AssertionError(f"raw listener expected {expected!r}, got {value!r}")
     return arrived
 
 
