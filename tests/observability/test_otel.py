@@ -54,6 +54,7 @@ class Telemetry:
         return {name: self.points(name) for name in METRICS}
 
     def finished_spans(self) -> list[ReadableSpan]:
+        self.observer.flush()  # a span's events, ending attributes and end are given a moment later
         return [span for span in self.spans.get_finished_spans() if span.name == "dibs.reserve"]
 
 
@@ -189,6 +190,30 @@ def test_each_call_is_one_span_nested_under_the_callers(
     assert waited.attributes["dibs.holder"] == computed.attributes["dibs.owner"]
     assert [event.name for event in waited.events] == ["waiting on holder", "artifact found"]
     assert waited.parent is None
+
+
+def test_a_span_ended_off_the_callers_path_keeps_the_calls_times_and_attributes(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
+    """The recorder's thread gives the span its events, attributes and end a moment after the call:
+    with the times the call's events happened, not the recorder's."""
+    before = time.time_ns()
+    client.compute("timed", lambda: "value", owner="me")
+    returned = time.time_ns()
+    (span,) = telemetry.finished_spans()  # flushed now, later than the call's end
+    assert span.start_time is not None and span.end_time is not None
+    assert before <= span.start_time <= span.end_time <= returned
+    (stored,) = span.events
+    assert span.start_time <= stored.timestamp <= span.end_time
+    assert span.attributes is not None
+    assert {key: span.attributes[key] for key in ("dibs.key", *COMMON, "dibs.owner", "dibs.outcome")} == {
+        "dibs.key": "otel/timed",
+        "dibs.namespace": "otel",
+        "dibs.store": "sqlite",
+        "dibs.frontend": "python",
+        "dibs.owner": "me",
+        "dibs.outcome": "computed",
+    }
 
 
 def test_a_failed_call_is_an_error_span_and_counted_failed(
