@@ -15,6 +15,9 @@ interleaved one operation at a time, each timed on its own:
   ``/dev/null``: every span and every collection encoded (as JSON, which costs about 1.3 to 2 times
   what OTLP's protobuf encoding of a span does), on the SDK's own threads, sharing the interpreter
   with the calls as a real exporter does. Only the network is left out.
+* ``otel_later``: the same with ``active_span=False``: the span is not the active one while the work
+  runs, so the observer makes all of it on its recorder's thread (for comparison; the goal is ``otel``,
+  the default).
 
 The observer is added before an operation's timer starts and removed after it stops. Goal: ``otel``
 within 5 % of ``unobserved`` (median).
@@ -34,7 +37,7 @@ from benchmarks.stats import ratio, summarize
 from benchmarks.targets import Target
 from dibs.stores import open_store
 
-KINDS = ("unobserved", "observed", "otel")
+KINDS = ("unobserved", "observed", "otel", "otel_later")
 VALUE = {"path": "s3://bucket/features/part-00000.parquet", "rows": 123456}
 GOAL = 1.05
 
@@ -61,7 +64,12 @@ def _observers() -> tuple[dict[str, dibs.Observer | None], Callable[[], None]]:
         tracers.shutdown()
         sink.close()
 
-    return {"unobserved": None, "observed": _ignore, "otel": OpenTelemetry(meters, tracers)}, close
+    return {
+        "unobserved": None,
+        "observed": _ignore,
+        "otel": OpenTelemetry(meters, tracers),
+        "otel_later": OpenTelemetry(meters, tracers, active_span=False),
+    }, close
 
 
 def _measure_target(target: Target, settings: Settings) -> dict[str, Any]:
@@ -115,6 +123,7 @@ def run(targets: list[Target], settings: Settings, log: Callable[[str], None]) -
         log(
             f"observing {target.name}: unobserved {us['unobserved']['median']:.0f} us, observed "
             f"{us['observed']['median']:.0f} us ({ratios['observed']:.3f}x), otel "
-            f"{us['otel']['median']:.0f} us ({ratios['otel']:.3f}x)"
+            f"{us['otel']['median']:.0f} us ({ratios['otel']:.3f}x), otel_later "
+            f"{us['otel_later']['median']:.0f} us ({ratios['otel_later']:.3f}x)"
         )
     return results

@@ -314,8 +314,9 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
         "",
         "`Reservations.run` on a fresh key (reserve + complete), per operation (µs, median and p99): nobody "
         "listening (the baseline), a process observer that does nothing (every event built and every "
-        "store operation timed), and the OpenTelemetry observer on the real SDK. Ratios: medians against "
-        "the unobserved runs measured alongside.",
+        "store operation timed), the OpenTelemetry observer on the real SDK, and the same with "
+        "`active_span=False` (its span not the active one while the work runs, made entirely off the "
+        "caller's path). Ratios: medians against the unobserved runs measured alongside.",
         "",
     ]
     rows = []
@@ -323,18 +324,28 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
         if store not in data or not isinstance(data[store], dict):
             continue
         us, ratio = data[store]["us"], data[store]["ratio"]
+        later = ratio.get("otel_later")  # results measured before that kind have none
         rows.append(
             [
                 data[store]["label"],
                 *(
-                    f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}"
-                    for kind in ("unobserved", "observed", "otel")
+                    f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}" if kind in us else "-"
+                    for kind in ("unobserved", "observed", "otel", "otel_later")
                 ),
-                f"{ratio['observed']:.3f}x / {ratio['otel']:.3f}x",
+                f"{ratio['observed']:.3f}x / {ratio['otel']:.3f}x / "
+                + ("-" if later is None else f"{later:.3f}x"),
             ]
         )
     lines += _table(
-        ["store", "unobserved µs p50/p99", "observed µs", "OpenTelemetry µs", "ratio observed / otel"], rows
+        [
+            "store",
+            "unobserved µs p50/p99",
+            "observed µs",
+            "OpenTelemetry µs",
+            "span not active µs",
+            "ratio observed / otel / not active",
+        ],
+        rows,
     )
     return lines
 

@@ -19,6 +19,8 @@ start (which makes it the active span) and the context's detach at the end run o
 its events, its ending attributes and its end are given to it on the recorder's thread, with the
 times the call's events happened (so the span's end and its events keep the call's clock, and an
 exporter sees the span a moment after the call returns: :meth:`OpenTelemetry.flush` ends it at once).
+With ``active_span=False`` the span is not the active one while the work runs, and its start too is the
+recorder's: nothing of the SDK's remains on the caller's path.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class OpenTelemetry:
     :param meter_provider: default: the global one (``opentelemetry.metrics.set_meter_provider``).
     :param tracer_provider: default: the global one.
     :param traces: ``False`` to record metrics only.
+    :param active_span: ``False``: the ``dibs.reserve`` span is not the active one while the work
+        runs (the work's own spans nest under the caller's span, not under it), and so the whole
+        span is made on the recorder's thread, with the call's times: none of the SDK's work is left
+        on the caller's path (see ``_start``).
     """
 
     kinds = events.EVERY_KIND  # also the store operations
@@ -68,6 +74,7 @@ class OpenTelemetry:
         tracer_provider: trace.TracerProvider | None = None,
         *,
         traces: bool = True,
+        active_span: bool = True,
     ) -> None:
         meter = metrics.get_meter(_NAME, _version(), meter_provider=meter_provider)
         #: Each metric's ``add`` (counters) or ``record`` (histograms), looked up once.
@@ -98,6 +105,10 @@ class OpenTelemetry:
         #: and popped once: single dict operations, atomic, need no lock.
         self._tokens: dict[int, object] = {}
         self._open: dict[int, Span] = {}
+        self._active = active_span
+        #: Without ``active_span``: the context each call started in (its span's parent), from its
+        #: ask on the caller's side to the recorder's start of the span.
+        self._parents: dict[int, context.Context] = {}
         self._put = self._later.put_event
         #: What each kind of event does to its call's span on the recorder's thread (the other kinds:
         #: nothing), by exact type. ``Finished`` and ``Deferred`` end it.
@@ -122,7 +133,10 @@ class OpenTelemetry:
             # context's detach. Every other event costs a type check.
             kind = type(event)
             if kind is events.Asked:
-                self._start(event, self._tracer)  # type: ignore[arg-type]
+                if self._active:
+                    self._start(event, self._tracer)  # type: ignore[arg-type]
+                else:
+                    self._parents[event.call] = context.get_current()
             elif kind is events.Finished or kind is events.Deferred:
                 attached = self._tokens.pop(event.call, None)
                 if attached is not None:
@@ -141,18 +155,31 @@ class OpenTelemetry:
         # a real call (benchmarks/observing.py). So only the key goes to start_span (samplers see it;
         # the namespace is its prefix): the call's other attributes, its events, its end and the span
         # processor's on_end (2 to 3 µs per attribute set or event added) are the recorder's (see
-        # _measure_and_trace). A span that does not record (sampled out) gets neither.
-        attributes: dict[str, Any] = {"dibs.key": str(event.key)}
-        if event.refresh:
-            attributes["dibs.refresh"] = True
-        span = tracer.start_span("dibs.reserve", attributes=attributes)
+        # _measure_and_trace). A span that does not record (sampled out) gets neither. Without
+        # active_span even the start is the recorder's (_start_later).
+        span = tracer.start_span("dibs.reserve", attributes=_asked(event))
         if span.is_recording():
             self._open[event.call] = span
         self._tokens[event.call] = context.attach(trace.set_span_in_context(span))
 
+    def _start_later(self, event: events.Asked, tracer: trace.Tracer) -> None:
+        """Without ``active_span``, on the recorder's thread: the span, in the context the call
+        started in, from the time it asked."""
+        parent = self._parents.pop(event.call, None)
+        if parent is None:
+            return  # the call started before this observer
+        span = tracer.start_span(
+            "dibs.reserve", context=parent, attributes=_asked(event), start_time=_nanoseconds(event)
+        )
+        if span.is_recording():
+            self._open[event.call] = span
+
     def _measure_and_trace(self, event: Event) -> list[Measurement]:
         """On the recorder's thread, in the call's order: ``event``'s step on its call's span (the
         event's own time on it), then its measurements."""
+        if type(event) is events.Asked and not self._active and self._tracer is not None:
+            with contextlib.suppress(Exception):
+                self._start_later(event, self._tracer)  # type: ignore[arg-type]
         step = self._steps.get(type(event))
         if step is not None and event.call:
             kind = type(event)
@@ -162,6 +189,14 @@ class OpenTelemetry:
                 with contextlib.suppress(Exception):  # a span the SDK refuses must not lose the points
                     step(span, event)
         return self._measure(event)
+
+
+def _asked(event: events.Asked) -> dict[str, Any]:
+    """The attributes the span starts with (samplers see them; the rest come with its end)."""
+    attributes: dict[str, Any] = {"dibs.key": str(event.key)}
+    if event.refresh:
+        attributes["dibs.refresh"] = True
+    return attributes
 
 
 def _nanoseconds(event: Event) -> int:
@@ -243,6 +278,10 @@ def instrument(
     tracer_provider: trace.TracerProvider | None = None,
     *,
     traces: bool = True,
+    active_span: bool = True,
 ) -> Observation:
-    """Publish every compute-once call of this process; ``close()`` the result to stop."""
-    return events.observe(OpenTelemetry(meter_provider, tracer_provider, traces=traces))
+    """Publish every compute-once call of this process; ``close()`` the result to stop (the
+    arguments: see :class:`OpenTelemetry`)."""
+    return events.observe(
+        OpenTelemetry(meter_provider, tracer_provider, traces=traces, active_span=active_span)
+    )
