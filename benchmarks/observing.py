@@ -18,6 +18,10 @@ interleaved one operation at a time, each timed on its own:
 * ``otel_later``: the same with ``active_span=False``: the span is not the active one while the work
   runs, so the observer makes all of it on its recorder's thread (for comparison; the goal is ``otel``,
   the default).
+* ``bare_span``: no dibs observer, only the SDK's cheapest span on the same providers: started (no
+  attribute, not made the active one) when the call asks, ended when it ends, on the caller's thread.
+  The floor of any observer whose span is the active one while the work runs: ``otel`` cannot cost
+  less than this.
 
 The observer is added before an operation's timer starts and removed after it stops. Goal: ``otel``
 within 5 % of ``unobserved`` (median).
@@ -37,13 +41,31 @@ from benchmarks.stats import ratio, summarize
 from benchmarks.targets import Target
 from dibs.stores import open_store
 
-KINDS = ("unobserved", "observed", "otel", "otel_later")
+KINDS = ("unobserved", "observed", "otel", "otel_later", "bare_span")
 VALUE = {"path": "s3://bucket/features/part-00000.parquet", "rows": 123456}
 GOAL = 1.05
 
 
 def _ignore(event: dibs.Event) -> None:
     return None
+
+
+class _BareSpan:
+    """The SDK's cheapest span per call (the ``bare_span`` kind): the floor of the span's cost."""
+
+    kinds = frozenset({dibs.Asked, dibs.Finished})
+
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+        self._open: dict[int, Any] = {}
+
+    def __call__(self, event: dibs.Event) -> None:
+        if type(event) is dibs.Asked:
+            self._open[event.call] = self._tracer.start_span("dibs.reserve")
+        elif type(event) is dibs.Finished:
+            found = self._open.pop(event.call, None)
+            if found is not None:
+                found.end()
 
 
 def _observers() -> tuple[dict[str, dibs.Observer | None], Callable[[], None]]:
@@ -69,6 +91,7 @@ def _observers() -> tuple[dict[str, dibs.Observer | None], Callable[[], None]]:
         "observed": _ignore,
         "otel": OpenTelemetry(meters, tracers),
         "otel_later": OpenTelemetry(meters, tracers, active_span=False),
+        "bare_span": _BareSpan(tracers.get_tracer("bench.bare")),
     }, close
 
 
@@ -124,6 +147,7 @@ def run(targets: list[Target], settings: Settings, log: Callable[[str], None]) -
             f"observing {target.name}: unobserved {us['unobserved']['median']:.0f} us, observed "
             f"{us['observed']['median']:.0f} us ({ratios['observed']:.3f}x), otel "
             f"{us['otel']['median']:.0f} us ({ratios['otel']:.3f}x), otel_later "
-            f"{us['otel_later']['median']:.0f} us ({ratios['otel_later']:.3f}x)"
+            f"{us['otel_later']['median']:.0f} us ({ratios['otel_later']:.3f}x), bare_span "
+            f"{us['bare_span']['median']:.0f} us ({ratios['bare_span']:.3f}x)"
         )
     return results

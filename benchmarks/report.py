@@ -316,7 +316,8 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
         "listening (the baseline), a process observer that does nothing (every event built and every "
         "store operation timed), the OpenTelemetry observer on the real SDK, and the same with "
         "`active_span=False` (its span not the active one while the work runs, made entirely off the "
-        "caller's path). Ratios: medians against the unobserved runs measured alongside.",
+        "caller's path), and the SDK's bare span alone (started and ended around the call, the floor of "
+        "an active span). Ratios: medians against the unobserved runs measured alongside.",
         "",
     ]
     rows = []
@@ -324,16 +325,16 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
         if store not in data or not isinstance(data[store], dict):
             continue
         us, ratio = data[store]["us"], data[store]["ratio"]
-        later = ratio.get("otel_later")  # results measured before that kind have none
+        later, bare = ratio.get("otel_later"), ratio.get("bare_span")  # none in older results
         rows.append(
             [
                 data[store]["label"],
                 *(
                     f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}" if kind in us else "-"
-                    for kind in ("unobserved", "observed", "otel", "otel_later")
+                    for kind in ("unobserved", "observed", "otel", "otel_later", "bare_span")
                 ),
                 f"{ratio['observed']:.3f}x / {ratio['otel']:.3f}x / "
-                + ("-" if later is None else f"{later:.3f}x"),
+                + " / ".join("-" if value is None else f"{value:.3f}x" for value in (later, bare)),
             ]
         )
     lines += _table(
@@ -343,7 +344,8 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
             "observed µs",
             "OpenTelemetry µs",
             "span not active µs",
-            "ratio observed / otel / not active",
+            "bare span µs",
+            "ratio observed / otel / not active / bare span",
         ],
         rows,
     )
