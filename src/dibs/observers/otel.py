@@ -126,7 +126,6 @@ class OpenTelemetry:
         }
 
     def __call__(self, event: Event) -> None:
-        self._put(event)  # measured, recorded and traced off the caller's path (dibs.observers.later)
         if self._tracer is not None and event.call:
             # Only what must happen on the caller's path: the span's start (it is the active span
             # while the work runs, so the work's own spans nest under it) and, at the end, the
@@ -143,6 +142,9 @@ class OpenTelemetry:
                     # OpenTelemetry logs (never raises) a detach from another context (a driver that
                     # moved threads).
                     context.detach(attached)  # type: ignore[arg-type]
+        # Measured, recorded and traced off the caller's path (dibs.observers.later); queued last, so
+        # that the recorder finds what the ask left for it (the span, or the context to start it in).
+        self._put(event)
 
     def flush(self) -> None:
         """Record the measurements still queued now, and end the spans of the calls that ended (a
