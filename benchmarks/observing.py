@@ -8,11 +8,20 @@ interleaved one operation at a time, each timed on its own:
 * ``observed``: a process observer that does nothing, so every event is built and delivered, and every
   store operation is timed (the cost of the events themselves);
 * ``otel``: :class:`dibs.observers.otel.OpenTelemetry` on the real OpenTelemetry SDK configured as a
-  deployment configures it: metrics into a reader (in memory: recording a point costs what it costs
-  under a periodic exporting reader, and this one never collects during the runs), spans handed to a
-  ``BatchSpanProcessor`` (the SDK's default for production) whose exporter drops them, so no network or
-  encoding work of a real exporter's thread competes with the calls (a real exporter adds that, off the
-  caller's thread).
+  deployment configures it, with exporters that do an exporter's work: spans handed to a
+  ``BatchSpanProcessor`` (the SDK's default for production), metrics collected by a
+  ``PeriodicExportingMetricReader`` every second (the default is a minute: more often, so that
+  collections happen during the runs), both exported by the SDK's console exporters into
+  ``/dev/null``: every span and every collection encoded (as JSON, which costs about 1.3 to 2 times
+  what OTLP's protobuf encoding of a span does), on the SDK's own threads, sharing the interpreter
+  with the calls as a real exporter does. Only the network is left out.
+* ``otel_later``: the same with ``active_span=False``: the span is not the active one while the work
+  runs, so the observer makes all of it on its recorder's thread (for comparison; the goal is ``otel``,
+  the default).
+* ``bare_span``: no dibs observer, only the SDK's cheapest span on the same providers: started (no
+  attribute, not made the active one) when the call asks, ended when it ends, on the caller's thread.
+  The floor of any observer whose span is the active one while the work runs: ``otel`` cannot cost
+  less than this.
 
 The observer is added before an operation's timer starts and removed after it stops. Goal: ``otel``
 within 5 % of ``unobserved`` (median).
@@ -20,9 +29,10 @@ within 5 % of ``unobserved`` (median).
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import dibs
@@ -31,7 +41,7 @@ from benchmarks.stats import ratio, summarize
 from benchmarks.targets import Target
 from dibs.stores import open_store
 
-KINDS = ("unobserved", "observed", "otel")
+KINDS = ("unobserved", "observed", "otel", "otel_later", "bare_span")
 VALUE = {"path": "s3://bucket/features/part-00000.parquet", "rows": 123456}
 GOAL = 1.05
 
@@ -40,26 +50,49 @@ def _ignore(event: dibs.Event) -> None:
     return None
 
 
+class _BareSpan:
+    """The SDK's cheapest span per call (the ``bare_span`` kind): the floor of the span's cost."""
+
+    kinds = frozenset({dibs.Asked, dibs.Finished})
+
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+        self._open: dict[int, Any] = {}
+
+    def __call__(self, event: dibs.Event) -> None:
+        if type(event) is dibs.Asked:
+            self._open[event.call] = self._tracer.start_span("dibs.reserve")
+        elif type(event) is dibs.Finished:
+            found = self._open.pop(event.call, None)
+            if found is not None:
+                found.end()
+
+
 def _observers() -> tuple[dict[str, dibs.Observer | None], Callable[[], None]]:
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
     from dibs.observers.otel import OpenTelemetry
 
-    class Dropped(SpanExporter):
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
-    meters, tracers = MeterProvider(metric_readers=[InMemoryMetricReader()]), TracerProvider()
-    tracers.add_span_processor(BatchSpanProcessor(Dropped()))
+    sink = open(os.devnull, "w")  # noqa: SIM115 (close() closes it)
+    reader = PeriodicExportingMetricReader(ConsoleMetricExporter(out=sink), export_interval_millis=1000)
+    meters, tracers = MeterProvider(metric_readers=[reader]), TracerProvider()
+    tracers.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sink)))
 
     def close() -> None:
         meters.shutdown()
         tracers.shutdown()
+        sink.close()
 
-    return {"unobserved": None, "observed": _ignore, "otel": OpenTelemetry(meters, tracers)}, close
+    return {
+        "unobserved": None,
+        "observed": _ignore,
+        "otel": OpenTelemetry(meters, tracers),
+        "otel_later": OpenTelemetry(meters, tracers, active_span=False),
+        "bare_span": _BareSpan(tracers.get_tracer("bench.bare")),
+    }, close
 
 
 def _measure_target(target: Target, settings: Settings) -> dict[str, Any]:
@@ -113,6 +146,8 @@ def run(targets: list[Target], settings: Settings, log: Callable[[str], None]) -
         log(
             f"observing {target.name}: unobserved {us['unobserved']['median']:.0f} us, observed "
             f"{us['observed']['median']:.0f} us ({ratios['observed']:.3f}x), otel "
-            f"{us['otel']['median']:.0f} us ({ratios['otel']:.3f}x)"
+            f"{us['otel']['median']:.0f} us ({ratios['otel']:.3f}x), otel_later "
+            f"{us['otel_later']['median']:.0f} us ({ratios['otel_later']:.3f}x), bare_span "
+            f"{us['bare_span']['median']:.0f} us ({ratios['bare_span']:.3f}x)"
         )
     return results

@@ -346,8 +346,10 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
         "",
         "`Reservations.run` on a fresh key (reserve + complete), per operation (µs, median and p99): nobody "
         "listening (the baseline), a process observer that does nothing (every event built and every "
-        "store operation timed), and the OpenTelemetry observer on the real SDK. Ratios: medians against "
-        "the unobserved runs measured alongside.",
+        "store operation timed), the OpenTelemetry observer on the real SDK, and the same with "
+        "`active_span=False` (its span not the active one while the work runs, made entirely off the "
+        "caller's path), and the SDK's bare span alone (started and ended around the call, the floor of "
+        "an active span). Ratios: medians against the unobserved runs measured alongside.",
         "",
     ]
     rows = []
@@ -355,18 +357,29 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
         if store not in data or not isinstance(data[store], dict):
             continue
         us, ratio = data[store]["us"], data[store]["ratio"]
+        later, bare = ratio.get("otel_later"), ratio.get("bare_span")  # none in older results
         rows.append(
             [
                 data[store]["label"],
                 *(
-                    f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}"
-                    for kind in ("unobserved", "observed", "otel")
+                    f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}" if kind in us else "-"
+                    for kind in ("unobserved", "observed", "otel", "otel_later", "bare_span")
                 ),
-                f"{ratio['observed']:.3f}x / {ratio['otel']:.3f}x",
+                f"{ratio['observed']:.3f}x / {ratio['otel']:.3f}x / "
+                + " / ".join("-" if value is None else f"{value:.3f}x" for value in (later, bare)),
             ]
         )
     lines += _table(
-        ["store", "unobserved µs p50/p99", "observed µs", "OpenTelemetry µs", "ratio observed / otel"], rows
+        [
+            "store",
+            "unobserved µs p50/p99",
+            "observed µs",
+            "OpenTelemetry µs",
+            "span not active µs",
+            "bare span µs",
+            "ratio observed / otel / not active / bare span",
+        ],
+        rows,
     )
     return lines
 

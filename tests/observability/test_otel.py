@@ -54,6 +54,7 @@ class Telemetry:
         return {name: self.points(name) for name in METRICS}
 
     def finished_spans(self) -> list[ReadableSpan]:
+        self.observer.flush()  # a span's events, ending attributes and end are given a moment later
         return [span for span in self.spans.get_finished_spans() if span.name == "dibs.reserve"]
 
 
@@ -189,6 +190,72 @@ def test_each_call_is_one_span_nested_under_the_callers(
     assert waited.attributes["dibs.holder"] == computed.attributes["dibs.owner"]
     assert [event.name for event in waited.events] == ["waiting on holder", "artifact found"]
     assert waited.parent is None
+
+
+def test_a_span_ended_off_the_callers_path_keeps_the_calls_times_and_attributes(
+    client: dibs.Reservations, telemetry: Telemetry
+) -> None:
+    """The recorder's thread gives the span its events, attributes and end a moment after the call:
+    with the times the call's events happened, not the recorder's."""
+    before = time.time_ns()
+    client.compute("timed", lambda: "value", owner="me")
+    returned = time.time_ns()
+    (span,) = telemetry.finished_spans()  # flushed now, later than the call's end
+    assert span.start_time is not None and span.end_time is not None
+    assert before <= span.start_time <= span.end_time <= returned
+    (stored,) = span.events
+    assert span.start_time <= stored.timestamp <= span.end_time
+    assert span.attributes is not None
+    assert {key: span.attributes[key] for key in ("dibs.key", *COMMON, "dibs.owner", "dibs.outcome")} == {
+        "dibs.key": "otel/timed",
+        "dibs.namespace": "otel",
+        "dibs.store": "sqlite",
+        "dibs.frontend": "python",
+        "dibs.owner": "me",
+        "dibs.outcome": "computed",
+    }
+
+
+def test_without_an_active_span_the_whole_span_is_made_later_under_the_callers(
+    client: dibs.Reservations,
+) -> None:
+    """``active_span=False``: the span is made on the recorder's thread, still a child of the span
+    the call started under, with the call's times; the work runs under the caller's span."""
+    spans = InMemorySpanExporter()
+    tracers = TracerProvider()
+    tracers.add_span_processor(SimpleSpanProcessor(spans))
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    observer = OpenTelemetry(meters, tracers, active_span=False)
+    seen: list[trace.Span] = []
+    started: list[int] = []
+
+    def work() -> str:
+        started.append(time.time_ns())
+        seen.append(trace.get_current_span())
+        return "value"
+
+    client.compute("warm", lambda: "value")  # unobserved: the store's first call sets it up
+    with dibs.observe(observer), tracers.get_tracer("test").start_as_current_span("airflow task") as parent:
+        before = time.time_ns()
+        client.compute("later", work, owner="me")
+        returned = time.time_ns()
+    observer.flush()
+    (span,) = [span for span in spans.get_finished_spans() if span.name == "dibs.reserve"]
+    assert seen == [parent]  # not the dibs.reserve span
+    assert span.parent is not None and span.parent.span_id == parent.get_span_context().span_id
+    assert span.start_time is not None and span.end_time is not None
+    # The call's ask, not the recorder's turn (which comes a batch delay after the ask, while the work
+    # or later).
+    assert before <= span.start_time <= started[0] <= span.end_time <= returned
+    assert [event.name for event in span.events] == ["stored"]
+    assert span.attributes is not None
+    assert (span.attributes["dibs.key"], span.attributes["dibs.owner"], span.attributes["dibs.outcome"]) == (
+        "otel/later",
+        "me",
+        "computed",
+    )
+    meters.shutdown()
+    tracers.shutdown()
 
 
 def test_a_failed_call_is_an_error_span_and_counted_failed(
