@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -546,3 +549,43 @@ def test_the_watch_hub_s_shared_reads_name_no_front_end(telemetry: Telemetry) ->
     found = frontends(telemetry)  # in the metrics: the hub's reads without dibs.frontend
     assert found[("read", None)] >= 1
     assert {frontend for (operation, frontend) in found if operation != "read"} == {"python"}
+
+
+EXIT_SCRIPT = """
+import json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import dibs
+from dibs.observers.otel import instrument
+
+class ToFile(SpanExporter):
+    def export(self, spans):
+        with open(sys.argv[1], "a") as out:
+            for span in spans:
+                line = {"name": span.name, "outcome": span.attributes.get("dibs.outcome")}
+                out.write(json.dumps(line) + "\\n")
+        return SpanExportResult.SUCCESS
+
+instrument()  # on the global (proxy) provider, before the application configures its own
+provider = TracerProvider()  # registers its exit hook (shutdown: export what is pending) now
+provider.add_span_processor(BatchSpanProcessor(ToFile()))
+trace.set_tracer_provider(provider)
+dibs.Reservations(sys.argv[2], namespace="exit").run("k", lambda: 1)
+# no flush: the process just ends, as a task process does
+"""
+
+
+def test_spans_of_the_last_calls_reach_a_provider_set_up_after_the_observer(tmp_path: Path) -> None:
+    exported = tmp_path / "spans.jsonl"
+    subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(exported), f"sqlite:///{tmp_path / 'dibs.db'}"],
+        check=True,
+        timeout=60,
+    )
+    lines = exported.read_text().splitlines() if exported.exists() else []
+    spans = [json.loads(line) for line in lines]
+    assert [span for span in spans if span["name"] == "dibs.reserve"] == [
+        {"name": "dibs.reserve", "outcome": "computed"}
+    ]

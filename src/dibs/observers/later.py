@@ -54,7 +54,6 @@ class Later:
         self._flushing = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
-        atexit.register(self.flush)
 
     def put(self, points: Iterable[Measurement]) -> None:
         self._queue.extend(points)
@@ -77,6 +76,11 @@ class Later:
             if self._pid == os.getpid():
                 return
             self._pid = os.getpid()
+            # The exit flush is registered at the first point, not when the observer was made: exit
+            # hooks run last-registered first, so it runs before the shutdown hook of an SDK provider
+            # the application set up in between (which would drop what is flushed after it).
+            atexit.unregister(self.flush)
+            atexit.register(self.flush)
             self._thread = threading.Thread(target=self._run, name="dibs-metrics", daemon=True)
             self._thread.start()
 
