@@ -237,13 +237,55 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
     computed = _assert_one_computation(deployment, "kill", every, taker, fence=2)
     assert computed["run_id"] in waiting  # a waiter took over, not the holder's own retry
     assert computed["outcome"]["took_over_from"] == f"{DAG_ID}/{holder_run}/build_features/-1"
-    retried = deployment.sql(
-        "SELECT run_id FROM task_instance WHERE dag_id = %s AND try_number > 1 AND run_id <> %s",
-        DAG_ID,
-        holder_run,
-    )
-    print(f"waiters that Airflow failed by mistake and retried: {sorted(r[0] for r in retried)}")
+    retried = _retried_by_the_deferral_race(deployment, holder_run, components)
     _assert_stats(deployment.statsd, retried=len(retried))
+
+
+def _retried_by_the_deferral_race(deployment: Airflow, holder_run: str, components: Components) -> list[str]:
+    """The waiters Airflow failed while they were deferred, and retried: each by its deferral race only.
+
+    A task process that defers exits, and the executor reports that exit as ``success``. Its
+    supervisor can notice the exit up to ``[workers] min_heartbeat_interval`` (5 s) late; if the
+    trigger fires meanwhile (the holder stored the artifact, or its lease expired), the scheduler has
+    queued the resumed task before it reads that stale ``success``, takes it for a task killed
+    externally ("state mismatch" in the audit log) and fails the try (apache/airflow#67287, queued;
+    #72716, running; Airflow 3.3.2 spares only a task still ``scheduled``, #66374). Any other reason
+    for a waiter's retry is a failure of this test.
+    """
+    retried = [
+        run
+        for (run,) in deployment.sql(
+            "SELECT run_id FROM task_instance WHERE dag_id = %s AND task_id = 'build_features'"
+            " AND try_number > 1 AND run_id <> %s",
+            DAG_ID,
+            holder_run,
+        )
+    ]
+    events: dict[str, list[tuple[str, str]]] = {run: [] for run in retried}
+    for run, event, extra in deployment.sql(
+        "SELECT run_id, event, extra FROM log WHERE dag_id = %s AND task_id = 'build_features'"
+        " AND try_number = 1 AND run_id = ANY(%s) ORDER BY dttm",
+        DAG_ID,
+        retried,
+    ):
+        events[run].append((event, extra or ""))
+    print(
+        "waiters that Airflow failed by its deferral race (a stale executor success of their deferral's "
+        f"exit, apache/airflow#67287 and #72716) and retried: {sorted(retried)}"
+    )
+    other = {
+        run: seen
+        for run, seen in events.items()
+        if not any(event == "deferred" for event, _ in seen)
+        or not any(event == "state mismatch" and "with state success" in extra for event, extra in seen)
+    }
+    assert not other, (
+        "Airflow retried these waiters for another reason than its deferral race (no 'deferred', then "
+        "'state mismatch' of an executor success, in the audit log of their first try)",
+        other,
+        components.tails(),
+    )
+    return retried
 
 
 def _assert_stats(statsd: StatsD, *, retried: int) -> None:
@@ -251,8 +293,8 @@ def _assert_stats(statsd: StatsD, *, retried: int) -> None:
     got = statsd.metrics("dibs.")
     counted = {name: sum(value for value, _ in points) for name, points in got.items()}
     # share: one computation, every other run waited; kill: a waiter took over. A waiter that Airflow
-    # failed by mistake while it was deferred never reports its wait: its retry finds the artifact
-    # and counts a hit instead (seen on a slow 2-core host: share-0 and kill-2 retried, waited 1).
+    # failed by its deferral race (see _retried_by_the_deferral_race) never reports its wait: its retry
+    # finds the artifact and counts a hit instead (on a slow 2-core host: share-0 and kill-2, waited 1).
     assert counted.get("dibs.reservation.outcomes.computed", 0) >= 1, sorted(got)
     assert counted.get("dibs.reservation.outcomes.took_over", 0) >= 1, sorted(got)
     waited = counted.get("dibs.reservation.outcomes.waited", 0)

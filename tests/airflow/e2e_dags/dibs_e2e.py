@@ -47,9 +47,10 @@ def _retry_after_the_takeover(context: Any) -> None:
 
 # A SIGKILLed holder is taken over about 6 s after its last heartbeat. Retries as in production: the
 # killed holder's run retries after the takeover (the test holds it back until then, see above) and
-# finds the artifact, and a waiter that Airflow fails by mistake (a trigger that fires before the
-# scheduler has seen the deferral's exit: see apache/airflow#66374 and #72716) retries instead of
-# failing its DAG run.
+# finds the artifact, and a waiter that Airflow fails by mistake (its trigger fired before the
+# scheduler read the executor's stale success for the deferral's exit, which the worker can report up
+# to [workers] min_heartbeat_interval late: apache/airflow#67287 and #72716, docs/airflow.md) retries
+# instead of failing its DAG run.
 @task.reserved(ttl=6, retries=2, retry_delay=dt.timedelta(seconds=30), pre_execute=_retry_after_the_takeover)
 def build_features(scenario: str) -> dict[str, Any]:
     _append(f"executions-{scenario}.txt", str(os.getpid()))
