@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -22,10 +24,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import dibs
+import dibs.observers.later
 from dibs.flow import Steps
 from dibs.observers.later import Later
 from dibs.observers.measures import METRICS, Measurement
-from dibs.observers.otel import OpenTelemetry
+from dibs.observers.otel import OpenTelemetry, instrument
 
 WORK_SECONDS = 1.0
 COMMON = {"dibs.namespace", "dibs.store", "dibs.frontend"}
@@ -558,7 +561,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import dibs
+import dibs.observers.later
 from dibs.observers.otel import instrument
+
+dibs.observers.later.BATCH_DELAY = 3600  # the recorder never gets to it: only the exit flush can
 
 class ToFile(SpanExporter):
     def export(self, spans):
@@ -589,3 +595,54 @@ def test_spans_of_the_last_calls_reach_a_provider_set_up_after_the_observer(tmp_
     assert [span for span in spans if span["name"] == "dibs.reserve"] == [
         {"name": "dibs.reserve", "outcome": "computed"}
     ]
+
+
+def test_a_forked_child_records_its_own_calls_and_never_the_parents(tmp_path: Path) -> None:
+    """The child of a fork has the parent's recorder state but not its thread: here the state a fork
+    copies mid-batch (a call's events queued, the wake-up set, the lock held by the recorder). The
+    child must still record its own call, once, and not the parent's (the parent records those)."""
+    seen = Telemetry()
+    seen.observer = OpenTelemetry(seen.meters, seen.tracers)
+    later = seen.observer._later
+    read, write = os.pipe()
+    with dibs.observe(seen.observer), dibs.Reservations(f"sqlite:///{tmp_path / 'dibs.db'}") as client:
+        client.run("first", lambda: 0)  # the recorder's thread runs from here on
+        seen.observer.flush()
+        with later._flushing:  # the parent's recorder, mid-batch: the call's events stay queued
+            client.run("parents", lambda: 1)
+            assert later._queue and later._wake.is_set()
+            pid = os.fork()
+            if pid == 0:  # the child: its own call, then what its exporter got, through the pipe
+                status = 1
+                try:
+                    signal.alarm(20)  # a child stuck on the copied lock must not hang the test
+                    client.run("childs", lambda: 2)
+                    seen.observer.flush()
+                    spans = [span.attributes["dibs.key"] for span in seen.spans.get_finished_spans()]
+                    spans.remove("default/first")  # exported before the fork: the child's copy has it
+                    os.write(write, json.dumps(spans).encode())
+                    status = 0
+                finally:
+                    os._exit(status)
+        _, waited = os.waitpid(pid, 0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            reported = pipe.read()
+        assert os.waitstatus_to_exitcode(waited) == 0, reported
+        assert json.loads(reported) == ["default/childs"]
+        keys = [span.attributes["dibs.key"] for span in seen.finished_spans()]
+        assert keys == ["default/first", "default/parents"]
+
+
+def test_closing_the_instrumentation_ends_the_spans_before_the_provider_shuts_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dibs.observers.later, "BATCH_DELAY", 3600)  # only close() can end the span
+    seen = Telemetry()
+    observation = instrument(seen.meters, seen.tracers)
+    with dibs.Reservations(f"sqlite:///{tmp_path / 'dibs.db'}") as client:
+        client.run("closed", lambda: 1)
+    observation.close()
+    seen.tracers.shutdown()  # what an application does last; a span ended after it is dropped
+    spans = [span for span in seen.spans.get_finished_spans() if span.name == "dibs.reserve"]
+    assert [span.attributes["dibs.outcome"] for span in spans] == ["computed"]

@@ -24,6 +24,7 @@ import atexit
 import collections
 import os
 import threading
+import weakref
 from collections.abc import Callable, Collection, Iterable
 
 from dibs.events import Event
@@ -44,16 +45,36 @@ class Later:
         record: Callable[[Measurement], None],
         additive: Collection[str] = frozenset(),
         measure: Callable[[Event], Iterable[Measurement] | None] | None = None,
+        *,
+        in_child: Callable[[], None] | None = None,
     ) -> None:
         self._record = record
         self._additive = additive  # names of the metrics whose points are summed (see the docstring)
         self._measure = measure
+        self._in_child = in_child
         self._series: set[tuple[str, tuple[tuple[str, str], ...]]] = set()  # additive series recorded
         self._queue: collections.deque[Measurement | Event] = collections.deque()
         self._wake = threading.Event()
         self._flushing = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        _EVERY.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """Start afresh in a forked child (``os.register_at_fork``; ``in_child`` too).
+
+        The child has a copy of the parent's state but not its recorder thread: the wake-up may be
+        copied set (no recorder would ever be started), the lock copied held by the parent's
+        recorder mid-batch (the child's first point would wait forever), and the queue holds the
+        parent's points and events, which the parent records itself (recorded here too, they would
+        count twice and end the parent's spans a second time)."""
+        self._queue.clear()
+        self._wake = threading.Event()
+        self._flushing = threading.Lock()
+        self._thread = None
+        self._pid = 0
+        if self._in_child is not None:
+            self._in_child()
 
     def put(self, points: Iterable[Measurement]) -> None:
         self._queue.extend(points)
@@ -144,3 +165,15 @@ class Later:
                 self._series.add(series)
             kept.append(point)
         return kept
+
+
+#: Every recorder of the process, reset in a forked child (see :meth:`Later.after_fork_in_child`).
+_EVERY: weakref.WeakSet[Later] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for later in list(_EVERY):
+        later.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

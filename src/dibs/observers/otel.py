@@ -98,6 +98,7 @@ class OpenTelemetry:
             lambda point: self._points[point.name](point.value, point.attributes),
             additive,
             self._measure if self._tracer is None else self._measure_and_trace,
+            in_child=self._forget_the_parents_spans,
         )
         #: The context token of each call's ``dibs.reserve`` span, on the caller's side (added at the
         #: call's ask, popped at its end), and the span of each call that records, on the recorder's
@@ -146,6 +147,13 @@ class OpenTelemetry:
         # that the recorder finds what the ask left for it (the span, or the context to start it in).
         self._put(event)
 
+    def _forget_the_parents_spans(self) -> None:
+        """In a forked child: the spans open in the parent are the parent's to end (and export once);
+        a call the child goes on with ends without one. The forking thread's context tokens stay: it
+        is the child's one thread, and detaches them itself."""
+        self._open.clear()
+        self._parents.clear()
+
     def flush(self) -> None:
         """Record the measurements still queued now, and end the spans of the calls that ended (a
         reader or an exporter looking right after a call wants them)."""
@@ -159,7 +167,7 @@ class OpenTelemetry:
         # processor's on_end (2 to 3 µs per attribute set or event added) are the recorder's (see
         # _measure_and_trace). A span that does not record (sampled out) gets neither. Without
         # active_span even the start is the recorder's (_start_later).
-        span = tracer.start_span("dibs.reserve", attributes=_asked(event))
+        span = tracer.start_span("dibs.reserve", attributes=_asked(event), start_time=_nanoseconds(event))
         if span.is_recording():
             self._open[event.call] = span
         self._tokens[event.call] = context.attach(trace.set_span_in_context(span))
@@ -203,7 +211,7 @@ def _asked(event: events.Asked) -> dict[str, Any]:
 
 def _nanoseconds(event: Event) -> int:
     """When ``event`` happened, as the SDK's timestamps count (``time.time_ns()``)."""
-    return int(event.at * 1e9)
+    return round(event.at * 1e9)
 
 
 def _call(span: Span, event: Event) -> None:
@@ -284,6 +292,18 @@ def instrument(
 ) -> Observation:
     """Publish every compute-once call of this process; ``close()`` the result to stop (the
     arguments: see :class:`OpenTelemetry`)."""
-    return events.observe(
-        OpenTelemetry(meter_provider, tracer_provider, traces=traces, active_span=active_span)
-    )
+    observer = OpenTelemetry(meter_provider, tracer_provider, traces=traces, active_span=active_span)
+    events.observe(observer)
+    return _Instrumented(events.PROCESS, observer)
+
+
+class _Instrumented(Observation):
+    """What :func:`instrument` returns: closing it also records what is still queued and ends the
+    spans of the calls that ended, so that a provider shut down (or flushed) right after it exports
+    them: spans end on the recorder's thread, a moment after their call returned."""
+
+    observer: OpenTelemetry
+
+    def close(self) -> None:
+        super().close()
+        self.observer.flush()
