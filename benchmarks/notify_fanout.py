@@ -93,6 +93,7 @@ class Writer:
             plain = urllib.parse.urlunsplit(parts._replace(query=""))
             prefix = f"{query.get('prefix', 'dibs-bench:')}fanout-{tag}:"
             self._client = redis.Redis.from_url(plain)
+            self._client.ping()  # connects now (redis-py connects lazily): no round times a connect
             self._prefix = prefix
             self.spec = {"family": family, "url": plain, "prefix": prefix}
         elif family == "sqlite":
@@ -153,6 +154,7 @@ class Listener:
             import redis
 
             self._client = redis.Redis.from_url(spec["url"])
+            self._client.ping()  # connects now (redis-py connects lazily): no round times a connect
             self._reader = redis.Redis.from_url(spec["url"])
             self._prefix = spec["prefix"]
             self._pubsub = self._reader.pubsub(ignore_subscribe_messages=False)
