@@ -3,7 +3,8 @@
 ``SQLStore._swap`` writes a granted lease's columns out by hand rather than through
 ``lease_columns`` (it runs for every lease granted: issue 20). A column added to one and not the
 other would be written as NULL, or not at all, without any other test noticing: this one compares
-the values each sends, for a first lease (an insert) and a takeover (a swap of an existing row).
+the values each sends, for a first lease (an insert) and a takeover (a swap of an existing row), on
+SQLite. PostgreSQL's first lease goes through ``_read_or_insert_first`` instead, not covered here.
 """
 
 from __future__ import annotations
