@@ -250,7 +250,9 @@ def _retried_by_the_deferral_race(deployment: Airflow, holder_run: str, componen
     queued the resumed task before it reads that stale ``success``, takes it for a task killed
     externally ("state mismatch" in the audit log) and fails the try (apache/airflow#67287, queued;
     #72716, running; Airflow 3.3.2 spares only a task still ``scheduled``, #66374). Any other reason
-    for a waiter's retry is a failure of this test.
+    for a waiter's retry is a failure of this test. It reads the ``deferred`` rows that Airflow's
+    execution API writes to the audit log (the locked 3.3; scripts/matrix does not run this file on
+    older releases).
     """
     retried = [
         run
