@@ -166,16 +166,25 @@ def mysql_lock_wait(timeout: float) -> int:
     return max(1, int(timeout * 0.8))
 
 
-#: Seconds the schema check's connection is bounded beyond a MySQL ``ALTER``'s lock wait: its lock
-#: wait (whole seconds, at least 1) would otherwise outlast a ``timeout`` of 1.25 s or less, and the
-#: bound would cut the connection before the wait ended cleanly.
+#: Seconds the schema check's connection is bounded beyond an ``ALTER``'s lock wait, so that the wait
+#: ends with the server's clean lock error, not with the bound cutting the connection. MySQL's lock
+#: wait (whole seconds, at least 1) would otherwise outlast a ``timeout`` of 1.25 s or less; on
+#: PostgreSQL, 0.2 ``timeout`` between ``lock_timeout`` and the bound is too little for a client
+#: host under load (the reply is read late).
 ALTER_MARGIN = 1.0
+
+
+def postgres_lock_wait(timeout: float) -> float:
+    """PostgreSQL: the seconds a lock wait may take (``lock_timeout``): 0.8 ``timeout``."""
+    return timeout * 0.8
 
 
 def schema_bound(backend: str, timeout: float) -> float:
     """Seconds the schema check's connection may wait for the server (see :data:`ALTER_MARGIN`)."""
     if backend in ("mysql", "mariadb"):
         return max(timeout, mysql_lock_wait(timeout) + ALTER_MARGIN)
+    if backend == "postgresql":
+        return max(timeout, postgres_lock_wait(timeout) + ALTER_MARGIN)
     return timeout
 
 
@@ -193,7 +202,7 @@ def server_bounds(url: URL, timeout: float) -> dict[str, Any]:
     if backend == "postgresql":
         # lock_timeout, not statement_timeout: a complete writing a large artifact may rightly take
         # longer than a lock wait should (the keeper's bound grows with its size; this would not).
-        options = f"-c lock_timeout={int(timeout * 800)}"
+        options = f"-c lock_timeout={round(postgres_lock_wait(timeout) * 1000)}"
         if url.query.get("options"):
             options = f"{url.query['options']} {options}"
         return {

@@ -391,7 +391,7 @@ class SQLStore(Store):
     def _ensure_schema(self) -> tuple[str, ...]:
         """The schema check itself (:class:`~dibs.stores.sql.schema.SchemaCheck`), on connections that
         skip it; the :data:`~dibs.stores.sql.schema.ADDED_COLUMNS` the table has."""
-        # MySQL: longer than an ALTER's lock wait, which ends cleanly then (see engine.schema_bound)
+        # Longer than an ALTER's lock wait, which ends cleanly then (see engine.schema_bound)
         connect = functools.partial(
             self._connect, ready=False, bound=schema_bound(self.dialect, self.timeout)
         )
