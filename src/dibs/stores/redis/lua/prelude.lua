@@ -1,25 +1,16 @@
 -- The start of every dibs script: dibs.stores.redis.scripts puts the constants it generates from
--- Python (FORMAT, FIELDS and the field groups, the fields of the short replies, the limits, and
--- UNDER_LEASE for this script) above this prelude, and the script's own body below it.
+-- Python (FORMAT, FIELDS and the field GROUPS, the fields of the short replies, the limits and
+-- field rules, and UNDER_LEASE for this script) above this prelude, and the script's own body
+-- below it.
 --
 -- Nothing is written before load_record has accepted the record, so a foreign or damaged value at
 -- a dibs key is reported (as {'corrupt', why}) and never changed.
-local GROUPS = {
-  lease = LEASE_FIELDS,
-  failure = FAILURE_FIELDS,
-  artifact = ARTIFACT_FIELDS,
-}
+--
 -- Integers are compared and stored as decimal strings, never as Lua numbers: those are doubles,
--- and a fence above 2^53 would stop increasing and be written back as '1e+17'. MAX_FENCE is what
--- HINCRBY holds (a signed 64-bit integer), MAX_COUNT a signed 32-bit one; MAX_TIME the end of the
--- year 9999.
-local LIMITS = {}
-for _, field in ipairs(WIDE_INTEGERS) do LIMITS[field] = MAX_FENCE end
-for _, field in ipairs(COUNTERS) do LIMITS[field] = MAX_COUNT end
-local SECONDS = {}
-for _, field in ipairs(SECONDS_FIELDS) do SECONDS[field] = true end
-local NONEMPTY = {}
-for _, field in ipairs(NONEMPTY_FIELDS) do NONEMPTY[field] = true end
+-- and a fence above 2^53 would stop increasing and be written back as '1e+17'. LIMITS gives each
+-- integer field its largest value: MAX_FENCE is what HINCRBY holds (a signed 64-bit integer),
+-- MAX_COUNT a signed 32-bit one; MAX_TIME is the end of the year 9999. GROUPS, LIMITS, SECONDS and
+-- NONEMPTY are literal tables generated from Python: Redis runs this top level on every call.
 
 -- Whether a canonical decimal integer (no sign, no leading zero) is at most the decimal ``limit``.
 local function at_most(value, limit)
