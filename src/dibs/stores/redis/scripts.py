@@ -34,6 +34,7 @@ __all__ = [
     "FIELDS",
     "FORMAT",
     "GRANTED_FIELDS",
+    "PRESENT_FIELDS",
     "UNDER_LEASE",
     "Reply",
     "Scripts",
@@ -55,6 +56,11 @@ GRANTED_FIELDS = ("fence", "attempts", "lease_expires_at", "lease_max_expires_at
 #: What an ``ok`` reply of complete carries after ``{status, now, false}``: the fields of the stored
 #: artifact the caller does not know (it sent serializer, payload and checksum; the fence is its token's).
 #: No failure field: the state built from it carries none (only its artifact is returned).
+#: What a ``present`` reply of acquire carries after ``{status, now, false}``, before the payload: the
+#: record's counters and its artifact, all a caller finding the artifact needs (the key's identity and
+#: format were checked by the script; no lease or failure: the hit reports neither). Issue 20: every
+#: process losing a race reads this reply, so its 24 fields were a good part of a hit's cost.
+PRESENT_FIELDS = ("fence", "attempts", *decoder.ARTIFACT_FIELDS, "artifact_compute_seconds")
 COMPLETED_FIELDS = ("attempts", "artifact_producer", "artifact_created_at", "artifact_compute_seconds")
 # Integers up to a signed 64-bit one (the most HINCRBY can hold), and counters up to a 32-bit one.
 _WIDE_INTEGERS = ("fence", "lease_fence", "artifact_size", "artifact_fence")
@@ -134,6 +140,7 @@ def _constants(text: str, under_lease: bool) -> str:
         "NONEMPTY": _lua_set(_NONEMPTY, "true"),
         "GRANTED_FIELDS": _lua_list(GRANTED_FIELDS),
         "COMPLETED_FIELDS": _lua_list(COMPLETED_FIELDS),
+        "PRESENT_FIELDS": _lua_list(PRESENT_FIELDS),
         "UNDER_LEASE": "true" if under_lease else "false",
     }
     return "".join(

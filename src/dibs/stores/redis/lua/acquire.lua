@@ -4,8 +4,8 @@
 -- ARGV[7]: the oldest artifact the caller takes, as a maximum age in seconds, or '' for any,
 -- ARGV[8]: the lowest fencing token of an artifact the caller takes (decimal), or ''
 -- Returns {'corrupt', why}, {'exhausted', fence},
--- {'granted', now, took_over_from, GRANTED_FIELDS...} or {'present'|'reentered'|'held', now, false,
--- FIELDS...}; a 'present' reply ends with the artifact payload. A stale artifact is no hit: the
+-- {'granted', now, took_over_from, GRANTED_FIELDS...}, {'present', now, false, PRESENT_FIELDS...,
+-- payload} or {'reentered'|'held', now, false, FIELDS...}. A stale artifact is no hit: the
 -- lease can be taken beside it, and complete replaces it.
 -- After the prelude's guard: `now` is the server's time, `rec` the key's record or nil.
 -- A key without a record starts as an empty one, written below in the same HSET as its first
@@ -19,7 +19,10 @@ if rec.artifact_fence then
   local stale = (ARGV[7] ~= '' and (tonumber(ARGV[7]) <= 0 or now - created >= tonumber(ARGV[7])))
     or (ARGV[8] ~= '' and fence_below(rec.artifact_fence, ARGV[8]))
   if not stale then
-    return reply('present', now, rec, false, true)
+    -- The short reply: the caller needs the artifact alone (the record was checked whole above).
+    local out = short_reply('present', now, rec, false, PRESENT_FIELDS)
+    out[#PRESENT_FIELDS + 4] = redis.call('HGET', KEYS[1], 'artifact_payload')
+    return out
   end
 end
 local ttl = tonumber(ARGV[4])
