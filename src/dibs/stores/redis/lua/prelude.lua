@@ -51,15 +51,26 @@ end
 -- The record as a table of field -> string; nil when the key has no record; false and why when the
 -- value at the key is not a dibs record. An empty namespace skips the identity check (listing).
 local function load_record(key, namespace, name)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'none' then
-    return nil
+  local values = nil
+  if UNDER_LEASE then
+    -- A script acting under a lease expects the record: HMGET at once spares a TYPE (issue 20). A
+    -- value of another type answers an error (then TYPE names it below); no record, all nils.
+    local got = redis.pcall('HMGET', key, unpack(FIELDS))
+    if got.err == nil then
+      values = got
+    end
   end
-  if kind ~= 'hash' then
-    return false, 'it is a Redis ' .. kind .. ', not a hash'
+  if values == nil then
+    local kind = redis.call('TYPE', key)['ok']
+    if kind == 'none' then
+      return nil
+    end
+    if kind ~= 'hash' then
+      return false, 'it is a Redis ' .. kind .. ', not a hash'
+    end
+    values = redis.call('HMGET', key, unpack(FIELDS))
   end
-  local values = redis.call('HMGET', key, unpack(FIELDS))
-  local rec = {}
+  local rec, found = {}, false
   for i, field in ipairs(FIELDS) do
     local value = values[i]
     if value then
@@ -68,7 +79,12 @@ local function load_record(key, namespace, name)
           .. ', not a value dibs writes there'
       end
       rec[field] = value
+      found = true
     end
+  end
+  -- No dibs field: no record at all, or (the key exists) a hash dibs did not write.
+  if not found and redis.call('EXISTS', key) == 0 then
+    return nil
   end
   if rec.format ~= FORMAT then
     return false, 'its format is ' .. tostring(rec.format or 'missing') .. ', expected ' .. FORMAT
