@@ -15,8 +15,8 @@ if created then
   rec = {format = FORMAT, namespace = ARGV[1], name = ARGV[2], fence = '0', attempts = '0'}
 end
 if rec.artifact_fence then
-  local created = tonumber(rec.artifact_created_at)
-  local stale = (ARGV[7] ~= '' and (tonumber(ARGV[7]) <= 0 or now - created >= tonumber(ARGV[7])))
+  local stored_at = tonumber(rec.artifact_created_at)
+  local stale = (ARGV[7] ~= '' and (tonumber(ARGV[7]) <= 0 or now - stored_at >= tonumber(ARGV[7])))
     or (ARGV[8] ~= '' and fence_below(rec.artifact_fence, ARGV[8]))
   if not stale then
     -- The short reply: the caller needs the artifact alone (the record was checked whole above).

@@ -142,9 +142,9 @@ end
 
 -- Every write of a script to the record at KEYS[1] goes through set and unset, which keep `rec`
 -- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
--- reading the record a second time. set takes field, value pairs, all strings. The one exception
--- is acquire's HINCRBY of the fence (exact on a decimal string), which stores the result in
--- `rec.fence` itself.
+-- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
+-- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
+-- be) and read back before set writes it with the lease.
 local function set(rec, ...)
   redis.call('HSET', KEYS[1], ...)
   local pairs_ = {...}
