@@ -891,11 +891,12 @@ def test_a_bad_busy_timeout_is_a_configuration_error(tmp_path: Path, value: str)
 # -- 5. dibs never damages a record itself ------------------------------------------------------------
 
 
-def test_fences_above_2_to_the_53_stay_exact(process_store_url: str) -> None:
+@pytest.mark.parametrize("start", [2**53 + 1, 10**15 - 1], ids=["above-2-53", "across-10-15"])
+def test_fences_above_2_to_the_53_stay_exact(process_store_url: str, start: int) -> None:
     # Redis scripts did the arithmetic in Lua doubles: the fence stopped increasing and was written
-    # back as '1e+17', after which dibs reported its own record as corrupt.
+    # back as '1e+17', after which dibs reported its own record as corrupt. The acquire script adds in
+    # Lua below 10^15 and with HINCRBY from there: 10^15 - 1 goes up once each way.
     client = dibs.Reservations(process_store_url, namespace="hardening.bigfence")
-    start = 2**53 + 1
     key = _planted(client, "k", fence=start)
     first = client.get_or_reserve(key)
     assert isinstance(first, dibs.Acquired) and first.lease.token == start + 1

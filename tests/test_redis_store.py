@@ -789,6 +789,9 @@ def test_short_replies_fill_in_what_a_read_returns(store: RedisStore) -> None:
         artifact = store.complete(key, lease.token, NewArtifact("bytes", payload, checksum(payload), seconds))
         assert artifact == store.read(key).artifact
     assert store.read(Key("short.r", "sum")).artifact.compute_seconds == 0.1 + 0.2  # type: ignore[union-attr]
+    for name in ("sum", "none"):  # a hit's short reply: the stored artifact, payload included
+        hit = store.acquire(Key("short.r", name), AcquireRequest("c", 600))
+        assert isinstance(hit, Present) and hit.artifact == store.read(Key("short.r", name)).artifact
 
     stale = Key("short.r", "sum")  # an artifact older than max_age stays beside the new lease
     time.sleep(0.05)

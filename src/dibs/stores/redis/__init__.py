@@ -33,12 +33,13 @@ with no retry loop under contention. The scripts implement the rules of
 write returns the record as it is, and :func:`~dibs.stores.transitions.explain_lost` words the error.
 
 Times are the Redis server's ``TIME`` as Unix seconds, formatted with 17 significant digits so that
-Python reads back exactly the double that Lua compared. Integers are never Lua numbers (doubles, exact
-only up to 2^53): the fence goes up with ``HINCRBY`` and is compared as a decimal string. The scripts
-check a record with the same rules as the shared decoder (:mod:`dibs.stores.decoder`) before writing,
-so they never change a record Python would refuse; ``list`` and ``reap`` skip (and count) values under
-the prefix that are not dibs records. Redis 5 or later is needed: it replicates a
-script by its effects, so a script may read ``TIME`` and then write. Limits that come with Redis:
+Python reads back exactly the double that Lua compared. Integers are stored and compared as decimal
+strings (Lua numbers are doubles, exact only up to 2^53): a fence goes up by Lua arithmetic only below
+10^15, with ``HINCRBY`` from there. The scripts check a record with the same rules as the shared
+decoder (:mod:`dibs.stores.decoder`) before writing, so they never change a record Python would refuse;
+``list`` and ``reap`` skip (and count) values under the prefix that are not dibs records. Redis 5 or
+later is needed: it replicates a script by its effects, so a script may read ``TIME`` and then write.
+Limits that come with Redis:
 
 * Fencing is only as durable as the data: a server that restarts without persistence (or a replica
   promoted before it received the last write) forgets leases and fences. Use AOF persistence, and a

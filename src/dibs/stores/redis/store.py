@@ -32,7 +32,15 @@ from dibs.stores import decoder, redact_url, transitions
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.redis.feed import PatternFeed
-from dibs.stores.redis.scripts import COMPLETED_FIELDS, FIELDS, FORMAT, GRANTED_FIELDS, Reply, Scripts
+from dibs.stores.redis.scripts import (
+    COMPLETED_FIELDS,
+    FIELDS,
+    FORMAT,
+    GRANTED_FIELDS,
+    PRESENT_FIELDS,
+    Reply,
+    Scripts,
+)
 from dibs.stores.redis.settings import CLIENT_DEFAULTS, DEFAULT_MAX_CONNECTIONS, SCAN_BATCH, parse_url
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
@@ -163,6 +171,15 @@ class RedisStore(Store):
             )
             took_over_from = None if reply[2] is None else str(reply[2].decode("utf-8"))
             return Granted(lease, None, took_over_from)
+        if status == b"present":
+            # The short reply: the artifact and the counters; the key and format are the ones sent
+            # (checked by the script), and no lease or failure is reported with a hit.
+            fields = dict.fromkeys(FIELDS)
+            fields.update(zip(PRESENT_FIELDS, reply[3 : 3 + len(PRESENT_FIELDS)], strict=True))
+            fields.update(format=FORMAT, namespace=key.namespace, name=key.name)
+            state = self._decode(key, fields, float(reply[1]), payload=reply[3 + len(PRESENT_FIELDS)])
+            assert state.artifact is not None
+            return Present(state.artifact)
         if status == b"granted":
             # The short reply: the rest of the new lease is what was sent (the record's key and
             # format were checked by the script before it wrote). Any stale artifact beside the
@@ -183,10 +200,7 @@ class RedisStore(Store):
             )
             state = self._decode(key, fields, float(reply[1]))
         else:
-            state = self._state(key, reply, with_payload=status == b"present")
-        if status == b"present":
-            assert state.artifact is not None
-            return Present(state.artifact)
+            state = self._state(key, reply)
         assert state.lease is not None
         if status == b"held":
             return Held(state.lease, state.now, state.failure)

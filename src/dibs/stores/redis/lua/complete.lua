@@ -5,16 +5,19 @@
 -- Returns {'corrupt', why}, {'ok', now, false, COMPLETED_FIELDS...} or
 -- {'lost', now, false, FIELDS...}
 -- After the prelude's guard: `now`, and `rec`, whose current lease is the caller's.
-set(rec, 'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
+-- One HSET for the artifact, one HDEL for the lease (and a compute time not given this time).
+local fields = {'artifact_serializer', ARGV[5], 'artifact_payload', ARGV[6],
   'artifact_size', num(string.len(ARGV[6])), 'artifact_checksum', ARGV[7],
   'artifact_producer', rec.lease_owner, 'artifact_fence', rec.lease_fence,
-  'artifact_created_at', num(now))
+  'artifact_created_at', num(now)}
 local compute = tonumber(ARGV[9])
+local drop = {'lease_max_expires_at', unpack(GROUPS.lease)}
 if compute ~= nil and compute >= 0 and compute <= MAX_TIME then
-  set(rec, 'artifact_compute_seconds', num(compute))
-else
-  unset(rec, 'artifact_compute_seconds')
+  fields[#fields + 1], fields[#fields + 2] = 'artifact_compute_seconds', num(compute)
+elseif rec.artifact_compute_seconds then
+  drop[#drop + 1] = 'artifact_compute_seconds'
 end
-drop_lease(rec)
+set(rec, unpack(fields))
+unset(rec, unpack(drop))
 redis.call('PUBLISH', ARGV[8], 'complete')
 return short_reply('ok', now, rec, false, COMPLETED_FIELDS)

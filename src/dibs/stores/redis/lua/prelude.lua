@@ -1,25 +1,16 @@
 -- The start of every dibs script: dibs.stores.redis.scripts puts the constants it generates from
--- Python (FORMAT, FIELDS and the field groups, the fields of the short replies, the limits, and
--- UNDER_LEASE for this script) above this prelude, and the script's own body below it.
+-- Python (FORMAT, FIELDS and the field GROUPS, the fields of the short replies, the limits and
+-- field rules, and UNDER_LEASE for this script) above this prelude, and the script's own body
+-- below it.
 --
 -- Nothing is written before load_record has accepted the record, so a foreign or damaged value at
 -- a dibs key is reported (as {'corrupt', why}) and never changed.
-local GROUPS = {
-  lease = LEASE_FIELDS,
-  failure = FAILURE_FIELDS,
-  artifact = ARTIFACT_FIELDS,
-}
+--
 -- Integers are compared and stored as decimal strings, never as Lua numbers: those are doubles,
--- and a fence above 2^53 would stop increasing and be written back as '1e+17'. MAX_FENCE is what
--- HINCRBY holds (a signed 64-bit integer), MAX_COUNT a signed 32-bit one; MAX_TIME the end of the
--- year 9999.
-local LIMITS = {}
-for _, field in ipairs(WIDE_INTEGERS) do LIMITS[field] = MAX_FENCE end
-for _, field in ipairs(COUNTERS) do LIMITS[field] = MAX_COUNT end
-local SECONDS = {}
-for _, field in ipairs(SECONDS_FIELDS) do SECONDS[field] = true end
-local NONEMPTY = {}
-for _, field in ipairs(NONEMPTY_FIELDS) do NONEMPTY[field] = true end
+-- and a fence above 2^53 would stop increasing and be written back as '1e+17'. LIMITS gives each
+-- integer field its largest value: MAX_FENCE is what HINCRBY holds (a signed 64-bit integer),
+-- MAX_COUNT a signed 32-bit one; MAX_TIME is the end of the year 9999. GROUPS, LIMITS, SECONDS and
+-- NONEMPTY are literal tables generated from Python: Redis runs this top level on every call.
 
 -- Whether a canonical decimal integer (no sign, no leading zero) is at most the decimal ``limit``.
 local function at_most(value, limit)
@@ -60,15 +51,26 @@ end
 -- The record as a table of field -> string; nil when the key has no record; false and why when the
 -- value at the key is not a dibs record. An empty namespace skips the identity check (listing).
 local function load_record(key, namespace, name)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'none' then
-    return nil
+  local values = nil
+  if UNDER_LEASE then
+    -- A script acting under a lease expects the record: HMGET at once spares a TYPE (issue 20). A
+    -- value of another type answers an error (then TYPE names it below); no record, all nils.
+    local got = redis.pcall('HMGET', key, unpack(FIELDS))
+    if got.err == nil then
+      values = got
+    end
   end
-  if kind ~= 'hash' then
-    return false, 'it is a Redis ' .. kind .. ', not a hash'
+  if values == nil then
+    local kind = redis.call('TYPE', key)['ok']
+    if kind == 'none' then
+      return nil
+    end
+    if kind ~= 'hash' then
+      return false, 'it is a Redis ' .. kind .. ', not a hash'
+    end
+    values = redis.call('HMGET', key, unpack(FIELDS))
   end
-  local values = redis.call('HMGET', key, unpack(FIELDS))
-  local rec = {}
+  local rec, found = {}, false
   for i, field in ipairs(FIELDS) do
     local value = values[i]
     if value then
@@ -77,7 +79,12 @@ local function load_record(key, namespace, name)
           .. ', not a value dibs writes there'
       end
       rec[field] = value
+      found = true
     end
+  end
+  -- No dibs field: no record at all, or (the key exists) a hash dibs did not write.
+  if not found and redis.call('EXISTS', key) == 0 then
+    return nil
   end
   if rec.format ~= FORMAT then
     return false, 'its format is ' .. tostring(rec.format or 'missing') .. ', expected ' .. FORMAT
@@ -135,9 +142,9 @@ end
 
 -- Every write of a script to the record at KEYS[1] goes through set and unset, which keep `rec`
 -- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
--- reading the record a second time. set takes field, value pairs, all strings. The one exception
--- is acquire's HINCRBY of the fence (exact on a decimal string), which stores the result in
--- `rec.fence` itself.
+-- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
+-- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
+-- be) and read back before set writes it with the lease.
 local function set(rec, ...)
   redis.call('HSET', KEYS[1], ...)
   local pairs_ = {...}
