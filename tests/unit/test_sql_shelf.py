@@ -112,29 +112,42 @@ def test_a_forked_child_never_uses_the_parents_kept_connections(tmp_path: Path) 
         store.close()
 
 
-def test_a_server_store_keeps_no_connection_past_its_pool_even_with_one(tmp_path: Path) -> None:
+def test_a_server_store_lends_its_kept_connection_to_a_checkout_that_needs_it(tmp_path: Path) -> None:
     # A server store's pool is bounded (pool_size, no overflow) and waits patiently for a busy
-    # connection: one kept past the pool is one no other checkout can get back. With pool_size=1, a
-    # batched read after a single-key call then waited out pool_timeout and failed.
+    # connection, so the one connection it keeps between calls must go back to the pool whenever a
+    # checkout needs it: with pool_size=1 a batched read (through the pool) after a single-key call,
+    # and four threads taking turns on the one connection, each waited out pool_timeout and failed
+    # while the store simply kept it.
     from tests.scale import tagged_url
 
     with tagged_url("postgres", tmp_path) as (url, _tag):
         store = SQLStore(f"{url}&pool_size=1" if "?" in url else f"{url}?pool_size=1", pool_timeout=5)
         try:
             store.read(Key("ns", "a"))
-            assert store._shelf == []
-            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # through the pool
+            assert store._shelf is not None and len(store._shelf) == 1  # kept for the next call
+            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # lent to the pool
             done: list[object] = []
+            inside, leave = threading.Barrier(2), threading.Event()
 
             def call() -> None:
                 done.append(store.read(Key("ns", "b")))
 
+            def hold() -> None:
+                with store._cursor():
+                    inside.wait(10)
+                    leave.wait(10)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            inside.wait(10)  # the one connection is busy: the calls below wait for it
             threads = [threading.Thread(target=call) for _ in range(4)]
             for thread in threads:
                 thread.start()
-            for thread in threads:
+            leave.set()
+            for thread in [holder, *threads]:
                 thread.join(60)
             # One connection served four threads in turn (a thread that failed appended nothing).
             assert len(done) == 4 and all(getattr(state, "lease", None) is None for state in done)
+            assert store.engine.pool.checkedout() <= 1  # type: ignore[attr-defined]  # the kept one
         finally:
             store.close()

@@ -49,8 +49,37 @@ class PatientPool(QueuePool):
         # SQLAlchemy names a pool's logger after its class's module, which would put its messages
         # ("Pool disposed", ...) under the "dibs" logger: keep them under SQLAlchemy's own name.
         self.logger = logging.getLogger("sqlalchemy.pool.impl.QueuePool")  # type: ignore[assignment]
+        #: The checkouts that found no idle connection and wait for one, one item each (list appends
+        #: and removals are atomic): while any waits, a store gives a connection it would keep between
+        #: calls (its shelf) back to the pool instead (see ``_PooledCursor`` in the SQL store).
+        self.waiting: list[object] = []
+        #: Gives the connections a store keeps between calls back to this pool (set by the store).
+        self.lender: Callable[[], None] | None = None
+
+    def recreate(self) -> PatientPool:
+        """The pool that replaces this one (``engine.dispose()``): it lends from the same store."""
+        pool = super().recreate()
+        assert isinstance(pool, PatientPool)
+        pool.lender = self.lender
+        return pool
 
     def _do_get(self) -> ConnectionPoolEntry:
+        if not self._pool.empty():
+            return super()._do_get()
+        # Counted as waiting before the store's shelf is emptied: a call that ends meanwhile either
+        # sees this waiter and gives its connection back, or shelved it before, and the lender
+        # below hands it over (the ordering the GIL gives these list operations).
+        marker = object()
+        self.waiting.append(marker)
+        try:
+            lender = self.lender
+            if lender is not None:
+                lender()
+            return self._patient_get()
+        finally:
+            self.waiting.remove(marker)
+
+    def _patient_get(self) -> ConnectionPoolEntry:
         opened = self._pool.maxsize + self._overflow  # QueuePool counts its overflow from -pool_size
         if opened > 0 and self._pool.empty():
             with contextlib.suppress(sqla_queue.Empty):
