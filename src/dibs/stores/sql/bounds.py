@@ -42,7 +42,9 @@ from sqlalchemy.util import queue as sqla_queue
 
 class PatientPool(QueuePool):
     """A bounded pool that opens another connection only when the open ones stay busy for
-    :data:`PATIENCE` seconds (see the module docstring)."""
+    :data:`PATIENCE` seconds (see the module docstring), and that gets back the connection its store
+    keeps between calls (the SQL store's shelf) whenever a checkout finds no idle one: a connection
+    kept past a bounded pool would otherwise make a waiting checkout time out (issue 20)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
