@@ -1,5 +1,6 @@
-"""The SQLite store keeps a few pooled connections checked out between calls (its shelf), past
-SQLAlchemy's checkout and checkin (issue 20); these are the rules that keep that safe."""
+"""The SQL store keeps pooled connections checked out between calls (its shelf: a few on SQLite, one
+on a server), past SQLAlchemy's checkout and checkin (issue 20); these are the rules that keep that
+safe, a server's bounded pool getting its connection back whenever a checkout needs it."""
 
 from __future__ import annotations
 
