@@ -152,3 +152,38 @@ def test_a_server_store_lends_its_kept_connection_to_a_checkout_that_needs_it(tm
             assert store.engine.pool.checkedout() <= 1  # type: ignore[attr-defined]  # the kept one
         finally:
             store.close()
+
+
+def test_a_checkout_that_finds_its_idle_connection_taken_is_still_served(tmp_path: Path) -> None:
+    # The window of a lost wake-up: a checkout sees the one connection idle, another call takes it
+    # first and, ending while nobody is counted as waiting, keeps it on its shelf; the checkout must
+    # still get it (it waited out pool_timeout and failed when it found "idle" and then blocked).
+    from tests.scale import tagged_url
+
+    with tagged_url("postgres", tmp_path) as (url, _tag):
+        store = SQLStore(f"{url}&pool_size=1" if "?" in url else f"{url}?pool_size=1", pool_timeout=5)
+        try:
+            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # idle in the pool now
+            queue = store.engine.pool._pool  # type: ignore[attr-defined]
+            taking, taken = threading.Event(), threading.Event()
+            late: list[threading.Thread] = []
+            get = queue.get
+
+            def slow_get(*args: object, **kwargs: object) -> object:
+                if late and threading.current_thread() is late[0] and not taking.is_set():
+                    taking.set()  # the checkout is about to take the idle connection ...
+                    taken.wait(10)  # ... and another call takes it first, and ends
+                return get(*args, **kwargs)
+
+            queue.get = slow_get
+            result: list[object] = []
+            thread = threading.Thread(target=lambda: result.append(store.read(Key("ns", "b"))))
+            late.append(thread)
+            thread.start()
+            assert taking.wait(10)
+            store.read(Key("ns", "a"))  # takes the idle connection, ends, keeps it
+            taken.set()
+            thread.join(30)
+            assert len(result) == 1 and getattr(result[0], "lease", None) is None
+        finally:
+            store.close()

@@ -66,8 +66,13 @@ class PatientPool(QueuePool):
         return pool
 
     def _do_get(self) -> ConnectionPoolEntry:
-        if not self._pool.empty():
-            return super()._do_get()
+        # A connection idle in the pool is taken without waiting. Only a take that cannot block may
+        # skip the count below: checking for an idle one and then waiting for it would let another
+        # call take it in between, end while nobody is counted as waiting, and shelve it, and this
+        # call would wait out pool_timeout for a connection kept idle (review of issue 20's shelf).
+        with contextlib.suppress(sqla_queue.Empty):
+            idle: ConnectionPoolEntry = self._pool.get(False)
+            return idle
         # Counted as waiting before the store's shelf is emptied: a call that ends meanwhile either
         # sees this waiter and gives its connection back, or shelved it before, and the lender
         # below hands it over (the ordering the GIL gives these list operations).
