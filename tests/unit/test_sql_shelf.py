@@ -1,5 +1,6 @@
-"""The SQLite store keeps a few pooled connections checked out between calls (its shelf), past
-SQLAlchemy's checkout and checkin (issue 20); these are the rules that keep that safe."""
+"""The SQL store keeps pooled connections checked out between calls (its shelf: a few on SQLite, one
+on a server), past SQLAlchemy's checkout and checkin (issue 20); these are the rules that keep that
+safe, a server's bounded pool getting its connection back whenever a checkout needs it."""
 
 from __future__ import annotations
 
@@ -112,29 +113,77 @@ def test_a_forked_child_never_uses_the_parents_kept_connections(tmp_path: Path) 
         store.close()
 
 
-def test_a_server_store_keeps_no_connection_past_its_pool_even_with_one(tmp_path: Path) -> None:
+def test_a_server_store_lends_its_kept_connection_to_a_checkout_that_needs_it(tmp_path: Path) -> None:
     # A server store's pool is bounded (pool_size, no overflow) and waits patiently for a busy
-    # connection: one kept past the pool is one no other checkout can get back. With pool_size=1, a
-    # batched read after a single-key call then waited out pool_timeout and failed.
+    # connection, so the one connection it keeps between calls must go back to the pool whenever a
+    # checkout needs it: with pool_size=1 a batched read (through the pool) after a single-key call,
+    # and four threads taking turns on the one connection, each waited out pool_timeout and failed
+    # while the store simply kept it.
     from tests.scale import tagged_url
 
     with tagged_url("postgres", tmp_path) as (url, _tag):
         store = SQLStore(f"{url}&pool_size=1" if "?" in url else f"{url}?pool_size=1", pool_timeout=5)
         try:
             store.read(Key("ns", "a"))
-            assert store._shelf == []
-            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # through the pool
+            assert store._shelf is not None and len(store._shelf) == 1  # kept for the next call
+            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # lent to the pool
             done: list[object] = []
+            inside, leave = threading.Barrier(2), threading.Event()
 
             def call() -> None:
                 done.append(store.read(Key("ns", "b")))
 
+            def hold() -> None:
+                with store._cursor():
+                    inside.wait(10)
+                    leave.wait(10)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            inside.wait(10)  # the one connection is busy: the calls below wait for it
             threads = [threading.Thread(target=call) for _ in range(4)]
             for thread in threads:
                 thread.start()
-            for thread in threads:
+            leave.set()
+            for thread in [holder, *threads]:
                 thread.join(60)
             # One connection served four threads in turn (a thread that failed appended nothing).
             assert len(done) == 4 and all(getattr(state, "lease", None) is None for state in done)
+            assert store.engine.pool.checkedout() <= 1  # type: ignore[attr-defined]  # the kept one
+        finally:
+            store.close()
+
+
+def test_a_checkout_that_finds_its_idle_connection_taken_is_still_served(tmp_path: Path) -> None:
+    # The window of a lost wake-up: a checkout sees the one connection idle, another call takes it
+    # first and, ending while nobody is counted as waiting, keeps it on its shelf; the checkout must
+    # still get it (it waited out pool_timeout and failed when it found "idle" and then blocked).
+    from tests.scale import tagged_url
+
+    with tagged_url("postgres", tmp_path) as (url, _tag):
+        store = SQLStore(f"{url}&pool_size=1" if "?" in url else f"{url}?pool_size=1", pool_timeout=5)
+        try:
+            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # idle in the pool now
+            queue = store.engine.pool._pool  # type: ignore[attr-defined]
+            taking, taken = threading.Event(), threading.Event()
+            late: list[threading.Thread] = []
+            get = queue.get
+
+            def slow_get(*args: object, **kwargs: object) -> object:
+                if late and threading.current_thread() is late[0] and not taking.is_set():
+                    taking.set()  # the checkout is about to take the idle connection ...
+                    taken.wait(10)  # ... and another call takes it first, and ends
+                return get(*args, **kwargs)
+
+            queue.get = slow_get
+            result: list[object] = []
+            thread = threading.Thread(target=lambda: result.append(store.read(Key("ns", "b"))))
+            late.append(thread)
+            thread.start()
+            assert taking.wait(10)
+            store.read(Key("ns", "a"))  # takes the idle connection, ends, keeps it
+            taken.set()
+            thread.join(30)
+            assert len(result) == 1 and getattr(result[0], "lease", None) is None
         finally:
             store.close()

@@ -29,11 +29,13 @@ One row per key. How each operation stays atomic and cheap:
   compile their SQLAlchemy statements once per store and then run the compiled SQL on a pooled
   DBAPI cursor: building, caching and executing a Core statement costs 40 to 150 microseconds of
   Python per call, several times an SQLite statement or a PostgreSQL round trip (measured in
-  ``benchmarks/``). On SQLite the connection itself is kept checked out between calls (the store's
-  shelf, up to two) rather than given back to the pool and taken again: that costs 10-13 µs a call
-  (issue 20). A server store does not keep one: its pool is bounded and waits for busy
-  connections. Where the database has ``UPDATE ... RETURNING`` (PostgreSQL, SQLite 3.35+),
-  ``complete`` returns the stored artifact in the same statement instead of reading it back.
+  ``benchmarks/``). The connection itself is kept checked out between calls (the store's shelf: up
+  to two on SQLite, one on a server) rather than given back to the pool and taken again: that costs
+  10-13 µs a call on SQLite, more on PostgreSQL with the pool's checkin event (issue 20). A server's
+  pool is bounded, so its shelved connection is lent back to any checkout that finds no idle one
+  (:class:`~dibs.stores.sql.bounds.PatientPool`). Where the database has ``UPDATE ... RETURNING``
+  (PostgreSQL, SQLite 3.35+), ``complete`` returns the stored artifact in the same statement
+  instead of reading it back.
 * Expiry is judged by the database's clock (``clock_timestamp()``, ``julianday('now')``,
   ``NOW(6)``), never the client's. Times are stored as Unix seconds (double precision). SQLite is
   the exception that proves the rule: it runs inside each calling process, so ``julianday('now')``

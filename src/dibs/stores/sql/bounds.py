@@ -42,15 +42,51 @@ from sqlalchemy.util import queue as sqla_queue
 
 class PatientPool(QueuePool):
     """A bounded pool that opens another connection only when the open ones stay busy for
-    :data:`PATIENCE` seconds (see the module docstring)."""
+    :data:`PATIENCE` seconds (see the module docstring), and that gets back the connection its store
+    keeps between calls (the SQL store's shelf) whenever a checkout finds no idle one: a connection
+    kept past a bounded pool would otherwise make a waiting checkout time out (issue 20)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # SQLAlchemy names a pool's logger after its class's module, which would put its messages
         # ("Pool disposed", ...) under the "dibs" logger: keep them under SQLAlchemy's own name.
         self.logger = logging.getLogger("sqlalchemy.pool.impl.QueuePool")  # type: ignore[assignment]
+        #: The checkouts that found no idle connection and wait for one, one item each (list appends
+        #: and removals are atomic): while any waits, a store gives a connection it would keep between
+        #: calls (its shelf) back to the pool instead (see ``_PooledCursor`` in the SQL store).
+        self.waiting: list[object] = []
+        #: Gives the connections a store keeps between calls back to this pool (set by the store).
+        self.lender: Callable[[], None] | None = None
+
+    def recreate(self) -> PatientPool:
+        """The pool that replaces this one (``engine.dispose()``): it lends from the same store."""
+        pool = super().recreate()
+        assert isinstance(pool, PatientPool)
+        pool.lender = self.lender
+        return pool
 
     def _do_get(self) -> ConnectionPoolEntry:
+        # A connection idle in the pool is taken without waiting. Only a take that cannot block may
+        # skip the count below: checking for an idle one and then waiting for it would let another
+        # call take it in between, end while nobody is counted as waiting, and shelve it, and this
+        # call would wait out pool_timeout for a connection kept idle (review of issue 20's shelf).
+        with contextlib.suppress(sqla_queue.Empty):
+            idle: ConnectionPoolEntry = self._pool.get(False)
+            return idle
+        # Counted as waiting before the store's shelf is emptied: a call that ends meanwhile either
+        # sees this waiter and gives its connection back, or shelved it before, and the lender
+        # below hands it over (the ordering the GIL gives these list operations).
+        marker = object()
+        self.waiting.append(marker)
+        try:
+            lender = self.lender
+            if lender is not None:
+                lender()
+            return self._patient_get()
+        finally:
+            self.waiting.remove(marker)
+
+    def _patient_get(self) -> ConnectionPoolEntry:
         opened = self._pool.maxsize + self._overflow  # QueuePool counts its overflow from -pool_size
         if opened > 0 and self._pool.empty():
             with contextlib.suppress(sqla_queue.Empty):

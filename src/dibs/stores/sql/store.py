@@ -38,7 +38,7 @@ from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secr
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed, check_watch_interval
 from dibs.stores.requests import AcquireRequest, NewArtifact
-from dibs.stores.sql.bounds import Keeper
+from dibs.stores.sql.bounds import Keeper, PatientPool
 from dibs.stores.sql.engine import (
     DEFAULT_TIMEOUT,
     DEFAULT_WATCH_INTERVAL,
@@ -120,12 +120,16 @@ _NO_GATE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 #: How many connections a store keeps checked out of its pool between calls, for the next call (its
 #: shelf, see ``_PooledCursor``): SQLAlchemy's checkout and checkin cost 10-13 µs a call, a third of
 #: SQLite's own time for a reserve + complete (issue 20). SQLite: a few (its pool, 5 + 10 overflow,
-#: still bounds the rest). A server: none. Its pool is bounded (``pool_size``, no overflow) and a
-#: checkout waits for a busy connection to come back (:class:`~dibs.stores.sql.bounds.PatientPool`),
-#: which a shelved one never does: with ``pool_size=1`` a batched read after a single-key call waited
-#: out ``pool_timeout``; and the saving is under 1 % of a server's round trip.
+#: still bounds the rest). A server: one, the connection the keeper leaves open anyway (it trims every
+#: idle pooled one while the shelf holds it). On PostgreSQL the checkout, checkin and its event cost
+#: more there than on SQLite: keeping one cut a reserve + complete's client CPU by a fifth (issue 20).
+#: The server pool is bounded (``pool_size``, no overflow), so a shelved connection is lent back:
+#: a checkout that finds no idle one empties the shelf into the pool before it waits, and a call that
+#: ends while a checkout waits gives its connection back rather than shelve it
+#: (:class:`~dibs.stores.sql.bounds.PatientPool`); without that, with ``pool_size=1``, a batched read
+#: after a single-key call waited out ``pool_timeout``.
 _SHELF_SIZE = 2
-_SERVER_SHELF_SIZE = 0
+_SERVER_SHELF_SIZE = 1
 
 # The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
 _MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
@@ -166,7 +170,18 @@ class SQLStore(Store):
         self.feed_may_read = "connect_args" not in engine_kwargs
         #: Pooled connections kept checked out between calls (see ``_PooledCursor``); ``None`` once closed.
         self._shelf: builtins.list[Any] | None = []
-        self._shelf_size = _SHELF_SIZE if self.dialect == "sqlite" else _SERVER_SHELF_SIZE
+        self._shelf_size = _SHELF_SIZE if self.dialect == "sqlite" else 0
+        pool = self.engine.pool
+        if isinstance(pool, PatientPool):  # lends its shelved connection to a waiting checkout
+            self._shelf_size = _SERVER_SHELF_SIZE
+            shelf_of = weakref.ref(self)
+
+            def lend() -> None:
+                store = shelf_of()
+                if store is not None:
+                    store._empty_shelf()
+
+            pool.lender = lend
         #: Seconds after which the pool replaces a connection (``pool_recycle``): a shelved one too.
         recycle = getattr(self.engine.pool, "_recycle", -1)
         self._recycle: float | None = float(recycle) if recycle is not None and recycle > 0 else None
@@ -974,16 +989,21 @@ class _PooledCursor:
             if ended and connection.dbapi_connection is not None:
                 # The bound shut its socket just as the call succeeded: never hand it to the next call.
                 connection.invalidate()
-            shelf = store._shelf
+            shelf, pool = store._shelf, store.engine.pool
+            # A server pool's checkouts that wait for a connection (PatientPool): one is given back.
+            waiting = getattr(pool, "waiting", ())
             if (
                 shelf is not None
                 and exc is None
                 and len(shelf) < store._shelf_size
                 and connection.dbapi_connection is not None
-                and connection._pool is store.engine.pool  # not one of a pool disposed of meanwhile
+                and connection._pool is pool  # not one of a pool disposed of meanwhile
+                and not waiting
             ):
                 shelf.append(connection)  # kept for the next call (a call that failed is not)
-                if store._shelf is not shelf:  # the store was closed meanwhile
+                # The store was closed meanwhile, or a checkout began to wait after the check above
+                # (it may have emptied the shelf before this connection was on it).
+                if store._shelf is not shelf or waiting:
                     store._empty_shelf(shelf)
             else:
                 connection.close()
