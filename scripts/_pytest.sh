@@ -5,8 +5,13 @@
 #          COMMAND -n WORKERS --dist loadfile -m "not serial" PYTEST-ARGS
 #        (--dist loadfile: a file's tests run on one worker, in order: the docs' blocks build on each
 #        other, and a module's fixtures are set up once);
-#     2. the serial ones, one at a time: COMMAND -m serial PYTEST-ARGS
-#        (tests/serial.py marks them: the real multi-process scenarios, by file).
+#     2. the serial ones (tests/serial.py marks them: the real multi-process scenarios, by file),
+#        one at a time in each of two lanes, two pytest runs started together:
+#          COMMAND -m "serial and not beside" PYTEST-ARGS
+#          COMMAND -m "serial and beside" PYTEST-ARGS   (the scenarios that mostly wait: the
+#                                                        reliability suite, the demo; its output is
+#                                                        shown when both have ended)
+#        on one core (WORKERS 1), one run: COMMAND -m serial PYTEST-ARGS.
 #   The status is the first failing part's. A part that selects no test (pytest's status 5) passes
 #   when the other one ran tests, so 5 comes only from a selection that matches nothing at all.
 #   With -x, --exitfirst or --maxfail, a failing first part skips the second.
@@ -45,6 +50,14 @@ pytest_single_call() {
   return 1
 }
 
+_pytest_statuses() {  # two runs' statuses as one: the first failure; 5 (no test) only when both are 5
+  local status
+  for status in "$@"; do
+    if [[ $status -ne 0 && $status -ne 5 ]]; then echo "$status"; return; fi
+  done
+  if [[ $1 -eq 5 && $2 -eq 5 ]]; then echo 5; else echo 0; fi
+}
+
 pytest_in_two_parts() {
   local command=() args arg workers exitfirst=0 first=0 second=0 started
   while [[ $# -gt 0 && "$1" != "--" ]]; do command+=("$1"); shift; done
@@ -64,9 +77,24 @@ pytest_in_two_parts() {
     echo "== pytest: part 1 failed (status $first) and -x/--maxfail was given: part 2 not run" >&2
     return "$first"
   fi
-  echo "== pytest, part 2 of 2: the serial tests (tests/serial.py), one at a time" >&2
   started=$SECONDS
-  "${command[@]}" -m serial "${args[@]}" || second=$?
+  if [[ "$workers" -ge 2 ]]; then
+    echo "== pytest, part 2 of 2: the serial tests (tests/serial.py), one at a time in each of two" \
+      "lanes; the second lane's output (the tests marked beside) follows when both have ended" >&2
+    local beside_log beside_pid beside=0
+    beside_log="$(mktemp "${TMPDIR:-/tmp}/dibs-serial-beside.XXXXXX")"
+    "${command[@]}" -m "serial and beside" "${args[@]}" >"$beside_log" 2>&1 &
+    beside_pid=$!
+    "${command[@]}" -m "serial and not beside" "${args[@]}" || second=$?
+    wait "$beside_pid" || beside=$?
+    echo "== pytest, part 2, the second lane (tests marked beside): status $beside" >&2
+    cat "$beside_log"
+    rm -f "$beside_log"
+    second=$(_pytest_statuses "$second" "$beside")
+  else
+    echo "== pytest, part 2 of 2: the serial tests (tests/serial.py), one at a time" >&2
+    "${command[@]}" -m serial "${args[@]}" || second=$?
+  fi
   echo "== pytest: part 1 (parallel) $((first_time / 60))m$((first_time % 60))s, status $first;" \
     "part 2 (serial) $(((SECONDS - started) / 60))m$(((SECONDS - started) % 60))s, status $second" >&2
   if [[ $first -ne 0 && $first -ne 5 ]]; then return "$first"; fi

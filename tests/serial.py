@@ -8,6 +8,15 @@ They are correct under load, but they measure handoffs and spawn many processes 
 test they only get slower and noisier, and they would slow their neighbour. Marking them here, by
 file, keeps the list in one place (a new file of that kind is added to ``SERIAL``); a test marked
 ``slow`` anywhere is serial too.
+
+"One at a time" has one exception, a second lane: the files of ``BESIDE`` (marked ``beside`` as
+well) run one after another, in a pytest of their own, beside the rest (``-m "serial and beside"``
+and ``-m "serial and not beside"``, started together by scripts/_pytest.sh). They are the scenarios
+that mostly wait (fault windows, leases running out, a demo's workers at work): measured on 2 cores,
+the reduced reliability suite keeps about a third of a core busy and the demo half of one, so beside
+them the deployments and process races lose little, and the serial part takes about the longer
+lane's time instead of the sum. (Not ``pytest-xdist``'s ``--dist loadgroup``: with pytest 9 it
+ignores ``xdist_group`` and spreads the tests one by one, xdist 3.8.)
 """
 
 from __future__ import annotations
@@ -37,14 +46,30 @@ SERIAL = frozenset(
     }
 )
 
+#: Serial files that run in the second lane, beside the others (see the module's docstring).
+BESIDE = frozenset(
+    {
+        "tests/test_reliability.py",  # fault windows and leases running out: a third of a core
+        "tests/test_demo.py",  # the demo's workers mostly sleep through their work
+    }
+)
+
+
+def _relative(item: pytest.Item) -> str:
+    try:
+        return item.path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:  # a test outside the repository (pytest given another rootdir)
+        return ""
+
 
 def is_serial(item: pytest.Item) -> bool:
     """Whether ``item`` must run alone: its file is in ``SERIAL``, or it is marked ``slow``."""
-    try:
-        relative = item.path.resolve().relative_to(ROOT).as_posix()
-    except ValueError:  # a test outside the repository (pytest given another rootdir)
-        relative = ""
-    return relative in SERIAL or item.get_closest_marker("slow") is not None
+    return _relative(item) in SERIAL or item.get_closest_marker("slow") is not None
+
+
+def runs_beside(item: pytest.Item) -> bool:
+    """Whether a serial ``item`` runs in the second lane: its file is in ``BESIDE``."""
+    return _relative(item) in BESIDE
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
@@ -52,3 +77,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if is_serial(item):
             item.add_marker(pytest.mark.serial)
+            if runs_beside(item):
+                item.add_marker(pytest.mark.beside)
