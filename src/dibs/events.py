@@ -488,6 +488,9 @@ class Emitter:
 
     A call's own observer may say which event types it wants (a ``kinds`` attribute, a set of
     types): an event nobody wants is never even built, which keeps a call that nobody watches cheap.
+    It may also say that of :class:`Finished` it wants only the ending of a call that failed (a
+    ``failures_only`` attribute, true): the log observer logs only such endings, and a call that
+    succeeds then builds none for it.
     """
 
     def __init__(
@@ -501,17 +504,29 @@ class Emitter:
     ) -> None:
         self.key, self.owner, self.frontend, self.store = key, owner, frontend, store
         self.call = next(_CALLS)
-        chosen = [group for group in groups if group is not None]
-        self._sets = tuple(group for group in chosen if isinstance(group, Observers))
-        self._direct = tuple(group for group in chosen if not isinstance(group, Observers))
+        self._sets: tuple[Observers, ...] = ()
+        direct: list[tuple[Observer, frozenset[type[Event]] | None]] = []
         kinds: set[type[Event]] | None = set()
-        for observer in self._direct:
-            wanted = getattr(observer, "kinds", None)
+        succeeded = False  # whether anybody wants the Finished of a call that succeeded
+        for group in groups:
+            if group is None:
+                continue
+            if isinstance(group, Observers):
+                self._sets += (group,)
+                continue
+            # Read once per call: a log observer's kinds depend on the logger's level, which is read
+            # (and the set looked up) at every read of the attribute.
+            wanted = getattr(group, "kinds", None)
+            direct.append((group, None if wanted is None else frozenset(wanted)))
             if wanted is None or kinds is None:
                 kinds = None  # this one wants every event
             else:
                 kinds.update(wanted)
+            if (wanted is None or Finished in wanted) and not getattr(group, "failures_only", False):
+                succeeded = True
+        self._direct = tuple(direct)
         self._kinds = kinds
+        self._succeeded = succeeded
 
     @property
     def listening(self) -> bool:
@@ -524,6 +539,14 @@ class Emitter:
             if group:
                 return True
         return self._kinds is None or kind in self._kinds
+
+    def wants_success(self) -> bool:
+        """Whether anybody hears the :class:`Finished` of this call when it succeeded (see the class
+        docstring: an observer may want failed endings only)."""
+        for group in self._sets:
+            if group:
+                return True
+        return self._succeeded
 
     def make(self, kind: type[_E], **fields: Any) -> _E:
         """An event of this call."""
@@ -540,8 +563,7 @@ class Emitter:
         for group in self._sets:
             for observer in group:
                 _deliver(observer, event)
-        for observer in self._direct:
-            wanted = getattr(observer, "kinds", None)
+        for observer, wanted in self._direct:
             if wanted is None or type(event) in wanted:
                 _deliver(observer, event)
 

@@ -179,7 +179,7 @@ def compute_once(
         }
         yield from _finished(emitter, ending, started, clock, waiting)
         raise
-    if emitter.wants(events.Finished):
+    if emitter.wants_success():
         took_over = report.role == "computed" and report.took_over_from is not None
         ending = {field: getattr(report, field) for field in _REPORTED}
         ending["outcome"] = "took_over" if took_over else report.role
