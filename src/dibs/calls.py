@@ -336,9 +336,9 @@ class _LogEvents:
     """The Python front end's log lines: the ``dibs`` logger's words for a few of the flow's events
     (only these are built when nobody else listens)."""
 
-    #: Of :class:`~dibs.events.Finished`, only a failed call's ending is logged: a call that succeeds
-    #: builds none for this observer (see :class:`~dibs.events.Emitter`).
-    failures_only = True
+    #: Only a failed call's ending and a takeover are logged: a call that succeeds, or that takes a
+    #: free key, builds neither event for this observer (see :class:`~dibs.events.Emitter`).
+    ignores_routine = frozenset({events.Finished, events.LeaseAcquired})
 
     @property
     def kinds(self) -> frozenset[type[Event]]:

@@ -488,9 +488,10 @@ class Emitter:
 
     A call's own observer may say which event types it wants (a ``kinds`` attribute, a set of
     types): an event nobody wants is never even built, which keeps a call that nobody watches cheap.
-    It may also say that of :class:`Finished` it wants only the ending of a call that failed (a
-    ``failures_only`` attribute, true): the log observer logs only such endings, and a call that
-    succeeds then builds none for it.
+    It may also say which of those kinds it ignores when they are routine (an ``ignores_routine``
+    attribute, a set of types): a :class:`Finished` of a call that succeeded, a :class:`LeaseAcquired`
+    that took over nobody. The log observer logs neither, so a call that nobody else watches builds
+    none of them for it (see :meth:`wants_routine`).
     """
 
     def __init__(
@@ -507,7 +508,7 @@ class Emitter:
         self._sets: tuple[Observers, ...] = ()
         direct: list[tuple[Observer, frozenset[type[Event]] | None]] = []
         kinds: set[type[Event]] | None = set()
-        succeeded = False  # whether anybody wants the Finished of a call that succeeded
+        routine: set[type[Event]] | None = set()  # the kinds somebody hears even when routine
         for group in groups:
             if group is None:
                 continue
@@ -519,14 +520,14 @@ class Emitter:
             wanted = getattr(group, "kinds", None)
             direct.append((group, None if wanted is None else frozenset(wanted)))
             if wanted is None or kinds is None:
-                kinds = None  # this one wants every event
+                kinds = routine = None  # this one wants every event
             else:
                 kinds.update(wanted)
-            if (wanted is None or Finished in wanted) and not getattr(group, "failures_only", False):
-                succeeded = True
+                if routine is not None:
+                    routine.update(set(wanted) - set(getattr(group, "ignores_routine", ())))
         self._direct = tuple(direct)
         self._kinds = kinds
-        self._succeeded = succeeded
+        self._routine = routine
 
     @property
     def listening(self) -> bool:
@@ -540,13 +541,13 @@ class Emitter:
                 return True
         return self._kinds is None or kind in self._kinds
 
-    def wants_success(self) -> bool:
-        """Whether anybody hears the :class:`Finished` of this call when it succeeded (see the class
-        docstring: an observer may want failed endings only)."""
+    def wants_routine(self, kind: type[Event]) -> bool:
+        """Whether anybody hears a routine event of type ``kind`` (see the class docstring): the
+        :class:`Finished` of a call that succeeded, a :class:`LeaseAcquired` that took over nobody."""
         for group in self._sets:
             if group:
                 return True
-        return self._succeeded
+        return self._routine is None or kind in self._routine
 
     def make(self, kind: type[_E], **fields: Any) -> _E:
         """An event of this call."""
