@@ -272,6 +272,8 @@ def _flow(
         failures=0 if failure is None else failure.count,
     )
     report: RunReport = yield Hold(got)
+    if report.waited_seconds == waited and report.waited_on == waiting.holder:
+        return report  # the usual case, a call that never waited: nothing to replace
     return dataclasses.replace(report, waited_seconds=waited, waited_on=waiting.holder)
 
 
