@@ -64,16 +64,19 @@ class ArtifactReader:
                 "client the writers' payload store: Reservations(..., payloads=URL) or DIBS_PAYLOADS_URL",
                 key=str(key),
             )
+        reader: Serializer | None = None
         shared = artifact.serializer in _SHAREABLE_SERIALIZERS
-        if shared:
-            shared = type(self._reader_for(key, artifact.serializer)) in _SHAREABLE_READERS
+        if shared:  # a shareable name always has a reader: looked up once, here
+            reader = self._reader_for(key, artifact.serializer)
+            shared = type(reader) in _SHAREABLE_READERS
         if shared:
             with _DECODED_LOCK:
                 cached = _DECODED.get(artifact)
             if cached is not None and cached[0] == key:
                 return cached[1]
-        payload = artifact.verified_payload(key)
-        reader = self._reader_for(key, artifact.serializer)
+        payload = artifact.verified_payload(key)  # before an unknown serializer's error, as always
+        if reader is None:
+            reader = self._reader_for(key, artifact.serializer)
         value = _load(key, artifact, reader, payload)
         if shared and type(value) in _IMMUTABLE:
             with _DECODED_LOCK:

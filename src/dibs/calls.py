@@ -110,12 +110,20 @@ class CallOptions(TypedDict, total=False):
 def checked(call: str, options: Mapping[str, object], kind: type[Mapping[str, object]]) -> None:
     """Refuse an option ``call`` does not take, as Python refuses an unknown keyword argument (the
     options arrive as ``**options``, which would otherwise take any name and ignore a misspelt one)."""
-    known: frozenset[str] = getattr(kind, "__optional_keys__", frozenset()) | getattr(
-        kind, "__required_keys__", frozenset()
-    )
+    if not options:  # the usual call: nothing to check
+        return
+    known = _KNOWN.get(kind)
+    if known is None:
+        known = _KNOWN[kind] = getattr(kind, "__optional_keys__", frozenset()) | getattr(
+            kind, "__required_keys__", frozenset()
+        )
     for name in options:
         if name not in known:
             raise TypeError(f"{call}() got an unexpected keyword argument {name!r}")
+
+
+#: The option names of each kind of call, read once (``checked`` runs twice in every ``run``).
+_KNOWN: dict[type[Mapping[str, object]], frozenset[str]] = {}
 
 
 # -- the ask --------------------------------------------------------------------------------------
@@ -327,6 +335,10 @@ _LOGGED: dict[tuple[bool, bool, bool], frozenset[type[Event]]] = {}
 class _LogEvents:
     """The Python front end's log lines: the ``dibs`` logger's words for a few of the flow's events
     (only these are built when nobody else listens)."""
+
+    #: Only a failed call's ending and a takeover are logged: a call that succeeds, or that takes a
+    #: free key, builds neither event for this observer (see :class:`~dibs.events.Emitter`).
+    ignores_routine = frozenset({events.Finished, events.LeaseAcquired})
 
     @property
     def kinds(self) -> frozenset[type[Event]]:

@@ -488,6 +488,10 @@ class Emitter:
 
     A call's own observer may say which event types it wants (a ``kinds`` attribute, a set of
     types): an event nobody wants is never even built, which keeps a call that nobody watches cheap.
+    It may also say which of those kinds it ignores when they are routine (an ``ignores_routine``
+    attribute, a set of types): a :class:`Finished` of a call that succeeded, a :class:`LeaseAcquired`
+    that took over nobody. The log observer logs neither, so a call that nobody else watches builds
+    none of them for it (see :meth:`wants_routine`).
     """
 
     def __init__(
@@ -501,17 +505,29 @@ class Emitter:
     ) -> None:
         self.key, self.owner, self.frontend, self.store = key, owner, frontend, store
         self.call = next(_CALLS)
-        chosen = [group for group in groups if group is not None]
-        self._sets = tuple(group for group in chosen if isinstance(group, Observers))
-        self._direct = tuple(group for group in chosen if not isinstance(group, Observers))
+        self._sets: tuple[Observers, ...] = ()
+        direct: list[tuple[Observer, frozenset[type[Event]] | None]] = []
         kinds: set[type[Event]] | None = set()
-        for observer in self._direct:
-            wanted = getattr(observer, "kinds", None)
+        routine: set[type[Event]] | None = set()  # the kinds somebody hears even when routine
+        for group in groups:
+            if group is None:
+                continue
+            if isinstance(group, Observers):
+                self._sets += (group,)
+                continue
+            # Read once per call: a log observer's kinds depend on the logger's level, which is read
+            # (and the set looked up) at every read of the attribute.
+            wanted = getattr(group, "kinds", None)
+            direct.append((group, None if wanted is None else frozenset(wanted)))
             if wanted is None or kinds is None:
-                kinds = None  # this one wants every event
+                kinds = routine = None  # this one wants every event
             else:
                 kinds.update(wanted)
+                if routine is not None:
+                    routine.update(set(wanted) - set(getattr(group, "ignores_routine", ())))
+        self._direct = tuple(direct)
         self._kinds = kinds
+        self._routine = routine
 
     @property
     def listening(self) -> bool:
@@ -524,6 +540,14 @@ class Emitter:
             if group:
                 return True
         return self._kinds is None or kind in self._kinds
+
+    def wants_routine(self, kind: type[Event]) -> bool:
+        """Whether anybody hears a routine event of type ``kind`` (see the class docstring): the
+        :class:`Finished` of a call that succeeded, a :class:`LeaseAcquired` that took over nobody."""
+        for group in self._sets:
+            if group:
+                return True
+        return self._routine is None or kind in self._routine
 
     def make(self, kind: type[_E], **fields: Any) -> _E:
         """An event of this call."""
@@ -540,8 +564,7 @@ class Emitter:
         for group in self._sets:
             for observer in group:
                 _deliver(observer, event)
-        for observer in self._direct:
-            wanted = getattr(observer, "kinds", None)
+        for observer, wanted in self._direct:
             if wanted is None or type(event) in wanted:
                 _deliver(observer, event)
 

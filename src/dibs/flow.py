@@ -179,7 +179,7 @@ def compute_once(
         }
         yield from _finished(emitter, ending, started, clock, waiting)
         raise
-    if emitter.wants(events.Finished):
+    if emitter.wants_routine(events.Finished):
         took_over = report.role == "computed" and report.took_over_from is not None
         ending = {field: getattr(report, field) for field in _REPORTED}
         ending["outcome"] = "took_over" if took_over else report.role
@@ -262,6 +262,7 @@ def _flow(
     yield from _tell(
         emitter,
         events.LeaseAcquired,
+        got.took_over_from is None,
         token=lease.token,
         attempt=lease.attempt,
         acquired_at=lease.record.acquired_at,
@@ -271,13 +272,17 @@ def _flow(
         failures=0 if failure is None else failure.count,
     )
     report: RunReport = yield Hold(got)
+    if report.waited_seconds == waited and report.waited_on == waiting.holder:
+        return report  # the usual case, a call that never waited: nothing to replace
     return dataclasses.replace(report, waited_seconds=waited, waited_on=waiting.holder)
 
 
-def _tell(emitter: Emitter, kind: type[Event], **fields: Any) -> Generator[Event, Any, None]:
+def _tell(
+    emitter: Emitter, kind: type[Event], routine: bool = False, /, **fields: Any
+) -> Generator[Event, Any, None]:
     """Yield an event of ``kind`` for the driver to deliver, unless nobody wants it (then it is not
-    even built)."""
-    if emitter.wants(kind):
+    even built); a ``routine`` one only if somebody wants it even then (:meth:`Emitter.wants_routine`)."""
+    if emitter.wants_routine(kind) if routine else emitter.wants(kind):
         yield emitter.make(kind, **fields)
 
 

@@ -234,6 +234,25 @@ _TEXTS = (bytes, str)
 _NUMBERS = (int, float)
 
 
+def _canonical_digits(text: bytes | str) -> bool:
+    """Whether ``text`` is an integer as dibs writes it (``_CANONICAL_INT``), without a regex: ASCII
+    digits, no leading zero."""
+    return text.isascii() and text.isdigit() and (len(text) == 1 or text[0] not in _ZEROS)
+
+
+def _plain_decimal(text: bytes | str) -> bool:
+    """Whether ``text`` is digits with at most one point, a digit first: the usual form of a time
+    (``_PLAIN_FLOAT`` accepts it, and more: those take the regex)."""
+    if not (text.isascii() and text[:1].isdigit()):
+        return False
+    bare = text.replace(b".", b"", 1) if isinstance(text, bytes) else text.replace(".", "", 1)
+    return bare.isdigit()
+
+
+#: The first character of a leading zero, in bytes (an int) and in text: never a bytes compared with a str.
+_ZEROS = (ord("0"), "0")
+
+
 class _Reader:
     """Typed, range-checked access to one record's fields."""
 
@@ -243,11 +262,15 @@ class _Reader:
 
     def present(self, names: tuple[str, ...]) -> bool:
         """Whether a group is there; ``_Damage`` if only part of it is."""
-        there = [name for name in names if self.fields.get(name) is not None]
-        if there and len(there) != len(names):
-            missing = next(name for name in names if self.fields.get(name) is None)
+        get = self.fields.get
+        there = 0
+        for name in names:  # a loop, not a list: every read checks three groups
+            if get(name) is not None:
+                there += 1
+        if there and there != len(names):
+            missing = next(name for name in names if get(name) is None)
             raise _Damage(f"its {missing} is missing")
-        return bool(there)
+        return there > 0
 
     def text(self, name: str, *, empty: bool = False) -> str:
         value = _text(self.fields, name, self.textual)
@@ -270,6 +293,20 @@ class _Reader:
         return value
 
     def integer(self, name: str, *, low: int = 0, high: int = MAX_COUNT) -> int:
+        # The usual cases first, each exactly what the checks of _integer accept: an SQL integer, or
+        # a textual store's canonical decimal. The rest, and every refusal, take those checks (a
+        # read decodes about fifteen numbers).
+        value = self.fields.get(name)
+        if type(value) is int:
+            if low <= value <= high:
+                return value
+        elif self.textual and isinstance(value, _TEXTS) and _canonical_digits(value):
+            number = int(value)
+            if low <= number <= high:
+                return number
+        return self._integer(name, low, high)
+
+    def _integer(self, name: str, low: int, high: int) -> int:
         value = self._number(name, _CANONICAL_INT, int, "an integer")
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Damage(f"its {name} is {value!r}, not an integer")
@@ -278,6 +315,19 @@ class _Reader:
         return value
 
     def seconds(self, name: str) -> float:
+        # As in integer: an SQL number, or a textual store's plain decimal, in range, read at once;
+        # anything else (NaN and infinities fail the range) takes the checks of _seconds.
+        value = self.fields.get(name)
+        if type(value) is float or type(value) is int:
+            if 0 <= value <= MAX_TIMESTAMP:
+                return float(value)
+        elif self.textual and isinstance(value, _TEXTS) and _plain_decimal(value):
+            number = float(value)
+            if 0 <= number <= MAX_TIMESTAMP:
+                return number
+        return self._seconds(name)
+
+    def _seconds(self, name: str) -> float:
         value = self._number(name, _PLAIN_FLOAT, float, "a number of seconds")
         if isinstance(value, bool) or not isinstance(value, _NUMBERS) or not math.isfinite(value):
             raise _Damage(f"its {name} is {value!r}, not a finite number of seconds")
