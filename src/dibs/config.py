@@ -57,23 +57,7 @@ def default_store_url() -> str:
 
 def default_owner() -> str:
     """A fresh identity for one caller: host, process and 48 random bits (``host:pid:random``)."""
-    return f"{_host_and_process()}{_random_suffix()}"
-
-
-#: Random suffixes not handed out yet: the operating system's random bytes fetched 256 owners at a
-#: time (one system call per owner cost about 1-2 µs of every call that names no owner). ``pop``
-#: is atomic, so threads never share one; a forked child starts empty, never repeating its parent's.
-_SUFFIXES: list[str] = []
-_SUFFIX_BATCH = 256
-
-
-def _random_suffix() -> str:
-    try:
-        return _SUFFIXES.pop()
-    except IndexError:
-        pool = secrets.token_hex(6 * _SUFFIX_BATCH)
-        _SUFFIXES.extend(pool[i : i + 12] for i in range(0, len(pool), 12))
-        return _SUFFIXES.pop()
+    return f"{_host_and_process()}{secrets.token_hex(6)}"
 
 
 #: ``host:pid:`` of this process, read once (two system calls of every ask that names no owner);
@@ -89,7 +73,6 @@ def _host_and_process() -> str:
 
 if hasattr(os, "register_at_fork"):  # POSIX: where a process can be forked
     os.register_at_fork(after_in_child=_HOST_AND_PROCESS.clear)
-    os.register_at_fork(after_in_child=_SUFFIXES.clear)
 
 
 #: The longest duration dibs accepts for any setting (ttl, intervals, timeouts, maximum lease age):
