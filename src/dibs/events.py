@@ -516,15 +516,17 @@ class Emitter:
                 self._sets += (group,)
                 continue
             # Read once per call: a log observer's kinds depend on the logger's level, which is read
-            # (and the set looked up) at every read of the attribute.
-            wanted = getattr(group, "kinds", None)
-            direct.append((group, None if wanted is None else frozenset(wanted)))
+            # (and the set looked up) at every read of the attribute. So a level lowered while the
+            # call runs applies from the next call on.
+            asked = getattr(group, "kinds", None)
+            wanted = None if asked is None else frozenset(asked)
+            direct.append((group, wanted))
             if wanted is None or kinds is None:
                 kinds = routine = None  # this one wants every event
             else:
                 kinds.update(wanted)
                 if routine is not None:
-                    routine.update(set(wanted) - set(getattr(group, "ignores_routine", ())))
+                    routine.update(wanted - frozenset(getattr(group, "ignores_routine", ())))
         self._direct = tuple(direct)
         self._kinds = kinds
         self._routine = routine

@@ -46,6 +46,11 @@ def test_routine_events_are_not_built_for_the_log_alone(
         return event
 
     monkeypatch.setattr(events.Emitter, "make", counting)
+    # The log alone: no process-wide observer left by an earlier test of this worker (an exporter is
+    # installed once per process, observe_once), and the dibs logger at its default level.
+    monkeypatch.setattr(events.PROCESS, "_all", ())
+    monkeypatch.setattr(events.PROCESS, "operations", ())
+    caplog.set_level(logging.WARNING, logger="dibs")
     # memory:// is one store per process: a namespace of its own, so every key starts free
     client = dibs.Reservations("memory://", namespace="logs.routine", ttl=60)
     assert client.run("k", lambda: 1) == 1 and client.run("k", lambda: 2) == 1
