@@ -4,10 +4,12 @@ safe, a server's bounded pool getting its connection back whenever a checkout ne
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,20 @@ def _dbapi(store: SQLStore) -> sqlite3.Connection:
     with store._cursor() as cursor:
         connection: sqlite3.Connection = cursor.connection
         return connection
+
+
+@contextlib.contextmanager
+def _one_connection_server_store(tmp_path: Path) -> Iterator[SQLStore]:
+    """A PostgreSQL store (skipped, or failed in CI, without a server) whose bounded pool holds one
+    connection: the one its shelf keeps between calls, or lends back to a waiting checkout."""
+    from tests.scale import tagged_url
+
+    with tagged_url("postgres", tmp_path) as (url, _tag):
+        store = SQLStore(f"{url}&pool_size=1" if "?" in url else f"{url}?pool_size=1", pool_timeout=5)
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 def test_a_call_leaves_its_connection_for_the_next(tmp_path: Path) -> None:
@@ -119,71 +135,59 @@ def test_a_server_store_lends_its_kept_connection_to_a_checkout_that_needs_it(tm
     # checkout needs it: with pool_size=1 a batched read (through the pool) after a single-key call,
     # and four threads taking turns on the one connection, each waited out pool_timeout and failed
     # while the store simply kept it.
-    from tests.scale import tagged_url
+    with _one_connection_server_store(tmp_path) as store:
+        store.read(Key("ns", "a"))
+        assert store._shelf is not None and len(store._shelf) == 1  # kept for the next call
+        assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # lent to the pool
+        done: list[object] = []
+        inside, leave = threading.Barrier(2), threading.Event()
 
-    with tagged_url("postgres", tmp_path) as (url, _tag):
-        store = SQLStore(f"{url}&pool_size=1" if "?" in url else f"{url}?pool_size=1", pool_timeout=5)
-        try:
-            store.read(Key("ns", "a"))
-            assert store._shelf is not None and len(store._shelf) == 1  # kept for the next call
-            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # lent to the pool
-            done: list[object] = []
-            inside, leave = threading.Barrier(2), threading.Event()
+        def call() -> None:
+            done.append(store.read(Key("ns", "b")))
 
-            def call() -> None:
-                done.append(store.read(Key("ns", "b")))
+        def hold() -> None:
+            with store._cursor():
+                inside.wait(10)
+                leave.wait(10)
 
-            def hold() -> None:
-                with store._cursor():
-                    inside.wait(10)
-                    leave.wait(10)
-
-            holder = threading.Thread(target=hold)
-            holder.start()
-            inside.wait(10)  # the one connection is busy: the calls below wait for it
-            threads = [threading.Thread(target=call) for _ in range(4)]
-            for thread in threads:
-                thread.start()
-            leave.set()
-            for thread in [holder, *threads]:
-                thread.join(60)
-            # One connection served four threads in turn (a thread that failed appended nothing).
-            assert len(done) == 4 and all(getattr(state, "lease", None) is None for state in done)
-            assert store.engine.pool.checkedout() <= 1  # type: ignore[attr-defined]  # the kept one
-        finally:
-            store.close()
+        holder = threading.Thread(target=hold)
+        holder.start()
+        inside.wait(10)  # the one connection is busy: the calls below wait for it
+        threads = [threading.Thread(target=call) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        leave.set()
+        for thread in [holder, *threads]:
+            thread.join(60)
+        # One connection served four threads in turn (a thread that failed appended nothing).
+        assert len(done) == 4 and all(getattr(state, "lease", None) is None for state in done)
+        assert store.engine.pool.checkedout() <= 1  # type: ignore[attr-defined]  # the kept one
 
 
 def test_a_checkout_that_finds_its_idle_connection_taken_is_still_served(tmp_path: Path) -> None:
     # The window of a lost wake-up: a checkout sees the one connection idle, another call takes it
     # first and, ending while nobody is counted as waiting, keeps it on its shelf; the checkout must
     # still get it (it waited out pool_timeout and failed when it found "idle" and then blocked).
-    from tests.scale import tagged_url
+    with _one_connection_server_store(tmp_path) as store:
+        assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # idle in the pool now
+        queue = store.engine.pool._pool  # type: ignore[attr-defined]
+        taking, taken = threading.Event(), threading.Event()
+        late: list[threading.Thread] = []
+        get = queue.get
 
-    with tagged_url("postgres", tmp_path) as (url, _tag):
-        store = SQLStore(f"{url}&pool_size=1" if "?" in url else f"{url}?pool_size=1", pool_timeout=5)
-        try:
-            assert store.read_many([Key("ns", "a"), Key("ns", "b")]) == []  # idle in the pool now
-            queue = store.engine.pool._pool  # type: ignore[attr-defined]
-            taking, taken = threading.Event(), threading.Event()
-            late: list[threading.Thread] = []
-            get = queue.get
+        def slow_get(*args: object, **kwargs: object) -> object:
+            if late and threading.current_thread() is late[0] and not taking.is_set():
+                taking.set()  # the checkout is about to take the idle connection ...
+                taken.wait(10)  # ... and another call takes it first, and ends
+            return get(*args, **kwargs)
 
-            def slow_get(*args: object, **kwargs: object) -> object:
-                if late and threading.current_thread() is late[0] and not taking.is_set():
-                    taking.set()  # the checkout is about to take the idle connection ...
-                    taken.wait(10)  # ... and another call takes it first, and ends
-                return get(*args, **kwargs)
-
-            queue.get = slow_get
-            result: list[object] = []
-            thread = threading.Thread(target=lambda: result.append(store.read(Key("ns", "b"))))
-            late.append(thread)
-            thread.start()
-            assert taking.wait(10)
-            store.read(Key("ns", "a"))  # takes the idle connection, ends, keeps it
-            taken.set()
-            thread.join(30)
-            assert len(result) == 1 and getattr(result[0], "lease", None) is None
-        finally:
-            store.close()
+        queue.get = slow_get
+        result: list[object] = []
+        thread = threading.Thread(target=lambda: result.append(store.read(Key("ns", "b"))))
+        late.append(thread)
+        thread.start()
+        assert taking.wait(10)
+        store.read(Key("ns", "a"))  # takes the idle connection, ends, keeps it
+        taken.set()
+        thread.join(30)
+        assert len(result) == 1 and getattr(result[0], "lease", None) is None
