@@ -52,18 +52,21 @@ Reply = list[Any]
 FIELDS = decoder.FIELDS
 #: What a ``granted`` reply of acquire carries after ``{status, now, took_over_from}``: the fields of the
 #: new lease's record that the caller does not know already (it sent the owner, lease id and ttl; the
-#: lease's fence and attempt are the record's, its start is ``now``), and the failure it reports. No
-#: artifact field: the state built from it carries no stale artifact beside the lease (nothing reads one).
-GRANTED_FIELDS = ("fence", "attempts", "lease_expires_at", "lease_max_expires_at", *decoder.FAILURE_FIELDS)
+#: lease's fence and attempt are the record's, its start is ``now``), then, only when the record holds
+#: one, the failure it reports (``decoder.FAILURE_FIELDS``: issue 20, four nils less to send and read
+#: in the usual grant). No artifact field: the state built from it carries no stale artifact beside the
+#: lease (nothing reads one).
+GRANTED_FIELDS = ("fence", "attempts", "lease_expires_at", "lease_max_expires_at")
 #: What a ``present`` reply of acquire carries after ``{status, now, false}``, before the payload: the
 #: record's counters and its artifact, all a caller finding the artifact needs (the key's identity and
 #: format were checked by the script; no lease or failure: the hit reports neither). Issue 20: every
 #: process losing a race reads this reply, so its 24 fields were a good part of a hit's cost.
 PRESENT_FIELDS = ("fence", "attempts", *decoder.ARTIFACT_FIELDS, "artifact_compute_seconds")
 #: What an ``ok`` reply of complete carries after ``{status, now, false}``: the fields of the stored
-#: artifact the caller does not know (it sent serializer, payload and checksum; the fence is its token's).
-#: No failure field: the state built from it carries none (only its artifact is returned).
-COMPLETED_FIELDS = ("attempts", "artifact_producer", "artifact_created_at", "artifact_compute_seconds")
+#: artifact the caller does not know (it sent serializer, payload and checksum; the fence is its token's;
+#: its ``artifact_created_at`` is the reply's ``now``, the same text). No failure field: the state built
+#: from it carries none (only its artifact is returned).
+COMPLETED_FIELDS = ("attempts", "artifact_producer", "artifact_compute_seconds")
 # Integers up to a signed 64-bit one (the most HINCRBY can hold), and counters up to a 32-bit one.
 _WIDE_INTEGERS = ("fence", "lease_fence", "artifact_size", "artifact_fence")
 _COUNTERS = ("attempts", "lease_attempt", "failure_count")

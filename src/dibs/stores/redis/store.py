@@ -53,8 +53,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_VALUE_LIMIT = 512 * 1024 * 1024
 #: Room in the command for what ``complete`` sends besides the payload (the key, token, checksum...).
 _COMMAND_OVERHEAD = 4096
-#: Where the failure fields start among a grant's short reply fields (after ``{status, now, extra}``).
-_GRANTED_FAILURE = GRANTED_FIELDS.index(decoder.FAILURE_FIELDS[0])
+#: The length of a grant's short reply when the record holds no failure (then none follows the lease's).
+_GRANTED_ALONE = 3 + len(GRANTED_FIELDS)
 
 
 def _seconds(value: float, what: str) -> str:
@@ -150,7 +150,7 @@ class RedisStore(Store):
         status = reply[0]
         if status == b"exhausted":
             raise transitions.fence_exhausted(key, int(reply[1]))
-        if status == b"granted" and all(value is None for value in reply[3 + _GRANTED_FAILURE :]):
+        if status == b"granted" and len(reply) == _GRANTED_ALONE:
             # The short reply, no failure recorded: the lease is what was sent and the few values only
             # the script knew, checked as the decoder checks them (decoding every field back, those
             # sent included, cost ~8 µs of each grant: issue 20).
@@ -181,12 +181,13 @@ class RedisStore(Store):
             assert state.artifact is not None
             return Present(state.artifact)
         if status == b"granted":
-            # The short reply: the rest of the new lease is what was sent (the record's key and
-            # format were checked by the script before it wrote). Any stale artifact beside the
+            # The short reply with the failure the record holds: the rest of the new lease is what
+            # was sent (the record's key and format were checked by the script before it wrote).
+            # Any stale artifact beside the
             # lease is left out: the returned state carries none (a grant does not report it, and
             # nothing reads it).
             fields = dict.fromkeys(FIELDS)
-            fields.update(zip(GRANTED_FIELDS, reply[3:], strict=True))
+            fields.update(zip((*GRANTED_FIELDS, *decoder.FAILURE_FIELDS), reply[3:], strict=True))
             fields.update(
                 format=FORMAT,
                 namespace=key.namespace,
@@ -276,7 +277,7 @@ class RedisStore(Store):
         # alone knew is read from it, checked as the decoder checks it (issue 20).
         producer, created_at, compute_seconds = decoder.stored_facts(
             key,
-            dict(zip(COMPLETED_FIELDS, reply[3:], strict=True)),
+            dict(zip(COMPLETED_FIELDS, reply[3:], strict=True), artifact_created_at=reply[1]),
             where=lambda: self._where(self.record_key(key)),
             textual=True,
         )
