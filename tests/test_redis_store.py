@@ -257,11 +257,44 @@ def test_store_time_is_the_redis_servers_clock(store: RedisStore, raw: Any) -> N
 
 
 def test_scripts_survive_a_flushed_script_cache(store: RedisStore, raw: Any) -> None:
+    # A restart or failover forgets loaded scripts: each script is loaded again at its next run
+    # (NOSCRIPT: it did not run), and run once. The cache is flushed before every script.
+    other = Key("redis.tests", "other")
+    raw.script_flush()
     lease = _granted(store.acquire(KEY, AcquireRequest("alice", 30)))
-    raw.script_flush()  # a restart or failover forgets loaded scripts; redis-py loads them again
+    raw.script_flush()
     assert store.heartbeat(KEY, lease.token, 30).token == lease.token
+    raw.script_flush()
     _complete(store, lease)
+    raw.script_flush()
     assert store.read(KEY).status == "done"
+    raw.script_flush()
+    assert [state.status for state in store.read_many([KEY])] == ["done"]
+    raw.script_flush()
+    assert store.forget(KEY)
+    other_lease = _granted(store.acquire(other, AcquireRequest("bob", 30)))
+    raw.script_flush()
+    store.release(other, other_lease.token)
+    raw.script_flush()  # the pipelines: redis-py loads the scripts before the pipeline runs
+    assert sorted(state.key.name for state in store.list()) == ["other", "the key"]
+    raw.script_flush()
+    assert len(store.read_many([KEY, other])) == 2
+    assert _granted(store.acquire(other, AcquireRequest("bob", 30))).token.fence == 2  # ran once
+
+
+def test_a_script_the_server_will_not_keep_is_an_error_not_a_loop(
+    store: RedisStore, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A load that does not reach the server the script runs on (a proxy spreading commands over
+    # servers): the script is loaded once and run again once, then NOSCRIPT is StoreUnavailable.
+    loads: list[object] = []
+    monkeypatch.setattr(store._client, "script_load", loads.append)
+    raw.script_flush()
+    with pytest.raises(StoreUnavailable, match="NoScriptError"):
+        store.acquire(KEY, AcquireRequest("alice", 30))
+    assert len(loads) == 1
+    monkeypatch.undo()
+    assert _granted(store.acquire(KEY, AcquireRequest("alice", 30))).token.fence == 1
 
 
 # -- pub/sub ----------------------------------------------------------------------------------------
@@ -713,7 +746,7 @@ def test_the_hubs_reads_raise_on_a_passing_error_reply(
         _granted(store.acquire(key, AcquireRequest("alice", 30)))
     raised: Exception = error
 
-    def failing(**_: Any) -> Any:
+    def failing(*_: Any) -> Any:  # the read script, called with its key and arguments
         raise raised
 
     pipeline = store._client.pipeline

@@ -26,6 +26,16 @@ Modules: :mod:`.settings` (the URL's options and the client's defaults), :mod:`.
 scripts, package data under ``lua/`` sharing one prelude), :mod:`.store` (:class:`RedisStore`) and
 :mod:`.feed` (the pub/sub change feed).
 
+Each script runs by its SHA1 (``EVALSHA``), sent through the client's ``execute_command``
+(:class:`~dibs.stores.redis.scripts.Script`); a server that does not know it (``NOSCRIPT``: after a
+restart, a failover or ``SCRIPT FLUSH``; the script did not run) gets it loaded, and it is run again
+once. Not Redis Functions (``FUNCTION LOAD``/``FCALL``, Redis 7), though a function skips the ~2 µs
+each call spends building the scripts' constants and functions (measured: acquire 15.4 → 11.7 µs,
+complete 21.2 → 18.2 µs of server time): a function without flags is refused outright while the
+server is over ``maxmemory``, where a script is refused only at its first write, so reads and
+acquires that find an artifact or a holder would fail there too; and the library, kept by the
+server across restarts and versions, would need ``FUNCTION`` rights and cleaning up.
+
 Why scripts rather than ``WATCH``/``MULTI`` compare-and-swap: a script runs to completion before any
 other command, reads the Redis server's clock (``TIME``) in the same step, and costs one round trip
 with no retry loop under contention. The scripts implement the rules of

@@ -12,7 +12,6 @@ from typing import cast
 
 import redis
 import redis.exceptions
-from redis.commands.core import Script
 
 from dibs.display import printable
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
@@ -39,6 +38,7 @@ from dibs.stores.redis.scripts import (
     GRANTED_FIELDS,
     PRESENT_FIELDS,
     Reply,
+    Script,
     Scripts,
 )
 from dibs.stores.redis.settings import CLIENT_DEFAULTS, DEFAULT_MAX_CONNECTIONS, SCAN_BATCH, parse_url
@@ -53,8 +53,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_VALUE_LIMIT = 512 * 1024 * 1024
 #: Room in the command for what ``complete`` sends besides the payload (the key, token, checksum...).
 _COMMAND_OVERHEAD = 4096
-#: Where the failure fields start among a grant's short reply fields (after ``{status, now, extra}``).
-_GRANTED_FAILURE = GRANTED_FIELDS.index(decoder.FAILURE_FIELDS[0])
+#: The length of a grant's short reply when the record holds no failure (then none follows the lease's).
+_GRANTED_ALONE = 3 + len(GRANTED_FIELDS)
 
 
 def _seconds(value: float, what: str) -> str:
@@ -150,7 +150,7 @@ class RedisStore(Store):
         status = reply[0]
         if status == b"exhausted":
             raise transitions.fence_exhausted(key, int(reply[1]))
-        if status == b"granted" and all(value is None for value in reply[3 + _GRANTED_FAILURE :]):
+        if status == b"granted" and len(reply) == _GRANTED_ALONE:
             # The short reply, no failure recorded: the lease is what was sent and the few values only
             # the script knew, checked as the decoder checks them (decoding every field back, those
             # sent included, cost ~8 µs of each grant: issue 20).
@@ -181,12 +181,13 @@ class RedisStore(Store):
             assert state.artifact is not None
             return Present(state.artifact)
         if status == b"granted":
-            # The short reply: the rest of the new lease is what was sent (the record's key and
-            # format were checked by the script before it wrote). Any stale artifact beside the
+            # The short reply with the failure the record holds: the rest of the new lease is what
+            # was sent (the record's key and format were checked by the script before it wrote).
+            # Any stale artifact beside the
             # lease is left out: the returned state carries none (a grant does not report it, and
             # nothing reads it).
             fields = dict.fromkeys(FIELDS)
-            fields.update(zip(GRANTED_FIELDS, reply[3:], strict=True))
+            fields.update(zip((*GRANTED_FIELDS, *decoder.FAILURE_FIELDS), reply[3:], strict=True))
             fields.update(
                 format=FORMAT,
                 namespace=key.namespace,
@@ -276,7 +277,7 @@ class RedisStore(Store):
         # alone knew is read from it, checked as the decoder checks it (issue 20).
         producer, created_at, compute_seconds = decoder.stored_facts(
             key,
-            dict(zip(COMPLETED_FIELDS, reply[3:], strict=True)),
+            dict(zip(COMPLETED_FIELDS, reply[3:], strict=True), artifact_created_at=reply[1]),
             where=lambda: self._where(self.record_key(key)),
             textual=True,
         )
@@ -326,7 +327,7 @@ class RedisStore(Store):
             with self._service("list keys", None):
                 pipe = self._client.pipeline(transaction=False)
                 for record_key in batch:
-                    self._read(keys=[record_key], args=["", "", "0"], client=pipe)
+                    self._read.registered(keys=[record_key], args=["", "", "0"], client=pipe)
                 replies = pipe.execute()
             for record_key, reply in zip(batch, replies, strict=True):
                 try:
@@ -370,9 +371,7 @@ class RedisStore(Store):
             key = keys[0]
             with self._service("read", key):
                 try:
-                    reply = cast(
-                        Reply, self._read(keys=[self.record_key(key)], args=[key.namespace, key.name, "1"])
-                    )
+                    reply = self._read(self.record_key(key), key.namespace, key.name, "1")
                 except redis.exceptions.NoPermissionError:
                     return []
             try:
@@ -382,7 +381,9 @@ class RedisStore(Store):
         with self._service("read keys", None):
             pipe = self._client.pipeline(transaction=False)
             for key in keys:
-                self._read(keys=[self.record_key(key)], args=[key.namespace, key.name, "1"], client=pipe)
+                self._read.registered(
+                    keys=[self.record_key(key)], args=[key.namespace, key.name, "1"], client=pipe
+                )
             replies = pipe.execute(raise_on_error=False)
             for reply in replies:  # as above: only a key refused this user is skipped
                 if isinstance(reply, Exception) and not isinstance(reply, redis.exceptions.NoPermissionError):
@@ -411,33 +412,42 @@ class RedisStore(Store):
     @contextlib.contextmanager
     def _service(self, action: str, key: Key | None) -> Iterator[None]:
         """Translate redis-py's errors into dibs errors; messages name the redacted URL, never secrets."""
-        what = f"{action} {key}" if key is not None else action
         try:
             yield
-        except (redis.exceptions.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
-            raise ConfigurationError(
+        except redis.exceptions.RedisError as exc:
+            raise self._failure(exc, action, key) from exc
+
+    def _failure(self, exc: redis.exceptions.RedisError, action: str, key: Key | None) -> Exception:
+        """The dibs error for redis-py's ``exc`` while doing ``action`` (on ``key``)."""
+        what = f"{action} {key}" if key is not None else action
+        if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+            return ConfigurationError(
                 f"Redis at {self._url} refused to {what}: {exc}; check the user and password in the "
                 "store URL and that the user may run EVALSHA, SCRIPT, SCAN, PUBLISH and SUBSCRIBE "
                 "on keys and channels starting with the prefix",
                 url=self._url,
-            ) from exc
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise StoreUnavailable(
+            )
+        if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+            return StoreUnavailable(
                 f"could not {what}: Redis at {self._url} did not answer ({type(exc).__name__}: {exc})",
                 url=self._url,
                 key=None if key is None else str(key),
-            ) from exc
-        except redis.exceptions.RedisError as exc:
-            raise StoreUnavailable(
-                f"could not {what}: Redis at {self._url} answered an error ({type(exc).__name__}: {exc})",
-                url=self._url,
-                key=None if key is None else str(key),
-            ) from exc
+            )
+        return StoreUnavailable(
+            f"could not {what}: Redis at {self._url} answered an error ({type(exc).__name__}: {exc})",
+            url=self._url,
+            key=None if key is None else str(key),
+        )
 
     def _run(self, script: Script, key: Key, action: str, *args: str | bytes | int) -> Reply:
-        """Run one script on ``key``'s record; a foreign or damaged record raises :class:`CorruptRecord`."""
-        with self._service(action, key):
-            reply = cast(Reply, script(keys=[self.record_key(key)], args=args))
+        """Run one script on ``key``'s record; a foreign or damaged record raises :class:`CorruptRecord`.
+
+        A ``try`` rather than :meth:`_service`: the context manager's generator cost ~1 µs of every
+        operation (issue 20)."""
+        try:
+            reply = script(self.record_key(key), *args)
+        except redis.exceptions.RedisError as exc:
+            raise self._failure(exc, action, key) from exc
         if reply[0] == b"corrupt":
             # The reason may quote the foreign value (its format, the key it names): never raw.
             raise self._corrupt(key, self.record_key(key), printable(reply[1].decode("utf-8", "replace")))

@@ -4,7 +4,7 @@
 -- ARGV[7]: the oldest artifact the caller takes, as a maximum age in seconds, or '' for any,
 -- ARGV[8]: the lowest fencing token of an artifact the caller takes (decimal), or ''
 -- Returns {'corrupt', why}, {'exhausted', fence},
--- {'granted', now, took_over_from, GRANTED_FIELDS...}, {'present', now, false, PRESENT_FIELDS...,
+-- {'granted', now, took_over_from, GRANTED_FIELDS...[, GROUPS.failure...]}, {'present', now, false, PRESENT_FIELDS...,
 -- payload} or {'reentered'|'held', now, false, FIELDS...}. A stale artifact is no hit: the
 -- lease can be taken beside it, and complete replaces it.
 -- After the prelude's guard: `now` is the server's time, `rec` the key's record or nil.
@@ -75,4 +75,11 @@ set(rec, unpack(fields))
 if not new_max and rec.lease_max_expires_at then
   unset(rec, 'lease_max_expires_at')
 end
-return short_reply('granted', now, rec, took_over_from, GRANTED_FIELDS)
+local out = short_reply('granted', now, rec, took_over_from, GRANTED_FIELDS)
+if rec.failure_count then
+  -- The failure the grant reports, only when the record holds one (the group is whole: checked).
+  for i, field in ipairs(GROUPS.failure) do
+    out[#GRANTED_FIELDS + 3 + i] = rec[field]
+  end
+end
+return out

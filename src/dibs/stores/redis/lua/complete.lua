@@ -2,7 +2,7 @@
 -- ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: fence, ARGV[4]: lease id, ARGV[5]: serializer,
 -- ARGV[6]: payload, ARGV[7]: checksum, ARGV[8]: the key's notification channel,
 -- ARGV[9]: the work's compute time in seconds ('' when unknown)
--- Returns {'corrupt', why}, {'ok', now, false, COMPLETED_FIELDS...} or
+-- Returns {'corrupt', why}, {'ok', now, false, COMPLETED_FIELDS...} (the artifact's created_at is now) or
 -- {'lost', now, false, FIELDS...}
 -- After the prelude's guard: `now`, and `rec`, whose current lease is the caller's.
 -- One HSET for the artifact, one HDEL for the lease (and a compute time not given this time).
