@@ -220,8 +220,11 @@ class Keeper:
 
     # -- the thread -----------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Start the thread if it is not running (first use, or a forked child). Holds the lock."""
-        if self._closed or (self._thread is not None and self._thread.is_alive()):
+        """Start the thread if it is not running (first use, or a forked child). Holds the lock.
+
+        Every call of the store passes here: the thread clears ``_thread`` under the lock as it ends
+        (see :meth:`_run`), so this is one attribute check, not ``Thread.is_alive()`` (~1 µs)."""
+        if self._closed or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="dibs-sql-keeper", daemon=True)
         self._thread.start()
@@ -232,6 +235,14 @@ class Keeper:
             self._lock.notify()  # the thread ends at once
 
     def _run(self) -> None:
+        try:
+            self._keep()
+        finally:
+            with self._mutex:  # a later call starts another (unless closed)
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _keep(self) -> None:
         while True:
             with self._lock:
                 if self._closed or self._engine() is None:
