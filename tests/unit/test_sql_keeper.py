@@ -48,3 +48,32 @@ def test_a_keeper_whose_thread_ended_starts_another_for_the_next_bounded_call(
         keeper.close()
         ours.close()
         theirs.close()
+
+
+def test_the_socket_of_each_drivers_connection_is_found() -> None:
+    from dibs.stores.sql.bounds import _fileno
+
+    class Psycopg:
+        pgconn = object()
+
+        def __init__(self, fileno: int | None) -> None:
+            self._fileno = fileno
+
+        def fileno(self) -> int:
+            if self._fileno is None:
+                raise OSError("the connection is closed")
+            return self._fileno
+
+    class PyMySQL:
+        def __init__(self, sock: object) -> None:
+            self._sock = sock
+
+    class Socket:
+        def fileno(self) -> int:
+            return 9
+
+    assert _fileno(Psycopg(7)) == 7
+    assert _fileno(Psycopg(None)) is None  # closed
+    assert _fileno(PyMySQL(Socket())) == 9
+    assert _fileno(PyMySQL(None)) is None  # closed
+    assert _fileno(object()) is None  # SQLite: no socket

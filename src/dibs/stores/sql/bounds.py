@@ -293,14 +293,17 @@ os.register_at_fork(after_in_child=_reset_keepers_in_child)
 
 
 def _fileno(dbapi_connection: Any) -> int | None:
-    """The socket of a DBAPI connection: psycopg's ``fileno()``, PyMySQL's ``_sock``."""
-    with contextlib.suppress(Exception):
-        if hasattr(dbapi_connection, "_sock"):
-            sock = dbapi_connection._sock
-            return None if sock is None else int(sock.fileno())
-        if hasattr(dbapi_connection, "fileno") and hasattr(dbapi_connection, "pgconn"):
+    """The socket of a DBAPI connection: psycopg's ``fileno()``, PyMySQL's ``_sock``.
+
+    Every bounded call asks (see :meth:`Keeper.register`): psycopg's case is looked for first, with
+    one attribute lookup that finds something, and no ``contextlib.suppress`` object is built."""
+    try:
+        if getattr(dbapi_connection, "pgconn", None) is not None:
             return int(dbapi_connection.fileno())
-    return None
+        sock = getattr(dbapi_connection, "_sock", None)
+        return None if sock is None else int(sock.fileno())
+    except Exception:  # closed, or a driver without a socket
+        return None
 
 
 def _shut_down(fileno: int) -> None:

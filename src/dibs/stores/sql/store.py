@@ -947,8 +947,11 @@ class _PooledCursor:
             connection = None
             shelf = store._shelf
             if shelf:  # a connection kept from an earlier call, past the pool
-                with contextlib.suppress(IndexError):  # another thread took the last one
+                # Not contextlib.suppress, which would build an object on every call.
+                try:  # noqa: SIM105
                     connection = shelf.pop()
+                except IndexError:  # another thread took the last one
+                    pass
                 if (
                     connection is not None
                     and store._recycle is not None
