@@ -596,13 +596,12 @@ def test_a_postgres_row_committed_after_the_reads_snapshot_is_not_overwritten(tm
             class _RacedOnce:
                 columns = combined.columns
 
-                def fetch_one(self, cursor: Any, values: Any) -> Any:
+                def fetch_tuple(self, cursor: Any, values: Any) -> Any:
                     if raced:
-                        return combined.fetch_one(cursor, values)
+                        return combined.fetch_tuple(cursor, values)
                     raced.append(other.acquire(KEY, AcquireRequest("bob", 60)))
                     cursor.execute(store._read_state.sql, {"p_key_hash": "no such key"})
-                    row = dict(zip(store._read_state.columns, cursor.fetchone(), strict=True))
-                    return {"inserted": False, **row}
+                    return (False, *cursor.fetchone())
 
             store._read_or_insert = _RacedOnce()  # type: ignore[assignment]
             got = store.acquire(KEY, AcquireRequest("alice", 60))

@@ -34,8 +34,11 @@ One row per key. How each operation stays atomic and cheap:
   10-13 µs a call on SQLite, more on PostgreSQL with the pool's checkin event (issue 20). A server's
   pool is bounded, so its shelved connection is lent back to any checkout that finds no idle one
   (:class:`~dibs.stores.sql.bounds.PatientPool`). Where the database has ``UPDATE ... RETURNING``
-  (PostgreSQL, SQLite 3.35+), ``complete`` returns the stored artifact in the same statement
-  instead of reading it back.
+  (PostgreSQL, SQLite 3.35+), ``complete`` returns what it stored that the caller cannot know (the
+  producer and the database's time) in the same statement instead of reading it back; MySQL keeps
+  the two in session variables. The statements' constants (``version + 1``, ``owner = NULL``) are
+  written into their SQL, so each call sends and binds only its own values, and a read's row is
+  taken as the driver's tuple, named only when it has a row to decode (issue 20).
 * Expiry is judged by the database's clock (``clock_timestamp()``, ``julianday('now')``,
   ``NOW(6)``), never the client's. Times are stored as Unix seconds (double precision). SQLite is
   the exception that proves the rule: it runs inside each calling process, so ``julianday('now')``

@@ -220,8 +220,11 @@ class Keeper:
 
     # -- the thread -----------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Start the thread if it is not running (first use, or a forked child). Holds the lock."""
-        if self._closed or (self._thread is not None and self._thread.is_alive()):
+        """Start the thread if it is not running (first use, or a forked child). Holds the lock.
+
+        Every call of the store passes here: the thread clears ``_thread`` under the lock as it ends
+        (see :meth:`_run`), so this is one attribute check, not ``Thread.is_alive()`` (~1 µs)."""
+        if self._closed or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="dibs-sql-keeper", daemon=True)
         self._thread.start()
@@ -232,6 +235,14 @@ class Keeper:
             self._lock.notify()  # the thread ends at once
 
     def _run(self) -> None:
+        try:
+            self._keep()
+        finally:
+            with self._mutex:  # a later call starts another (unless closed)
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _keep(self) -> None:
         while True:
             with self._lock:
                 if self._closed or self._engine() is None:
@@ -282,14 +293,17 @@ os.register_at_fork(after_in_child=_reset_keepers_in_child)
 
 
 def _fileno(dbapi_connection: Any) -> int | None:
-    """The socket of a DBAPI connection: psycopg's ``fileno()``, PyMySQL's ``_sock``."""
-    with contextlib.suppress(Exception):
-        if hasattr(dbapi_connection, "_sock"):
-            sock = dbapi_connection._sock
-            return None if sock is None else int(sock.fileno())
-        if hasattr(dbapi_connection, "fileno") and hasattr(dbapi_connection, "pgconn"):
+    """The socket of a DBAPI connection: psycopg's ``fileno()``, PyMySQL's ``_sock``.
+
+    Every bounded call asks (see :meth:`Keeper.register`): psycopg's case is looked for first, with
+    one attribute lookup that finds something, and no ``contextlib.suppress`` object is built."""
+    try:
+        if getattr(dbapi_connection, "pgconn", None) is not None:
             return int(dbapi_connection.fileno())
-    return None
+        sock = getattr(dbapi_connection, "_sock", None)
+        return None if sock is None else int(sock.fileno())
+    except Exception:  # closed, or a driver without a socket
+        return None
 
 
 def _shut_down(fileno: int) -> None:

@@ -24,6 +24,15 @@ from dibs.stores.sql.schema import ADDED_COLUMNS, LEASE_COLUMNS
 #: Keys per ``IN (...)`` list of the watch hub's queries.
 IN_LIST = 500
 
+# The constants of the statements, written into their SQL rather than bound: a bound constant is one
+# more parameter for the driver to send (or SQLite to bind) on every call, and one more value merged
+# into every call's parameters (``Prepared._fixed``). Hot statements have none (issue 20).
+_ONE = sa.literal_column("1", sa.Integer)
+_ZERO = sa.literal_column("0", sa.Integer)
+_NULL = sa.null()
+_MAX_FENCE = sa.literal_column(str(MAX_FENCE), sa.BigInteger)
+_MAX_COUNT = sa.literal_column(str(MAX_COUNT), sa.Integer)
+
 
 def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     """``items`` in lists of at most ``size``, one query each."""
@@ -59,22 +68,28 @@ class Prepared:
         binds = compiled.bind_names.items()
         self._fixed = {name: bind.effective_value for bind, name in binds if not name.startswith("p_")}
         self._positions = tuple(compiled.positiontup or ()) if compiled.positional else None
-        #: The positional parameters' values out of a mapping, as a tuple, in one C call.
-        self._ordered: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
-        if self._positions is not None:
-            getter = operator.itemgetter(*self._positions) if self._positions else None
-            if getter is None:
-                self._ordered = lambda _merged: ()
-            elif len(self._positions) == 1:
-                self._ordered = lambda merged: (getter(merged),)
-            else:
-                self._ordered = getter
+        #: The driver's parameters out of a call's values (see :meth:`parameters`), chosen once here:
+        #: it runs for every statement of every call.
+        self.parameters: Callable[[Mapping[str, Any]], Any] = self._chosen_parameters()
 
-    def parameters(self, values: Mapping[str, Any]) -> Any:
-        merged = {**self._fixed, **values} if self._fixed else values
-        if self._ordered is None:
-            return merged
-        return self._ordered(merged)
+    def _chosen_parameters(self) -> Callable[[Mapping[str, Any]], Any]:
+        """The function that turns a call's ``p_*`` values into the driver's parameters: the mapping
+        itself (a named paramstyle), or a tuple in the statement's order (a positional one), taken
+        out by :func:`operator.itemgetter` in one C call. Bound constants (none in the statements of
+        :class:`Statements`, whose constants are in their SQL) are merged in first."""
+        fixed, positions = self._fixed, self._positions
+        if positions is None:
+            return (lambda values: {**fixed, **values}) if fixed else (lambda values: values)
+        if not positions:
+            return lambda _values: ()
+        getter = operator.itemgetter(*positions)
+        # An itemgetter of one name returns the value itself, not a one-value tuple.
+        ordered: Callable[[Mapping[str, Any]], Any] = (
+            (lambda values: (getter(values),)) if len(positions) == 1 else getter
+        )
+        if fixed:
+            return lambda values: ordered({**fixed, **values})
+        return ordered
 
     def execute(self, cursor: Any, values: Mapping[str, Any]) -> int:
         """Run the statement; the number of rows it matched."""
@@ -85,12 +100,32 @@ class Prepared:
         cursor.execute(self.sql, self.parameters(values))
         return [dict(zip(self.columns, row, strict=True)) for row in cursor.fetchall()]
 
+    def fetch_rows(self, cursor: Any, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """The rows as the driver returns them, their values in the order of ``columns``: for a
+        caller that reads a few of them by position rather than by name."""
+        cursor.execute(self.sql, self.parameters(values))
+        return list(cursor.fetchall())
+
     def fetch_one(self, cursor: Any, values: Mapping[str, Any]) -> dict[str, Any]:
         """The one row the statement returns (a read of a key always returns exactly one)."""
-        rows = self.fetch_all(cursor, values)
+        return self.named(self.fetch_tuple(cursor, values))
+
+    def fetch_tuple(self, cursor: Any, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        """:meth:`fetch_one` as the driver returns it: for a caller that needs a few of its values
+        (read by position, see :meth:`position`) before it needs them all (:meth:`named`)."""
+        cursor.execute(self.sql, self.parameters(values))
+        rows = cursor.fetchall()
         if len(rows) != 1:
             raise sa_exc.MultipleResultsFound(f"expected one row, got {len(rows)}: {self.sql}")
-        return rows[0]
+        return tuple(rows[0])
+
+    def named(self, row: Sequence[Any]) -> dict[str, Any]:
+        """A row of this statement under its column names."""
+        return dict(zip(self.columns, row, strict=True))
+
+    def position(self, column: str) -> int:
+        """Where ``column`` is in this statement's rows."""
+        return self.columns.index(column)
 
 
 class Statements:
@@ -111,12 +146,12 @@ class Statements:
 
         swapped: dict[str, Any] = {name: p(f"p_{name}") for name in (*LEASE_COLUMNS, "fence", "attempts")}
         new_row: dict[str, Any] = {name: p(f"p_{name}") for name in ("key_hash", "namespace", "name")}
-        insert = insert_if_absent(t, backend, {**new_row, "version": 1, "failure_count": 0, **swapped})
+        insert = insert_if_absent(t, backend, {**new_row, "version": _ONE, "failure_count": _ZERO, **swapped})
         self.insert_new = Prepared(insert, dialect)
         swap = (
             sa.update(t)
             .where(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
-            .values(version=t.c.version + 1, **swapped)
+            .values(version=t.c.version + _ONE, **swapped)
         )
         self.swap_row = Prepared(swap, dialect)
         #: PostgreSQL only (``None`` elsewhere): the read of ``read_state`` and, when the key has no row,
@@ -139,7 +174,7 @@ class Statements:
             t.c.namespace == p("p_namespace"),
             t.c.name == p("p_name"),
             t.c.owner.is_not(None),
-            t.c.version < MAX_FENCE,
+            t.c.version < _MAX_FENCE,
         )
         extended = now + p("p_ttl", type_=sa.Double)
         capped = sa.case(
@@ -149,11 +184,11 @@ class Statements:
         heartbeat = (
             sa.update(t)
             .where(holding, sa.or_(t.c.max_expires_at.is_(None), t.c.max_expires_at > now))
-            .values(expires_at=capped, ttl=p("p_ttl", type_=sa.Double), version=t.c.version + 1)
+            .values(expires_at=capped, ttl=p("p_ttl", type_=sa.Double), version=t.c.version + _ONE)
         )
         self.heartbeat = Prepared(heartbeat, dialect)
 
-        cleared = tuple((t.c[name], None) for name in LEASE_COLUMNS)
+        cleared = tuple((t.c[name], _NULL) for name in LEASE_COLUMNS)
         producer: Any = t.c.owner
         created_at: Any = now
         if not dialect.update_returning:
@@ -173,7 +208,7 @@ class Statements:
             .ordered_values(
                 (t.c.producer, producer),
                 (t.c.artifact_fence, t.c.fence),
-                (t.c.version, t.c.version + 1),
+                (t.c.version, t.c.version + _ONE),
                 (t.c.serializer, p("p_serializer")),
                 (t.c.payload, p("p_payload")),
                 (t.c.size, p("p_size")),
@@ -183,20 +218,24 @@ class Statements:
                 *cleared,
             )
         )
-        stored = ("serializer", "size", "checksum", "producer", "artifact_fence", "created_at", *added)
         if dialect.update_returning:
-            complete = complete.returning(*(t.c[name] for name in stored))
-            self.complete = Prepared(complete, dialect, stored)
+            # Only what the caller cannot know: the rest of the stored artifact is what it sent, and
+            # its fence the token's (the statement matched ``fence``). Five more columns cost every
+            # complete their transfer and decoding (issue 20).
+            complete = complete.returning(t.c.producer, t.c.created_at)
+            self.complete = Prepared(complete, dialect, ("producer", "created_at"))
         else:
             self.complete = Prepared(complete, dialect)
 
         at_version = sa.and_(t.c.key_hash == p("p_key_hash"), t.c.version == p("p_version"))
-        no_lease = dict.fromkeys(LEASE_COLUMNS)
+        no_lease = dict.fromkeys(LEASE_COLUMNS, _NULL)
         self.drop_lease = Prepared(
-            sa.update(t).where(at_version).values(version=t.c.version + 1, **no_lease), dialect
+            sa.update(t).where(at_version).values(version=t.c.version + _ONE, **no_lease), dialect
         )
         self.reap_expired = Prepared(
-            sa.update(t).where(at_version, t.c.expires_at <= now).values(version=t.c.version + 1, **no_lease),
+            sa.update(t)
+            .where(at_version, t.c.expires_at <= now)
+            .values(version=t.c.version + _ONE, **no_lease),
             dialect,
         )
         no_result = dict.fromkeys(
@@ -204,10 +243,13 @@ class Statements:
                 *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),
                 *added,
                 *("failure_error", "failure_owner", "failure_at"),
-            )
+            ),
+            _NULL,
         )
         self.drop_result = Prepared(
-            sa.update(t).where(at_version).values(version=t.c.version + 1, failure_count=0, **no_result),
+            sa.update(t)
+            .where(at_version)
+            .values(version=t.c.version + _ONE, failure_count=_ZERO, **no_result),
             dialect,
         )
         # Removal (discard, prune, the second step of reap) never deletes the row: it leaves a
@@ -217,15 +259,15 @@ class Statements:
         self.clear_row = Prepared(
             sa.update(t)
             .where(at_version)
-            .values(version=t.c.version + 1, attempts=0, failure_count=0, **no_lease, **no_result),
+            .values(version=t.c.version + _ONE, attempts=_ZERO, failure_count=_ZERO, **no_lease, **no_result),
             dialect,
         )
 
-        released = (t.c.version, t.c.version + 1)
+        released = (t.c.version, t.c.version + _ONE)
         self.release = Prepared(sa.update(t).where(holding).ordered_values(released, *cleared), dialect)
         # The failure is recorded before the lease columns are cleared (MySQL assigns left to right).
         # Saturating, like transitions.release: a 32-bit INTEGER column must never overflow.
-        counted = sa.case((t.c.failure_count < MAX_COUNT, t.c.failure_count + 1), else_=MAX_COUNT)
+        counted = sa.case((t.c.failure_count < _MAX_COUNT, t.c.failure_count + _ONE), else_=_MAX_COUNT)
         failure: tuple[tuple[Any, Any], ...] = (
             (t.c.failure_count, counted),
             (t.c.failure_error, p("p_error")),

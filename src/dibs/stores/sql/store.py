@@ -196,6 +196,8 @@ class SQLStore(Store):
 
             keeper = self._keeper = Keeper(self.engine, shelved=shelved)
             sa.event.listen(self.engine, "checkin", lambda _dbapi, record: keeper.returned(record))
+        #: The driver's module (its exception classes), which every call's cursor needs.
+        self._dbapi = self.engine.dialect.loaded_dbapi
         self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
         self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
         dispose_in_forked_children(self.engine)
@@ -434,11 +436,30 @@ class SQLStore(Store):
         self._release_stopped = prepared.release_stopped
         self._drop_lease, self._reap_expired = prepared.drop_lease, prepared.reap_expired
         self._versions_by_size: dict[int, Prepared] = {}
+        # Where a read's row has the values read by position (see _read_row). PostgreSQL's
+        # read_or_insert returns the read's columns after its first, ``inserted``.
+        read = prepared.read_state
+        if prepared.read_or_insert is not None:
+            assert prepared.read_or_insert.columns[1:] == read.columns
+        self._now_at, self._key_hash_at = read.position("now"), read.position("key_hash")
+        self._lease_times_at = tuple(
+            read.position(name) for name in ("acquired_at", "expires_at", "max_expires_at")
+        )
         self._drop_result, self._clear_row = prepared.drop_result, prepared.clear_row
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
-        return self._checked_state(key, self._read_state.fetch_one(cursor, {"p_key_hash": key.digest}))
+        statement = self._read_state
+        row = statement.fetch_tuple(cursor, {"p_key_hash": key.digest})
+        return self._read_row(key, row, statement)
+
+    def _read_row(self, key: Key, row: tuple[Any, ...], statement: Prepared) -> tuple[KeyState, int | None]:
+        """:meth:`_checked_state` of a row of ``statement`` as the driver returned it. A key without a
+        row (the outer join's ``key_hash`` is ``NULL``: every new key) is the empty state, without
+        naming the row's columns first (issue 20)."""
+        if row[self._key_hash_at] is None:
+            return transitions.empty(key, float(row[self._now_at])), None
+        return self._checked_state(key, statement.named(row))
 
     def _checked_state(self, key: Key, row: Mapping[str, Any]) -> tuple[KeyState, int | None]:
         """A read row's state and version, a version no write could increment being corrupt."""
@@ -541,7 +562,8 @@ class SQLStore(Store):
         """PostgreSQL: read the key and, if it has no row, take its first lease, in one round trip
         (see :func:`~dibs.stores.sql.statements.read_or_insert`). The lease granted, or ``None`` and
         the key's state and row version for :func:`transitions.acquire` to decide on."""
-        assert self._read_or_insert is not None
+        statement = self._read_or_insert
+        assert statement is not None
         span = request.ttl if request.max_lease_age is None else min(request.ttl, request.max_lease_age)
         lease_id = new_lease_id()
         values = {
@@ -554,20 +576,20 @@ class SQLStore(Store):
             "p_max_lease_age": request.max_lease_age,
             "p_ttl": request.ttl,
         }
-        row = self._read_or_insert.fetch_one(cursor, values)
-        if not row["inserted"]:
-            state, version = self._checked_state(key, row)
+        row = statement.fetch_tuple(cursor, values)
+        if not row[0]:  # inserted: false
+            state, version = self._read_row(key, row[1:], self._read_state)
             return None, state, version
         # The row the statement inserted is the first lease transitions.acquire grants a free key
         # (fence 1, attempt 1, no failure): built from what was sent and the times the database
         # wrote, rather than by decoding the whole row back (issue 20).
-        max_expires_at = row["max_expires_at"]
+        acquired_at, expires_at, max_expires_at = (row[1 + at] for at in self._lease_times_at)
         lease = LeaseRecord(
             key=key,
             owner=request.owner,
             token=LeaseToken(1, lease_id),
-            acquired_at=float(row["acquired_at"]),
-            expires_at=float(row["expires_at"]),
+            acquired_at=float(acquired_at),
+            expires_at=float(expires_at),
             ttl=request.ttl,
             attempt=1,
             max_expires_at=None if max_expires_at is None else float(max_expires_at),
@@ -642,19 +664,22 @@ class SQLStore(Store):
 
         def attempt(cursor: Any) -> ArtifactRecord:
             self._check_size(cursor, key, values)
-            if statement.columns:  # UPDATE ... RETURNING: the stored artifact, in the same statement
-                rows = statement.fetch_all(cursor, values)
+            # What the statement wrote that the caller does not know: the producer (the lease's owner)
+            # and the server's time. The rest of the artifact is what was sent.
+            if statement.columns:  # UPDATE ... RETURNING: read in the same statement
+                rows = statement.fetch_rows(cursor, values)
                 if len(rows) != 1:
                     raise self._lost(cursor, key, token, "complete")
-                return _stored_artifact(rows[0], payload)
-            if statement.execute(cursor, values) != 1:
-                raise self._lost(cursor, key, token, "complete")
-            # MySQL/MariaDB have no UPDATE ... RETURNING: the statement kept what it wrote that the
-            # caller does not know (the producer, the server's time) in session variables. Reading
-            # them back cannot race with anything: a prune, forget or new holder right after the
-            # update would have made a read of the row tell a stored artifact as a lost one.
-            cursor.execute(self._stored_variables)
-            producer, created_at = cursor.fetchone()
+                producer, created_at = rows[0]
+            else:
+                if statement.execute(cursor, values) != 1:
+                    raise self._lost(cursor, key, token, "complete")
+                # MySQL/MariaDB have no UPDATE ... RETURNING: the statement kept the two in session
+                # variables. Reading them back cannot race with anything: a prune, forget or new holder
+                # right after the update would have made a read of the row tell a stored artifact as
+                # a lost one.
+                cursor.execute(self._stored_variables)
+                producer, created_at = cursor.fetchone()
             return artifact.stored(
                 producer=producer.decode() if isinstance(producer, bytes) else str(producer),
                 fence=token.fence,
@@ -918,12 +943,15 @@ class _PooledCursor:
         if gate is not None:
             gate.__enter__()
         try:
-            dbapi = self._dbapi = store.engine.dialect.loaded_dbapi
+            dbapi = self._dbapi = store._dbapi
             connection = None
             shelf = store._shelf
             if shelf:  # a connection kept from an earlier call, past the pool
-                with contextlib.suppress(IndexError):  # another thread took the last one
+                # Not contextlib.suppress, which would build an object on every call.
+                try:  # noqa: SIM105
                     connection = shelf.pop()
+                except IndexError:  # another thread took the last one
+                    pass
                 if (
                     connection is not None
                     and store._recycle is not None
@@ -984,8 +1012,11 @@ class _PooledCursor:
                     error = sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect)
         finally:
             if cursor is not None:
-                with contextlib.suppress(dbapi.Error):
+                # Not contextlib.suppress, which would build an object on every call.
+                try:  # noqa: SIM105
                     cursor.close()
+                except dbapi.Error:
+                    pass
             if ended and connection.dbapi_connection is not None:
                 # The bound shut its socket just as the call succeeded: never hand it to the next call.
                 connection.invalidate()
@@ -1053,18 +1084,4 @@ def _too_many_clients(message: str) -> bool:
         "too many clients" in text
         or "too many connections" in text
         or "remaining connection slots are reserved" in text
-    )
-
-
-def _stored_artifact(row: Mapping[str, Any], payload: bytes) -> ArtifactRecord:
-    """The artifact ``complete`` just stored: the row's facts, and the payload the caller passed."""
-    return ArtifactRecord(
-        serializer=str(row["serializer"]),
-        payload=bytes(payload),
-        size=int(row["size"]),
-        checksum=str(row["checksum"]),
-        producer=str(row["producer"]),
-        fence=int(row["artifact_fence"]),
-        created_at=float(row["created_at"]),
-        compute_seconds=None if row.get("compute_seconds") is None else float(row["compute_seconds"]),
     )

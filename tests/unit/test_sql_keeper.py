@@ -1,0 +1,79 @@
+"""The keeper of the SQL store's bounded calls (:class:`dibs.stores.sql.bounds.Keeper`)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from dibs.stores.sql.bounds import Keeper
+
+
+def test_a_keeper_whose_thread_ended_starts_another_for_the_next_bounded_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every call checks only that the keeper has a thread (not Thread.is_alive()): a thread that
+    # ends must clear itself, or no later call would ever be bounded again.
+    class Engine:  # what the keeper needs of an engine: something to refer to weakly
+        pool = None
+
+    class Connection:
+        def __init__(self, sock: socket.socket) -> None:
+            self._sock = sock  # PyMySQL's attribute, which the keeper reads
+
+    engine, (ours, theirs) = Engine(), socket.socketpair()
+    connection = Connection(ours)  # referenced: the keeper shuts only a connection still alive
+    keeper = Keeper(engine)
+    keep = Keeper._keep
+    runs: list[int] = []
+
+    def ends_at_once_the_first_time(self: Keeper) -> None:
+        runs.append(1)
+        if len(runs) > 1:
+            keep(self)
+
+    monkeypatch.setattr(Keeper, "_keep", ends_at_once_the_first_time)
+    try:
+        keeper.unregister(keeper.register(connection, 600))
+        first = keeper._thread
+        assert first is not None
+        first.join(10)
+        assert not first.is_alive() and keeper._thread is None
+        ticket = keeper.register(connection, 0.01)  # a second thread ends this call
+        assert keeper._thread is not None and keeper._thread is not first
+        ours.settimeout(30)
+        assert ours.recv(1) == b""  # shut down by the keeper at the deadline
+        assert keeper.unregister(ticket)
+    finally:
+        keeper.close()
+        ours.close()
+        theirs.close()
+
+
+def test_the_socket_of_each_drivers_connection_is_found() -> None:
+    from dibs.stores.sql.bounds import _fileno
+
+    class Psycopg:
+        pgconn = object()
+
+        def __init__(self, fileno: int | None) -> None:
+            self._fileno = fileno
+
+        def fileno(self) -> int:
+            if self._fileno is None:
+                raise OSError("the connection is closed")
+            return self._fileno
+
+    class PyMySQL:
+        def __init__(self, sock: object) -> None:
+            self._sock = sock
+
+    class Socket:
+        def fileno(self) -> int:
+            return 9
+
+    assert _fileno(Psycopg(7)) == 7
+    assert _fileno(Psycopg(None)) is None  # closed
+    assert _fileno(PyMySQL(Socket())) == 9
+    assert _fileno(PyMySQL(None)) is None  # closed
+    assert _fileno(object()) is None  # SQLite: no socket
