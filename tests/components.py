@@ -37,8 +37,18 @@ def free_port() -> int:
 class Component:
     """One process of a deployment (``airflow scheduler``, ``prefect server start``, ...)."""
 
-    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], logs: Path, cwd: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str],
+        logs: Path,
+        cwd: Path,
+        *,
+        serves: bool = False,
+    ) -> None:
         self.name = name
+        self.serves = serves
         self.log = logs / f"{name}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
@@ -118,8 +128,11 @@ class Components:
         self.started: list[Component] = []
         logs.mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Component:
-        component = Component(name, argv, env, self.logs, self.cwd)
+    def start(
+        self, name: str, argv: Sequence[str], env: dict[str, str], *, serves: bool = False
+    ) -> Component:
+        """Start one component; ``serves``: the others call it (an API server), so it is stopped last."""
+        component = Component(name, argv, env, self.logs, self.cwd, serves=serves)
         self.started.append(component)
         return component
 
@@ -145,4 +158,12 @@ class Components:
             time.sleep(0.25)
 
     def stop_all(self) -> None:
-        stop_together(self.started)
+        """Stop the clients together, then the servers they call together.
+
+        Servers last: a client whose server is gone retries it before it exits, and a grace period
+        can go by. Measured with Prefect 3.9.1: a served runner stopped beside its server was still
+        running 27 s after SIGTERM (so the 20 s grace ran out and it was killed); stopped while the
+        server still answered, it exited in 3.4 s, and the server 1.2 s later.
+        """
+        stop_together([component for component in self.started if not component.serves])
+        stop_together([component for component in self.started if component.serves])

@@ -163,7 +163,7 @@ def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Compon
     assert migrated, "airflow db migrate printed nothing"
     try:
         components.start(
-            "api-server", [AIRFLOW, "api-server", "--port", str(deployment.port)], deployment.env
+            "api-server", [AIRFLOW, "api-server", "--port", str(deployment.port)], deployment.env, serves=True
         )
         components.start("scheduler", [AIRFLOW, "scheduler"], deployment.env)
         components.start("dag-processor", [AIRFLOW, "dag-processor"], deployment.env)

@@ -57,7 +57,10 @@ class Prefect:
         )
         self.env = env
         self.server = components.start(
-            "prefect-server", [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env
+            "prefect-server",
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env,
+            serves=True,
         )
 
     def get(self, path: str) -> Any:
