@@ -1,7 +1,7 @@
 # Shared by scripts/test and scripts/matrix (sourced, after _env.sh): pytest in two parts.
 #
 #   pytest_in_two_parts COMMAND... -- PYTEST-ARGS...
-#     1. the tests that may run beside others, on every core (pytest-xdist):
+#     1. the tests that may run beside others, on one more worker than cores (pytest-xdist):
 #          COMMAND -n WORKERS --dist loadfile -m "not serial" PYTEST-ARGS
 #        (--dist loadfile: a file's tests run on one worker, in order: the docs' blocks build on each
 #        other, and a module's fixtures are set up once);
@@ -11,12 +11,15 @@
 #          COMMAND -m "serial and beside" PYTEST-ARGS   (the scenarios that mostly wait: the
 #                                                        reliability suite, the demo; its output is
 #                                                        shown when both have ended)
-#        on one core (WORKERS 1), one run: COMMAND -m serial PYTEST-ARGS.
+#        on one core (or DIBS_TEST_WORKERS=1), one run: COMMAND -m serial PYTEST-ARGS.
 #   The status is the first failing part's. A part that selects no test (pytest's status 5) passes
 #   when the other one ran tests, so 5 comes only from a selection that matches nothing at all.
 #   With -x, --exitfirst or --maxfail, a failing first part skips the second.
-#   WORKERS: DIBS_TEST_WORKERS, else the number of cores, at most 4 (each worker starts its own
-#   Prefect test server and Azurite when its files need them).
+#   WORKERS: DIBS_TEST_WORKERS, else one more than the number of cores, at most 5 (each worker starts
+#   its own Prefect test server and Azurite when its files need them). One more: these tests wait on
+#   services, sleeps and leases running out, so as many workers as cores left a third of the CPU idle
+#   (2 cores: 2 workers used 100 % of 200 % and took 4:28; 3 workers 3:32, 4 workers 3:22 for 10 %
+#   more CPU than 3). The lanes of part 2 need 2 cores: on one, part 2 is one run.
 #
 #   pytest_single_call PYTEST-ARGS...
 #     Succeeds when the arguments ask for something two parts would get wrong: paths or test ids
@@ -66,8 +69,10 @@ pytest_in_two_parts() {
   for arg in "${args[@]}"; do
     case "$arg" in -x | --exitfirst | --maxfail*) exitfirst=1 ;; esac
   done
-  workers="${DIBS_TEST_WORKERS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
-  [[ -z "${DIBS_TEST_WORKERS:-}" && "$workers" -gt 4 ]] && workers=4
+  local cores
+  cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"
+  workers="${DIBS_TEST_WORKERS:-$((cores + 1))}"
+  [[ -z "${DIBS_TEST_WORKERS:-}" && "$workers" -gt 5 ]] && workers=5
 
   echo "== pytest, part 1 of 2: the tests that may run beside others, on $workers workers" >&2
   started=$SECONDS
@@ -78,7 +83,7 @@ pytest_in_two_parts() {
     return "$first"
   fi
   started=$SECONDS
-  if [[ "$workers" -ge 2 ]]; then
+  if [[ "$cores" -ge 2 && "${DIBS_TEST_WORKERS:-2}" -ge 2 ]]; then
     echo "== pytest, part 2 of 2: the serial tests (tests/serial.py), one at a time in each of two" \
       "lanes; the second lane's output (the tests marked beside) follows when both have ended" >&2
     local beside_log beside_pid beside=0
