@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
@@ -26,17 +27,21 @@ def test_a_keeper_whose_thread_ended_starts_another_for_the_next_bounded_call(
     keeper = Keeper(engine)
     keep = Keeper._keep
     runs: list[int] = []
+    end_first = threading.Event()
 
-    def ends_at_once_the_first_time(self: Keeper) -> None:
+    def ends_when_told_the_first_time(self: Keeper) -> None:
         runs.append(1)
         if len(runs) > 1:
             keep(self)
+        else:
+            end_first.wait(30)  # until the test has seen it
 
-    monkeypatch.setattr(Keeper, "_keep", ends_at_once_the_first_time)
+    monkeypatch.setattr(Keeper, "_keep", ends_when_told_the_first_time)
     try:
         keeper.unregister(keeper.register(connection, 600))
         first = keeper._thread
         assert first is not None
+        end_first.set()
         first.join(10)
         assert not first.is_alive() and keeper._thread is None
         ticket = keeper.register(connection, 0.01)  # a second thread ends this call
@@ -45,6 +50,7 @@ def test_a_keeper_whose_thread_ended_starts_another_for_the_next_bounded_call(
         assert ours.recv(1) == b""  # shut down by the keeper at the deadline
         assert keeper.unregister(ticket)
     finally:
+        end_first.set()
         keeper.close()
         ours.close()
         theirs.close()
@@ -77,3 +83,40 @@ def test_the_socket_of_each_drivers_connection_is_found() -> None:
     assert _fileno(PyMySQL(Socket())) == 9
     assert _fileno(PyMySQL(None)) is None  # closed
     assert _fileno(object()) is None  # SQLite: no socket
+
+
+def test_a_keeper_whose_thread_could_not_start_tries_again_at_the_next_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A thread limit reached once must not leave a keeper that believes it has a thread: every later
+    # call would register a deadline that nothing enforces.
+    class Engine:
+        pool = None
+
+    class Connection:
+        def __init__(self, sock: socket.socket) -> None:
+            self._sock = sock
+
+    engine, (ours, theirs) = Engine(), socket.socketpair()
+    connection = Connection(ours)
+    keeper = Keeper(engine)
+    start = threading.Thread.start
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            keeper.register(connection, 600)
+        monkeypatch.setattr(threading.Thread, "start", start)
+        ticket = keeper.register(connection, 0.01)
+        assert keeper._thread is not None and keeper._thread.is_alive()
+        ours.settimeout(30)
+        assert ours.recv(1) == b""  # shut down by the keeper at the deadline
+        assert keeper.unregister(ticket)
+    finally:
+        monkeypatch.undo()
+        keeper.close()
+        ours.close()
+        theirs.close()

@@ -226,8 +226,11 @@ class Keeper:
         (see :meth:`_run`), so this is one attribute check, not ``Thread.is_alive()`` (~1 µs)."""
         if self._closed or self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="dibs-sql-keeper", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="dibs-sql-keeper", daemon=True)
+        # Kept only once started: a thread that could not start (a thread limit reached) leaves none,
+        # and the next call tries again. It cannot end and clear itself first: that takes the lock.
+        thread.start()
+        self._thread = thread
 
     def close(self) -> None:
         with self._lock:
