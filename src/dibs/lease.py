@@ -148,12 +148,18 @@ class Lease:
         """Store ``value`` as the key's artifact and end the lease, fenced by this lease's token.
 
         ``compute_seconds`` is kept with the artifact (what waiters and hits were spared); by default
-        the time since this lease was granted to this process.
+        the time since this lease was granted to this process. Given, it must be a number of seconds,
+        0 or more (:class:`ConfigurationError` otherwise, before anything is written).
 
         When the store fails during the write (:class:`StoreUnavailable`), the outcome is unknown: the
         connection may have dropped after the store had already stored the artifact. The key is then
         read again (see :meth:`_settle_complete`) instead of reporting a failure that may be false.
         """
+        # Checked before anything is written: a stored infinity or NaN would make the record one that
+        # every later read refuses as corrupt. The lease stays held, so a corrected call can follow.
+        compute_seconds = validate_seconds(
+            "compute_seconds", compute_seconds, allow_none=True, allow_zero=True
+        )
         if isinstance(value, Payload):  # in the payload store already (put_payload): publish a reference
             from dibs.payloads.streams import referencing_store
 

@@ -58,6 +58,12 @@ class NewArtifact:
     #: How long the work ran under the lease (seconds), kept with the artifact when given.
     compute_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        # A serializer may return any bytes-like object (a bytearray, a memoryview): the record keeps
+        # an immutable copy, the same type a read returns, and its size counts bytes, not items.
+        if type(self.payload) is not bytes:
+            object.__setattr__(self, "payload", bytes(self.payload))
+
     def stored(self, producer: str, fence: int, created_at: float) -> ArtifactRecord:
         """The record of this artifact once stored by ``producer`` under token ``fence`` at ``created_at``."""
         return ArtifactRecord(
