@@ -458,6 +458,7 @@ def test_an_unreachable_server_is_store_unavailable_without_the_password() -> No
         ("redis://localhost/0?prefix=a:&prefix=b:", "'prefix' is given 2 times"),
         ("redis://localhost/0?no_such_option=1", "no_such_option"),
         ("redis://localhost/0?socket_timeout=soon", "socket_timeout"),
+        ("redis://localhost/0?decode_responses=true", "decode_responses='true': dibs reads replies as bytes"),
         ("memcached://localhost/0", "'memcached'"),
     ],
 )

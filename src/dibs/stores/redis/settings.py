@@ -3,7 +3,8 @@ client defaults they override.
 
 URL: ``redis://[user:password@]host[:port][/db][?prefix=dibs:&socket_timeout=10]`` (``rediss://`` for
 TLS). ``prefix`` (default ``dibs:``) starts every Redis key dibs writes; ``max_artifact_size`` (bytes)
-sets a limit below the server's own; any other query option is handed to redis-py's connection pool.
+sets a limit below the server's own; any other query option is handed to redis-py's connection pool,
+but ``decode_responses`` (the store reads replies as bytes).
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ def parse_url(url: str, redacted: str) -> tuple[str, str, int | None]:
             if not text.isdigit() or int(text) < 1:
                 raise bad(f"max_artifact_size={text!r} is not a whole number of bytes, 1 or more")
             max_size = int(text)
+        elif urllib.parse.unquote(name) == "decode_responses":
+            # redis-py would hand every reply over as str; the store reads bytes (payloads are bytes).
+            raise bad(
+                f"decode_responses={urllib.parse.unquote(value)!r}: dibs reads replies as bytes; leave it out"
+            )
         elif urllib.parse.unquote(name) in _DURATIONS:
             _check_duration(urllib.parse.unquote(name), urllib.parse.unquote(value), bad)
             kept.append(item)

@@ -183,9 +183,8 @@ class RedisStore(Store):
         if status == b"granted":
             # The short reply with the failure the record holds: the rest of the new lease is what
             # was sent (the record's key and format were checked by the script before it wrote).
-            # Any stale artifact beside the
-            # lease is left out: the returned state carries none (a grant does not report it, and
-            # nothing reads it).
+            # Any stale artifact beside the lease is left out: the returned state carries none (a
+            # grant does not report it, and nothing reads it).
             fields = dict.fromkeys(FIELDS)
             fields.update(zip((*GRANTED_FIELDS, *decoder.FAILURE_FIELDS), reply[3:], strict=True))
             fields.update(
