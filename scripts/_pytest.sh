@@ -17,7 +17,7 @@
 #   With -x, --exitfirst or --maxfail, a failing first part skips the second.
 #   WORKERS: DIBS_TEST_WORKERS, else one more than the number of cores, at most 5 (each worker starts
 #   its own Prefect test server and Azurite when its files need them). One more: these tests wait on
-#   services, sleeps and leases running out, so as many workers as cores left a third of the CPU idle
+#   services, sleeps and leases running out, so as many workers as cores left half of the CPU idle
 #   (2 cores: 2 workers used 100 % of 200 % and took 4:28; 3 workers 3:32, 4 workers 3:22 for 10 %
 #   more CPU than 3). The lanes of part 2 need 2 cores: on one, part 2 is one run.
 #

@@ -211,7 +211,7 @@ class Lease:
     ) -> ArtifactRecord:
         if compute_seconds is None:
             compute_seconds = time.monotonic() - self._granted
-        artifact = NewArtifact(serializer, payload, digest, max(0.0, compute_seconds))
+        artifact = NewArtifact(serializer, payload, digest, compute_seconds)
         try:
             record = self._client.store.complete(self.key, self._record.token, artifact)
         except StoreUnavailable as exc:
