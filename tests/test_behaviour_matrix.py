@@ -263,6 +263,7 @@ class Stage:
         self.client = dibs.Reservations(url, ttl=30)
         self.held: dibs.Lease | None = None
         self.next: dibs.Lease | None = None
+        self.dying: dibs.KeepAlive | None = None
         name = scenario.name
         if name in {"hit", "refresh", "max_age"}:
             got = self.client.get_or_reserve(KEY, owner=OTHER)
@@ -280,7 +281,10 @@ class Stage:
         elif name == "holder_changes":  # short: a waiter that only asks at its expiry is not slow
             self.held = self._hold(ttl=2.0)
         elif name == "holder_dies":
-            self._hold(ttl=1.0)  # never renewed: it expires, and the waiter takes over
+            # Alive (heartbeating) until the front end finds it busy, however long the front end takes
+            # to get there on a busy machine; then it stops, expires, and the waiter takes over.
+            self.dying = self._hold(ttl=1.0).keep_alive(interval=0.2)
+            self.dying.__enter__()
         elif name == "store_down_at_complete":
 
             def unreachable(*args: Any, **kwargs: Any) -> Any:
@@ -295,7 +299,8 @@ class Stage:
         return dibs.Lease(self.client, got.lease.record)
 
     def on_busy(self) -> None:
-        """The front end found KEY busy and is about to wait: the holder completes or fails now."""
+        """The front end found KEY busy and is about to wait: the holder completes, fails or dies now."""
+        self._die()
         if self.held is None:
             return
         held, self.held = self.held, None
@@ -318,7 +323,14 @@ class Stage:
     def target(self) -> str:
         return UNREACHABLE if self.scenario.name.startswith("store_down_at_first_ask") else self.url
 
+    def _die(self) -> None:
+        """The dying holder stops heartbeating (as a killed one does): its lease runs out its ttl."""
+        dying, self.dying = self.dying, None
+        if dying is not None:
+            dying.__exit__(None, None, None)
+
     def close(self) -> None:
+        self._die()
         self.client.close()
 
 
@@ -453,6 +465,7 @@ def test_dibs_run_ends_the_same_way(scenario: Scenario, url: str, monkeypatch: p
                 stage.on_busy()
                 status, stdout = waiter.finish(), waiter.stdout.decode()
         else:
+            stage._die()  # a dying holder: the subprocess is not watched, so it dies now
             result = run_dibs(*args, *command, check=False)
             status, stdout = result.returncode, result.stdout
     finally:
