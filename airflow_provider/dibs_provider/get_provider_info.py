@@ -94,6 +94,13 @@ def _conn_fields() -> dict[str, Any]:
             "string",
             enum=["fail", "run", None],
         ),
+        "outage_patience": _field(
+            "Outage patience (seconds)",
+            "How long a waiting task keeps waiting while the store is unreachable; empty: 60 (a managed "
+            "database's failover).",
+            "number",
+            exclusiveMinimum=0,
+        ),
     }
 
 

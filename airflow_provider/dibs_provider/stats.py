@@ -68,6 +68,7 @@ _TIMERS = frozenset(
         "dibs.handoff.duration",
         "dibs.store.operation.duration",
         "dibs.heartbeat.lateness",
+        "dibs.store.outage.duration",
     }
 )
 

@@ -40,16 +40,14 @@ from typing import Any, Self
 
 from prefect.locking.protocol import LockManager
 
-from dibs import Acquired, Backoff, Busy, Reservations, RunReport, events
+from dibs import Acquired, Backoff, Reservations, RunReport, events
 from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, ReservationError, WaitTimeout
 from dibs.integration import (
-    Ask,
-    AsyncSteps,
+    AsyncStoreIO,
     Call,
     HeldLease,
-    Hold,
-    Outcome,
-    Steps,
+    Keep,
+    StoreIO,
     runtime,
     validate_seconds,
     validate_timings,
@@ -206,10 +204,10 @@ class DibsLockManager(LockManager):
         return min(self.client.ttl, hold), hold
 
     # -- acquiring -----------------------------------------------------------------------------------
-    # A lock is the compute-once flow's ask and wait (dibs.flow): the same timeout, takeover and store
-    # policies as every front end, and the same events. Its hold is not a work's: Prefect takes and
-    # releases a lock in two calls, so the hold step only starts the heartbeats and keeps the lease
-    # (_keep), and release_lock ends it.
+    # A lock is the compute-once flow's ask and wait (dibs.flow): the same timeout, takeover, re-entry
+    # and store policies as every front end, and the same events. Its hold is not a work's: Prefect
+    # takes and releases a lock in two calls, so the flow keeps the lease (keep=True: the Keep step,
+    # _keep here, starts its heartbeats), and release_lock ends it.
     def acquire_lock(
         self,
         key: str,
@@ -220,10 +218,11 @@ class DibsLockManager(LockManager):
         """Take the lock on ``key`` for ``holder``, waiting up to ``acquire_timeout`` seconds (``None``:
         as long as it takes, ``0``: one attempt). Re-entrant for the same holder. A lock whose holder
         stopped heartbeating is taken over once it expires."""
-        call, narrator = self._call(self.client, key, holder, acquire_timeout, hold_timeout)
-        steps = narrator.steps = _LockSteps(self.client, _no_work, emit=call.emitter)
+        call = self._call(self.client, key, holder, acquire_timeout, hold_timeout)
         try:
-            return self._locked(call.drive(steps.taking(self, holder, hold_timeout)))
+            return self._locked(
+                call.drive(_LockIO(self.client, emit=call.emitter).taking(self, hold_timeout))
+            )
         except WaitTimeout:
             return False
 
@@ -236,10 +235,10 @@ class DibsLockManager(LockManager):
     ) -> bool:
         """:meth:`acquire_lock` for event loops: the waiting never blocks the loop."""
         client = await runtime().io(lambda: self.client)  # may load a block: not on the loop
-        call, narrator = self._call(client, key, holder, acquire_timeout, hold_timeout)
-        steps = narrator.steps = _AsyncLockSteps(client.aio(), _no_work_awaited, emit=call.emitter)
+        call = self._call(client, key, holder, acquire_timeout, hold_timeout)
+        io = _AsyncLockIO(client, emit=call.emitter).taking(self, hold_timeout)
         try:
-            return self._locked(await call.adrive(steps.taking(self, holder, hold_timeout)))
+            return self._locked(await call.adrive(io))
         except WaitTimeout:
             return False
 
@@ -250,23 +249,24 @@ class DibsLockManager(LockManager):
         holder: str,
         acquire_timeout: float | None,
         hold_timeout: float | None,
-    ) -> tuple[Call, _LockNarrator]:
-        """One lock acquisition as a compute-once call (never run unreserved: a lock that is not
-        taken protects nothing), and the narrator of its events."""
+    ) -> Call:
+        """One lock acquisition as a compute-once call that keeps its lease: never run unreserved (a
+        lock that is not taken protects nothing), re-entered by the same holder asking from another
+        run context (the lease of an owner with this holder is its own)."""
         k = self._key(key)
         ttl, max_age = self._terms(hold_timeout)
-        narrator = _LockNarrator(announce=acquire_timeout != 0)
-        call = client.call(
+        return client.call(
             k,
             owner=_runs.lock_owner(holder),
             timeout=acquire_timeout,
             frontend="prefect",
-            observer=narrator,
+            observer=_LockNarrator(announce=acquire_timeout != 0),
             ttl=ttl,
             max_lease_age=max_age,
             on_store_unavailable="fail",
+            keep=True,
+            reenters=lambda owner: _runs.lock_holder(owner) == holder,
         )
-        return call, narrator
 
     def _locked(self, report: RunReport) -> bool:
         if report.role in ("hit", "waited"):
@@ -338,25 +338,20 @@ class DibsLockManager(LockManager):
                 # The lease ran out (a pause longer than the ttl, or hold_timeout): judge by the store.
                 log.warning("the lock %r was no longer held by %r when released: %s", k.name, holder, exc)
                 lost_here = True
-        client = self.client
-        live = client.status(k).live_lease
-        if live is None:
-            return
-        if _runs.lock_holder(live.owner) != holder:
+        # Held by this holder through another process or copy: the flow gives it back as its owner
+        # (re-entering returns the current lease and its token atomically: the release is fenced).
+        released = self.client.release_own(k, lambda owner: _runs.lock_holder(owner) == holder)
+        if released.outcome == "released":
+            self._discard(k)
+        elif released.outcome == "other":
             if lost_here:
                 # This manager did hold it for this holder, which overran its lease; someone else has
                 # the lock now. Raising here would fail a run whose work is done (Prefect releases in
                 # commit and rollback); Prefect already refused its late write (is_lock_holder).
-                log.warning("the lock %r of %r was taken over by %r meanwhile", k.name, holder, live.owner)
+                log.warning(
+                    "the lock %r of %r was taken over by %r meanwhile", k.name, holder, released.holder
+                )
                 return
-            raise ValueError(f"No lock held by {holder} for transaction with key {key}")
-        # Held by this holder through another process or copy: re-entering (as its exact owner) returns
-        # the current lease (and its token) atomically, so the release is fenced like any other.
-        outcome = client.get_or_reserve(k, live.owner)
-        if isinstance(outcome, Acquired):
-            HeldLease(outcome.lease, heartbeats=False).let_go()
-            self._discard(k)
-        elif isinstance(outcome, Busy):
             raise ValueError(f"No lock held by {holder} for transaction with key {key}")
 
     def _discard(self, key: Key) -> None:
@@ -406,59 +401,31 @@ class DibsLockManager(LockManager):
         return True
 
 
-def _no_work() -> None:
-    """A lock runs no work: what it protects runs between ``acquire_lock`` and ``release_lock``."""
-
-
-async def _no_work_awaited() -> None:
-    """:func:`_no_work` for :class:`_AsyncLockSteps`."""
-
-
 class _Taking:
-    """Which lock the steps take, for whom, and for how long at most."""
+    """Which manager keeps the lock a flow takes, and for how long at most."""
 
     manager: DibsLockManager
-    holder: str
     hold_timeout: float | None
 
-    def taking(self, manager: DibsLockManager, holder: str, hold_timeout: float | None) -> Self:
-        self.manager, self.holder, self.hold_timeout = manager, holder, hold_timeout
+    def taking(self, manager: DibsLockManager, hold_timeout: float | None) -> Self:
+        self.manager, self.hold_timeout = manager, hold_timeout
         return self
 
 
-class _LockSteps(_Taking, Steps):
-    """A lock's steps: an ask that re-enters the holder's own lock, and a hold that keeps the lease."""
+class _LockIO(_Taking, StoreIO):
+    """A lock's steps: its lease kept by the manager until ``release_lock`` (the flow's Keep step)."""
 
-    def ask(self, step: Ask) -> Outcome:
-        got = super().ask(step)
-        again = _reentry(step, got, self.holder)
-        return got if again is None else super().ask(again)
-
-    def hold(self, step: Hold) -> RunReport:
+    def keep(self, step: Keep) -> RunReport:
         return self.manager._keep(step.acquired, self.hold_timeout, self.emit)
 
 
-class _AsyncLockSteps(_Taking, AsyncSteps):
-    """:class:`_LockSteps` for event loops."""
+class _AsyncLockIO(_Taking, AsyncStoreIO):
+    """:class:`_LockIO` for event loops."""
 
-    async def ask(self, step: Ask) -> Outcome:
-        got = await super().ask(step)
-        again = _reentry(step, got, self.holder)
-        return got if again is None else await super().ask(again)
-
-    async def hold(self, step: Hold) -> RunReport:
+    async def keep(self, step: Keep) -> RunReport:
         # Keeping may stop a stale heartbeat thread (a join): off the loop, in this run's context.
         keep = contextvars.copy_context().run
         return await runtime().io(keep, self.manager._keep, step.acquired, self.hold_timeout, self.emit)
-
-
-def _reentry(step: Ask, got: Outcome, holder: str) -> Ask | None:
-    """The same holder, asking from another run context, finds its own lock busy: re-enter it as its
-    owner (``None``: nothing to re-enter)."""
-    if isinstance(got, Busy) and _runs.lock_holder(got.holder) == holder:
-        request = dataclasses.replace(step.ask.request, owner=got.holder)
-        return Ask(dataclasses.replace(step.ask, request=request))
-    return None
 
 
 class _LockNarrator:
@@ -467,7 +434,6 @@ class _LockNarrator:
     def __init__(self, *, announce: bool) -> None:
         self.announce = announce
         self.wait: _LockWait | None = None
-        self.steps: _LockSteps | _AsyncLockSteps | None = None
 
     def __call__(self, event: events.Event) -> None:
         wait = self.wait
@@ -481,12 +447,11 @@ class _LockNarrator:
             elif event.outcome in ("timeout", "unavailable"):
                 wait.gave_up()
         elif isinstance(event, events.LeaseAcquired) and event.took_over_from is not None:
-            seen = None if self.steps is None else self.steps.seen
             (wait.logger if wait is not None else _LockWait.current_logger()).warning(
                 "took over the cache lock %r from %s: %s",
                 event.key.name,
                 _runs.holder_link(_runs.lock_run(event.took_over_from)),
-                expiry_cause(event.took_over_from, event.acquired_at, seen, limit="hold_timeout"),
+                expiry_cause(event, limit="hold_timeout"),
             )
 
 

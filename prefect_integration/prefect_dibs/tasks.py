@@ -42,12 +42,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from dibs import Backoff, Reservations, RunReport, events, keys
-from dibs.errors import ConfigurationError, StoreUnavailable
+from dibs.errors import ConfigurationError
 from dibs.integration import (
-    AsyncSteps,
+    AsyncStoreIO,
     Call,
     Deadline,
-    Steps,
+    StoreIO,
     checked,
     default_owner,
     runtime,
@@ -313,17 +313,6 @@ class _Reservation:
             )
         _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
 
-    def unreserved(
-        self, logger: Logger, args: tuple[Any, ...], kwargs: dict[str, Any], exc: StoreUnavailable
-    ) -> Key:
-        """The store could not even be opened (no client, so no flow): re-raise ``exc`` unless the
-        block's policy says to run unreserved; then log it as the flow would and return the key."""
-        if _unreachable_policy(self.store) == "fail":
-            raise exc
-        key = Key(self.settings.namespace or "default", self.key_name(args, kwargs))
-        _say_unreserved(logger, key, str(exc))
-        return key
-
     def call(
         self,
         ctx: Any,
@@ -344,6 +333,7 @@ class _Reservation:
             refresh=self.refresh_wanted(ctx),
             frontend="prefect",
             observer=narrator,
+            progress_every=self.progress_interval,
         )
         return call, narrator
 
@@ -351,21 +341,11 @@ class _Reservation:
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
-        try:
-            client, timeout = self.resolve()
-        except StoreUnavailable as exc:
-            report_key = self.unreserved(logger, args, kwargs, exc)
-            value = self.fn(*args, **kwargs)
-            self.publish(
-                ctx, RunReport(report_key, value, "unreserved", None, _owner(ctx), stored=False), logger
-            )
-            return value
-        call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
-        steps = narrator.steps = Steps(
-            client, lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger
+        client, timeout = self.resolve()
+        call, _ = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
+        report = call.drive(
+            StoreIO(client, lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger)
         )
-        steps.progress_every = self.progress_interval
-        report = call.drive(steps)
         self.publish(ctx, report, logger)
         return self.returned(ctx, report)
 
@@ -397,20 +377,10 @@ class _Reservation:
         """:meth:`run` for coroutine tasks: the same flow, awaited; the task's loop is never blocked."""
         ctx = _runs.task_run_context()
         logger = _runs.run_logger(ctx)
-        try:
-            client, timeout = await runtime().io(self.resolve)
-        except StoreUnavailable as exc:
-            report_key = self.unreserved(logger, args, kwargs, exc)
-            value = await self.fn(*args, **kwargs)
-            report = RunReport(report_key, value, "unreserved", None, _owner(ctx), stored=False)
-            await self.apublish(ctx, report, logger)
-            return value
-        call, narrator = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
-        steps = narrator.steps = AsyncSteps(
-            client.aio(), lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger
-        )
-        steps.progress_every = self.progress_interval
-        report = await call.adrive(steps)
+        client, timeout = await runtime().io(self.resolve)
+        call, _ = self.call(ctx, logger, client=client, timeout=timeout, args=args, kwargs=kwargs)
+        io = AsyncStoreIO(client, lambda: self.fn(*args, **kwargs), emit=call.emitter, logger=logger)
+        report = await call.adrive(io)
         await self.apublish(ctx, report, logger)
         return self.returned(ctx, report)
 
@@ -447,7 +417,6 @@ class _Narrator:
 
     def __init__(self, ctx: Any, logger: Logger, reservation: _Reservation) -> None:
         self.ctx, self.logger, self.reservation = ctx, logger, reservation
-        self.steps: Steps | AsyncSteps | None = None
         self.waited: events.Waited | None = None
         self.announced = False
 
@@ -469,6 +438,16 @@ class _Narrator:
             self._found(event)
         elif isinstance(event, events.LeaseAcquired):
             self._acquired(event)
+        elif isinstance(event, events.StoreUnreachable):
+            patience = "as long as the wait may last" if event.patience is None else f"{event.patience:g}s"
+            self.logger.warning(
+                "the dibs store is unreachable (%s); this run holds nothing, so it keeps waiting for "
+                "the store (outage_patience: %s)",
+                event.error,
+                patience,
+            )
+        elif isinstance(event, events.StoreReachable):
+            self.logger.info("the dibs store answers again after %.1fs; waiting on", event.seconds)
         elif isinstance(event, events.RanUnreserved):
             _say_unreserved(self.logger, event.key, event.error)
 
@@ -495,12 +474,7 @@ class _Narrator:
                 "%s: took over from %r: %s; computing it now (token %d)",
                 got.key,
                 got.took_over_from,
-                expiry_cause(
-                    got.took_over_from,
-                    got.acquired_at,
-                    None if self.steps is None else self.steps.seen,
-                    limit="maximum lease age",
-                ),
+                expiry_cause(got, limit="maximum lease age"),
                 got.token,
             )
         elif waited_on is not None:
@@ -523,14 +497,6 @@ def _block_wait_timeout(store: StoreSpec) -> float | None:
     if isinstance(store, str) and not is_url(store):
         store = load_block(store)
     return store.wait_timeout if isinstance(store, StoreBlock) else None
-
-
-def _unreachable_policy(store: StoreSpec) -> str:
-    if isinstance(store, Reservations):
-        return store.on_store_unavailable
-    if isinstance(store, str) and not is_url(store):
-        store = load_block(store)
-    return store.on_store_unavailable if isinstance(store, StoreBlock) else "fail"
 
 
 _ROLE_WORDS = {

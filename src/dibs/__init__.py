@@ -12,7 +12,7 @@ are in docs/contract.md. Importing dibs imports neither a database driver nor an
 from __future__ import annotations
 
 from dibs.aio import AsyncReservations
-from dibs.backoff import Backoff
+from dibs.backoff import Backoff, Outage
 from dibs.client import Reservations
 from dibs.errors import (
     ArtifactCorrupted,
@@ -47,6 +47,8 @@ from dibs.events import (
     RanUnreserved,
     StillWaiting,
     StoreOperation,
+    StoreReachable,
+    StoreUnreachable,
     Waited,
     WorkFailed,
     observe,
@@ -93,6 +95,7 @@ __all__ = [
     "NotStored",
     "Observation",
     "Observer",
+    "Outage",
     "RanUnreserved",
     "ReservationError",
     "Reservations",
@@ -104,7 +107,9 @@ __all__ = [
     "StillWaiting",
     "Store",
     "StoreOperation",
+    "StoreReachable",
     "StoreUnavailable",
+    "StoreUnreachable",
     "TooManyFailures",
     "WaitTimeout",
     "Waited",

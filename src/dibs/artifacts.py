@@ -16,7 +16,7 @@ from dibs.errors import ConfigurationError, ReservationError, SerializationError
 from dibs.keys import Key
 from dibs.outcomes import Hit
 from dibs.payloads import REFERENCE, ReferencedArtifact
-from dibs.records import ArtifactRecord, Present, StoreOutcome
+from dibs.records import ArtifactRecord
 from dibs.serializers import (
     BytesSerializer,
     JSONSerializer,
@@ -118,13 +118,11 @@ def _load(key: Key, artifact: ArtifactRecord, reader: Serializer, payload: bytes
         ) from exc
 
 
-def unread_hit(key: Key, found: StoreOutcome) -> Hit | None:
-    """The hit ``found`` is, when it is a payload handed out unread (a store with ``load=False``): the
-    artifact itself is its value, for a caller that streams it or hands a reference on, instead of
-    loading it whole to decode it. ``None`` for any other answer (decode it as usual)."""
-    if not isinstance(found, Present):
-        return None
-    artifact = found.artifact
-    if not isinstance(artifact, ReferencedArtifact) or artifact.loaded is not None:
-        return None
-    return Hit.of(key, artifact, artifact)
+def unread_hit(key: Key, artifact: ArtifactRecord) -> Hit | None:
+    """The hit of ``artifact`` when it is a payload handed out unread (a store with ``load=False``):
+    the artifact itself is its value, for a front end that streams it (``dibs run``) or hands a
+    reference on (Airflow), instead of loading it whole to decode it. ``None`` for any other artifact
+    (decode it as usual)."""
+    if isinstance(artifact, ReferencedArtifact) and artifact.loaded is None:
+        return Hit.of(key, artifact, artifact)
+    return None

@@ -1,4 +1,5 @@
-"""How often a waiter asks again, and how long it is willing to wait at all.
+"""How often a waiter asks again, how long it is willing to wait at all, and how long it rides out
+a store that cannot be reached.
 
 Delays follow capped exponential backoff with jitter, so a crowd of waiters spreads out instead of
 stampeding the store. When the process's watch hub is following the store's changes (see
@@ -18,7 +19,11 @@ from collections.abc import Callable
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError
 
-__all__ = ["Backoff", "Deadline"]
+__all__ = ["DEFAULT_OUTAGE_PATIENCE", "Backoff", "Deadline", "Outage", "Retrying"]
+
+#: Seconds a waiter keeps waiting while its store cannot be reached: a routine restart, or a managed
+#: database's failover (20 to 60 s on the large clouds), passes without failing anybody's wait.
+DEFAULT_OUTAGE_PATIENCE = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +90,89 @@ class Deadline:
     def expired(self) -> bool:
         remaining = self.remaining
         return remaining is not None and remaining <= 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Outage:
+    """How a waiter rides out a store that cannot be reached (contract: "Outages are ridden out where
+    nothing is at stake").
+
+    A waiter holds nothing: while the store is down it keeps waiting, asking again after pauses that
+    grow from ``backoff.initial`` to ``backoff.maximum`` (so it is back within about that long after
+    the store is), for at most ``patience`` seconds of one outage (``None``: as long as its own
+    timeout allows), never beyond its own timeout. Only the first ask of a call applies
+    ``on_store_unavailable`` instead: nothing is known yet, and a store that was never reached may
+    be a wrong URL rather than an outage.
+    """
+
+    patience: float | None = DEFAULT_OUTAGE_PATIENCE
+    backoff: Backoff = dataclasses.field(
+        default_factory=lambda: Backoff(initial=0.1, maximum=2.0, notify_maximum=2.0)
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "patience",
+            validate_seconds("outage_patience", self.patience, allow_none=True, allow_zero=True),
+        )
+        if not isinstance(self.backoff, Backoff):
+            raise ConfigurationError(f"an outage's backoff must be a dibs.Backoff, got {self.backoff!r}")
+
+    def riding(self, deadline: Deadline | None = None) -> Retrying:
+        """One outage as it happens: :meth:`Retrying.pause` says how long to wait before asking again,
+        or ``None`` when this outage has lasted too long (or ``deadline`` passed)."""
+        return Retrying(self.backoff, self.patience, deadline)
+
+
+class Retrying:
+    """The pauses of one run of retries: growing with the backoff, for at most ``patience`` seconds
+    (``None``: no limit of its own) and never past ``deadline``. Every retry loop of dibs takes its
+    pauses from one of these (a waiter riding out an outage, a complete whose reply was lost, a
+    contended SQLite switching to WAL), so how dibs waits is decided in one place."""
+
+    __slots__ = ("_attempt", "_backoff", "_deadline", "_patience", "clock", "started")
+
+    def __init__(
+        self,
+        backoff: Backoff,
+        patience: float | None,
+        deadline: Deadline | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._backoff, self._patience, self._deadline = backoff, patience, deadline
+        self.clock = clock
+        self.started = clock()
+        self._attempt = 0
+
+    @property
+    def seconds(self) -> float:
+        """How long these retries have lasted."""
+        return self.clock() - self.started
+
+    @property
+    def attempts(self) -> int:
+        """How many pauses were handed out."""
+        return self._attempt
+
+    def pause(self) -> float | None:
+        """Seconds to wait before the next attempt, or ``None``: stop, the time is up."""
+        left = None if self._patience is None else self._patience - self.seconds
+        if self._deadline is not None:
+            remaining = self._deadline.remaining
+            if remaining is not None:
+                left = remaining if left is None else min(left, remaining)
+        if left is not None and left <= 0:
+            return None
+        delay = self._backoff.delay(self._attempt)
+        self._attempt += 1
+        return delay if left is None else min(delay, left)
+
+    def sleep(self) -> bool:
+        """Wait out :meth:`pause` in this thread; ``False`` when the time is up (nothing waited)."""
+        delay = self.pause()
+        if delay is None:
+            return False
+        time.sleep(delay)
+        return True

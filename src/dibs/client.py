@@ -1,10 +1,10 @@
-"""The client: :class:`Reservations` turns the store's one-attempt operations into compute-once calls.
+"""The client: :class:`Reservations`, the contract's calls as a façade over the one flow.
 
-Policy lives here and below, once, above every store: owners, ttl and heartbeats, waiting (through
-the watch hub and :mod:`dibs._waiting`), the asks and how their answers become outcomes
-(:mod:`dibs.calls`), serialization and integrity checks (:mod:`dibs.artifacts`), the maximum number
-of recorded failures, and what to do when the store is unreachable (:mod:`dibs.holding`). Its async
-face, :class:`~dibs.aio.AsyncReservations` (``client.aio()``), makes the same decisions, awaited.
+Every call is a path of :mod:`dibs.flow`, which decides everything (owners and lease terms, waiting,
+a store that cannot be reached, ``max_failures``, the hold), carried out in the caller's thread by
+:class:`dibs.seam.StoreIO`; its async face, :class:`~dibs.aio.AsyncReservations` (``client.aio()``),
+drives the same paths on an event loop. What a call takes is :mod:`dibs.options`; reading artifacts
+back is :mod:`dibs.artifacts`; the Python front end's log lines are :mod:`dibs.logs`.
 
 Clients are cheap: every client of a process built for one store URL shares one store object, one
 connection pool and one watch hub (:mod:`dibs.runtime`), so building one per task, per request or per
@@ -22,18 +22,28 @@ from os import PathLike
 from pathlib import Path
 from typing import IO, Any, ParamSpec, Protocol, TypeVar, Unpack, overload
 
-from dibs import calls, events, flow, holding, keys
+from dibs import events, flow, holding, keys
 from dibs._closing import Closing
-from dibs._waiting import AskAcquire, acquire_until, drive
 from dibs.aio import AsyncReservations
 from dibs.artifacts import ArtifactReader
-from dibs.backoff import Backoff, Deadline
-from dibs.calls import AcquireOptions, AcquireOrBusy, AcquireRaising, AskOptions, CallOptions, WaitOptions
+from dibs.backoff import Backoff, Outage
 from dibs.config import default_owner, default_store_url, validate_seconds
 from dibs.errors import ConfigurationError
 from dibs.events import Emitter, Observation, Observer, Observers
 from dibs.keys import Key
 from dibs.lease import Lease
+from dibs.logs import log_event
+from dibs.options import (
+    AcquireOptions,
+    AcquireOrBusy,
+    AcquireRaising,
+    AskOptions,
+    CallOptions,
+    WaitOptions,
+    ask_of,
+    checked,
+    max_age_of,
+)
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.payloads import (
     DEFAULT_GRACE,
@@ -42,11 +52,14 @@ from dibs.payloads import (
     PayloadStore,
     default_payloads_url,
     referencing,
+    unread,
 )
-from dibs.records import ArtifactRecord, Held, KeyState, StoreOutcome
+from dibs.records import ArtifactRecord, KeyState
 from dibs.runtime import runtime
+from dibs.seam import StoreIO, holding_what
 from dibs.serializers import Serializer
 from dibs.settings import Configured, Settings, StoreUnavailablePolicy
+from dibs.steps import Waiting
 from dibs.stores import Store, redact_url
 
 __all__ = ["AsyncReservations", "Reservations"]
@@ -73,7 +86,8 @@ class Reservations(Closing, Configured):
         client of the process (:mod:`dibs.runtime`); nothing is sent to the store before the first call.
     :param settings: a ready :class:`~dibs.settings.Settings`, or the same settings one by one:
         ``namespace``, ``ttl``, ``heartbeat_interval``, ``max_lease_age``, ``max_age``, ``max_failures``,
-        ``on_store_unavailable``, ``serializer``, ``signing_key``, ``backoff`` (see :class:`Settings`).
+        ``on_store_unavailable``, ``serializer``, ``signing_key``, ``backoff``, ``outage_patience``
+        (see :class:`Settings`).
     :param payloads: a payload store (URL or :class:`~dibs.payloads.PayloadStore`) for artifacts
         larger than ``payload_inline_limit`` bytes (default 64 KiB); ``None``: ``DIBS_PAYLOADS_URL``,
         else every artifact stays in its record. ``payload_grace``: see :mod:`dibs.payloads.collect`.
@@ -97,6 +111,7 @@ class Reservations(Closing, Configured):
         backoff: Backoff | None = None,
         max_failures: int | None = None,
         on_store_unavailable: StoreUnavailablePolicy = DEFAULTS.on_store_unavailable,
+        outage_patience: float | None = DEFAULTS.outage_patience,
         settings: Settings | None = None,
         payloads: PayloadStore | str | None = None,
         payload_inline_limit: int = DEFAULT_INLINE_LIMIT,
@@ -113,6 +128,7 @@ class Reservations(Closing, Configured):
             "backoff": DEFAULTS.backoff if backoff is None else backoff,
             "max_failures": max_failures,
             "on_store_unavailable": on_store_unavailable,
+            "outage_patience": outage_patience,
         }
         if settings is not None:
             changed = sorted(name for name, value in chosen.items() if value != getattr(DEFAULTS, name))
@@ -123,6 +139,10 @@ class Reservations(Closing, Configured):
                 )
         self.settings = settings if settings is not None else Settings(**chosen)
         self.serializer = self.settings.make_serializer()
+        #: What this client's calls decide with (:class:`dibs.flow.Rules`), read from its settings once.
+        self.rules = flow.Rules(
+            self.settings.backoff, Outage(self.settings.outage_patience), self.settings.max_failures
+        )
         #: Reads this client's artifacts back into values (:mod:`dibs.artifacts`).
         self.artifacts = ArtifactReader(self.settings, self.serializer)
         if isinstance(store, Store):
@@ -173,13 +193,7 @@ class Reservations(Closing, Configured):
         :meth:`dibs.artifacts.ArtifactReader.decode`)."""
         return self.artifacts.decode(key, artifact)
 
-    def _ask_store(self, ask: AskAcquire) -> StoreOutcome:
-        return calls.ask_store(self.store, ask)
-
-    def _to_outcome(self, key: Key, outcome: StoreOutcome) -> Outcome:
-        return calls.to_outcome(self, key, outcome)
-
-    # -- the contract's calls -------------------------------------------------------------------
+    # -- the contract's calls: each one path of the flow (dibs.flow), carried out in this thread ----------
     def get_or_reserve(
         self, key: str | Key, owner: str | None = None, **options: Unpack[AskOptions]
     ) -> Outcome:
@@ -190,9 +204,10 @@ class Reservations(Closing, Configured):
         artifact (its value replaces the old one); ``min_token`` takes only an artifact stored under
         that token or a later one (after a refresh found the key busy: ``min_token=busy.token``).
         """
-        calls.checked("get_or_reserve", options, AskOptions)
-        ask = calls.ask_of(self.settings, self.key(key), owner, options)
-        return self._to_outcome(ask.key, self._ask_store(ask))
+        checked("get_or_reserve", options, AskOptions)
+        return StoreIO(self).drive(
+            flow.reserve(ask_of(self.settings, self.key(key), owner, options), rules=self.rules)
+        )
 
     @overload
     def acquire(
@@ -208,7 +223,7 @@ class Reservations(Closing, Configured):
         self, key: str | Key, owner: str | None = None, **options: Unpack[AcquireOptions]
     ) -> Hit | Acquired | Busy:
         """Wait (woken by the process's watch hub, asking now and then as a backstop) until the key is
-        done or yours. The options (:class:`~dibs.calls.AcquireOptions`):
+        done or yours. The options (:class:`~dibs.options.AcquireOptions`):
 
         :param timeout: seconds to wait while someone else holds the key (``None``: as long as it takes).
         :param ttl: this lease's ttl (default: the client's); ``max_lease_age`` likewise.
@@ -219,30 +234,37 @@ class Reservations(Closing, Configured):
             that waits in several calls passes the first :class:`Busy`'s ``token``).
         :param raise_on_timeout: ``True`` (default) raises :class:`WaitTimeout` naming the holder when
             ``timeout`` passes; ``False`` returns the last :class:`Busy` instead.
+
+        While it waits, a store that cannot be reached is waited for too (``outage_patience``).
         """
-        calls.checked("acquire", options, AcquireOptions)
-        ask = calls.ask_of(self.settings, self.key(key), owner, options)
-        holding.not_held_here(self.store, ask.key)
-        deadline = Deadline(options.get("timeout"))
-        # Most calls are answered at once (a hit, or a free key), so ask before subscribing; a busy
-        # key subscribes, and the loop asks again before it waits, so no change is missed.
-        outcome = self._ask_store(ask)
-        if isinstance(outcome, Held) and not deadline.expired:
-            outcome = self._wait_store(
-                calls.ask_again(self.settings, ask, outcome, options.get("max_age")), deadline
-            )
-        return calls.acquired(self._to_outcome(ask.key, outcome), deadline, options)
+        checked("acquire", options, AcquireOptions)
+        path, emitter = self._acquiring(key, owner, options)
+        answer: Hit | Acquired | Busy = StoreIO(self).drive(path, emitter)
+        return answer
 
-    def _wait_store(
-        self, ask: AskAcquire, deadline: Deadline, held: Callable[[Held], None] | None = None
-    ) -> StoreOutcome:
-        """Ask until the key is not busy or ``deadline`` passes, woken by the watch hub; ``held``
-        hears who holds it meanwhile."""
-        with runtime().subscribe(self.store, ask.key) as subscription:
-            loop = acquire_until(ask, deadline, self.backoff, subscription.is_following, held)
-            return drive(loop, self.store, subscription)
+    def _acquiring(
+        self, key: str | Key, owner: str | None, options: AcquireOptions
+    ) -> tuple[flow.Flow[Outcome], events.LazyEmitter]:
+        """:meth:`acquire`'s flow and the emitter of its outage events (both faces drive the same)."""
+        ask = ask_of(self.settings, self.key(key), owner, options)
+        emitter = self._quiet_emitter(ask.key, ask.request.owner)
+        path = flow.reserve(
+            ask,
+            rules=self.rules,
+            emitter=emitter,
+            timeout=validate_seconds("timeout", options.get("timeout"), allow_none=True, allow_zero=True),
+            raise_on_timeout=options.get("raise_on_timeout", True),
+            max_age=max_age_of(self.settings, options.get("max_age")),
+        )
+        return path, emitter
 
-    def wait(self, key: str | Key, **options: Unpack[WaitOptions]) -> Hit | None:
+    def wait(
+        self,
+        key: str | Key,
+        *,
+        seen: Callable[[KeyState], None] | None = None,
+        **options: Unpack[WaitOptions],
+    ) -> Hit | None:
         """Wait until the key is done (a :class:`Hit`) or nobody holds it (``None``); reserve nothing.
 
         With ``for_artifact=True`` only an artifact ends the wait (what a sensor wants); an artifact
@@ -251,20 +273,40 @@ class Reservations(Closing, Configured):
         ``decode=False`` waits for the artifact's record only: the hit's ``value`` is the stored
         :class:`~dibs.records.ArtifactRecord` itself, and a payload in the payload store is checked to
         be there whole (its size) but never opened; :meth:`decode` reads the value later, if wanted.
+        A waiter holds nothing: a store that cannot be reached is waited for too (``outage_patience``),
+        after the first read (``resumed=True``: from the first read on, for a wait that continues one).
+        ``seen`` is shown every state of the key the wait reads or is notified of, the first included
+        (who holds it, and when that changes); it must not raise.
         """
-        calls.checked("wait", options, WaitOptions)
-        waiting = calls.WaitFor.of(self.settings, self.key(key), options)
-        return waiting.ended(self.artifacts, self._wait_state(waiting))
+        checked("wait", options, WaitOptions)
+        path, emitter, store = self._waiting(key, options)
+        return StoreIO(self, store=store, seen=seen).drive(path, emitter)
 
-    def _wait_state(self, waiting: calls.WaitFor) -> KeyState:
-        """:meth:`wait`'s state, before its artifact is decoded (``dibs wait`` streams a large one)."""
-        store = waiting.through(self.store)
-        holding.not_held_here(store, waiting.key)
-        state = store.read(waiting.key)  # as in acquire: subscribe only once the key turns out busy
-        if not waiting.settles(state) and not waiting.deadline.expired:
-            with runtime().subscribe(store, waiting.key) as subscription:
-                state = drive(waiting.loop(self.settings, subscription), store, subscription)
-        return state
+    def _waiting(
+        self, key: str | Key, options: WaitOptions
+    ) -> tuple[flow.Flow[Hit | None], events.LazyEmitter, Store]:
+        """:meth:`wait`'s flow, the emitter of its outage events, and the store it reads through: a
+        record-only wait reads a payload-referencing store's unread twin (:func:`dibs.payloads.unread`),
+        which only asks the payload store whether the payload is there whole. It is one store per
+        process, a view of the same records: it shares their watch hub (:mod:`dibs.hub`), so a
+        record-only waiter costs no connection of its own."""
+        decode = options.get("decode", True)
+        if not isinstance(decode, bool):  # decode=None would otherwise quietly mean record-only
+            raise ConfigurationError(f"decode must be True or False, got {decode!r}")
+        k = self.key(key)
+        emitter = self._quiet_emitter(k, "")
+        path = flow.wait_for(
+            k,
+            rules=self.rules,
+            emitter=emitter,
+            timeout=validate_seconds("timeout", options.get("timeout"), allow_none=True, allow_zero=True),
+            for_artifact=options.get("for_artifact", False),
+            max_age=max_age_of(self.settings, options.get("max_age")),
+            min_token=options.get("min_token"),
+            decode=decode,
+            resumed=options.get("resumed", False),
+        )
+        return path, emitter, self.store if decode else unread(self.store, "size")
 
     def hold(
         self,
@@ -278,22 +320,17 @@ class Reservations(Closing, Configured):
         """Run ``work()`` while holding the lease: heartbeats, then complete or release (see
         :mod:`dibs.holding` for every decision). Returns how it went; ``report.value`` is the value.
 
-        :param got: the lease, or a :class:`~dibs.holding.HeldLease` already keeping it (one that
-            something else may end meanwhile: Airflow's ``on_kill``); then the other parameters are its.
+        :param got: the lease (or the :class:`Acquired` that holds it), or a
+            :class:`~dibs.holding.HeldLease` already keeping it (one that something else may end
+            meanwhile); then the other parameters are its.
         :param failure_of: how a failure of ``work`` is recorded (``None``: not as a failure);
             default ``Type: message``.
         :param logger: where the decisions are logged (an orchestrator's task logger, say).
-        :param emit: the call's :class:`~dibs.events.Emitter`, to hear what happens (see :mod:`dibs.flow`).
+        :param emit: the call's :class:`~dibs.events.Emitter`, to hear what happens.
         """
-        held = calls.held_for(got, failure_of, logger, emit)
-        started = time.monotonic()
-        with holding.holding(self.store, held.lease.key):
-            try:
-                value = work()
-            except BaseException as exc:
-                held.fail(exc)
-                raise
-        return held.store(value, policy=self.on_store_unavailable, compute_seconds=time.monotonic() - started)
+        acquired, keeping = holding_what(got)
+        io = StoreIO(self, work, emit=emit, failure_of=failure_of, logger=logger, keeping=keeping)
+        return io.drive(flow.hold(acquired, self.on_store_unavailable))
 
     def compute(
         self,
@@ -308,55 +345,82 @@ class Reservations(Closing, Configured):
 
         Says how the value was obtained: ``computed``, ``waited``, ``hit``, or ``unreserved`` (the
         store was unreachable and ``on_store_unavailable="run"``). The options
-        (:class:`~dibs.calls.CallOptions`): ``owner``, ``timeout``, ``max_age`` and ``refresh`` are
+        (:class:`~dibs.options.CallOptions`): ``owner``, ``timeout``, ``max_age`` and ``refresh`` are
         :meth:`acquire`'s: an artifact that old, or any with ``refresh``, is computed again.
         ``observer`` hears this call's events (besides the client's and the process's observers).
         """
-        calls.checked("compute", options, CallOptions)
+        checked("compute", options, CallOptions)
         call = self.call(key, **options)
-        return call.drive(flow.Steps(self, lambda: fn(*args, **(kwargs or {})), emit=call.emitter))
+        return call.drive(StoreIO(self, lambda: fn(*args, **(kwargs or {})), emit=call.emitter))
 
     def call(
         self,
         key: str | Key,
         *,
-        resume: flow.Waiting | None = None,
+        resume: Waiting | None = None,
         frontend: str = "python",
         clock: Callable[[], float] = time.monotonic,
         ttl: float | None = None,
         max_lease_age: float | None = None,
         on_store_unavailable: StoreUnavailablePolicy | None = None,
+        progress_every: float | None = None,
+        keep: bool = False,
+        reenters: Callable[[str], bool] | None = None,
         **options: Unpack[CallOptions],
     ) -> flow.Call:
         """One compute-once call, not started: its flow and the emitter of its events (for front ends
-        that drive the flow themselves, see :mod:`dibs.flow`). The options are :meth:`compute`'s;
-        ``resume`` continues a call that waited elsewhere (``clock`` then must be ``time.time``, which
-        a resumed wait can be measured on); ``ttl``, ``max_lease_age`` and ``on_store_unavailable``
-        override the client's for this call."""
-        calls.checked("call", options, CallOptions)
+        that drive the flow with a seam of their own, see :mod:`dibs.seam`). The options are
+        :meth:`compute`'s; ``resume`` continues a call that waited elsewhere (``clock`` then must be
+        ``time.time``, which a resumed wait can be measured on); ``ttl``, ``max_lease_age`` and
+        ``on_store_unavailable`` override the client's for this call (the policy at its first ask and at
+        its ``complete``); ``progress_every``, ``keep`` and ``reenters`` are
+        :func:`dibs.flow.compute_once`'s."""
+        checked("call", options, CallOptions)
         k = self.key(key)
         owner = options.get("owner") or default_owner()
         timeout = validate_seconds("timeout", options.get("timeout"), allow_none=True, allow_zero=True)
+        progress_every = validate_seconds("progress_every", progress_every, allow_none=True)
         max_age, refresh = options.get("max_age"), options.get("refresh", False)
-        ask = calls.ask_of(
+        ask = ask_of(
             self.settings,
             k,
             owner,
             {"ttl": ttl, "max_lease_age": max_lease_age, "max_age": max_age, "refresh": refresh},
         )
-        translate = calls.log_event if frontend == "python" else None  # the other front ends say it their way
+        translate = log_event if frontend == "python" else None  # the other front ends say it their way
         observers = (events.PROCESS, self.observers, translate, options.get("observer"))
         emitter = Emitter(k, owner, frontend, observers, store=self._store_kind)
         steps = flow.compute_once(
             ask,
             emitter=emitter,
+            rules=self.rules,
             policy=on_store_unavailable or self.on_store_unavailable,
             timeout=timeout,
-            max_age=calls.max_age_of(self.settings, max_age),
+            max_age=max_age_of(self.settings, max_age),
             resume=resume,
             clock=clock,
+            progress_every=progress_every,
+            keep=keep,
+            reenters=reenters,
         )
         return flow.Call(steps, emitter)
+
+    def release_own(
+        self, key: str | Key, owns: Callable[[str], bool], error: str | None = None
+    ) -> flow.Released:
+        """Give back the live lease on ``key`` of an owner ``owns`` recognises, from a process that does
+        not have the lease in hand (a lock released from another copy of its manager, a ``dibs run``
+        stopped just as its lease was granted), recording ``error``; see :func:`dibs.flow.release_own`."""
+        return StoreIO(self).drive(flow.release_own(self.key(key), owns, ttl=self.ttl, error=error))
+
+    def _quiet_emitter(self, key: Key, owner: str) -> events.LazyEmitter:
+        """The emitter of a call that reports only a store outage (``acquire``, ``wait``), built only if
+        it has one to report."""
+        return events.LazyEmitter(
+            lambda: Emitter(
+                key, owner, "python", (events.PROCESS, self.observers, log_event), store=self._store_kind
+            )
+        )
 
     def run(self, key: str | Key, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)``, computed once across every process racing on ``key``."""

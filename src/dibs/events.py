@@ -12,8 +12,14 @@ One call's events, in order (``*``: only when it happens)::
           → ArtifactStored | NotStored → Finished(computed | took_over)
           → WorkFailed → LeaseReleased* → Finished(failed)
     Asked → RanUnreserved → Finished(unreserved)            (store unreachable, policy "run")
+    … → StoreUnreachable → StoreReachable → …               (a waiter rode out a store outage)
     Asked → … → Finished(failed)                            (timeout, store down with "fail", …)
     Asked → KeyBusy → Deferred                              (an Airflow deferral: resumed elsewhere)
+
+A waiter whose store cannot be reached keeps waiting (:class:`dibs.Outage`): ``StoreUnreachable``
+when an outage begins, ``StoreReachable`` when the store answers again (a wait that gives up first
+ends as it does today, ``Waited(unavailable)``). ``get_or_reserve``, ``acquire`` and ``wait`` report
+these two as well, and nothing else.
 
 While the lease is held, each heartbeat reports ``HeartbeatSent`` (how late it ran). Below every
 call, each store operation reports a ``StoreOperation`` (its duration, and its error's type) to the
@@ -67,6 +73,7 @@ __all__ = [
     "HeartbeatSent",
     "HolderChanged",
     "KeyBusy",
+    "LazyEmitter",
     "LeaseAcquired",
     "LeaseReleased",
     "LostLease",
@@ -77,6 +84,8 @@ __all__ = [
     "RanUnreserved",
     "StillWaiting",
     "StoreOperation",
+    "StoreReachable",
+    "StoreUnreachable",
     "Waited",
     "WorkFailed",
     "observe",
@@ -199,6 +208,11 @@ class LeaseAcquired(_FailuresSoFar, Event):
     #: When the lease was granted, on the store's clock.
     acquired_at: float
     took_over_from: str | None = None
+    #: Why the lease taken over had expired, as far as this call saw it while waiting: its holder
+    #: stopped ``heartbeating``, or it reached its ``max_lease_age`` (``None``: not seen, or no takeover).
+    expired_by: Literal["heartbeating", "max_lease_age"] | None = None
+    #: The maximum age of the lease taken over, when ``expired_by`` is ``max_lease_age`` (seconds).
+    expired_max_age: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -226,6 +240,22 @@ class HeartbeatSent(Event):
 
     token: int
     lateness: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoreUnreachable(Event):
+    """A waiter's store cannot be reached: it keeps waiting (holding nothing, it has nothing at stake),
+    for at most ``patience`` seconds of this outage (``None``: as long as its own timeout allows)."""
+
+    error: str
+    patience: float | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoreReachable(Event):
+    """The store answers the waiter again, after ``seconds`` of outage."""
+
+    seconds: float
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -336,6 +366,8 @@ EVERY_KIND: frozenset[type[Event]] = frozenset(
         WorkFailed,
         LeaseReleased,
         RanUnreserved,
+        StoreUnreachable,
+        StoreReachable,
         Deferred,
         Finished,
         StoreOperation,
@@ -569,6 +601,37 @@ class Emitter:
         for observer, wanted in self._direct:
             if wanted is None or type(event) in wanted:
                 _deliver(observer, event)
+
+
+class LazyEmitter:
+    """An :class:`Emitter` built on first use: for the calls that rarely have anything to say (a
+    ``wait`` or an ``acquire`` reports only a store outage), so that the usual call builds none."""
+
+    __slots__ = ("_emitter", "_make")
+
+    def __init__(self, make: Callable[[], Emitter]) -> None:
+        self._make: Callable[[], Emitter] | None = make
+        self._emitter: Emitter | None = None
+
+    @property
+    def emitter(self) -> Emitter:
+        if self._emitter is None:
+            assert self._make is not None
+            self._emitter, self._make = self._make(), None
+        return self._emitter
+
+    @property
+    def frontend(self) -> str:
+        return self.emitter.frontend
+
+    def wants(self, kind: type[Event]) -> bool:
+        return self.emitter.wants(kind)
+
+    def make(self, kind: type[_E], **fields: Any) -> _E:
+        return self.emitter.make(kind, **fields)
+
+    def send(self, event: Event) -> None:
+        self.emitter.send(event)
 
 
 def _deliver(observer: Observer, event: Event) -> None:

@@ -1,173 +1,149 @@
-"""The compute-once flow, written once: ask → wait → hit or acquire → hold → report.
+"""The compute-once flow, written once: ask → wait → hit or acquire → hold → report. It alone decides.
 
-:func:`compute_once` is a generator that *decides* and yields what it needs next, as
-:mod:`dibs._waiting` does one level down (and httpx's auth flow, tenacity's ``iter()``):
+Every call a client or a front end makes is one of the generators here: it *decides* and yields what
+it needs next (a :mod:`dibs.steps` step, or an event for the observers), and receives the answer; it
+never does I/O, and never calls a client (the shape of httpx's auth flow and tenacity's ``iter()``).
+A driver carries the steps out: :class:`dibs.seam.StoreIO` in a thread, :class:`dibs.seam.AsyncStoreIO`
+on an event loop; a front end subclasses one to do a step its own way (Airflow defers at
+:class:`~dibs.steps.Wait`, ``dibs run`` streams a hit), and translates the events.
 
-=====================  =====================================================================  ===============
-step                   what the driver does                                                   sends back
-=====================  =====================================================================  ===============
-:class:`Ask`           one ``get_or_reserve``                                                 the outcome
-:class:`Wait`          wait until the key is done or free, or ``timeout`` passes (or defer:   the outcome
-                       raise :class:`Suspend`, and resume later with the :class:`Waiting`)
-:class:`Hold`          run the work under the lease (``Reservations.hold``: heartbeats, then  a RunReport
-                       complete or release, decided in :mod:`dibs.holding`)
-:class:`RunUnreserved` run the work without a lease (the store is unreachable, policy "run")  its value
-an :class:`~dibs.events.Event`  hand it to the observers                                      nothing
-=====================  =====================================================================  ===============
+==========================  ====================================================================
+path                        what it decides
+==========================  ====================================================================
+:func:`compute_once`        ``compute``/``run`` and every front end's reserved task: the first ask
+                            (the store unreachable: ``on_store_unavailable``), the wait (a refresh
+                            shares the busy holder's result: ``min_token``; the timeout and its one
+                            wording; a store outage ridden out), ``max_failures``, the hold (the
+                            call's own policy at ``complete``), the report and every event
+:func:`reserve`             ``get_or_reserve`` (one ask) and ``acquire`` (ask, then wait)
+:func:`wait_for`            ``wait``: until the key is done or free, reserving nothing
+:func:`hold`                ``Reservations.hold``: a lease already granted, its work and its ending
+:func:`release_own`         give back a lease its owner holds, from wherever (a lock released by
+                            another process, a stop that landed just as the lease was granted)
+==========================  ====================================================================
 
-An exception a step raises is thrown back into the flow, which decides (the store unreachable at
-the first ask or after a wait: the ``on_store_unavailable`` policy) or lets it through. The policies
-live here once: store unavailable, refresh → minimum token, the timeout and its wording, the report.
-:func:`drive` and :func:`adrive` carry a flow out in a thread or on an event loop; a front end only
-says how each step is done (:class:`FlowIO`) and translates the events (log lines, XComs, states).
+An exception a step raises is thrown back into the flow, which decides: the first ask of a call
+applies ``on_store_unavailable``; every later ask or read of a waiter rides out an outage (:class:`
+~dibs.backoff.Outage`: it keeps waiting, for ``outage_patience`` at most, never past its timeout);
+anything else goes through, ending the call.
 
-A flow that waits can stop there and resume in another process: :class:`Waiting` is all it needs
-(Airflow's operator defers at :class:`Wait` and resumes from its trigger's event).
-
-This is what an integration builds on, besides ``dibs.__all__`` (it imports these names from
-:mod:`dibs.integration`, their public home): ``Reservations.call`` makes a :class:`Call`, a subclass
-of :class:`Steps` (or :class:`AsyncSteps`) says how the front end does the steps it does differently,
-and an observer translates the events (see docs/architecture.md).
+A flow that waits can stop there and resume in another process: :class:`~dibs.steps.Waiting` is all it
+needs (Airflow's operator defers at :class:`~dibs.steps.Wait` and resumes from its trigger's event).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from collections.abc import Callable, Generator
+from typing import Any, Literal, Protocol, TypeVar
 
-from dibs import events, holding
-from dibs._waiting import AskAcquire
-from dibs.backoff import Deadline
-from dibs.errors import StoreUnavailable
+from dibs import events
+from dibs.backoff import Backoff, Deadline, Outage
+from dibs.errors import StoreUnavailable, TooManyFailures, WaitTimeout
 from dibs.events import Emitter, Event
+from dibs.keys import Key
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
-from dibs.records import Held, LeaseRecord
-
-if TYPE_CHECKING:
-    from dibs.backoff import Deadline as DeadlineT
-    from dibs.keys import Key
-    from dibs.records import StoreOutcome
-    from dibs.stores.base import Store
+from dibs.records import FailureRecord, Held, KeyState, LeaseRecord
+from dibs.steps import (
+    UNWATCH,
+    Ask,
+    Complete,
+    Fail,
+    Found,
+    Hold,
+    Keep,
+    Pause,
+    Read,
+    Release,
+    RunUnreserved,
+    Step,
+    Suspend,
+    Wait,
+    Waiting,
+    Watch,
+    Work,
+)
+from dibs.stops import is_stop
+from dibs.stores.requests import AcquireRequest
 
 __all__ = [
-    "Ask",
-    "AsyncSteps",
     "Call",
     "Flow",
-    "FlowIO",
-    "Hold",
-    "RunUnreserved",
-    "Steps",
+    "Rules",
     "Suspend",
-    "Wait",
     "Waiting",
-    "adrive",
     "compute_once",
-    "drive",
+    "gave_up",
+    "hold",
+    "is_settled",
+    "release_own",
+    "reserve",
+    "wait_for",
 ]
 
 T = TypeVar("T")
+Flow = Generator[Step | Event, Any, T]
+#: Where a flow's events go: an :class:`~dibs.events.Emitter`, or ``None`` (nobody hears them).
+Teller = Emitter | events.LazyEmitter | None
 
 
 @dataclasses.dataclass(frozen=True)
-class Waiting:
-    """What a call has waited so far; all a flow needs to resume at its wait step elsewhere.
+class Rules:
+    """What a client's calls decide with, read from its settings once: how a waiter asks again, how
+    long it rides out an unreachable store, and how many recorded failures refuse a lease."""
 
-    ``started`` is on the flow's clock (``time.time()`` for a flow that may resume on another host:
-    clock skew then shifts only when the waiter's own timeout fires, never who holds the lease).
-    """
-
-    started: float | None = None  # when the key was first found busy; None: never waited
-    deferrals: int = 0
-    holder: str | None = None
-    #: A refresh that found the key busy waits for what that lease stores (its token) or later.
-    min_token: int | None = None
-
-    def seconds(self, now: float) -> float:
-        return 0.0 if self.started is None else max(0.0, now - self.started)
+    backoff: Backoff = dataclasses.field(default_factory=Backoff)
+    outage: Outage = dataclasses.field(default_factory=Outage)
+    max_failures: int | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Ask:
-    """Ask the store once (``get_or_reserve``); answered with a Hit, Acquired or Busy."""
-
-    ask: AskAcquire
-
-
-@dataclasses.dataclass(frozen=True)
-class Wait:
-    """Wait on ``busy`` until the key is done or free, at most ``timeout`` seconds (``None``: no
-    limit); answered with a Hit, Acquired, or the last Busy. A driver may defer instead (raise
-    :class:`Suspend`) and resume a new flow from ``waiting``, which already counts this wait."""
-
-    ask: AskAcquire
-    busy: Busy
-    waiting: Waiting
-    timeout: float | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Hold:
-    """Run the work under ``acquired``'s lease; answered with the hold's :class:`RunReport`."""
-
-    acquired: Acquired
-
-
-@dataclasses.dataclass(frozen=True)
-class RunUnreserved:
-    """Run the work without a lease; answered with its value (nothing is stored)."""
-
-    ask: AskAcquire
-
-
-Step = Ask | Wait | Hold | RunUnreserved | Event
-Flow = Generator[Step, Any, RunReport]
-
-
-class Suspend(Exception):
-    """Raised by a :class:`Wait` handler that gives up its thread (an Airflow deferral): the drivers
-    close the flow without deciding anything, and the caller resumes later from ``waiting``."""
-
-    def __init__(self, waiting: Waiting) -> None:
-        super().__init__(waiting)
-        self.waiting = waiting
-
-
+# -- compute once -----------------------------------------------------------------------------------
 def compute_once(
-    ask: AskAcquire,
+    ask: Ask,
     *,
     emitter: Emitter,
+    rules: Rules,
     policy: Literal["fail", "run"],
     timeout: float | None,
     max_age: float | None,
     resume: Waiting | None = None,
     clock: Callable[[], float] = time.monotonic,
-) -> Flow:
+    progress_every: float | None = None,
+    keep: bool = False,
+    reenters: Callable[[str], bool] | None = None,
+) -> Flow[RunReport]:
     """The flow of one compute-once call (see the module docstring).
 
     ``ask`` is the first ask (a refresh asks with ``max_age=0``); ``max_age`` is the call's maximum
-    artifact age for the asks after a refresh found the key busy. ``resume`` continues a call that
-    waited elsewhere; ``clock`` measures waits (``time.time`` when a wait may resume on another host).
+    artifact age for the asks after a refresh found the key busy; ``policy`` is the call's
+    ``on_store_unavailable``, at the first ask and at ``complete``. ``resume`` continues a call that
+    waited elsewhere (its first ask is a waiter's); ``clock`` measures waits (``time.time`` when a wait
+    may resume on another host); ``progress_every`` makes a ``StillWaiting`` event that often while it
+    waits. ``keep``: the lease outlives the call (a lock), so the hold is a :class:`~dibs.steps.Keep`.
+    ``reenters(owner)``: a busy key held by such an owner is this caller's own (a lock's holder asking
+    from another run), re-entered as that owner.
     """
     started = clock()
     state: dict[str, Any] = {}
     try:
-        report = yield from _flow(
+        report = yield from _compute(
             ask,
             emitter,
+            rules,
             policy=policy,
             timeout=timeout,
             max_age=max_age,
             waiting=resume or Waiting(),
             clock=clock,
+            progress_every=progress_every,
+            keep=keep,
+            reenters=reenters,
             state=state,
         )
+    except GeneratorExit:  # closed by a driver that suspended: decide nothing
+        raise
     except BaseException as exc:
-        if isinstance(exc, GeneratorExit):  # closed by a driver that suspended: decide nothing
-            raise
         waiting: Waiting = state.get("waiting", Waiting())
         ending: dict[str, Any] = {
             "outcome": "failed",
@@ -199,51 +175,94 @@ def _finished(
     )
 
 
-def _flow(
-    ask: AskAcquire,
+def _compute(
+    ask: Ask,
     emitter: Emitter,
+    rules: Rules,
     *,
     policy: Literal["fail", "run"],
     timeout: float | None,
     max_age: float | None,
     waiting: Waiting,
     clock: Callable[[], float],
+    progress_every: float | None,
+    keep: bool,
+    reenters: Callable[[str], bool] | None,
     state: dict[str, Any],
-) -> Flow:
+) -> Flow[RunReport]:
     if waiting.min_token is not None:  # a refresh resumed: the busy holder's artifact is the fresh one
         ask = ask.sharing(waiting.min_token, max_age)
     state["waiting"] = waiting
     yield from _tell(emitter, events.Asked, refresh=ask.refreshing, min_token=ask.request.min_fence)
+    waiter = _Waiter(emitter, rules, clock=clock, narrate=True, progress_every=progress_every)
+
+    def remaining() -> float | None:
+        return None if timeout is None else max(0.0, timeout - waiting.seconds(clock()))
+
     try:
-        got: Outcome = yield Ask(ask)
-        while isinstance(got, Busy):
-            busy = got
+        if waiting.started is None:
+            got = yield ask  # the first ask: a store that cannot be reached is the policy's
+        else:  # a waiter resumed elsewhere: it still holds nothing, and rides an outage out
+            got = yield from waiter.asking(ask, Deadline(remaining()))
+        got = yield from _own(ask, got, reenters)
+        if isinstance(got, Held):
+            busy = Busy.of(got.lease, got.now, got.failure)
             if waiting.started is None:
                 waiting = dataclasses.replace(waiting, started=clock())
-            if ask.refreshing and busy.token is not None:
-                ask = ask.sharing(busy.token, max_age)
-                waiting = dataclasses.replace(waiting, min_token=busy.token)
+            if ask.refreshing:
+                ask = ask.sharing(got.lease.token.fence, max_age)
+                waiting = dataclasses.replace(waiting, min_token=got.lease.token.fence)
             yield from _busy(emitter, waiting.holder, busy)
             waiting = state["waiting"] = dataclasses.replace(waiting, holder=busy.holder)
-            remaining = None if timeout is None else max(0.0, timeout - waiting.seconds(clock()))
-            if remaining is not None and remaining <= 0:
+            left = remaining()
+            if left is not None and left <= 0:
                 yield from _waited(emitter, waiting, clock, "timeout")
                 raise busy.timed_out(waiting.seconds(clock()))
-            got = yield Wait(ask, busy, waiting, remaining)
-            if isinstance(got, Busy):  # the wait's own deadline passed (it reported new holders)
+            yield Wait(ask, busy, waiting, left)  # a driver may suspend here (and resume elsewhere)
+            got = yield from waiter.until_free(ask, got, Deadline(left))
+            got = yield from _own(ask, got, reenters)
+            if isinstance(got, Held):  # the wait's own deadline passed (it reported new holders)
                 yield from _waited(emitter, waiting, clock, "timeout")
-                raise got.timed_out(waiting.seconds(clock()))
+                raise Busy.of(got.lease, got.now, got.failure).timed_out(waiting.seconds(clock()))
     except StoreUnavailable as exc:
         if waiting.started is not None:
             yield from _waited(emitter, waiting, clock, "unavailable")
         if policy == "fail":
             raise
         yield from _tell(emitter, events.RanUnreserved, error=str(exc))
-        value = yield RunUnreserved(ask)
+        value = yield RunUnreserved(ask.key)
         return RunReport(ask.key, value, "unreserved", None, ask.request.owner, stored=False)
     waited = state["waited"] = waiting.seconds(clock())
     if waiting.started is not None:
         yield from _waited(emitter, waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
+    report = yield from _answered(
+        got,
+        emitter,
+        rules=rules,
+        waiting=waiting,
+        waited=waited,
+        waiter=waiter,
+        policy=policy,
+        keep=keep,
+        state=state,
+    )
+    return report
+
+
+def _answered(
+    got: Hit | Acquired,
+    emitter: Emitter,
+    *,
+    rules: Rules,
+    waiting: Waiting,
+    waited: float,
+    waiter: _Waiter,
+    policy: Literal["fail", "run"],
+    keep: bool,
+    state: dict[str, Any],
+) -> Flow[RunReport]:
+    """The call's answer once it is not busy: a hit used as it is, or the lease held (or kept) and
+    its work's report."""
     if isinstance(got, Hit):
         yield from _tell(
             emitter,
@@ -257,8 +276,10 @@ def _flow(
         )
         role: Literal["waited", "hit"] = "waited" if waiting.started is not None else "hit"
         return RunReport(got.key, got.value, role, got.token, got.producer, waited, waiting.holder)
+    yield from _refuse_too_many(got, rules.max_failures)
     lease, failure = got.lease, got.last_failure
     state["token"] = lease.token
+    expired_by, expired_max_age = _expiry(got, waiter.seen)
     yield from _tell(
         emitter,
         events.LeaseAcquired,
@@ -270,13 +291,370 @@ def _flow(
         last_failure=None if failure is None else failure.error,
         last_failure_owner=None if failure is None else failure.owner,
         failures=0 if failure is None else failure.count,
+        expired_by=expired_by,
+        expired_max_age=expired_max_age,
     )
-    report: RunReport = yield Hold(got)
+    if keep:
+        report: RunReport = yield Keep(got)
+    else:
+        report = yield from _hold(got, policy)
     if report.waited_seconds == waited and report.waited_on == waiting.holder:
         return report  # the usual case, a call that never waited: nothing to replace
     return dataclasses.replace(report, waited_seconds=waited, waited_on=waiting.holder)
 
 
+def _own(ask: Ask, got: Any, reenters: Callable[[str], bool] | None) -> Flow[Any]:
+    """A busy key held by an owner that is this caller too (``reenters``) is re-entered as that owner."""
+    if reenters is not None and isinstance(got, Held) and reenters(got.lease.owner):
+        got = yield ask.as_owner(got.lease.owner)
+    return got
+
+
+def _expiry(
+    got: Acquired, seen: LeaseRecord | None
+) -> tuple[Literal["heartbeating", "max_lease_age"] | None, float | None]:
+    """Why the lease ``got`` took over had expired, as far as the wait saw it (its last lease)."""
+    if got.took_over_from is None or seen is None or seen.owner != got.took_over_from:
+        return None, None
+    if seen.max_expires_at is not None and got.lease.record.acquired_at >= seen.max_expires_at:
+        return "max_lease_age", seen.max_expires_at - seen.acquired_at
+    return "heartbeating", None
+
+
+def _refuse_too_many(got: Acquired, limit: int | None) -> Flow[None]:
+    """``max_failures``: a lease granted on a key that failed that often is given back (not a failure
+    of this call: it refuses to run, it did not fail) and refused."""
+    failure = got.last_failure
+    if limit is None or failure is None or failure.count < limit:
+        return
+    yield Release(got.lease)
+    raise too_many(got.key, failure, limit)
+
+
+def too_many(key: Key, failure: FailureRecord, limit: int) -> TooManyFailures:
+    """The refusal of a key that failed ``limit`` times: whose failure it was, and how to try again."""
+    forget = f"dibs forget {key.name!r} --namespace {key.namespace}"
+    why = f"{key} failed {failure.count} times (max_failures={limit}); last error from {failure.owner!r}"
+    return TooManyFailures(
+        f"{why}: {failure.error}. Fix the cause, then run '{forget}' to try again",
+        key=str(key),
+        failures=failure.count,
+    )
+
+
+def _hold(acquired: Acquired, policy: Literal["fail", "run"]) -> Flow[RunReport]:
+    """The work under the lease: heartbeats from :class:`~dibs.steps.Hold` on; a failure released with
+    it recorded (:class:`~dibs.steps.Fail`), a value stored (:class:`~dibs.steps.Complete`, whose
+    decisions are :mod:`dibs.holding`'s), a store down at ``complete`` decided by ``policy``."""
+    held = yield Hold(acquired)
+    began = time.monotonic()  # the work's own time, whatever clock the waits are measured on
+    try:
+        value = yield Work(held)
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        yield Fail(held, exc)
+        raise
+    report: RunReport = yield Complete(held, value, policy, time.monotonic() - began)
+    return report
+
+
+def hold(acquired: Acquired, policy: Literal["fail", "run"]) -> Flow[RunReport]:
+    """``Reservations.hold``: run the work under a lease already granted (see :func:`_hold`)."""
+    return (yield from _hold(acquired, policy))
+
+
+# -- get_or_reserve, acquire ------------------------------------------------------------------------
+def reserve(
+    ask: Ask,
+    *,
+    rules: Rules,
+    emitter: Teller = None,
+    timeout: float | None = 0.0,
+    raise_on_timeout: bool = False,
+    max_age: float | None = None,
+) -> Flow[Outcome]:
+    """``get_or_reserve`` (``timeout=0``: one ask) and ``acquire`` (ask, then wait up to ``timeout``
+    seconds, ``None``: as long as it takes). A busy answer once the wait is over raises
+    :class:`~dibs.errors.WaitTimeout` naming the holder with ``raise_on_timeout``, else is the answer.
+    Only a store outage during the wait is reported (to ``emitter``): these calls have no other events.
+    """
+    deadline = Deadline(timeout)
+    got = yield ask  # the first ask: a store that cannot be reached is the caller's to handle
+    if isinstance(got, Held) and not deadline.expired:
+        # Most calls are answered at once (a hit, or a free key), so the watch starts only now; the
+        # wait asks again right after it, so no change is missed. A refresh shares the busy result.
+        again = ask.sharing(got.lease.token.fence, max_age) if ask.refreshing else ask
+        waiter = _Waiter(emitter, rules, narrate=False)
+        got = yield from waiter.until_free(again, got, deadline)
+    if isinstance(got, Held):
+        busy = Busy.of(got.lease, got.now, got.failure)
+        if raise_on_timeout:
+            raise busy.timed_out(deadline.elapsed)
+        return busy
+    if isinstance(got, Acquired):
+        yield from _refuse_too_many(got, rules.max_failures)
+    answer: Outcome = got
+    return answer
+
+
+# -- wait -----------------------------------------------------------------------------------------------
+def wait_for(
+    key: Key,
+    *,
+    rules: Rules,
+    emitter: Teller = None,
+    timeout: float | None = None,
+    for_artifact: bool = False,
+    max_age: float | None = None,
+    min_token: int | None = None,
+    decode: bool = True,
+    resumed: bool = False,
+) -> Flow[Hit | None]:
+    """``wait``: until the key is done (a hit), or (unless ``for_artifact``) nobody holds it (``None``),
+    reserving nothing; an artifact ``max_age`` old, or stored under a token below ``min_token``, does
+    not count. ``decode=False``: the hit's value is the artifact record itself, unread.
+
+    A waiter holds nothing, so it rides out an outage; but its first read is its first ask: a store
+    that was never reached may be a wrong URL rather than an outage, and says so at once. ``resumed``:
+    this wait continues one that reached the store before (a deferred task's trigger), so even its first
+    read rides an outage out."""
+    deadline = Deadline(timeout)
+    waiter = _Waiter(emitter, rules, narrate=False)
+    read = Read(key)
+    state = (yield from waiter.asking(read, deadline)) if resumed else (yield read)
+    if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
+        state = yield from waiter.until_settled(state, deadline, for_artifact, max_age, min_token)
+    artifact = state.artifact
+    if artifact is not None and artifact.is_fresh(state.now, max_age=max_age, min_fence=min_token):
+        if not decode:
+            return Hit.of(state.key, artifact, artifact)  # the record itself, undecoded
+        hit: Hit = yield Found(state.key, artifact)
+        return hit
+    if state.live_lease is not None or for_artifact:
+        raise gave_up(state.key, deadline, state=state)
+    return None
+
+
+def is_settled(
+    state: KeyState, for_artifact: bool, max_age: float | None = None, min_fence: int | None = None
+) -> bool:
+    """Whether ``state`` ends a wait: a fresh artifact, or (unless ``for_artifact``) nobody holding
+    the key."""
+    artifact = state.artifact
+    fresh = artifact is not None and artifact.is_fresh(state.now, max_age=max_age, min_fence=min_fence)
+    return fresh or (not for_artifact and state.live_lease is None)
+
+
+def gave_up(key: Key, deadline: Deadline, *, state: KeyState) -> WaitTimeout:
+    """The one wording of a wait that timed out without a busy answer in hand: who holds the key, or
+    why nobody does."""
+    if state.live_lease is not None:
+        return Busy.of(state.live_lease, state.now, state.failure).timed_out(deadline.elapsed)
+    if state.failure is not None:
+        failure = state.failure
+        why = (
+            f"not computed: its last attempt failed ({failure.count} failure(s); last by {failure.owner!r}: "
+            f"{failure.error})"
+            if not is_stop(failure.error)
+            else f"not computed: its last holder, {failure.owner!r}, was {failure.error}"
+        )
+    else:
+        why = "not computed yet, and nobody is computing it"
+    return WaitTimeout(
+        f"gave up waiting for {key} after {deadline.elapsed:.1f}s: {why}", key=str(key), holder=None
+    )
+
+
+# -- release as the owner ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Released:
+    """What :func:`release_own` found: ``released`` (the owner's lease, now given back), ``free``
+    (nobody held the key) or ``other`` (``holder`` holds it, not the owner)."""
+
+    outcome: Literal["released", "free", "other"]
+    holder: str | None = None
+
+
+def release_own(
+    key: Key, owns: Callable[[str], bool], *, ttl: float, error: str | None = None
+) -> Flow[Released]:
+    """Give back the live lease on ``key`` of an owner ``owns`` recognises, from a process that does
+    not have its lease in hand: re-entering it as its exact owner returns the current lease (and its
+    token) atomically, so the release is fenced like any other; ``error`` is recorded."""
+    state: KeyState = yield Read(key)
+    live = state.live_lease
+    if live is None:
+        return Released("free")
+    if not owns(live.owner):
+        return Released("other", live.owner)
+    got = yield Ask(key, AcquireRequest(live.owner, ttl))
+    if isinstance(got, Acquired):
+        yield Release(got.lease, error)
+        return Released("released", live.owner)
+    if isinstance(got, Held):
+        return Released("other", got.lease.owner)
+    return Released("free")
+
+
+# -- waiting ----------------------------------------------------------------------------------------
+class _Waiter:
+    """How one call waits: its backoff, how long it rides out a store outage, and what it tells.
+
+    ``narrate``: a compute-once call's wait reports holder changes (and, with ``progress_every``, that
+    it still waits); every wait reports an outage. :attr:`seen` is the last lease it found.
+    """
+
+    def __init__(
+        self,
+        emitter: Teller,
+        rules: Rules,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        narrate: bool,
+        progress_every: float | None = None,
+    ) -> None:
+        self.emitter, self.rules, self.clock = emitter, rules, clock
+        self.narrate, self.progress_every = narrate, progress_every
+        self.seen: LeaseRecord | None = None
+
+    def tell(self, kind: type[Event], **fields: Any) -> Generator[Event, Any, None]:
+        emitter = self.emitter
+        if emitter is not None and emitter.wants(kind):
+            yield emitter.make(kind, **fields)
+
+    def asking(self, step: Ask | Read, deadline: Deadline) -> Flow[Any]:
+        """Yield ``step`` until the store answers it, riding out an outage (:class:`Outage`): a store
+        that cannot be reached is asked again after growing pauses, for at most the outage patience
+        and never past ``deadline``; then its error goes through."""
+        riding = None
+        while True:
+            try:
+                answer = yield step
+            except StoreUnavailable as exc:
+                if riding is None:
+                    riding = self.rules.outage.riding(deadline)
+                    yield from self.tell(
+                        events.StoreUnreachable, error=str(exc), patience=self.rules.outage.patience
+                    )
+                pause = riding.pause()
+                if pause is None:
+                    raise
+                yield Pause(pause)  # a change the hub delivers meanwhile is read again by this step
+                continue
+            if riding is not None:
+                yield from self.tell(events.StoreReachable, seconds=riding.seconds)
+            return answer
+
+    def until_free(self, ask: Ask, busy: Held, deadline: Deadline) -> Flow[Any]:
+        """Ask until the answer is not :class:`Held` or ``deadline`` passes; the last answer.
+
+        A change the hub delivers is the key's state, read once for every waiter on it: an artifact
+        ends the wait at once (the waiter does not ask), a lease still held by somebody else means
+        waiting on, and only a key that turned free makes the waiter ask (one of them wins it). A
+        pause that ends with nothing delivered is the backstop: the waiter asks itself, and never
+        later than just after the holder's expiry, the one change no store announces.
+        """
+        following = yield Watch(ask.key)
+        got = yield from self._until_free(ask, busy, deadline, following)
+        yield UNWATCH
+        return got
+
+    def _until_free(
+        self, ask: Ask, busy: Held, deadline: Deadline, following: Callable[[], bool]
+    ) -> Flow[Any]:
+        backoff, attempt = self.rules.backoff, 0
+        holder = busy.lease.owner
+        progress = _Progress(self, deadline)
+        got: Any = yield from self.asking(ask, deadline)  # after the watch began: nothing is missed
+        while True:
+            if not isinstance(got, Held):
+                return got
+            self.seen = got.lease
+            if got.lease.owner != holder:
+                if self.narrate:
+                    expires_in = max(0.0, got.lease.expires_at - got.now)
+                    yield from self.tell(
+                        events.HolderChanged, previous=holder, holder=got.lease.owner, expires_in=expires_in
+                    )
+                holder = got.lease.owner
+            if deadline.expired:
+                return got
+            pause = _pause_for(backoff, attempt, following(), got.lease.expires_at - got.now, deadline)
+            change: KeyState | None = yield Pause(progress.cap(pause))
+            attempt += 1
+            yield from progress.note(holder)
+            if change is None:
+                got = yield from self.asking(ask, deadline)  # the backstop, or the holder's expiry
+                continue
+            if change.artifact is not None and ask.takes(change):
+                hit: Hit = yield Found(ask.key, change.artifact)  # every waiter gets the hub's one read
+                return hit
+            live = change.live_lease
+            if live is not None and live.owner != ask.request.owner:
+                got = Held(live, change.now, change.failure)  # changed hands, still busy: wait on
+                continue
+            got = yield from self.asking(ask, deadline)  # free (released, expired) or ours: try to take it
+
+    def until_settled(
+        self,
+        state: KeyState,
+        deadline: Deadline,
+        for_artifact: bool,
+        max_age: float | None,
+        min_fence: int | None,
+    ) -> Flow[KeyState]:
+        """Read until the key is done (or also free, unless ``for_artifact``) or ``deadline`` passes."""
+        following = yield Watch(state.key)
+        backoff, attempt = self.rules.backoff, 0
+        read = Read(state.key)
+        while not is_settled(state, for_artifact, max_age, min_fence) and not deadline.expired:
+            lease = state.live_lease
+            holder_remaining = lease.expires_at - state.now if lease is not None else backoff.maximum
+            if for_artifact and lease is None:
+                holder_remaining = backoff.maximum  # nobody is computing: no expiry to watch for
+            change = yield Pause(_pause_for(backoff, attempt, following(), holder_remaining, deadline))
+            attempt += 1
+            state = change if change is not None else (yield from self.asking(read, deadline))
+        yield UNWATCH
+        return state
+
+
+class _Progress:
+    """``StillWaiting`` every ``progress_every`` seconds of a wait (for a front end that asks for it)."""
+
+    def __init__(self, waiter: _Waiter, deadline: Deadline) -> None:
+        self.waiter, self.deadline = waiter, deadline
+        every = waiter.progress_every if waiter.narrate else None
+        self.every = every
+        self.next = None if every is None else deadline.elapsed + every
+
+    def cap(self, pause: float) -> float:
+        """``pause``, ending no later than the next note is due."""
+        if self.next is None:
+            return pause
+        return max(0.0, min(pause, self.next - self.deadline.elapsed))
+
+    def note(self, holder: str) -> Generator[Event, Any, None]:
+        if self.next is None or self.every is None:
+            return
+        elapsed = self.deadline.elapsed
+        if elapsed >= self.next:
+            self.next = elapsed + self.every
+            yield from self.waiter.tell(events.StillWaiting, holder=holder, seconds=elapsed)
+
+
+def _pause_for(
+    backoff: Backoff, attempt: int, following: bool, holder_remaining: float, deadline: Deadline
+) -> float:
+    delay = backoff.delay(attempt, notifies=following)
+    # Ask right after the holder's expiry: that moment changes the answer without any notification.
+    delay = min(delay, max(0.0, holder_remaining) + backoff.initial)
+    remaining = deadline.remaining
+    return delay if remaining is None else min(delay, remaining)
+
+
+# -- events -------------------------------------------------------------------------------------------
 def _tell(
     emitter: Emitter, kind: type[Event], routine: bool = False, /, **fields: Any
 ) -> Generator[Event, Any, None]:
@@ -322,273 +700,27 @@ def _waited(
     )
 
 
-class FlowIO(Protocol):
-    """How one front end does each step: the sync driver calls these, the async one awaits them."""
+# -- a call, ready to drive -------------------------------------------------------------------------
+class Driver(Protocol):
+    """What carries a flow out (:class:`dibs.seam.StoreIO`, described here rather than imported, so
+    that the flow stays below the seam that drives it)."""
 
-    def ask(self, step: Ask) -> Any: ...
-
-    def wait(self, step: Wait) -> Any: ...
-
-    def hold(self, step: Hold) -> Any: ...
-
-    def run_unreserved(self, step: RunUnreserved) -> Any: ...
-
-
-def _handler(io: FlowIO, step: Step) -> Callable[[Any], Any]:
-    if isinstance(step, Ask):
-        return io.ask
-    if isinstance(step, Wait):
-        return io.wait
-    if isinstance(step, Hold):
-        return io.hold
-    return io.run_unreserved
-
-
-@dataclasses.dataclass(frozen=True)
-class _Done:
-    report: RunReport
-
-
-def _advance(flow: Flow, answer: Any, error: BaseException | None, emitter: Emitter) -> Step | _Done:
-    """Send the last step's answer (or throw its error) into the flow, hand the events it yields to
-    the observers, and return its next step (or :class:`_Done`)."""
-    try:
-        step = flow.send(answer) if error is None else flow.throw(error)
-        while isinstance(step, Event):
-            emitter.send(step)
-            step = flow.send(None)
-    except StopIteration as stop:
-        return _Done(stop.value)
-    return step
-
-
-def _deferred(emitter: Emitter, waiting: Waiting) -> None:
-    if emitter.wants(events.Deferred):
-        emitter(events.Deferred, waited_seconds=waiting.seconds(time.time()), holder=waiting.holder)
-
-
-def drive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
-    """Carry a flow out in this thread: events to the observers, every other step to ``io``. The
-    store operations made meanwhile name the call's front end (:data:`dibs.events.FRONTEND`)."""
-    answer: Any = None
-    error: BaseException | None = None
-    acting = events.FRONTEND.set(emitter.frontend)
-    try:
-        while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
-            try:
-                answer, error = _handler(io, step)(step), None
-            except Suspend as suspend:
-                flow.close()
-                _deferred(emitter, suspend.waiting)
-                raise
-            except BaseException as exc:  # the flow decides: a policy, or it lets it through
-                answer, error = None, exc
-    finally:
-        events.FRONTEND.reset(acting)
-    return step.report
-
-
-async def adrive(flow: Flow, io: FlowIO, emitter: Emitter) -> RunReport:
-    """:func:`drive` on an event loop: ``io``'s methods are coroutines, awaited in turn (the front
-    end is set in this task's context; the store calls they hand to the runtime's I/O executor run in
-    a copy of it)."""
-    answer: Any = None
-    error: BaseException | None = None
-    acting = events.FRONTEND.set(emitter.frontend)
-    try:
-        while not isinstance(step := _advance(flow, answer, error, emitter), _Done):
-            pending: Awaitable[Any] = _handler(io, step)(step)
-            try:
-                answer, error = await pending, None
-            except Suspend as suspend:
-                flow.close()
-                _deferred(emitter, suspend.waiting)
-                raise
-            except BaseException as exc:
-                answer, error = None, exc
-    finally:
-        # A coroutine abandoned by its task is closed later, maybe in another context (the garbage
-        # collector at the loop's teardown), where the token cannot be reset: that context never had it.
-        with contextlib.suppress(ValueError):
-            events.FRONTEND.reset(acting)
-    return step.report
+    def drive(self, flow: Flow[Any], emitter: Teller = None) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One compute-once call, ready to drive: its flow and the emitter of its events
-    (:meth:`dibs.Reservations.call` builds one)."""
+    (:meth:`dibs.Reservations.call` builds one); a front end drives it with its own steps
+    (a :class:`dibs.seam.StoreIO`, or with :meth:`adrive` an :class:`dibs.seam.AsyncStoreIO`)."""
 
-    flow: Flow
+    flow: Flow[RunReport]
     emitter: Emitter
 
-    def drive(self, io: FlowIO) -> RunReport:
-        return drive(self.flow, io, self.emitter)
+    def drive(self, io: Driver) -> RunReport:
+        report: RunReport = io.drive(self.flow, self.emitter)
+        return report
 
-    async def adrive(self, io: FlowIO) -> RunReport:
-        return await adrive(self.flow, io, self.emitter)
-
-
-class Client(Protocol):
-    """What :class:`Steps` does each step with: a :class:`dibs.Reservations` (described here rather
-    than imported, so that this module stays below the client that drives it)."""
-
-    @property
-    def store(self) -> Store: ...
-
-    def _ask_store(self, ask: AskAcquire) -> StoreOutcome: ...
-
-    def _wait_store(
-        self, ask: AskAcquire, deadline: DeadlineT, held: Callable[[Held], None] | None = None
-    ) -> StoreOutcome: ...
-
-    def _to_outcome(self, key: Key, outcome: StoreOutcome) -> Outcome: ...
-
-    def hold(self, got: holding.HeldLease, work: Callable[[], Any]) -> RunReport: ...
-
-
-class AsyncClient(Protocol):
-    """What :class:`AsyncSteps` does each step with: a :class:`dibs.AsyncReservations`."""
-
-    @property
-    def store(self) -> Store: ...
-
-    async def _ask_store(self, ask: AskAcquire) -> StoreOutcome: ...
-
-    async def _wait_store(
-        self, ask: AskAcquire, deadline: DeadlineT, held: Callable[[Held], None] | None = None
-    ) -> StoreOutcome: ...
-
-    async def _outcome(self, key: Key, outcome: StoreOutcome) -> Outcome: ...
-
-    async def hold(self, got: holding.HeldLease, work: Callable[[], Awaitable[Any]]) -> RunReport: ...
-
-
-ClientT = TypeVar("ClientT")
-WorkT = TypeVar("WorkT")
-
-
-class _HowToHold(Generic[ClientT, WorkT]):
-    """What both faces of the steps are given: the client, the work, and how the hold reports.
-
-    While a wait step runs, :attr:`seen` is the last lease it found on the key (a front end explains a
-    takeover with it: did the holder stop heartbeating, or reach its maximum age?), and with
-    :attr:`progress_every` set, a :class:`~dibs.events.StillWaiting` event comes that often.
-    """
-
-    #: Seconds between two :class:`~dibs.events.StillWaiting` events while a wait lasts (``None``: none).
-    progress_every: float | None = None
-
-    def __init__(
-        self,
-        client: ClientT,
-        work: Callable[[], WorkT],
-        *,
-        emit: Emitter | None = None,
-        failure_of: holding.FailureOf | None = None,
-        logger: holding.Logger | None = None,
-    ) -> None:
-        self.client, self.work, self.emit = client, work, emit
-        self.failure_of, self.logger = failure_of, logger
-        self.seen: LeaseRecord | None = None
-
-    def held(self, acquired: Acquired) -> holding.HeldLease:
-        """The lease of a :class:`Hold` step, heartbeating from now on (a front end that must reach it
-        from elsewhere, Airflow's ``on_kill``, keeps it before handing it to the hold)."""
-        return holding.HeldLease(
-            acquired.lease,
-            took_over_from=acquired.took_over_from,
-            failure_of=self.failure_of,
-            logger=self.logger,
-            emit=self.emit,
-        )
-
-    def _watcher(self, step: Wait) -> Callable[[Held], None]:
-        """What a wait does with every busy answer it gets: remember the lease, and tell the observers
-        when the key changes hands (``HolderChanged``)."""
-        last = [step.busy.holder]
-        emit = self.emit
-
-        def held(answer: Held) -> None:
-            lease = self.seen = answer.lease
-            if lease.owner != last[0]:
-                if emit is not None:
-                    expires_in = max(0.0, lease.expires_at - answer.now)
-                    emit(events.HolderChanged, previous=last[0], holder=lease.owner, expires_in=expires_in)
-                last[0] = lease.owner
-
-        return held
-
-    def _parts(self, step: Wait) -> Iterator[Deadline]:
-        """The wait in parts of at most :attr:`progress_every` seconds; between two parts (the key
-        still busy) a ``StillWaiting`` event. The caller stops at an answer that is not busy."""
-        whole = Deadline(step.timeout)
-        every = self.progress_every
-        while True:
-            remaining = whole.remaining
-            if every is None or (remaining is not None and remaining <= every):
-                yield whole
-                return
-            yield Deadline(every)
-            if self.emit is not None:
-                holder = step.busy.holder if self.seen is None else self.seen.owner
-                self.emit(events.StillWaiting, holder=holder, seconds=whole.elapsed)
-
-
-class Steps(_HowToHold[Client, Any]):
-    """How a plain client does each step in a thread; a front end overrides what it does otherwise
-    (Airflow defers at :meth:`wait`, ``dibs run`` shows the wait to whoever follows it).
-
-    :param work: what runs under the lease (or unreserved); ``failure_of`` and ``logger`` are
-        :meth:`dibs.Reservations.hold`'s.
-    """
-
-    client: Client
-
-    def ask(self, step: Ask) -> Outcome:
-        c = self.client
-        holding.not_held_here(c.store, step.ask.key)
-        return self.outcome(step.ask.key, c._ask_store(step.ask))
-
-    def wait(self, step: Wait) -> Outcome:
-        c, watcher = self.client, self._watcher(step)
-        for part in self._parts(step):
-            outcome = c._wait_store(step.ask, part, watcher)
-            if not isinstance(outcome, Held):
-                break
-        return self.outcome(step.ask.key, outcome)
-
-    def outcome(self, key: Key, outcome: StoreOutcome) -> Outcome:
-        """The store's answer as the caller's outcome (a hit's value decoded); ``dibs run`` hands a
-        payload on as a stream instead."""
-        return self.client._to_outcome(key, outcome)
-
-    def hold(self, step: Hold) -> RunReport:
-        return self.client.hold(self.held(step.acquired), self.work)
-
-    def run_unreserved(self, step: RunUnreserved) -> Any:
-        return self.work()
-
-
-class AsyncSteps(_HowToHold[AsyncClient, Awaitable[Any]]):
-    """:class:`Steps` for event loops: the store's part in the runtime's I/O executor, the work awaited."""
-
-    client: AsyncClient
-
-    async def ask(self, step: Ask) -> Outcome:
-        holding.not_held_here(self.client.store, step.ask.key)
-        return await self.client._outcome(step.ask.key, await self.client._ask_store(step.ask))
-
-    async def wait(self, step: Wait) -> Outcome:
-        c, watcher = self.client, self._watcher(step)
-        for part in self._parts(step):
-            outcome = await c._wait_store(step.ask, part, watcher)
-            if not isinstance(outcome, Held):
-                break
-        return await c._outcome(step.ask.key, outcome)
-
-    async def hold(self, step: Hold) -> RunReport:
-        return await self.client.hold(self.held(step.acquired), self.work)
-
-    async def run_unreserved(self, step: RunUnreserved) -> Any:
-        return await self.work()
+    async def adrive(self, io: Driver) -> RunReport:
+        report: RunReport = await io.drive(self.flow, self.emitter)
+        return report

@@ -22,7 +22,7 @@ connection, a Redis pattern subscription, a ``data_version`` probe, a poller):
   a thousand waiters woken together never hold their loop for more than a batch.
 
 Nothing depends on the hub being right, only on how fast waiters learn: every waiter still asks the
-store itself after a backstop pause (see :mod:`dibs._waiting`), and at its holder's expiry, which no
+store itself after a backstop pause (see :mod:`dibs.flow`), and at its holder's expiry, which no
 store announces. While the hub cannot follow the store (its connection is refused, say) it says so
 (:attr:`WatchHub.following`) and waiters poll at the ordinary backoff until it is back; after every
 reconnection it reads all watched keys, so nothing that happened meanwhile is missed.

@@ -17,12 +17,13 @@ may change in any release: import the names from here, as both integrations do
 What is here, by what an integration does with it:
 
 =================================  ==============================================================
-driving the flow                   :class:`Call` (``Reservations.call`` makes one), the steps it
-                                   yields (:class:`Ask`, :class:`Wait`, :class:`Hold`,
-                                   :class:`RunUnreserved`), :class:`Steps`/:class:`AsyncSteps` to
-                                   subclass for the steps the front end does its own way, and
+driving the flow                   :class:`Call` (``Reservations.call`` makes one), the seam that
+                                   carries its steps out, :class:`StoreIO`/:class:`AsyncStoreIO`, to
+                                   subclass for the steps the front end does its own way (their
+                                   handlers take the steps: :class:`Wait`, :class:`Found`,
+                                   :class:`Work`, :class:`Keep`, :class:`RunUnreserved`), and
                                    :class:`Suspend`/:class:`Waiting` to defer at the wait step and
-                                   resume elsewhere (see :mod:`dibs.flow`)
+                                   resume elsewhere (see :mod:`dibs.flow` and :mod:`dibs.seam`)
 holding the work's lease           :class:`HeldLease` (let go from outside the work: a kill, a lock
                                    released in a later call), the :class:`Logger` it writes to,
                                    :func:`failure_text` (a failure as the store records it)
@@ -36,10 +37,8 @@ defaults                           :data:`STORE_URL_ENV`, :func:`default_store_u
                                    :func:`default_owner`
 many waiters on one event loop     :func:`resolve_in_batches`, :func:`take_turn` (a trigger that
                                    wakes a thousand deferred tasks at once)
-a hit handed on unread            :func:`unread_hit` (a payload's hit as the artifact itself, for a
-                                   front end that streams it or hands a reference on)
-typing                             :data:`Outcome` (a :class:`~dibs.Hit`, an
-                                   :class:`~dibs.Acquired` or a :class:`~dibs.Busy`)
+a hit handed on unread             :func:`unread_hit` (a payload's hit as the artifact itself, for a
+                                   front end that hands a reference on)
 =================================  ==============================================================
 """
 
@@ -48,30 +47,31 @@ from __future__ import annotations
 from dibs._batches import resolve_in_batches, take_turn
 from dibs.artifacts import unread_hit
 from dibs.backoff import Deadline
-from dibs.calls import checked
 from dibs.config import STORE_URL_ENV, default_owner, default_store_url, validate_seconds
-from dibs.flow import Ask, AsyncSteps, Call, Hold, RunUnreserved, Steps, Suspend, Wait, Waiting
+from dibs.flow import Call
 from dibs.holding import HeldLease, Logger, failure_text
-from dibs.outcomes import Outcome
+from dibs.options import checked
 from dibs.runtime import runtime
+from dibs.seam import AsyncStoreIO, StoreIO
 from dibs.settings import Configured, validate_timings
+from dibs.steps import Found, Keep, RunUnreserved, Suspend, Wait, Waiting, Work
 
 __all__ = [
     "STORE_URL_ENV",
-    "Ask",
-    "AsyncSteps",
+    "AsyncStoreIO",
     "Call",
     "Configured",
     "Deadline",
+    "Found",
     "HeldLease",
-    "Hold",
+    "Keep",
     "Logger",
-    "Outcome",
     "RunUnreserved",
-    "Steps",
+    "StoreIO",
     "Suspend",
     "Wait",
     "Waiting",
+    "Work",
     "checked",
     "default_owner",
     "default_store_url",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from dibs.backoff import Backoff
+from dibs.backoff import DEFAULT_OUTAGE_PATIENCE, Backoff
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError
 from dibs.keys import validate_namespace
@@ -102,6 +102,10 @@ class Settings:
     :param serializer: ``"json"`` (default), ``"bytes"``, ``"pickle"`` (needs ``signing_key``) or an object.
     :param signing_key: the HMAC key of pickled artifacts.
     :param backoff: how often a waiter asks again (:class:`dibs.Backoff`).
+    :param outage_patience: seconds a waiter keeps waiting while the store cannot be reached (it holds
+        nothing, so it has nothing at stake): 60 by default, the length of a managed database's
+        failover; ``None``: as long as its own timeout allows; ``0``: not at all. Only a call's first ask
+        applies ``on_store_unavailable`` instead (see :class:`dibs.Outage`).
     """
 
     namespace: str = "default"
@@ -114,6 +118,7 @@ class Settings:
     serializer: Serializer | str = "json"
     signing_key: bytes | str | None = dataclasses.field(default=None, repr=False)
     backoff: Backoff = dataclasses.field(default_factory=Backoff)
+    outage_patience: float | None = DEFAULT_OUTAGE_PATIENCE
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
@@ -137,6 +142,11 @@ class Settings:
                 f"on_store_unavailable must be 'fail' or 'run', got {self.on_store_unavailable!r}",
                 setting="on_store_unavailable",
             )
+        object.__setattr__(
+            self,
+            "outage_patience",
+            validate_seconds("outage_patience", self.outage_patience, allow_none=True, allow_zero=True),
+        )
         if not isinstance(self.backoff, Backoff):
             raise ConfigurationError(
                 f"backoff must be a dibs.Backoff, got {type(self.backoff).__name__}", setting="backoff"
@@ -214,3 +224,7 @@ class Configured:
     @property
     def backoff(self) -> Backoff:
         return self.settings.backoff
+
+    @property
+    def outage_patience(self) -> float | None:
+        return self.settings.outage_patience

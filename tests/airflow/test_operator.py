@@ -250,12 +250,17 @@ def test_resume_error_raises_the_dibs_error(store_url: str, make_context: Any) -
         operator(Work()).execute_complete(make_context(), event=ev)
 
 
-def test_resume_after_a_store_hiccup_asks_again(client: dibs.Reservations, make_context: Any) -> None:
+def test_a_store_error_from_the_triggerer_fails_the_task_as_the_sensor_does(
+    client: dibs.Reservations, make_context: Any
+) -> None:
+    # The trigger rides a store outage out for the connection's outage_patience before it reports an
+    # error: the task then fails with that error, as ReservationSensor does (it used to ask again).
     client.get_or_reserve(KEY, owner="holder").lease.complete("done")  # type: ignore[union-attr]
     ev = event("error", error_type="StoreUnavailable", message="connection reset", fields={})
-    context = make_context()
-    assert operator(Work()).execute_complete(context, event=ev) == "done"
-    assert outcome(context)["role"] == "waited"
+    work = Work()
+    with pytest.raises(dibs.StoreUnavailable, match="connection reset"):
+        operator(work).execute_complete(make_context(), event=ev)
+    assert work.calls == 0
 
 
 def test_resume_with_a_foreign_event_fails_clearly(store_url: str, make_context: Any) -> None:
@@ -351,15 +356,16 @@ UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/dibs"  # nothing listen
 
 
 @pytest.fixture
-def unreachable_conn(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:
-    """``unreachable_conn(policy)``: a dibs connection whose store refuses connections; returns its id."""
+def unreachable_conn(monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
+    """``unreachable_conn(policy, **extra)``: a dibs connection whose store refuses connections; returns
+    its id."""
     pytest.importorskip(
         "psycopg", reason="the unreachable store is a PostgreSQL URL: pip install 'dibs[postgres]'"
     )
 
-    def make(policy: str) -> str:
-        conn = {"conn_type": "dibs", "extra": {"store_url": UNREACHABLE, "on_store_unavailable": policy}}
-        monkeypatch.setenv("AIRFLOW_CONN_DIBS_DOWN", json.dumps(conn))
+    def make(policy: str, **extra: Any) -> str:
+        fields = {"store_url": UNREACHABLE, "on_store_unavailable": policy, **extra}
+        monkeypatch.setenv("AIRFLOW_CONN_DIBS_DOWN", json.dumps({"conn_type": "dibs", "extra": fields}))
         return "dibs_down"
 
     return make
@@ -385,15 +391,19 @@ def test_store_down_at_the_first_ask_fails_the_task_under_policy_fail(
     assert work.calls == 0
 
 
-def test_store_still_down_after_a_deferral_follows_the_policy(
-    unreachable_conn: Callable[[str], str], make_context: Any
+def test_a_resumed_task_rides_a_store_outage_out_then_follows_the_policy(
+    unreachable_conn: Callable[..., str], make_context: Any
 ) -> None:
-    ev = event("error", error_type="StoreUnavailable", message="connection reset", fields={})
+    # A task resumed after its deferral holds nothing: the store down when it asks again is waited for
+    # (the connection's outage_patience), and only then does on_store_unavailable decide.
+    ev = event("free", state="expired", last_failure=None)
     work, context = Work(), make_context()
-    assert operator(work, dibs_conn_id=unreachable_conn("run")).execute_complete(context, event=ev) == {
-        "rows": 3
-    }
+    heard: list[str] = []
+    conn = unreachable_conn("run", outage_patience=0.3)
+    with dibs.observe(lambda e: heard.append(e.name)):
+        assert operator(work, dibs_conn_id=conn).execute_complete(context, event=ev) == {"rows": 3}
     assert work.calls == 1 and outcome(context)["role"] == "unreserved"
+    assert heard[:2] == ["asked", "store_unreachable"] and "ran_unreserved" in heard
 
 
 # -- keys ---------------------------------------------------------------------------------------------------

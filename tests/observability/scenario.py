@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import threading
+from pathlib import Path
 
 import dibs
 import dibs.events
@@ -50,3 +53,30 @@ def emit_every_metric(client: dibs.Reservations) -> None:
         return "late value"
 
     client.compute("lost", released_under_it, owner="w0", observer=heard)
+    ride_out_an_outage(client)
+
+
+def ride_out_an_outage(client: dibs.Reservations) -> None:
+    """A waiter whose file store goes away (its folder replaced by a file, as an unmounted share
+    would be: every read fails) rides the outage out, and gets the artifact once the folder is back."""
+    root = Path(tempfile.mkdtemp(prefix="dibs-outage-")) / "store"
+    unreachable = threading.Event()
+    results: list[object] = []
+    with dibs.Reservations(f"file://{root}", ttl=30) as store:
+        got = store.get_or_reserve("outage", owner="holder")
+        assert isinstance(got, dibs.Acquired)
+        away = root.with_name("away")
+        root.rename(away)
+        root.write_text("not a folder")  # the store is unreachable
+        thread = threading.Thread(
+            target=lambda: results.append(store.wait("outage", timeout=30, resumed=True))
+        )
+        with store.observe(lambda event: isinstance(event, dibs.StoreUnreachable) and unreachable.set()):
+            thread.start()
+            assert unreachable.wait(timeout=30), "the waiter never found its store unreachable"
+            root.unlink()
+            away.rename(root)  # the outage is over
+            got.lease.complete("after the outage")
+            thread.join(timeout=30)
+    shutil.rmtree(root.parent, ignore_errors=True)
+    assert results and isinstance(results[0], dibs.Hit) and results[0].value == "after the outage"

@@ -25,10 +25,10 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import dibs
 import dibs.observers.later
-from dibs.flow import Steps
 from dibs.observers.later import Later
 from dibs.observers.measures import METRICS, Measurement
 from dibs.observers.otel import OpenTelemetry, instrument
+from dibs.seam import StoreIO
 
 WORK_SECONDS = 1.0
 COMMON = {"dibs.namespace", "dibs.store", "dibs.frontend"}
@@ -435,14 +435,14 @@ def test_the_store_operations_of_another_front_end_s_call_name_that_one(
     """What Airflow's operator, Prefect's task and ``dibs run`` do: drive a call they made with their
     own ``frontend=``; what a failure releases names it too."""
     call = client.call("af", frontend="airflow")
-    assert call.drive(Steps(client, lambda: 1, emit=call.emitter)).role == "computed"
+    assert call.drive(StoreIO(client, lambda: 1, emit=call.emitter)).role == "computed"
 
     def fail() -> None:
         raise KeyError("no rows")
 
     call = client.call("broken", frontend="cli")
     with pytest.raises(KeyError):
-        call.drive(Steps(client, fail, emit=call.emitter))
+        call.drive(StoreIO(client, fail, emit=call.emitter))
     assert frontends(telemetry) == {
         ("acquire", "airflow"): 1,
         ("complete", "airflow"): 1,
@@ -493,7 +493,7 @@ def test_heartbeats_name_the_front_end_of_the_call_that_made_the_lease(
 
     with dibs.Reservations(f"sqlite:///{tmp_path / 'beat.db'}", namespace="otel", ttl=0.3) as client:
         call = client.call("beating", frontend="prefect", observer=heard)
-        call.drive(Steps(client, work, emit=call.emitter))
+        call.drive(StoreIO(client, work, emit=call.emitter))
     found = frontends(telemetry)
     assert found.get(("heartbeat", "prefect"), 0) >= 1
     assert {frontend for _, frontend in found} == {"prefect"}

@@ -553,19 +553,15 @@ def test_a_value_json_cannot_store_is_still_returned(dibs_url: str, client: dibs
 
 
 @pytest.mark.parametrize("policy", ["run", "fail"])
-def test_an_unreachable_store_follows_the_blocks_policy(
-    policy: Literal["run", "fail"], dibs_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The store cannot even be opened: with 'run' the task runs unreserved (and says so), with
-    'fail' it fails with StoreUnavailable."""
-
-    def unreachable(*args: Any) -> dibs.Reservations:
-        raise dibs.StoreUnavailable("connection refused (simulated)")
-
-    monkeypatch.setattr(prefect_dibs.tasks, "resolve_client", unreachable)
+def test_an_unreachable_store_follows_the_blocks_policy(policy: Literal["run", "fail"]) -> None:
+    """A real store that refuses every connection (nothing listens on port 1): the flow's first ask
+    decides, as for every front end. With 'run' the task runs unreserved (and says so, with the flow's
+    events), with 'fail' it fails with StoreUnavailable."""
     calls: list[int] = []
+    heard: list[str] = []
+    unreachable = "postgresql+psycopg://postgres@127.0.0.1:1/dibs"
 
-    @reserved(DibsStore(url=dibs_url, on_store_unavailable=policy), key="offline-{x}")
+    @reserved(DibsStore(url=unreachable, on_store_unavailable=policy), key="offline-{x}")
     @task
     def offline(x: int) -> int:
         calls.append(x)
@@ -575,13 +571,15 @@ def test_an_unreachable_store_follows_the_blocks_policy(
     def pipeline() -> State[Any]:
         return offline(3, return_state=True)
 
-    if policy == "fail":
-        with pytest.raises(dibs.StoreUnavailable, match="simulated"):
-            pipeline()
-        assert calls == []
-        return
-    state = pipeline()
+    with dibs.observe(lambda event: heard.append(event.name)):
+        if policy == "fail":
+            with pytest.raises(dibs.StoreUnavailable, match="port 1"):
+                pipeline()
+            assert calls == [] and heard == ["asked", "finished"]
+            return
+        state = pipeline()
     assert state.result() == 3 and calls == [3]
+    assert heard == ["asked", "ran_unreserved", "finished"]  # the flow's events, as for every front end
     lines = wait_until(lambda: [m for m in _logs(_task_run_id(state)) if "unreserved" in m], what="a warning")
     assert "on_store_unavailable='run'" in lines[0]
     (summary,) = wait_until(lambda: _artifacts(_task_run_id(state)), what="the summary artifact")

@@ -12,8 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import dibs
-from dibs import calls, events, flow
+from dibs import events, flow
+from dibs import steps as flow_steps
 from dibs.events import _ONCE, Emitter, Observation, Observers, observe_once
+from dibs.options import ask_of
+from dibs.records import Held, LeaseRecord, LeaseToken
 from dibs.stores.memory import MemoryStore
 from tests.unit.conftest import FakeClock
 
@@ -268,16 +271,25 @@ def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: di
     now = [100.0]
     key = client.key("k")
     emitter = Emitter(key, "bob", "test", (lambda event: None,))
-    ask = calls.ask_of(client.settings, key, "bob", {"refresh": True})
-    busy = dibs.Busy(key, "alice", 0.0, 30.0, 1, 0.0, token=4)
+    ask = ask_of(client.settings, key, "bob", {"refresh": True})
+    lease = LeaseRecord(
+        key, "alice", LeaseToken(4, "id"), acquired_at=0.0, expires_at=30.0, ttl=30.0, attempt=1
+    )
+    busy = Held(lease, 0.0)
     steps = flow.compute_once(
-        ask, emitter=emitter, policy="fail", timeout=60, max_age=None, clock=lambda: now[0]
+        ask,
+        emitter=emitter,
+        rules=client.rules,
+        policy="fail",
+        timeout=60,
+        max_age=None,
+        clock=lambda: now[0],
     )
     assert isinstance(next(steps), dibs.Asked)
-    assert isinstance(steps.send(None), flow.Ask)
+    assert isinstance(steps.send(None), flow_steps.Ask)
     assert isinstance(steps.send(busy), dibs.KeyBusy)
     wait = steps.send(None)
-    assert isinstance(wait, flow.Wait)
+    assert isinstance(wait, flow_steps.Wait)
     assert wait.waiting == flow.Waiting(started=100.0, holder="alice", min_token=4)
     assert (
         wait.ask.request.min_fence == 4 and wait.ask.request.max_age is None
@@ -288,6 +300,7 @@ def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: di
     resumed = flow.compute_once(
         ask,
         emitter=emitter,
+        rules=client.rules,
         policy="fail",
         timeout=60,
         max_age=None,
@@ -296,7 +309,7 @@ def test_the_flow_is_sans_io_and_resumes_from_what_a_deferral_carries(client: di
     )
     asked = next(resumed)
     assert isinstance(asked, dibs.Asked) and asked.min_token == 4 and not asked.refresh
-    assert isinstance(resumed.send(None), flow.Ask)
+    assert isinstance(resumed.send(None), flow_steps.Ask)
     assert isinstance(resumed.send(busy), dibs.KeyBusy)
     waited = resumed.send(None)
     assert isinstance(waited, dibs.Waited) and (waited.seconds, waited.outcome) == (90.0, "timeout")
@@ -343,10 +356,11 @@ def test_a_failed_work_stops_its_heartbeats_before_releasing(
 def test_a_call_nobody_listens_to_builds_no_event(client: dibs.Reservations) -> None:
     key = client.key("k")
     quiet = flow.compute_once(
-        calls.ask_of(client.settings, key, "bob", {}),
+        ask_of(client.settings, key, "bob", {}),
         emitter=Emitter(key, "bob", "test", (Observers(),)),
+        rules=client.rules,
         policy="fail",
         timeout=None,
         max_age=None,
     )
-    assert isinstance(next(quiet), flow.Ask)  # no Asked before it: nobody wanted one
+    assert isinstance(next(quiet), flow_steps.Ask)  # no Asked before it: nobody wanted one

@@ -126,3 +126,38 @@ def test_the_integration_module_holds_only_what_an_integration_uses() -> None:
         name for path in _modules() for _, module, name in _core_uses(path) if module == "dibs.integration"
     }
     assert used == set(dibs.integration.__all__)
+
+
+#: What the flow may import: the decisions' vocabulary, never what does I/O or drives it (issue 32).
+_FLOW_FORBIDDEN = (
+    "dibs.client",
+    "dibs.aio",
+    "dibs.seam",
+    "dibs.runtime",
+    "dibs.hub",
+    "dibs.integration",
+    "dibs.stores.sql",
+    "dibs.stores.redis",
+    "dibs.stores.azure",
+)
+
+
+@pytest.mark.parametrize("module", ["flow", "steps"])
+def test_the_flow_decides_without_importing_what_drives_it(module: str) -> None:
+    """The flow is the only decider and does no I/O: it never imports the client it is a path of, the
+    seam that drives it, the runtime, its hub or a store (under ``TYPE_CHECKING`` and in functions too)."""
+    path = ROOT / "src" / "dibs" / f"{module}.py"
+    imported = {name for _, name, _ in _core_uses(path)}
+    assert imported, f"no import of dibs found in {path}: the check sees nothing"
+    reached = sorted(
+        name for name in imported if any(name == bad or name.startswith(bad + ".") for bad in _FLOW_FORBIDDEN)
+    )
+    assert not reached, f"dibs.{module} imports {reached}"
+
+
+def test_the_flow_check_refuses_an_import_of_the_client(tmp_path: Path) -> None:
+    sample = tmp_path / "flow.py"
+    sample.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dibs.client import Reservations\n"
+    )
+    assert {name for _, name, _ in _core_uses(sample)} == {"dibs.client"}

@@ -9,16 +9,22 @@ import time
 import pytest
 
 import dibs
-from dibs import calls, events
+from dibs import events
+from dibs.logs import log_event
 
 
 def test_the_log_asks_only_for_the_events_its_level_writes(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="dibs"):
-        assert calls.log_event.kinds == {events.LeaseAcquired, events.RanUnreserved, events.Finished}
+        assert log_event.kinds == {
+            events.LeaseAcquired,
+            events.RanUnreserved,
+            events.Finished,
+            events.StoreUnreachable,
+        }
     with caplog.at_level(logging.ERROR, logger="dibs"):
-        assert calls.log_event.kinds == {events.Finished}
+        assert log_event.kinds == {events.Finished}
     with caplog.at_level(logging.INFO, logger="dibs"):
-        assert events.ArtifactFound in calls.log_event.kinds
+        assert events.ArtifactFound in log_event.kinds
 
 
 def test_a_hit_is_logged_when_the_level_is_info(caplog: pytest.LogCaptureFixture) -> None:
@@ -70,7 +76,7 @@ def test_routine_events_are_not_built_for_the_log_alone(
 
 
 def test_the_log_still_hears_a_failed_ending(caplog: pytest.LogCaptureFixture) -> None:
-    emitter = events.Emitter(dibs.Key("logs", "k"), "me", "python", (events.Observers(), calls.log_event))
+    emitter = events.Emitter(dibs.Key("logs", "k"), "me", "python", (events.Observers(), log_event))
     assert emitter.wants(events.Finished) and not emitter.wants_routine(events.Finished)
     with caplog.at_level(logging.ERROR, logger="dibs"):
         emitter(events.Finished, outcome="failed", seconds=0.0, error="down", error_type="StoreUnavailable")

@@ -26,7 +26,9 @@ password               the store's password, inserted into ``store_url``'s ``use
 ``max_age``            a stored result this many seconds old is computed again (empty: never)
 ``max_failures``       after this many recorded failures a key is refused until ``dibs forget``
 ``on_store_unavailable`` ``fail`` (default) or ``run``: run the work unreserved when the store is
-                       unreachable (logged), so the store never changes a result
+                       unreachable at a task's first ask (logged), so the store never changes a result
+``outage_patience``    seconds a waiting task (deferred, or asking again) keeps waiting while the
+                       store is unreachable: 60 when empty, a managed database's failover
 ``payloads_url``       a payload store for results over 64 KiB (``file:///shared/dibs``,
                        ``azure://...``; see docs/payloads.md); empty: ``DIBS_PAYLOADS_URL``, else
                        results stay in the store's records
@@ -98,6 +100,7 @@ EXTRA_FIELDS = (
     "max_age",
     "max_failures",
     "on_store_unavailable",
+    "outage_patience",
     "payloads_url",
 )
 
@@ -288,6 +291,7 @@ def settings_from_connection(conn: Connection) -> DibsSettings:
         "max_age": _seconds(conn_id, extra, "max_age"),
         "max_failures": _count(conn_id, extra, "max_failures"),
         "on_store_unavailable": _choice(conn_id, extra, "on_store_unavailable", ("fail", "run")),
+        "outage_patience": _seconds(conn_id, extra, "outage_patience"),
     }
     try:
         settings = Settings().replace(**chosen)

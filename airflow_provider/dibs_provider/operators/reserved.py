@@ -15,10 +15,12 @@ Every reserved task asks the store one atomic question before it works
   worker slot is held while it waits, and resumes in :meth:`ReservedOperatorMixin.execute_complete`
   when the artifact exists (it returns it) or the key is free again (it asks again, and may run the
   work or defer again). With ``reservation_deferrable=False`` it waits in the worker instead.
-* **the store cannot be reached** when the task asks (or asks again after a deferral): the connection's
-  ``on_store_unavailable`` decides, as for :meth:`dibs.Reservations.run`: ``fail`` (the default) fails
-  the task with :class:`dibs.StoreUnavailable`; ``run`` runs the work without a lease and stores
-  nothing (the outcome says ``unreserved``).
+* **the store cannot be reached** when the task first asks: the connection's ``on_store_unavailable``
+  decides, as for :meth:`dibs.Reservations.run`: ``fail`` (the default) fails the task with
+  :class:`dibs.StoreUnavailable`; ``run`` runs the work without a lease and stores nothing (the outcome
+  says ``unreserved``). A task that already waits (deferred, or resumed to ask again) holds nothing:
+  it rides an outage out, for the connection's ``outage_patience`` (60 s by default) at most, in the
+  triggerer and when it asks again.
 
 The owner of a lease is the *logical* task, ``dag_id/run_id/task_id/map_index`` (no try number), so a
 retry of a task whose worker died re-enters its own lease instead of waiting for it to expire.
@@ -40,35 +42,36 @@ Three ways in, one implementation (:class:`ReservedOperatorMixin`):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 
-from dibs import Acquired, Busy, Hit, Reservations, RunReport, events
-from dibs.errors import ConfigurationError, InvalidKey, ReservationError, StoreUnavailable
+from dibs import Hit, Reservations, events
+from dibs.errors import ConfigurationError, InvalidKey, ReservationError
 from dibs.integration import (
     Call,
+    Found,
     HeldLease,
-    Hold,
     RunUnreserved,
-    Steps,
+    StoreIO,
     Suspend,
     Wait,
     Waiting,
+    Work,
     failure_text,
     unread_hit,
     validate_seconds,
 )
 from dibs.keys import DERIVED_DIGEST_LENGTH, Key, canonical_json, derive_key, digest
 from dibs.payloads import ReferencedArtifact, ReferencingStore, unread
-from dibs.records import StoreOutcome
 from dibs_provider import xcom
 from dibs_provider._compat import AirflowSkipException, TaskDeferred
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
@@ -278,11 +281,9 @@ class ReservedOperatorMixin(BaseOperator):
             # of every dibs wait) unless the key was done or freed at the last moment.
             self.log.info("dibs: %s: the wait timeout passed in the triggerer; asking once more", ev["key"])
         elif ev["status"] == "error":
-            error = error_from_event(ev)
-            if not isinstance(error, StoreUnavailable):
-                raise error
-            # A store hiccup in the triggerer: the task itself asks once more before failing.
-            self.log.warning("dibs: watching %s failed (%s); asking the store again", ev["key"], error)
+            # The triggerer already rode out an outage as long as the connection allows (as the sensor
+            # does): the task fails with the store's error.
+            raise error_from_event(ev)
         elif ev["status"] == "done":
             self.log.info(
                 "dibs: %s was completed by %s (token %s) while this task waited %.1fs (%d deferral(s))",
@@ -320,10 +321,6 @@ class ReservedOperatorMixin(BaseOperator):
         )
         with hook.get_client() as client:
             references = self._returns_references(client)
-            if references:
-                # A hit is handed on as a reference, never loaded here: it is only checked to be there
-                # whole (its size); the downstream reader checks its digest as it reads it.
-                client.store = unread(client.store, "size")
             narrator = _Narrator(self, context, client)
             call = client.call(
                 name,
@@ -397,9 +394,12 @@ class _Deferral(Suspend):
         self.trigger = trigger
 
 
-class _TaskSteps(Steps):
+class _TaskSteps(StoreIO):
     """How a reserved task does the flow's steps: it defers at the wait (unless not deferrable), and
-    holds the lease where ``on_kill`` can free the key at once (a :class:`~dibs.integration.HeldLease`)."""
+    holds the lease where ``on_kill`` can free the key at once (a :class:`~dibs.integration.HeldLease`).
+    A task that returns references asks through the store's unread twin: a hit of a payload is the
+    artifact itself, only checked to be there whole (its size), never loaded here; the downstream
+    reader checks its digest as it reads it."""
 
     client: Reservations
 
@@ -418,16 +418,15 @@ class _TaskSteps(Steps):
             emit=call.emitter,
             failure_of=_failure_of,
             logger=operator.log,
+            store=_unread(client.store) if unread else None,
         )
         self.operator, self.context = operator, context
-        #: A hit of a payload is the artifact itself, unread: the task returns a reference to it.
-        self.unread = unread
 
-    def outcome(self, key: Key, outcome: StoreOutcome) -> Hit | Acquired | Busy:
-        hit = unread_hit(key, outcome) if self.unread else None
-        return hit if hit is not None else super().outcome(key, outcome)
+    def found(self, step: Found) -> Hit:
+        hit = unread_hit(step.key, step.artifact)  # a payload, unread: returned as a reference to it
+        return hit if hit is not None else super().found(step)
 
-    def wait(self, step: Wait) -> Hit | Acquired | Busy:
+    def wait(self, step: Wait) -> None:
         op, busy = self.operator, step.busy
         if op.reservation_deferrable:
             trigger = ReservationTrigger(
@@ -442,15 +441,19 @@ class _TaskSteps(Steps):
                 min_token=step.waiting.min_token,
             )
             raise _Deferral(step.waiting, trigger)
-        return super().wait(step)
 
-    def hold(self, step: Hold) -> RunReport:
+    @contextlib.contextmanager
+    def hold_scope(self, held: HeldLease) -> Iterator[None]:
         # A lease on_kill can end from the task's SIGTERM handler while the work runs (see ._stopping).
-        held = self.operator._dibs_lease = self.held(step.acquired)
-        try:
-            return self.client.hold(held, self.work)
-        finally:
-            self.operator._dibs_lease = None
+        with super().hold_scope(held):
+            self.operator._dibs_lease = held
+            try:
+                yield
+            finally:
+                self.operator._dibs_lease = None
+
+    def work(self, step: Work) -> Any:
+        return self._work()
 
     def run_unreserved(self, step: RunUnreserved) -> Any:
         return self.operator.execute_reserved(self.context)
@@ -512,6 +515,16 @@ class _Narrator:
                 )
         elif isinstance(event, events.LeaseAcquired):
             self._acquired(event)
+        elif isinstance(event, events.StoreUnreachable):
+            log.warning(
+                "dibs: the store is unreachable (%s); %s holds nothing, so it keeps waiting for the store "
+                "(outage_patience: %s)",
+                event.error,
+                self.operator.task_id,
+                "as long as the wait may last" if event.patience is None else f"{event.patience:g}s",
+            )
+        elif isinstance(event, events.StoreReachable):
+            log.info("dibs: the store answers again after %.1fs; waiting on", event.seconds)
         elif isinstance(event, events.RanUnreserved):
             log.warning(
                 "dibs: the store is unavailable for %s; running the work unreserved (on_store_unavailable "
@@ -573,6 +586,11 @@ class _Narrator:
 def _holding(busy: events.KeyBusy) -> str:
     """How long the holder's lease runs, said so that it is not read as Airflow's try number."""
     return f"lease attempt {busy.attempt} on this key, expires in {busy.expires_in:.1f}s unless renewed"
+
+
+def _unread(store: Any) -> Any:
+    """The store a task that returns references asks through (see :class:`_TaskSteps`)."""
+    return unread(store, "size")
 
 
 def _failure_of(exc: BaseException) -> str | None:

@@ -5,6 +5,12 @@ themselves (a report that waits for the nightly features). It pokes the store on
 not there it defers to :class:`ReservationTrigger` with ``for_artifact=True`` (a freed or expired lease
 does not end the wait: only an artifact does), so no worker slot is held. When the artifact exists,
 its value becomes the sensor's return value (XCom).
+
+A poke is one look of the core's wait (:meth:`dibs.Reservations.wait`, ``timeout=0``), so which
+artifact counts (``max_age``) is decided where it is for every waiter. A sensor holds nothing, so a
+store that cannot be reached is "not yet": a deferrable sensor defers anyway (its trigger rides the
+outage out for the connection's ``outage_patience``, as a reserved task's does, and fails with the
+store's error after that, as the task does); a poking sensor pokes again, until its own ``timeout``.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from dibs.errors import StoreUnavailable, WaitTimeout
 from dibs.integration import validate_seconds
-from dibs_provider._compat import AirflowSensorTimeout
+from dibs_provider._compat import AirflowSensorTimeout, AirflowSkipException
 from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
 from dibs_provider.triggers.reservation import ReservationTrigger, error_from_event, parse_event
 
@@ -62,22 +69,17 @@ class ReservationSensor(BaseSensorOperator):
     def poke(self, context: Context) -> bool | PokeReturnValue:
         hook = DibsHook(self.dibs_conn_id, namespace=self.namespace)
         with hook.get_client() as client:
-            state = client.status(self.key)
-            max_age = self.max_age if self.max_age is not None else client.max_age
-            if state.artifact is None or not state.artifact.is_fresh(state.now, max_age=max_age):
-                lease = state.live_lease
-                self.log.info(
-                    "dibs: %s has no artifact yet, or only one that is too old (%s%s)",
-                    state.key,
-                    state.status,
-                    f", held by {lease.owner}" if lease is not None else "",
-                )
+            try:
+                hit = client.wait(self.key, for_artifact=True, timeout=0, max_age=self.max_age)
+            except WaitTimeout as exc:  # not done yet: the core's words say who holds it, or why not
+                self.log.info("dibs: %s", exc.message)
                 return False
-            value = client.decode(state.key, state.artifact)
-        self.log.info(
-            "dibs: %s was computed by %s (token %s)", state.key, state.artifact.producer, state.artifact.fence
-        )
-        return PokeReturnValue(is_done=True, xcom_value=value)
+            except StoreUnavailable as exc:  # a sensor holds nothing: an outage is "not yet"
+                self.log.warning("dibs: the store is unreachable (%s); the sensor waits on", exc)
+                return False
+        assert hit is not None  # for_artifact: only an artifact ends a wait
+        self.log.info("dibs: %s was computed by %s (token %s)", hit.key, hit.producer, hit.token)
+        return PokeReturnValue(is_done=True, xcom_value=hit.value)
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -89,8 +91,8 @@ class ReservationSensor(BaseSensorOperator):
         if isinstance(poked, PokeReturnValue):
             return poked.xcom_value
         remaining = max(0.0, self.timeout - (time.time() - wait_started))
-        if remaining <= 0:
-            raise AirflowSensorTimeout(f"{self.key}: no artifact after {self.timeout:g}s")
+        if remaining <= 0:  # the first poke itself outlasted the timeout (a slow store, a busy worker)
+            self._timed_out(f"{self.key}: no artifact after {self.timeout:g}s")
         self.defer(
             trigger=ReservationTrigger(
                 self.key,
@@ -106,6 +108,13 @@ class ReservationSensor(BaseSensorOperator):
             # Airflow's own deadline, a backstop for a triggerer that cannot reach the store at all.
             timeout=timedelta(seconds=remaining),
         )
+
+    def _timed_out(self, message: str) -> None:
+        """The sensor's timeout passed: ``soft_fail`` and ``never_fail`` skip, as Airflow's own poke loop
+        decides, which a deferrable sensor's ``execute`` bypasses."""
+        if self.soft_fail or getattr(self, "never_fail", False):  # never_fail: Airflow 3.2 and later
+            raise AirflowSkipException(f"{message} (skipped: soft_fail or never_fail is set)")
+        raise AirflowSensorTimeout(message)
 
     def execute_complete(self, context: Context, event: object = None, **_: Any) -> Any:
         ev = parse_event(event)

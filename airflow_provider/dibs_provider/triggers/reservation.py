@@ -13,7 +13,9 @@ status      meaning; what the resumed task does
             the task asks again and runs the work itself if it wins, or defers again if not
 ``timeout`` the waiter's own timeout passed while the key was still held; the task asks once more
             and fails with :class:`dibs.WaitTimeout` unless the key was done or freed meanwhile
-``error``   the store failed or the key is unusable: the matching :mod:`dibs.errors` exception
+``error``   the store failed or the key is unusable: the matching :mod:`dibs.errors` exception (a
+            store that cannot be reached is waited for first, for the connection's
+            ``outage_patience``: a routine restart or a managed failover fails no deferred task)
 ==========  =========================================================================================
 
 Events are plain JSON (they are stored in Airflow's database) and typed: errors travel as their dibs
@@ -160,6 +162,7 @@ class ReservationTrigger(BaseTrigger):
             try:
                 watched = client.client.key(self.key)  # validated once, and given to the wait as is
                 key = str(watched)
+                holders = _HolderLog(self.log, key)
                 hit = await client.wait(
                     watched,
                     timeout=self.timeout,
@@ -167,9 +170,10 @@ class ReservationTrigger(BaseTrigger):
                     max_age=self.max_age,
                     min_token=self.min_token,
                     decode=False,  # the record only: the task reads the value, never the triggerer
-                    seen=_HolderLog(self.log, key),
+                    resumed=True,  # the task reached the store before it deferred: ride an outage out
+                    seen=holders,
                 )
-                state = None if hit is not None else await client.status(watched)
+                state = None if hit is not None else holders.last  # the state that ended the wait
             finally:
                 await DibsHook.aclose(client)
         except WaitTimeout as exc:
@@ -201,8 +205,11 @@ class _HolderLog:
         self.log, self.key = log, key
         self.holder: tuple[str, int] | None = None
         self.started = False
+        #: The last state seen: the one that ended the wait.
+        self.last: KeyState | None = None
 
     def __call__(self, state: KeyState) -> None:
+        self.last = state
         lease = state.live_lease
         holder = None if lease is None else (lease.owner, int(lease.token.fence))
         if self.started and holder == self.holder:

@@ -15,6 +15,7 @@ COMMAND. ``dibs wait`` waits with one call of the public API (``Reservations.wai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -24,21 +25,22 @@ from typing import Any, Literal
 from dibs import events, holding
 from dibs._cli.command import Command, CommandFailed, CommandNotStarted, CommandStopped
 from dibs._cli.console import Console
-from dibs._cli.spool import outcome, stream_out, streaming, streams, work_of
+from dibs._cli.spool import stream_out, streaming, streams, work_of
 from dibs._cli.stops import Stopped, StopSignals, signal_name
 from dibs._cli.text import artifact_text
 from dibs._cli.watch import KeyWatch, Sight
-from dibs.backoff import Deadline
-from dibs.calls import WaitFor
+from dibs.artifacts import unread_hit
 from dibs.client import Reservations
 from dibs.config import default_owner
 from dibs.display import duration
 from dibs.errors import ConfigurationError, ReservationError
-from dibs.flow import Call, Hold, Steps, Wait
+from dibs.flow import Call
 from dibs.keys import Key
-from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.outcomes import Hit
 from dibs.payloads import Payload, ReferencedArtifact
-from dibs.records import StoreOutcome
+from dibs.records import KeyState
+from dibs.seam import StoreIO
+from dibs.steps import Found, Wait, _Unwatch
 
 __all__ = ["run", "wait"]
 
@@ -91,8 +93,6 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
     with Reservations(
         args.store, namespace=args.namespace, ttl=args.ttl, serializer="bytes", payloads=args.payloads
     ) as client:
-        if not args.json:
-            streaming(client)  # a hit, or a wait's artifact, is printed as it is read
         key = client.key(args.key)
         narrator = _Narrator(console)
         call = client.call(
@@ -108,7 +108,9 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
             command, stream=None if args.json else sys.stdout.buffer, kill_after=args.kill_after
         )
         try:
-            report = call.drive(_RunSteps(client, call, console, stops, running))
+            # Without --json, a hit (or a wait's artifact) in the payload store is printed as it is read.
+            steps = _RunSteps(client, call, console, stops, running, streamed=not args.json)
+            report = call.drive(steps)
         except Stopped as stop:  # before the hold (which defers stops): a lease just granted is let go
             _let_go_if_ours(client, key, owner, stop.signum, stops)
             raise
@@ -164,30 +166,61 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
         return 0
 
 
-class _RunSteps(Steps):
+class _RunSteps(StoreIO):
     """How ``dibs run`` does the flow's steps: a wait shows the key to whoever follows it
-    (:class:`KeyWatch`); the hold runs COMMAND with stops forwarded to it, never interrupting the release."""
+    (:class:`KeyWatch`), a hit of a payload is handed on unread (printed as it is read), and the hold
+    runs COMMAND with stops forwarded to it, never interrupting the release."""
 
     client: Reservations
 
     def __init__(
-        self, client: Reservations, call: Call, console: Console, stops: StopSignals, running: Command
+        self,
+        client: Reservations,
+        call: Call,
+        console: Console,
+        stops: StopSignals,
+        running: Command,
+        *,
+        streamed: bool,
     ) -> None:
-        super().__init__(client, work_of(client, running, stops), emit=call.emitter, failure_of=_recorded_as)
+        super().__init__(
+            client,
+            work_of(client, running, stops),
+            emit=call.emitter,
+            failure_of=_recorded_as,
+            store=streaming(client) if streamed else None,
+        )
         self.console, self.stops, self.running = console, stops, running
+        self._watch: KeyWatch | None = None
 
-    def wait(self, step: Wait) -> Hit | Acquired | Busy:
-        with KeyWatch(self.console, self.client, step.ask.key, me=step.ask.request.owner) as watch:
-            watch.see(Sight.of_busy(step.busy))
-            return super().wait(step)
+    def wait(self, step: Wait) -> None:
+        watch = self._watch = KeyWatch(self.console, self.client, step.ask.key, me=step.ask.request.owner)
+        watch.__enter__()
+        watch.see(Sight.of_busy(step.busy))
 
-    def outcome(self, key: Key, found: StoreOutcome) -> Outcome:
-        return outcome(self.client, key, found)
+    def unwatch(self, step: _Unwatch) -> None:
+        super().unwatch(step)
+        self._stop_watch()
 
-    def hold(self, step: Hold) -> RunReport:
+    def _stop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.__exit__(None, None, None)
+
+    def _end(self) -> None:
+        self._stop_watch()
+        super()._end()
+
+    def found(self, step: Found) -> Hit:
+        hit = unread_hit(step.key, step.artifact)
+        return hit if hit is not None else super().found(step)
+
+    def hold_scope(self, held: holding.HeldLease) -> contextlib.AbstractContextManager[object]:
         # Deferred for the whole hold: a stop reaches COMMAND, and never interrupts the release.
-        with self.stops.deferred(self.running.forward):
-            return super().hold(step)
+        scope = contextlib.ExitStack()
+        scope.enter_context(super().hold_scope(held))
+        scope.enter_context(self.stops.deferred(self.running.forward))
+        return scope
 
 
 class _Narrator:
@@ -216,18 +249,10 @@ def _recorded_as(exc: BaseException) -> str:
 
 def _let_go_if_ours(client: Reservations, key: Key, owner: str, signum: int, stops: StopSignals) -> None:
     """A stop that lands just as the lease is granted must not leave it held until its ttl: if the
-    key is ours, take our own lease again (idempotent) and release it with the stop recorded."""
-    with stops.deferred():
-        try:
-            lease = client.status(key).live_lease
-            if lease is None or lease.owner != owner:
-                return
-            got = client.get_or_reserve(key, owner)
-            if isinstance(got, Acquired):
-                stopped = f"stopped by {signal_name(signum)} (dibs run was stopped before its command ran)"
-                holding.HeldLease(got.lease, heartbeats=False).let_go(stopped)
-        except ReservationError:
-            pass  # the lease expires after its ttl
+    key is ours, give our own lease back with the stop recorded (:meth:`Reservations.release_own`)."""
+    stopped = f"stopped by {signal_name(signum)} (dibs run was stopped before its command ran)"
+    with stops.deferred(), contextlib.suppress(ReservationError):  # else it expires after its ttl
+        client.release_own(key, lambda holder: holder == owner, stopped)
 
 
 def _announce_hit(
@@ -281,59 +306,55 @@ def _announce_acquired(console: Console, got: events.LeaseAcquired, waited_on: s
 
 
 def wait(args: argparse.Namespace, console: Console) -> int:
-    """``dibs wait``: until KEY is done or nobody holds it, reserving nothing.
+    """``dibs wait``: until KEY is done, reserving nothing.
 
-    Not on the compute-once flow (:mod:`dibs.flow`), on purpose: every ask of the flow, its waits'
-    included, may be *granted* the lease (that is how a waiter takes over a dead holder), and a
-    ``dibs wait`` must never hold what it does not compute. It uses the flow's waiting loop's reading
-    twin instead (:meth:`dibs.Reservations.wait`, :func:`dibs._waiting.read_until`): the same hub, the
-    same backstop and expiry rules, and the same timeout wording; only asks are replaced by reads.
+    Not on the compute-once flow's path (:func:`dibs.flow.compute_once`), on purpose: every ask of
+    that flow, its waits' included, may be *granted* the lease (that is how a waiter takes over a dead
+    holder), and a ``dibs wait`` must never hold what it does not compute. It is one call of the public
+    API instead, :meth:`dibs.Reservations.wait` (:func:`dibs.flow.wait_for`): the same hub, backstop,
+    expiry rules, outage riding and timeout wording; only asks are replaced by reads. The artifact's
+    record is waited for (``decode=False``), so a payload is printed as it is read, never whole in memory.
     """
     with Reservations(args.store, namespace=args.namespace, payloads=args.payloads) as client:
         key = client.key(args.key)
         started = time.monotonic()
-        state = client.status(key)
-        if state.artifact is not None:
-            artifact = state.artifact
-            # A payload is printed as it is read, never whole in memory; any other value is decoded
-            # first, so that an artifact that cannot be read is an error, never announced as a hit.
-            streamed = streams(args, artifact)
-            value = None if streamed else client.decode(key, artifact)
+        first: list[KeyState] = []
+        with KeyWatch(console, client, key) as watch:
+
+            def seen(state: KeyState) -> None:
+                if not first:
+                    first.append(state)
+                watch.see(Sight.of_state(state))
+
+            hit = client.wait(key, for_artifact=True, timeout=args.timeout, decode=False, seen=seen)
+        assert hit is not None  # for_artifact: only an artifact (or an error) ends the wait
+        artifact = hit.value
+        before = first[0] if first else None
+        waited_on = None if before is None or before.live_lease is None else before.live_lease.owner
+        done_at_once = (
+            before is not None and before.artifact is not None and before.artifact.fence == hit.token
+        )
+        # A payload is printed as it is read, never whole in memory; any other value is decoded first,
+        # so that an artifact that cannot be read is an error, never announced as a hit.
+        streamed = streams(args, artifact)
+        value = None if streamed else client.decode(key, artifact)
+        waited = time.monotonic() - started
+        if done_at_once:
             console.event(
                 "hit",
-                f"{key}: already computed by {artifact.producer!r} (token {artifact.fence})",
+                f"{key}: already computed by {hit.producer!r} (token {hit.token})",
                 key=str(key),
-                token=artifact.fence,
+                token=hit.token,
             )
-            if streamed:
-                return stream_out(artifact)
-            return _deliver(args, Result(key, "hit", artifact.fence, artifact.producer, value))
-        with KeyWatch(console, client, key) as watch:
-            watch.see(Sight.of_state(state))
-            remaining = (
-                None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
-            )
-            deadline = Deadline(remaining)
-            waiting = WaitFor(key, deadline, for_artifact=True, max_age=client.max_age)
-            found = client._wait_state(waiting)
-            if found.artifact is not None and streams(args, found.artifact):
-                artifact = found.artifact
-                held_by = state.live_lease.owner if state.live_lease is not None else None
-                console.event(
-                    "waited",
-                    f"{key}: computed by {artifact.producer!r} (token {artifact.fence}) after "
-                    f"{duration(time.monotonic() - started)}",
-                    key=str(key),
-                    token=artifact.fence,
-                    waited_on=held_by or artifact.producer,
-                )
-                return stream_out(artifact)
-            hit = waiting.ended(client.artifacts, found)
-        assert hit is not None  # for_artifact: only an artifact (or an error) ends the wait
-        waited = time.monotonic() - started
-        held_by = state.live_lease.owner if state.live_lease is not None else None
-        _announce_hit(console, hit, waited, held_by or hit.producer)
-        return _deliver(args, Result(key, "waited", hit.token, hit.producer, hit.value, waited, held_by))
+        else:
+            _announce_hit(console, hit, waited, waited_on or hit.producer)
+        if streamed:
+            return stream_out(artifact)
+        role: Literal["waited", "hit"] = "hit" if done_at_once else "waited"
+        return _deliver(
+            args,
+            Result(key, role, hit.token, hit.producer, value, 0.0 if done_at_once else waited, waited_on),
+        )
 
 
 # -- output -----------------------------------------------------------------------------------------

@@ -17,29 +17,20 @@ from collections.abc import Callable
 
 from dibs._cli.command import Command
 from dibs._cli.stops import StopSignals
-from dibs.artifacts import unread_hit
 from dibs.client import Reservations
-from dibs.keys import Key
-from dibs.outcomes import Outcome
 from dibs.payloads import Payload, ReferencedArtifact, ReferencingStore, unread
 from dibs.payloads.verify import copy_verified
-from dibs.records import ArtifactRecord, StoreOutcome
+from dibs.records import ArtifactRecord
+from dibs.stores import Store
 
-__all__ = ["outcome", "stream_out", "streaming", "streams", "work_of"]
-
-
-def streaming(client: Reservations) -> None:
-    """Make ``client`` (``dibs run``'s own, not yet used) hand out hits of payloads unread: only their
-    size is checked when they are found, and :func:`stream_out` checks the digest as it prints them.
-    A client without a payload store is left as it is."""
-    client.store = unread(client.store)
+__all__ = ["stream_out", "streaming", "streams", "work_of"]
 
 
-def outcome(client: Reservations, key: Key, found: StoreOutcome) -> Outcome:
-    """The flow's outcome of a store answer; a hit of an unread payload keeps the artifact itself as
-    its value (printed by :func:`stream_out`), instead of loading it whole to decode it."""
-    hit = unread_hit(key, found)
-    return hit if hit is not None else client._to_outcome(key, found)
+def streaming(client: Reservations) -> Store:
+    """The store through which ``dibs run`` asks: ``client``'s, handing out hits of payloads unread
+    (only their size is checked when they are found, and :func:`stream_out` checks the digest as it
+    prints them). A client without a payload store asks through its own store."""
+    return unread(client.store)
 
 
 def work_of(client: Reservations, running: Command, stops: StopSignals) -> Callable[[], bytes | Payload]:

@@ -10,6 +10,7 @@ holding the queue's lock hung the survivors for ever.)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -18,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import dibs
-from dibs import flow
 from dibs.client import Reservations
+from dibs.seam import StoreIO
 
 __all__ = ["STEPS", "TTL", "main"]
 
@@ -60,9 +61,11 @@ def _narrate(event: dibs.Event) -> None:
 
 def get_value(client: Reservations, key: str, name: str, seconds: float) -> None:
     """Hit, compute, or wait and take over: one ``compute`` call, whose events say what happened."""
-    # Driven as any front end does (dibs.flow): the demo says it in its own reports, not in log lines.
+    # Driven as any front end does (dibs.flow, dibs.seam): the demo says it in its own reports, not in
+    # log lines.
     call = client.call(key, owner=name, frontend="demo", observer=_narrate)
-    got = call.drive(flow.Steps(client, lambda: _train(name, seconds), emit=call.emitter))
+    work = functools.partial(_train, name, seconds)
+    got = call.drive(StoreIO(client, work, emit=call.emitter))
     if got.role == "computed":
         report("done", f"stored with token {got.token}", got.value)
     else:

@@ -52,6 +52,12 @@ METRICS: Mapping[str, Metric] = {
     "dibs.lease.lost": Metric("counter", "{lease}", "Leases lost while their work ran", ("dibs.reason",)),
     "dibs.leases.active": Metric("updown", "{lease}", "Leases held by this process now"),
     "dibs.waiters.active": Metric("updown", "{call}", "Calls of this process waiting on another holder now"),
+    "dibs.store.outages": Metric(
+        "counter", "{outage}", "Store outages a waiter rode out (it kept waiting while the store was unreachable)"
+    ),
+    "dibs.store.outage.duration": Metric(
+        "histogram", "s", "How long the store stayed unreachable for a waiter that rode it out"
+    ),
 }
 
 
@@ -90,6 +96,8 @@ class Measurer:
             events.ArtifactFound: self._found,  # type: ignore[dict-item]
             events.LostLease: self._lost,  # type: ignore[dict-item]
             events.HeartbeatSent: self._beat,  # type: ignore[dict-item]
+            events.StoreUnreachable: self._outage,
+            events.StoreReachable: self._outage_over,  # type: ignore[dict-item]
         }
 
     def __call__(self, event: Event) -> list[Measurement]:
@@ -167,6 +175,12 @@ class Measurer:
 
     def _beat(self, event: events.HeartbeatSent, common: dict[str, str], out: list[Measurement]) -> None:
         out.append(Measurement("dibs.heartbeat.lateness", event.lateness, common))
+
+    def _outage(self, event: Event, common: dict[str, str], out: list[Measurement]) -> None:
+        out.append(Measurement("dibs.store.outages", 1, common))
+
+    def _outage_over(self, event: events.StoreReachable, common: dict[str, str], out: list[Measurement]) -> None:
+        out.append(Measurement("dibs.store.outage.duration", event.seconds, common))
 
     def _entered(self, calls: set[int], call: int) -> bool:
         with self._lock:
