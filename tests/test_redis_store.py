@@ -44,6 +44,7 @@ from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
 from dibs.testing.contract import opened_stores
 from tests.backends.redis import isolated_url
+from tests.cli_harness import eventually
 
 redis = pytest.importorskip("redis")
 from dibs.stores.redis import RedisStore  # noqa: E402 -- only once redis-py is known to be there
@@ -815,7 +816,7 @@ def test_short_replies_fill_in_what_a_read_returns(store: RedisStore) -> None:
 
     expired = Key("short.r", "expired")
     store.acquire(expired, AcquireRequest("a", 0.05))
-    time.sleep(0.2)
+    eventually(lambda: store.read(expired).live_lease is None, "the lease to expire (Redis's clock)")
     takeover = store.acquire(expired, AcquireRequest("b", 600))
     assert isinstance(takeover, Granted) and takeover.took_over_from == "a"
     _granted_as_read(store, takeover)
@@ -832,6 +833,13 @@ def test_short_replies_fill_in_what_a_read_returns(store: RedisStore) -> None:
         assert isinstance(hit, Present) and hit.artifact == store.read(Key("short.r", name)).artifact
 
     stale = Key("short.r", "sum")  # an artifact older than max_age stays beside the new lease
-    time.sleep(0.05)
+    eventually(lambda: _artifact_age(store, stale) > 0.01, "the artifact to be older than max_age")
     _granted_as_read(store, store.acquire(stale, AcquireRequest("b", 600, max_age=0.01)))
     assert store.read(stale).artifact is not None
+
+
+def _artifact_age(store: RedisStore, key: Key) -> float:
+    """How old ``key``'s artifact is, by Redis's clock."""
+    state = store.read(key)
+    assert state.artifact is not None
+    return state.now - state.artifact.created_at

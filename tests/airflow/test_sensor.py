@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Any
 
 import pytest
@@ -58,13 +60,42 @@ def test_a_freed_key_does_not_end_the_wait(client: dibs.Reservations, make_conte
         sensor.execute_complete(make_context(), event=event)
 
 
-def test_timeout_honours_soft_fail(store_url: str, make_context: Any) -> None:
-    sensor = ReservationSensor(task_id="s", key="model", timeout=0.2, soft_fail=True)
-    with pytest.raises(TaskDeferred) as info:
-        sensor.execute(make_context())
-    event = run_trigger(info.value.trigger)
+def test_a_timeout_in_the_triggerer_honours_soft_fail(store_url: str, make_context: Any) -> None:
+    sensor = ReservationSensor(task_id="s", key="model", timeout=60, soft_fail=True)
+    # The trigger the sensor defers to, with a short timeout of its own: its timeout event, whenever
+    # the machine gets to it, skips the sensor (the first poke's own time is the next test's).
+    trigger = ReservationTrigger("model", for_artifact=True, timeout=0.2, wait_started=time.time())
+    event = run_trigger(trigger)
+    assert event["status"] == "timeout"
     with pytest.raises(AirflowSkipException):
         sensor.resume_execution("execute_complete", {"event": event}, make_context())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("soft_fail", [True, False])
+def test_a_first_poke_that_outlasts_the_timeout_honours_soft_fail(
+    store_url: str, make_context: Any, soft_fail: bool
+) -> None:
+    """A poke slower than the whole timeout (a busy worker, a slow store) used to fail the sensor
+    from ``execute``, where Airflow's own ``soft_fail`` handling does not reach: it skips now."""
+    sensor = ReservationSensor(task_id="s", key="model", timeout=1, soft_fail=soft_fail)
+    started_long_ago = time.time() - 10  # the first poke ended ten seconds after the sensor started
+    with pytest.raises(AirflowSkipException if soft_fail else AirflowSensorTimeout, match="no artifact"):
+        sensor._poke_or_defer(make_context(), wait_started=started_long_ago, deferrals=0)
+
+
+def test_a_poke_during_a_store_outage_is_not_done_yet(
+    make_context: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sensor holds nothing: a store that cannot be reached is "not yet" (the trigger it defers to
+    rides the outage out), never a failed task. The store here refuses every connection."""
+    pytest.importorskip("psycopg")
+    conn = {"conn_type": "dibs", "extra": {"store_url": "postgresql+psycopg://postgres@127.0.0.1:1/x"}}
+    monkeypatch.setenv("AIRFLOW_CONN_DIBS_DOWN", json.dumps(conn))
+    sensor = ReservationSensor(task_id="s", key="model", dibs_conn_id="dibs_down", deferrable=False)
+    assert sensor.poke(make_context()) is False
+    deferring = ReservationSensor(task_id="s", key="model", dibs_conn_id="dibs_down", timeout=60)
+    with pytest.raises(TaskDeferred):
+        deferring.execute(make_context())
 
 
 def test_classic_poke_mode(client: dibs.Reservations, make_context: Any) -> None:

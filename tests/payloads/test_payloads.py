@@ -21,6 +21,7 @@ from dibs.payloads.references import decode
 from dibs.records import ArtifactRecord, Granted, KeyState
 from dibs.stores import AcquireRequest
 from dibs.stores.memory import MemoryStore
+from tests.cli_harness import eventually
 from tests.payloads.conftest import payload_files
 
 BIG = 200_000  # above the default 64 KiB inline limit
@@ -160,7 +161,8 @@ def test_a_payload_written_under_a_live_lease_survives_a_collection(
         got = client.get_or_reserve("k")
         assert isinstance(got, dibs.Acquired)
         uploaded = store.payloads.put(os.urandom(BIG))
-        time.sleep(0.2)  # older than the grace: only the live lease keeps it now
+        # older than the grace by the payload file's own clock: only the live lease keeps it now
+        eventually(lambda: time.time() - payload_mtime(tmp_path) > 0.05, "the payload to outlive the grace")
         assert client.prune(0) == 0 and client.reap() == 0
         assert store.payloads.stat(uploaded.sha256) is not None
         got.lease.complete(uploaded)  # it publishes what it uploaded
@@ -384,3 +386,8 @@ def test_every_payload_store_names_a_payload_only_by_a_sha256(name: str, tmp_pat
         with pytest.raises(ValueError, match="not a SHA-256 in hex"):
             store.uri(name)
     assert FilePayloadStore(tmp_path / "files").uri("a" * 64).endswith("a" * 64)
+
+
+def payload_mtime(root: Path) -> float:
+    """When the newest payload file under ``root`` was last written (the file system's clock)."""
+    return max(path.stat().st_mtime for path in payload_files(root))

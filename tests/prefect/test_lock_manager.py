@@ -177,12 +177,22 @@ async def test_async_waiter_leaves_the_event_loop_free(manager: DibsLockManager,
 
 
 def test_locking_works_across_threads(manager: DibsLockManager, key: str) -> None:
+    """The second holder really waits (it found the lock busy before the release) and takes it once
+    the first one releases it."""
     assert manager.acquire_lock(key, holder="holder1")
     got: queue.Queue[bool] = queue.Queue()
-    thread = threading.Thread(target=lambda: got.put(manager.acquire_lock(key, holder="holder2")))
-    thread.start()
-    manager.release_lock(key, holder="holder1")
-    thread.join()
+    waiting = threading.Event()
+
+    def heard(event: dibs.Event) -> None:
+        if isinstance(event, dibs.KeyBusy) and event.holder.endswith("holder1"):
+            waiting.set()
+
+    with dibs.observe(heard):
+        thread = threading.Thread(target=lambda: got.put(manager.acquire_lock(key, holder="holder2")))
+        thread.start()
+        assert waiting.wait(30), "the second holder never found the lock busy"
+        manager.release_lock(key, holder="holder1")
+        thread.join(30)
     assert got.get_nowait() is True
     assert manager.is_lock_holder(key, "holder2")
 

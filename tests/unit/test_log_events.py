@@ -4,13 +4,13 @@ whose lines the ``dibs`` logger would write at its level, so the others are neve
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
 import dibs
 from dibs import events
 from dibs.logs import log_event
+from tests.cli_harness import eventually
 
 
 def test_the_log_asks_only_for_the_events_its_level_writes(caplog: pytest.LogCaptureFixture) -> None:
@@ -69,7 +69,7 @@ def test_routine_events_are_not_built_for_the_log_alone(
     with caplog.at_level(logging.WARNING, logger="dibs"):
         lease = client.get_or_reserve("k3", ttl=0.05, max_lease_age=0.05)
         assert isinstance(lease, dibs.Acquired)
-        time.sleep(0.2)  # the lease expires: the next call takes it over, which the log says
+        eventually(lambda: client.status("k3").live_lease is None, "the lease to expire (store clock)")
         assert client.run("k3", lambda: 4) == 4
     assert [event.name for event in built] == ["lease_acquired"]
     assert "took over the expired lease of" in caplog.text

@@ -9,7 +9,6 @@ SQLite. PostgreSQL's first lease goes through ``_read_or_insert_first`` instead,
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from dibs.records import Granted
 from dibs.stores import AcquireRequest, open_store
 from dibs.stores.sql.schema import lease_columns
 from dibs.stores.sql.store import SQLStore
+from tests.cli_harness import eventually
 
 
 class _Recording:
@@ -43,7 +43,8 @@ def test_swap_writes_every_lease_column_with_its_value(tmp_path: Path) -> None:
         store._swap_row = _Recording(store._swap_row, sent)  # type: ignore[assignment]
         first = store.acquire(key, AcquireRequest("first", 0.05))
         assert isinstance(first, Granted)
-        time.sleep(0.1)  # the first lease (ttl 50 ms) expires: the next ask takes the key over
+        # the first lease (ttl 50 ms) expires by the store's clock: the next ask takes the key over
+        eventually(lambda: store.read(key).live_lease is None, "the first lease to expire")
         second = store.acquire(key, AcquireRequest("second", 60.0))
         assert isinstance(second, Granted)
     finally:
