@@ -39,6 +39,7 @@ from collections.abc import Collection, Hashable
 
 from dibs._batches import wake_soon
 from dibs._closing import Closing
+from dibs.backoff import Backoff
 from dibs.errors import StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
@@ -53,6 +54,7 @@ log = logging.getLogger("dibs.hub")
 POLL_SECONDS = 0.5
 #: Pauses between attempts to (re)open a feed that failed: from the first to the last, doubling.
 REOPEN_FIRST, REOPEN_LAST = 0.1, 5.0
+_REOPENING = Backoff(initial=REOPEN_FIRST, maximum=REOPEN_LAST, notify_maximum=REOPEN_LAST, jitter=0.0)
 
 
 #: Locks shared by all subscriptions, picked by a subscription's identity: a lock per subscription
@@ -319,7 +321,7 @@ class WatchHub:
 
     def _open(self, feed: ChangeFeed, failures: int) -> bool:
         if failures:
-            self._stopped.wait(min(REOPEN_LAST, REOPEN_FIRST * 2 ** (failures - 1)))
+            self._stopped.wait(_REOPENING.delay(failures - 1))
             if self._closed:
                 return False
         try:

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, Self, TypeVar, cast
 
 from dibs import events
+from dibs.backoff import Backoff, Retrying
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
@@ -51,6 +52,8 @@ __all__ = ["KeepAlive", "Keeping", "Lease", "LeaseSource"]
 log = logging.getLogger("dibs")
 
 _EXPORT_PREFIX = "dibs-lease:"
+#: How a complete whose reply was lost reads the key again: soon, then at most once a second.
+_SETTLING = Backoff(initial=0.05, maximum=1.0, jitter=0.1)
 
 
 class LeaseSource(Protocol):
@@ -232,15 +235,11 @@ class Lease:
         from dibs.stores import transitions
 
         store, token = self._client.store, self._record.token
-        started = time.monotonic()
-        deadline = started + max(self._record.ttl, 1.0)
-        delay = 0.05
+        retrying = Retrying(_SETTLING, max(self._record.ttl, 1.0))
         log.warning(
             "completing %s failed (%s); reading the key to find out whether it was stored", self.key, error
         )
-        while (remaining := deadline - time.monotonic()) > 0:
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 1.0)
+        while retrying.sleep():
             try:
                 state = store.read(self.key)
             except StoreUnavailable as exc:
@@ -260,7 +259,7 @@ class Lease:
                 pass  # our earlier write may have landed since the read: the next read tells
         raise StoreUnavailable(
             f"could not complete {self.key}: the store failed and stayed unreachable for "
-            f"{time.monotonic() - started:.1f}s, so whether the artifact was stored is unknown "
+            f"{retrying.seconds:.1f}s, so whether the artifact was stored is unknown "
             f"(a later read will tell; if it was not, the lease expires and a waiter takes over): {error}",
             key=str(self.key),
             token=token.fence,

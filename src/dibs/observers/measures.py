@@ -53,7 +53,9 @@ METRICS: Mapping[str, Metric] = {
     "dibs.leases.active": Metric("updown", "{lease}", "Leases held by this process now"),
     "dibs.waiters.active": Metric("updown", "{call}", "Calls of this process waiting on another holder now"),
     "dibs.store.outages": Metric(
-        "counter", "{outage}", "Store outages a waiter rode out (it kept waiting while the store was unreachable)"
+        "counter",
+        "{outage}",
+        "Store outages a waiter rode out (it kept waiting while the store was unreachable)",
     ),
     "dibs.store.outage.duration": Metric(
         "histogram", "s", "How long the store stayed unreachable for a waiter that rode it out"
@@ -179,7 +181,9 @@ class Measurer:
     def _outage(self, event: Event, common: dict[str, str], out: list[Measurement]) -> None:
         out.append(Measurement("dibs.store.outages", 1, common))
 
-    def _outage_over(self, event: events.StoreReachable, common: dict[str, str], out: list[Measurement]) -> None:
+    def _outage_over(
+        self, event: events.StoreReachable, common: dict[str, str], out: list[Measurement]
+    ) -> None:
         out.append(Measurement("dibs.store.outage.duration", event.seconds, common))
 
     def _entered(self, calls: set[int], call: int) -> bool:

@@ -66,6 +66,7 @@ import urllib.parse
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
 
+from dibs.backoff import Backoff, Retrying
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
@@ -74,6 +75,9 @@ from dibs.stores import codec, decoder, redact_url, url_userinfo
 from dibs.stores.base import Listing, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed, check_watch_interval
 from dibs.stores.transitions import empty
+
+#: The pauses between two tries at a contended record lock: 1 ms, doubling, at most 50 ms apart.
+_LOCK_PAUSES = Backoff(initial=0.001, maximum=0.05, jitter=0.0)
 
 if sys.platform != "win32":
     import fcntl
@@ -408,9 +412,8 @@ class FileStore(RecordStore):
             os.close(fd)
 
     def _flock(self, fd: int, path: Path) -> None:
-        """Take the flock, retrying with short sleeps until ``lock_timeout`` (0: try once)."""
-        deadline = time.monotonic() + self._lock_timeout
-        delay = 0.001
+        """Take the flock, retrying after short pauses until ``lock_timeout`` (0: try once)."""
+        retrying = Retrying(_LOCK_PAUSES, self._lock_timeout)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -422,15 +425,12 @@ class FileStore(RecordStore):
                     f"cannot lock {path}: {exc.strerror}; the file system must support flock",
                     path=str(path),
                 ) from exc
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if not retrying.sleep():
                 raise StoreUnavailable(
                     f"{path} stayed locked for {self._lock_timeout:g}s; another process is stuck inside a "
                     "write (stopped, or on a hung file system). A killed process releases it at once",
                     path=str(path),
                 )
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.05)
 
     def _record_files(self) -> Iterator[Path]:
         records = self._root / "records"

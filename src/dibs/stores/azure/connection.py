@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +15,7 @@ from azure.core.credentials import AzureSasCredential
 from azure.core.exceptions import AzureError, ClientAuthenticationError
 from azure.storage.blob import BlobServiceClient, LinearRetry
 
+from dibs.backoff import Backoff
 from dibs.errors import ConfigurationError
 from dibs.stores import redact_url
 from dibs.stores.azure.settings import CONNECTION_STRING_ENV, EXAMPLE_URL, AzureSettings
@@ -126,6 +126,10 @@ def _service(settings: AzureSettings, credential: Any, options: dict[str, Any]) 
         ) from None
 
 
+#: 0.25 to 0.75 s between two attempts of the SDK, whichever attempt it is.
+_QUICK = Backoff(initial=0.5, maximum=0.5, multiplier=1.0, jitter=0.5)
+
+
 class _QuickRetry(LinearRetry):
     """The SDK's retry rules (connection errors, 408, 5xx), waiting 0.25 to 0.75 s between attempts.
 
@@ -134,7 +138,7 @@ class _QuickRetry(LinearRetry):
     """
 
     def get_backoff_time(self, settings: dict[str, Any]) -> float:
-        return random.uniform(0.25, 0.75)
+        return _QUICK.delay(0)
 
     def increment(
         self, settings: dict[str, Any], request: Any, response: Any = None, error: AzureError | None = None
