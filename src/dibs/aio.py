@@ -16,16 +16,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, Unpack, ove
 from dibs import events, flow, holding
 from dibs.keys import Key
 from dibs.lease import Lease
-from dibs.options import (
-    AcquireOptions,
-    AcquireOrBusy,
-    AcquireRaising,
-    AskOptions,
-    CallOptions,
-    WaitOptions,
-    ask_of,
-    checked,
-)
+from dibs.options import AcquireOptions, AcquireOrBusy, AcquireRaising, AskOptions, CallOptions, WaitOptions
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
 from dibs.records import KeyState
 from dibs.runtime import runtime
@@ -56,9 +47,13 @@ class SyncClient(Source, Protocol):
 
     def call(self, key: str | Key, **options: Unpack[CallOptions]) -> flow.Call: ...
 
+    def _asking(self, key: str | Key, owner: str | None, options: AskOptions) -> flow.Flow[Outcome]: ...
+
     def _acquiring(
         self, key: str | Key, owner: str | None, options: AcquireOptions
     ) -> tuple[flow.Flow[Outcome], events.LazyEmitter]: ...
+
+    def _calling(self, name: str, key: str | Key, options: CallOptions) -> flow.Call: ...
 
     def _waiting(
         self, key: str | Key, options: WaitOptions
@@ -87,11 +82,7 @@ class AsyncReservations:
         self, key: str | Key, owner: str | None = None, **options: Unpack[AskOptions]
     ) -> Outcome:
         """:meth:`Reservations.get_or_reserve`, awaited. A cancelled call leaves nothing held."""
-        checked("get_or_reserve", options, AskOptions)
-        c = self.client
-        answer: Outcome = await AsyncStoreIO(c).drive(
-            flow.reserve(ask_of(c.settings, c.key(key), owner, options), rules=c.rules)
-        )
+        answer: Outcome = await AsyncStoreIO(self.client).drive(self.client._asking(key, owner, options))
         return answer
 
     @overload
@@ -108,7 +99,6 @@ class AsyncReservations:
         self, key: str | Key, owner: str | None = None, **options: Unpack[AcquireOptions]
     ) -> Hit | Acquired | Busy:
         """:meth:`Reservations.acquire`, awaited. A cancelled call leaves nothing held."""
-        checked("acquire", options, AcquireOptions)
         path, emitter = self.client._acquiring(key, owner, options)
         answer: Hit | Acquired | Busy = await AsyncStoreIO(self.client).drive(path, emitter)
         return answer
@@ -122,7 +112,6 @@ class AsyncReservations:
     ) -> Hit | None:
         """:meth:`Reservations.wait`, awaited (``decode=False``: a payload is never loaded into this
         process, as Airflow's trigger waits; ``seen`` is its log of who holds the key)."""
-        checked("wait", options, WaitOptions)
         path, emitter, store = self.client._waiting(key, options)
         hit: Hit | None = await AsyncStoreIO(self.client, store=store, seen=seen).drive(path, emitter)
         return hit
@@ -159,8 +148,7 @@ class AsyncReservations:
         **options: Unpack[CallOptions],
     ) -> RunReport:
         """:meth:`Reservations.compute` for a coroutine function."""
-        checked("compute", options, CallOptions)
-        call = self.client.call(key, **options)
+        call = self.client._calling("compute", key, options)
         return await call.adrive(
             AsyncStoreIO(self.client, lambda: fn(*args, **(kwargs or {})), emit=call.emitter)
         )

@@ -204,10 +204,12 @@ class Reservations(Closing, Configured):
         artifact (its value replaces the old one); ``min_token`` takes only an artifact stored under
         that token or a later one (after a refresh found the key busy: ``min_token=busy.token``).
         """
+        return StoreIO(self).drive(self._asking(key, owner, options))
+
+    def _asking(self, key: str | Key, owner: str | None, options: AskOptions) -> flow.Flow[Outcome]:
+        """:meth:`get_or_reserve`'s flow (both faces drive the same)."""
         checked("get_or_reserve", options, AskOptions)
-        return StoreIO(self).drive(
-            flow.reserve(ask_of(self.settings, self.key(key), owner, options), rules=self.rules)
-        )
+        return flow.reserve(ask_of(self.settings, self.key(key), owner, options), rules=self.rules)
 
     @overload
     def acquire(
@@ -237,7 +239,6 @@ class Reservations(Closing, Configured):
 
         While it waits, a store that cannot be reached is waited for too (``outage_patience``).
         """
-        checked("acquire", options, AcquireOptions)
         path, emitter = self._acquiring(key, owner, options)
         answer: Hit | Acquired | Busy = StoreIO(self).drive(path, emitter)
         return answer
@@ -246,6 +247,7 @@ class Reservations(Closing, Configured):
         self, key: str | Key, owner: str | None, options: AcquireOptions
     ) -> tuple[flow.Flow[Outcome], events.LazyEmitter]:
         """:meth:`acquire`'s flow and the emitter of its outage events (both faces drive the same)."""
+        checked("acquire", options, AcquireOptions)
         ask = ask_of(self.settings, self.key(key), owner, options)
         emitter = self._quiet_emitter(ask.key, ask.request.owner)
         path = flow.reserve(
@@ -278,7 +280,6 @@ class Reservations(Closing, Configured):
         ``seen`` is shown every state of the key the wait reads or is notified of, the first included
         (who holds it, and when that changes); it must not raise.
         """
-        checked("wait", options, WaitOptions)
         path, emitter, store = self._waiting(key, options)
         return StoreIO(self, store=store, seen=seen).drive(path, emitter)
 
@@ -290,6 +291,7 @@ class Reservations(Closing, Configured):
         which only asks the payload store whether the payload is there whole. It is one store per
         process, a view of the same records: it shares their watch hub (:mod:`dibs.hub`), so a
         record-only waiter costs no connection of its own."""
+        checked("wait", options, WaitOptions)
         decode = options.get("decode", True)
         if not isinstance(decode, bool):  # decode=None would otherwise quietly mean record-only
             raise ConfigurationError(f"decode must be True or False, got {decode!r}")
@@ -349,9 +351,13 @@ class Reservations(Closing, Configured):
         :meth:`acquire`'s: an artifact that old, or any with ``refresh``, is computed again.
         ``observer`` hears this call's events (besides the client's and the process's observers).
         """
-        checked("compute", options, CallOptions)
-        call = self.call(key, **options)
+        call = self._calling("compute", key, options)
         return call.drive(StoreIO(self, lambda: fn(*args, **(kwargs or {})), emit=call.emitter))
+
+    def _calling(self, name: str, key: str | Key, options: CallOptions) -> flow.Call:
+        """:meth:`compute`'s call, its options checked as ``name``'s (both faces drive the same)."""
+        checked(name, options, CallOptions)
+        return self.call(key, **options)
 
     def call(
         self,

@@ -124,32 +124,31 @@ def compute_once(
     ``reenters(owner)``: a busy key held by such an owner is this caller's own (a lock's holder asking
     from another run), re-entered as that owner.
     """
+    call = _Computing(
+        ask,
+        emitter,
+        rules,
+        policy,
+        timeout,
+        max_age,
+        resume or Waiting(),
+        clock,
+        progress_every,
+        keep,
+        reenters,
+    )
     started = clock()
-    state: dict[str, Any] = {}
     try:
-        report = yield from _compute(
-            ask,
-            emitter,
-            rules,
-            policy=policy,
-            timeout=timeout,
-            max_age=max_age,
-            waiting=resume or Waiting(),
-            clock=clock,
-            progress_every=progress_every,
-            keep=keep,
-            reenters=reenters,
-            state=state,
-        )
+        report = yield from call.run()
     except GeneratorExit:  # closed by a driver that suspended: decide nothing
         raise
     except BaseException as exc:
-        waiting: Waiting = state.get("waiting", Waiting())
+        waiting = call.waiting
         ending: dict[str, Any] = {
             "outcome": "failed",
-            "waited_seconds": state.get("waited", waiting.seconds(clock())),
+            "waited_seconds": call.waited if call.waited is not None else waiting.seconds(clock()),
             "waited_on": waiting.holder,
-            "token": state.get("token"),
+            "token": call.token,
             "error": str(exc) if isinstance(exc, Exception) else type(exc).__name__,
             "error_type": type(exc).__name__,
         }
@@ -159,7 +158,7 @@ def compute_once(
         took_over = report.role == "computed" and report.took_over_from is not None
         ending = {field: getattr(report, field) for field in _REPORTED}
         ending["outcome"] = "took_over" if took_over else report.role
-        yield from _finished(emitter, ending, started, clock, state["waiting"])
+        yield from _finished(emitter, ending, started, clock, call.waiting)
     return report
 
 
@@ -175,97 +174,91 @@ def _finished(
     )
 
 
-def _compute(
-    ask: Ask,
-    emitter: Emitter,
-    rules: Rules,
-    *,
-    policy: Literal["fail", "run"],
-    timeout: float | None,
-    max_age: float | None,
-    waiting: Waiting,
-    clock: Callable[[], float],
-    progress_every: float | None,
-    keep: bool,
-    reenters: Callable[[str], bool] | None,
-    state: dict[str, Any],
-) -> Flow[RunReport]:
-    if waiting.min_token is not None:  # a refresh resumed: the busy holder's artifact is the fresh one
-        ask = ask.sharing(waiting.min_token, max_age)
-    state["waiting"] = waiting
-    yield from _tell(emitter, events.Asked, refresh=ask.refreshing, min_token=ask.request.min_fence)
-    waiter = _Waiter(emitter, rules, clock=clock, narrate=True, progress_every=progress_every)
+@dataclasses.dataclass
+class _Computing:
+    """One compute-once call while it runs (see :func:`compute_once` for its terms), and what it has
+    learnt so far: how long it waited (and on whom), the token of its lease."""
 
-    def remaining() -> float | None:
-        return None if timeout is None else max(0.0, timeout - waiting.seconds(clock()))
+    ask: Ask
+    emitter: Emitter
+    rules: Rules
+    policy: Literal["fail", "run"]
+    timeout: float | None
+    max_age: float | None
+    waiting: Waiting
+    clock: Callable[[], float]
+    progress_every: float | None
+    keep: bool
+    reenters: Callable[[str], bool] | None
+    waited: float | None = None
+    token: int | None = None
 
-    try:
+    def remaining(self) -> float | None:
+        """What is left of the call's timeout (across deferrals)."""
+        timeout = self.timeout
+        return None if timeout is None else max(0.0, timeout - self.waiting.seconds(self.clock()))
+
+    def run(self) -> Flow[RunReport]:
+        emitter, clock, ask = self.emitter, self.clock, self.ask
+        if self.waiting.min_token is not None:  # a refresh resumed: the busy holder's artifact is fresh
+            ask = ask.sharing(self.waiting.min_token, self.max_age)
+        yield from _tell(emitter, events.Asked, refresh=ask.refreshing, min_token=ask.request.min_fence)
+        waiter = _Waiter(emitter, self.rules, clock=clock, narrate=True, progress_every=self.progress_every)
+        try:
+            if self.waiting.started is None:
+                got = yield ask  # the first ask: a store that cannot be reached is the policy's
+            else:  # a waiter resumed elsewhere: it still holds nothing, and rides an outage out
+                got = yield from waiter.asking(ask, Deadline(self.remaining()))
+            got = yield from _own(ask, got, self.reenters)
+            if isinstance(got, Held):
+                got = yield from self._wait(ask, got, waiter)
+        except StoreUnavailable as exc:
+            if self.waiting.started is not None:
+                yield from _waited(emitter, self.waiting, clock, "unavailable")
+            if self.policy == "fail":
+                raise
+            yield from _tell(emitter, events.RanUnreserved, error=str(exc))
+            value = yield RunUnreserved(ask.key)
+            return RunReport(ask.key, value, "unreserved", None, ask.request.owner, stored=False)
+        self.waited = self.waiting.seconds(clock())
+        if self.waiting.started is not None:
+            yield from _waited(emitter, self.waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
+        if isinstance(got, Hit):
+            return (yield from self._hit(got))
+        report = yield from self._held(got, waiter.seen)
+        if report.waited_seconds == self.waited and report.waited_on == self.waiting.holder:
+            return report  # the usual case, a call that never waited: nothing to replace
+        return dataclasses.replace(report, waited_seconds=self.waited, waited_on=self.waiting.holder)
+
+    def _wait(self, ask: Ask, got: Held, waiter: _Waiter) -> Flow[Hit | Acquired]:
+        """The key is busy: wait (or be deferred, and resumed by a new flow) until it is done or free."""
+        emitter, clock = self.emitter, self.clock
+        busy = Busy.of(got.lease, got.now, got.failure)
+        waiting = self.waiting
         if waiting.started is None:
-            got = yield ask  # the first ask: a store that cannot be reached is the policy's
-        else:  # a waiter resumed elsewhere: it still holds nothing, and rides an outage out
-            got = yield from waiter.asking(ask, Deadline(remaining()))
-        got = yield from _own(ask, got, reenters)
-        if isinstance(got, Held):
-            busy = Busy.of(got.lease, got.now, got.failure)
-            if waiting.started is None:
-                waiting = dataclasses.replace(waiting, started=clock())
-            if ask.refreshing:
-                ask = ask.sharing(got.lease.token.fence, max_age)
-                waiting = dataclasses.replace(waiting, min_token=got.lease.token.fence)
-            yield from _busy(emitter, waiting.holder, busy)
-            waiting = state["waiting"] = dataclasses.replace(waiting, holder=busy.holder)
-            left = remaining()
-            if left is not None and left <= 0:
-                yield from _waited(emitter, waiting, clock, "timeout")
-                raise busy.timed_out(waiting.seconds(clock()))
-            yield Wait(ask, busy, waiting, left)  # a driver may suspend here (and resume elsewhere)
-            got = yield from waiter.until_free(ask, got, Deadline(left))
-            got = yield from _own(ask, got, reenters)
-            if isinstance(got, Held):  # the wait's own deadline passed (it reported new holders)
-                yield from _waited(emitter, waiting, clock, "timeout")
-                raise Busy.of(got.lease, got.now, got.failure).timed_out(waiting.seconds(clock()))
-    except StoreUnavailable as exc:
-        if waiting.started is not None:
-            yield from _waited(emitter, waiting, clock, "unavailable")
-        if policy == "fail":
-            raise
-        yield from _tell(emitter, events.RanUnreserved, error=str(exc))
-        value = yield RunUnreserved(ask.key)
-        return RunReport(ask.key, value, "unreserved", None, ask.request.owner, stored=False)
-    waited = state["waited"] = waiting.seconds(clock())
-    if waiting.started is not None:
-        yield from _waited(emitter, waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
-    report = yield from _answered(
-        got,
-        emitter,
-        rules=rules,
-        waiting=waiting,
-        waited=waited,
-        waiter=waiter,
-        policy=policy,
-        keep=keep,
-        state=state,
-    )
-    return report
+            waiting = dataclasses.replace(waiting, started=clock())
+        if ask.refreshing:  # the artifact the busy lease stores (or a later one) is the fresh one
+            ask = ask.sharing(got.lease.token.fence, self.max_age)
+            waiting = dataclasses.replace(waiting, min_token=got.lease.token.fence)
+        yield from _busy(emitter, waiting.holder, busy)
+        waiting = self.waiting = dataclasses.replace(waiting, holder=busy.holder)
+        left = self.remaining()
+        if left is not None and left <= 0:
+            yield from _waited(emitter, waiting, clock, "timeout")
+            raise busy.timed_out(waiting.seconds(clock()))
+        yield Wait(ask, busy, waiting, left)  # a driver may suspend here (and resume elsewhere)
+        answer = yield from waiter.until_free(ask, got, Deadline(left))
+        answer = yield from _own(ask, answer, self.reenters)
+        if isinstance(answer, Held):  # the wait's own deadline passed (it reported new holders)
+            yield from _waited(emitter, waiting, clock, "timeout")
+            raise Busy.of(answer.lease, answer.now, answer.failure).timed_out(waiting.seconds(clock()))
+        result: Hit | Acquired = answer
+        return result
 
-
-def _answered(
-    got: Hit | Acquired,
-    emitter: Emitter,
-    *,
-    rules: Rules,
-    waiting: Waiting,
-    waited: float,
-    waiter: _Waiter,
-    policy: Literal["fail", "run"],
-    keep: bool,
-    state: dict[str, Any],
-) -> Flow[RunReport]:
-    """The call's answer once it is not busy: a hit used as it is, or the lease held (or kept) and
-    its work's report."""
-    if isinstance(got, Hit):
+    def _hit(self, got: Hit) -> Flow[RunReport]:
+        waited, waiting = self.waited or 0.0, self.waiting
         yield from _tell(
-            emitter,
+            self.emitter,
             events.ArtifactFound,
             producer=got.producer,
             token=got.token,
@@ -276,31 +269,31 @@ def _answered(
         )
         role: Literal["waited", "hit"] = "waited" if waiting.started is not None else "hit"
         return RunReport(got.key, got.value, role, got.token, got.producer, waited, waiting.holder)
-    yield from _refuse_too_many(got, rules.max_failures)
-    lease, failure = got.lease, got.last_failure
-    state["token"] = lease.token
-    expired_by, expired_max_age = _expiry(got, waiter.seen)
-    yield from _tell(
-        emitter,
-        events.LeaseAcquired,
-        got.took_over_from is None,
-        token=lease.token,
-        attempt=lease.attempt,
-        acquired_at=lease.record.acquired_at,
-        took_over_from=got.took_over_from,
-        last_failure=None if failure is None else failure.error,
-        last_failure_owner=None if failure is None else failure.owner,
-        failures=0 if failure is None else failure.count,
-        expired_by=expired_by,
-        expired_max_age=expired_max_age,
-    )
-    if keep:
-        report: RunReport = yield Keep(got)
-    else:
-        report = yield from _hold(got, policy)
-    if report.waited_seconds == waited and report.waited_on == waiting.holder:
-        return report  # the usual case, a call that never waited: nothing to replace
-    return dataclasses.replace(report, waited_seconds=waited, waited_on=waiting.holder)
+
+    def _held(self, got: Acquired, seen: LeaseRecord | None) -> Flow[RunReport]:
+        """The lease is this call's: refused after too many failures, else held (or kept) for the work."""
+        yield from _refuse_too_many(got, self.rules.max_failures)
+        lease, failure = got.lease, got.last_failure
+        self.token = lease.token
+        expired_by, expired_max_age = _expiry(got, seen)
+        yield from _tell(
+            self.emitter,
+            events.LeaseAcquired,
+            got.took_over_from is None,
+            token=lease.token,
+            attempt=lease.attempt,
+            acquired_at=lease.record.acquired_at,
+            took_over_from=got.took_over_from,
+            last_failure=None if failure is None else failure.error,
+            last_failure_owner=None if failure is None else failure.owner,
+            failures=0 if failure is None else failure.count,
+            expired_by=expired_by,
+            expired_max_age=expired_max_age,
+        )
+        if self.keep:
+            kept: RunReport = yield Keep(got)
+            return kept
+        return (yield from _hold(got, self.policy))
 
 
 def _own(ask: Ask, got: Any, reenters: Callable[[str], bool] | None) -> Flow[Any]:

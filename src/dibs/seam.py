@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from dibs import events, holding
+from dibs import events, holding, steps
 from dibs.artifacts import DECODE_ON_LOOP_BYTES, ArtifactReader
 from dibs.events import Event
 from dibs.keys import Key
@@ -33,23 +34,6 @@ from dibs.lease import Lease, LeaseSource
 from dibs.outcomes import Acquired, Hit, RunReport
 from dibs.records import Granted, Held, KeyState, Present, StoreOutcome
 from dibs.runtime import runtime
-from dibs.steps import (
-    Ask,
-    Complete,
-    Fail,
-    Found,
-    Hold,
-    Keep,
-    Pause,
-    Read,
-    Release,
-    RunUnreserved,
-    Suspend,
-    Wait,
-    Watch,
-    Work,
-    _Unwatch,
-)
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -65,21 +49,88 @@ T = TypeVar("T")
 
 #: Which handler carries out each kind of step (a subclass overrides the handler, never this table).
 _HANDLERS: dict[type, str] = {
-    Ask: "ask",
-    Read: "read",
-    Watch: "watch",
-    _Unwatch: "unwatch",
-    Pause: "pause",
-    Found: "found",
-    Wait: "wait",
-    Release: "release",
-    Hold: "hold",
-    Work: "work",
-    Fail: "fail",
-    Complete: "complete",
-    Keep: "keep",
-    RunUnreserved: "run_unreserved",
+    steps.Ask: "ask",
+    steps.Read: "read",
+    steps.Watch: "watch",
+    steps.Unwatch: "unwatch",
+    steps.Pause: "pause",
+    steps.Found: "found",
+    steps.Wait: "wait",
+    steps.Release: "release",
+    steps.Hold: "hold",
+    steps.Work: "work",
+    steps.Fail: "fail",
+    steps.Complete: "complete",
+    steps.Keep: "keep",
+    steps.RunUnreserved: "run_unreserved",
 }
+
+
+#: Where a flow's events go (``None``: nobody hears them).
+Teller = events.Emitter | events.LazyEmitter | None
+
+
+class _Driving:
+    """One flow being carried out: what both drivers share. Iterating it sends the last answer (or
+    throws the last error) in, hands the events the flow yields to the observers, and gives the next
+    step for a handler, until the flow returns (:attr:`result`). A handler's exception is thrown back
+    in (the flow decides), but :class:`~dibs.steps.Suspend`, which closes the flow without deciding
+    anything and goes up to the caller. Leaving the ``with`` block ends what the steps began (``end``)."""
+
+    __slots__ = ("_acting", "_answer", "_emitter", "_end", "_error", "_flow", "result")
+
+    def __init__(self, flow: Generator[Any, Any, Any], emitter: Teller, end: Callable[[], None]) -> None:
+        self._flow, self._emitter, self._end = flow, emitter, end
+        self._answer: Any = None
+        self._error: BaseException | None = None
+        self._acting: contextvars.Token[str] | None = None
+        self.result: Any = None
+
+    def __enter__(self) -> _Driving:
+        if isinstance(self._emitter, events.Emitter):  # the store operations name the call's front end
+            self._acting = events.FRONTEND.set(self._emitter.frontend)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._end()
+        if self._acting is not None:
+            # A coroutine abandoned by its task is closed later, maybe in another context (the garbage
+            # collector at the loop's teardown), where the token cannot be reset: it never had it.
+            with contextlib.suppress(ValueError):
+                events.FRONTEND.reset(self._acting)
+
+    def __iter__(self) -> Iterator[Any]:
+        flow, emitter = self._flow, self._emitter
+        while True:
+            try:
+                step = flow.send(self._answer) if self._error is None else flow.throw(self._error)
+                while isinstance(step, Event):
+                    if emitter is not None:
+                        emitter.send(step)
+                    step = flow.send(None)
+            except StopIteration as stop:
+                self.result = stop.value
+                return
+            yield step
+
+    def call(self, handler: Callable[[Any], Any], step: Any) -> None:
+        try:
+            self._answer, self._error = handler(step), None
+        except BaseException as exc:  # the flow decides: a policy, or it lets it through
+            self._threw(exc)
+
+    async def acall(self, handler: Callable[[Any], Awaitable[Any]], step: Any) -> None:
+        try:
+            self._answer, self._error = await handler(step), None
+        except BaseException as exc:
+            self._threw(exc)
+
+    def _threw(self, error: BaseException) -> None:
+        if isinstance(error, steps.Suspend):
+            self._flow.close()
+            _deferred(self._emitter, error.waiting)
+            raise error
+        self._answer, self._error = None, error
 
 
 class Source(LeaseSource, Protocol):
@@ -192,93 +243,69 @@ class StoreIO(_Seam):
     :param seen: shown every state of the key a wait reads or is notified of.
     """
 
-    def drive(
-        self, flow: Generator[Any, Any, T], emitter: events.Emitter | events.LazyEmitter | None = None
-    ) -> T:
+    def drive(self, flow: Generator[Any, Any, T], emitter: Teller = None) -> T:
         """Carry ``flow`` out in this thread: its events to the observers, every other step to its
         handler. The store operations made meanwhile name the call's front end
         (:data:`dibs.events.FRONTEND`)."""
-        answer: Any = None
-        error: BaseException | None = None
-        acting = events.FRONTEND.set(emitter.frontend) if isinstance(emitter, events.Emitter) else None
-        try:
-            while True:
-                try:
-                    step = flow.send(answer) if error is None else flow.throw(error)
-                except StopIteration as stop:
-                    result: T = stop.value
-                    return result
-                if isinstance(step, Event):
-                    if emitter is not None:
-                        emitter.send(step)
-                    answer = error = None
-                    continue
-                try:
-                    answer, error = getattr(self, _HANDLERS[type(step)])(step), None
-                except Suspend as suspend:
-                    flow.close()
-                    _deferred(emitter, suspend.waiting)
-                    raise
-                except BaseException as exc:  # the flow decides: a policy, or it lets it through
-                    answer, error = None, exc
-        finally:
-            self._end()
-            if acting is not None:
-                events.FRONTEND.reset(acting)
+        with _Driving(flow, emitter, self._end) as driving:
+            for step in driving:
+                driving.call(getattr(self, _HANDLERS[type(step)]), step)
+        result: T = driving.result
+        return result
 
     # -- the steps ------------------------------------------------------------------------------------
-    def ask(self, step: Ask) -> Hit | Acquired | Held:
+    def ask(self, step: steps.Ask) -> Hit | Acquired | Held:
         return self.outcome(step.key, self.store.acquire(step.key, step.request))
 
     def outcome(self, key: Key, found: StoreOutcome) -> Hit | Acquired | Held:
         """The store's answer as the flow takes it: a hit decoded, a grant as the lease's handle."""
         if isinstance(found, Present):
-            return self.found(Found(key, found.artifact))
+            return self.found(steps.Found(key, found.artifact))
         if isinstance(found, Granted):
             return self.taken(found)
         return found
 
-    def found(self, step: Found) -> Hit:
+    def found(self, step: steps.Found) -> Hit:
         """An artifact as a hit, its value decoded (``dibs run`` hands a payload on unread instead)."""
         return self.client.artifacts.hit(step.key, step.artifact)
 
-    def read(self, step: Read) -> KeyState:
+    def read(self, step: steps.Read) -> KeyState:
         return self._see(self.store.read(step.key))  # type: ignore[no-any-return]
 
-    def watch(self, step: Watch) -> Callable[[], bool]:
+    def watch(self, step: steps.Watch) -> Callable[[], bool]:
         return self._watching(step.key)
 
-    def unwatch(self, step: _Unwatch) -> None:
+    def unwatch(self, step: steps.Unwatch) -> None:
         self._unwatching()
 
-    def pause(self, step: Pause) -> KeyState | None:
+    def pause(self, step: steps.Pause) -> KeyState | None:
         subscription = self._subscription
         if subscription is None:
             time.sleep(step.seconds)
             return None
         return self._see(subscription.wait(step.seconds))  # type: ignore[no-any-return]
 
-    def wait(self, step: Wait) -> None:
-        """A wait begins: wait here (a front end may defer instead, raising :class:`Suspend`)."""
+    def wait(self, step: steps.Wait) -> None:
+        """A wait begins: wait here (a front end may defer instead, raising :class:`steps.Suspend`)."""
 
-    def release(self, step: Release) -> None:
+    def release(self, step: steps.Release) -> None:
         step.lease.release(step.error)
 
-    def hold(self, step: Hold) -> holding.HeldLease:
+    def hold(self, step: steps.Hold) -> holding.HeldLease:
         held = self.held(step.acquired)
         self._enter_scope(held)
         return held
 
-    def work(self, step: Work) -> Any:
+    def work(self, step: steps.Work) -> Any:
         return self.work_fn()
 
-    def fail(self, step: Fail) -> None:
+    def fail(self, step: steps.Fail) -> None:
         try:
             step.held.fail(step.error)
         finally:
             self._leave_scope()
 
-    def complete(self, step: Complete) -> RunReport:
+    def complete(self, step: steps.Complete) -> RunReport:
         try:
             return step.held.store(
                 step.value,
@@ -288,10 +315,10 @@ class StoreIO(_Seam):
         finally:
             self._leave_scope()
 
-    def keep(self, step: Keep) -> RunReport:
+    def keep(self, step: steps.Keep) -> RunReport:
         raise NotImplementedError(f"{type(self).__name__} keeps no lease beyond its call")
 
-    def run_unreserved(self, step: RunUnreserved) -> Any:
+    def run_unreserved(self, step: steps.RunUnreserved) -> Any:
         return self.work_fn()
 
 
@@ -300,44 +327,17 @@ class AsyncStoreIO(_Seam):
     executor (never on the loop, never in the loop's default executor), waits on the watch hub without a
     thread per waiter, and the work awaited (``work`` returns an awaitable)."""
 
-    async def drive(
-        self, flow: Generator[Any, Any, T], emitter: events.Emitter | events.LazyEmitter | None = None
-    ) -> T:
+    async def drive(self, flow: Generator[Any, Any, T], emitter: Teller = None) -> T:
         """:meth:`StoreIO.drive` on an event loop: each handler awaited in turn (the front end is set in
         this task's context; the store calls handed to the I/O executor run with it)."""
-        answer: Any = None
-        error: BaseException | None = None
-        acting = events.FRONTEND.set(emitter.frontend) if isinstance(emitter, events.Emitter) else None
-        try:
-            while True:
-                try:
-                    step = flow.send(answer) if error is None else flow.throw(error)
-                except StopIteration as stop:
-                    result: T = stop.value
-                    return result
-                if isinstance(step, Event):
-                    if emitter is not None:
-                        emitter.send(step)
-                    answer = error = None
-                    continue
-                try:
-                    answer, error = await getattr(self, _HANDLERS[type(step)])(step), None
-                except Suspend as suspend:
-                    flow.close()
-                    _deferred(emitter, suspend.waiting)
-                    raise
-                except BaseException as exc:
-                    answer, error = None, exc
-        finally:
-            self._end()
-            if acting is not None:
-                # A coroutine abandoned by its task is closed later, maybe in another context (the
-                # garbage collector at the loop's teardown), where the token cannot be reset.
-                with contextlib.suppress(ValueError):
-                    events.FRONTEND.reset(acting)
+        with _Driving(flow, emitter, self._end) as driving:
+            for step in driving:
+                await driving.acall(getattr(self, _HANDLERS[type(step)]), step)
+        result: T = driving.result
+        return result
 
     # -- the steps ------------------------------------------------------------------------------------
-    async def ask(self, step: Ask) -> Hit | Acquired | Held:
+    async def ask(self, step: steps.Ask) -> Hit | Acquired | Held:
         """One ask in the I/O executor. A cancelled caller leaves nothing held.
 
         Cancelling the await does not stop a store call already running in the executor thread: the
@@ -359,55 +359,55 @@ class AsyncStoreIO(_Seam):
 
     async def outcome(self, key: Key, found: StoreOutcome) -> Hit | Acquired | Held:
         if isinstance(found, Present):
-            return await self.found(Found(key, found.artifact))
+            return await self.found(steps.Found(key, found.artifact))
         if isinstance(found, Granted):
             return self.taken(found)
         return found
 
-    async def found(self, step: Found) -> Hit:
+    async def found(self, step: steps.Found) -> Hit:
         """A hit decoded, in the I/O executor when it is large: never a long decode on the loop."""
         if step.artifact.size > DECODE_ON_LOOP_BYTES:
             return await runtime().io(self.client.artifacts.hit, step.key, step.artifact)
         return self.client.artifacts.hit(step.key, step.artifact)
 
-    async def read(self, step: Read) -> KeyState:
+    async def read(self, step: steps.Read) -> KeyState:
         return self._see(await runtime().read(self.store, step.key))  # type: ignore[no-any-return]
 
-    async def watch(self, step: Watch) -> Callable[[], bool]:
+    async def watch(self, step: steps.Watch) -> Callable[[], bool]:
         return self._watching(step.key)
 
-    async def unwatch(self, step: _Unwatch) -> None:
+    async def unwatch(self, step: steps.Unwatch) -> None:
         self._unwatching()
 
-    async def pause(self, step: Pause) -> KeyState | None:
+    async def pause(self, step: steps.Pause) -> KeyState | None:
         subscription = self._subscription
         if subscription is None:
             await asyncio.sleep(step.seconds)
             return None
         return self._see(await subscription.wait_async(step.seconds))  # type: ignore[no-any-return]
 
-    async def wait(self, step: Wait) -> None:
+    async def wait(self, step: steps.Wait) -> None:
         """:meth:`StoreIO.wait`."""
 
-    async def release(self, step: Release) -> None:
+    async def release(self, step: steps.Release) -> None:
         await runtime().io(step.lease.release, step.error)
 
-    async def hold(self, step: Hold) -> holding.HeldLease:
+    async def hold(self, step: steps.Hold) -> holding.HeldLease:
         held = self.held(step.acquired)  # its heartbeats run in their own thread, whatever the loop does
         self._enter_scope(held)
         return held
 
-    async def work(self, step: Work) -> Any:
+    async def work(self, step: steps.Work) -> Any:
         return await self.work_fn()
 
-    async def fail(self, step: Fail) -> None:
+    async def fail(self, step: steps.Fail) -> None:
         """A failed (or cancelled) work releases its lease even if it is cancelled again meanwhile."""
         try:
             await asyncio.shield(runtime().io(step.held.fail, step.error))
         finally:
             self._leave_scope()
 
-    async def complete(self, step: Complete) -> RunReport:
+    async def complete(self, step: steps.Complete) -> RunReport:
         store = functools.partial(
             step.held.store, step.value, policy=step.policy, compute_seconds=step.compute_seconds
         )
@@ -416,10 +416,10 @@ class AsyncStoreIO(_Seam):
         finally:
             self._leave_scope()
 
-    async def keep(self, step: Keep) -> RunReport:
+    async def keep(self, step: steps.Keep) -> RunReport:
         raise NotImplementedError(f"{type(self).__name__} keeps no lease beyond its call")
 
-    async def run_unreserved(self, step: RunUnreserved) -> Any:
+    async def run_unreserved(self, step: steps.RunUnreserved) -> Any:
         return await self.work_fn()
 
 
@@ -433,7 +433,7 @@ def holding_what(got: Acquired | Lease | holding.HeldLease) -> tuple[Acquired, h
     return Acquired(got), None
 
 
-def _deferred(emitter: events.Emitter | events.LazyEmitter | None, waiting: Any) -> None:
+def _deferred(emitter: Teller, waiting: Any) -> None:
     if emitter is not None and emitter.wants(events.Deferred):
         emitter.send(
             emitter.make(events.Deferred, waited_seconds=waiting.seconds(time.time()), holder=waiting.holder)

@@ -60,6 +60,7 @@ __all__ = [
     "RunUnreserved",
     "Step",
     "Suspend",
+    "Unwatch",
     "Wait",
     "Waiting",
     "Watch",
@@ -109,12 +110,12 @@ class Watch:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Unwatch:
+class Unwatch:
     """Stop following the key (the wait is over)."""
 
 
-#: The one :class:`_Unwatch` step.
-UNWATCH = _Unwatch()
+#: The one :class:`Unwatch` step.
+UNWATCH = Unwatch()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,7 +232,7 @@ Step = (
     Ask
     | Read
     | Watch
-    | _Unwatch
+    | Unwatch
     | Pause
     | Found
     | Wait

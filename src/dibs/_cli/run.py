@@ -40,7 +40,7 @@ from dibs.outcomes import Hit
 from dibs.payloads import Payload, ReferencedArtifact
 from dibs.records import KeyState
 from dibs.seam import StoreIO
-from dibs.steps import Found, Wait, _Unwatch
+from dibs.steps import Found, Unwatch, Wait
 
 __all__ = ["run", "wait"]
 
@@ -198,7 +198,7 @@ class _RunSteps(StoreIO):
         watch.__enter__()
         watch.see(Sight.of_busy(step.busy))
 
-    def unwatch(self, step: _Unwatch) -> None:
+    def unwatch(self, step: Unwatch) -> None:
         super().unwatch(step)
         self._stop_watch()
 
