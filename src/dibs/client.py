@@ -162,6 +162,9 @@ class Reservations(Closing, Configured):
                 self.store, payloads, inline_limit=payload_inline_limit, grace=payload_grace
             )
         self._closed = False
+        #: The seam of this client's single asks (get_or_reserve): they never wait nor hold, so one
+        #: seam, which keeps no state of theirs, serves all of them, from any thread.
+        self._asks = StoreIO(self)
         #: This client's observers (see :mod:`dibs.events`); :meth:`observe` adds one.
         self.observers = Observers()
         # What events call the store: its URL's scheme, as stores are chosen by URL (read once: a
@@ -204,7 +207,7 @@ class Reservations(Closing, Configured):
         artifact (its value replaces the old one); ``min_token`` takes only an artifact stored under
         that token or a later one (after a refresh found the key busy: ``min_token=busy.token``).
         """
-        return StoreIO(self).drive(self._asking(key, owner, options))
+        return self._asks.drive(self._asking(key, owner, options))
 
     def _asking(self, key: str | Key, owner: str | None, options: AskOptions) -> flow.Flow[Outcome]:
         """:meth:`get_or_reserve`'s flow (both faces drive the same)."""

@@ -203,14 +203,17 @@ class _Computing:
         if self.waiting.min_token is not None:  # a refresh resumed: the busy holder's artifact is fresh
             ask = ask.sharing(self.waiting.min_token, self.max_age)
         yield from _tell(emitter, events.Asked, refresh=ask.refreshing, min_token=ask.request.min_fence)
-        waiter = _Waiter(emitter, self.rules, clock=clock, narrate=True, progress_every=self.progress_every)
+        waiter: _Waiter | None = None  # made only for a call that waits: most never do
         try:
             if self.waiting.started is None:
                 got = yield ask  # the first ask: a store that cannot be reached is the policy's
             else:  # a waiter resumed elsewhere: it still holds nothing, and rides an outage out
+                waiter = self._waiter()
                 got = yield from waiter.asking(ask, Deadline(self.remaining()))
-            got = yield from _own(ask, got, self.reenters)
+            if self.reenters is not None:
+                got = yield from _own(ask, got, self.reenters)
             if isinstance(got, Held):
+                waiter = waiter or self._waiter()
                 got = yield from self._wait(ask, got, waiter)
         except StoreUnavailable as exc:
             if self.waiting.started is not None:
@@ -225,10 +228,19 @@ class _Computing:
             yield from _waited(emitter, self.waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
         if isinstance(got, Hit):
             return (yield from self._hit(got))
-        report = yield from self._held(got, waiter.seen)
+        yield from self._acquired(got, None if waiter is None else waiter.seen)
+        if self.keep:
+            report: RunReport = yield Keep(got)
+        else:
+            report = yield from _hold(got, self.policy)
         if report.waited_seconds == self.waited and report.waited_on == self.waiting.holder:
             return report  # the usual case, a call that never waited: nothing to replace
         return dataclasses.replace(report, waited_seconds=self.waited, waited_on=self.waiting.holder)
+
+    def _waiter(self) -> _Waiter:
+        return _Waiter(
+            self.emitter, self.rules, clock=self.clock, narrate=True, progress_every=self.progress_every
+        )
 
     def _wait(self, ask: Ask, got: Held, waiter: _Waiter) -> Flow[Hit | Acquired]:
         """The key is busy: wait (or be deferred, and resumed by a new flow) until it is done or free."""
@@ -248,7 +260,8 @@ class _Computing:
             raise busy.timed_out(waiting.seconds(clock()))
         yield Wait(ask, busy, waiting, left)  # a driver may suspend here (and resume elsewhere)
         answer = yield from waiter.until_free(ask, got, Deadline(left))
-        answer = yield from _own(ask, answer, self.reenters)
+        if self.reenters is not None:
+            answer = yield from _own(ask, answer, self.reenters)
         if isinstance(answer, Held):  # the wait's own deadline passed (it reported new holders)
             yield from _waited(emitter, waiting, clock, "timeout")
             raise Busy.of(answer.lease, answer.now, answer.failure).timed_out(waiting.seconds(clock()))
@@ -270,9 +283,11 @@ class _Computing:
         role: Literal["waited", "hit"] = "waited" if waiting.started is not None else "hit"
         return RunReport(got.key, got.value, role, got.token, got.producer, waited, waiting.holder)
 
-    def _held(self, got: Acquired, seen: LeaseRecord | None) -> Flow[RunReport]:
-        """The lease is this call's: refused after too many failures, else held (or kept) for the work."""
-        yield from _refuse_too_many(got, self.rules.max_failures)
+    def _acquired(self, got: Acquired, seen: LeaseRecord | None) -> Flow[None]:
+        """The lease is this call's: refused after too many failures, else reported."""
+        limit = self.rules.max_failures
+        if limit is not None:
+            yield from _refuse_too_many(got, limit)
         lease, failure = got.lease, got.last_failure
         self.token = lease.token
         expired_by, expired_max_age = _expiry(got, seen)
@@ -290,10 +305,6 @@ class _Computing:
             expired_by=expired_by,
             expired_max_age=expired_max_age,
         )
-        if self.keep:
-            kept: RunReport = yield Keep(got)
-            return kept
-        return (yield from _hold(got, self.policy))
 
 
 def _own(ask: Ask, got: Any, reenters: Callable[[str], bool] | None) -> Flow[Any]:
@@ -372,20 +383,21 @@ def reserve(
     :class:`~dibs.errors.WaitTimeout` naming the holder with ``raise_on_timeout``, else is the answer.
     Only a store outage during the wait is reported (to ``emitter``): these calls have no other events.
     """
-    deadline = Deadline(timeout)
+    deadline = None if timeout == 0 else Deadline(timeout)  # get_or_reserve: one ask, no wait
     got = yield ask  # the first ask: a store that cannot be reached is the caller's to handle
-    if isinstance(got, Held) and not deadline.expired:
-        # Most calls are answered at once (a hit, or a free key), so the watch starts only now; the
-        # wait asks again right after it, so no change is missed. A refresh shares the busy result.
-        again = ask.sharing(got.lease.token.fence, max_age) if ask.refreshing else ask
-        waiter = _Waiter(emitter, rules, narrate=False)
-        got = yield from waiter.until_free(again, got, deadline)
     if isinstance(got, Held):
-        busy = Busy.of(got.lease, got.now, got.failure)
-        if raise_on_timeout:
-            raise busy.timed_out(deadline.elapsed)
-        return busy
-    if isinstance(got, Acquired):
+        if deadline is not None and not deadline.expired:
+            # Most calls are answered at once (a hit, or a free key), so the watch starts only now; the
+            # wait asks again right after it, so no change is missed. A refresh shares the busy result.
+            again = ask.sharing(got.lease.token.fence, max_age) if ask.refreshing else ask
+            waiter = _Waiter(emitter, rules, narrate=False)
+            got = yield from waiter.until_free(again, got, deadline)
+        if isinstance(got, Held):
+            busy = Busy.of(got.lease, got.now, got.failure)
+            if raise_on_timeout:
+                raise busy.timed_out(0.0 if deadline is None else deadline.elapsed)
+            return busy
+    if isinstance(got, Acquired) and rules.max_failures is not None:
         yield from _refuse_too_many(got, rules.max_failures)
     answer: Outcome = got
     return answer

@@ -22,7 +22,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -70,8 +70,12 @@ _HANDLERS: dict[type, str] = {
 Teller = events.Emitter | events.LazyEmitter | None
 
 
+#: What :meth:`_Driving.next` gives once the flow has returned.
+_DONE = object()
+
+
 class _Driving:
-    """One flow being carried out: what both drivers share. Iterating it sends the last answer (or
+    """One flow being carried out: what both drivers share. :meth:`next` sends the last answer (or
     throws the last error) in, hands the events the flow yields to the observers, and gives the next
     step for a handler, until the flow returns (:attr:`result`). A handler's exception is thrown back
     in (the flow decides), but :class:`~dibs.steps.Suspend`, which closes the flow without deciding
@@ -99,19 +103,19 @@ class _Driving:
             with contextlib.suppress(ValueError):
                 events.FRONTEND.reset(self._acting)
 
-    def __iter__(self) -> Iterator[Any]:
+    def next(self) -> Any:
+        """The flow's next step for a handler (its events delivered on the way), or :data:`_DONE`."""
         flow, emitter = self._flow, self._emitter
-        while True:
-            try:
-                step = flow.send(self._answer) if self._error is None else flow.throw(self._error)
-                while isinstance(step, Event):
-                    if emitter is not None:
-                        emitter.send(step)
-                    step = flow.send(None)
-            except StopIteration as stop:
-                self.result = stop.value
-                return
-            yield step
+        try:
+            step = flow.send(self._answer) if self._error is None else flow.throw(self._error)
+            while isinstance(step, Event):
+                if emitter is not None:
+                    emitter.send(step)
+                step = flow.send(None)
+        except StopIteration as stop:
+            self.result = stop.value
+            return _DONE
+        return step
 
     def call(self, handler: Callable[[Any], Any], step: Any) -> None:
         try:
@@ -172,7 +176,7 @@ class _Seam:
         #: Shown every state of the key a wait reads or is notified of (a trigger's log of holders).
         self.seen = seen
         self._subscription: Subscription | None = None
-        self._scope: contextlib.ExitStack | None = None
+        self._scope: contextlib.AbstractContextManager[object] | None = None
 
     # -- what does not depend on the thread ------------------------------------------------------
     def taken(self, granted: Granted) -> Acquired:
@@ -199,13 +203,14 @@ class _Seam:
         return holding.holding(self.store, held.lease.key)
 
     def _enter_scope(self, held: holding.HeldLease) -> None:
-        scope = self._scope = contextlib.ExitStack()
-        scope.enter_context(self.hold_scope(held))
+        scope = self.hold_scope(held)
+        scope.__enter__()
+        self._scope = scope
 
     def _leave_scope(self) -> None:
         scope, self._scope = self._scope, None
         if scope is not None:
-            scope.close()
+            scope.__exit__(None, None, None)
 
     def _watching(self, key: Key) -> Callable[[], bool]:
         # A wait begins: refused for a key whose work runs in this very call stack (it would wait for
@@ -227,8 +232,10 @@ class _Seam:
 
     def _end(self) -> None:
         """The flow is over (or left): nothing it began may outlive it."""
-        self._unwatching()
-        self._leave_scope()
+        if self._subscription is not None:
+            self._unwatching()
+        if self._scope is not None:
+            self._leave_scope()
 
 
 class StoreIO(_Seam):
@@ -248,7 +255,7 @@ class StoreIO(_Seam):
         handler. The store operations made meanwhile name the call's front end
         (:data:`dibs.events.FRONTEND`)."""
         with _Driving(flow, emitter, self._end) as driving:
-            for step in driving:
+            while (step := driving.next()) is not _DONE:
                 driving.call(getattr(self, _HANDLERS[type(step)]), step)
         result: T = driving.result
         return result
@@ -331,7 +338,7 @@ class AsyncStoreIO(_Seam):
         """:meth:`StoreIO.drive` on an event loop: each handler awaited in turn (the front end is set in
         this task's context; the store calls handed to the I/O executor run with it)."""
         with _Driving(flow, emitter, self._end) as driving:
-            for step in driving:
+            while (step := driving.next()) is not _DONE:
                 await driving.acall(getattr(self, _HANDLERS[type(step)]), step)
         result: T = driving.result
         return result
