@@ -167,11 +167,15 @@ class Statements:
         # artifact or the failure (else the write would turn a damaged lease into a damaged
         # artifact). A refused write is explained by a read, which reports the row as corrupt. So is a
         # row whose version cannot be incremented (BIGINT overflow: a raw DataError, or on SQLite a REAL).
+        # The namespace is compared through COALESCE (the column is NOT NULL: the same test), so that no
+        # planner can choose its index for a statement the primary key answers: on a table never
+        # analysed (autovacuum off, a new table) PostgreSQL planned heartbeats and completes through
+        # the namespace index, each reading every row of the namespace (issue 30).
         holding = sa.and_(
             t.c.key_hash == p("p_key_hash"),
             t.c.fence == p("p_fence"),
             t.c.lease_id == p("p_lease_id"),
-            t.c.namespace == p("p_namespace"),
+            sa.func.coalesce(t.c.namespace, sa.literal_column("''")) == p("p_namespace"),
             t.c.name == p("p_name"),
             t.c.owner.is_not(None),
             t.c.version < _MAX_FENCE,
