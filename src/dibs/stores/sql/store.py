@@ -54,6 +54,7 @@ from dibs.stores.sql.fork import GATE
 from dibs.stores.sql.pooler import ServerEnd
 from dibs.stores.sql.schema import (
     ADDED_COLUMNS,
+    NOTIFY_CHANNEL,
     SchemaCheck,
     check_once,
     lease_columns,
@@ -956,10 +957,19 @@ class SQLStore(Store):
             )
         return statement, size
 
+    def notify(self, payload: str) -> None:
+        """PostgreSQL: ``NOTIFY`` the feed's channel with ``payload`` from a pooled connection (a
+        listener's proof that it hears, see :class:`~dibs.stores.sql.feed.ListenFeed`)."""
+
+        def send(cursor: Any) -> None:
+            cursor.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, payload))
+
+        self._repeatable(send)
+
     def change_feed(self) -> ChangeFeed:
         """PostgreSQL: one ``LISTEN`` connection; SQLite: ``data_version``; MySQL: a versions poll."""
         if self.dialect == "postgresql":
-            return ListenFeed(self)
+            return ListenFeed(self, self._listen_url)
         if self.dialect == "sqlite":
             return DataVersionFeed(self)
         return VersionsFeed(self, self.watch_interval)
