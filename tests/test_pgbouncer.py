@@ -289,7 +289,7 @@ def test_a_process_holds_at_most_four_connections_behind_transaction_pooling(
 ) -> None:
     """docs/scaling.md's bound, counted by the operating system: a pool of 3 (to PgBouncer) and the
     listener (to the server, with ``listen_url``; without it, only while its proof is awaited), however
-    many threads wait; 2 once it only waits (1 without a listener)."""
+    many threads wait or work; 2 once it only waits (1 without a listener)."""
     query = {"schema": schema, "timeout": "2"} | ({"listen_url": server.libpq_url()} if listen else {})
     url = transaction_bouncer.url(**query)
     ports = {"pgbouncer": transaction_bouncer.port, "server": server.port}
@@ -311,6 +311,17 @@ def test_a_process_holds_at_most_four_connections_behind_transaction_pooling(
             wait_until(lambda: hub.following, "the hub follows the store", timeout=60)
         else:
             wait_until(lambda: hub._unheard_until > 0, "the hub found its listener deaf", timeout=60)
+
+        # A busy spell beside the waiters: the pool grows to its size, and no further.
+        def work(worker: int) -> None:
+            for number in range(6):
+                holder.run(f"busy-{worker}-{number}", lambda: "worked")
+
+        busy = [threading.Thread(target=work, args=(worker,)) for worker in range(8)]
+        for thread in busy:
+            thread.start()
+        for thread in busy:
+            thread.join(timeout=120)
 
         def settled() -> bool:  # idle pooled connections beyond one are closed after 2 s
             counts = process_connections(os.getpid(), ports)
