@@ -32,7 +32,6 @@ server-side default instead (``ALTER ROLE ... SET lock_timeout``), which a poole
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -90,8 +89,9 @@ class ServerEnd:
         self.pooled: bool | None = None if declared is None else declared != "none"
         #: Why the store thinks so (for its log line and its errors).
         self.why = "" if declared is None else f"the URL says pooler={declared}"
+        # No lock around these: each is one assignment, the GIL orders them, and two connections that
+        # find the same thing at once only say it twice (a lock held at a fork would outlive it).
         self._prepares = declared != "transaction"
-        self._lock = threading.Lock()
 
     @property
     def prepares(self) -> bool:
@@ -110,9 +110,7 @@ class ServerEnd:
         if self.pooled is None and "options" not in params:
             # Nothing sent at startup (a caller's own connect_args): nothing to find out from. Taken as
             # the server itself, as before this check existed; ?pooler= says otherwise.
-            with self._lock:
-                if self.pooled is None:
-                    self.pooled, self.why = False, "taken as the server itself (no startup options sent)"
+            self.pooled, self.why = False, "taken as the server itself (no startup options sent)"
         if not self.sends_options:
             params.pop("options", None)
             return self._configured(open_(params))
@@ -167,9 +165,7 @@ class ServerEnd:
         if not connection.autocommit:
             connection.rollback()
         if row is not None and row[0] == "client":
-            with self._lock:
-                if self.pooled is None:
-                    self.pooled, self.why = False, "the startup options reached the server"
+            self.pooled, self.why = False, "the startup options reached the server"
             return
         if self._user_options:
             raise ConfigurationError(
@@ -182,10 +178,9 @@ class ServerEnd:
         self._found("the startup options it was sent did not reach the server (ignore_startup_parameters)")
 
     def _found(self, why: str) -> None:
-        with self._lock:
-            if self.pooled:
-                return
-            self.pooled, self.why = True, f"a pooler: {why}"
+        if self.pooled:
+            return
+        self.pooled, self.why = True, f"a pooler: {why}"
         log.info(
             "%s is %s; so no lock_timeout at connect (lock waits are bounded by ?timeout= on the client: "
             "set lock_timeout as a default of the role, see docs/deploy.md) and no server-side prepared "
@@ -214,11 +209,10 @@ class ServerEnd:
                 "(PgBouncer's pool_mode = transaction). Use pooler=transaction",
                 store=self._url,
             )
-        with self._lock:
-            if not self._prepares:
-                return None
-            self._prepares = False
-            self.pooled, self.why = True, "a transaction pooler: its prepared statements met other sessions"
+        if not self._prepares:
+            return None
+        self._prepares = False
+        self.pooled, self.why = True, "a transaction pooler: its prepared statements met other sessions"
         log.warning(
             "%s: a prepared statement met another server session (%s: %s), so the server end pools "
             "transactions (PgBouncer's pool_mode = transaction) although its startup options arrived; no "
