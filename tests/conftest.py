@@ -9,6 +9,7 @@ import pytest
 from dibs.stores import Store, open_store
 from dibs.testing.contract import opened_stores
 from tests.backends import BACKENDS, PROCESS_BACKENDS
+from tests.postgres_servers import ThrowawayPostgres, throwaway_postgres
 
 
 def _isolated(name: str, tmp_path: Path) -> Iterator[str]:
@@ -44,3 +45,13 @@ def open_isolated_store(store_url: str) -> Iterator[Callable[[], Store]]:
 @pytest.fixture
 def store(open_isolated_store: Callable[[], Store]) -> Store:
     return open_isolated_store()
+
+
+@pytest.fixture(scope="module")
+def restartable_postgres() -> Iterator[ThrowawayPostgres]:
+    """A PostgreSQL server of the test module's own (tests/postgres_servers.py), which a test may stop,
+    start and restart with N seconds down (``restartable_postgres.outage(5.0)`` in the background,
+    ``.restart(5.0)`` in the test's thread): the shared server is never stopped. A test that leaves it
+    stopped should start it again for the next one (``if not server.running: server.start()``)."""
+    with throwaway_postgres() as server:
+        yield server

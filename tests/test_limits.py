@@ -444,5 +444,6 @@ def test_too_many_clients_says_what_to_change() -> None:
     error = store._unavailable(
         psycopg.OperationalError("connection failed: FATAL:  sorry, too many clients already")
     )
-    assert "pool_size" in str(error) and "PgBouncer in session mode" in str(error) and "up to 2" in str(error)
+    assert "pool_size" in str(error) and "up to 2" in str(error)
+    assert "PgBouncer" in str(error) and "listen_url" in str(error) and "docs/deploy.md" in str(error)
     store.close()

@@ -85,3 +85,21 @@ def acquire_and_exit(url: str, key: str, owner: str, folder: str) -> None:
     assert isinstance(outcome, dibs.Acquired), outcome
     _append(Path(folder) / "first.jsonl", {"token": outcome.lease.token})
     os._exit(0)
+
+
+def wait_through_outage(url: str, key: str, folder: str, worker: int) -> None:
+    """Wait for ``key`` (held by the test, whose store goes down meanwhile): say when the first busy
+    answer came, then report how the call ended, its value or its error."""
+    out = Path(folder)
+    client = dibs.Reservations(url, namespace="outage", ttl=60)
+
+    def observe(event: object) -> None:
+        if isinstance(event, dibs.events.KeyBusy):
+            _append(out / "waiting.jsonl", {"worker": worker})
+
+    try:
+        report = client.compute(key, lambda: "computed by a waiter", observer=observe, timeout=300)
+        _append(out / f"waiter-{worker}.jsonl", {"value": report.value, "role": report.role})
+    except Exception as exc:
+        _append(out / f"waiter-{worker}.jsonl", {"error": f"{type(exc).__name__}: {exc}"})
+    client.close()

@@ -25,7 +25,10 @@ Nothing depends on the hub being right, only on how fast waiters learn: every wa
 store itself after a backstop pause (see :mod:`dibs.flow`), and at its holder's expiry, which no
 store announces. While the hub cannot follow the store (its connection is refused, say) it says so
 (:attr:`WatchHub.following`) and waiters poll at the ordinary backoff until it is back; after every
-reconnection it reads all watched keys, so nothing that happened meanwhile is missed.
+reconnection it reads all watched keys, so nothing that happened meanwhile is missed. A feed that
+opens but cannot hear (a PostgreSQL ``LISTEN`` behind a transaction pooler, which proves that it
+hears before it counts) is not following either: one warning says why and what to set, and the hub
+tries it again only after a while (:class:`~dibs.stores.feeds.Unheard`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from dibs.errors import StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores.base import Store
-from dibs.stores.feeds import ChangeFeed, fingerprint
+from dibs.stores.feeds import ChangeFeed, Unheard, fingerprint
 
 __all__ = ["Subscription", "WatchHub"]
 
@@ -196,6 +199,10 @@ class WatchHub:
         self._following = False
         self._closed = False
         self._stopped = threading.Event()
+        #: A feed that opened but did not hear (:class:`~dibs.stores.feeds.Unheard`) is not opened
+        #: again before this (monotonic) time, whichever thread of the hub tries; and said once.
+        self._unheard_until = 0.0
+        self._told_unheard = False
 
     @property
     def following(self) -> bool:
@@ -276,6 +283,10 @@ class WatchHub:
                         return
                     watched = {digest: entry.key for digest, entry in self._watched.items()}
                 if not opened:
+                    unheard = self._unheard_until - time.monotonic()
+                    if unheard > 0:  # deaf a moment ago: waiters poll; look at idleness meanwhile
+                        self._stopped.wait(min(POLL_SECONDS, unheard))
+                        continue
                     opened = self._open(feed, failures)
                     failures = 0 if opened else failures + 1
                     if opened:
@@ -327,15 +338,32 @@ class WatchHub:
         try:
             feed.open()
         except Exception as exc:
-            (log.warning if failures == 0 else log.debug)(
-                "cannot follow %s (%s); its waiters poll until the hub can", self._store.url, exc
-            )
             feed.close()
+            if not self._closed:  # a hub closed while its feed opened has nothing to report
+                self._not_opened(exc, failures)
             return False
         self._following = True
         if failures:
             log.info("following %s again", self._store.url)
         return True
+
+    def _not_opened(self, exc: Exception, failures: int) -> None:
+        """Say why the feed did not open: its first failure as a warning, the next ones quietly; a
+        feed that opened and did not hear (:class:`~dibs.stores.feeds.Unheard`) once per hub, and it
+        is not tried again for a while."""
+        if isinstance(exc, Unheard):
+            self._unheard_until = time.monotonic() + exc.retry_after
+            (log.debug if self._told_unheard else log.warning)(
+                "%s: %s; its waiters poll (each asks about once a second) and the hub tries again in %g s",
+                self._store.url,
+                exc,
+                exc.retry_after,
+            )
+            self._told_unheard = True
+            return
+        (log.warning if failures == 0 else log.debug)(
+            "cannot follow %s (%s); its waiters poll until the hub can", self._store.url, exc
+        )
 
     def _refresh(self, digests: Collection[str]) -> bool:
         """Read the watched keys among ``digests`` once and hand each changed state to its waiters.

@@ -8,6 +8,7 @@ the secret whole (a Redis ``?password=`` holding ``@`` or ``&`` once leaked its 
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 
 from hypothesis import example, given, settings
@@ -83,6 +84,32 @@ def test_the_password_of_a_url_nested_in_a_query_value_is_hidden(
     tail = f"&{after}" if after else ""
     url = f"azure://container?account_url=https://{user}:{encoded(secret, how)}@a.blob.core.windows.net{tail}"
     assert_hidden(url, secret)
+
+
+@settings(max_examples=200, deadline=None)
+@given(words, secrets, others, how)
+@example("dibs", "AB@CD&EF", "", "raw")
+def test_the_password_of_a_percent_encoded_url_nested_in_a_query_value_is_hidden(
+    user: str, secret: str, after: str, how: str
+) -> None:
+    """``?listen_url=`` as SQLAlchemy writes a URL in a URL (issue 29): the nested URL percent-encoded,
+    its password encoded once more, or pasted raw before the whole was encoded."""
+    nested = f"postgresql://{user}:{encoded(secret, how)}@db-primary:5432/pipelines"
+    tail = f"&{after}" if after else ""
+    listen_url = urllib.parse.quote(nested, safe="")
+    url = f"postgresql+psycopg://{user}:pw@pooler:6432/pipelines?listen_url={listen_url}{tail}"
+    shown = redact_url(url)
+    # The percent-escapes are upper case themselves: every letter but theirs must be lower case.
+    assert not any(c.isupper() for c in re.sub(r"%[0-9A-F]{2}", "", shown)), (url, shown)
+    for form in (
+        secret,
+        urllib.parse.quote(secret, safe=""),
+        urllib.parse.quote(encoded(secret, how), safe=""),
+    ):
+        assert len(form) < 2 or form not in shown, (url, shown)
+    if len(secret) >= 4:
+        message = f"connection to db-primary failed for {secret}"
+        assert secret not in hide_secrets(message, url_secrets(url))
 
 
 @settings(max_examples=200, deadline=None)

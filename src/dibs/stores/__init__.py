@@ -76,6 +76,24 @@ _SECRET_QUERY = re.compile(
 # the value for a parser, but may well be part of the password).
 _NESTED_URL = re.compile(r"=[A-Za-z][A-Za-z0-9+.-]*://")
 _NESTED_USERINFO = re.compile(r"(//[^/@:?&#\s]*:)\S*@")
+# The same, percent-encoded as a query value (``listen_url=postgresql%3A%2F%2Fuser%3Apw%40host``, as
+# SQLAlchemy writes a URL in a URL): the password runs from the user's encoded ``:`` to the last
+# encoded ``@`` before the value ends (an ``&`` of the nested URL would be encoded too).
+_ENCODED_NESTED = re.compile(r"%3A%2F%2F", re.IGNORECASE)
+
+
+def _encoded_nested_passwords(rest: str) -> list[tuple[int, int]]:
+    """Where the passwords of percent-encoded nested URLs are in ``rest``: (start, end) pairs."""
+    spans = []
+    for nested in _ENCODED_NESTED.finditer(rest):
+        start = nested.end()
+        end = rest.find("&", start)
+        value = rest[start : len(rest) if end == -1 else end].upper()
+        at = value.rfind("%40")
+        colon = value.find("%3A", 0, at) if at != -1 else -1
+        if colon != -1:
+            spans.append((start + colon + 3, start + at))
+    return spans
 
 
 def _userinfo_end(rest: str) -> int:
@@ -126,6 +144,11 @@ def url_secrets(url: str) -> tuple[str, ...]:
     for match in _SECRET_QUERY.finditer(url):
         found.append(match.group(0)[len(match.group(1)) :])
         found.append(url[match.end(1) :])
+    for nested in _NESTED_USERINFO.finditer(url):  # a URL in a query value: its password, as written
+        found.append(url[nested.end(1) : nested.end() - 1])
+    for start, end in _encoded_nested_passwords(url):  # the same, percent-encoded: decoded twice too
+        found.append(url[start:end])
+        found.append(urllib.parse.unquote(urllib.parse.unquote(url[start:end])))
     decoded = [urllib.parse.unquote(value) for value in found]
     return tuple(dict.fromkeys(value for value in (*found, *decoded) if value))
 
@@ -178,6 +201,8 @@ def redact_url(url: object) -> str:
             hide(colon + 1, at)
     for nested in _NESTED_USERINFO.finditer(rest):
         hide(nested.end(1), nested.end() - 1)
+    for start, end in _encoded_nested_passwords(rest):
+        hide(start, end)
     query_secret = _SECRET_QUERY.search(rest)
     if query_secret is not None:
         hide(query_secret.end(1), len(rest))

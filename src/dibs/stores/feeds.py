@@ -25,7 +25,7 @@ from dibs.keys import Key
 if TYPE_CHECKING:
     from dibs.records import KeyState
 
-__all__ = ["ChangeFeed", "PollingFeed", "ReadPollingFeed", "check_watch_interval", "fingerprint"]
+__all__ = ["ChangeFeed", "PollingFeed", "ReadPollingFeed", "Unheard", "check_watch_interval", "fingerprint"]
 
 #: The shortest ``watch_interval`` a polling store takes: below it the hub's query loop would all but
 #: spin (the file store's default is this).
@@ -67,6 +67,18 @@ def fingerprint(state: KeyState) -> Hashable:
     )
 
 
+class Unheard(Exception):
+    """A feed that could open but does not hear the store's changes (a ``LISTEN`` behind a transaction
+    pooler, which hands the session that listens to other clients): raised by
+    :meth:`ChangeFeed.open` after the feed failed to hear its own proof. The hub then does not count
+    as following (its waiters poll), says why once, and tries again only after ``retry_after``
+    seconds: a deaf topology rarely heals by itself, and every try costs a connection and a bound."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ChangeFeed(abc.ABC):
     """One store's source of change hints, used by exactly one thread (its hub's).
 
@@ -80,7 +92,8 @@ class ChangeFeed(abc.ABC):
 
     def open(self) -> None:  # noqa: B027 - polling feeds have nothing to open
         """Start listening (a connection, a subscription); raise
-        :class:`~dibs.errors.StoreUnavailable` if it cannot."""
+        :class:`~dibs.errors.StoreUnavailable` if it cannot, :class:`Unheard` if it listens and
+        cannot hear."""
 
     @abc.abstractmethod
     def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:

@@ -47,11 +47,15 @@ One row per key. How each operation stays atomic and cheap:
   file store; ``RELIABILITY.md`` shows it.
 * PostgreSQL wakes waiters with ``LISTEN``/``NOTIFY``: a trigger notifies when a lease ends or an
   artifact appears, so no extra round trip is spent by writers; the process's one listening
-  connection hears every key.
+  connection hears every key, after proving that it hears (behind a transaction pooler it cannot:
+  ``?listen_url=`` gives it the server itself, see :class:`~dibs.stores.sql.feed.ListenFeed`).
+* Behind PgBouncer (either pool mode, stock settings) nothing session-level is asked of a connection:
+  no startup options, no server-side prepared statements behind transaction pooling, schema creation
+  in one transaction (:mod:`~dibs.stores.sql.pooler`, docs/deploy.md).
 
 SQLite is opened in WAL mode, PostgreSQL and MySQL get a bounded pool; the URL's options (``table``,
-``schema``, ``synchronous``, ``busy_timeout``, ``pool_size``, ``timeout``, ``max_artifact_size``) are
-described in :mod:`dibs.stores.sql.engine`.
+``schema``, ``synchronous``, ``busy_timeout``, ``pool_size``, ``timeout``, ``max_artifact_size``,
+``watch_interval``, ``pooler``, ``listen_url``) are described in :mod:`dibs.stores.sql.engine`.
 
 One store object serves every client of a process (:mod:`dibs.runtime`): one bounded pool, one
 schema check (a single read when the tables exist; nothing is sent before the first operation),
@@ -98,6 +102,8 @@ The package, one idea a module (none imports one listed after it):
 
 * :mod:`~dibs.stores.sql.fork`: the gate that keeps ``os.fork`` out while a dibs thread is inside SQLite;
 * :mod:`~dibs.stores.sql.bounds`: how long one call on a server connection may take, how many stay open;
+* :mod:`~dibs.stores.sql.pooler`: what a PostgreSQL URL reaches, the server or a pooler (PgBouncer), and
+  what that allows at connect (startup options) and per statement (server-side prepared statements);
 * :mod:`~dibs.stores.sql.engine`: the URL and its options, the engine, its pool and each driver's bounds;
 * :mod:`~dibs.stores.sql.schema`: the tables, how a row reads as records, the schema check;
 * :mod:`~dibs.stores.sql.statements`: the statements, built with SQLAlchemy Core and compiled once;

@@ -10,7 +10,11 @@ at most 63), ``synchronous`` and ``busy_timeout`` (seconds, at most a day, SQLit
 long one call may wait for the server, default 10), ``max_artifact_size`` (bytes: a limit below the
 database's own, for every database) and ``watch_interval`` (seconds, MySQL/MariaDB only: the longest
 pause between two looks of the process's watch hub at the watched rows, default 0.025; see
-:class:`~dibs.stores.sql.feed.VersionsFeed`).
+:class:`~dibs.stores.sql.feed.VersionsFeed`), and for PostgreSQL ``pooler`` (what the URL reaches:
+``none``, ``session`` or ``transaction``; found out at the first connection when not given, see
+:mod:`dibs.stores.sql.pooler`) and ``listen_url`` (a ``postgresql://`` URL of the server itself for
+the watch hub's one ``LISTEN`` connection, which a transaction pooler cannot carry; see
+:class:`~dibs.stores.sql.feed.ListenFeed`).
 
 SQLite is opened in WAL mode with a busy timeout, by many processes of one machine at once. Its
 durability trade-off: ``synchronous=NORMAL`` (the default here) survives a crash of any process but
@@ -19,7 +23,8 @@ may lose the last transactions on power loss, which costs at worst a recomputati
 
 PostgreSQL and MySQL/MariaDB get a bounded pool (:class:`~dibs.stores.sql.bounds.PatientPool`) and
 server-side bounds on lock waits and connection attempts (:func:`server_bounds`); the client-side
-bound on each call is :mod:`dibs.stores.sql.bounds`.
+bound on each call is :mod:`dibs.stores.sql.bounds`. A PostgreSQL connection is opened through the
+store's :class:`~dibs.stores.sql.pooler.ServerEnd`, which leaves out what a pooler refuses.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError
 from dibs.stores import redact_url
 from dibs.stores.sql.bounds import PatientPool
+from dibs.stores.sql.pooler import ServerEnd, check_mode
 
 #: The URL's own options (see the module docstring): taken out of the query before SQLAlchemy sees it.
 _OPTIONS = (
@@ -52,7 +58,11 @@ _OPTIONS = (
     "timeout",
     "max_artifact_size",
     "watch_interval",
+    "pooler",
+    "listen_url",
 )
+#: Options only a PostgreSQL URL takes.
+_POSTGRES_OPTIONS = ("pooler", "listen_url")
 #: Connections per store and process for PostgreSQL and MySQL (``?pool_size=``). The store object is
 #: shared by every client of the process (dibs.runtime) and PostgreSQL's watch hub adds one listening
 #: connection, so a process holds at most DEFAULT_POOL_SIZE + 1, however many tasks wait in it.
@@ -133,7 +143,50 @@ def split_options(url: str | URL) -> tuple[URL, dict[str, str]]:
             f"table={table!r}: SQLite ignores the case of table names, so this would be the same table "
             f"as {table.lower()!r}; write it in lower case (?table={table.lower()})"
         )
+    for name in _POSTGRES_OPTIONS:
+        if name in options and parsed.get_backend_name() != "postgresql":
+            raise ConfigurationError(
+                f"{name}= is an option of PostgreSQL store URLs only (what a pooler in front of the server "
+                f"allows), not of {redact_url(str(url))!r}"
+            )
+    if "pooler" in options:
+        options["pooler"] = check_mode(options["pooler"]) or ""
+    if "listen_url" in options:
+        options["listen_url"] = listen_conninfo(options["listen_url"])
     return parsed, options
+
+
+def listen_conninfo(text: str) -> str:
+    """``?listen_url=`` checked: the libpq URL of the watch hub's ``LISTEN`` connection.
+
+    It names the PostgreSQL server itself (or a session pooler), for the one connection that must
+    keep its session; e.g. ``?listen_url=postgresql://dibs:secret@db-primary:5432/pipelines``, its
+    own options percent-encoded (``%3F``, ``%26``) or left out.
+    """
+    try:
+        parsed = make_url(text)
+    except (sa_exc.ArgumentError, ValueError):
+        raise ConfigurationError(
+            f"listen_url={redact_url(text)!r} is not a URL; give the PostgreSQL server's own URL, e.g. "
+            "listen_url=postgresql://user:password@db-host:5432/dbname"
+        ) from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigurationError(
+            f"listen_url={redact_url(text)!r} must be a postgresql:// URL (of the server the store's URL "
+            "reaches through its pooler)"
+        )
+    if parsed.host is not None and "@" in parsed.host:
+        raise ConfigurationError(
+            f"listen_url={redact_url(text)!r} has an '@' in its host part: percent-encode an '@' in the "
+            "user name or password as %40 (the password is not shown)"
+        )
+    ours = sorted(name for name in _OPTIONS if name in parsed.query)
+    if ours:
+        raise ConfigurationError(
+            f"listen_url={redact_url(text)!r} has dibs's own option(s) {', '.join(ours)}: those belong to "
+            "the store's URL; the listen URL only says where the LISTEN connection goes"
+        )
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def seconds_option(options: Mapping[str, str], name: str, default: float) -> float:
@@ -226,6 +279,15 @@ def server_bounds(url: URL, timeout: float) -> dict[str, Any]:
     return {}
 
 
+def _connect_through(engine: Engine, server_end: ServerEnd) -> None:
+    """Every new connection of ``engine`` is opened by ``server_end`` (startup options left out for a
+    pooler, prepared statements off where they would be mixed up)."""
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+        return server_end.connect(lambda params: dialect.connect(*cargs, **params), cparams)
+
+
 def _lift_socket_timeouts(dbapi_connection: Any, _record: Any) -> None:
     """A connected PyMySQL connection: its calls are bounded by the keeper (dibs.stores.sql.bounds),
     whose bound grows with the artifact a ``complete`` sends, not by one fixed socket timeout."""
@@ -234,7 +296,14 @@ def _lift_socket_timeouts(dbapi_connection: Any, _record: Any) -> None:
             setattr(dbapi_connection, name, None)
 
 
-def make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any], timeout: float) -> Engine:
+def make_engine(
+    url: URL,
+    options: dict[str, str],
+    engine_kwargs: dict[str, Any],
+    timeout: float,
+    server_end: ServerEnd | None = None,
+) -> Engine:
+    """The store's engine; a PostgreSQL one opens its connections through ``server_end``."""
     kwargs: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", **engine_kwargs}
     if kwargs["isolation_level"] == "AUTOCOMMIT":
         # No transaction is ever left open, so there is nothing to reset when a connection goes back
@@ -284,6 +353,8 @@ def make_engine(url: URL, options: dict[str, str], engine_kwargs: dict[str, Any]
         engine = sa.create_engine(url, **kwargs)
         if backend in ("mysql", "mariadb"):
             sa.event.listen(engine, "connect", _lift_socket_timeouts)
+        if server_end is not None:
+            _connect_through(engine, server_end)
         return engine
     except ImportError as exc:
         extra = "postgres" if backend == "postgresql" else "mysql"

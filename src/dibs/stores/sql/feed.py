@@ -8,21 +8,23 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import secrets
 import time
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
 
 from dibs.errors import CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores import _inotify
-from dibs.stores.feeds import ChangeFeed, PollingFeed
+from dibs.stores import _inotify, redact_url
+from dibs.stores.feeds import ChangeFeed, PollingFeed, Unheard
 from dibs.stores.sql.engine import server_bounds
 from dibs.stores.sql.fork import GATE
+from dibs.stores.sql.pooler import ServerEnd
 from dibs.stores.sql.schema import NOTIFY_CHANNEL
 from dibs.stores.sql.statements import IN_LIST, chunks
 
@@ -36,8 +38,11 @@ class FeedSource(Protocol):
     feed_may_read: bool
     t: sa.Table
     _url: URL
+    server_end: ServerEnd | None
 
     def versions(self, keys: Iterable[Key]) -> dict[str, int]: ...
+
+    def notify(self, payload: str) -> None: ...
 
     def _ensure_ready(self) -> None: ...
 
@@ -296,28 +301,131 @@ class ListenFeed(ChangeFeed):
     whose lease ends or whose artifact appears, and this one connection hears them for the process.
 
     The connection is outside the store's pool, and it is the only extra one: with the pool's default
-    of three, a process holds at most four connections to the server, however many waiters it has.
+    of three, a process holds at most four connections, however many waiters it has. It goes to the
+    store's URL, or to ``?listen_url=`` when given: a transaction pooler (PgBouncer's ``pool_mode =
+    transaction``) hands the session that ran ``LISTEN`` to other clients as soon as the statement
+    ends, so the listener hears nothing there, and the one listening connection must reach the server
+    itself (or a session pooler) instead; the pool's connections still go through the pooler.
+
+    **A listener proves that it hears.** After ``LISTEN`` (when it opens, so after every reconnection
+    too) it has a pooled connection of the store send it a ``NOTIFY`` (a pooled one: its own ``NOTIFY``
+    could be served by its own server session and prove nothing), and waits for it up to the store's
+    ``timeout``. Unheard, it raises :class:`~dibs.stores.feeds.Unheard`: the hub does not count as
+    following, so waiters poll, one warning says why and what to set, and the hub tries again after
+    :data:`RETRY_UNHEARD` seconds. A store that says it is behind a transaction pooler
+    (``?pooler=transaction``) and has no ``listen_url`` does not even try (a ``LISTEN`` left behind
+    on a pooled session makes PgBouncer log every notification as an unexpected packet).
     """
 
-    def __init__(self, store: FeedSource) -> None:
+    #: Seconds before a listener that did not hear its proof is opened again (see the class docstring).
+    RETRY_UNHEARD = 300.0
+    #: The start of a proof's payload: no key's digest (lowercase hex) starts so, and every listener of
+    #: the database hears the channel, so each leaves the others' proofs aside.
+    PROOF = "dibs-proof:"
+
+    def __init__(self, store: FeedSource, listen_url: str | None = None) -> None:
         self._store = store
+        self._listen_url = listen_url
         self._conn: Any = None
+        #: What the listening connection reaches: the store's own (its pool's URL), or the listen URL's.
+        self._server_end: ServerEnd | None = store.server_end
+        if listen_url is not None:
+            options = make_url(listen_url).query.get("options")
+            self._server_end = ServerEnd(
+                None, f"listen_url={redact_url(listen_url)}", str(options) if options else None
+            )
+        #: How many key notifications it heard, and how many proofs (for tests and benchmarks).
+        self.heard = 0
+        self.proofs = 0
 
     def open(self) -> None:
         import psycopg
 
         store = self._store
         store._ensure_ready()  # the trigger that notifies is created with the schema
-        conninfo = store._url.set(drivername="postgresql").render_as_string(hide_password=False)
+        end = self._server_end
+        if self._listen_url is None and end is not None and end.declared == "transaction":
+            raise Unheard(
+                "it cannot listen through a transaction pooler (?pooler=transaction: the pooler hands the "
+                "session that runs LISTEN to other clients); add ?listen_url=postgresql://USER:PASSWORD@"
+                "SERVER:5432/DB, the PostgreSQL server itself, for the process's one listening connection",
+                self.RETRY_UNHEARD,
+            )
+        url = store._url if self._listen_url is None else make_url(self._listen_url)
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         try:
             # The pool's connection bounds too: a connection attempt gives up after the store's timeout,
             # and keepalives notice a server that vanished while the listener only waits.
-            bounds = server_bounds(store._url, store.timeout)
-            self._conn = psycopg.connect(conninfo, autocommit=True, **bounds)
+            bounds = server_bounds(url, store.timeout)
+
+            def connect(params: dict[str, Any]) -> Any:
+                return psycopg.connect(conninfo, autocommit=True, **params)
+
+            self._conn = connect(bounds) if end is None else end.connect(connect, bounds)
             self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         except psycopg.Error as exc:
             self.close()
-            raise store._unavailable(exc) from exc
+            raise self._unavailable(exc) from exc
+        except BaseException:
+            self.close()
+            raise
+        self._prove()
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        error = self._store._unavailable(exc)
+        if self._listen_url is None:
+            return error
+        return StoreUnavailable(
+            f"{error} (on the LISTEN connection, listen_url={redact_url(self._listen_url)})",
+            store=getattr(error, "store", None),
+        )
+
+    def _prove(self) -> None:
+        """Hear a ``NOTIFY`` sent from a pooled connection within the store's timeout, or raise
+        :class:`~dibs.stores.feeds.Unheard` (see the class docstring)."""
+        import psycopg
+
+        store, proof = self._store, f"{self.PROOF}{secrets.token_hex(8)}"
+        heard = False
+        try:
+            store.notify(proof)
+            for notify in self._conn.notifies(timeout=store.timeout):
+                # Anything else heard meanwhile is left: the hub reads every watched key after open().
+                if notify.payload == proof:
+                    heard = True
+                    break
+        except psycopg.Error as exc:
+            self.close()
+            raise self._unavailable(exc) from exc
+        except BaseException:
+            self.close()
+            raise
+        if heard:
+            self.proofs += 1
+            return
+        self.close()
+        end = self._server_end
+        if self._listen_url is not None:
+            why = (
+                f"its LISTEN connection (listen_url={redact_url(self._listen_url)}) did not hear a NOTIFY "
+                f"sent through the store's URL within {store.timeout:g} s: listen_url must reach the same "
+                "database, on the PostgreSQL server itself (or a session pooler)"
+            )
+        elif end is not None and end.pooled:
+            why = (
+                f"its LISTEN connection did not hear a NOTIFY sent from another connection within "
+                f"{store.timeout:g} s, and the server end is {end.why}: a transaction pooler (PgBouncer's "
+                "pool_mode = transaction) hands the session that listens to other clients. Add "
+                "?listen_url=postgresql://USER:PASSWORD@SERVER:5432/DB, the PostgreSQL server itself, for "
+                "the process's one listening connection (or pool sessions: pool_mode = session)"
+            )
+        else:
+            why = (
+                f"its LISTEN connection did not hear a NOTIFY sent from another connection within "
+                f"{store.timeout:g} s (a pooler in between that passes startup options on? then add "
+                "?pooler=transaction and ?listen_url= to the URL, see docs/deploy.md)"
+            )
+        raise Unheard(why, self.RETRY_UNHEARD)
 
     def changes(self, watched: Mapping[str, Key], timeout: float) -> Collection[str]:
         import psycopg
@@ -332,7 +440,10 @@ class ListenFeed(ChangeFeed):
                 for notify in self._conn.notifies(timeout=0.0, stop_after=IN_LIST):
                     digests.add(notify.payload)
         except psycopg.Error as exc:
-            raise self._store._unavailable(exc) from exc
+            raise self._unavailable(exc) from exc
+        proofs = [digest for digest in digests if digest.startswith(self.PROOF)]
+        digests.difference_update(proofs)  # other listeners' proofs, on the channel they share
+        self.heard += len(digests)
         return digests
 
     def read_many(self, store: object, keys: Sequence[Key]) -> list[KeyState] | None:

@@ -377,22 +377,37 @@ class SchemaCheck:
             )
 
     def _create_postgres(self, conn: Connection) -> None:
-        # A session-level advisory lock (statements autocommit here) serializes concurrent creators;
-        # CREATE OR REPLACE FUNCTION would otherwise fail with "tuple concurrently updated". Who waited
-        # for the lock finds the schema complete and creates nothing.
-        conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:name))"), {"name": self.table_name})
+        """Create the tables and the trigger in one transaction, serialized by a transaction-level
+        advisory lock: racing creators wait for the first (``CREATE OR REPLACE FUNCTION`` would fail
+        with "tuple concurrently updated"), then find the schema complete and create nothing.
+
+        A transaction, not a session lock around autocommit statements: behind a transaction pooler
+        (PgBouncer) each autocommit statement may reach another server session, so a session lock
+        taken on one was "unlocked" on another and stayed held for as long as the pooler kept that
+        server connection, and every later creation waited on it (issue 29). A transaction keeps its
+        server connection to its end, and its lock ends with it; DDL is transactional in PostgreSQL,
+        so a creation that fails half-way leaves nothing behind either."""
+        conn.exec_driver_sql("BEGIN")  # the engine autocommits: this begins the server's transaction
         try:
-            if self._schema_version(conn) == SCHEMA_VERSION:
-                return
-            if self.schema:
-                conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
-            self.metadata.create_all(conn, checkfirst=True)
-            self._create_notify_trigger(conn)
-        finally:
-            # A dropped connection took the lock with its session; unlocking on it would only replace
-            # the real error (a StoreUnavailable) with SQLAlchemy's PendingRollbackError.
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": self.table_name})
+            # Looked up first: a failed read of a missing table would abort the transaction.
+            exists = sa.inspect(conn).has_table(self.meta.name, self.schema)
+            if not (exists and self._schema_version(conn) == SCHEMA_VERSION):
+                if self.schema:
+                    conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+                self.metadata.create_all(conn, checkfirst=True)
+                self._create_notify_trigger(conn)
+        except BaseException:
+            # A dropped connection took the transaction with it: a ROLLBACK would only replace the
+            # real error (a StoreUnavailable). One that cannot be rolled back is never pooled again.
             if not conn.invalidated:
-                conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": self.table_name})
+                try:
+                    conn.exec_driver_sql("ROLLBACK")
+                except sa_exc.DBAPIError:
+                    if not conn.invalidated:
+                        conn.invalidate()
+            raise
+        conn.exec_driver_sql("COMMIT")
 
     def _check_is_ours(self, conn: Connection) -> None:
         """Refuse a ``?table=`` that names a table dibs did not create (``CREATE ... IF NOT EXISTS``

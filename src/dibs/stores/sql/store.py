@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine.url import URL
 
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
@@ -51,8 +51,10 @@ from dibs.stores.sql.engine import (
 )
 from dibs.stores.sql.feed import DataVersionFeed, ListenFeed, VersionsFeed
 from dibs.stores.sql.fork import GATE
+from dibs.stores.sql.pooler import ServerEnd
 from dibs.stores.sql.schema import (
     ADDED_COLUMNS,
+    NOTIFY_CHANNEL,
     SchemaCheck,
     check_once,
     lease_columns,
@@ -163,7 +165,10 @@ class SQLStore(Store):
         self.watch_interval = check_watch_interval(
             seconds_option(options, "watch_interval", DEFAULT_WATCH_INTERVAL)
         )
-        self.engine = make_engine(sa_url, options, engine_kwargs, self.timeout)
+        #: PostgreSQL: what the URL reaches, the server or a pooler (``?pooler=``), decided once; and
+        #: the libpq URL of the watch hub's ``LISTEN`` connection (``?listen_url=``), if given.
+        self.server_end, self._listen_url = self._postgres_ends(sa_url, options)
+        self.engine = make_engine(sa_url, options, engine_kwargs, self.timeout, self.server_end)
         #: Whether the change feed may read records on its own connection (PostgreSQL's LISTEN one,
         #: SQLite's data_version one): only when that connection is made as the pool's are (a caller's
         #: connect_args, a search_path say, are not).
@@ -206,6 +211,19 @@ class SQLStore(Store):
         self._ready = False
         self._added: tuple[str, ...] = ADDED_COLUMNS  # those the statements write and read
         self._ready_lock = threading.Lock()
+
+    def _postgres_ends(self, url: URL, options: Mapping[str, str]) -> tuple[ServerEnd | None, str | None]:
+        """PostgreSQL: the store's :class:`ServerEnd` and its ``listen_url`` (whose password joins the
+        secrets kept out of messages); ``(None, None)`` for other databases."""
+        if self.dialect != "postgresql":
+            return None, None
+        listen_url = options.get("listen_url")
+        if listen_url is not None:
+            password = make_url(listen_url).password
+            self._secrets = (*self._secrets, *([str(password)] if password else []))
+        user_options = url.query.get("options")
+        end = ServerEnd(options.get("pooler") or None, self.url, str(user_options) if user_options else None)
+        return end, listen_url
 
     @classmethod
     def from_url(cls, url: str) -> SQLStore:
@@ -290,12 +308,19 @@ class SQLStore(Store):
             seconds = self.timeout if bound is None else bound
             with connection as conn, self._bounded(conn.connection.dbapi_connection, seconds) as ended:
                 yield conn
-        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
-            raise self._unavailable(exc, timed_out=ended[0]) from exc
         except sa_exc.DBAPIError as exc:
-            if exc.connection_invalidated or refuses_writes(self.dialect, exc.orig or exc):
+            server_end, orig = self.server_end, exc.orig or exc
+            if server_end is not None and not ended[0] and server_end.sessions_mixed(orig):
+                raise self._sessions_mixed(orig) from exc
+            if (
+                isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError)
+                or exc.connection_invalidated
+                or refuses_writes(self.dialect, orig)
+            ):
                 raise self._unavailable(exc, timed_out=ended[0]) from exc
             raise
+        except sa_exc.DisconnectionError as exc:
+            raise self._unavailable(exc, timed_out=ended[0]) from exc
 
     @contextlib.contextmanager
     def _bounded(self, dbapi_connection: Any, seconds: float) -> Iterator[list[bool]]:
@@ -345,8 +370,8 @@ class SQLStore(Store):
                 f"; every process holds up to {getattr(self.engine.pool, 'size', lambda: '?')()} pooled "
                 "connections of this store "
                 "(one while it only waits) plus, on PostgreSQL, one listener: lower ?pool_size= in the "
-                "store URL, raise the server's max_connections, or put PgBouncer in session mode "
-                "(LISTEN needs it) in front of the server"
+                "store URL, raise the server's max_connections, or put PgBouncer in front of the server "
+                "(transaction mode, with ?listen_url= to the server for the listener: docs/deploy.md)"
             )
         error = StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
         error.disconnected = disconnected  # type: ignore[attr-defined]  # not a field: never pickled
@@ -370,13 +395,18 @@ class SQLStore(Store):
         are never repeated blindly: a lost reply there is resolved by reading the key again (see
         :meth:`dibs.Lease.complete`).
         """
-        lost_once = False
+        lost_once = mixed_once = False
         rolled_back = 0
         while True:
             try:
                 with self._cursor(bound) as cursor:
                     return operation(cursor)
             except StoreUnavailable as exc:
+                if getattr(exc, "never_ran", False) and not mixed_once:
+                    # A prepared statement met another session of a transaction pooler: refused before
+                    # it ran, and the store prepares no more (see _sessions_mixed).
+                    mixed_once = True
+                    continue
                 if getattr(exc, "rolled_back", False) and rolled_back < _ROLLED_BACK_ATTEMPTS - 1:
                     rolled_back += 1
                     log.info("%s: the server rolled a statement back (%s); running it again", self.url, exc)
@@ -388,6 +418,22 @@ class SQLStore(Store):
                 log.info(
                     "%s: a pooled connection had been closed by the server; trying a fresh one", self.url
                 )
+
+    def _sessions_mixed(self, exc: Exception) -> Exception:
+        """A statement psycopg prepared met another server session (a transaction pooler, see
+        :mod:`dibs.stores.sql.pooler`): a :class:`ConfigurationError` when the URL said otherwise
+        (``?pooler=none`` or ``session``); else the store prepares no more, drops its connections (each
+        holds prepared statements the pooler mixes up), and the error says the statement never ran, so
+        :meth:`_repeatable` runs it again."""
+        assert self.server_end is not None
+        refusal = self.server_end.stop_preparing(exc)
+        if refusal is not None:
+            return refusal
+        self._empty_shelf()
+        self.engine.dispose()
+        error = self._unavailable(exc)
+        error.never_ran = True  # type: ignore[attr-defined]  # not a field: never pickled
+        return error
 
     # -- the schema, checked before the first operation, and the statements compiled for it ----------
     def _ensure_ready(self) -> None:
@@ -911,10 +957,19 @@ class SQLStore(Store):
             )
         return statement, size
 
+    def notify(self, payload: str) -> None:
+        """PostgreSQL: ``NOTIFY`` the feed's channel with ``payload`` from a pooled connection (a
+        listener's proof that it hears, see :class:`~dibs.stores.sql.feed.ListenFeed`)."""
+
+        def send(cursor: Any) -> None:
+            cursor.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, payload))
+
+        self._repeatable(send)
+
     def change_feed(self) -> ChangeFeed:
         """PostgreSQL: one ``LISTEN`` connection; SQLite: ``data_version``; MySQL: a versions poll."""
         if self.dialect == "postgresql":
-            return ListenFeed(self)
+            return ListenFeed(self, self._listen_url)
         if self.dialect == "sqlite":
             return DataVersionFeed(self)
         return VersionsFeed(self, self.watch_interval)
@@ -992,7 +1047,17 @@ class _PooledCursor:
         ended = store._keeper.unregister(self._ticket) if store._keeper is not None else False
         error: BaseException | None = None
         try:
-            if exc is not None and isinstance(exc, dbapi.Error):
+            server_end = store.server_end
+            if (
+                exc is not None
+                and server_end is not None
+                and not ended
+                and isinstance(exc, dbapi.Error)
+                and server_end.sessions_mixed(exc)
+            ):
+                connection.invalidate(exc)  # its prepared statements are psycopg's idea, not the server's
+                error = store._sessions_mixed(exc)
+            elif exc is not None and isinstance(exc, dbapi.Error):
                 lost = ended or store.engine.dialect.is_disconnect(exc, connection, cursor)
                 if lost:
                     connection.invalidate(exc)
