@@ -66,6 +66,26 @@ class ReplicaWait:
                 self._reach.refresh()
         raise AssertionError("unreachable")
 
+    def confirm(self, record_key: str, channel: str) -> int:
+        """How many replicas have every write the master made so far (the key's node on a cluster):
+        a ``PUBLISH`` on ``channel`` (replicated, and harmless: a waiter that hears it reads the key
+        once), then ``WAIT`` on the same connection, which waits for the offset of that publish."""
+        node: Any = self._reach.node_of(record_key)
+        pool = node.connection_pool
+        connection: Any = pool.get_connection()
+        try:
+            connection.send_command("PUBLISH", channel, "confirm")
+            node.parse_response(connection, "PUBLISH")
+            connection.send_command("WAIT", self.replicas, self._milliseconds)
+            return int(node.parse_response(connection, "WAIT"))
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+
     def _on_one_connection(
         self,
         node: Any,

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import redis
 import redis.exceptions
+from redis.cluster import RedisCluster
 from redis.commands.core import Script as RedisScript
 
 from dibs.records import MAX_COUNT, MAX_FENCE, MAX_TIMESTAMP
@@ -194,7 +195,13 @@ class Script:
         except redis.exceptions.NoScriptError:
             # Not run: the server does not know the script. Load it and run it again; a second
             # NOSCRIPT (a proxy spreading commands over servers) is the caller's error, not a loop.
-            client.script_load(self.registered.script)
+            if isinstance(client, RedisCluster):
+                # On the key's node only: redis-py sends SCRIPT LOAD to every primary, and one that is
+                # down would fail a script that runs elsewhere.
+                node = client.get_node_from_key(record_key)  # type: ignore[no-untyped-call]
+                run("SCRIPT LOAD", self.registered.script, target_nodes=node)
+            else:
+                client.script_load(self.registered.script)
             return cast(Reply, run("EVALSHA", sha, 1, record_key, *args))
 
     def queue(self, pipe: Any, record_key: str | bytes, *args: str | bytes | int) -> None:

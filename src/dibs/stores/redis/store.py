@@ -94,6 +94,20 @@ def _may_repeat(exc: Exception, safe: bool) -> bool:
     )
 
 
+def _limit(node: redis.Redis) -> int:
+    """The most bytes one value may have on ``node``: ``proto-max-bulk-len`` and
+    ``client-query-buffer-limit`` (less room for the command's other values), or Redis's default
+    where ``CONFIG`` is refused (managed services, ACLs)."""
+    limits = []
+    for setting, room in (("proto-max-bulk-len", 0), ("client-query-buffer-limit", _COMMAND_OVERHEAD)):
+        try:
+            found = node.config_get(setting).get(setting)
+        except redis.exceptions.ResponseError:
+            found = None
+        limits.append(int(found) - room if found is not None else DEFAULT_VALUE_LIMIT)
+    return min(limits)
+
+
 class RedisStore(Store):
     """Reservation records in Redis, each operation one atomic Lua script judged on Redis's clock.
 
@@ -123,6 +137,9 @@ class RedisStore(Store):
             if self.settings.min_replicas
             else None
         )
+        #: min_replicas: the keys whose complete this store could not confirm, by digest, with the
+        #: artifact's fence: a read of such a key confirms the artifact before it reports it.
+        self._unconfirmed: dict[str, int] = {}
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -149,7 +166,45 @@ class RedisStore(Store):
 
     def read(self, key: Key) -> KeyState:
         reply = self._run(self._read, key, "read", key.namespace, key.name, "1", safe=True)
-        return self._state(key, reply, with_payload=True)
+        state = self._state(key, reply, with_payload=True)
+        if self._unconfirmed and key.digest in self._unconfirmed:
+            self._confirm(key, state)
+        return state
+
+    def _confirm(self, key: Key, state: KeyState) -> None:
+        """Confirm, before it is reported, an artifact this store stored but could not confirm.
+
+        A holder whose complete was not confirmed (or whose reply was lost) reads the key to settle it
+        (:meth:`Lease._settle_complete <dibs.lease.Lease._settle_complete>`): finding its artifact on
+        the master, it keeps it as stored. That is true only once the replicas have it: on a master
+        about to be demoted (a split brain) the artifact is lost with the master's writes, and the key
+        would be computed again. So the read asks the replicas first (a ``PUBLISH`` on the key's
+        channel, which the replicas receive after the artifact, then ``WAIT``); until they confirm,
+        the read is :class:`StoreUnavailable` and the holder reads again. A master that is a replica
+        by now drops its connections: the next read finds the new master, without the artifact, and
+        the holder stores it again there.
+        """
+        assert self._replicas is not None
+        fence = self._unconfirmed.get(key.digest)
+        if fence is None or state.artifact is None or state.artifact.fence != fence:
+            self._unconfirmed.pop(key.digest, None)  # replaced, or lost: the state says what is true
+            return
+        try:
+            acknowledged = self._replicas.confirm(self.record_key(key), self.channel(key))
+        except redis.exceptions.ResponseError as exc:
+            # "WAIT cannot be used with replica instances": the master was demoted under us.
+            self._reach.refresh()
+            raise self._failure(exc, "confirm the artifact of", key) from exc
+        except _REDIS_ERRORS as exc:
+            raise self._failure(exc, "confirm the artifact of", key) from exc
+        if acknowledged < self._replicas.replicas:
+            raise StoreUnavailable(
+                f"could not confirm the artifact of {key}: only {acknowledged} of the "
+                f"{self._replicas.replicas} replica(s) asked for (min_replicas) have it yet",
+                url=self._url,
+                key=str(key),
+            )
+        self._unconfirmed.pop(key.digest, None)
 
     def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         ttl, lease_id = _seconds(request.ttl, "ttl"), new_lease_id()
@@ -252,19 +307,23 @@ class RedisStore(Store):
 
     def value_limit(self) -> int:
         """The most bytes one artifact may have here: the server's limits on one value and on one
-        command (read once), or ``max_artifact_size`` when that is lower."""
+        command (read once), or ``max_artifact_size`` when that is lower.
+
+        On a cluster, the lowest of the primaries that answer (each may have its own settings; one that
+        is down does not stop a complete on the others)."""
         if self._value_limit is None:
             limits = []
-            for setting, room in (
-                ("proto-max-bulk-len", 0),
-                ("client-query-buffer-limit", _COMMAND_OVERHEAD),
-            ):
-                with self._service("read the server's limits", None):
-                    try:
-                        found = self._reach.client().config_get(setting).get(setting)
-                    except redis.exceptions.ResponseError:  # CONFIG refused (managed services, ACLs)
-                        found = None  # then Redis's default is assumed
-                limits.append(int(found) - room if found is not None else DEFAULT_VALUE_LIMIT)
+            with self._service("read the server's limits", None):
+                nodes = self._reach.primaries()
+            failure: Exception | None = None
+            for node in nodes:
+                try:
+                    limits.append(_limit(node))
+                except _REDIS_ERRORS as exc:
+                    failure = exc
+            if not limits:
+                assert failure is not None
+                raise self._failure(failure, "read the server's limits", None) from failure
             self._value_limit = min(limits)
         if self.max_artifact_size is not None:
             return min(self._value_limit, self.max_artifact_size)
@@ -298,14 +357,14 @@ class RedisStore(Store):
                 confirm=_STORED,
             )
         except Unreplicated as exc:
-            # Stored on the master, but not (yet) on enough replicas. The caller reads the key to settle
-            # a complete it could not confirm (Lease._settle_complete), finds its own artifact there and
-            # keeps it: what a failover can still lose is said in the error and the package docstring.
+            # Stored on the master, but not (yet) on enough replicas: not reported as stored. The caller
+            # settles it by reading the key, and the read confirms the artifact first (_confirm).
+            self._unconfirmed[key.digest] = token.fence
             raise StoreUnavailable(
                 f"could not confirm the artifact of {key}: it is stored on the master of {self._url}, but "
                 f"only {exc.acknowledged} of the {self.settings.min_replicas} replica(s) asked for "
-                f"(min_replicas) confirmed it within {self.settings.replica_timeout:g} s; a failover before "
-                "they do loses it, and the key is then computed again under a new token",
+                f"(min_replicas) confirmed it within {self.settings.replica_timeout:g} s, and a failover "
+                "before they do would lose it",
                 url=self._url,
                 key=str(key),
             ) from None
@@ -615,6 +674,8 @@ class RedisStore(Store):
         except _REDIS_ERRORS as exc:
             if not _may_repeat(exc, safe):
                 raise self._failure(exc, action, key) from exc
+            if isinstance(exc, Demoted):
+                self._reach.refresh()  # every idle connection to the old master, not this one alone
             try:
                 reply = self._call(script, record_key, args, confirm)
             except _REDIS_ERRORS as again:

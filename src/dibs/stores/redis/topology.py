@@ -238,6 +238,12 @@ class SentinelReach(Reach):
     def primaries(self) -> list[redis.Redis]:
         return [self._client]
 
+    def refresh(self) -> None:
+        """Drop the idle connections (each may be to a demoted master): the next ones ask the
+        Sentinels where the master is."""
+        pool: Any = self._client.connection_pool
+        pool.disconnect(inuse_connections=False)
+
     def close(self) -> None:
         self._client.close()
         self._client.connection_pool.disconnect()
