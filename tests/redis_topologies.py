@@ -76,6 +76,7 @@ class RedisServer:
         self.config = list(config)
         self.component: Component | None = None
         self.bus_port = 0  # a cluster node's bus port
+        self.stopped = False  # on purpose: waits do not take its exit for a crash
 
     def start(self) -> RedisServer:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -87,6 +88,7 @@ class RedisServer:
         else:
             argv = ["redis-server", *self.config]
         self.component = Component(self.name, argv, {"PATH": "/usr/bin:/bin"}, self.folder, self.folder)
+        self.stopped = False
         return self
 
     def alive(self) -> bool:
@@ -105,6 +107,7 @@ class RedisServer:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server (SIGKILL: as a crash) and wait until its process is gone."""
+        self.stopped = True
         if self.component is not None:
             self.component.send(sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -114,6 +117,11 @@ class RedisServer:
 
     def tail(self) -> str:
         return self.component.tail() if self.component is not None else f"--- {self.name}: not started"
+
+    def restart(self) -> RedisServer:
+        """Start the server again on its port, from its folder (a cluster node rejoins from its
+        ``nodes.conf``), once its process is gone."""
+        return self.start()
 
 
 def wait_until(
@@ -129,7 +137,7 @@ def wait_until(
             value = None
         if value:
             return value
-        dead = [server.name for server in servers if server.component is not None and not server.alive()]
+        dead = [s.name for s in servers if s.component is not None and not s.stopped and not s.alive()]
         if dead or time.monotonic() > deadline:
             why = f"{', '.join(dead)} exited" if dead else f"gave up after {bound:g}s"
             raise TopologyError(f"{why} while waiting for {what}\n" + "\n".join(s.tail() for s in servers))
@@ -298,6 +306,13 @@ class Cluster(_Topology):
     def move_slot(self, slot: int, target: RedisServer) -> None:
         """Move one slot, with its keys, to ``target`` (a resharding, as ``redis-cli --cluster
         reshard`` does it: IMPORTING/MIGRATING, MIGRATE of each key, then SETSLOT NODE everywhere)."""
+        with self.migrating(slot, target):
+            pass
+
+    @contextlib.contextmanager
+    def migrating(self, slot: int, target: RedisServer) -> Iterator[None]:
+        """``slot`` half-moved to ``target`` inside the block (its old node answers ``ASK`` for a key
+        it no longer has), and moved with all its keys at the end."""
         with contextlib.closing(self.servers[0].client()) as any_node:
             owner_port = next(
                 int(master[1])
@@ -306,12 +321,14 @@ class Cluster(_Topology):
             )
         source = self.node(owner_port)
         if source is target:
+            yield
             return
         with contextlib.closing(source.client()) as src, contextlib.closing(target.client()) as dst:
             source_id = src.execute_command("CLUSTER MYID").decode()
             target_id = dst.execute_command("CLUSTER MYID").decode()
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
             src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+            yield
             while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
                 src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 10_000, "KEYS", *keys)
             for server in self.servers:  # the masters (a replica refuses it, and learns it from them)

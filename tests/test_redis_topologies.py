@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -259,6 +260,8 @@ def test_the_feed_moves_to_another_node_when_its_node_fails(tmp_path: Path, pref
     # A cluster of the test's own (a node is killed), serving the other masters' slots meanwhile.
     with Cluster.start(tmp_path, full_coverage=False) as cluster:
         store = stores(cluster.url(prefix, nodes=3))
+        for key in _keys_on_every_master(cluster, store, 12):  # scripts loaded on every node before
+            _complete(store, _granted(store.acquire(key, AcquireRequest("alice", 60))))
         feed = store.change_feed()
         feed.open()
         try:
@@ -284,9 +287,10 @@ def test_the_feed_moves_to_another_node_when_its_node_fails(tmp_path: Path, pref
             )
             _complete(store, _granted(store.acquire(key, AcquireRequest("alice", 60))))
             got: set[str] = set()
-            while key.digest not in got:
-                got = set(feed.changes({key.digest: key}, GENEROUS))
-                assert got, "the feed heard nothing on its new node"
+            deadline = time.monotonic() + GENEROUS
+            while key.digest not in got:  # nothing watched: only the key's own message can name it
+                assert time.monotonic() < deadline, "the feed heard nothing on its new node"
+                got = set(feed.changes({}, GENEROUS))
         finally:
             feed.close()
 
@@ -583,3 +587,84 @@ def test_a_complete_in_a_split_brain_is_reported_only_once_the_replicas_have_it(
                 reader.close()
         finally:
             holder.close()
+
+
+def test_a_key_in_a_slot_being_moved_follows_the_ask(cluster: Cluster, prefix: str, stores: Any) -> None:
+    # A slot half-moved: its old node still has the keys it had, and answers ASK for one it does not
+    # (a new key), which redis-py follows to the new node; after the move every key is found there.
+    store = stores(cluster.url(prefix))
+    old = Key("topology.ask", "old")
+    _complete(store, _granted(store.acquire(old, AcquireRequest("alice", 60))))
+    admin = cluster.servers[0].client()
+    slot = int(admin.execute_command("CLUSTER KEYSLOT", store.record_key(old)))
+    new = next(
+        key
+        for key in (Key("topology.ask", f"new-{n}") for n in range(200_000))
+        if int(admin.execute_command("CLUSTER KEYSLOT", store.record_key(key))) == slot
+    )
+    admin.close()
+    target = next(s for s in cluster.servers if s is not cluster.master_of(store.record_key(old)))
+    with cluster.migrating(slot, target):
+        assert isinstance(store.acquire(old, AcquireRequest("bob", 60)), Present)  # still on the old node
+        lease = _granted(store.acquire(new, AcquireRequest("alice", 60)))  # ASK: on the new node
+        with contextlib.closing(target.client()) as client:  # the new node has it (not the old one)
+            assert store.record_key(new).encode() in client.execute_command(
+                "CLUSTER", "GETKEYSINSLOT", slot, 10
+            )
+        _complete(store, lease)
+    assert sorted(state.key for state in store.list()) == sorted([old, new])
+    assert isinstance(store.acquire(new, AcquireRequest("bob", 60)), Present)
+
+
+def test_clusterdown_is_a_passing_failure_and_the_store_recovers(
+    tmp_path: Path, prefix: str, stores: Any
+) -> None:
+    """A master down (no replica to promote) takes the whole cluster down (``cluster-require-full-
+    coverage``): every operation is ``StoreUnavailable`` (``CLUSTERDOWN``: the outage policy rides it
+    out), never a configuration error; when the node is back, the same store works again."""
+    with Cluster.start(tmp_path) as cluster:
+        store = stores(cluster.url(prefix, nodes=3))
+        key = Key("topology.down", "k")
+        lease = _granted(store.acquire(key, AcquireRequest("alice", 600)))
+        dead = next(s for s in cluster.servers if s is not cluster.master_of(store.record_key(key)))
+        dead.stop(signal.SIGKILL)
+        survivor = cluster.master_of(store.record_key(key))
+        with contextlib.closing(survivor.client()) as client:
+            cluster.wait_until(
+                lambda: client.execute_command("CLUSTER INFO").get("cluster_state") == "fail",
+                "the cluster to see the node fail",
+            )
+        with pytest.raises(StoreUnavailable, match=r"ClusterDownError"):
+            store.heartbeat(key, lease.token, 600)
+        dead.restart()
+        cluster.wait_until(cluster.converged, "the node to rejoin")
+        assert store.heartbeat(key, lease.token, 600).token == lease.token
+        _complete(store, lease)
+        assert store.read(key).status == "done"
+
+
+def test_a_subscription_renewed_under_the_feed_reports_every_watched_key(
+    cluster: Cluster, prefix: str, stores: Any
+) -> None:
+    """A cluster client that reads its slot map again (after a node failed a command) marks for
+    reconnection every connection of each node it asks, the feed's too: redis-py then reconnects it
+    and subscribes again, and what was published meanwhile is lost. The feed says so: every watched
+    key may have changed, and the hub reads them all (found when a key's change was never heard)."""
+    store = stores(cluster.url(prefix))
+    key = Key("topology.renewed", "k")
+    feed = store.change_feed()
+    feed.open()
+    try:
+        cluster_client = store._reach.client()
+        node = cluster_client.get_node(host="127.0.0.1", port=feed._pubsub.connection.port)  # type: ignore[attr-defined]
+        # What the client's slot-map refresh does to each node it asks (NodesManager.initialize).
+        cluster_client.get_redis_connection(node).connection_pool.update_active_connections_for_reconnect()
+        with contextlib.closing(cluster.master_of(store.record_key(key)).client()) as client:
+            client.publish(store.channel(key), b"complete")  # arrives on the marked connection
+        got: set[str] = set()
+        deadline = time.monotonic() + GENEROUS
+        while key.digest not in got:
+            assert time.monotonic() < deadline, "the change was lost, and the feed never said so"
+            got = set(feed.changes({key.digest: key}, GENEROUS))
+    finally:
+        feed.close()

@@ -88,6 +88,11 @@ class PatternFeed(ChangeFeed):
             while message is not None and len(digests) < SCAN_BATCH:
                 if message["type"] == "pmessage" and message["channel"].startswith(self._channel):
                     digests.add(message["channel"][skip:].decode("ascii", "replace"))
+                elif message["type"] == "psubscribe":
+                    # redis-py subscribed again on a new connection (the old one broke, or a cluster
+                    # client's map refresh marked it for reconnection): what was published meanwhile
+                    # was missed, so every watched key may have changed.
+                    digests.update(watched)
                 message = self._pubsub.get_message(timeout=0.0)
         return digests
 

@@ -196,10 +196,7 @@ class Script:
             # Not run: the server does not know the script. Load it and run it again; a second
             # NOSCRIPT (a proxy spreading commands over servers) is the caller's error, not a loop.
             if isinstance(client, RedisCluster):
-                # On the key's node only: redis-py sends SCRIPT LOAD to every primary, and one that is
-                # down would fail a script that runs elsewhere.
-                node = client.get_node_from_key(record_key)  # type: ignore[no-untyped-call]
-                run("SCRIPT LOAD", self.registered.script, target_nodes=node)
+                _load_on_primaries(client, self.registered.script)
             else:
                 client.script_load(self.registered.script)
             return cast(Reply, run("EVALSHA", sha, 1, record_key, *args))
@@ -207,6 +204,20 @@ class Script:
     def queue(self, pipe: Any, record_key: str | bytes, *args: str | bytes | int) -> None:
         """Add a run to ``pipe`` (one node's pipeline), which loads the script first if it must."""
         self.registered(keys=[record_key], args=list(args), client=pipe)
+
+
+def _load_on_primaries(cluster: RedisCluster, text: Any) -> None:
+    """Load a script on every primary of a cluster that answers: the one that said ``NOSCRIPT`` may
+    not be the key's node in the client's map (an ``ASK`` during a resharding sends the script to
+    the slot's new node). Not redis-py's ``script_load``, which fails whole when one primary is down,
+    though the script runs elsewhere; a node that failed here fails the script's own run, if it is
+    the one that must run it."""
+    run: Callable[..., Any] = cluster.execute_command
+    for node in cluster.get_primaries():  # type: ignore[no-untyped-call]
+        try:
+            run("SCRIPT LOAD", text, target_nodes=node)
+        except redis.exceptions.RedisError:
+            continue
 
 
 @dataclasses.dataclass(frozen=True)

@@ -180,18 +180,24 @@ class _Sentinel(Sentinel):
             found: Any = super().discover_master  # untyped in redis-py
             return cast(tuple[str, int], found(service_name))
         except MasterNotFoundError:
-            answered = False
+            answered, known, told = False, False, []
             for sentinel in self.sentinels:
+                kwargs = sentinel.connection_pool.connection_kwargs
+                where = f"{kwargs.get('host')}:{kwargs.get('port')}"
                 try:
                     masters = sentinel.sentinel_masters()
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                    told.append(f"{where} did not answer ({type(exc).__name__}: {exc})")
                     continue
                 answered = True
-                if service_name in masters:
-                    raise
-            if answered:
+                known = known or service_name in masters
+                told.append(
+                    f"{where} knows no master up" if service_name in masters else f"{where} knows none"
+                )
+            if answered and not known:
                 raise UnknownService(f"no Sentinel monitors a service named {service_name!r}") from None
-            raise
+            # Not redis-py's own message, which holds the repr of every Sentinel's client (long).
+            raise MasterNotFoundError(f"no master found for {service_name!r}: {'; '.join(told)}") from None
 
 
 class SentinelReach(Reach):
