@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reliability.faults import FaultProxy
 
 import dibs
 from dibs.errors import ConfigurationError, LeaseLost, StoreUnavailable
@@ -668,3 +669,61 @@ def test_a_subscription_renewed_under_the_feed_reports_every_watched_key(
             got = set(feed.changes({key.digest: key}, GENEROUS))
     finally:
         feed.close()
+
+
+class _LoseOneReply(FaultProxy):
+    """A faithful TCP proxy that, once armed, lets the next script run and cuts the connection before
+    its reply comes back: the server ran it, and the client cannot know (a lost reply)."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        super().__init__(upstream_host, upstream_port)
+        self._armed = False
+        self._doomed: Any = None
+
+    def arm(self) -> None:
+        self._armed = True
+
+    async def _pump(self, pipe: Any, source: Any, target: Any, way: str) -> None:
+        while not pipe.closed:
+            data = await source.read(65536)
+            if not data:
+                with contextlib.suppress(OSError, RuntimeError):
+                    target.write_eof()
+                return
+            if way == "up" and self._armed and b"EVALSHA" in data:
+                self._armed, self._doomed = False, pipe
+            elif way == "down" and pipe is self._doomed:
+                self._doomed = None
+                pipe.abort()
+                return
+            target.write(data)
+            await target.drain()
+
+
+def test_after_a_lost_reply_only_what_is_safe_to_repeat_is_sent_again(
+    acl_server: RedisServer, prefix: str, stores: Any
+) -> None:
+    """A script ran but its reply was lost (the connection cut on the way back). A read, a heartbeat
+    and an acquire are sent again on a new connection, and their second run changes nothing the first
+    did not: the owner re-enters the lease its lost reply granted (the same token, not the next). A
+    complete is not sent again: it ran, and a second run would report the lease lost; it is
+    ``StoreUnavailable``, which the holder settles by reading the key (its artifact is there)."""
+    with _LoseOneReply("127.0.0.1", acl_server.port) as proxy:
+        store = stores(f"redis://127.0.0.1:{proxy.port}/0?prefix={prefix}")
+        warm = Key("topology.lost-reply", "warm")  # every script loaded: no NOSCRIPT reply to cut
+        warm_lease = _granted(store.acquire(warm, AcquireRequest("alice", 600)))
+        store.heartbeat(warm, warm_lease.token, 600)
+        _complete(store, warm_lease)
+        key = Key("topology.lost-reply", "k")
+        proxy.arm()
+        lease = _granted(store.acquire(key, AcquireRequest("alice", 600)))  # granted, then re-entered
+        assert lease.token.fence == 1 and store.read(key).lease == lease
+        proxy.arm()
+        assert store.read(key).status == "held"
+        proxy.arm()
+        assert store.heartbeat(key, lease.token, 600).token == lease.token
+        proxy.arm()
+        with pytest.raises(StoreUnavailable, match="did not answer"):
+            _complete(store, lease)
+        state = store.read(key)
+        assert state.status == "done" and state.artifact is not None and state.artifact.fence == 1
