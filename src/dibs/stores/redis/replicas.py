@@ -64,6 +64,11 @@ class ReplicaWait:
                 if attempt:
                     raise
                 self._reach.refresh()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                # Past the client's own routing, nothing else tells it: a cluster reads its slot map
+                # again (a replica may have taken over), a Sentinel pool drops its idle connections.
+                self._reach.refresh()
+                raise
         raise AssertionError("unreachable")
 
     def confirm(self, record_key: str, channel: str) -> int:

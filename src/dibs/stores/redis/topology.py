@@ -19,6 +19,7 @@ questions for its topology:
 from __future__ import annotations
 
 import abc
+import contextlib
 import itertools
 import re
 import threading
@@ -115,8 +116,10 @@ class Reach(abc.ABC):
         """The client whose ``pubsub()`` the change feed listens on."""
         return cast(redis.Redis, self.client())
 
-    def refresh(self) -> None:  # noqa: B027 - only a cluster has a map to refresh
-        """Read the topology again after an answer that says it changed (``MOVED``)."""
+    def refresh(self) -> None:  # noqa: B027 - one server has nothing to find again
+        """Find the topology again after an answer that says it changed (``MOVED``, a broken
+        connection, a demoted master). Best effort: never raises (the next operation says what is
+        wrong)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -318,7 +321,9 @@ class ClusterReach(Reach):
         return cast(redis.Redis, cluster.get_redis_connection(node))
 
     def refresh(self) -> None:
-        self.client().nodes_manager.initialize()
+        # No node answers now: the next operation says so.
+        with contextlib.suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+            self.client().nodes_manager.initialize()
 
     def close(self) -> None:
         with self._lock:
