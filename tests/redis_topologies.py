@@ -77,6 +77,7 @@ class RedisServer:
         self.component: Component | None = None
         self.bus_port = 0  # a cluster node's bus port
         self.stopped = False  # on purpose: waits do not take its exit for a crash
+        self.password: str | None = None  # what it asks clients for (requirepass)
 
     def start(self) -> RedisServer:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -96,14 +97,14 @@ class RedisServer:
 
     def answers(self) -> bool:
         try:
-            with contextlib.closing(_client(self.port)) as client:
+            with contextlib.closing(self.client()) as client:
                 return bool(client.ping())
         except Exception:
             return False
 
     def client(self, **options: Any) -> Any:
         """A plain redis-py client on this server (the caller closes it)."""
-        return _client(self.port, **options)
+        return _client(self.port, **({"password": self.password} if self.password else {}), **options)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server (SIGKILL: as a crash) and wait until its process is gone."""
@@ -347,7 +348,11 @@ class SentinelSet(_Topology):
     sentinels: list[RedisServer]
 
     @classmethod
-    def start(cls, folder: Path, replicas: int = 1, sentinels: int = 3) -> SentinelSet:
+    def start(
+        cls, folder: Path, replicas: int = 1, sentinels: int = 3, *, sentinel_password: str | None = None
+    ) -> SentinelSet:
+        """The set; ``sentinel_password``: the Sentinels ask clients for it (``requirepass``), and for
+        one another's (``sentinel sentinel-pass``)."""
         group = cls(folder)
         try:
             group.master = _data_node("master", folder).start()
@@ -377,6 +382,11 @@ class SentinelSet(_Topology):
                     f"sentinel failover-timeout {SERVICE} 10000",
                     f"sentinel parallel-syncs {SERVICE} 1",
                 ]
+                if sentinel_password is not None:
+                    config += [
+                        f"requirepass {sentinel_password}",
+                        f"sentinel sentinel-pass {sentinel_password}",
+                    ]
                 config += [
                     f"sentinel known-sentinel {SERVICE} 127.0.0.1 {other} {ids[index]}"
                     for index, other in enumerate(ports)
@@ -386,6 +396,7 @@ class SentinelSet(_Topology):
                 sentinel = RedisServer(
                     f"sentinel{number}", folder / f"sentinel{number}", port, config, sentinel=True
                 )
+                sentinel.password = sentinel_password
                 group.sentinels.append(sentinel.start())
                 group.servers.append(sentinel)
             group.wait_until(

@@ -727,3 +727,15 @@ def test_after_a_lost_reply_only_what_is_safe_to_repeat_is_sent_again(
             _complete(store, lease)
         state = store.read(key)
         assert state.status == "done" and state.artifact is not None and state.artifact.fence == 1
+
+
+def test_sentinels_that_ask_for_a_password_get_sentinel_password(
+    tmp_path: Path, prefix: str, stores: Any
+) -> None:
+    with SentinelSet.start(tmp_path, sentinels=1, sentinel_password="s3nt1nel-pw") as group:
+        store = stores(group.url(prefix, sentinel_password="s3nt1nel-pw"))
+        _complete(store, _granted(store.acquire(Key("topology.auth", "k"), AcquireRequest("alice", 60))))
+        for url in (group.url(prefix), group.url(prefix, sentinel_password="wrong-pw")):
+            with pytest.raises(ConfigurationError, match=r"Sentinel at 127\.0\.0\.1:\d+ refused") as caught:
+                stores(url).read(Key("topology.auth", "k"))
+            assert "wrong-pw" not in str(caught.value) and "s3nt1nel" not in str(caught.value)

@@ -189,6 +189,11 @@ class _Sentinel(Sentinel):
                 where = f"{kwargs.get('host')}:{kwargs.get('port')}"
                 try:
                     masters = sentinel.sentinel_masters()
+                except redis.exceptions.AuthenticationError as exc:
+                    # Not a passing failure: the credentials (sentinel_username, sentinel_password).
+                    raise redis.exceptions.AuthenticationError(
+                        f"the Sentinel at {where} refused: {exc}"
+                    ) from exc
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                     told.append(f"{where} did not answer ({type(exc).__name__}: {exc})")
                     continue
