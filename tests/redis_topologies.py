@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -88,7 +89,8 @@ class RedisServer:
             argv = ["redis-server", str(conf), "--sentinel"]
         else:
             argv = ["redis-server", *self.config]
-        self.component = Component(self.name, argv, {"PATH": "/usr/bin:/bin"}, self.folder, self.folder)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}  # where missing() found redis-server
+        self.component = Component(self.name, argv, env, self.folder, self.folder)
         self.stopped = False
         return self
 
