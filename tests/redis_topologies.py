@@ -539,21 +539,29 @@ def delete_prefix(clients: Sequence[Any], prefix: str) -> None:
                 client.delete(key)  # one by one: a cluster node refuses keys of several slots at once
 
 
-_SHARED: dict[str, Any] = {}
+_SHARED: dict[str, tuple[Any, Path]] = {}
 
 
 def _shared(name: str, make: Callable[[Path], _Topology]) -> Any:
     if name not in _SHARED:
         folder = Path(tempfile.mkdtemp(prefix=f"dibs-{name}-"))
-        topology = make(folder)
-        _SHARED[name] = topology
+        _SHARED[name] = (make(folder), folder)
+    return _SHARED[name][0]
 
-        def stop() -> None:
-            topology.stop()
-            shutil.rmtree(folder, ignore_errors=True)
 
-        atexit.register(stop)
-    return _SHARED[name]
+@atexit.register
+def stop_shared() -> None:
+    """Stop the shared topologies (at the end of a pytest session, in each xdist worker, whose exit
+    runs no ``atexit`` hook; else at the interpreter's exit)."""
+    while _SHARED:
+        topology, folder = _SHARED.popitem()[1]
+        topology.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_sessionfinish() -> None:
+    """This module is a pytest plugin (the root ``conftest.py``) for this hook alone."""
+    stop_shared()
 
 
 def shared_cluster() -> Cluster:
