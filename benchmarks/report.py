@@ -389,6 +389,8 @@ def _topologies_section(data: dict[str, Any]) -> list[str]:
     from benchmarks import topologies
 
     lines = ["## 10. Redis topologies: one server, a Redis Cluster, through Sentinel", ""]
+    if "skipped" in data:
+        return [*lines, f"Skipped: {data['skipped']}", ""]
     lines += [topologies.__doc__.split("\n\n", 1)[1].strip() if topologies.__doc__ else "", ""]
     handoff = data.get("handoff", {})
     counts = sorted({int(n) for per in handoff.values() for n in per}, key=int)
