@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "overhead",
     "handoff",
+    "topologies",
     "contention",
     "takeover",
     "waiters",
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         report,
         startup,
         takeover,
+        topologies,
         waiters,
     )
 
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         runners: dict[str, Callable[[], dict[str, Any]]] = {
             "overhead": lambda: overhead.run(targets, settings, log),
             "handoff": lambda: handoff.run(main_targets, settings, log, pool.get()),
+            "topologies": lambda: topologies.run(settings, log, pool.get()),
             "contention": lambda: contention.run(main_targets, settings, log, pool.get()),
             "takeover": lambda: takeover.run(main_targets, settings, log, pool.get()),
             "waiters": waiters_run,

@@ -384,6 +384,56 @@ def _observing_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _topologies_section(data: dict[str, Any]) -> list[str]:
+    """10. The Redis topologies, each against one server (issue 29: hand-off within 10x of it)."""
+    from benchmarks import topologies
+
+    lines = ["## 10. Redis topologies: one server, a Redis Cluster, through Sentinel", ""]
+    if "skipped" in data:
+        return [*lines, f"Skipped: {data['skipped']}", ""]
+    lines += [topologies.__doc__.split("\n\n", 1)[1].strip() if topologies.__doc__ else "", ""]
+    handoff = data.get("handoff", {})
+    counts = sorted({int(n) for per in handoff.values() for n in per}, key=int)
+    rows = []
+    for kind in topologies.KINDS:
+        for count in counts:
+            row = handoff.get(kind, {}).get(str(count))
+            if row is None:
+                continue
+            latency = row["latency_ms"]
+            rows.append(
+                [
+                    kind,
+                    str(count),
+                    _num(latency["median"]),
+                    _num(latency["p99"]),
+                    f"{_num(row.get('vs_direct'))}x"
+                    + _mark(None if kind == "direct" else row.get("vs_direct", 99) <= 10),
+                ]
+            )
+    lines += ["Hand-off, complete to waiter (ms):", ""]
+    lines += _table(["topology", "waiters", "p50", "p99", "p50 vs direct (goal ≤ 10x)"], rows)
+    per_key = data.get("reserve_complete", {})
+    lines += ["Reserve + complete in one process (µs per key):", ""]
+    lines += _table(
+        ["topology", "p50", "p99", "vs direct"],
+        [
+            [kind, _num(row["us"]["median"], 0), _num(row["us"]["p99"], 0), f"{_num(row['vs_direct'])}x"]
+            for kind, row in per_key.items()
+        ],
+    )
+    connections = data.get("connections", {})
+    lines += ["Connections of one process's store, per data node (`CLIENT LIST` by client name):", ""]
+    lines += _table(
+        ["topology", "working (30 keys on every node) and waiting", "only waiting"],
+        [
+            [kind, " + ".join(map(str, row["working"])), " + ".join(map(str, row["only_waiting"]))]
+            for kind, row in connections.items()
+        ],
+    )
+    return lines
+
+
 def _payloads_section(data: dict[str, Any]) -> list[str]:
     from benchmarks import payloads
 
@@ -893,6 +943,7 @@ def write(results: dict[str, Any], out: Path, log: Callable[[str], None]) -> Non
     sections: dict[str, Callable[[dict[str, Any]], list[str]]] = {
         "overhead": _overhead_section,
         "handoff": lambda data: _handoff_section(data, results["settings"]),
+        "topologies": _topologies_section,
         "contention": _contention_section,
         "takeover": _takeover_section,
         "waiters": _waiters_section,

@@ -58,6 +58,11 @@ class Settings:
     fanin_late_hold: float
     #: 9. large-artifact hand-off through a payload store: (bytes, rounds) per case
     payload_sizes: tuple[tuple[int, int], ...]
+    #: 10. Redis topologies: hand-off waiter counts and rounds per count (each round: one key on each
+    #: topology, interleaved), and reserve + complete keys per topology
+    topology_waiters: tuple[int, ...]
+    topology_rounds: dict[int, int]
+    topology_ops: int
 
 
 FULL = Settings(
@@ -93,6 +98,9 @@ FULL = Settings(
     fanin_timeout=300.0,
     fanin_late_hold=20.0,
     payload_sizes=((1 << 20, 7), (100 << 20, 5), (1 << 30, 3)),
+    topology_waiters=(1, 4, 16),
+    topology_rounds={1: 40, 4: 16, 16: 8},
+    topology_ops=400,
 )
 
 SMOKE = Settings(
@@ -128,4 +136,7 @@ SMOKE = Settings(
     fanin_timeout=120.0,
     fanin_late_hold=0.0,
     payload_sizes=((1 << 20, 2),),
+    topology_waiters=(1, 2),
+    topology_rounds={1: 3, 2: 2},
+    topology_ops=20,
 )

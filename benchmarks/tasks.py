@@ -36,6 +36,13 @@ def client_for(url: str, mode: str, namespace: str, ttl: float = 60.0) -> dibs.R
     return client
 
 
+def close_clients(ctx: WorkerContext, *, urls: list[str]) -> int:
+    """Close the cached clients of ``urls`` (their servers are about to stop: no hub left listening)."""
+    for cache_key in [k for k in _CLIENTS if k[0] in urls]:
+        _CLIENTS.pop(cache_key).store.close()
+    return os.getpid()
+
+
 def close_all() -> None:
     for client in _CLIENTS.values():
         client.store.close()

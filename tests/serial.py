@@ -38,6 +38,7 @@ SERIAL = frozenset(
         "tests/test_runtime_processes.py",  # forked processes sharing the runtime
         "tests/test_demo.py",  # the demo: several processes, a holder killed, repeated
         "tests/test_cli_stops.py",  # SIGINT/SIGTERM/SIGKILL to dibs run and its command's group
+        "tests/test_redis_topology_races.py",  # processes racing on a cluster and across a failover
         "tests/airflow/test_deployment.py",  # api-server, scheduler, dag-processor, triggerer
         "tests/airflow/test_trigger_scale.py",  # 1,000 deferred waiters; counts connections
         "tests/airflow/test_integration.py",  # dag.test() in spawned processes, SIGTERM and kills

@@ -184,7 +184,7 @@ def test_redis_reads_its_limits_from_the_server_and_assumes_the_default_when_ref
     def no_config(*_args: object) -> None:
         raise redis_py.exceptions.ResponseError("unknown command 'CONFIG'")
 
-    monkeypatch.setattr(refused._client, "config_get", no_config)
+    monkeypatch.setattr(refused._reach.client(), "config_get", no_config)
     assert refused.value_limit() == redis_module.DEFAULT_VALUE_LIMIT
     refused.close()
     assert RedisStore(_with(url, "max_artifact_size=10")).value_limit() == 10

@@ -289,7 +289,7 @@ def test_a_script_the_server_will_not_keep_is_an_error_not_a_loop(
     # A load that does not reach the server the script runs on (a proxy spreading commands over
     # servers): the script is loaded once and run again once, then NOSCRIPT is StoreUnavailable.
     loads: list[object] = []
-    monkeypatch.setattr(store._client, "script_load", loads.append)
+    monkeypatch.setattr(store._reach.client(), "script_load", loads.append)
     raw.script_flush()
     with pytest.raises(StoreUnavailable, match="NoScriptError"):
         store.acquire(KEY, AcquireRequest("alice", 30))
@@ -755,7 +755,8 @@ def test_the_hubs_reads_raise_on_a_passing_error_reply(
     def failing(*_: Any) -> Any:  # the read script, called with its key and arguments
         raise raised
 
-    pipeline = store._client.pipeline
+    client = store._reach.client()
+    pipeline = client.pipeline
 
     def failing_last(*args: Any, **kwargs: Any) -> Any:  # the last key's reply is the error
         pipe = pipeline(*args, **kwargs)
@@ -769,7 +770,7 @@ def test_the_hubs_reads_raise_on_a_passing_error_reply(
         pipe.execute = executed
         return pipe
 
-    monkeypatch.setattr(store._client, "pipeline", failing_last)
+    monkeypatch.setattr(client, "pipeline", failing_last)
     with pytest.raises(StoreUnavailable, match=str(error).split()[0]):
         store.read_many([KEY, other])
     monkeypatch.setattr(store, "_read", failing)
@@ -778,7 +779,7 @@ def test_the_hubs_reads_raise_on_a_passing_error_reply(
     raised = redis.exceptions.NoPermissionError("NOPERM this user has no permissions to access the key")
     assert store.read_many([KEY]) == []
     monkeypatch.undo()
-    monkeypatch.setattr(store._client, "pipeline", failing_last)
+    monkeypatch.setattr(client, "pipeline", failing_last)
     assert [state.key for state in store.read_many([KEY, other])] == [KEY]
 
 

@@ -102,4 +102,58 @@ def wait_through_outage(url: str, key: str, folder: str, worker: int) -> None:
         _append(out / f"waiter-{worker}.jsonl", {"value": report.value, "role": report.role})
     except Exception as exc:
         _append(out / f"waiter-{worker}.jsonl", {"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _go(folder: Path, worker: int) -> None:
+    """Say this worker is ready, then wait for the test's ``go`` (a file): the racers start together
+    however long each took to start."""
+    (folder / f"ready-{worker}").touch()
+    while not (folder / "go").exists():
+        time.sleep(0.005)
+
+
+def race_and_stay(url: str, keys: list[str], folder: str, worker: int) -> None:
+    """:func:`race_keys` after the test's go, then stay (store open) until the test has counted this
+    process's connections (``exit``)."""
+    out = Path(folder)
+    client = dibs.Reservations(url, namespace="race", ttl=30)
+    _go(out, worker)
+
+    def compute(key: str) -> str:
+        _append(out / "executions.jsonl", {"key": key, "worker": worker})
+        return f"value-of-{key}"
+
+    results = {key: client.run(key, compute, key) for key in keys}
+    _append(out / f"results-{worker}.jsonl", {"results": results})
+    while not (out / "exit").exists():
+        time.sleep(0.01)
+    client.close()
+
+
+def grant_through_failover(url: str, keys: list[str], folder: str, worker: int) -> None:
+    """Take every key (``acquire``: a hit, or the lease, waiting while another holds it), logging each
+    lease granted with its token before computing under it, and retrying whatever the store could
+    not answer (a failover: ``StoreUnavailable``), as a caller's own retry policy would."""
+    out = Path(folder)
+    client = dibs.Reservations(url, namespace="failover", ttl=30)
+    _go(out, worker)
+    results: dict[str, Any] = {}
+    unavailable = 0
+    for key in keys:
+        while key not in results:
+            try:
+                got = client.acquire(key, owner=f"worker-{worker}", timeout=120)
+                if isinstance(got, dibs.Acquired):
+                    _append(
+                        out / "grants.jsonl",
+                        {"key": key, "token": got.lease.token, "worker": worker, "at": time.time()},
+                    )
+                    got.lease.complete(f"value-of-{key}")
+                    results[key] = f"value-of-{key}"
+                else:
+                    results[key] = got.value
+            except dibs.StoreUnavailable:
+                unavailable += 1
+                time.sleep(0.02)
+    _append(out / f"results-{worker}.jsonl", {"results": results, "unavailable": unavailable})
     client.close()

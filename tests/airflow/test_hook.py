@@ -429,3 +429,33 @@ def test_a_trigger_cancelled_while_its_client_is_built_closes_that_client(
         assert built and built[0]._closed
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("form", ["cluster", "sentinel"])
+def test_a_redis_cluster_or_sentinel_url_with_the_password_field_reaches_the_store(form: str) -> None:
+    """Issue 29: the topologies' URL forms pass the connection's check, take the Password field like
+    any server URL, and reach a real cluster or Sentinel set (started by the tests)."""
+    from tests.redis_topologies import missing, shared_cluster, shared_sentinels, unique_prefix
+    from tests.services import unavailable
+
+    why = missing()
+    if why is not None:
+        unavailable(f"this test starts its own Redis servers, but {why}")
+    topology = shared_cluster() if form == "cluster" else shared_sentinels()
+    prefix = unique_prefix()
+    url, password = topology.url(prefix), f"pw-{uuid.uuid4().hex}"
+    settings = settings_from_connection(
+        conn({"store_url": url.replace("://", "://dibs@", 1)}, password=password)
+    )
+    assert settings.store_url == url.replace("://", f"://dibs:{password}@", 1)
+    assert password not in settings.display_url and settings.display_url.startswith(
+        f"redis+{form}://dibs:***@"
+    )
+    # The servers have no password: reach them with the URL as given, through the same client.
+    client = settings_from_connection(conn({"store_url": url})).client()
+    try:
+        assert client.run("k", lambda: "value") == "value"
+        assert [state.key.name for state in client.store.list()] == ["k"]
+    finally:
+        client.store.close()
+        client.close()

@@ -10,3 +10,13 @@ BACKENDS = ["memory", "sqlite", "postgres", "mysql", "file", "redis", "azure"]
 
 #: Backends whose space is shared across OS processes (``memory`` is one process only).
 PROCESS_BACKENDS = [name for name in BACKENDS if name != "memory"]
+
+#: The Redis store on the other topologies it reaches (a Redis Cluster, a Sentinel set: servers the
+#: tests start, ``tests/redis_topologies.py``). They run the store contract and the model test
+#: (``tests/contract``); what differs between topologies (listing every node, failovers, the URL
+#: forms, the multi-process races) is tested in ``tests/test_redis_topologies.py``, not through
+#: every test of every store (the same store class and scripts run there on the one server).
+TOPOLOGY_BACKENDS = ["redis_cluster", "redis_sentinel"]
+
+#: Every backend the store contract runs on.
+CONTRACT_BACKENDS = BACKENDS + TOPOLOGY_BACKENDS

@@ -20,7 +20,18 @@ from tests.unit.test_stateful import StoreModel
 from dibs.stores import Store, open_store
 
 #: Examples (runs of up to STEPS operations) per store: the network stores are the slow ones.
-EXAMPLES = {"memory": 60, "sqlite": 50, "postgres": 40, "mysql": 40, "redis": 40, "file": 40, "azure": 20}
+EXAMPLES = {
+    "memory": 60,
+    "sqlite": 50,
+    "postgres": 40,
+    "mysql": 40,
+    "redis": 40,
+    "file": 40,
+    "azure": 20,
+    # The same store and scripts as "redis", routed through a cluster client or a Sentinel's master.
+    "redis_cluster": 20,
+    "redis_sentinel": 20,
+}
 FULL_EXAMPLES = 100
 STEPS = 25
 

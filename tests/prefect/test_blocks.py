@@ -120,3 +120,25 @@ def test_a_forked_child_builds_its_own_client(tmp_path: Path) -> None:
         assert resolve_client(url) is inherited
     finally:
         clear_cache()
+
+
+@pytest.mark.parametrize("form", ["cluster", "sentinel"])
+def test_a_redis_cluster_or_sentinel_block_reaches_the_store(form: str) -> None:
+    """Issue 29: a block takes the topologies' URL forms (several hosts), inserts its password like
+    for any server URL, and its client reaches a real cluster or Sentinel set (started by the tests)."""
+    from tests.redis_topologies import missing, shared_cluster, shared_sentinels, unique_prefix
+    from tests.services import unavailable
+
+    why = missing()
+    if why is not None:
+        unavailable(f"this test starts its own Redis servers, but {why}")
+    topology = shared_cluster() if form == "cluster" else shared_sentinels()
+    url = topology.url(unique_prefix())
+    with_password = DibsStore(url=url.replace("://", "://dibs@", 1), password=SecretStr("p@ss"))
+    assert with_password.store_url() == url.replace("://", "://dibs:p%40ss@", 1)
+    client = DibsStore(url=url, namespace="blocks.topology").get_client()
+    try:
+        assert client.run("k", lambda: "value") == "value"
+    finally:
+        client.store.close()
+        client.close()

@@ -8,6 +8,8 @@ URL                          store
 ``postgresql+psycopg://…``   :class:`dibs.stores.sql.SQLStore` (``postgres`` extra)
 ``mysql+pymysql://…``        :class:`dibs.stores.sql.SQLStore` (``mysql`` extra)
 ``redis://host:port/db``     :class:`dibs.stores.redis.RedisStore` (``redis`` extra)
+``redis+cluster://h:p,h:p``  the same, on a Redis Cluster (``rediss+cluster://`` for TLS)
+``redis+sentinel://h:p/db``  the same, on the master a Sentinel set names (``?service_name=``)
 ``azure://container/prefix`` :class:`dibs.stores.azure.AzureBlobStore` (``azure`` extra)
 ``file:///shared/dir``       :class:`dibs.stores.filesystem.FileStore`
 ``memory://name``            :class:`dibs.stores.memory.MemoryStore` (one process only)
@@ -37,7 +39,8 @@ __all__ = [
     "url_userinfo",
 ]
 
-#: URL scheme (the part before ``+driver``) → ``module:Class``.
+#: URL scheme → ``module:Class``: the whole scheme (``redis+cluster``), else the part before ``+driver``
+#: (``postgresql+psycopg`` is ``postgresql``).
 STORE_SCHEMES: dict[str, str] = {
     "sqlite": "dibs.stores.sql:SQLStore",
     "postgresql": "dibs.stores.sql:SQLStore",
@@ -46,6 +49,10 @@ STORE_SCHEMES: dict[str, str] = {
     "mariadb": "dibs.stores.sql:SQLStore",
     "redis": "dibs.stores.redis:RedisStore",
     "rediss": "dibs.stores.redis:RedisStore",
+    "redis+cluster": "dibs.stores.redis:RedisStore",
+    "rediss+cluster": "dibs.stores.redis:RedisStore",
+    "redis+sentinel": "dibs.stores.redis:RedisStore",
+    "rediss+sentinel": "dibs.stores.redis:RedisStore",
     "azure": "dibs.stores.azure:AzureBlobStore",
     "file": "dibs.stores.filesystem:FileStore",
     "memory": "dibs.stores.memory:MemoryStore",
@@ -58,6 +65,10 @@ _EXTRAS = {
     "mariadb": "mysql",
     "redis": "redis",
     "rediss": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "redis+sentinel": "redis",
+    "rediss+sentinel": "redis",
     "azure": "azure",
 }
 
@@ -224,7 +235,9 @@ def open_store(url: str) -> Store:
             "'postgresql+psycopg://user@host/db', 'redis://localhost:6379/0', 'file:///shared/dir', "
             "'azure://container/prefix?account_url=...'"
         )
-    scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in STORE_SCHEMES:
+        scheme = scheme.split("+", 1)[0]
     # A bare mysql:// or mariadb:// means PyMySQL, which dibs[mysql] installs (SQLAlchemy's default: MySQLdb).
     url = re.sub(r"^(mysql|mariadb)://", r"\1+pymysql://", url, flags=re.I)
     target = STORE_SCHEMES.get(scheme)

@@ -141,7 +141,23 @@ def explain_lost(state: KeyState, token: LeaseToken, action: str) -> LeaseLost:
     """The :class:`LeaseLost` for a write with a stale ``token``: says who has the key now, if anyone."""
     key = state.key
     reason = "released"
-    if state.lease is not None and state.lease.token != token:
+    if state.fence < token.fence or (
+        state.fence == token.fence and state.lease is not None and state.lease.token != token
+    ):
+        # A fence never goes down and is never handed out twice: a record below this token, or a lease
+        # of this token's fence that is not this token, is a record that lost writes since the grant.
+        reason = "rolled_back"
+        holder = (
+            ""
+            if state.lease is None
+            else f" ({state.lease.owner!r} holds it with token {state.lease.token.fence})"
+        )
+        why = (
+            f"the store's record of the key is at token {state.fence}{holder}: it lost writes made since "
+            "this token was granted (a restart without persistence, or a failover to a replica that had "
+            "not received them), or the token is not from this store"
+        )
+    elif state.lease is not None and state.lease.token != token:
         reason = "taken_over"
         why = (
             f"it was taken over by {state.lease.owner!r} with token {state.lease.token.fence} "

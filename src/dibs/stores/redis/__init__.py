@@ -1,9 +1,17 @@
 """The Redis store: every operation is one Lua script, so Redis itself decides each step atomically.
 
-URL: ``redis://[user:password@]host[:port][/db][?prefix=dibs:&socket_timeout=10]`` (``rediss://`` for
-TLS). ``prefix`` (default ``dibs:``) starts every Redis key dibs writes, so several applications or
+URLs (:mod:`.settings`; ``rediss`` for TLS):
+
+* ``redis://[user:password@]host[:port][/db][?prefix=dibs:&socket_timeout=10]``: one server;
+* ``redis+cluster://[user:password@]host:port[,host:port...][?prefix=dibs:]``: a Redis Cluster;
+* ``redis+sentinel://[user:password@]host:port[,host:port...][/db]?service_name=NAME``: the master a
+  Sentinel set names, followed through failovers.
+
+``prefix`` (default ``dibs:``) starts every Redis key dibs writes, so several applications or
 test runs can share one database; ``max_artifact_size`` (bytes) sets a limit below the server's own;
-any other query option is handed to redis-py's connection pool.
+``min_replicas`` makes every grant and complete wait for that many replicas (see the limits below);
+redis-py's connection options pass on. docs/deploy-redis.md is the operator's page: the URLs, the
+ACL, connections per process, and what a failover can lose.
 
 The largest artifact is known before it is sent: the server's ``proto-max-bulk-len`` (one value of a
 command, 512 MB by default) and ``client-query-buffer-limit`` (the whole command), read once with
@@ -22,9 +30,15 @@ Layout, per key (``digest`` is :attr:`dibs.keys.Key.digest`, never the key's own
   reap publish on. Each process's watch hub follows them all with one pattern subscription
   (:class:`~dibs.stores.redis.feed.PatternFeed`), so waiters wake at once instead of polling.
 
-Modules: :mod:`.settings` (the URL's options and the client's defaults), :mod:`.scripts` (the Lua
-scripts, package data under ``lua/`` sharing one prelude), :mod:`.store` (:class:`RedisStore`) and
-:mod:`.feed` (the pub/sub change feed).
+On a Redis Cluster each script touches one key, its record, so each runs on one slot; its channel
+is published with a classic ``PUBLISH``, which the cluster hands to every node (a script may not
+``SPUBLISH`` outside its key's slot), and the feed's one subscription, on any node, hears them all.
+
+Modules: :mod:`.settings` (the URL's options and the client's defaults), :mod:`.topology` (the client
+for one server, a cluster or a Sentinel set, and what each says about its errors), :mod:`.scripts`
+(the Lua scripts, package data under ``lua/`` sharing one prelude), :mod:`.replicas` (``WAIT`` after
+a grant or a complete, for ``min_replicas``), :mod:`.store` (:class:`RedisStore`) and :mod:`.feed` (the
+pub/sub change feed).
 
 Each script runs by its SHA1 (``EVALSHA``), sent through the client's ``execute_command``
 (:class:`~dibs.stores.redis.scripts.Script`); a server that does not know it (``NOSCRIPT``: after a
@@ -51,11 +65,16 @@ decoder (:mod:`dibs.stores.decoder`) before writing, so they never change a reco
 later is needed: it replicates a script by its effects, so a script may read ``TIME`` and then write.
 Limits that come with Redis:
 
-* Fencing is only as durable as the data: a server that restarts without persistence (or a replica
-  promoted before it received the last write) forgets leases and fences. Use AOF persistence, and a
-  ``maxmemory-policy`` that never evicts these keys (``noeviction`` or a ``volatile-*`` policy; dibs
-  sets no expiry on its keys).
-* Redis Cluster is not supported: records and channels are plain keys, not hash-tagged.
+* Fencing is only as durable as the data: a server that restarts without persistence forgets leases
+  and fences. Use AOF persistence, and a ``maxmemory-policy`` that never evicts these keys
+  (``noeviction`` or a ``volatile-*`` policy; dibs sets no expiry on its keys).
+* Replication is asynchronous: a replica promoted by a failover may lack the last writes, and an old
+  master keeps taking writes until it is demoted. Without ``min_replicas`` a lease granted then can
+  be forgotten and its token granted again, an artifact lost and computed again (the holder is told
+  ``LeaseLost``, reason ``rolled_back``). With ``min_replicas=N`` a grant or complete is answered only
+  once N replicas have it (:mod:`.replicas`): an unconfirmed grant is released and refused, an
+  unconfirmed complete is confirmed by the read that settles it. Heartbeats and releases are never
+  waited for. docs/deploy-redis.md says exactly what holds.
 """
 
 from dibs.stores.redis.settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_PREFIX

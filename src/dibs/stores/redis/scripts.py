@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import redis
 import redis.exceptions
+from redis.cluster import RedisCluster
 from redis.commands.core import Script as RedisScript
 
 from dibs.records import MAX_COUNT, MAX_FENCE, MAX_TIMESTAMP
@@ -166,7 +167,7 @@ def source(name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Script:
-    """One script on one client, run by its SHA (``EVALSHA``) through the client's ``execute_command``.
+    """One script, run by its SHA (``EVALSHA``) through a client's ``execute_command``.
 
     Not redis-py's ``Script.__call__``: that builds the argument tuple again, imports ``Pipeline`` and
     goes through three more calls on every run (issue 20: with the store's ``try`` in place of a
@@ -174,27 +175,54 @@ class Script:
     it does on ``NOSCRIPT`` is kept: the server had lost the script (a restart, a failover, ``SCRIPT
     FLUSH``), so it did not run; it is loaded and run again, once. Pipelines (``list``, ``read_many``)
     take :attr:`registered`, redis-py's own, which loads missing scripts before the pipeline runs.
+
+    The client is given at each run, not kept: a cluster's client is built at the store's first
+    operation, and a run that must stay on one connection (``min_replicas``) sends through one.
     """
 
     registered: RedisScript
-    client: redis.Redis
 
-    def __call__(self, record_key: str | bytes, *args: str | bytes | int) -> Reply:
-        """The script's reply, run on ``record_key`` (its one key) with ``args`` (its ARGV)."""
-        run: Callable[..., Any] = self.client.execute_command  # untyped in redis-py
+    @property
+    def sha(self) -> str:
+        return str(self.registered.sha)
+
+    def __call__(self, client: Any, record_key: str | bytes, *args: str | bytes | int) -> Reply:
+        """The script's reply, run by ``client`` on ``record_key`` (its one key) with ``args`` (its ARGV)."""
+        run: Callable[..., Any] = client.execute_command  # untyped in redis-py
         sha = self.registered.sha
         try:
             return cast(Reply, run("EVALSHA", sha, 1, record_key, *args))
         except redis.exceptions.NoScriptError:
             # Not run: the server does not know the script. Load it and run it again; a second
             # NOSCRIPT (a proxy spreading commands over servers) is the caller's error, not a loop.
-            self.client.script_load(self.registered.script)
+            if isinstance(client, RedisCluster):
+                _load_on_primaries(client, self.registered.script)
+            else:
+                client.script_load(self.registered.script)
             return cast(Reply, run("EVALSHA", sha, 1, record_key, *args))
+
+    def queue(self, pipe: Any, record_key: str | bytes, *args: str | bytes | int) -> None:
+        """Add a run to ``pipe`` (one node's pipeline), which loads the script first if it must."""
+        self.registered(keys=[record_key], args=list(args), client=pipe)
+
+
+def _load_on_primaries(cluster: RedisCluster, text: Any) -> None:
+    """Load a script on every primary of a cluster that answers: the one that said ``NOSCRIPT`` may
+    not be the key's node in the client's map (an ``ASK`` during a resharding sends the script to
+    the slot's new node). Not redis-py's ``script_load``, which fails whole when one primary is down,
+    though the script runs elsewhere; a node that failed here fails the script's own run, if it is
+    the one that must run it."""
+    run: Callable[..., Any] = cluster.execute_command
+    for node in cluster.get_primaries():  # type: ignore[no-untyped-call]
+        try:
+            run("SCRIPT LOAD", text, target_nodes=node)
+        except redis.exceptions.RedisError:
+            continue
 
 
 @dataclasses.dataclass(frozen=True)
 class Scripts:
-    """The scripts registered on one client (loaded on the server at their first run)."""
+    """Every script of the store (loaded on a server at its first run there)."""
 
     acquire: Script
     heartbeat: Script
@@ -204,5 +232,9 @@ class Scripts:
     read: Script
 
     @classmethod
-    def register(cls, client: redis.Redis) -> Scripts:
-        return cls(**{name: Script(client.register_script(source(name)), client) for name in UNDER_LEASE})
+    def load(cls) -> Scripts:
+        # The text as bytes: redis-py then needs no client to take its SHA (it would ask one for its
+        # encoder), and a cluster's client does not exist before the first operation.
+        return cls(
+            **{name: Script(RedisScript(cast(Any, None), source(name).encode())) for name in UNDER_LEASE}
+        )

@@ -7,14 +7,15 @@ import builtins
 import contextlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
 import redis
 import redis.exceptions
+from redis.exceptions import RedisClusterException
 
 from dibs.display import printable
-from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
+from dibs.errors import ConfigurationError, CorruptRecord, ReservationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import (
     ArtifactRecord,
@@ -31,6 +32,7 @@ from dibs.stores import decoder, redact_url, transitions
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.redis.feed import PatternFeed
+from dibs.stores.redis.replicas import ReplicaWait, Unreplicated
 from dibs.stores.redis.scripts import (
     COMPLETED_FIELDS,
     FIELDS,
@@ -41,7 +43,8 @@ from dibs.stores.redis.scripts import (
     Script,
     Scripts,
 )
-from dibs.stores.redis.settings import CLIENT_DEFAULTS, DEFAULT_MAX_CONNECTIONS, SCAN_BATCH, parse_url
+from dibs.stores.redis.settings import SCAN_BATCH, parse_url
+from dibs.stores.redis.topology import Demoted, NotStandalone, UnknownService, reach
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.transitions import MAX_ERROR_LENGTH, explain_lost
 
@@ -66,6 +69,45 @@ def _seconds(value: float, what: str) -> str:
     return repr(float(value))
 
 
+#: What redis-py raises: its errors, and its cluster client's own (not a ``RedisError``).
+_REDIS_ERRORS = (redis.exceptions.RedisError, RedisClusterException)
+
+
+def _WROTE_A_LEASE(reply: Reply) -> bool:
+    """An acquire's reply that the replicas must confirm: a lease granted, or re-entered."""
+    return bool(reply[0] in (b"granted", b"reentered"))
+
+
+def _STORED(reply: Reply) -> bool:
+    return bool(reply[0] == b"ok")
+
+
+def _may_repeat(exc: Exception, safe: bool) -> bool:
+    """Whether a script that failed with ``exc`` may be sent once more (see :meth:`RedisStore._run`)."""
+    if isinstance(exc, Demoted | redis.exceptions.ClusterDownError):
+        return True  # refused before it ran: a master turned replica, a cluster re-reading its map
+    if isinstance(exc, NotStandalone | UnknownService | redis.exceptions.AuthenticationError):
+        return False
+    # Not a timeout, nor a pool that stayed busy: each already took the whole bound once.
+    return (
+        safe and isinstance(exc, redis.exceptions.ConnectionError) and str(exc) != "No connection available."
+    )
+
+
+def _limit(node: redis.Redis) -> int:
+    """The most bytes one value may have on ``node``: ``proto-max-bulk-len`` and
+    ``client-query-buffer-limit`` (less room for the command's other values), or Redis's default
+    where ``CONFIG`` is refused (managed services, ACLs)."""
+    limits = []
+    for setting, room in (("proto-max-bulk-len", 0), ("client-query-buffer-limit", _COMMAND_OVERHEAD)):
+        try:
+            found = node.config_get(setting).get(setting)
+        except redis.exceptions.ResponseError:
+            found = None
+        limits.append(int(found) - room if found is not None else DEFAULT_VALUE_LIMIT)
+    return min(limits)
+
+
 class RedisStore(Store):
     """Reservation records in Redis, each operation one atomic Lua script judged on Redis's clock.
 
@@ -77,33 +119,27 @@ class RedisStore(Store):
 
     def __init__(self, url: str) -> None:
         self._url = redact_url(url)
-        client_url, self._prefix, self.max_artifact_size = parse_url(url, self._url)
+        self.settings = parse_url(url, self._url)
+        self._prefix, self.max_artifact_size = self.settings.prefix, self.settings.max_size
         self._value_limit: int | None = None  # read from the server on the first complete
         try:
-            # One bounded pool per store, shared by every client of the process (dibs.runtime): the
-            # watch hub's subscription holds one connection of it, operations the rest, and a caller
-            # finding them all busy waits for one instead of opening more (DEFAULT_MAX_CONNECTIONS).
-            pool = redis.BlockingConnectionPool.from_url(
-                client_url,
-                max_connections=DEFAULT_MAX_CONNECTIONS,
-                timeout=CLIENT_DEFAULTS["socket_timeout"],
-                **CLIENT_DEFAULTS,
-            )
-            self._client = redis.Redis(connection_pool=pool)
-            # The pool creates connections lazily; building one (without connecting) now turns an
-            # unknown or malformed query option into a configuration error instead of a failure on
-            # the first operation.
-            pool.connection_class(**pool.connection_kwargs)
+            self._reach = reach(self.settings)
         except (ValueError, TypeError) as exc:
-            raise ConfigurationError(
-                f"invalid Redis store URL {self._url!r}: {exc}; expected "
-                "'redis://[user:password@]host[:port][/db][?prefix=dibs:]' with redis-py connection "
-                "options (socket_timeout, max_connections, ssl_cert_reqs, ...) as further query parameters",
-                url=self._url,
+            raise self.settings.bad(
+                f"{exc} (redis-py's connection options, such as socket_timeout, max_connections or "
+                "ssl_cert_reqs, go as further query parameters)"
             ) from exc
-        scripts = Scripts.register(self._client)
+        scripts = Scripts.load()
         self._acquire, self._heartbeat, self._complete = scripts.acquire, scripts.heartbeat, scripts.complete
         self._release, self._drop, self._read = scripts.release, scripts.drop, scripts.read
+        self._replicas = (
+            ReplicaWait(self.settings.min_replicas, self.settings.replica_timeout, self._reach)
+            if self.settings.min_replicas
+            else None
+        )
+        #: min_replicas: the keys whose complete this store could not confirm, by digest, with the
+        #: artifact's fence: a read of such a key confirms the artifact before it reports it.
+        self._unconfirmed: dict[str, int] = {}
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -129,24 +165,68 @@ class RedisStore(Store):
     # -- operations ---------------------------------------------------------------------------------
 
     def read(self, key: Key) -> KeyState:
-        reply = self._run(self._read, key, "read", key.namespace, key.name, "1")
-        return self._state(key, reply, with_payload=True)
+        reply = self._run(self._read, key, "read", key.namespace, key.name, "1", safe=True)
+        state = self._state(key, reply, with_payload=True)
+        if self._unconfirmed and key.digest in self._unconfirmed:
+            self._confirm(key, state)
+        return state
+
+    def _confirm(self, key: Key, state: KeyState) -> None:
+        """Confirm, before it is reported, an artifact this store stored but could not confirm.
+
+        A holder whose complete was not confirmed (or whose reply was lost) reads the key to settle it
+        (:meth:`Lease._settle_complete <dibs.lease.Lease._settle_complete>`): finding its artifact on
+        the master, it keeps it as stored. That is true only once the replicas have it: on a master
+        about to be demoted (a split brain) the artifact is lost with the master's writes, and the key
+        would be computed again. So the read asks the replicas first (a ``PUBLISH`` on the key's
+        channel, which the replicas receive after the artifact, then ``WAIT``); until they confirm,
+        the read is :class:`StoreUnavailable` and the holder reads again. A master that is a replica
+        by now drops its connections: the next read finds the new master, without the artifact, and
+        the holder stores it again there.
+        """
+        assert self._replicas is not None
+        fence = self._unconfirmed.get(key.digest)
+        if fence is None or state.artifact is None or state.artifact.fence != fence:
+            self._unconfirmed.pop(key.digest, None)  # replaced, or lost: the state says what is true
+            return
+        try:
+            acknowledged = self._replicas.confirm(self.record_key(key), self.channel(key))
+        except redis.exceptions.ResponseError as exc:
+            # "WAIT cannot be used with replica instances": the master was demoted under us.
+            self._reach.refresh()
+            raise self._failure(exc, "confirm the artifact of", key) from exc
+        except _REDIS_ERRORS as exc:
+            raise self._failure(exc, "confirm the artifact of", key) from exc
+        if acknowledged < self._replicas.replicas:
+            raise StoreUnavailable(
+                f"could not confirm the artifact of {key}: only {acknowledged} of the "
+                f"{self._replicas.replicas} replica(s) asked for (min_replicas) have it yet",
+                url=self._url,
+                key=str(key),
+            )
+        self._unconfirmed.pop(key.digest, None)
 
     def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         ttl, lease_id = _seconds(request.ttl, "ttl"), new_lease_id()
-        reply = self._run(
-            self._acquire,
-            key,
-            "reserve",
-            key.namespace,
-            key.name,
-            request.owner,
-            ttl,
-            "" if request.max_lease_age is None else _seconds(request.max_lease_age, "max_lease_age"),
-            lease_id,
-            "" if request.max_age is None else _seconds(request.max_age, "max_age"),
-            "" if request.min_fence is None else str(int(request.min_fence)),
-        )
+        try:
+            reply = self._run(
+                self._acquire,
+                key,
+                "reserve",
+                key.namespace,
+                key.name,
+                request.owner,
+                ttl,
+                "" if request.max_lease_age is None else _seconds(request.max_lease_age, "max_lease_age"),
+                lease_id,
+                "" if request.max_age is None else _seconds(request.max_age, "max_age"),
+                "" if request.min_fence is None else str(int(request.min_fence)),
+                # A repeat after a lost reply is safe: the same owner re-enters the lease it was granted.
+                safe=True,
+                confirm=_WROTE_A_LEASE,
+            )
+        except Unreplicated as exc:
+            raise self._unreplicated_grant(key, lease_id, exc) from None
         status = reply[0]
         if status == b"exhausted":
             raise transitions.fence_exhausted(key, int(reply[1]))
@@ -217,6 +297,7 @@ class RedisStore(Store):
             token.fence,
             token.lease_id,
             _seconds(ttl, "ttl"),
+            safe=True,  # twice only extends the expiry twice
         )
         state = self._state(key, reply)
         if reply[0] == b"lost":
@@ -226,19 +307,23 @@ class RedisStore(Store):
 
     def value_limit(self) -> int:
         """The most bytes one artifact may have here: the server's limits on one value and on one
-        command (read once), or ``max_artifact_size`` when that is lower."""
+        command (read once), or ``max_artifact_size`` when that is lower.
+
+        On a cluster, the lowest of the primaries that answer (each may have its own settings; one that
+        is down does not stop a complete on the others)."""
         if self._value_limit is None:
             limits = []
-            for setting, room in (
-                ("proto-max-bulk-len", 0),
-                ("client-query-buffer-limit", _COMMAND_OVERHEAD),
-            ):
-                with self._service("read the server's limits", None):
-                    try:
-                        found = self._client.config_get(setting).get(setting)
-                    except redis.exceptions.ResponseError:  # CONFIG refused (managed services, ACLs)
-                        found = None  # then Redis's default is assumed
-                limits.append(int(found) - room if found is not None else DEFAULT_VALUE_LIMIT)
+            with self._service("read the server's limits", None):
+                nodes = self._reach.primaries()
+            failure: Exception | None = None
+            for node in nodes:
+                try:
+                    limits.append(_limit(node))
+                except _REDIS_ERRORS as exc:
+                    failure = exc
+            if not limits:
+                assert failure is not None
+                raise self._failure(failure, "read the server's limits", None) from failure
             self._value_limit = min(limits)
         if self.max_artifact_size is not None:
             return min(self._value_limit, self.max_artifact_size)
@@ -255,20 +340,34 @@ class RedisStore(Store):
             " or ?max_artifact_size=)",
             remedy="Raise the server's limits, or store the data elsewhere and return a reference to it",
         )
-        reply = self._run(
-            self._complete,
-            key,
-            "complete",
-            key.namespace,
-            key.name,
-            token.fence,
-            token.lease_id,
-            artifact.serializer,
-            payload,
-            artifact.checksum,
-            self.channel(key),
-            "" if artifact.compute_seconds is None else repr(float(artifact.compute_seconds)),
-        )
+        try:
+            reply = self._run(
+                self._complete,
+                key,
+                "complete",
+                key.namespace,
+                key.name,
+                token.fence,
+                token.lease_id,
+                artifact.serializer,
+                payload,
+                artifact.checksum,
+                self.channel(key),
+                "" if artifact.compute_seconds is None else repr(float(artifact.compute_seconds)),
+                confirm=_STORED,
+            )
+        except Unreplicated as exc:
+            # Stored on the master, but not (yet) on enough replicas: not reported as stored. The caller
+            # settles it by reading the key, and the read confirms the artifact first (_confirm).
+            self._unconfirmed[key.digest] = token.fence
+            raise StoreUnavailable(
+                f"could not confirm the artifact of {key}: it is stored on the master of {self._url}, but "
+                f"only {exc.acknowledged} of the {self.settings.min_replicas} replica(s) asked for "
+                f"(min_replicas) confirmed it within {self.settings.replica_timeout:g} s, and a failover "
+                "before they do would lose it",
+                url=self._url,
+                key=str(key),
+            ) from None
         if reply[0] == b"lost":
             raise explain_lost(self._state(key, reply), token, "complete")
         # The short reply: the rest of the stored artifact is what was sent (the script wrote the
@@ -307,6 +406,31 @@ class RedisStore(Store):
         if reply[0] == b"lost":
             raise explain_lost(self._state(key, reply), token, "release")
 
+    def _unreplicated_grant(self, key: Key, lease_id: str, exc: Unreplicated) -> StoreUnavailable:
+        """The error for a lease the replicas did not confirm in time, released first if it is new.
+
+        Its token must not be used: a failover before the replicas have the grant would grant the same
+        fence again. A new lease is released at once (best effort: a release lost too leaves a lease
+        nobody holds, which expires), so waiters need not wait out its ttl; a re-entered one is the
+        owner's own lease, which may be in use elsewhere (a hand-off), so it is left as it is.
+        """
+        reply, settings = exc.reply, self.settings
+        released = ""
+        if reply[0] == b"granted":
+            try:
+                self.release(key, LeaseToken(int(reply[3]), lease_id))
+                released = "; the lease was released"
+            except ReservationError as failure:
+                logger.warning("could not release the unconfirmed lease of %s: %s", key, failure)
+                released = "; the lease could not be released, and expires with its ttl"
+        return StoreUnavailable(
+            f"could not reserve {key}: Redis at {self._url} granted it, but only {exc.acknowledged} of the "
+            f"{settings.min_replicas} replica(s) asked for (min_replicas) confirmed it within "
+            f"{settings.replica_timeout:g} s, so a failover could grant its token again{released}",
+            url=self._url,
+            key=str(key),
+        )
+
     def force_release(self, key: Key) -> bool:
         return self._drop_part(key, "lease", "force-release")
 
@@ -316,18 +440,25 @@ class RedisStore(Store):
     def list(self, namespace: str | None = None) -> Listing:
         """Every record under the prefix, sorted by key, without payloads.
 
-        One SCAN over ``{prefix}rec:*`` plus one pipelined read script per record: dibs keeps no
-        index, so nothing can fall out of step with the records. A value under the prefix that is
-        not a dibs record is skipped, logged and counted (see :class:`~dibs.stores.base.Listing`).
+        One SCAN over ``{prefix}rec:*`` on every node that holds keys (each primary of a cluster) plus
+        one pipelined read script per record on the same node: dibs keeps no index, so nothing can
+        fall out of step with the records. A value under the prefix that is not a dibs record is
+        skipped, logged and counted (see :class:`~dibs.stores.base.Listing`).
         """
         states: builtins.list[KeyState] = []
         skipped: builtins.list[Skipped] = []
-        for batch in self._scan_batches():
+        for node, batch in self._scan_batches():
             with self._service("list keys", None):
-                pipe = self._client.pipeline(transaction=False)
+                pipe = node.pipeline(transaction=False)
                 for record_key in batch:
-                    self._read.registered(keys=[record_key], args=["", "", "0"], client=pipe)
-                replies = pipe.execute()
+                    self._read.queue(pipe, record_key, "", "", "0")
+                replies = [
+                    self._moved(record_key, reply, ("", "", "0"))
+                    for record_key, reply in zip(batch, pipe.execute(raise_on_error=False), strict=True)
+                ]
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
             for record_key, reply in zip(batch, replies, strict=True):
                 try:
                     state = self._listed_state(record_key, cast(Reply, reply))
@@ -359,7 +490,7 @@ class RedisStore(Store):
         return pruned
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
-        """Several keys in one round trip (a pipeline of read scripts), for the watch hub."""
+        """Several keys in one round trip per node (a pipeline of read scripts), for the watch hub."""
         if len(keys) == 1:
             # The hub's usual case (one key changed, every waiter of it woken): the read script
             # called directly, without a pipeline (0.05-0.13 ms less per hand-off, measured).
@@ -370,41 +501,54 @@ class RedisStore(Store):
             key = keys[0]
             with self._service("read", key):
                 try:
-                    reply = self._read(self.record_key(key), key.namespace, key.name, "1")
+                    reply = self._read(
+                        self._reach.client(), self.record_key(key), key.namespace, key.name, "1"
+                    )
                 except redis.exceptions.NoPermissionError:
                     return []
             try:
                 return [] if reply[0] == b"corrupt" else [self._state(key, reply, with_payload=True)]
             except CorruptRecord:
                 return []
+        record_keys = [self.record_key(key) for key in keys]
+        replies: builtins.list[object] = [None] * len(keys)
         with self._service("read keys", None):
-            pipe = self._client.pipeline(transaction=False)
-            for key in keys:
-                self._read.registered(
-                    keys=[self.record_key(key)], args=[key.namespace, key.name, "1"], client=pipe
-                )
-            replies = pipe.execute(raise_on_error=False)
-            for reply in replies:  # as above: only a key refused this user is skipped
-                if isinstance(reply, Exception) and not isinstance(reply, redis.exceptions.NoPermissionError):
-                    raise reply
+            for node, indexes in self._reach.group(record_keys):
+                pipe = node.pipeline(transaction=False)
+                for index in indexes:
+                    self._read.queue(pipe, record_keys[index], keys[index].namespace, keys[index].name, "1")
+                for index, answer in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
+                    key = keys[index]
+                    replies[index] = self._moved(record_keys[index], answer, (key.namespace, key.name, "1"))
+            for answer in replies:  # as above: only a key refused this user is skipped
+                if isinstance(answer, Exception) and not isinstance(
+                    answer, redis.exceptions.NoPermissionError
+                ):
+                    raise answer
         states = []
-        for key, reply in zip(keys, replies, strict=True):
+        for key, answer in zip(keys, replies, strict=True):
             try:
-                if isinstance(reply, Exception) or reply[0] == b"corrupt":
+                if isinstance(answer, Exception) or cast(Reply, answer)[0] == b"corrupt":
                     continue  # refused, or damaged: its waiters ask for themselves, and get the error
-                states.append(self._state(key, cast(Reply, reply), with_payload=True))
+                states.append(self._state(key, cast(Reply, answer), with_payload=True))
             except CorruptRecord:
                 continue
         return states
 
+    def _moved(self, record_key: str | bytes, reply: object, args: tuple[str, str, str]) -> object:
+        """A pipelined read's reply; on a cluster, a key whose slot moved since the pipeline's node was
+        chosen (``MOVED``/``ASK``: the read did not run) is read again through the cluster client."""
+        if isinstance(reply, redis.exceptions.AskError) and self.settings.topology == "cluster":
+            return self._read(self._reach.client(), record_key, *args)
+        return reply
+
     def change_feed(self) -> ChangeFeed:
         """One pattern subscription to every key's channel under the prefix, for the whole process."""
-        return PatternFeed(self._client, self._prefix, self._service)
+        return PatternFeed(self._reach.subscriber, self._prefix, self._service, self._url)
 
     def close(self) -> None:
         super().close()
-        self._client.close()
-        self._client.connection_pool.disconnect()
+        self._reach.close()
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -413,44 +557,144 @@ class RedisStore(Store):
         """Translate redis-py's errors into dibs errors; messages name the redacted URL, never secrets."""
         try:
             yield
-        except redis.exceptions.RedisError as exc:
+        except _REDIS_ERRORS as exc:
             raise self._failure(exc, action, key) from exc
 
-    def _failure(self, exc: redis.exceptions.RedisError, action: str, key: Key | None) -> Exception:
-        """The dibs error for redis-py's ``exc`` while doing ``action`` (on ``key``)."""
+    def _failure(self, exc: Exception, action: str, key: Key | None) -> Exception:
+        """The dibs error for redis-py's ``exc`` while doing ``action`` (on ``key``).
+
+        :class:`ConfigurationError` for what only a change of settings mends (credentials, rights, a
+        URL of the wrong form for the servers it reaches), raised at once; :class:`StoreUnavailable`
+        for what passes (a server down, a failover, a slot moving), which the callers' outage policy
+        rides out.
+        """
         what = f"{action} {key}" if key is not None else action
-        if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+        wrong_form = self._wrong_form(exc)
+        if wrong_form is not None:
+            return ConfigurationError(f"Redis at {self._url} cannot {what}: {wrong_form}", url=self._url)
+        if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError) or (
+            isinstance(exc, RedisClusterException)
+            and isinstance(exc.__cause__, redis.exceptions.AuthenticationError)
+        ):
             return ConfigurationError(
                 f"Redis at {self._url} refused to {what}: {exc}; check the user and password in the "
-                "store URL and that the user may run EVALSHA, SCRIPT, SCAN, PUBLISH and SUBSCRIBE "
-                "on keys and channels starting with the prefix",
+                "store URL and the user's ACL: the commands, keys and channels it needs are listed in "
+                "docs/deploy-redis.md (keys and channels starting with the prefix)",
                 url=self._url,
             )
-        if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        unkey = None if key is None else str(key)
+        if isinstance(exc, redis.exceptions.ReadOnlyError):
             return StoreUnavailable(
-                f"could not {what}: Redis at {self._url} did not answer ({type(exc).__name__}: {exc})",
+                f"could not {what}: Redis at {self._url} is a read-only replica ({type(exc).__name__}: "
+                f"{exc}; a failover may have made it one): point the URL at the master, or follow "
+                "failovers with 'redis+sentinel://SENTINEL:26379[,...]/0?service_name=NAME'",
                 url=self._url,
-                key=None if key is None else str(key),
+                key=unkey,
+            )
+        # The cluster client's "cannot be connected" carries the node's own error as its cause.
+        unreached = exc.__cause__ if isinstance(exc, RedisClusterException) else exc
+        if isinstance(unreached, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+            return StoreUnavailable(
+                f"could not {what}: {self._reach.noun} at {self._url} did not answer "
+                f"({type(exc).__name__}: {exc})",
+                url=self._url,
+                key=unkey,
             )
         return StoreUnavailable(
-            f"could not {what}: Redis at {self._url} answered an error ({type(exc).__name__}: {exc})",
+            f"could not {what}: {self._reach.noun} at {self._url} answered an error "
+            f"({type(exc).__name__}: {exc})",
             url=self._url,
-            key=None if key is None else str(key),
+            key=unkey,
         )
 
-    def _run(self, script: Script, key: Key, action: str, *args: str | bytes | int) -> Reply:
+    def _wrong_form(self, exc: Exception) -> str | None:
+        """Why the URL's form does not fit the servers it reached, if that is what ``exc`` says."""
+        topology = self.settings.topology
+        cluster_form = (
+            "use 'redis+cluster://host:port[,host:port...]' (a plain redis:// URL reaches the keys of one "
+            "node only: the others answer MOVED)"
+        )
+        if isinstance(exc, NotStandalone):
+            if exc.mode == "cluster":
+                return f"it is a node of a Redis Cluster; {cluster_form}"
+            if exc.mode == "sentinel":
+                return (
+                    "it is a Redis Sentinel, which keeps no data; use "
+                    "'redis+sentinel://host:port[,host:port...]/0?service_name=NAME' to reach the master "
+                    "it names"
+                )
+            return f"it is a Redis in {exc.mode} mode, not a standalone server"
+        if topology == "server" and isinstance(exc, redis.exceptions.AskError):
+            return (
+                f"it is a node of a Redis Cluster (it answered {type(exc).__name__}: {exc}); {cluster_form}"
+            )
+        if isinstance(exc, RedisClusterException) and "Cluster mode is not enabled" in str(exc):
+            return (
+                "the nodes named are not in cluster mode (or the user may not run CLUSTER SLOTS); use "
+                "'redis://host:port/0' for one server, or 'redis+sentinel://...' for a Sentinel set"
+            )
+        if isinstance(exc, UnknownService):
+            return f"{exc}; check service_name (SENTINEL MASTERS lists the services a Sentinel monitors)"
+        if (
+            topology == "sentinel"
+            and isinstance(exc, redis.exceptions.ResponseError)
+            and "unknown command" in str(exc).lower()
+            and "sentinel" in str(exc).lower()
+        ):
+            return f"the nodes named are not Redis Sentinels ({exc}); name the Sentinels, not the data nodes"
+        return None
+
+    def _run(
+        self,
+        script: Script,
+        key: Key,
+        action: str,
+        *args: str | bytes | int,
+        safe: bool = False,
+        confirm: Callable[[Reply], bool] | None = None,
+    ) -> Reply:
         """Run one script on ``key``'s record; a foreign or damaged record raises :class:`CorruptRecord`.
+
+        Sent again once when the first try failed in a way that says it did not run (a master demoted
+        by a failover, a cluster's slot map refreshed after ``CLUSTERDOWN``), or, for a ``safe`` script
+        (one whose second run changes nothing the first did not: a read, an acquire, which the same
+        owner re-enters, a heartbeat), when the connection broke: a new connection follows a failover
+        (the Sentinels' new master, a cluster's new slot map). A ``complete`` or ``release`` whose
+        connection broke is not sent again: it may have run, and a second run would report a lease
+        lost (the caller settles it by reading the key: :meth:`Lease._settle_complete
+        <dibs.lease.Lease._settle_complete>`). With ``min_replicas``, a reply ``confirm`` accepts is
+        returned only once the replicas have it (:class:`~dibs.stores.redis.replicas.Unreplicated`
+        otherwise).
 
         A ``try`` rather than :meth:`_service`: the context manager's generator cost ~1 µs of every
         operation (issue 20)."""
+        record_key = self.record_key(key)
         try:
-            reply = script(self.record_key(key), *args)
-        except redis.exceptions.RedisError as exc:
-            raise self._failure(exc, action, key) from exc
+            reply = self._call(script, record_key, args, confirm)
+        except _REDIS_ERRORS as exc:
+            if not _may_repeat(exc, safe):
+                raise self._failure(exc, action, key) from exc
+            if isinstance(exc, Demoted):
+                self._reach.refresh()  # every idle connection to the old master, not this one alone
+            try:
+                reply = self._call(script, record_key, args, confirm)
+            except _REDIS_ERRORS as again:
+                raise self._failure(again, action, key) from again
         if reply[0] == b"corrupt":
             # The reason may quote the foreign value (its format, the key it names): never raw.
-            raise self._corrupt(key, self.record_key(key), printable(reply[1].decode("utf-8", "replace")))
+            raise self._corrupt(key, record_key, printable(reply[1].decode("utf-8", "replace")))
         return reply
+
+    def _call(
+        self,
+        script: Script,
+        record_key: str,
+        args: Sequence[str | bytes | int],
+        confirm: Callable[[Reply], bool] | None,
+    ) -> Reply:
+        if confirm is not None and self._replicas is not None:
+            return self._replicas.run(script, record_key, args, confirm)
+        return script(self._reach.client(), record_key, *args)
 
     def _drop_part(self, key: Key, part: str, action: str, *more: str) -> bool:
         reply = self._run(self._drop, key, action, key.namespace, key.name, self.channel(key), part, *more)
@@ -462,17 +706,24 @@ class RedisStore(Store):
     def _corrupt(self, key: Key | None, record_key: str, why: str) -> CorruptRecord:
         return decoder.corrupt(key, self._where(record_key), why)
 
-    def _scan_batches(self) -> Iterator[Sequence[bytes]]:
-        # Keys stay bytes: a foreign key under the prefix need not be UTF-8, and must still be reported.
+    def _scan_batches(self) -> Iterator[tuple[redis.Redis, Sequence[bytes]]]:
+        """The record keys of every node that holds keys, in batches, each with its node's client.
+
+        Keys stay bytes: a foreign key under the prefix need not be UTF-8, and must still be reported.
+        A key that moves to another node during the scan (a cluster resharding) may be listed twice or
+        missed, as SCAN itself may; the listing never reports a record the store does not hold."""
         with self._service("list keys", None):
-            batch: builtins.list[bytes] = []
-            for raw in self._client.scan_iter(match=f"{self._prefix}rec:*", count=SCAN_BATCH):
-                batch.append(raw)
-                if len(batch) >= SCAN_BATCH:
-                    yield batch
-                    batch = []
-            if batch:
-                yield batch
+            nodes = self._reach.primaries()
+        for node in nodes:
+            with self._service("list keys", None):
+                batch: builtins.list[bytes] = []
+                for raw in node.scan_iter(match=f"{self._prefix}rec:*", count=SCAN_BATCH):
+                    batch.append(raw)
+                    if len(batch) >= SCAN_BATCH:
+                        yield node, batch
+                        batch = []
+                if batch:
+                    yield node, batch
 
     def _listed_state(self, raw_key: bytes, reply: Reply) -> KeyState | None:
         """A listed record's state, after checking it is the record its Redis key says it is."""
