@@ -33,6 +33,7 @@ SERIAL = frozenset(
         "tests/test_processes.py",  # SIGKILL takeover, SIGSTOP fencing, exactly-once across processes
         "tests/test_pooled_processes.py",  # processes racing through PgBouncer, both pool modes
         "tests/test_postgres_restart.py",  # a throwaway PostgreSQL restarted under holders and waiters
+        "tests/test_redis_restart.py",  # a throwaway Redis restarted under waiting processes
         "tests/test_reliability.py",  # the reliability scenarios at their reduced size
         "tests/test_waiting_scale.py",  # many waiters; counts connections (tests/scale.py)
         "tests/test_runtime_processes.py",  # forked processes sharing the runtime
@@ -55,6 +56,7 @@ BESIDE = frozenset(
         "tests/test_reliability.py",  # fault windows and leases running out: a third of a core
         "tests/test_demo.py",  # the demo's workers mostly sleep through their work
         "tests/test_postgres_restart.py",  # mostly the outage itself: a server down for seconds
+        "tests/test_redis_restart.py",  # the same, on Redis
     }
 )
 

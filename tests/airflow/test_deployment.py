@@ -11,6 +11,9 @@ reads their progress from the metadata database.
   worker slot held), resume when the artifact is stored, and all end with the same value.
 * A holder whose task process is SIGKILLed is taken over by one waiter after the lease's ttl; every
   waiting run ends with the taker's value.
+* The dibs store restarts, 30 s down, while runs are deferred on a key (the ``dibs_outage`` connection:
+  a PostgreSQL server of the test's own, tests/postgres_servers.py): the triggerer's waits ride the
+  outage out, the holder stores once the store is back, and every run ends with its value (issue 29).
 
 CI runs 3 DAG runs per scenario; ``DIBS_FULL=1`` runs 6.
 """
@@ -37,6 +40,7 @@ pytest.importorskip("airflow")
 from tests.airflow import _reservations_page as page
 from tests.airflow.statsd import StatsD
 from tests.components import Components, free_port, run_at_once
+from tests.postgres_servers import ThrowawayPostgres
 from tests.services import full_size, services_required, unavailable
 
 pytestmark = pytest.mark.slow
@@ -45,6 +49,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 DAG_ID = "dibs_e2e"
+OUTAGE_DAG_ID = "dibs_e2e_outage"
+#: Seconds the outage scenario's store stays down: a managed database's failover.
+OUTAGE = 30.0
 RUNS = 6 if full_size() else 3
 TERMINAL = ("success", "failed")
 
@@ -82,13 +89,14 @@ def metadata_url() -> Iterator[str]:
 class Airflow:
     """One Airflow deployment: the environment of its processes and a view of its metadata."""
 
-    def __init__(self, tmp_path: Path, metadata_url: str) -> None:
+    def __init__(self, tmp_path: Path, metadata_url: str, outage_url: str) -> None:
         self.statsd = StatsD()  # Airflow's StatsD metrics of every component, dibs's among them
         self.work = tmp_path / "work"
         self.work.mkdir()
         self.port = free_port()
         self.metadata_url = metadata_url
         store = {"conn_type": "dibs", "extra": {"store_url": metadata_url, "namespace": "e2e"}}
+        restarting = {"conn_type": "dibs", "extra": {"store_url": outage_url, "namespace": "e2e"}}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DIBS_STORE_URL"))}
         env.update(
             AIRFLOW_HOME=str(tmp_path / "airflow"),
@@ -107,6 +115,7 @@ class Airflow:
             AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
             AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME="0.5",
             AIRFLOW_CONN_DIBS_DEFAULT=json.dumps(store),
+            AIRFLOW_CONN_DIBS_OUTAGE=json.dumps(restarting),
             DIBS_E2E_DIR=str(self.work),
             **page.auth_environment(tmp_path / "auth"),
             PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -120,31 +129,31 @@ class Airflow:
         with psycopg.connect(_libpq(self.metadata_url)) as conn:
             return list(conn.execute(query, args).fetchall())
 
-    def task_states(self, run_ids: list[str]) -> dict[str, str | None]:
+    def task_states(self, run_ids: list[str], dag_id: str = DAG_ID) -> dict[str, str | None]:
         rows = self.sql(
             "SELECT run_id, state FROM task_instance WHERE dag_id = %s AND task_id = 'build_features'"
             " AND run_id = ANY(%s)",
-            DAG_ID,
+            dag_id,
             run_ids,
         )
         return dict(rows)
 
-    def finished(self, run_ids: list[str]) -> dict[str, str] | None:
+    def finished(self, run_ids: list[str], dag_id: str = DAG_ID) -> dict[str, str] | None:
         """The final state of every run, once all of them have one."""
         query = "SELECT run_id, state FROM dag_run WHERE dag_id = %s AND run_id = ANY(%s)"
-        states: dict[str, str] = dict(self.sql(query, DAG_ID, run_ids))  # type: ignore[arg-type]
+        states: dict[str, str] = dict(self.sql(query, dag_id, run_ids))  # type: ignore[arg-type]
         done = len(states) == len(run_ids) and all(state in TERMINAL for state in states.values())
         return states if done else None
 
-    def deferred_while_computing(self, run_ids: list[str], computing: int) -> bool:
+    def deferred_while_computing(self, run_ids: list[str], computing: int, dag_id: str = DAG_ID) -> bool:
         """``computing`` of the runs' reserved tasks are running, every other one is deferred."""
-        states = sorted(self.task_states(run_ids).values(), key=str)
+        states = sorted(self.task_states(run_ids, dag_id).values(), key=str)
         return states == ["deferred"] * (len(run_ids) - computing) + ["running"] * computing
 
-    def trigger(self, scenario: str, run_ids: list[str]) -> None:
+    def trigger(self, scenario: str, run_ids: list[str], dag_id: str = DAG_ID) -> None:
         conf = json.dumps({"scenario": scenario})
         run_at_once(
-            [[AIRFLOW, "dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf] for run_id in run_ids],
+            [[AIRFLOW, "dags", "trigger", dag_id, "--run-id", run_id, "--conf", conf] for run_id in run_ids],
             self.env,
             REPO,
         )
@@ -155,8 +164,11 @@ class Airflow:
 
 
 @pytest.fixture
-def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Components]]:
-    deployment = Airflow(tmp_path, metadata_url)
+def airflow(
+    tmp_path: Path, metadata_url: str, restartable_postgres: ThrowawayPostgres
+) -> Iterator[tuple[Airflow, Components]]:
+    outage_url = restartable_postgres.url(schema=f"e2e_{uuid.uuid4().hex[:12]}", timeout="2")
+    deployment = Airflow(tmp_path, metadata_url, outage_url)
     deployment.statsd.__enter__()
     components = Components(tmp_path / "logs", REPO)
     migrated = run_at_once([[AIRFLOW, "db", "migrate"]], deployment.env, REPO)
@@ -170,8 +182,16 @@ def airflow(tmp_path: Path, metadata_url: str) -> Iterator[tuple[Airflow, Compon
         components.start("triggerer", [AIRFLOW, "triggerer"], deployment.env)
         try:
             components.wait_until(
-                lambda: deployment.sql("SELECT 1 FROM serialized_dag WHERE dag_id = %s", DAG_ID),
-                "the dag-processor to parse the DAG",
+                lambda: (
+                    len(
+                        deployment.sql(
+                            "SELECT dag_id FROM serialized_dag WHERE dag_id = ANY(%s)",
+                            [DAG_ID, OUTAGE_DAG_ID],
+                        )
+                    )
+                    == 2
+                ),
+                "the dag-processor to parse the DAGs",
                 bound=180,
             )
         except pytest.fail.Exception as exc:
@@ -187,7 +207,7 @@ def _results(deployment: Airflow, scenario: str) -> dict[str, dict[str, Any]]:
 
 
 def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
-    airflow: tuple[Airflow, Components],
+    airflow: tuple[Airflow, Components], restartable_postgres: ThrowawayPostgres
 ) -> None:
     deployment, components = airflow
 
@@ -239,6 +259,28 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
     assert computed["outcome"]["took_over_from"] == f"{DAG_ID}/{holder_run}/build_features/-1"
     retried = _retried_by_the_deferral_race(deployment, holder_run, components)
     _assert_stats(deployment.statsd, retried=len(retried))
+    _ride_out_a_store_restart(deployment, components, restartable_postgres)
+
+
+def _ride_out_a_store_restart(deployment: Airflow, components: Components, server: ThrowawayPostgres) -> None:
+    """3. The dibs store restarts, 30 s down, while one run computes and the others are deferred: the
+    triggerer's waits ride the outage out (a trigger holds nothing), the holder stores once the store is
+    back, and every run ends with the one computation's value."""
+    runs = [f"outage-{i}" for i in range(RUNS)]
+    deployment.trigger("outage", runs, OUTAGE_DAG_ID)
+    components.wait_until(lambda: deployment.lines("executions-outage.txt"), "one run to start computing")
+    components.wait_until(
+        lambda: deployment.deferred_while_computing(runs, computing=1, dag_id=OUTAGE_DAG_ID),
+        f"{RUNS - 1} runs to defer while one computes",
+    )
+    server.restart(OUTAGE)  # every connection cut, the server down 30 s, then back on its port
+    (deployment.work / "gate-outage").touch()
+    states = components.wait_until(
+        lambda: deployment.finished(runs, OUTAGE_DAG_ID), f"{RUNS} runs to finish after the restart"
+    )
+    assert states == dict.fromkeys(runs, "success"), components.tails()
+    (builder,) = deployment.lines("executions-outage.txt")  # one computation, through the restart
+    _assert_one_computation(deployment, "outage", runs, builder, fence=1)
 
 
 def _retried_by_the_deferral_race(deployment: Airflow, holder_run: str, components: Components) -> list[str]:

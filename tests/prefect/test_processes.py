@@ -286,3 +286,37 @@ def test_native_serializable_cache_survives_a_killed_holder_with_dibs_but_not_fi
     assert _pids(Path(fs_config["count_file"])) == [fs_holder.pid]
     (lock_file,) = Path(fs_config["lock_dir"]).glob("*.lock")
     assert json.loads(lock_file.read_text())["expiration"] is None
+
+
+#: Seconds the dibs store stays down under waiting flow runs: a managed database's failover.
+OUTAGE = 30.0
+
+
+def test_waiting_flow_runs_ride_out_a_store_restart(
+    children: Children, restartable_postgres: Any, tmp_path: Path
+) -> None:
+    """Three flow runs in three processes on a PostgreSQL store that restarts, 30 s down, while two of
+    them wait: the waiters keep waiting (they hold nothing: ``outage_patience``), and every run ends
+    with the one computation's value once the store is back (issue 29)."""
+    flow_name = f"outage-{uuid.uuid4().hex[:8]}"
+    store = restartable_postgres.url(schema=f"t_{uuid.uuid4().hex[:12]}", timeout="2")
+    config: dict[str, Any] = {
+        "store": store,
+        "ttl": OUTAGE + 30,  # the holder's lease outlives the outage: nobody takes it over meanwhile
+        "x": 5,
+        "flow_name": flow_name,
+        "count_file": str(tmp_path / "executions"),
+        "gate_file": str(tmp_path / "gate"),
+    }
+    holder = children.start("reserved", config)
+    wait_until(lambda: _pids(tmp_path / "executions"), what="the holder to start computing")
+    waiters = [children.start("reserved", config) for _ in range(2)]
+    wait_until(
+        lambda: len(_task_runs_in_state(flow_name, "Waiting")) == 2, timeout=180, what="2 waiting runs"
+    )
+    restartable_postgres.restart(OUTAGE)  # every connection cut, the server down 30 s, then back
+    Path(config["gate_file"]).touch()
+    results = [child.result(timeout=OUTAGE + 180) for child in (holder, *waiters)]
+    executions = _pids(tmp_path / "executions")
+    assert executions == [holder.pid]  # one computation, through the restart
+    assert results == [{"x": 5, "squared": 25, "computed_by": holder.pid}] * 3

@@ -1,4 +1,4 @@
-"""The DAG of the end-to-end test (tests/airflow/test_deployment.py), written as a user writes one.
+"""The DAGs of the end-to-end test (tests/airflow/test_deployment.py), written as a user writes one.
 
 Each run builds the features of ``dag_run.conf["scenario"]`` with ``@task.reserved``: runs of one
 scenario share the key, so one computes and the others defer until it is stored. The expensive task
@@ -6,6 +6,9 @@ records the pid of its task process in ``executions-<scenario>.txt`` (so the tes
 computations, and SIGKILL a holder) and holds the key until the test creates ``gate-<scenario>``.
 ``record`` appends what its run received, and how (the ``dibs_outcome`` XCom), to
 ``results-<scenario>.jsonl``. The files live in ``DIBS_E2E_DIR``.
+
+``dibs_e2e_outage`` does the same on the ``dibs_outage`` connection, a PostgreSQL server of the test's
+own that it restarts while the runs wait (a long ttl: the holder's lease outlives the outage).
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ def _retry_after_the_takeover(context: Any) -> None:
 # instead of failing its DAG run.
 @task.reserved(ttl=6, retries=2, retry_delay=dt.timedelta(seconds=30), pre_execute=_retry_after_the_takeover)
 def build_features(scenario: str) -> dict[str, Any]:
+    return _build(scenario)
+
+
+@task.reserved(
+    conn_id="dibs_outage", ttl=90, task_id="build_features", retries=2, retry_delay=dt.timedelta(seconds=30)
+)
+def build_through_an_outage(scenario: str) -> dict[str, Any]:
+    return _build(scenario)
+
+
+def _build(scenario: str) -> dict[str, Any]:
     _append(f"executions-{scenario}.txt", str(os.getpid()))
     gate = Path(os.environ["DIBS_E2E_DIR"]) / f"gate-{scenario}"
     deadline = time.monotonic() + HOLD_AT_MOST
@@ -66,15 +80,22 @@ def _plain(value: Any) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
 
 
+@task
+def record(value: dict[str, Any], ti: Any = None) -> None:
+    outcome = ti.xcom_pull(task_ids="build_features", key=OUTCOME_XCOM_KEY)
+    line = {"run_id": ti.run_id, "value": value, "outcome": outcome}
+    _append(f"results-{value['scenario']}.jsonl", json.dumps(line, default=_plain))
+
+
 @dag(dag_id="dibs_e2e", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False)
 def dibs_e2e() -> None:
-    @task
-    def record(value: dict[str, Any], ti: Any = None) -> None:
-        outcome = ti.xcom_pull(task_ids="build_features", key=OUTCOME_XCOM_KEY)
-        line = {"run_id": ti.run_id, "value": value, "outcome": outcome}
-        _append(f"results-{value['scenario']}.jsonl", json.dumps(line, default=_plain))
-
     record(build_features("{{ dag_run.conf['scenario'] }}"))
 
 
+@dag(dag_id="dibs_e2e_outage", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False)
+def dibs_e2e_outage() -> None:
+    record(build_through_an_outage("{{ dag_run.conf['scenario'] }}"))
+
+
 dibs_e2e()
+dibs_e2e_outage()
