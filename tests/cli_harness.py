@@ -100,6 +100,19 @@ class Dibs:
             if needle in line:
                 return line
 
+    def said(self, needle: str) -> bool:
+        """Whether a stderr line so far contains ``needle`` (without waiting for more)."""
+        while not self._ended:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                self._ended = True
+                break
+            self.lines.append(line)
+        return any(needle in line for line in self.lines)
+
     def signal(self, sig: signal.Signals) -> None:
         self.process.send_signal(sig)
 

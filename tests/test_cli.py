@@ -7,6 +7,7 @@ Stopping it with signals is in ``test_cli_stops.py``; what a waiter shows in
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib
 import json
 import re
@@ -412,20 +413,23 @@ def test_run_refresh_and_max_age_compute_again_and_replace_the_stored_output(
     assert dibs("run", "--key", "k", "--refresh", "--", "echo", "three", store=store).stdout == "three\n"
     assert dibs("run", "--key", "k", "--", "echo", "four", store=store).stdout == "three\n"
 
-    # Concurrent refreshes compute once, and every one of them prints the new output.
-    log = tmp_path / "refreshes.log"
+    # Concurrent refreshes compute once, and every one of them prints the new output. The one that
+    # computes holds on until the three others wait on it (a refresh that starts after another one
+    # ended computes again, as it should), however long each took to start.
+    log, gate = tmp_path / "refreshes.log", tmp_path / "gate"
     script = (
-        f"import pathlib, time; pathlib.Path({str(log)!r}).open('a').write('ran\\n'); "
-        "time.sleep(1.5); print('five')"
+        f"import pathlib, time\npathlib.Path({str(log)!r}).open('a').write('ran\\n')\n"
+        f"while not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.02)\nprint('five')"
     )
-    command = [*DIBS, "run", "--store", store, "--key", "k", "--refresh", "--", sys.executable, "-c", script]
-    runs = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)
-    ]
-    outputs = [run.communicate(timeout=120) for run in runs]
-    assert [run.returncode for run in runs] == [0] * 4, [err for _, err in outputs]
+    command = ["-v", "run", "--store", store, "--key", "k", "--refresh", "--", sys.executable, "-c", script]
+    with contextlib.ExitStack() as stack:
+        runs = [stack.enter_context(running(*command)) for _ in range(4)]
+        eventually(lambda: sum(run.said("is computing it") for run in runs) == 3, "three refreshes to wait")
+        gate.touch()
+        statuses = [run.finish() for run in runs]
+    assert statuses == [0] * 4, [run.stderr for run in runs]
     assert log.read_text() == "ran\n"
-    assert [out for out, _ in outputs] == ["five\n"] * 4
+    assert [run.stdout for run in runs] == [b"five\n"] * 4
 
 
 def test_ls_wraps_details_at_word_boundaries_and_leaves_forgotten_keys_out(store: str) -> None:

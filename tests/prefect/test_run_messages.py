@@ -217,7 +217,12 @@ def test_a_reserved_task_follows_a_takeover_while_it_waits(
 ) -> None:
     key = f"taken-{uuid.uuid4().hex[:8]}"
     with dibs.Reservations(dibs_url, ttl=1) as short:
-        assert isinstance(short.get_or_reserve(key, owner="dead-worker"), dibs.Acquired)  # never renewed
+        dead = short.get_or_reserve(key, owner="dead-worker")
+    assert isinstance(dead, dibs.Acquired)
+    # Alive until the task run waits on it, however long the run takes to start on a busy machine; then
+    # it stops heartbeating, as a dead worker does, and expires a second later.
+    dying = dead.lease.keep_alive(interval=0.2)
+    dying.__enter__()
     waiting_client = prefect_dibs.tasks.resolve_client(dibs_url, prefect_dibs.tasks.ClientSettings())
     gate = Gate(waiting_client, monkeypatch, "prefect-task-run:build-")
     task_runs: list[UUID] = []
@@ -237,6 +242,7 @@ def test_a_reserved_task_follows_a_takeover_while_it_waits(
     wait_until(lambda: task_runs, what="the task run to start")
     (run_id,) = task_runs
     _state(run_id, "Waiting", "'dead-worker'")
+    dying.__exit__(None, None, None)  # the worker dies
     assert gate.held.wait(BOUND)  # the waiter asks again once the dead worker's lease expired...
     with dibs.Reservations(dibs_url) as new:
         taken = wait_until(  # ...and the new worker takes the key over first
