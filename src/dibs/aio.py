@@ -26,6 +26,7 @@ from dibs.events import Emitter
 from dibs.keys import Key
 from dibs.lease import Lease
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.payloads import PayloadUnavailable
 from dibs.records import Granted, Held, KeyState, Present, StoreOutcome
 from dibs.runtime import runtime
 from dibs.stores import Store
@@ -156,6 +157,14 @@ class AsyncReservations:
         calls.checked("wait", options, WaitOptions)
         c = self.client
         waiting = calls.WaitFor.of(c.settings, c.key(key), options)
+        while True:
+            try:
+                return await self._wait_once(waiting, seen)
+            except PayloadUnavailable:
+                continue  # it went bad as it was decoded: a miss (logged); wait on for another
+
+    async def _wait_once(self, waiting: calls.WaitFor, seen: Callable[[KeyState], None] | None) -> Hit | None:
+        c = self.client
         store = waiting.through(c.store)
         holding.not_held_here(store, waiting.key)
         io = self._io_for(store)

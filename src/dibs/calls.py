@@ -26,7 +26,7 @@ from dibs.events import Emitter, Event, Observer
 from dibs.keys import Key
 from dibs.lease import Lease, LeaseSource
 from dibs.outcomes import Acquired, Busy, Hit, Outcome
-from dibs.payloads import unread
+from dibs.payloads import PayloadUnavailable, unread
 from dibs.records import FailureRecord, Granted, Held, KeyState, Present, StoreOutcome
 from dibs.settings import Settings, validate_timings
 from dibs.stores import AcquireRequest, Store
@@ -272,17 +272,35 @@ class WaitFor:
             min_fence=self.min_token,
         )
 
+    def first_read(self, store: Store) -> KeyState:
+        """The wait's first read of its key, through ``store`` (:meth:`through`): as the watch hub reads
+        for waiters, so a finished key's payload is read and checked once (a bad one is a miss), and
+        every later decode takes those bytes."""
+        found = store.read_many([self.key])
+        return found[0] if found else store.read(self.key)  # an unreadable record: its error
+
     def ended(self, artifacts: ArtifactReader, state: KeyState) -> Hit | None:
         """The wait's answer from the last state it read: the artifact's hit (its value decoded, or
         the record itself when not ``decode``), ``None`` for a free key, or
-        :class:`~dibs.errors.WaitTimeout`."""
+        :class:`~dibs.errors.WaitTimeout`.
+
+        A payload that turns out bad as it is decoded (it went bad since it was checked) is the miss a
+        read would have found: a free key, or, when the wait wants an artifact and has time left,
+        :class:`~dibs.payloads.PayloadUnavailable`, and its caller waits on (:meth:`first_read` finds
+        it bad and leaves it out)."""
         artifact = state.artifact
         if artifact is not None and artifact.is_fresh(
             state.now, max_age=self.max_age, min_fence=self.min_token
         ):
             if not self.decode:
                 return Hit.of(state.key, artifact, artifact)  # the record itself, undecoded
-            return artifacts.hit(state.key, artifact)
+            try:
+                return artifacts.hit(state.key, artifact)
+            except PayloadUnavailable as exc:
+                log.warning("%s: its artifact is treated as missing, as it went bad: %s", state.key, exc)
+                if self.for_artifact and not self.deadline.expired:
+                    raise
+                state = dataclasses.replace(state, artifact=None)
         if state.live_lease is not None or self.for_artifact:
             raise gave_up(state.key, self.deadline, state=state)
         return None

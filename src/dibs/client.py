@@ -40,6 +40,7 @@ from dibs.payloads import (
     DEFAULT_INLINE_LIMIT,
     Payload,
     PayloadStore,
+    PayloadUnavailable,
     default_payloads_url,
     referencing,
 )
@@ -254,13 +255,17 @@ class Reservations(Closing, Configured):
         """
         calls.checked("wait", options, WaitOptions)
         waiting = calls.WaitFor.of(self.settings, self.key(key), options)
-        return waiting.ended(self.artifacts, self._wait_state(waiting))
+        while True:
+            try:
+                return waiting.ended(self.artifacts, self._wait_state(waiting))
+            except PayloadUnavailable:
+                continue  # it went bad as it was decoded: a miss (logged); wait on for another
 
     def _wait_state(self, waiting: calls.WaitFor) -> KeyState:
         """:meth:`wait`'s state, before its artifact is decoded (``dibs wait`` streams a large one)."""
         store = waiting.through(self.store)
         holding.not_held_here(store, waiting.key)
-        state = store.read(waiting.key)  # as in acquire: subscribe only once the key turns out busy
+        state = waiting.first_read(store)  # as in acquire: subscribe only once the key turns out busy
         if not waiting.settles(state) and not waiting.deadline.expired:
             with runtime().subscribe(store, waiting.key) as subscription:
                 state = drive(waiting.loop(self.settings, subscription), store, subscription)
