@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import time
 from typing import Any, Literal
@@ -37,10 +38,12 @@ from dibs.errors import ConfigurationError, ReservationError
 from dibs.flow import Call, Hold, Steps, Wait
 from dibs.keys import Key
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
-from dibs.payloads import Payload, ReferencedArtifact
-from dibs.records import StoreOutcome
+from dibs.payloads import Payload, PayloadUnavailable, ReferencedArtifact
+from dibs.records import ArtifactRecord, StoreOutcome
 
 __all__ = ["run", "wait"]
+
+log = logging.getLogger("dibs")
 
 #: The status of ``dibs run`` when COMMAND cannot be started, as a shell's.
 EXIT_NOT_STARTED = 127
@@ -281,59 +284,73 @@ def _announce_acquired(console: Console, got: events.LeaseAcquired, waited_on: s
 
 
 def wait(args: argparse.Namespace, console: Console) -> int:
-    """``dibs wait``: until KEY is done or nobody holds it, reserving nothing.
+    """``dibs wait``: until KEY is done, reserving nothing.
 
     Not on the compute-once flow (:mod:`dibs.flow`), on purpose: every ask of the flow, its waits'
     included, may be *granted* the lease (that is how a waiter takes over a dead holder), and a
     ``dibs wait`` must never hold what it does not compute. It uses the flow's waiting loop's reading
     twin instead (:meth:`dibs.Reservations.wait`, :func:`dibs._waiting.read_until`): the same hub, the
     same backstop and expiry rules, and the same timeout wording; only asks are replaced by reads.
+
+    It waits for the artifact's record, then takes its value (:func:`_taken`): a payload is checked to
+    its end into a spool file before a byte is printed, and one that is not the recorded one is a
+    miss, as it is to every reader: a warning says so, and the wait goes on for a newer artifact.
     """
     with Reservations(args.store, namespace=args.namespace, payloads=args.payloads) as client:
         key = client.key(args.key)
         started = time.monotonic()
+        waiting = WaitFor(
+            key, Deadline(args.timeout), for_artifact=True, max_age=client.max_age, decode=False
+        )
         state = client.status(key)
-        if state.artifact is not None:
-            artifact = state.artifact
-            # A payload is printed as it is read, never whole in memory; any other value is decoded
-            # first, so that an artifact that cannot be read is an error, never announced as a hit.
-            streamed = streams(args, artifact)
-            value = None if streamed else client.decode(key, artifact)
-            console.event(
-                "hit",
-                f"{key}: already computed by {artifact.producer!r} (token {artifact.fence})",
-                key=str(key),
-                token=artifact.fence,
-            )
-            if streamed:
-                return stream_out(artifact)
-            return _deliver(args, Result(key, "hit", artifact.fence, artifact.producer, value))
-        with KeyWatch(console, client, key) as watch:
-            watch.see(Sight.of_state(state))
-            remaining = (
-                None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
-            )
-            deadline = Deadline(remaining)
-            waiting = WaitFor(key, deadline, for_artifact=True, max_age=client.max_age)
-            found = client._wait_state(waiting)
-            if found.artifact is not None and streams(args, found.artifact):
-                artifact = found.artifact
-                held_by = state.live_lease.owner if state.live_lease is not None else None
+        held_by = state.live_lease.owner if state.live_lease is not None else None
+        artifact = state.artifact
+        if artifact is not None and artifact.is_fresh(state.now, max_age=client.max_age):
+            taken = _taken(args, client, key, artifact)
+            if taken is not None:
                 console.event(
-                    "waited",
-                    f"{key}: computed by {artifact.producer!r} (token {artifact.fence}) after "
-                    f"{duration(time.monotonic() - started)}",
+                    "hit",
+                    f"{key}: already computed by {artifact.producer!r} (token {artifact.fence})",
                     key=str(key),
                     token=artifact.fence,
-                    waited_on=held_by or artifact.producer,
                 )
-                return stream_out(artifact)
-            hit = waiting.ended(client.artifacts, found)
-        assert hit is not None  # for_artifact: only an artifact (or an error) ends the wait
+                return _deliver(args, Result(key, "hit", artifact.fence, artifact.producer, taken[0]))
+            waiting = _newer_than(waiting, artifact)
+        with KeyWatch(console, client, key) as watch:
+            watch.see(Sight.of_state(state))
+            while True:
+                hit = waiting.ended(client.artifacts, client._wait_state(waiting))
+                assert hit is not None  # for_artifact: only an artifact (or an error) ends the wait
+                assert isinstance(hit.value, ArtifactRecord)  # decode=False: the record itself
+                taken = _taken(args, client, key, hit.value)
+                if taken is not None:
+                    break
+                waiting = _newer_than(waiting, hit.value)
         waited = time.monotonic() - started
-        held_by = state.live_lease.owner if state.live_lease is not None else None
         _announce_hit(console, hit, waited, held_by or hit.producer)
-        return _deliver(args, Result(key, "waited", hit.token, hit.producer, hit.value, waited, held_by))
+        return _deliver(args, Result(key, "waited", hit.token, hit.producer, taken[0], waited, held_by))
+
+
+def _taken(
+    args: argparse.Namespace, client: Reservations, key: Key, artifact: ArtifactRecord
+) -> tuple[Any] | None:
+    """What ``dibs wait`` prints of ``artifact``: a payload checked into its spool (printed from there,
+    never whole in memory), else the decoded value; ``None`` when it turns out bad (a miss, logged)."""
+    try:
+        if streams(args, artifact):
+            assert isinstance(artifact, ReferencedArtifact)
+            return (dataclasses.replace(artifact, spooled=artifact.verified_spool(key)),)
+        return (client.decode(key, artifact),)
+    except PayloadUnavailable as exc:
+        log.warning(
+            "%s: its artifact is treated as missing, and the wait goes on for a newer one: %s", key, exc
+        )
+        return None
+
+
+def _newer_than(waiting: WaitFor, artifact: ArtifactRecord) -> WaitFor:
+    """The same wait, taking only an artifact stored after ``artifact`` (a bad one: never taken again)."""
+    return dataclasses.replace(waiting, min_token=max(waiting.min_token or 0, artifact.fence + 1))
 
 
 # -- output -----------------------------------------------------------------------------------------
@@ -341,8 +358,8 @@ def wait(args: argparse.Namespace, console: Console) -> int:
 
 def _deliver(args: argparse.Namespace, result: Result) -> int:
     """Print the artifact (as it was stored), or its ``--json`` envelope."""
-    if isinstance(result.value, ReferencedArtifact):  # a payload, unread so far: printed as it is read
-        return stream_out(result.value)
+    if isinstance(result.value, ReferencedArtifact):  # a payload, unread so far: printed once checked
+        return stream_out(result.key, result.value)
     if args.json:
         print(json.dumps(result.envelope()))
     elif isinstance(result.value, bytes):
