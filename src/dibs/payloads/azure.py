@@ -51,6 +51,11 @@ from dibs.stores.azure.settings import AzureSettings, parse_url
 __all__ = ["AzurePayloadStore"]
 
 
+def _etag(value: object) -> str:
+    """An ETag as the service compares it, quoted: a listing gives it bare, a blob's properties quoted."""
+    return '"' + str(value).strip('"') + '"'
+
+
 def _described(exc: AzureError) -> str:
     """An SDK error as ``Type: first line of its message``: the SDK's ``str()`` adds the request's
     details (headers, a signed URL), which no error of dibs shows."""
@@ -86,7 +91,8 @@ class _Downloaded(io.RawIOBase):
         self._downloader, self._uri = downloader, uri
         properties = getattr(downloader, "properties", None)
         #: The ETag of the blob being read: what :meth:`AzurePayloadStore.condemn` removes, if it still is.
-        self.etag: str | None = getattr(properties, "etag", None)
+        etag = getattr(properties, "etag", None)
+        self.etag: str | None = None if etag is None else _etag(etag)
 
     def readable(self) -> bool:
         return True
@@ -204,14 +210,14 @@ class AzurePayloadStore(PayloadStore):
             return []
         except AzureError as exc:
             raise self._unavailable(f"reading payload {sha256}", exc) from exc
-        return [StoredPayload(sha256, found.size, found.last_modified.timestamp(), str(found.etag))]
+        return [StoredPayload(sha256, found.size, found.last_modified.timestamp(), _etag(found.etag))]
 
     def list(self) -> Iterator[StoredPayload]:
         try:
             for blob in self._container.list_blobs(name_starts_with=self._folder):
                 sha256 = blob.name[len(self._folder) :]
                 if is_digest(sha256):
-                    yield StoredPayload(sha256, blob.size, blob.last_modified.timestamp(), str(blob.etag))
+                    yield StoredPayload(sha256, blob.size, blob.last_modified.timestamp(), _etag(blob.etag))
         except ResourceNotFoundError:
             return  # no container yet: no payloads
         except AzureError as exc:
