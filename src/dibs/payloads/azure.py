@@ -33,6 +33,7 @@ from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNot
 
 from dibs.errors import StoreUnavailable
 from dibs.payloads.base import (
+    Freed,
     Payload,
     PayloadStore,
     PayloadUnavailable,
@@ -224,8 +225,8 @@ class AzurePayloadStore(PayloadStore):
             raise self._unavailable("listing payloads", exc) from exc
 
     # -- removing -----------------------------------------------------------------------------------
-    def remove(self, found: StoredPayload) -> int:
-        return int(found.size) if self._delete(found.sha256, found.copy) else 0
+    def remove(self, found: StoredPayload) -> Freed:
+        return Freed(1, int(found.size), 1) if self._delete(found.sha256, found.copy) else Freed()
 
     def _delete(self, sha256: str, etag: str) -> bool:
         """Delete the payload's blob if its ETag is still ``etag``: ``False`` if it was put again since

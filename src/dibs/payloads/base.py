@@ -140,13 +140,15 @@ class StoredPayload:
 
 @dataclasses.dataclass(frozen=True)
 class Freed:
-    """What a collection removed: payloads and bytes."""
+    """What a collection removed: payloads (whose bytes went), bytes, and copies (names: a folder's
+    copies of one payload are hard links, so removing one frees bytes only with the last)."""
 
     payloads: int = 0
     bytes: int = 0
+    copies: int = 0
 
     def __add__(self, other: Freed) -> Freed:
-        return Freed(self.payloads + other.payloads, self.bytes + other.bytes)
+        return Freed(self.payloads + other.payloads, self.bytes + other.bytes, self.copies + other.copies)
 
 
 class PayloadWriter(abc.ABC):
@@ -273,10 +275,10 @@ class PayloadStore(abc.ABC):
         """Every copy of the payload, in :attr:`StoredPayload.copy` order (none: an empty list)."""
 
     @abc.abstractmethod
-    def remove(self, found: StoredPayload) -> int:
+    def remove(self, found: StoredPayload) -> Freed:
         """Remove the copy ``found`` (from :meth:`copies` or :meth:`list`), unless it was changed since
-        it was listed; returns the bytes freed (0 if it was kept, was not there, or shares its bytes
-        with another copy)."""
+        it was listed; returns what went: the copy, and the payload's bytes if it was their last copy
+        (nothing if it was kept or was not there any more)."""
 
     @abc.abstractmethod
     def list(self) -> Iterator[StoredPayload]:
@@ -290,7 +292,8 @@ class PayloadStore(abc.ABC):
     def delete(self, sha256: str, *, unchanged_since: float) -> int:
         """Remove every copy of the payload not written (or put again) at or after ``unchanged_since``;
         returns the bytes freed."""
-        return sum(self.remove(found) for found in self.copies(sha256) if found.modified < unchanged_since)
+        going = [found for found in self.copies(sha256) if found.modified < unchanged_since]
+        return sum(self.remove(found).bytes for found in going)
 
     def condemn(self, sha256: str, stream: IO[bytes]) -> int:
         """Remove the copy ``stream`` (from :meth:`open`) was read from, found not to hold the payload

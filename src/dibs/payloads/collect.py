@@ -111,12 +111,17 @@ def collect(
             found[copy.sha256].append(copy)
     freed = Freed()
     for copy in doomed(found, referenced, cutoff):
-        size = payloads.remove(copy)
-        freed = freed + Freed(1 if size else 0, size)
+        freed = freed + payloads.remove(copy)
     if candidates is None:
         freed = freed + payloads.discard_partial(unchanged_since=cutoff)
-    if freed.payloads:
-        log.info("removed %d payload(s), %d bytes, from %s", freed.payloads, freed.bytes, payloads.url)
+    if freed.copies:
+        log.info(
+            "removed %d payload(s) (%d copies), %d bytes, from %s",
+            freed.payloads,
+            freed.copies,
+            freed.bytes,
+            payloads.url,
+        )
     return freed
 
 

@@ -383,7 +383,7 @@ class FilePayloadStore(PayloadStore):
             return super().spool()
 
     # -- removing -----------------------------------------------------------------------------------
-    def remove(self, found: StoredPayload) -> int:
+    def remove(self, found: StoredPayload) -> Freed:
         if not is_copy_name(found.sha256, found.copy):
             raise ValueError(f"not a copy of {found.sha256}: {found.copy!r}")
         try:
@@ -391,10 +391,12 @@ class FilePayloadStore(PayloadStore):
                 info = os.stat(found.copy, dir_fd=folder.fd, follow_symlinks=False)
                 os.unlink(found.copy, dir_fd=folder.fd)
         except FileNotFoundError:
-            return 0
+            return Freed()
         except OSError as exc:
             raise unavailable(self.url, f"removing payload {found.sha256}", exc) from exc
-        return info.st_size if info.st_nlink <= 1 else 0  # a hard link's bytes stay with the others
+        if info.st_nlink > 1:  # a hard link: its bytes stay with the other names
+            return Freed(copies=1)
+        return Freed(1, info.st_size, 1)
 
     def condemn(self, sha256: str, stream: IO[bytes]) -> int:
         try:
@@ -463,7 +465,7 @@ class FilePayloadStore(PayloadStore):
                     found = entry.stat(follow_symlinks=False)
                     if entry.name.endswith(".part") and _modified(found) < unchanged_since:
                         os.unlink(entry.path)
-                        freed = freed + Freed(1, found.st_size)
+                        freed = freed + Freed(1, found.st_size, 1)
         for folder, names in self._walk():  # what is no payload at a payload's name: never read, removed
             with folder:
                 for name in names:

@@ -423,7 +423,7 @@ class FsspecPayloadStore(PayloadStore):
         return False
 
     # -- removing -------------------------------------------------------------------------------------
-    def remove(self, found: StoredPayload) -> int:
+    def remove(self, found: StoredPayload) -> Freed:
         if not _STAMP.fullmatch(found.copy):
             raise ValueError(f"not a copy of {found.sha256}: {found.copy!r}")
         path = f"{self._folder(found.sha256)}/{found.copy}"
@@ -432,17 +432,17 @@ class FsspecPayloadStore(PayloadStore):
                 with self._local_folder(found.sha256) as fd:
                     try:
                         if fd is None:
-                            return 0
+                            return Freed()
                         info = os.stat(found.copy, dir_fd=fd, follow_symlinks=False)
                         os.unlink(found.copy, dir_fd=fd)
                     except FileNotFoundError:
-                        return 0
-                return info.st_size if info.st_nlink <= 1 else 0
+                        return Freed()
+                return Freed(copies=1) if info.st_nlink > 1 else Freed(1, info.st_size, 1)
             try:
                 self.fs.rm_file(path)
             except FileNotFoundError:
-                return 0
-        return found.size
+                return Freed()
+        return Freed(1, found.size, 1)
 
     def condemn(self, sha256: str, stream: IO[bytes]) -> int:
         folder = self._folder(sha256)
@@ -479,7 +479,7 @@ class FsspecPayloadStore(PayloadStore):
                 if str(path).endswith(".part") and _modified(info) < unchanged_since:
                     with contextlib.suppress(FileNotFoundError):
                         self.fs.rm_file(path)
-                        freed = freed + Freed(1, int(info["size"]))
+                        freed = freed + Freed(1, int(info["size"]), 1)
             if self._local:
                 self._discard_local_debris(unchanged_since)
         return freed

@@ -53,6 +53,7 @@ import pytest
 
 import dibs
 from dibs.payloads import (
+    Freed,
     Payload,
     PayloadDamaged,
     PayloadStore,
@@ -205,9 +206,10 @@ class PayloadStoreContract:
         assert payloads.delete(missing, unchanged_since=float("inf")) == 0
         put = payloads.put(_bytes("gone"))
         copies = payloads.copies(put.sha256)
-        assert sum(payloads.remove(copy) for copy in copies) == SIZE  # its bytes, once
+        removed = [payloads.remove(copy) for copy in copies]
+        assert sum(r.copies for r in removed) == len(copies) and sum(r.bytes for r in removed) == SIZE
         assert payloads.copies(put.sha256) == []
-        assert [payloads.remove(copy) for copy in copies] == [0] * len(copies)  # gone: nothing, no error
+        assert [payloads.remove(copy) for copy in copies] == [Freed()] * len(copies)  # gone: nothing
         with pytest.raises(PayloadUnavailable):
             payloads.open(put.sha256)
 
