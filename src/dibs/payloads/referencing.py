@@ -211,7 +211,10 @@ class ReferencingStore(Store):
             )
         if state.live_lease is None:  # a finished key: a waiter is about to take it
             try:
-                referenced = self._unread(state.key, referenced) if not self.load else self._whole(referenced)
+                # Read for the waiters (load): an unread store checks it as it hands hits out; a look
+                # (status, a live line's poll) only asks whether it is there whole.
+                taken = load and not self.load
+                referenced = self._unread(state.key, referenced) if taken else self._whole(referenced)
             except PayloadUnavailable as exc:
                 self._miss(state.key, exc)
                 return dataclasses.replace(state, artifact=None)
