@@ -447,6 +447,11 @@ def _checked_section(add: Any) -> None:
         "calls did not overlap, so that a fence that went backwards cannot hide a stale write."
     )
     add(
+        "- **No payload lost** (the payload scenario): every miss a reader logged (a payload its record "
+        "named, not there) is excused by a `forget` of its key since its artifact was stored; with no "
+        "`prune` in that scenario, a payload a collection lost is also a lost artifact by the rule above."
+    )
+    add(
         "- **Every waiter returns** with the right value (or its own timeout where the scenario allows); "
         "nobody hangs; work runs once per key where nothing ended a lease early."
     )

@@ -1,4 +1,4 @@
-"""The seven scenarios, each run against one store (a :class:`~reliability.targets.Target`).
+"""The eight scenarios, each run against one store (a :class:`~reliability.targets.Target`).
 
 Every scenario starts real processes (see :mod:`reliability.workers`), injects its faults, reads
 every key it used once more at the end (the ``final`` events), and hands the merged history to
@@ -1229,7 +1229,9 @@ def _payload_collection(run: Run) -> None:
     run.result.faults.update(counts)
     run.result.figures["removals"] = dict(done)
     run.result.figures["pauses"] = dict(pauses)
-    run.result.figures["payloads"] = payloads.split("://", 1)[0]
+    run.result.figures["payloads"] = {"file": "folder", "local": "fsspec local", "azure": "Azure Blob"}[
+        payloads.split("://", 1)[0]
+    ]
     run.result.figures["grace"] = grace
     run.result.figures["grants"] = run.result.summary.grants
     run.result.figures["ttl"] = REMOVAL_TTL
