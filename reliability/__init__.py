@@ -17,14 +17,16 @@ recorded history against the contract's safety invariants:
 * every waiter returns (the artifact, the lease, or its own timeout), with the right value.
 
 Records are also removed while all this happens (scenario 7: prune, reap, forget, force_release
-with discard; two removers at once, paused removers).
+with discard; two removers at once, paused removers), and payloads collected (scenario 8: collectors
+paused at every step of a collection while other processes publish the same bytes again; no payload
+a record names may be lost).
 
 Run it with ``reliability/run`` (full size; writes ``RELIABILITY.md``) or ``reliability/run --ci``
 (reduced). ``tests/test_reliability.py`` runs the reduced version under pytest.
 
 Modules: :mod:`~reliability.history` (recording and the checker), :mod:`~reliability.faults` (the
 TCP fault proxy, signals, libfaketime), :mod:`~reliability.targets` (one isolated space per store),
-:mod:`~reliability.workers` (what child processes run), :mod:`~reliability.scenarios` (the seven
+:mod:`~reliability.workers` (what child processes run), :mod:`~reliability.scenarios` (the eight
 scenarios), :mod:`~reliability.hostile` (the hostile-input cases) and :mod:`~reliability.report`
 (``RELIABILITY.md``).
 """

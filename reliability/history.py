@@ -61,7 +61,9 @@ __all__ = [
     "artifact_identity",
     "check",
     "load",
+    "may_have_acted",
     "outcome_of",
+    "payload_misses",
 ]
 
 Event = dict[str, Any]
@@ -439,7 +441,7 @@ ARTIFACT_REMOVALS = ("forget", "prune")
 REMOVALS = ("forget", "prune", "reap", "discard", "force_release")
 
 
-def _may_have_acted(event: Event) -> bool:
+def may_have_acted(event: Event) -> bool:
     """A removal changed something, or may have: it said so, or its reply was lost."""
     return event.get("result") != "ok" or bool(event.get("changed"))
 
@@ -453,7 +455,7 @@ class _Removals:
         self.force_releases: dict[str, list[Event]] = defaultdict(list)
         for event in events:
             op = event["op"]
-            if op not in REMOVALS or "t1" not in event or not _may_have_acted(event):
+            if op not in REMOVALS or "t1" not in event or not may_have_acted(event):
                 continue
             if op == "forget":
                 self.forgets[str(event["key"])].append(event)
@@ -510,7 +512,7 @@ def _leases(events: Iterable[Event]) -> dict[str, dict[tuple[int, str], _Lease]]
                 lease.ends.append(event)
                 if op == "complete" and result == "ok":
                     lease.completed_at = float(event["at"])
-        elif op == "force_release" and _may_have_acted(event):
+        elif op == "force_release" and may_have_acted(event):
             forced.append(event)
     # An operator's force_release ends whichever lease the key had when it acted: any lease granted
     # before the force_release returned.
@@ -1094,6 +1096,40 @@ def check(events: list[Event], expect: Expectations) -> tuple[list[Violation], S
     _check_artifacts(events, removals, out)
     _Calls(events, expect, out, summary, removals).run()
     return _dedupe(out), summary
+
+
+#: What a reader logs when a payload its record names is not there (or not whole): a miss.
+MISSING = "its artifact is treated as missing"
+
+
+def payload_misses(events: list[Event]) -> tuple[list[Violation], int, int]:
+    """The misses readers logged (:data:`MISSING`) where nothing damages payloads on purpose (the
+    payload scenario): each must be excused by a ``forget`` of its key that ended after the key's
+    last artifact before the miss was stored (a ``complete`` began) and began before the miss; else
+    it is a payload lost while its record named it. Returns the violations, the misses, and how many
+    a forget excused."""
+    completes: dict[str, list[float]] = defaultdict(list)
+    forgets: dict[str, list[Event]] = defaultdict(list)
+    for event in events:
+        if event["op"] == "complete" and event.get("result") == "ok":
+            completes[str(event["key"])].append(float(event["t0"]))
+        elif event["op"] == "forget" and "t1" in event and may_have_acted(event):
+            forgets[str(event["key"])].append(event)
+    out: list[Violation] = []
+    misses = excused = 0
+    for event in events:
+        if event["op"] != "log" or MISSING not in str(event.get("msg", "")):
+            continue
+        misses += 1
+        key = str(event["msg"]).split(":", 1)[0].rsplit("/", 1)[-1]  # "namespace/name: ..."
+        at = float(event["t0"])
+        stored = max((t for t in completes.get(key, []) if t < at), default=float("-inf"))
+        if any(f["t1"] > stored and f["t0"] < at for f in forgets.get(key, [])):
+            excused += 1
+            continue
+        detail = f"{event['proc']} found a payload its record named gone: {event['msg']}"
+        out.append(Violation("no lost payload", key, detail))
+    return out, misses, excused
 
 
 def _dedupe(violations: list[Violation]) -> list[Violation]:

@@ -1,4 +1,4 @@
-"""The seven scenarios, each run against one store (a :class:`~reliability.targets.Target`).
+"""The eight scenarios, each run against one store (a :class:`~reliability.targets.Target`).
 
 Every scenario starts real processes (see :mod:`reliability.workers`), injects its faults, reads
 every key it used once more at the end (the ``final`` events), and hands the merged history to
@@ -21,6 +21,17 @@ run in a few minutes on two cores.
                    random, a third paused inside its removals (between listing and removing, and
                    between reading a record and writing it back), holders SIGKILLed so that expired
                    leases are there to reap. Exclusion, fences that only go up, and no artifact lost.
+8. ``payloads``    the same with every artifact in a payload store (a folder; fsspec's local file
+                   system beside the file store; Azure Blob beside the Azure store) and collectors as
+                   the removers: collections of the payloads no record refers to, forgets (whose
+                   payload is collected at once) and reaps, while processes compute keys whose values
+                   are shared by groups of keys (identical payloads published under several keys) and
+                   computed again after each forget (the same bytes published again). Two collectors
+                   at once, one SIGSTOPped at random, a third paused at every step of a collection:
+                   after listing the records, after listing the copies, before removing a copy. No
+                   prune: a collection removes no artifact, so every payload lost is a lost artifact
+                   the checker sees (a key read as free while its record named the payload), and each
+                   miss a reader logged ("treated as missing") must be excused by a forget of its key.
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ from typing import Any
 
 import dibs
 from dibs.keys import Key
-from reliability import faults, history
+from reliability import faults, history, targets
 from reliability.history import Event, Expectations, Recorder, Summary, Violation
 from reliability.targets import Target
 from reliability.workers import expected_value
@@ -325,9 +336,9 @@ class Run:
                 child.kill()
         return hung
 
-    def finalize(self, keys: list[str]) -> None:
+    def finalize(self, keys: list[str], payloads: str | None = None) -> None:
         """Read every key once more, directly, and record what is stored (the ``final`` events)."""
-        client = dibs.Reservations(self.target.url, namespace=self.namespace, ttl=60)
+        client = dibs.Reservations(self.target.url, namespace=self.namespace, ttl=60, payloads=payloads)
         try:
             for name in keys:
                 key = Key(self.namespace, name)
@@ -998,10 +1009,20 @@ def _stop_and_continue(run: Run, remover: Child, stop: float, counts: Counter[st
         run.mark("signal", sig="CONT", proc=remover.proc, t0=at)
 
 
-def _doomed_holders(run: Run, keys: list[str], stop: float, doomed: list[str], counts: Counter[str]) -> None:
+def _doomed_holders(
+    run: Run,
+    keys: list[str],
+    stop: float,
+    doomed: list[str],
+    counts: Counter[str],
+    *,
+    common: dict[str, Any] | None = None,
+) -> None:
     """Start holders that are SIGKILLed soon after they get their lease (often before their first
-    heartbeat), so that expired leases nobody took over yet are there for reap and prune to race."""
+    heartbeat), so that expired leases nobody took over yet are there for reap and prune to race.
+    ``common``: settings of the scenario's own processes they share (a payload store)."""
     count = run.sizes.removal_kills
+    shared = {k: v for k, v in (common or {}).items() if k.startswith("payload")}
     for n in range(count):
         if time.monotonic() > stop - 1.0:
             return
@@ -1009,7 +1030,7 @@ def _doomed_holders(run: Run, keys: list[str], stop: float, doomed: list[str], c
         proc = f"doomed-{n:03d}"
         doomed.append(proc)
         holder = run.launcher.start(
-            run.spec(proc, "race", [key], ttl=REMOVAL_TTL, work=(60.0, 60.0), timeout=30)
+            run.spec(proc, "race", [key], ttl=REMOVAL_TTL, work=(60.0, 60.0), timeout=30, **shared)
         )
         run.wait_for(proc, _exec_started, timeout=3.0, child=holder)
         time.sleep(run.rng.uniform(0.0, REMOVAL_TTL / 3))
@@ -1097,6 +1118,132 @@ def removals(run: Run) -> None:
     run.result.figures["ttl"] = REMOVAL_TTL
 
 
+# -- 8. payload collection during the scenario -----------------------------------------------------
+
+#: The collection's grace in the payload scenario: what the stores' times need (a folder's are exact,
+#: Azure's Last-Modified whole seconds); the default is a minute.
+PAYLOAD_GRACE = {"azure": 2.0}
+
+
+def _payloads_url(run: Run) -> str:
+    """The payload store beside the target's records: Azure's own container for Azure, fsspec's local
+    file system beside the file store, a folder elsewhere."""
+    folder = run.folder / "payloads"
+    if run.target.name == "azure":
+        return run.target.url  # payloads under the same container's prefix/payloads/
+    if run.target.name == "file":
+        return f"local://{folder}"
+    return folder.as_uri()
+
+
+def payload_collection(run: Run) -> None:
+    """On a space of its own: the hostile scenario leaves foreign and damaged records on the target,
+    and a collection whose listing skipped a record it cannot read removes nothing (the rule: such a
+    record may refer to any payload), so it would collect nothing there."""
+    with targets.isolated(run.target.name, run.folder / "space", defaults=True) as own:
+        run.target = own
+        _payload_collection(run)
+
+
+def _payload_collection(run: Run) -> None:
+    sizes = run.sizes
+    # Half the keys in pairs that share their value (one payload, published under two keys), half
+    # with a value of their own; each forgotten key is computed again with the same bytes.
+    count = sizes.removal_keys
+    keys = [f"shared{i // 2}.{i}" for i in range(count // 2)] + [
+        f"p{i:03d}" for i in range(count // 2, count)
+    ]
+    start = time.monotonic() + 1.0 + 0.15 * (sizes.removal_procs + 3)
+    stop = start + sizes.removal_seconds
+    payloads = _payloads_url(run)
+    grace = PAYLOAD_GRACE.get(run.target.name, 0.05)
+    common = {
+        "ttl": REMOVAL_TTL,
+        "start_mono": start,
+        "stop_mono": stop,
+        "payloads": payloads,
+        "payload_grace": grace,
+    }
+    loopers = [
+        run.launcher.start(run.spec(f"looper-{w:02d}", "loop", keys, work=(0.01, 0.2), timeout=60, **common))
+        for w in range(sizes.removal_procs)
+    ]
+    collector = {"gap": (0.05, 0.3), "removals": {"collect": 4, "forget": 2, "reap": 1}, **common}
+    free = run.launcher.start(run.spec("remover-free", "remove", keys, **collector))
+    stopped = run.launcher.start(run.spec("remover-stopped", "remove", keys, **collector))
+    # Paused at the steps of its collections (each forget's too), for up to half a ttl: long enough
+    # for a looper to compute the key it is collecting again and publish the same bytes. Always before
+    # it removes a copy (the step the lost payloads of issue 31 went through), a quarter of the time
+    # after listing the records or the copies.
+    paused = run.launcher.start(
+        run.spec(
+            "remover-paused",
+            "remove",
+            keys,
+            pause_chance=0.25,
+            pause_chance_at={"before removing a copy": 1.0, "after read": 0.0},
+            pause_seconds=(0.05, REMOVAL_TTL / 2),
+            **{**collector, "gap": (0.0, 0.05), "removals": {"collect": 1, "forget": 4}},
+        )
+    )
+    counts: Counter[str] = Counter()
+    doomed: list[str] = []
+    time.sleep(max(0.0, start - time.monotonic()))
+    threads = [
+        threading.Thread(target=_stop_and_continue, args=(run, stopped, stop, counts)),
+        threading.Thread(
+            target=_doomed_holders, args=(run, keys, stop, doomed, counts), kwargs={"common": common}
+        ),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    run.hung(run.join([free, stopped, paused, *loopers], timeout=90 + 4 * REMOVAL_TTL))
+    closer = run.launcher.start(run.spec("closer", "race", keys, timeout=60, **{**common, "ttl": 30.0}))
+    run.hung(run.join([closer], timeout=90))
+    run.finalize(keys, payloads)
+    events = run.check(
+        Expectations(
+            complete_keys=frozenset(keys),
+            killed=frozenset(doomed),
+            clock_tolerance=run.target.clock_tolerance,
+        )
+    )
+    _check_misses(run, events)
+    done: Counter[str] = Counter()
+    for event in events:
+        if event["op"] in ("collect", "forget", "reap") and event.get("proc", "").startswith("remover"):
+            done[f"{event['op']} calls"] += 1
+            if event["op"] != "collect" and event.get("result") == "ok" and event.get("changed"):
+                done[f"{event['op']} that removed"] += 1
+        elif event["op"] == "collected":
+            done[f"copies removed ({event['kind']})"] += int(event["copies"])
+            done["copies removed"] += int(event["copies"])
+    pauses = Counter(e["point"] for e in events if e["op"] == "pause")
+    run.result.trials = sum(1 for e in events if e["op"] == "compute" and e["phase"] == "invoke")
+    run.result.trial_unit = "compute calls racing payload collections"
+    for kind in ("collect", "forget", "reap"):
+        run.result.faults[kind] = done[f"{kind} calls"]
+    run.result.faults["paused collections"] = sum(pauses.values())
+    run.result.faults.update(counts)
+    run.result.figures["removals"] = dict(done)
+    run.result.figures["pauses"] = dict(pauses)
+    run.result.figures["payloads"] = {"file": "folder", "local": "fsspec local", "azure": "Azure Blob"}[
+        payloads.split("://", 1)[0]
+    ]
+    run.result.figures["grace"] = grace
+    run.result.figures["grants"] = run.result.summary.grants
+    run.result.figures["ttl"] = REMOVAL_TTL
+
+
+def _check_misses(run: Run, events: list[Event]) -> None:
+    violations, misses, excused = history.payload_misses(events)
+    run.result.violations.extend(violations)
+    run.result.figures["payload misses"] = misses
+    run.result.figures["payload misses after a forget"] = excused
+
+
 SCENARIOS: dict[str, Callable[[Run], Any]] = {
     "contention": contention,
     "kill": kill_holders,
@@ -1105,6 +1252,7 @@ SCENARIOS: dict[str, Callable[[Run], Any]] = {
     "skew": clock_skew,
     "hostile": hostile,
     "removal": removals,
+    "payloads": payload_collection,
 }
 
 

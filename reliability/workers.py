@@ -32,7 +32,12 @@ __all__ = ["expected_value", "main", "run"]
 
 
 def expected_value(key: str) -> dict[str, str]:
-    """The value every computation of ``key`` must produce (and every reader must get)."""
+    """The value every computation of ``key`` must produce (and every reader must get). The keys of a
+    group ``sharedN.*`` share their value, so with a payload store their payloads are one: identical
+    bytes published under several keys, what a collection must not lose (the payload scenario)."""
+    if key.startswith("shared"):
+        group = key.split(".", 1)[0]
+        return {"key": group, "value": f"computed:{group}"}
     return {"key": key, "value": f"computed:{key}"}
 
 
@@ -58,6 +63,13 @@ class Worker:
         """Create the client. With policy "fail" and the store down this raises; the worker then
         fails its calls and tries again on the next one, as a restarted task would."""
         spec, ttl = self.spec, float(self.spec["ttl"])
+        payloads: dict[str, Any] = {}
+        if spec.get("payloads"):  # every artifact in the payload store (inline limit 0)
+            payloads = {
+                "payloads": spec["payloads"],
+                "payload_inline_limit": 0,
+                "payload_grace": float(spec.get("payload_grace", 60.0)),
+            }
         try:
             client = dibs.Reservations(
                 spec["url"],
@@ -66,6 +78,7 @@ class Worker:
                 heartbeat_interval=spec.get("interval"),
                 on_store_unavailable=spec.get("policy", "fail"),
                 backoff=Backoff(initial=0.01, maximum=min(0.5, ttl / 4)),
+                **payloads,
             )
         except dibs.StoreUnavailable as exc:
             self.open_error = exc
@@ -198,38 +211,64 @@ def _loop(worker: Worker) -> None:
 
 
 #: Where a paused remover stops (see :func:`_pause_points`): after listing the records it will work
-#: on, and after reading the one record it is about to change, before its compare-and-swap.
+#: on, and after reading the one record it is about to change, before its compare-and-swap; with a
+#: payload store, at each step of a collection too (:data:`COLLECTION_PAUSE_POINTS`).
 PAUSE_POINTS = ("after list", "after read")
+#: The steps of a payload collection (:mod:`dibs.payloads.collect`) a paused collector stops at.
+COLLECTION_PAUSE_POINTS = (
+    "after listing the records",
+    "after listing the copies",
+    "after listing a payload's copies",
+    "before removing a copy",
+)
 
 
 def _pause_points(worker: Worker, store: Any) -> list[str]:
     """Make the remover's own store pause at the steps of a removal, at random: between listing and
     removing, and between reading a record and writing it back conditionally (the SQL stores'
     ``_read`` before their versioned UPDATE/DELETE, the record stores' ``_load`` before their
-    compare-and-swap; Redis decides in one script, so only the first applies). Only this test
-    process's store object is wrapped; dibs itself is unchanged. Returns the points installed."""
+    compare-and-swap; Redis decides in one script, so only the first applies); with a payload store,
+    at every step of a payload collection: after listing the records, after listing the copies (all
+    of them, or a forgotten payload's), before removing a copy. Only this test process's store
+    objects are wrapped; dibs itself is unchanged. Returns the points installed."""
     spec = worker.spec
     chance = float(spec.get("pause_chance", 0.0))
+    chance_at = {str(k): float(v) for k, v in spec.get("pause_chance_at", {}).items()}  # per point
     low, high = spec.get("pause_seconds", (0.0, 0.0))
     installed: list[str] = []
 
-    def pausing(point: str, call: Any) -> Any:
-        def paused(*args: Any, **kwargs: Any) -> Any:
-            answer = call(*args, **kwargs)
-            if point == "after list":
-                answer = list(answer)  # list() is lazy on some stores: pause after it really ran
-            if worker.rng.random() < chance:
+    def pausing(point: str, call: Any, *, before: bool = False) -> Any:
+        def pause() -> None:
+            if worker.rng.random() < chance_at.get(point, chance):
                 seconds = worker.rng.uniform(low, high)
                 worker.recorder.emit("pause", point=point, t0=now(), seconds=seconds)
                 time.sleep(seconds)
+
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            if before:
+                pause()
+            answer = call(*args, **kwargs)
+            if not before:
+                if point.startswith("after list"):
+                    answer = list(answer)  # list() is lazy on some stores: pause after it really ran
+                pause()
             return answer
 
         return paused
 
     if chance <= 0:
         return installed
-    store.list = pausing("after list", store.list)
-    installed.append("after list")
+    payloads = getattr(store, "payloads", None)
+    if payloads is not None:  # a payload-referencing store: its collection's steps, then its records'
+        payloads.list = pausing("after listing the copies", payloads.list)
+        payloads.copies = pausing("after listing a payload's copies", payloads.copies)
+        payloads.remove = pausing("before removing a copy", payloads.remove, before=True)
+        store = store.records
+        store.list = pausing("after listing the records", store.list)
+        installed.extend(COLLECTION_PAUSE_POINTS)
+    else:
+        store.list = pausing("after list", store.list)
+        installed.append("after list")
     # The SQL stores' repairs read with _read and then run a versioned statement; the record stores
     # (file, Azure) read with _load and then compare-and-swap. Redis's _read is a script that lists
     # and reads, not a step before a conditional write, so it is left alone.
@@ -243,8 +282,10 @@ def _pause_points(worker: Worker, store: Any) -> list[str]:
 def _remove(worker: Worker) -> None:
     """A remover: until ``stop_mono``, one removal after another on the keys the others compute:
     ``prune(older_than=0)``, ``reap``, ``forget`` of a key, and ``force_release`` then ``discard``
-    of a key (an operator freeing a stuck key for good). Each is recorded by the recording store
-    (its kind, key or namespace, outcome); a failed one is recorded and the remover goes on."""
+    of a key (an operator freeing a stuck key for good), and with a payload store ``collect``. Each
+    is recorded by the recording store (its kind, key or namespace, outcome); a failed one is
+    recorded and the remover goes on. With a payload store, what each removal's collection removed
+    is recorded too (``collected``: copies and bytes)."""
     _wait_until(worker.spec.get("start_mono"))
     assert worker.client is not None
     client = worker.client
@@ -258,6 +299,7 @@ def _remove(worker: Worker) -> None:
     while time.monotonic() < stop:
         kind = worker.rng.choices(kinds, [weights[k] for k in kinds])[0]
         key = worker.rng.choice(keys)
+        before = getattr(inner, "freed", None)
         try:
             if kind == "prune":
                 client.prune(0)
@@ -265,11 +307,33 @@ def _remove(worker: Worker) -> None:
                 client.reap()
             elif kind == "forget":
                 client.forget(key)
+            elif kind == "collect":
+                _collect(worker, inner)
             elif client.force_release(key):
                 client.discard(key)
         except dibs.ReservationError:
             pass  # recorded by the recording store; a remover's failure is judged there
+        if before is not None and inner.freed.copies > before.copies:
+            worker.recorder.emit(
+                "collected",
+                kind=kind,
+                t0=now(),
+                copies=inner.freed.copies - before.copies,
+                bytes=inner.freed.bytes - before.bytes,
+            )
         time.sleep(worker.rng.uniform(low, high))
+
+
+def _collect(worker: Worker, store: Any) -> None:
+    """One collection of the payloads no record refers to (``ReferencingStore.collect``), recorded:
+    it removes no artifact, so it excuses no lost one."""
+    t0 = now()
+    try:
+        freed = store.collect()
+    except dibs.ReservationError as exc:
+        worker.recorder.emit("collect", t0=t0, t1=now(), result=f"error:{type(exc).__name__}", error=str(exc))
+        raise
+    worker.recorder.emit("collect", t0=t0, t1=now(), result="ok", copies=freed.copies)
 
 
 ROLES = {"race": _race, "threads": _threads, "until_done": _until_done, "loop": _loop, "remove": _remove}

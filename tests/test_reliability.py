@@ -1,9 +1,10 @@
 """The reliability suite (``reliability/``) at its reduced size, on every available store.
 
 The same scenarios as ``reliability/run --ci``: processes racing, holders SIGKILLed and SIGSTOPped,
-connections cut through a fault proxy, client clocks skewed with libfaketime, hostile input, and
+connections cut through a fault proxy, client clocks skewed with libfaketime, hostile input,
 records removed (prune, reap, forget, force_release + discard, by two removers at once and a paused
-one) while processes compute the same keys. Every
+one) while processes compute the same keys, and payloads collected likewise (a collector paused at
+each step of its collections) while those keys publish the same bytes again. Every
 store operation is recorded and the history is checked against the contract's invariants; these
 tests assert that no *unexpected* violation was found. Expected ones (the local-clock stores under
 clock skew, a documented limit) are allowed, and latencies are never asserted: the measured figures
@@ -78,6 +79,12 @@ def test_reduced_reliability_suite_finds_no_violation(
     assert removed.get("prune that removed", 0) > 0, removed  # the others may find nothing to do
     assert removal.faults["paused removals"] > 0, removal.faults
     assert removal.faults["SIGSTOP remover"] > 0, removal.faults
+    # The payload collectors really collected, removed copies, and were paused and stopped.
+    payloads = next(r for r in results if r.scenario == "payloads")
+    collected = payloads.figures["removals"]
+    assert collected.get("collect calls", 0) > 0 and collected.get("copies removed", 0) > 0, collected
+    assert payloads.faults["paused collections"] > 0, payloads.faults
+    assert payloads.faults["SIGSTOP remover"] > 0, payloads.faults
 
 
 def test_reduced_clock_skew_finds_no_unexpected_violation(
@@ -218,3 +225,34 @@ def test_the_checker_flags_a_complete_refused_as_lost_whose_artifact_was_stored(
     # grant after a prune of that artifact is no exclusion violation.
     events = [first, refused, hit, _removal("prune", 3.0), _grant("c", 2, 4.0)]
     assert _found(events) == ["complete outcome"]
+
+
+def _log(proc: str, key: str, t0: float) -> dict[str, object]:
+    message = f"rel.payloads/{key}: its artifact is treated as missing, and the key computes again: gone"
+    return {
+        "proc": proc,
+        "op": "log",
+        "level": "WARNING",
+        "logger": "dibs.payloads",
+        "msg": message,
+        "t0": t0,
+    }
+
+
+def test_the_payload_miss_check_excuses_only_a_forget_of_the_key_after_its_artifact() -> None:
+    from reliability import history
+
+    first = _grant("a", 1, 0.0)
+    stored = {**_complete(first, 1.0), "key": "k"}
+    miss = _log("b", "k", 3.0)
+    assert [v.invariant for v in history.payload_misses([first, stored, miss])[0]] == ["no lost payload"]
+    forget = _removal("forget", 2.0, key="k")
+    assert history.payload_misses([first, stored, forget, miss]) == ([], 1, 1)
+    # a forget before the artifact was stored, of another key, or one that changed nothing excuses nothing
+    for other in (
+        _removal("forget", 0.5, key="k"),
+        _removal("forget", 2.0, key="other"),
+        _removal("forget", 2.0, key="k", changed=False),
+    ):
+        violations, misses, excused = history.payload_misses([first, stored, other, miss])
+        assert (len(violations), misses, excused) == (1, 1, 0), other

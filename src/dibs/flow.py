@@ -44,6 +44,7 @@ from dibs.errors import StoreUnavailable, TooManyFailures, WaitTimeout
 from dibs.events import Emitter, Event
 from dibs.keys import Key
 from dibs.outcomes import Acquired, Busy, Hit, Outcome, RunReport
+from dibs.payloads.base import PayloadUnavailable
 from dibs.records import FailureRecord, Held, KeyState, LeaseRecord
 from dibs.steps import (
     UNWATCH,
@@ -428,17 +429,27 @@ def wait_for(
     waiter = _Waiter(emitter, rules, narrate=False)
     read = Read(key)
     state = (yield from waiter.asking(read, deadline)) if resumed else (yield read)
-    if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
-        state = yield from waiter.until_settled(state, deadline, for_artifact, max_age, min_token)
-    artifact = state.artifact
-    if artifact is not None and artifact.is_fresh(state.now, max_age=max_age, min_fence=min_token):
-        if not decode:
-            return Hit.of(state.key, artifact, artifact)  # the record itself, undecoded
-        hit: Hit = yield Found(state.key, artifact)
-        return hit
-    if state.live_lease is not None or for_artifact:
-        raise gave_up(state.key, deadline, state=state)
-    return None
+    while True:
+        if not is_settled(state, for_artifact, max_age, min_token) and not deadline.expired:
+            state = yield from waiter.until_settled(state, deadline, for_artifact, max_age, min_token)
+        artifact = state.artifact
+        if artifact is not None and artifact.is_fresh(state.now, max_age=max_age, min_fence=min_token):
+            if not decode:
+                return Hit.of(state.key, artifact, artifact)  # the record itself, undecoded
+            try:
+                hit: Hit = yield Found(state.key, artifact)
+            except PayloadUnavailable:
+                # It went bad since it was read: the miss a read would have found. A wait for an
+                # artifact with time left waits on (its reads find the bad payload and leave it out).
+                state = dataclasses.replace(state, artifact=None)
+                if for_artifact and not deadline.expired:
+                    state = yield from waiter.asking(read, deadline)
+                    continue
+            else:
+                return hit
+        if state.live_lease is not None or for_artifact:
+            raise gave_up(state.key, deadline, state=state)
+        return None
 
 
 def is_settled(

@@ -15,9 +15,9 @@ cancellation, ``SystemExit``)      is recorded as ``stopped: ...`` but not count
                                    exception is no failure (Airflow's skip): released, not counted
 releasing fails                    log it (the lease expires after its ttl); the work's own error
                                    is what the caller sees
-the value cannot be serialized     return it to this caller only (the reservation never changes a
-                                   result), release the lease with the error recorded so waiters
-                                   compute for themselves, and log an error saying what to change
+the value cannot be serialized,    return it to this caller only (the reservation never changes a
+is too large for the store, or     result), release the lease with the error recorded so waiters
+its payload cannot be written      compute for themselves, and log an error saying what to change
 ``complete`` is refused (fenced)   the value is right for this caller: return it, not stored
 the store stays unreachable at     the client's ``on_store_unavailable``: ``"fail"`` raises
 ``complete``                       :class:`~dibs.errors.StoreUnavailable`, ``"run"`` returns the
@@ -177,6 +177,12 @@ def release_after(
         )
 
 
+#: Until when every run computes for itself after a value could not be stored (unless the error says).
+_SERIALIZABLE = (
+    "the work returns data the serializer can store (JSON by default) or the serializer is changed"
+)
+
+
 def store_value(
     lease: Lease,
     value: Any,
@@ -212,10 +218,10 @@ def store_value(
         release_after(lease, exc, None, logger, emit)
         logger.error(
             "%s: computed, but the value cannot be stored as its artifact (%s); it is returned to this run "
-            "only, and the lease was released with this error, so every run computes for itself until "
-            "the work returns data the serializer can store (JSON by default) or the serializer is changed",
+            "only, and the lease was released with this error, so every run computes for itself until %s",
             key,
             exc.message,
+            exc.fields.get("remedy") or _SERIALIZABLE,  # a payload store's refusal says what ends it
         )
         return report(stored=False)
     except LeaseLost as exc:

@@ -32,7 +32,7 @@ from dibs.backoff import Backoff, Retrying
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, LeaseLost, SerializationError, StoreUnavailable
 from dibs.keys import Key
-from dibs.payloads.base import Payload
+from dibs.payloads.base import Payload, PayloadUnwritable
 from dibs.payloads.references import REFERENCE
 from dibs.payloads.references import encode as encode_reference
 from dibs.records import ArtifactRecord, LeaseRecord, LeaseToken, checksum
@@ -192,7 +192,9 @@ class Lease:
     ) -> ArtifactRecord | None:
         """A payload too large for the record, completed through the payload store: written there
         while its SHA-256 is computed (one pass, not a checksum pass and then a write), then published
-        as a reference; ``None`` when the client has no payload store or the payload stays inline."""
+        as a reference; ``None`` when the client has no payload store or the payload stays inline.
+        A write that fails raises :class:`~dibs.payloads.PayloadUnwritable`, a failed compute to the
+        hold (the lease released at once, the value returned), before anything is sent to the records."""
         # Not imported here: a store can only be a ReferencingStore once its module was imported, so
         # a process without payload stores neither imports it nor pays an import per complete.
         referencing = sys.modules.get("dibs.payloads.referencing")
@@ -206,7 +208,6 @@ class Lease:
             return None
         document = encode_reference(stored, "")
         record = self._complete_with(REFERENCE, document, stored.checksum, compute_seconds)
-        store.keep(stored, payload)
         return store.loaded(record, payload)
 
     def _complete_with(
@@ -217,6 +218,8 @@ class Lease:
         artifact = NewArtifact(serializer, payload, digest, compute_seconds)
         try:
             record = self._client.store.complete(self.key, self._record.token, artifact)
+        except PayloadUnwritable:
+            raise  # nothing reached the records (a store wrapped around a referencing one writes first)
         except StoreUnavailable as exc:
             record = self._settle_complete(artifact, exc)
         self._ended = True

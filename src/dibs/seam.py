@@ -32,6 +32,7 @@ from dibs.events import Event
 from dibs.keys import Key
 from dibs.lease import Lease, LeaseSource
 from dibs.outcomes import Acquired, Hit, RunReport
+from dibs.payloads import PayloadUnavailable
 from dibs.records import Granted, Held, KeyState, Present, StoreOutcome
 from dibs.runtime import runtime
 
@@ -274,10 +275,13 @@ class StoreIO(_Seam):
 
     def found(self, step: steps.Found) -> Hit:
         """An artifact as a hit, its value decoded (``dibs run`` hands a payload on unread instead)."""
-        return self.client.artifacts.hit(step.key, step.artifact)
+        return _decoded(self.client.artifacts, step)
 
     def read(self, step: steps.Read) -> KeyState:
-        return self._see(self.store.read(step.key))  # type: ignore[no-any-return]
+        # As the watch hub reads for waiters (and the async seam, batched): a key's payload is loaded
+        # and checked once, and a bad one is a miss (a payload-referencing store's read_many).
+        found = self.store.read_many([step.key])
+        return self._see(found[0] if found else self.store.read(step.key))  # type: ignore[no-any-return]
 
     def watch(self, step: steps.Watch) -> Callable[[], bool]:
         return self._watching(step.key)
@@ -374,8 +378,8 @@ class AsyncStoreIO(_Seam):
     async def found(self, step: steps.Found) -> Hit:
         """A hit decoded, in the I/O executor when it is large: never a long decode on the loop."""
         if step.artifact.size > DECODE_ON_LOOP_BYTES:
-            return await runtime().io(self.client.artifacts.hit, step.key, step.artifact)
-        return self.client.artifacts.hit(step.key, step.artifact)
+            return await runtime().io(_decoded, self.client.artifacts, step)
+        return _decoded(self.client.artifacts, step)
 
     async def read(self, step: steps.Read) -> KeyState:
         return self._see(await runtime().read(self.store, step.key))  # type: ignore[no-any-return]
@@ -428,6 +432,16 @@ class AsyncStoreIO(_Seam):
 
     async def run_unreserved(self, step: steps.RunUnreserved) -> Any:
         return await self.work_fn()
+
+
+def _decoded(artifacts: ArtifactReader, step: steps.Found) -> Hit:
+    """The hit of ``step``'s artifact, decoded; a payload that went bad since it was checked is said
+    (the flow decides what that miss means)."""
+    try:
+        return artifacts.hit(step.key, step.artifact)
+    except PayloadUnavailable as exc:
+        log.warning("%s: its artifact is treated as missing, as it went bad: %s", step.key, exc)
+        raise
 
 
 def holding_what(got: Acquired | Lease | holding.HeldLease) -> tuple[Acquired, holding.HeldLease | None]:

@@ -60,8 +60,10 @@ def counted(payloads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> l
     return _CountingFileSystem.reads
 
 
-def _payload_file(tmp_path: Path, returned: Any) -> Path:
-    return tmp_path / "counted" / "sha256" / returned[REFERENCE_FIELD]["sha256"]
+def _payload_file(tmp_path: Path, returned: Any, folder: str = "counted") -> Path:
+    """The one copy of the returned reference's payload (``<root>/sha256/<digest>/<stamp>``)."""
+    (copy,) = (tmp_path / folder / "sha256" / returned[REFERENCE_FIELD]["sha256"]).iterdir()
+    return copy
 
 
 def _task(value: Any, task_id: str = "t", key: str = "export") -> ReservedPythonOperator:
@@ -172,7 +174,10 @@ def test_a_truncated_payload_makes_the_hit_a_miss_that_computes_again(
     again = task("other").execute(make_context(dag_id="other", run_id="r2"))
     assert calls == ["ran", "ran"] and counted == []
     assert again[REFERENCE_FIELD]["token"] == returned[REFERENCE_FIELD]["token"] + 1  # a new artifact
-    assert payload.stat().st_size == len(BIG.encode()) + 2  # written whole again (a JSON string)
+    # Written whole again, as a new copy beside the truncated one (which a collection removes), and
+    # the one every reader takes: the latest.
+    latest = max(payload.parent.iterdir(), key=lambda path: path.name)
+    assert latest != payload and latest.stat().st_size == len(BIG.encode()) + 2  # a JSON string
 
 
 def test_a_payload_damaged_at_its_size_is_refused_by_the_reader_then_computed_again(
@@ -246,7 +251,7 @@ def test_a_payload_that_could_not_be_read_is_kept_only_damaged_ones_are_removed(
     fsspec.register_implementation("dibs-resetting", _ResettingFileSystem, clobber=True)
     monkeypatch.setenv("DIBS_PAYLOADS_URL", f"dibs-resetting://{tmp_path / 'resetting'}")
     returned = _task(BIG).execute(make_context(run_id="r1"))
-    payload = tmp_path / "resetting" / "sha256" / returned[REFERENCE_FIELD]["sha256"]
+    payload = _payload_file(tmp_path, returned, "resetting")
     monkeypatch.setattr(_ResettingFileSystem, "resetting", True)
     with pytest.raises(PayloadUnavailable, match="cannot be read") as refused:
         resolve(returned)

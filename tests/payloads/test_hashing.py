@@ -17,7 +17,7 @@ import pytest
 from dibs.payloads import hashing
 from dibs.payloads.files import FilePayloadStore
 from dibs.payloads.hashing import INLINE, Hasher, digest_beside
-from dibs.payloads.verify import READ_CHUNK, check_whole, copy_verified, read_verified
+from dibs.payloads.verify import READ_CHUNK, check_stream, copy_verified, read_verified, spool_verified
 
 SIZES = [0, 1, INLINE, INLINE + 1, 3 * 1024 * 1024 + 17, 9 * 1024 * 1024]
 
@@ -56,7 +56,10 @@ def test_what_is_put_reads_back_whole_by_every_reader(tmp_path: Path, size: int)
     assert read_verified(store, payload, "test") == data
     out = io.BytesIO()
     assert copy_verified(store, payload, "test", out) == size and out.getvalue() == data
-    check_whole(store, payload, "test")
+    with spool_verified(store, payload, "test") as spooled:
+        assert spooled.read() == data
+    with store.open(payload.sha256) as stream:
+        check_stream(stream, payload, "test")
 
 
 def _hash_in_child(data: bytes, conn: Connection) -> None:

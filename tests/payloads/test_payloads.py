@@ -15,14 +15,14 @@ import pytest
 
 import dibs
 from dibs.errors import ConfigurationError, LeaseLost
-from dibs.payloads import REFERENCE, PayloadUnavailable, ReferencingStore
+from dibs.payloads import REFERENCE, Freed, PayloadUnavailable, ReferencingStore
 from dibs.payloads.files import FilePayloadStore
 from dibs.payloads.references import decode
 from dibs.records import ArtifactRecord, Granted, KeyState
 from dibs.stores import AcquireRequest
 from dibs.stores.memory import MemoryStore
 from tests.cli_harness import eventually
-from tests.payloads.conftest import payload_files
+from tests.payloads.conftest import payload_files, stored_payloads
 
 BIG = 200_000  # above the default 64 KiB inline limit
 
@@ -53,7 +53,7 @@ def test_small_values_stay_in_the_record_large_ones_are_referenced(
         reference, uri = decode(record.payload, "test")
         assert (reference.size, reference.sha256) == (BIG, hashlib.sha256(big).hexdigest())
         (only,) = payload_files(tmp_path)
-        assert only.read_bytes() == big and only.as_uri() == uri
+        assert only.read_bytes() == big and only.as_uri().startswith(uri + ".")  # a copy: <uri>.<stamp>
         # Another client (another process would be the same) reads it back, checked.
         with _client(records_url, payloads_url) as other:
             hit = other.get_or_reserve("big")
@@ -102,7 +102,7 @@ def test_a_bad_payload_is_a_miss_that_computes_again(
         with caplog.at_level(logging.WARNING, logger="dibs.payloads"):
             report = client.compute("k", lambda: second)
         assert (report.role, report.value) == ("computed", second)
-        assert path.as_uri() in caplog.text and "computes again" in caplog.text
+        assert path.as_uri().rpartition(".")[0] in caplog.text and "computes again" in caplog.text
         assert client.run("k", lambda: b"never") == second  # the new artifact is a hit
 
 
@@ -123,13 +123,33 @@ def test_identical_payloads_are_stored_once(records_url: str, payloads_url: str,
     with _client(records_url, payloads_url) as client:
         for key in ("a", "b", "c"):
             client.run(key, lambda: same)
-        assert len(payload_files(tmp_path)) == 1
+        # One copy per writer, each a hard link of the first: the bytes are stored once.
+        assert len(payload_files(tmp_path)) == 3 and len(stored_payloads(tmp_path)) == 1
         # forgetting one key keeps the payload the others still refer to
         assert client.forget("a")
-        assert len(payload_files(tmp_path)) == 1
+        assert len(stored_payloads(tmp_path)) == 1
         assert client.run("b", lambda: b"never") == same
         assert client.forget("b") and client.forget("c")
         assert payload_files(tmp_path) == []
+
+
+def test_the_older_copies_of_a_payload_records_refer_to_go_once_the_latest_is_old_enough(
+    records_url: str, payloads_url: str, tmp_path: Path
+) -> None:
+    same = os.urandom(BIG)
+    with _client(records_url, payloads_url) as client:
+        store = client.store
+        assert isinstance(store, ReferencingStore)
+        for key in ("a", "b", "c"):
+            client.run(key, lambda: same)
+        copies = payload_files(tmp_path)
+        latest = max(copies, key=lambda path: path.name)
+        written = max(found.modified for found in store.payloads.list())
+        eventually(lambda: time.time() > written + 0.01, "the clock to pass the copies' times")
+        assert store.collect() == Freed(copies=2)  # names of one file: no bytes freed
+        assert payload_files(tmp_path) == [latest]
+        for key in ("a", "b", "c"):
+            assert client.run(key, lambda: b"never") == same
 
 
 def test_forget_and_prune_remove_payloads_nobody_refers_to(
@@ -229,25 +249,27 @@ def test_a_candidate_too_recent_to_remove_is_decided_without_listing_the_records
         assert store.collect().payloads == 0 and listings == [None]  # a full collection does list
 
 
-def test_a_payload_store_that_cannot_be_written_is_a_store_failure_handled_by_the_policy(
+def test_a_payload_store_that_cannot_be_written_is_a_failed_compute_whatever_the_policy(
     records_url: str, payloads_url: str, tmp_path: Path
 ) -> None:
     # The folder's "partial" directory is a file: every write fails with an OSError, as a full disk
-    # or a lost network mount would. The value is a store failure at complete, handled by the policy.
+    # or a lost network mount would. The caller keeps what it computed, and the lease is released at
+    # once with the failure recorded (as for a value too large for the store), whatever the policy.
     folder = tmp_path / "payloads"
     folder.mkdir()
     (folder / "partial").write_bytes(b"not a folder")
     value = os.urandom(BIG)
-    with _client(records_url, payloads_url, ttl=1.0, on_store_unavailable="run") as client:
-        assert client.run("k", lambda: value) == value  # the caller keeps what it computed
-        assert client.status("k").artifact is None  # nothing was published
-    failing = _client(records_url, payloads_url, ttl=1.0)  # on_store_unavailable="fail"
-    with failing, pytest.raises(dibs.StoreUnavailable, match="writing a payload failed"):
-        failing.run("k2", lambda: value)
+    for policy in ("run", "fail"):
+        with _client(records_url, payloads_url, ttl=600, on_store_unavailable=policy) as client:
+            report = client.compute(f"k-{policy}", lambda: value)
+            assert (report.value, report.stored) == (value, False)  # the caller keeps what it computed
+            state = client.status(f"k-{policy}")
+            assert state.artifact is None and state.live_lease is None  # nothing published, nothing held
+            assert state.failure is not None and "writing a payload" in state.failure.error
     (folder / "partial").unlink()  # the disk is fixed: the next call computes and stores
     with _client(records_url, payloads_url, ttl=1.0) as client:
-        assert client.run("k", lambda: value) == value
-        assert client.run("k", lambda: b"never") == value
+        assert client.run("k-run", lambda: value) == value
+        assert client.run("k-run", lambda: b"never") == value
 
 
 def test_streams_in_and_out(records_url: str, payloads_url: str, tmp_path: Path) -> None:
@@ -265,8 +287,10 @@ def test_streams_in_and_out(records_url: str, payloads_url: str, tmp_path: Path)
         (stored,) = payload_files(tmp_path)
         data = source.read_bytes()
         stored.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # another first byte, whatever it was
-        with client.open_artifact("file") as stream, pytest.raises(PayloadUnavailable, match="SHA-256"):
-            stream.read()
+        # A payload changed in place: nothing of it is handed out, neither as a stream nor as a path.
+        with pytest.raises(PayloadUnavailable, match="SHA-256"):
+            client.open_artifact("file")
+        stored.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # damaged again (the first was removed)
         with pytest.raises(PayloadUnavailable), client.artifact_path("file"):
             pass
 

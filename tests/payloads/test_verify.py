@@ -1,6 +1,8 @@
 """Reading payloads back checked (dibs.payloads.verify): a payload shorter than recorded is found short
 without holding its recorded size in memory, whether or not its stream says how long it is; a longer
-one is reported with exactly the bytes read, by every reader."""
+one is reported with exactly the bytes read (or, where the storage says its size, with that), by
+every reader. A copy the storage says is of another size, or that holds other bytes, is damaged, and
+removed as it is found; a stream that merely ended early is not."""
 
 from __future__ import annotations
 
@@ -17,7 +19,14 @@ import pytest
 
 from dibs.payloads import Payload, PayloadDamaged, PayloadUnavailable
 from dibs.payloads.files import FilePayloadStore
-from dibs.payloads.verify import READ_CHUNK, VerifyingReader, check_whole, copy_verified, read_verified
+from dibs.payloads.verify import (
+    READ_CHUNK,
+    check_stream,
+    copy_out,
+    copy_verified,
+    read_verified,
+    spool_verified,
+)
 
 MB = 1024 * 1024
 
@@ -67,8 +76,12 @@ def test_a_truncated_payload_is_found_short_without_allocating_its_recorded_size
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert not isinstance(caught.value, PayloadDamaged)  # short is not known damage: a miss
-    assert f"{2 * MB:,} bytes" in str(caught.value)
+    if kind == "sized":  # the file says it is short: known damage, and the copy is removed
+        assert isinstance(caught.value, PayloadDamaged) and f"{2 * MB:,} bytes stored" in str(caught.value)
+        assert store.copies(payload.sha256) == []
+    else:  # a stream that ended early is not known damage: a miss, and the copy stays
+        assert not isinstance(caught.value, PayloadDamaged) and f"{2 * MB:,} bytes read" in str(caught.value)
+        assert len(store.copies(payload.sha256)) == 1
     assert peak < 32 * MB, f"{peak:,} bytes allocated to find {2 * MB:,} of {256 * MB:,} short"
 
 
@@ -83,21 +96,27 @@ def test_a_whole_payload_reads_back_through_either_kind_of_stream(
     assert read_verified(store, payload, "test") == data
     out = io.BytesIO()
     assert copy_verified(store, payload, "test", out) == size and out.getvalue() == data
-    check_whole(store, payload, "test")
+    with spool_verified(store, payload, "test") as spooled:
+        printed = io.BytesIO()
+        assert copy_out(spooled, printed) == size and printed.getvalue() == data
+    _check_stream(store, payload, "test")
     assert hashlib.sha256(data).hexdigest() == payload.sha256
 
 
-def _read_through_a_verifying_reader(store: FilePayloadStore, payload: Payload, uri: str) -> None:
-    with VerifyingReader(store.open(payload.sha256), payload, uri) as reader:
-        while reader.read(READ_CHUNK):
-            pass
+def _check_stream(store: FilePayloadStore, payload: Payload, uri: str) -> None:
+    with store.open(payload.sha256) as stream:
+        check_stream(stream, payload, uri)
+
+
+def _spool(store: FilePayloadStore, payload: Payload, uri: str) -> None:
+    spool_verified(store, payload, uri).close()
 
 
 READERS: dict[str, Callable[[FilePayloadStore, Payload, str], object]] = {
     "read_verified": read_verified,
     "copy_verified": lambda store, payload, uri: copy_verified(store, payload, uri, io.BytesIO()),
-    "check_whole": check_whole,
-    "VerifyingReader": _read_through_a_verifying_reader,
+    "spool_verified": _spool,
+    "check_stream": _check_stream,
 }
 
 
@@ -113,7 +132,10 @@ def test_a_payload_longer_than_recorded_is_damaged_and_the_bytes_read_are_said_e
     recorded = Payload(payload.sha256, MB - 10)
     with pytest.raises(PayloadDamaged, match="longer than recorded") as caught:
         READERS[reader](store, recorded, "test")
-    assert f": {MB - 9:,} bytes read, {MB - 10:,} recorded" in str(caught.value)
+    if kind == "sized":  # the file says how long it is: nothing needs reading
+        assert f": {2 * MB:,} bytes stored, {MB - 10:,} recorded" in str(caught.value)
+    else:
+        assert f": {MB - 9:,} bytes read, {MB - 10:,} recorded" in str(caught.value)
 
 
 SPANS = {"one chunk": MB, "chunks, the last one full": 2 * READ_CHUNK, "chunks": 2 * READ_CHUNK + 5}
@@ -135,13 +157,19 @@ def test_a_payload_changed_in_place_is_damaged_whichever_chunk_holds_the_change(
         READERS[reader](store, payload, "test")
 
 
+@pytest.mark.parametrize("kind", STORES)
 @pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("span", SPANS)
-def test_a_payload_cut_short_is_unavailable_not_damaged(tmp_path: Path, reader: str, span: str) -> None:
-    store = FilePayloadStore(tmp_path)
+def test_a_payload_stored_short_is_damaged_and_a_stream_cut_short_only_unavailable(
+    tmp_path: Path, kind: str, reader: str, span: str
+) -> None:
+    store = STORES[kind](tmp_path)
     data = os.urandom(SPANS[span])
     payload = store.put(data)
     store.path(payload.sha256).write_bytes(data[:-1])
     with pytest.raises(PayloadUnavailable, match="truncated") as caught:
         READERS[reader](store, payload, "test")
-    assert not isinstance(caught.value, PayloadDamaged)
+    assert isinstance(caught.value, PayloadDamaged) == (kind == "sized")
+    # Only known damage goes, and only a reader of the store's (check_stream is given a stream).
+    removed = kind == "sized" and reader != "check_stream"
+    assert len(store.copies(payload.sha256)) == (0 if removed else 1)

@@ -110,7 +110,7 @@ def test_a_saved_local_file_system_block_keeps_the_payloads(dibs_url: str, tmp_p
     local = fsspec.filesystem("file")
 
     def payload_file(sha256: str) -> tuple[Any, str]:
-        found = list(basepath.rglob(sha256))
+        found = list(basepath.rglob(f"{sha256}.*"))  # its one copy: <sha256>.<stamp>
         assert len(found) == 1, f"no payload {sha256} under the block's basepath {basepath}"
         return local, str(found[0])
 
@@ -127,9 +127,9 @@ def test_reserved_takes_a_remote_file_system_block_by_its_slug(dibs_url: str) ->
     memory = fsspec.filesystem("memory")
 
     def payload_file(sha256: str) -> tuple[Any, str]:
-        path = f"{root.removeprefix('memory://')}/sha256/{sha256}"
-        assert memory.exists(path), f"no payload {sha256} under the block's basepath {root}"
-        return memory, path
+        found = memory.find(f"{root.removeprefix('memory://')}/sha256/{sha256}")  # <sha256>/<stamp>
+        assert len(found) == 1, f"no payload {sha256} under the block's basepath {root}"
+        return memory, found[0]
 
     computed: list[bytes] = []
     run = _handoff_flow(dibs_url, computed, payloads=f"remote-file-system/{storage}")

@@ -99,7 +99,10 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "wait": (
         "wait until KEY is done; print its artifact",
-        "Wait until KEY has an artifact, then print it; reserve nothing.\n\n"
+        "Wait until KEY has an artifact, then print it; reserve nothing. An artifact in a payload store "
+        "is checked to its end (size and SHA-256, into a temporary file) before its first byte is "
+        "printed; one that is not the recorded one is never printed: a warning says so, and the wait goes "
+        "on for a newer artifact.\n\n"
         "On a terminal a live line shows who is computing the key, since when, when its lease expires, "
         "takeovers, and the last failure if the key failed and nobody is computing it. Elsewhere nothing is "
         "shown unless -v (one line per event; JSON lines with --json).",

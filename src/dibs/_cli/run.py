@@ -18,8 +18,8 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import sys
-import time
 from typing import Any, Literal
 
 from dibs import events, holding
@@ -30,6 +30,7 @@ from dibs._cli.stops import Stopped, StopSignals, signal_name
 from dibs._cli.text import artifact_text
 from dibs._cli.watch import KeyWatch, Sight
 from dibs.artifacts import unread_hit
+from dibs.backoff import Deadline
 from dibs.client import Reservations
 from dibs.config import default_owner
 from dibs.display import duration
@@ -37,12 +38,14 @@ from dibs.errors import ConfigurationError, ReservationError
 from dibs.flow import Call
 from dibs.keys import Key
 from dibs.outcomes import Hit
-from dibs.payloads import Payload, ReferencedArtifact
-from dibs.records import KeyState
+from dibs.payloads import Payload, PayloadUnavailable, ReferencedArtifact
+from dibs.records import ArtifactRecord, KeyState
 from dibs.seam import StoreIO
 from dibs.steps import Found, Unwatch, Wait
 
 __all__ = ["run", "wait"]
+
+log = logging.getLogger("dibs")
 
 #: The status of ``dibs run`` when COMMAND cannot be started, as a shell's.
 EXIT_NOT_STARTED = 127
@@ -310,15 +313,20 @@ def wait(args: argparse.Namespace, console: Console) -> int:
 
     Not on the compute-once flow's path (:func:`dibs.flow.compute_once`), on purpose: every ask of
     that flow, its waits' included, may be *granted* the lease (that is how a waiter takes over a dead
-    holder), and a ``dibs wait`` must never hold what it does not compute. It is one call of the public
-    API instead, :meth:`dibs.Reservations.wait` (:func:`dibs.flow.wait_for`): the same hub, backstop,
-    expiry rules, outage riding and timeout wording; only asks are replaced by reads. The artifact's
-    record is waited for (``decode=False``), so a payload is printed as it is read, never whole in memory.
+    holder), and a ``dibs wait`` must never hold what it does not compute. It is the public API's
+    wait instead, :meth:`dibs.Reservations.wait` (:func:`dibs.flow.wait_for`): the same hub, backstop,
+    expiry rules, outage riding and timeout wording; only asks are replaced by reads.
+
+    It waits for the artifact's record (``decode=False``), then takes its value (:func:`_taken`): a
+    payload is checked to its end into a spool file before a byte is printed, never whole in memory,
+    and one that is not the recorded one is a miss, as it is to every reader: a warning says so, and
+    the wait goes on for a newer artifact, within the same ``--timeout``.
     """
     with Reservations(args.store, namespace=args.namespace, payloads=args.payloads) as client:
         key = client.key(args.key)
-        started = time.monotonic()
+        deadline = Deadline(args.timeout)
         first: list[KeyState] = []
+        newer: int | None = None  # after a bad artifact: only one stored after it
         with KeyWatch(console, client, key) as watch:
 
             def seen(state: KeyState) -> None:
@@ -326,35 +334,47 @@ def wait(args: argparse.Namespace, console: Console) -> int:
                     first.append(state)
                 watch.see(Sight.of_state(state))
 
-            hit = client.wait(key, for_artifact=True, timeout=args.timeout, decode=False, seen=seen)
-        assert hit is not None  # for_artifact: only an artifact (or an error) ends the wait
-        artifact = hit.value
+            while True:
+                hit = client.wait(
+                    key,
+                    for_artifact=True,
+                    timeout=deadline.remaining,
+                    decode=False,
+                    min_token=newer,
+                    seen=seen,
+                )
+                assert hit is not None and isinstance(hit.value, ArtifactRecord)  # for_artifact, undecoded
+                taken = _taken(args, client, key, hit.value)
+                if taken is not None:
+                    break
+                newer = hit.token + 1
         before = first[0] if first else None
         waited_on = None if before is None or before.live_lease is None else before.live_lease.owner
-        done_at_once = (
-            before is not None and before.artifact is not None and before.artifact.fence == hit.token
+        at_once = before is not None and before.artifact is not None and before.artifact.fence == hit.token
+        if at_once:
+            said = f"{key}: already computed by {hit.producer!r} (token {hit.token})"
+            console.event("hit", said, key=str(key), token=hit.token)
+            return _deliver(args, Result(key, "hit", hit.token, hit.producer, taken[0]))
+        waited = deadline.elapsed
+        _announce_hit(console, hit, waited, waited_on or hit.producer)
+        return _deliver(args, Result(key, "waited", hit.token, hit.producer, taken[0], waited, waited_on))
+
+
+def _taken(
+    args: argparse.Namespace, client: Reservations, key: Key, artifact: ArtifactRecord
+) -> tuple[Any] | None:
+    """What ``dibs wait`` prints of ``artifact``: a payload checked into its spool (printed from there,
+    never whole in memory), else the decoded value; ``None`` when it turns out bad (a miss, logged)."""
+    try:
+        if streams(args, artifact):
+            assert isinstance(artifact, ReferencedArtifact)
+            return (dataclasses.replace(artifact, spooled=artifact.verified_spool(key)),)
+        return (client.decode(key, artifact),)
+    except PayloadUnavailable as exc:
+        log.warning(
+            "%s: its artifact is treated as missing, and the wait goes on for a newer one: %s", key, exc
         )
-        # A payload is printed as it is read, never whole in memory; any other value is decoded first,
-        # so that an artifact that cannot be read is an error, never announced as a hit.
-        streamed = streams(args, artifact)
-        value = None if streamed else client.decode(key, artifact)
-        waited = time.monotonic() - started
-        if done_at_once:
-            console.event(
-                "hit",
-                f"{key}: already computed by {hit.producer!r} (token {hit.token})",
-                key=str(key),
-                token=hit.token,
-            )
-        else:
-            _announce_hit(console, hit, waited, waited_on or hit.producer)
-        if streamed:
-            return stream_out(artifact)
-        role: Literal["waited", "hit"] = "hit" if done_at_once else "waited"
-        return _deliver(
-            args,
-            Result(key, role, hit.token, hit.producer, value, 0.0 if done_at_once else waited, waited_on),
-        )
+        return None
 
 
 # -- output -----------------------------------------------------------------------------------------
@@ -362,8 +382,8 @@ def wait(args: argparse.Namespace, console: Console) -> int:
 
 def _deliver(args: argparse.Namespace, result: Result) -> int:
     """Print the artifact (as it was stored), or its ``--json`` envelope."""
-    if isinstance(result.value, ReferencedArtifact):  # a payload, unread so far: printed as it is read
-        return stream_out(result.value)
+    if isinstance(result.value, ReferencedArtifact):  # a payload, unread so far: printed once checked
+        return stream_out(result.key, result.value)
     if args.json:
         print(json.dumps(result.envelope()))
     elif isinstance(result.value, bytes):

@@ -30,6 +30,7 @@ from dibs.payloads.base import (
     PayloadDamaged,
     PayloadStore,
     PayloadUnavailable,
+    PayloadUnwritable,
     PayloadWriter,
     StoredPayload,
 )
@@ -41,6 +42,7 @@ from dibs.payloads.referencing import (
     ReferencingStore,
     UnreadCheck,
 )
+from dibs.stores import checked_url_text, redact_url
 from dibs.stores.base import CLOSE_HOOKS, Store
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "PayloadDamaged",
     "PayloadStore",
     "PayloadUnavailable",
+    "PayloadUnwritable",
     "PayloadWriter",
     "ReferencedArtifact",
     "ReferencingStore",
@@ -122,7 +125,7 @@ def _open(url: str) -> PayloadStore:
         module, extra, name = "dibs.payloads.fsspec", "fsspec", "FsspecPayloadStore"
     else:
         raise ConfigurationError(
-            f"payloads={url!r} is not a payload store URL; use file:///absolute/folder, "
+            f"payloads={redact_url(url)!r} is not a payload store URL; use file:///absolute/folder, "
             "azure://container/prefix?account_url=... or an fsspec URL such as s3://bucket/prefix",
             setting="payloads",
         )
@@ -130,9 +133,10 @@ def _open(url: str) -> PayloadStore:
         cls = getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as exc:
         raise ConfigurationError(
-            f"payloads={url!r} needs the {extra!r} extra (pip install 'dibs[{extra}]'): {exc}",
+            f"payloads={redact_url(url)!r} needs the {extra!r} extra (pip install 'dibs[{extra}]'): "
+            f"{exc.name} is not installed",
             setting="payloads",
-        ) from exc
+        ) from None
     store: PayloadStore = cls.from_url(url)
     return store
 
@@ -145,9 +149,15 @@ def is_open(url: str) -> bool:
 
 
 def open_payload_store(url: str) -> PayloadStore:
-    """The payload store at ``url``, shared by every client of the process (opening one sends nothing)."""
+    """The payload store at ``url``, shared by every client of the process. Opening one sends nothing,
+    but checks what can be checked without: the scheme, the package it needs, a folder that is a file.
+    Every error names the URL as :func:`dibs.stores.redact_url` shows it."""
     if not isinstance(url, str) or not url.strip():
-        raise ConfigurationError(f"payloads must be a payload store URL or a PayloadStore, got {url!r}")
+        raise ConfigurationError(
+            f"payloads must be a payload store URL or a PayloadStore, got {redact_url(url)!r}",
+            setting="payloads",
+        )
+    checked_url_text(url, "payload store URL")
     with _OPENED.lock:
         store = _OPENED.stores.get(url)
         if store is None:

@@ -9,15 +9,19 @@ both, as payloads live under their own folder::
 A payload is written by the SDK's block upload (blocks staged, then one block list committed), so a
 reader sees the whole blob or none. A stream is first spooled to a local temporary file while its
 digest is computed (the name must be known before the upload; memory stays at one chunk), then
-uploaded in parallel blocks; bytes already in memory are uploaded from there. Putting a payload that
-is there already only updates its metadata, which refreshes its Last-Modified time (see
-:mod:`dibs.payloads.collect`). A delete is conditional on the ETag read just before (the service
-refuses it if the payload was put again since), so a writer's refresh always wins over a collection.
-Uncommitted blocks of a writer that died are dropped by the service itself after a week.
+uploaded in parallel blocks; bytes already in memory are uploaded from there.
+
+A payload is one blob, so it is kept safe from a collection otherwise than in a folder (see
+:mod:`dibs.payloads.base`): putting a payload that is there already updates its metadata, which gives
+the blob a new ETag (and a new Last-Modified time), and a removal is conditional on the ETag it
+listed (``If-Match``): the service refuses it if the payload was put again since, however long the
+collector was paused. A put that finds the blob gone meanwhile uploads it again. Uncommitted blocks of
+a writer that died are dropped by the service itself after a week.
 """
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import tempfile
@@ -29,12 +33,16 @@ from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNot
 
 from dibs.errors import StoreUnavailable
 from dibs.payloads.base import (
+    Freed,
     Payload,
     PayloadStore,
     PayloadUnavailable,
     PayloadWriter,
     StoredPayload,
     checked_digest,
+    is_digest,
+    unavailable,
+    unwritable,
 )
 from dibs.stores import redact_url
 from dibs.stores.azure.blobs import create_container, with_container
@@ -44,9 +52,21 @@ from dibs.stores.azure.settings import AzureSettings, parse_url
 __all__ = ["AzurePayloadStore"]
 
 
+def _etag(value: object) -> str:
+    """An ETag as the service compares it, quoted: a listing gives it bare, a blob's properties quoted."""
+    return '"' + str(value).strip('"') + '"'
+
+
+def _described(exc: AzureError) -> str:
+    """An SDK error as ``Type: first line of its message``: the SDK's ``str()`` adds the request's
+    details (headers, a signed URL), which no error of dibs shows."""
+    first = str(getattr(exc, "message", "") or "").strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else 'no message'}"
+
+
 class _SpoolingWriter(PayloadWriter):
     def __init__(self, store: AzurePayloadStore) -> None:
-        super().__init__()
+        super().__init__(store.url)
         self._store = store
         self._spool = tempfile.TemporaryFile(prefix="dibs-payload-")  # noqa: SIM115 (closed by commit/abort)
 
@@ -70,6 +90,10 @@ class _Downloaded(io.RawIOBase):
     def __init__(self, downloader: Any, uri: str) -> None:
         super().__init__()
         self._downloader, self._uri = downloader, uri
+        properties = getattr(downloader, "properties", None)
+        #: The ETag of the blob being read: what :meth:`AzurePayloadStore.condemn` removes, if it still is.
+        etag = getattr(properties, "etag", None)
+        self.etag: str | None = None if etag is None else _etag(etag)
 
     def readable(self) -> bool:
         return True
@@ -121,7 +145,7 @@ class AzurePayloadStore(PayloadStore):
         return f"azure://{self._settings.container}/{self._name(sha256)}"
 
     def _unavailable(self, doing: str, exc: AzureError) -> StoreUnavailable:
-        return StoreUnavailable(f"{doing} in {self._url} failed: {type(exc).__name__}: {exc.message}")
+        return unavailable(self._url, doing, exc, _described(exc))
 
     # -- writing ------------------------------------------------------------------------------------
     def writer(self) -> PayloadWriter:
@@ -166,7 +190,7 @@ class AzurePayloadStore(PayloadStore):
             # A container that does not exist yet is created on the first write, as the record store does.
             with_container(upload, lambda: create_container(self._container))
         except AzureError as exc:
-            raise self._unavailable(f"storing payload {sha256}", exc) from exc
+            raise unwritable(self._url, exc, _described(exc)) from exc
 
     # -- reading ------------------------------------------------------------------------------------
     def open(self, sha256: str) -> IO[bytes]:
@@ -180,41 +204,47 @@ class AzurePayloadStore(PayloadStore):
             raise self._unavailable(f"reading payload {sha256}", exc) from exc
         return cast(IO[bytes], _Downloaded(downloader, self.uri(sha256)))
 
-    def stat(self, sha256: str) -> StoredPayload | None:
+    def copies(self, sha256: str) -> builtins.list[StoredPayload]:
         try:
             found = self._container.get_blob_client(self._name(sha256)).get_blob_properties()
         except ResourceNotFoundError:
-            return None
+            return []
         except AzureError as exc:
             raise self._unavailable(f"reading payload {sha256}", exc) from exc
-        return StoredPayload(sha256, found.size, found.last_modified.timestamp())
+        return [StoredPayload(sha256, found.size, found.last_modified.timestamp(), _etag(found.etag))]
 
     def list(self) -> Iterator[StoredPayload]:
         try:
             for blob in self._container.list_blobs(name_starts_with=self._folder):
                 sha256 = blob.name[len(self._folder) :]
-                if len(sha256) == 64:
-                    yield StoredPayload(sha256, blob.size, blob.last_modified.timestamp())
+                if is_digest(sha256):
+                    yield StoredPayload(sha256, blob.size, blob.last_modified.timestamp(), _etag(blob.etag))
         except ResourceNotFoundError:
             return  # no container yet: no payloads
         except AzureError as exc:
             raise self._unavailable("listing payloads", exc) from exc
 
     # -- removing -----------------------------------------------------------------------------------
-    def delete(self, sha256: str, *, unchanged_since: float) -> int:
+    def remove(self, found: StoredPayload) -> Freed:
+        return Freed(1, int(found.size), 1) if self._delete(found.sha256, found.copy) else Freed()
+
+    def _delete(self, sha256: str, etag: str) -> bool:
+        """Delete the payload's blob if its ETag is still ``etag``: ``False`` if it was put again since
+        (or is gone already), whatever the delay since the ETag was read."""
         blob = self._container.get_blob_client(self._name(sha256))
         try:
-            found = blob.get_blob_properties()
-            if found.last_modified.timestamp() >= unchanged_since:
-                return 0
-            blob.delete_blob(etag=found.etag, match_condition=MatchConditions.IfNotModified)
+            blob.delete_blob(etag=etag, match_condition=MatchConditions.IfNotModified)
         except (ResourceNotFoundError, ResourceModifiedError):
-            return 0  # gone already, or put again since it was read: kept
+            return False  # gone already, or put again since it was listed: kept
         except AzureError as exc:
             if getattr(exc, "status_code", None) == 412:
-                return 0
+                return False
             raise self._unavailable(f"removing payload {sha256}", exc) from exc
-        return int(found.size)
+        return True
+
+    def condemn(self, sha256: str, stream: IO[bytes]) -> int:
+        etag = getattr(stream, "etag", None)
+        return int(isinstance(etag, str) and self._delete(sha256, etag))
 
     def close(self) -> None:
         self._connection.service.close()

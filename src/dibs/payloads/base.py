@@ -5,28 +5,39 @@ a folder, Azure blobs) keeps the lease, the fence and a small *reference*; the b
 by their SHA-256. It has no lease logic and no clock of its own that matters: the record store's
 fenced ``complete`` decides which payload is published (see :mod:`dibs.payloads.referencing`).
 
-A store does four things:
+A payload may be stored as several **copies** (a folder keeps one file per writer, hard links of one
+another; Azure keeps one blob). A store does five things:
 
 * **put** a stream under its content address: written to a temporary name while its SHA-256 is
-  computed, then moved into place in one step (a rename, an Azure block list commit). Identical
-  payloads are stored once: putting bytes that are already there only refreshes their modification
-  time, which tells the collector (:mod:`dibs.payloads.collect`) a writer is about to publish them;
-* **open** a payload for reading (readers verify size and digest themselves, see :mod:`.verify`);
+  computed, then moved into place in one step (a rename, an Azure block list commit);
+* **open** a payload for reading: only ever a regular file or object, never something that blocks
+  (a FIFO) or leads elsewhere (a symlink); readers verify size and digest themselves (:mod:`.verify`);
 * **stat** one, to tell cheaply whether it is there whole;
-* **delete** one, only if it was not written again since a given time.
+* **list** the copies (all of them, or one payload's), and **remove** one copy.
+
+What makes collection safe (:mod:`dibs.payloads.collect`) is the store's half of the bargain: **a put
+never gives back a copy that a remove decided before it may take**. Either the put makes a copy of its
+own, which no earlier listing holds (the folder and fsspec stores: a new name for every put, never
+reused), or it changes the copy it finds so that a remove decided before refuses it (Azure: the blob's
+ETag changes, and the delete is conditional on the one listed). Whatever the interleaving of a writer
+and a (paused) collector, the copy a writer's put returned for is there when its reference is
+published. :class:`dibs.testing.payloads.PayloadStoreContract` checks it, for dibs's stores and
+anyone's.
 """
 
 from __future__ import annotations
 
 import abc
+import builtins
 import dataclasses
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from dibs.errors import ArtifactCorrupted, StoreUnavailable
+from dibs.errors import ArtifactCorrupted, SerializationError, StoreUnavailable
 from dibs.payloads.hashing import Hasher, Ready, digest_beside
 
 __all__ = [
@@ -36,6 +47,7 @@ __all__ = [
     "PayloadDamaged",
     "PayloadStore",
     "PayloadUnavailable",
+    "PayloadUnwritable",
     "PayloadWriter",
     "StoredPayload",
     "checked_digest",
@@ -71,12 +83,24 @@ class PayloadUnavailable(ArtifactCorrupted):
 
 
 class PayloadDamaged(PayloadUnavailable):
-    """A payload was read and is not the recorded one: longer than recorded, or of the recorded size
-    with another SHA-256.
+    """A payload was read and is not the recorded one: stored shorter or longer than recorded, or of
+    the recorded size with another SHA-256.
 
-    Unlike a payload that could not be read (a reset connection, a timeout) or came back short (a
-    truncated file, or a stream that ended early: the two look alike), these bytes are known to be
-    wrong: they may be removed, so that the next writer puts the right ones.
+    Unlike a payload that could not be read (a reset connection, a timeout) or whose stream ended
+    early (a size the storage never said), these bytes are known to be wrong: the reader removes the
+    copy it read (:meth:`PayloadStore.condemn`), so that the next writer puts the right ones.
+    """
+
+
+class PayloadUnwritable(SerializationError, StoreUnavailable):
+    """A payload could not be written to the payload store (a full disk, a permission, a file where a
+    folder must be, an unreachable service): the value cannot be stored as its artifact.
+
+    A :class:`~dibs.errors.SerializationError`, as :class:`~dibs.errors.ArtifactTooLarge` is: the
+    hold releases the lease at once with this failure recorded, and the work's value is returned to
+    its caller only (:mod:`dibs.holding`), instead of leaving the key held until its ttl runs out. A
+    :class:`~dibs.errors.StoreUnavailable` too, which is what it is to a caller that writes payloads
+    itself (``put_payload``), and what the CLI's exit status says.
     """
 
 
@@ -100,22 +124,31 @@ class Payload:
 
 @dataclasses.dataclass(frozen=True)
 class StoredPayload:
-    """A payload as listed: its digest, size, and modification time (Unix seconds, the storage's clock)."""
+    """A copy of a payload as listed: its digest, size, and when it was last written, linked or put
+    again (Unix seconds, the storage's clock).
+
+    ``copy`` tells it from the payload's other copies, in the store's own terms (a file's name, a
+    blob's ETag): what :meth:`PayloadStore.remove` takes. Copies of one payload sort by it in about
+    the order they were made.
+    """
 
     sha256: str
     size: int
     modified: float
+    copy: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Freed:
-    """What a collection removed: payloads and bytes."""
+    """What a collection removed: payloads (whose bytes went), bytes, and copies (names: a folder's
+    copies of one payload are hard links, so removing one frees bytes only with the last)."""
 
     payloads: int = 0
     bytes: int = 0
+    copies: int = 0
 
     def __add__(self, other: Freed) -> Freed:
-        return Freed(self.payloads + other.payloads, self.bytes + other.bytes)
+        return Freed(self.payloads + other.payloads, self.bytes + other.bytes, self.copies + other.copies)
 
 
 class PayloadWriter(abc.ABC):
@@ -125,11 +158,12 @@ class PayloadWriter(abc.ABC):
     (:mod:`.hashing`: the two passes cost about the longer of the two), and :meth:`commit` names the
     payload by it. A chunk is the caller's again once :meth:`write` returns."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str = "the payload store") -> None:
         self._hasher = Hasher()
         self._known: str | Callable[[], str] | None = None
         self.size = 0
         self._done = False
+        self._where = where  # the store's URL (redacted), for errors
 
     def vouch(self, sha256: str | Callable[[], str]) -> None:
         """The digest of what will be written, computed by the caller from the same bytes: not computed
@@ -145,7 +179,7 @@ class PayloadWriter(abc.ABC):
         try:
             self._write(view)
         except OSError as exc:
-            raise _unwritable(exc) from exc
+            raise unwritable(self._where, exc) from exc
         finally:
             self._hasher.wait()
         return len(view)
@@ -158,7 +192,7 @@ class PayloadWriter(abc.ABC):
             payload = Payload(self._digest(), self.size, serializer)
             self._commit(payload.sha256)
         except OSError as exc:
-            raise _unwritable(exc) from exc
+            raise unwritable(self._where, exc) from exc
         return payload
 
     def _digest(self) -> str:
@@ -193,19 +227,30 @@ class PayloadWriter(abc.ABC):
         self.abort()
 
 
-def _unwritable(exc: OSError) -> StoreUnavailable:
-    """A payload store's I/O error (a full disk, a permission, a network file system gone) as the store
-    failure it is: the hold's rules for a store that fails at ``complete`` then apply (the lease is
-    released, the caller keeps its value under ``on_store_unavailable="run"``), not a crash that
-    leaves the key held until its ttl runs out."""
-    return StoreUnavailable(
-        f"writing a payload failed ({type(exc).__name__}: {exc}); check the payload store's free space, "
-        "permissions and reachability"
+def unwritable(where: str, exc: BaseException, why: str | None = None) -> PayloadUnwritable:
+    """A payload store's error while writing (a full disk, a permission, a network file system gone) as
+    the failed compute it is (:class:`PayloadUnwritable`), naming the store ``where`` (redacted) and
+    what went wrong (``why``; by default the error's type and message)."""
+    return PayloadUnwritable(
+        f"writing a payload to {where} failed ({why or f'{type(exc).__name__}: {exc}'}); check the "
+        "payload store's free space, permissions and reachability",
+        remedy="the payload store takes writes again",
     )
 
 
+def unavailable(where: str, doing: str, exc: BaseException, why: str | None = None) -> StoreUnavailable:
+    """A payload store's error while reading, listing or removing, as a dibs error naming the store."""
+    return StoreUnavailable(f"{doing} in {where} failed ({why or f'{type(exc).__name__}: {exc}'})")
+
+
 class PayloadStore(abc.ABC):
-    """Content-addressed payloads (see the module docstring)."""
+    """Content-addressed payloads, in one or more copies each (see the module docstring).
+
+    Every method raises only dibs errors: :class:`PayloadUnavailable` for a payload that is not
+    there (or not readable as one), :class:`PayloadUnwritable` for a write that failed,
+    :class:`~dibs.errors.StoreUnavailable` for a store that cannot be reached or refused to list or
+    remove. Nothing a store does may block on what it finds at a payload's name.
+    """
 
     @property
     @abc.abstractmethod
@@ -214,28 +259,57 @@ class PayloadStore(abc.ABC):
 
     @abc.abstractmethod
     def writer(self) -> PayloadWriter:
-        """A new payload being written (a temporary name until :meth:`PayloadWriter.commit`)."""
+        """A new payload being written (a temporary name until :meth:`PayloadWriter.commit`). Its
+        commit must keep the bargain of the module docstring: a copy of its own, or the copy it finds
+        changed so that a remove decided before refuses it."""
 
     @abc.abstractmethod
     def open(self, sha256: str) -> IO[bytes]:
-        """The payload's bytes as a binary stream; :class:`PayloadUnavailable` if it is not there."""
+        """A copy of the payload (the latest made, where there are several) as a binary stream;
+        :class:`PayloadUnavailable` if there is none. Only a regular file or object is a copy: a
+        FIFO, a directory, a device or a symlink at a payload's name is as good as nothing there
+        (and is never opened in a way that could block)."""
 
     @abc.abstractmethod
-    def stat(self, sha256: str) -> StoredPayload | None:
-        """The payload's size and modification time, ``None`` if it is not there."""
+    def copies(self, sha256: str) -> builtins.list[StoredPayload]:
+        """Every copy of the payload, in :attr:`StoredPayload.copy` order (none: an empty list)."""
 
     @abc.abstractmethod
-    def delete(self, sha256: str, *, unchanged_since: float) -> int:
-        """Remove the payload unless it was written (or put again) at or after ``unchanged_since``;
-        returns the bytes freed (0 if it was kept or was not there)."""
+    def remove(self, found: StoredPayload) -> Freed:
+        """Remove the copy ``found`` (from :meth:`copies` or :meth:`list`), unless it was changed since
+        it was listed; returns what went: the copy, and the payload's bytes if it was their last copy
+        (nothing if it was kept or was not there any more)."""
 
     @abc.abstractmethod
     def list(self) -> Iterator[StoredPayload]:
-        """Every payload (in no particular order)."""
+        """Every copy of every payload (in no particular order)."""
+
+    def stat(self, sha256: str) -> StoredPayload | None:
+        """The copy :meth:`open` would read (size, time), ``None`` if there is none."""
+        found = self.copies(sha256)
+        return found[-1] if found else None
+
+    def delete(self, sha256: str, *, unchanged_since: float) -> int:
+        """Remove every copy of the payload not written (or put again) at or after ``unchanged_since``;
+        returns the bytes freed."""
+        going = [found for found in self.copies(sha256) if found.modified < unchanged_since]
+        return sum(self.remove(found).bytes for found in going)
+
+    def condemn(self, sha256: str, stream: IO[bytes]) -> int:
+        """Remove the copy ``stream`` (from :meth:`open`) was read from, found not to hold the payload
+        (:class:`PayloadDamaged`), and every other copy sharing its bytes; returns how many went.
+        Only those: a copy a writer made since is left. A store that cannot tell removes nothing."""
+        return 0
 
     def discard_partial(self, *, unchanged_since: float) -> Freed:
-        """Remove what writers that died left behind (temporary files) untouched since then."""
+        """Remove what writers that died left behind (temporary files), and anything at a payload's
+        name that is no payload (a FIFO, a directory), untouched since then."""
         return Freed()
+
+    def spool(self) -> IO[bytes]:
+        """A private temporary file (gone once closed) to hold a copy being verified before its first
+        byte is handed out (:func:`dibs.payloads.verify.spool_verified`)."""
+        return tempfile.TemporaryFile(prefix="dibs-verified-")
 
     def local_path(self, sha256: str) -> Path | None:
         """The payload as a local file, where the store is a folder (``None`` elsewhere)."""
@@ -273,12 +347,12 @@ class PayloadStore(abc.ABC):
         try:
             return self.writer()
         except OSError as exc:
-            raise _unwritable(exc) from exc
+            raise unwritable(self.url, exc) from exc
 
     def settle(self) -> None:  # noqa: B027 (most stores leave nothing behind)
         """Clean up after writers once their payload is published (or the hand-off failed): called by
         :class:`~dibs.payloads.ReferencingStore` after each complete, and by the next writer. A folder
-        removes the copies of payloads that were there already, in a helper thread."""
+        removes the writers' files that a hard link to a copy made redundant, in a helper thread."""
 
     def close(self) -> None:  # noqa: B027 (most stores hold nothing to close)
         """Release clients and connections."""

@@ -1,28 +1,44 @@
-"""Removing payloads no record refers to, without removing one a writer is about to publish.
+"""Removing payloads no record refers to, without ever removing one that a record refers to or a writer
+is about to publish, whatever the interleaving of writers and (paused) collectors.
 
 A writer puts its payload first and publishes the reference after (the record store's fenced
-``complete``), so between the two the payload is referenced by nothing. The rule that keeps it:
+``complete``), so between the two the payload is referenced by nothing. A collection:
 
-    a payload is removed only if no record refers to it, **and** it was last written (or put again:
-    an identical payload's writer refreshes its time) before both the collection started and the
-    oldest lease any record holds was acquired, by more than ``grace`` seconds.
+1. notes the time it started, and lists the records (once, for all of them): the payloads they refer
+   to, and the oldest lease any of them holds;
+2. lists the payloads' copies (:meth:`~dibs.payloads.PayloadStore.list`);
+3. removes, copy by copy (:meth:`~dibs.payloads.PayloadStore.remove`):
 
-Every writer holds a lease from before its payload is written until its reference is published (or
-refused), and a lease is a record: the listing sees either the lease, which protects every payload
-written since it was acquired, or the reference. A writer that took its lease after the listing read
-its key writes after the collection started. ``grace`` covers the clocks involved (the record
-store's, the payload store's, this machine's) and defaults to a minute. What remains is an identical
-payload put again in the instant between the collector's last check and its delete: its reference
-is then published to nothing, and the readers' check turns it into a miss (the key computes again),
-never a wrong value.
+   * every copy of a payload no record refers to that was last written (or linked, or put again)
+     more than ``grace`` seconds before both the collection started and the oldest lease was acquired;
+   * the older copies of a payload records refer to, once its latest copy is that old too (a folder's
+     copies are hard links of each other: names, not bytes; an object store's are real copies).
 
-A listing that skipped unreadable records removes nothing: one of them may refer to any payload.
+Why nothing published is lost:
 
-Only ``candidates`` (a ``forget``'s payload, a fenced-out writer's): each is looked at first (one
-``stat``), and one that is gone, or was written within ``grace`` of now, is left for a later
-collection without listing the records, since the rule would keep it whatever they say. A fenced-out
-writer's payload was just written, so its collection lists nothing; the record store is listed (once
-for all of them) only for a candidate old enough to go.
+* every writer holds a lease from before its payload is put until its reference is published (or
+  refused), and a lease is a record: the listing saw either the lease, which makes every copy put
+  since too young to go, or the reference, or neither, and then the lease was acquired after the
+  listing, and its copies are younger than the collection;
+* the store keeps its half (see :mod:`dibs.payloads.base`): a put never gives back a copy that a
+  remove decided before may take. A folder's writer makes a copy of its own under a name never used
+  before, even when the payload is there (a hard link); Azure's changes the blob's ETag, and the
+  delete is conditional on the one listed. So a collector paused for any time between its listing
+  and its removal, while another key publishes the same bytes, removes at worst the copies it
+  listed, never the one that writer made: the reference it publishes names a payload that is there;
+* of a payload records refer to, the latest copy of the listing is kept. A copy is removed only when
+  a later one was listed, so of all the copies ever listed, the latest is never removed by this rule,
+  whatever several collectors do at once.
+
+``grace`` covers the clocks involved (the record store's, the payload store's, this machine's) and
+defaults to a minute. A listing that skipped unreadable records removes nothing: one of them may
+refer to any payload.
+
+Only ``candidates`` (a ``forget``'s payload, a fenced-out writer's): each is looked at first (its
+copies), and one whose copies are all gone, or were written within ``grace`` of now, is left for a
+later collection without listing the records, since the rule would keep it whatever they say. A
+fenced-out writer's payload was just written, so its collection lists nothing; the record store is
+listed (once for all of them) only for a candidate old enough to go.
 """
 
 from __future__ import annotations
@@ -30,13 +46,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import defaultdict
 from collections.abc import Iterable
 
-from dibs.payloads.base import Freed, PayloadStore
+from dibs.payloads.base import Freed, PayloadStore, StoredPayload
 from dibs.payloads.references import REFERENCE
 from dibs.stores.base import Store
 
-__all__ = ["DEFAULT_GRACE", "collect", "referenced_digest"]
+__all__ = ["DEFAULT_GRACE", "collect", "doomed", "referenced_digest"]
 
 log = logging.getLogger("dibs.payloads")
 
@@ -58,12 +75,16 @@ def collect(
     grace: float = DEFAULT_GRACE,
     candidates: Iterable[str] | None = None,
 ) -> Freed:
-    """Remove the payloads (all of them, or only ``candidates``) that the rule above lets go."""
+    """Remove the copies (of every payload, or of ``candidates`` only) the rule above lets go."""
     started = time.time()
+    found: dict[str, list[StoredPayload]] = defaultdict(list)
     if candidates is not None:
-        # Kept whatever the records say (the delete below would refuse it): not worth a listing.
-        candidates = [sha256 for sha256 in candidates if _old_enough(payloads, sha256, started - grace)]
-        if not candidates:
+        for sha256 in dict.fromkeys(candidates):
+            copies = payloads.copies(sha256)
+            # Kept whatever the records say (no copy is old enough): not worth a listing.
+            if any(copy.modified < started - grace for copy in copies):
+                found[sha256] = copies
+        if not found:
             return Freed()
     listing = records.list(None)
     referenced: set[str] = set()
@@ -85,21 +106,33 @@ def collect(
         )
         return Freed()
     cutoff = min(started, oldest_lease) - grace
+    if candidates is None:
+        for copy in payloads.list():
+            found[copy.sha256].append(copy)
     freed = Freed()
-    targets = candidates if candidates is not None else (found.sha256 for found in payloads.list())
-    for sha256 in list(targets):
-        if sha256 not in referenced:
-            size = payloads.delete(sha256, unchanged_since=cutoff)
-            if size:
-                freed = freed + Freed(1, size)
+    for copy in doomed(found, referenced, cutoff):
+        freed = freed + payloads.remove(copy)
     if candidates is None:
         freed = freed + payloads.discard_partial(unchanged_since=cutoff)
-    if freed.payloads:
-        log.info("removed %d payload(s), %d bytes, from %s", freed.payloads, freed.bytes, payloads.url)
+    if freed.copies:
+        log.info(
+            "removed %d payload(s) (%d copies), %d bytes, from %s",
+            freed.payloads,
+            freed.copies,
+            freed.bytes,
+            payloads.url,
+        )
     return freed
 
 
-def _old_enough(payloads: PayloadStore, sha256: str, before: float) -> bool:
-    """Whether the payload is there and was last written before ``before``: it may then be removed."""
-    found = payloads.stat(sha256)
-    return found is not None and found.modified < before
+def doomed(found: dict[str, list[StoredPayload]], referenced: set[str], cutoff: float) -> list[StoredPayload]:
+    """The copies the rule removes: of a payload nothing refers to, each one older than ``cutoff``; of
+    one that records refer to, each one but the latest listed, once that one is older than ``cutoff``."""
+    going: list[StoredPayload] = []
+    for sha256, copies in found.items():
+        ordered = sorted(copies, key=lambda copy: copy.copy)
+        if sha256 not in referenced:
+            going.extend(copy for copy in ordered if copy.modified < cutoff)
+        elif len(ordered) > 1 and ordered[-1].modified < cutoff:
+            going.extend(ordered[:-1])
+    return going

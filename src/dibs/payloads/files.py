@@ -2,41 +2,60 @@
 
 Layout (created on first use)::
 
-    <root>/sha256/ab/<64 hex digits>    one payload, named by its SHA-256
-    <root>/partial/<random>.part        a payload being written (moved into place once whole)
+    <root>/sha256/ab/<64 hex digits>.<stamp>    a copy of one payload: its SHA-256, and when it was made
+    <root>/sha256/ab/<64 hex digits>            a copy made before copies had stamps (read, and collected)
+    <root>/partial/<random>.part                a payload being written (moved into place once whole)
 
-A payload is written under ``partial/``, flushed to disk, then renamed into ``sha256/``: a reader sees
-a whole payload or none. On Linux, the disk write of each :data:`WRITEBACK` bytes is started while
-the next ones are written (``sync_file_range``, a hint that waits only when the device's queue is
-full), so the ``fsync`` at the end finds most of the payload on its way to disk already, as a
+A payload is written under ``partial/``, flushed to disk, then given its name in ``sha256/``: a reader
+sees a whole payload or none. On Linux, the disk write of each :data:`WRITEBACK` bytes is started
+while the next ones are written (``sync_file_range``, a hint that waits only when the device's queue
+is full), so the ``fsync`` at the end finds most of the payload on its way to disk already, as a
 copy's would not: it is still what makes the payload durable, before it is named.
 
-Two writers of the same bytes rename the same content onto one name, so the second one's rename is
-harmless; a writer that finds the payload already there refreshes the payload's modification time
-instead (see :mod:`dibs.payloads.collect` for why), and its copy is removed once the hand-off is
-published (:meth:`FilePayloadStore.settle`), in a helper thread: freeing a large file's blocks takes
-tens of milliseconds (100 MB: about 40 ms on ext4 mounted with ``discard``), and done meanwhile it
-holds up the record store's commit on the same disk. A copy that no publish follows in this process
-(an offload alone, a failure before the complete) goes with the next writer, ``close``, or at the
-latest when the store is collected or the interpreter exits; one left by a process that died first
-is removed as a dead writer's (:meth:`FilePayloadStore.discard_partial`).
+**Every writer makes a copy of its own**, under a name nobody used before (the stamp: the time in
+nanoseconds and 32 random bits). If the payload is there already with its size, the copy is a hard
+link to it, so identical payloads are stored once, and the writer's own file is removed once the
+hand-off is published (:meth:`FilePayloadStore.settle`, in a helper thread: freeing a large file's
+blocks takes tens of milliseconds, and done meanwhile it holds up the record store's commit on the
+same disk); else the writer's file is renamed to that name. A copy is never written to, renamed
+onto or made again, so a collector that decided to remove a copy (:mod:`dibs.payloads.collect`),
+however long it was paused since, can never take the one a writer made after: the payload a writer
+publishes is there. The collection also removes the older copies of a payload once its latest one has
+been there for the grace (they are hard links: names, not bytes).
+
+Only regular files are copies. Every name is opened relative to the folders above it, none of them
+through a symlink, with ``O_NOFOLLOW | O_NONBLOCK``: a FIFO, a directory, a device or a symlink (out
+of the folder or not) at a payload's name is skipped as no copy, never opened in a way that blocks;
+the next writer makes a copy beside it, and the collection removes it.
+
+A writer's file that no publish follows in this process (an offload alone, a failure before the
+complete) goes with the next writer, ``close``, or at the latest when the store is collected or the
+interpreter exits; one left by a process that died first is removed as a dead writer's
+(:meth:`FilePayloadStore.discard_partial`).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import errno
 import functools
 import os
+import re
 import secrets
+import shutil
+import stat
 import sys
+import tempfile
 import threading
+import time
 import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from dibs.errors import ConfigurationError
+from dibs.errors import ConfigurationError, ReservationError
 from dibs.payloads.base import (
     Freed,
     PayloadStore,
@@ -45,13 +64,68 @@ from dibs.payloads.base import (
     StoredPayload,
     checked_digest,
     is_digest,
+    unavailable,
 )
 from dibs.payloads.hashing import run_beside
+from dibs.stores import redact_url
 
-__all__ = ["WRITEBACK", "FilePayloadStore"]
+__all__ = [
+    "WRITEBACK",
+    "FilePayloadStore",
+    "enter_folder",
+    "link",
+    "modified",
+    "new_stamp",
+    "open_regular",
+    "stamp_time",
+]
 
 #: Every this many bytes written, their write to disk is started (Linux; see the module docstring).
 WRITEBACK = 8 * 1024 * 1024
+
+_STAMP = re.compile(r"[0-9a-f]{24}")
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_REGULAR = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: What ``open`` says of a name that is not a file or folder it may enter: ELOOP (a symlink, with
+#: O_NOFOLLOW), ENXIO (a socket), EISDIR, ENOTDIR (O_DIRECTORY on a file), EOPNOTSUPP.
+_NOT_A_FILE = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR, errno.EOPNOTSUPP})
+
+
+def new_stamp() -> str:
+    """A copy's stamp: the time in nanoseconds, then 32 random bits (24 hex digits). Copies of one
+    payload sort by it in about the order they were made; no two writers make the same one."""
+    return f"{time.time_ns():016x}{secrets.token_hex(4)}"
+
+
+def is_copy_name(sha256: str, name: str) -> bool:
+    """Whether ``name`` names a copy of ``sha256`` in this layout (stamped, or from before stamps)."""
+    return name == sha256 or (
+        name.startswith(sha256) and name[64:65] == "." and _STAMP.fullmatch(name[65:]) is not None
+    )
+
+
+def open_regular(name: str | os.PathLike[str], dir_fd: int | None = None) -> IO[bytes] | None:
+    """``name`` opened for reading if it is a regular file; ``None`` if it is missing or anything
+    else (a FIFO, a directory, a device, a symlink). Never blocks: ``O_NONBLOCK`` keeps a FIFO's open
+    from waiting for a writer, and it is dropped again once the file is known to be regular."""
+    try:
+        fd = os.open(name, _REGULAR, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno in _NOT_A_FILE:
+            return None
+        raise
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 @functools.cache
@@ -73,15 +147,76 @@ def _writeback() -> Callable[[int, int, int], object] | None:
     return lambda fd, offset, length: function(fd, offset, length, write)
 
 
+def link(existing: str, name: str, folder: int) -> None:
+    """Another name for the copy ``existing`` in ``folder`` (a descriptor), never through a symlink."""
+    os.link(existing, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+
+
 def _unlink_all(paths: list[Path]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):  # gone already, or left for discard_partial
             path.unlink()
 
 
+def stamp_time(name: str) -> float:
+    """When the copy named ``name`` was made, by its stamp (0 for a name without one)."""
+    stamp = name.rpartition(".")[2] if "." in name else name
+    return int(stamp[:16], 16) / 1e9 if _STAMP.fullmatch(stamp) else 0.0
+
+
+def modified(name: str, found: os.stat_result) -> float:
+    """When a copy was last written *or made*: a hard link keeps the bytes' modification time, so a
+    copy made by one is as young as its stamp (the maker's clock, which the collection's grace
+    covers as it covers the others)."""
+    return max(found.st_mtime, stamp_time(name))
+
+
+def _modified(found: os.stat_result) -> float:
+    """When something that is no copy (a writer's partial file, debris) was last changed."""
+    return max(found.st_mtime, found.st_ctime)
+
+
+class _Folder:
+    """An open folder of the layout (``sha256/ab``), reached without following any symlink."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> _Folder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def enter_folder(parent: int, name: str, *, create: bool) -> int | None:
+    """The folder ``name`` in ``parent`` (a descriptor), never through a symlink. ``create``: made if
+    missing, and anything else in its place (a file, a symlink, a FIFO) removed first; else ``None``
+    when it is not a folder."""
+    for _ in range(8):
+        try:
+            return os.open(name, _DIRECTORY, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                return None
+        except OSError as exc:
+            if exc.errno not in _NOT_A_FILE:
+                raise
+            if not create:
+                return None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=parent)  # no folder of ours: never a payload either
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, dir_fd=parent)
+    raise OSError(f"{name!r} keeps being replaced while it is made")
+
+
 class _FileWriter(PayloadWriter):
     def __init__(self, store: FilePayloadStore) -> None:
-        super().__init__()
+        super().__init__(store.url)
         self._store = store
         partial = store.root / "partial"
         partial.mkdir(parents=True, exist_ok=True)
@@ -106,18 +241,20 @@ class _FileWriter(PayloadWriter):
             self._file.close()
 
     def _commit(self, sha256: str) -> None:
-        target = self._store.path(sha256)
-        existing = self._store.stat(sha256)
-        if existing is not None and existing.size == self.size:
-            try:
-                os.utime(target)  # put again: a writer is about to publish it (see collect)
-            except FileNotFoundError:
-                pass  # removed meanwhile: this copy takes its place
-            else:
-                self._store._leave(self._temp)  # removed once the hand-off is published (settle)
+        name = f"{sha256}.{new_stamp()}"  # this writer's own: no collector ever decided about it
+        with self._store._folder(sha256, create=True) as folder:
+            for found in reversed(self._store._copies_in(folder, sha256)):
+                if found.size != self.size:
+                    continue  # another size: not this payload (damaged), and never linked to
+                try:
+                    link(found.copy, name, folder.fd)
+                except FileNotFoundError:
+                    continue  # removed meanwhile: the next one, or this writer's file
+                except OSError:
+                    break  # no hard links here (EPERM, EMLINK): this writer's file becomes the copy
+                self._store._leave(self._temp)  # stored once: removed once the hand-off is published
                 return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._temp, target)  # a damaged or vanished copy is replaced by this whole one
+            os.rename(self._temp, name, dst_dir_fd=folder.fd)
 
     def _abort(self) -> None:
         self._file.close()
@@ -130,9 +267,9 @@ class FilePayloadStore(PayloadStore):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._lock = threading.Lock()
-        self._leftovers: list[Path] = []  # writers' copies of payloads that were there already
+        self._leftovers: list[Path] = []  # writers' files that a hard link made redundant
         # A put that nobody publishes in this process (a worker's offload, a failure before the
-        # complete) leaves its copy for the next writer or close; at the latest it goes when the
+        # complete) leaves its file for the next writer or close; at the latest it goes when the
         # store is collected or the interpreter exits, not only with a later prune's grace period.
         weakref.finalize(self, _unlink_all, self._leftovers)
 
@@ -152,71 +289,194 @@ class FilePayloadStore(PayloadStore):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme != "file" or parsed.netloc not in ("", "localhost") or not parsed.path:
             raise ConfigurationError(
-                f"a folder payload store URL is file:///absolute/folder, got {url!r}", setting="payloads"
+                f"a folder payload store URL is file:///absolute/folder, got {redact_url(url)!r}",
+                setting="payloads",
             )
-        return cls(urllib.parse.unquote(parsed.path))
+        root = Path(urllib.parse.unquote(parsed.path))
+        if root.exists() and not root.is_dir():
+            raise ConfigurationError(
+                f"payloads={redact_url(url)!r} is not a folder (a file is there): give the folder the "
+                "payloads go to, e.g. file:///shared/dibs-payloads",
+                setting="payloads",
+            )
+        return cls(root)
 
     @property
     def url(self) -> str:
         return self.root.resolve().as_uri()
 
-    def path(self, sha256: str) -> Path:
+    # -- where copies are ----------------------------------------------------------------------------
+    def _folder(self, sha256: str, *, create: bool = False) -> _Folder:
+        """``sha256/ab`` of the payload, open; :class:`FileNotFoundError` when it is not there."""
         digest = checked_digest(sha256)
-        return self.root / "sha256" / digest[:2] / digest
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root may be a symlink
+        try:
+            top = enter_folder(root, "sha256", create=create)
+            if top is None:
+                raise FileNotFoundError(self.root / "sha256")
+            try:
+                folder = enter_folder(top, digest[:2], create=create)
+            finally:
+                os.close(top)
+        finally:
+            os.close(root)
+        if folder is None:
+            raise FileNotFoundError(self.root / "sha256" / digest[:2])
+        return _Folder(folder)
 
+    def _copies_in(self, folder: _Folder, sha256: str | None = None) -> builtins.list[StoredPayload]:
+        """The copies in ``folder`` (of ``sha256`` only, when given), in :attr:`StoredPayload.copy` order."""
+        found = []
+        with os.scandir(folder.fd) as entries:
+            for entry in entries:
+                digest = entry.name[:64] if sha256 is None else sha256
+                if not is_copy_name(digest, entry.name) or not is_digest(digest):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode):
+                        found.append(
+                            StoredPayload(digest, info.st_size, modified(entry.name, info), entry.name)
+                        )
+        return sorted(found, key=lambda copy: copy.copy)
+
+    def copies(self, sha256: str) -> builtins.list[StoredPayload]:
+        try:
+            with self._folder(sha256) as folder:
+                return self._copies_in(folder, sha256)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise unavailable(self.url, f"listing payload {sha256}", exc) from exc
+
+    def path(self, sha256: str) -> Path:
+        """The file :meth:`open` would read (the latest copy), or where the payload's first copy goes."""
+        found = self.copies(sha256)
+        name = found[-1].copy if found else checked_digest(sha256)
+        return self.root / "sha256" / sha256[:2] / name
+
+    # -- writing and reading -----------------------------------------------------------------------
     def writer(self) -> PayloadWriter:
-        self.settle()  # a copy left by a put that nobody published, if any
+        self.settle()  # a file left by a put that nobody published, if any
         return _FileWriter(self)
 
     def open(self, sha256: str) -> IO[bytes]:
         try:
-            return open(self.path(sha256), "rb")
+            with self._folder(sha256) as folder:
+                for found in reversed(self._copies_in(folder, sha256)):
+                    stream = open_regular(found.copy, dir_fd=folder.fd)
+                    if stream is not None:
+                        return stream
         except FileNotFoundError:
-            raise PayloadUnavailable(f"payload {self.uri(sha256)} is missing") from None
+            pass
         except OSError as exc:
             raise PayloadUnavailable(f"payload {self.uri(sha256)} cannot be read: {exc}") from exc
+        raise PayloadUnavailable(f"payload {self.uri(sha256)} is missing")
 
-    def stat(self, sha256: str) -> StoredPayload | None:
+    def spool(self) -> IO[bytes]:
+        # Beside the payloads (on their disk, not a RAM-backed /tmp), and nameless: nothing to clean up.
         try:
-            found = self.path(sha256).stat()
-        except FileNotFoundError:
-            return None
-        return StoredPayload(sha256, found.st_size, found.st_mtime)
+            return tempfile.TemporaryFile(prefix="dibs-verified-", dir=self.root / "partial")
+        except OSError:
+            return super().spool()
 
-    def delete(self, sha256: str, *, unchanged_since: float) -> int:
-        found = self.stat(sha256)
-        if found is None or found.modified >= unchanged_since:
+    # -- removing -----------------------------------------------------------------------------------
+    def remove(self, found: StoredPayload) -> Freed:
+        if not is_copy_name(found.sha256, found.copy):
+            raise ValueError(f"not a copy of {found.sha256}: {found.copy!r}")
+        try:
+            with self._folder(found.sha256) as folder:
+                info = os.stat(found.copy, dir_fd=folder.fd, follow_symlinks=False)
+                os.unlink(found.copy, dir_fd=folder.fd)
+        except FileNotFoundError:
+            return Freed()
+        except OSError as exc:
+            raise unavailable(self.url, f"removing payload {found.sha256}", exc) from exc
+        if info.st_nlink > 1:  # a hard link: its bytes stay with the other names
+            return Freed(copies=1)
+        return Freed(1, info.st_size, 1)
+
+    def condemn(self, sha256: str, stream: IO[bytes]) -> int:
+        try:
+            read = os.fstat(stream.fileno())
+        except (AttributeError, OSError, ValueError):  # not one of this store's files: cannot tell
             return 0
         try:
-            self.path(sha256).unlink()
-        except FileNotFoundError:
-            return 0
-        return found.size
+            removed = 0
+            with self._folder(sha256) as folder:
+                for found in self._copies_in(folder, sha256):
+                    with contextlib.suppress(FileNotFoundError):
+                        info = os.stat(found.copy, dir_fd=folder.fd, follow_symlinks=False)
+                        if (info.st_dev, info.st_ino) == (read.st_dev, read.st_ino):
+                            os.unlink(found.copy, dir_fd=folder.fd)
+                            removed += 1
+        except (OSError, ValueError) as exc:
+            raise unavailable(self.url, f"removing damaged payload {sha256}", exc) from exc
+        return removed
 
     def list(self) -> Iterator[StoredPayload]:
+        try:
+            yield from self._list()
+        except ReservationError:
+            raise
+        except OSError as exc:
+            raise unavailable(self.url, "listing payloads", exc) from exc
+
+    def _list(self) -> Iterator[StoredPayload]:
+        for folder, _ in self._walk():
+            with folder:
+                found = self._copies_in(folder)
+            yield from found
+
+    def _walk(self) -> Iterator[tuple[_Folder, builtins.list[str]]]:
+        """Each ``sha256/ab`` folder (never through a symlink), open, with the names in it."""
         top = self.root / "sha256"
-        if not top.is_dir():
+        try:
+            fd = os.open(top, _DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
             return
-        for folder in sorted(top.iterdir()):
-            if not folder.is_dir():
-                continue
-            for entry in os.scandir(folder):
-                if is_digest(entry.name):
-                    with contextlib.suppress(FileNotFoundError):
-                        found = entry.stat(follow_symlinks=False)
-                        yield StoredPayload(entry.name, found.st_size, found.st_mtime)
+        except OSError as exc:
+            if exc.errno in _NOT_A_FILE:
+                return
+            raise
+        try:
+            for prefix in sorted(os.listdir(fd)):
+                sub = enter_folder(fd, prefix, create=False)
+                if sub is not None:
+                    folder = _Folder(sub)
+                    yield folder, os.listdir(sub)
+        finally:
+            os.close(fd)
 
     def discard_partial(self, *, unchanged_since: float) -> Freed:
+        try:
+            return self._discard_partial(unchanged_since)
+        except OSError as exc:
+            raise unavailable(self.url, "removing what dead writers left", exc) from exc
+
+    def _discard_partial(self, unchanged_since: float) -> Freed:
         freed = Freed()
         partial = self.root / "partial"
-        if not partial.is_dir():
-            return freed
-        for entry in os.scandir(partial):
-            with contextlib.suppress(FileNotFoundError):
-                found = entry.stat(follow_symlinks=False)
-                if entry.name.endswith(".part") and found.st_mtime < unchanged_since:
-                    os.unlink(entry.path)
-                    freed = freed + Freed(1, found.st_size)
+        if partial.is_dir():
+            for entry in os.scandir(partial):
+                with contextlib.suppress(FileNotFoundError):
+                    found = entry.stat(follow_symlinks=False)
+                    if entry.name.endswith(".part") and _modified(found) < unchanged_since:
+                        os.unlink(entry.path)
+                        freed = freed + Freed(1, found.st_size, 1)
+        for folder, names in self._walk():  # what is no payload at a payload's name: never read, removed
+            with folder:
+                for name in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        info = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
+                        if stat.S_ISREG(info.st_mode) or _modified(info) >= unchanged_since:
+                            continue
+                        if stat.S_ISDIR(info.st_mode):
+                            shutil.rmtree(name, dir_fd=folder.fd)  # never follows a symlink inside
+                        else:
+                            os.unlink(name, dir_fd=folder.fd)
         return freed
 
     def close(self) -> None:
@@ -226,4 +486,6 @@ class FilePayloadStore(PayloadStore):
         return self.path(sha256)
 
     def uri(self, sha256: str) -> str:
-        return self.path(sha256).resolve().as_uri()
+        """The payload's name in the folder, its copies' names without their stamps: ``<uri>.*``."""
+        digest = checked_digest(sha256)
+        return (self.root.resolve() / "sha256" / digest[:2] / digest).as_uri()

@@ -54,4 +54,8 @@ def decode(document: bytes, where: str) -> tuple[Payload, str]:
         or not isinstance(uri, str)
     ):
         raise ArtifactCorrupted(f"{where}: the payload reference is not one this dibs writes: {doc!r:.200}")
+    if serializer == REFERENCE:  # a payload is a value's bytes, never another reference
+        raise ArtifactCorrupted(
+            f"{where}: the payload reference names another reference, which dibs never writes"
+        )
     return Payload(sha256, size, serializer), uri

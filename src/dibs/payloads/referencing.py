@@ -14,15 +14,17 @@ it unchanged:
 * a missing, truncated or mismatched payload is a **miss**, never an error and never a wrong value:
   ``acquire`` reads the payload of a hit before returning it, and on a bad one asks again taking only
   a newer artifact (``min_fence``), so the caller gets the lease and computes again; ``read_many``
-  and ``view_many`` (the watch hub's read, for this store's waiters) read a finished key's payload once
-  for all of them, and leave the artifact out if it is bad; ``read`` (``status``, ``wait``) checks that
-  a finished key's payload is there whole, and reads it only when asked to. Its unread twin
-  (``load=False``, :func:`~dibs.payloads.unread`: what a record-only ``wait(decode=False)`` and Airflow's
-  triggerer read through) never reads a payload for its waiters: it only checks it is there whole.
-  A warning names the payload's URI. What remains is a payload that goes bad between ``read`` and the
-  caller's decode: that one raises :class:`~dibs.payloads.PayloadUnavailable` (still never a wrong
-  value);
-* ``forget``, ``prune`` and ``reap`` then remove the payloads no record refers to (:mod:`.collect`).
+  and ``view_many`` (the watch hub's read, for this store's waiters, and ``wait``'s) read a finished
+  key's payload once for all of them, and leave the artifact out if it is bad; ``read`` (``status``)
+  checks that a finished key's payload is there whole, and reads it only when asked to. Its unread
+  twins (``load=False``, :func:`~dibs.payloads.unread`) hand a hit out without loading it: checked
+  to its end into a private spool file that the caller prints from (``dibs run``, ``dibs wait``), or
+  only checked to be there whole (what a record-only ``wait(decode=False)`` and Airflow's triggerer
+  read through). A warning names the payload's URI. What remains is a payload that goes bad between
+  ``read`` and the caller's decode: that one raises :class:`~dibs.payloads.PayloadUnavailable` (still
+  never a wrong value), and ``wait`` takes it as the miss it is;
+* ``forget``, ``prune`` and ``reap`` then remove the payloads no record refers to (:mod:`.collect`);
+  a collection that fails is a :class:`~dibs.errors.StoreUnavailable` saying what the records' part did.
 """
 
 from __future__ import annotations
@@ -32,15 +34,15 @@ import dataclasses
 import logging
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
-from typing import Any, Literal, TypeAlias
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, Literal, TypeAlias, TypeVar
 
-from dibs.errors import ArtifactCorrupted, LeaseLost
+from dibs.errors import ArtifactCorrupted, LeaseLost, StoreUnavailable
 from dibs.keys import Key
 from dibs.payloads.base import Freed, Payload, PayloadStore, PayloadUnavailable
 from dibs.payloads.collect import DEFAULT_GRACE, collect, referenced_digest
 from dibs.payloads.references import REFERENCE, decode, encode
-from dibs.payloads.verify import check_whole, read_verified
+from dibs.payloads.verify import read_verified, spool_verified
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Present, StoreOutcome
 from dibs.stores.base import Store
 from dibs.stores.feeds import ChangeFeed
@@ -49,6 +51,8 @@ from dibs.stores.requests import AcquireRequest, NewArtifact
 __all__ = ["DEFAULT_INLINE_LIMIT", "ReferencedArtifact", "ReferencingStore"]
 
 log = logging.getLogger("dibs.payloads")
+
+T = TypeVar("T")
 
 #: Artifacts up to this many bytes stay in the record (64 KiB).
 DEFAULT_INLINE_LIMIT = 64 * 1024
@@ -70,6 +74,8 @@ class ReferencedArtifact(ArtifactRecord):
     loaded: bytes | None = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
     #: What keeps ``loaded`` shared while this record lives (see :meth:`ReferencingStore._load`).
     keep: object = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
+    #: The payload checked into a private spool file already (see :meth:`verified_spool`).
+    spooled: IO[bytes] | None = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -84,10 +90,22 @@ class ReferencedArtifact(ArtifactRecord):
     def verified_payload(self, key: Key) -> bytes:
         if self.loaded is not None:
             return self.loaded
-        try:
-            return read_verified(self.source, self.reference, self.uri)
-        except PayloadUnavailable as exc:  # the same kind (damaged or not), naming the key
-            raise type(exc)(f"artifact of {key}: {exc}", key=str(key), uri=self.uri) from None
+        return _naming(key, self.uri, lambda: read_verified(self.source, self.reference, self.uri))
+
+    def verified_spool(self, key: Key) -> IO[bytes]:
+        """The payload in a private temporary file, checked to its end before it is handed out (a
+        chunk or two in memory): what a stream is read from. Read it by position
+        (:func:`~dibs.payloads.verify.copy_out`): the spool may be shared."""
+        if self.spooled is not None:
+            return self.spooled
+        return _naming(key, self.uri, lambda: spool_verified(self.source, self.reference, self.uri))
+
+
+def _naming(key: Key, uri: str, read: Callable[[], T]) -> T:
+    try:
+        return read()
+    except PayloadUnavailable as exc:  # the same kind (damaged or not), naming the key
+        raise type(exc)(f"artifact of {key}: {exc}", key=str(key), uri=uri) from None
 
 
 #: How a hit handed out unread is checked when it is found (see :attr:`ReferencingStore.unread_check`).
@@ -119,16 +137,16 @@ class ReferencingStore(Store):
         self.payloads = payloads
         self.inline_limit = inline_limit
         self.grace = grace
-        #: Whether a hit's payload is read (and checked) before it is handed out. ``False`` (``dibs
-        #: run`` printing a hit or a waited-for artifact): only its size is checked, and the caller
-        #: streams it, checked as it goes (:func:`~dibs.payloads.verify.copy_verified`), never whole
-        #: in memory.
+        #: Whether a hit's payload is read (and checked) into memory before it is handed out.
+        #: ``False``: it is handed out unread, as :attr:`unread_check` says.
         self.load = load
-        #: How a hit handed out unread (``load=False``) is checked when it is found: ``"digest"`` reads
-        #: it through to its end (``dibs run`` prints it next, and must never print bytes it then
-        #: refuses); ``"size"`` only asks the payload store whether it is there with its recorded size,
-        #: for a caller that hands on a reference whose reader checks the digest as it reads (the
-        #: Airflow provider's reserved tasks: a hit then costs a stat, not a read of the payload).
+        #: How a hit handed out unread (``load=False``) is checked when it is found: ``"digest"``
+        #: checks it to its end into a private spool file (:attr:`ReferencedArtifact.spooled`), which
+        #: the caller then streams from (``dibs run`` and ``dibs wait`` print it: never a byte that
+        #: was not checked, never the whole payload in memory); ``"size"`` only asks the payload
+        #: store whether it is there with its recorded size, for a caller that hands on a reference
+        #: whose reader checks it before using it (a record-only ``wait``, the Airflow provider's
+        #: reserved tasks: a hit then costs a stat, not a read of the payload).
         self.unread_check = unread_check
         self._lock = threading.Lock()
         self._loading: weakref.WeakValueDictionary[str, _Loading] = weakref.WeakValueDictionary()
@@ -193,18 +211,29 @@ class ReferencingStore(Store):
             )
         if state.live_lease is None:  # a finished key: a waiter is about to take it
             try:
-                self._whole(referenced)
+                # Read for the waiters (load): an unread store checks it as it hands hits out; a look
+                # (status, a live line's poll) only asks whether it is there whole.
+                taken = load and not self.load
+                referenced = self._unread(state.key, referenced) if taken else self._whole(referenced)
             except PayloadUnavailable as exc:
                 self._miss(state.key, exc)
                 return dataclasses.replace(state, artifact=None)
         return dataclasses.replace(state, artifact=referenced)
 
-    def _whole(self, referenced: ReferencedArtifact) -> None:
-        """:class:`PayloadUnavailable` unless the payload is there with its recorded size."""
+    def _unread(self, key: Key, referenced: ReferencedArtifact) -> ReferencedArtifact:
+        """A hit handed out unread, checked as :attr:`unread_check` says."""
+        if self.unread_check == "size":
+            return self._whole(referenced)  # its reader checks the digest before using it
+        return dataclasses.replace(referenced, spooled=referenced.verified_spool(key))
+
+    def _whole(self, referenced: ReferencedArtifact) -> ReferencedArtifact:
+        """``referenced``, once the payload store says it is there with its recorded size;
+        :class:`PayloadUnavailable` otherwise."""
         found = self.payloads.stat(referenced.reference.sha256)
         if found is None or found.size != referenced.size:
             why = "is missing" if found is None else f"has {found.size:,} bytes, {referenced.size:,} recorded"
             raise PayloadUnavailable(f"payload {referenced.uri} {why}")
+        return referenced
 
     def read(self, key: Key) -> KeyState:
         return self._checked(self.records.read(key))
@@ -229,14 +258,9 @@ class ReferencingStore(Store):
             try:
                 referenced = self._referenced(key, artifact)
                 if not self.load:
-                    if self.unread_check == "size":
-                        self._whole(referenced)  # the reader checks the digest
-                    else:
-                        # Streamed out later, so checked to its end now (one chunk in memory): a
-                        # damaged payload is a miss that computes again, never bytes printed and then
-                        # refused.
-                        check_whole(self.payloads, referenced.reference, referenced.uri)
-                    return Present(referenced)
+                    # Streamed out later: checked now, so that a damaged payload is a miss that
+                    # computes again, never bytes printed and then refused.
+                    return Present(self._unread(key, referenced))
                 loaded, keep = self._load(key, referenced)
                 return Present(dataclasses.replace(referenced, loaded=loaded, keep=keep))
             except ArtifactCorrupted as exc:
@@ -257,12 +281,6 @@ class ReferencingStore(Store):
         if len(payload) <= self.inline_limit:
             return None
         return self.payloads.put(payload, serializer)
-
-    def keep(self, stored: Payload, data: bytes) -> None:
-        """After ``stored`` was published: put ``data`` (its bytes) again if a collection removed an
-        identical payload in the instant before (see :mod:`.collect`)."""
-        if self.payloads.stat(stored.sha256) is None:
-            self.payloads.put(data, stored.serializer)
 
     def loaded(self, record: ArtifactRecord, data: bytes) -> ArtifactRecord:
         """``record`` (a published reference) carrying ``data``, its payload's bytes, as read already."""
@@ -303,8 +321,6 @@ class ReferencingStore(Store):
             raise
         finally:
             self.payloads.settle()  # the writer's leftovers go now, not during the records' commit
-        if data is not None:
-            self.keep(stored, data)
         return ReferencedArtifact.of(record, document, stored, uri=uri, source=self.payloads, loaded=data)
 
     def heartbeat(self, key: Key, token: LeaseToken, ttl: float) -> LeaseRecord:
@@ -324,12 +340,24 @@ class ReferencingStore(Store):
             self.freed = self.freed + freed
         return freed
 
+    def _collect_after(self, done: str, candidates: Sequence[str] | None = None) -> None:
+        """The collection that follows a removal of records (``done`` says what it did): its failure
+        says that the records' part is done, and that a later collection takes what is left."""
+        try:
+            self.collect(candidates)
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(
+                f"{done}, but removing the payloads no record refers to failed: {exc}; "
+                "a later prune or reap removes them",
+                payloads=self.payloads.url,
+            ) from exc
+
     def forget(self, key: Key) -> bool:
         before = self.records.read(key).artifact
         forgotten = self.records.forget(key)
         digest = None if before is None else referenced_digest(before.serializer, before.checksum)
         if forgotten and digest is not None:
-            self.collect([digest])
+            self._collect_after(f"forgot {key}", [digest])
         return forgotten
 
     def discard(self, key: Key) -> bool:
@@ -337,12 +365,12 @@ class ReferencingStore(Store):
 
     def reap(self, namespace: str | None = None) -> int:
         reaped = self.records.reap(namespace)
-        self.collect()  # a writer killed mid-upload leaves a payload nothing refers to
+        self._collect_after(f"reaped {reaped} record(s)")  # a writer killed mid-upload leaves a payload
         return reaped
 
     def prune(self, namespace: str | None, older_than: float) -> int:
         pruned = self.records.prune(namespace, older_than)
-        self.collect()
+        self._collect_after(f"pruned {pruned} record(s)")
         return pruned
 
     def change_feed(self) -> ChangeFeed | None:

@@ -3,13 +3,15 @@
 Writing: :func:`put` stores a file, a stream or bytes in the client's payload store and returns a
 :class:`~dibs.payloads.Payload`; a work function returns it (or a lease completes with it), and the
 lease publishes a reference to it without loading it. Reading: :func:`open_artifact` opens a key's
-artifact as a stream that checks size and digest as it is read, and :func:`artifact_path` gives it
-as a local file, checked before it is handed out.
+artifact as a stream and :func:`artifact_path` gives it as a local file, both checked to their end
+(size and SHA-256) before the first byte is handed out, a chunk or two in memory at a time
+(:func:`dibs.payloads.verify.spool_verified`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import tempfile
@@ -19,10 +21,11 @@ from typing import IO, TYPE_CHECKING, Protocol
 
 from dibs.errors import ConfigurationError, ReservationError
 from dibs.keys import Key
-from dibs.payloads.base import CHUNK, Payload
+from dibs.payloads.base import Payload, PayloadUnavailable
+from dibs.payloads.files import open_regular
 from dibs.payloads.references import REFERENCE
 from dibs.payloads.referencing import ReferencedArtifact, ReferencingStore
-from dibs.payloads.verify import VerifyingReader
+from dibs.payloads.verify import check_stream, copy_verified
 
 if TYPE_CHECKING:
     from dibs.stores.base import Store
@@ -80,27 +83,30 @@ def _artifact(client: StoreHolder, key: Key) -> ReferencedArtifact | bytes:
 
 
 def open_artifact(client: StoreHolder, key: Key) -> IO[bytes]:
-    """The artifact's stored bytes (as its serializer wrote them), as a binary stream. For a payload,
-    reading to the end raises :class:`PayloadUnavailable` if the bytes were not the recorded ones."""
+    """The artifact's stored bytes (as its serializer wrote them), as a binary stream. A payload is
+    checked to its end (into a private temporary file) before this returns: no byte of a payload that
+    is not the recorded one is ever handed out (:class:`PayloadUnavailable` instead)."""
     found = _artifact(client, key)
     if isinstance(found, bytes):
         return io.BytesIO(found)
-    raw = found.source.open(found.reference.sha256)
-    return io.BufferedReader(VerifyingReader(raw, found.reference, found.uri), CHUNK)
+    return dataclasses.replace(found, spooled=None).verified_spool(key)  # the caller's own, to read and close
 
 
 @contextlib.contextmanager
 def artifact_path(client: StoreHolder, key: Key) -> Iterator[Path]:
     """The artifact's stored bytes as a local file, checked before it is handed out. A folder payload
-    store hands out its own file (read it, do not change it); elsewhere a temporary copy, removed
-    when the block ends."""
+    store hands out the very copy it checked (read it, do not change it); elsewhere a temporary copy,
+    checked as it was written, removed when the block ends."""
     found = _artifact(client, key)
     if isinstance(found, ReferencedArtifact):
         local = found.source.local_path(found.reference.sha256)
-        if local is not None:
-            with open_artifact(client, key) as stream:
-                while stream.read(CHUNK):
-                    pass  # the whole file is checked before anybody reads it
+        stream = None if local is None else open_regular(local)
+        if local is not None and stream is not None:
+            with stream:
+                try:
+                    check_stream(stream, found.reference, found.uri)  # before anybody reads it
+                except PayloadUnavailable as exc:
+                    raise type(exc)(f"artifact of {key}: {exc}", key=str(key), uri=found.uri) from None
             yield local
             return
     with tempfile.TemporaryDirectory(prefix="dibs-artifact-") as folder:
@@ -109,7 +115,8 @@ def artifact_path(client: StoreHolder, key: Key) -> Iterator[Path]:
             if isinstance(found, bytes):
                 out.write(found)
             else:
-                with open_artifact(client, key) as stream:
-                    while chunk := stream.read(CHUNK):
-                        out.write(chunk)
+                try:
+                    copy_verified(found.source, found.reference, found.uri, out)
+                except PayloadUnavailable as exc:
+                    raise type(exc)(f"artifact of {key}: {exc}", key=str(key), uri=found.uri) from None
         yield path

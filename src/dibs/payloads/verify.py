@@ -1,23 +1,38 @@
 """Reading a payload back, checked: its size and SHA-256 must be the reference's, or nothing is served.
 
-Two ways: :func:`read_verified` loads it whole (one copy in memory: the bytes object a ``bytes``
-artifact's value *is*), and :class:`VerifyingReader` streams it, raising at the end if what it read
-was not the payload the reference names (a stream cannot take back what it has handed out, so its
-reader must treat the data as unconfirmed until EOF).
+**No byte leaves dibs before the whole payload was checked.** Three ways, all of them so:
+
+* :func:`read_verified` loads it whole (one copy in memory: the bytes object a ``bytes`` artifact's
+  value *is*), handed out once all of it matched;
+* :func:`spool_verified` copies it into a private temporary file while checking it, a chunk or two
+  in memory at a time, and hands out that file once all of it matched: what a stream of a large
+  payload is read from (``open_artifact``, ``dibs wait``, ``dibs run``), so no caller ever reads a
+  byte that is later refused, and a copy changed or removed meanwhile changes nothing it reads;
+* :func:`copy_verified` writes it to a file of the caller's, which must throw it away on an error.
+
+A copy found damaged (stored at another size, or at its size with another digest) is removed as it is
+found (:meth:`~dibs.payloads.PayloadStore.condemn`), so that the key's next writer makes a good one;
+a copy that merely could not be read is left, and read once more before giving up.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import stat
-from collections.abc import Iterator
-from typing import IO
+from collections.abc import Callable, Iterator
+from typing import IO, TypeVar
 
+from dibs.errors import ReservationError
 from dibs.payloads.base import CHUNK, Payload, PayloadDamaged, PayloadStore, PayloadUnavailable
 from dibs.payloads.hashing import Hasher
 
-__all__ = ["VerifyingReader", "copy_verified", "read_verified"]
+__all__ = ["check_stream", "copy_out", "copy_verified", "read_verified", "spool_verified"]
+
+log = logging.getLogger("dibs.payloads")
+
+T = TypeVar("T")
 
 #: How much is read at once when a whole payload is read (two such chunks in hand: one being hashed
 #: while the next is read); fewer hand-overs to the hashing thread than :data:`CHUNK`.
@@ -27,28 +42,55 @@ READ_CHUNK = 4 * CHUNK
 def _mismatch(
     uri: str, payload: Payload, size: int, sha256: str | None, *, found: str = "read"
 ) -> PayloadUnavailable:
-    if size < payload.size:  # a truncated file, or a stream that ended early: the bytes are not known bad
+    if size < payload.size:
+        if found == "stored":  # the storage says so: these bytes are known to be wrong
+            return PayloadDamaged(
+                f"payload {uri} is truncated: {size:,} bytes stored, {payload.size:,} recorded"
+            )
+        # A stream that ended early: the bytes are not known bad (a connection may have dropped).
         return PayloadUnavailable(
-            f"payload {uri} is truncated: {size:,} bytes {found}, {payload.size:,} recorded"
+            f"payload {uri} is truncated: {size:,} bytes read, {payload.size:,} recorded"
         )
     if size > payload.size:
         return PayloadDamaged(
-            f"payload {uri} is longer than recorded: {size:,} bytes read, {payload.size:,} recorded"
+            f"payload {uri} is longer than recorded: {size:,} bytes {found}, {payload.size:,} recorded"
         )
     return PayloadDamaged(f"payload {uri} does not match its recorded SHA-256 ({sha256} != {payload.sha256})")
 
 
-def _checked_chunks(store: PayloadStore, payload: Payload, uri: str) -> Iterator[bytes]:
-    """The payload's bytes in chunks, each hashed in a helper thread while the caller uses it and the
-    next one is read (:mod:`.hashing`): one pass over the bytes. Ends by raising
-    :class:`PayloadUnavailable` naming ``uri`` unless they had the recorded size and digest, so the
-    caller treats everything it was given as unconfirmed until the iteration ends."""
-    with store.open(payload.sha256) as stream:
-        yield from _chunks_checked(stream, payload, uri)
+def _checked_read(store: PayloadStore, payload: Payload, read: Callable[[IO[bytes]], T]) -> T:
+    """``read(stream)`` of a copy of the payload, which raises :class:`PayloadUnavailable` unless the
+    bytes are the recorded ones. A damaged copy is removed (:meth:`PayloadStore.condemn`) before the
+    error goes on; one that could not be read is tried once more (another copy may be there: an
+    object store's copy removed under a long read, as its newer twin is kept)."""
+    for attempt in (1, 2):
+        with store.open(payload.sha256) as stream:
+            try:
+                return read(stream)
+            except PayloadDamaged:
+                _condemn(store, payload, stream)
+                raise
+            except PayloadUnavailable:
+                if attempt == 2:
+                    raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _condemn(store: PayloadStore, payload: Payload, stream: IO[bytes]) -> None:
+    try:
+        store.condemn(payload.sha256, stream)
+    except ReservationError as exc:  # the damage is what the caller hears of; this is a footnote
+        log.warning("could not remove the damaged payload %s: %s", payload.sha256, exc)
 
 
 def _chunks_checked(stream: IO[bytes], payload: Payload, uri: str) -> Iterator[bytes]:
-    """:func:`_checked_chunks` of a stream already open."""
+    """The payload's bytes in chunks, each hashed in a helper thread while the caller uses it and the
+    next one is read (:mod:`.hashing`): one pass over the bytes. Ends by raising
+    :class:`PayloadUnavailable` naming ``uri`` unless they had the recorded size and digest, so the
+    caller must keep everything it was given to itself until the iteration ends."""
+    stored = _stored_size(stream)
+    if stored is not None and stored != payload.size:
+        raise _mismatch(uri, payload, stored, None, found="stored")
     hasher, read = Hasher(), 0
     try:
         # Never past the recorded size + 1: one byte more tells a longer payload, and the error then
@@ -80,16 +122,19 @@ def read_verified(store: PayloadStore, payload: Payload, uri: str) -> bytes:
     payload is found short without it. A stream that does not say is read chunk by chunk into a
     buffer that grows with what arrives (one copy more per chunk; memory in step with what was read).
     """
-    with store.open(payload.sha256) as stream:
-        stored = _stored_size(stream)
-        if stored is None:
-            grown = io.BytesIO()
-            for chunk in _chunks_checked(stream, payload, uri):
-                grown.write(chunk)
-            return grown.getvalue()  # the buffer itself, trimmed (no exports are left): not a copy
-        if stored < payload.size:
-            raise _mismatch(uri, payload, stored, None, found="stored")
-        return _read_whole(stream, payload, uri)
+    return _checked_read(store, payload, lambda stream: _read_stream(stream, payload, uri))
+
+
+def _read_stream(stream: IO[bytes], payload: Payload, uri: str) -> bytes:
+    stored = _stored_size(stream)
+    if stored is None:
+        grown = io.BytesIO()
+        for chunk in _chunks_checked(stream, payload, uri):
+            grown.write(chunk)
+        return grown.getvalue()  # the buffer itself, trimmed (no exports are left): not a copy
+    if stored != payload.size:
+        raise _mismatch(uri, payload, stored, None, found="stored")
+    return _read_whole(stream, payload, uri)
 
 
 def _stored_size(stream: IO[bytes]) -> int | None:
@@ -107,7 +152,7 @@ def _stored_size(stream: IO[bytes]) -> int | None:
 
 
 def _read_whole(stream: IO[bytes], payload: Payload, uri: str) -> bytes:
-    """:func:`read_verified` of a stream that holds at least the recorded size."""
+    """:func:`read_verified` of a stream that holds the recorded size."""
     value = io.BytesIO()
     if payload.size:
         value.seek(payload.size - 1)
@@ -151,65 +196,48 @@ def _read_into(stream: IO[bytes], buffer: memoryview, hasher: Hasher) -> int:
     return read
 
 
-class VerifyingReader(io.RawIOBase):
-    """A payload's stream that checks size and digest as it is read: reading past the recorded size,
-    or reaching the end with other bytes than recorded, raises :class:`PayloadUnavailable`. Each
-    chunk is hashed in a helper thread while the caller goes on (:mod:`.hashing`)."""
-
-    def __init__(self, stream: IO[bytes], payload: Payload, uri: str) -> None:
-        self._stream, self._payload, self._uri = stream, payload, uri
-        self._hasher = Hasher()
-        self._read = 0
-        self._checked = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        view = memoryview(buffer).cast("B")
-        try:  # never past the recorded size + 1 (see _chunks_checked)
-            chunk = self._stream.read(max(0, min(len(view), self._payload.size - self._read + 1)))
-        except OSError as exc:
-            raise PayloadUnavailable(f"payload {self._uri} cannot be read: {exc}") from exc
-        if not chunk:
-            self._check()
-            return 0
-        n = len(chunk)
-        view[:n] = chunk
-        self._hasher.update(chunk)  # this reader's own bytes object, not the caller's buffer
-        self._read += n
-        if self._read > self._payload.size:
-            raise _mismatch(self._uri, self._payload, self._read, None)
-        return n
-
-    def _check(self) -> None:
-        if self._checked:
-            return
-        self._checked = True
-        digest = self._hasher.hexdigest()
-        if self._read != self._payload.size or digest != self._payload.sha256:
-            raise _mismatch(self._uri, self._payload, self._read, digest)
-
-    def close(self) -> None:
-        try:
-            self._hasher.wait()
-        finally:
-            try:
-                self._stream.close()  # even if the hashing failed: never leak the payload's handle
-            finally:
-                super().close()
+def check_stream(stream: IO[bytes], payload: Payload, uri: str) -> None:
+    """Read ``stream`` (a copy of the payload) to its end, a chunk or two in memory:
+    :class:`PayloadUnavailable` naming ``uri`` unless it holds the recorded size and digest."""
+    for _ in _chunks_checked(stream, payload, uri):
+        pass
 
 
 def copy_verified(store: PayloadStore, payload: Payload, uri: str, out: IO[bytes]) -> int:
     """Write the payload to ``out`` in chunks, checked; returns its size. If the check fails at the
-    end, what was written is not the payload: the caller must throw it away (and the error says so)."""
-    for chunk in _checked_chunks(store, payload, uri):
+    end, what was written is not the payload: the caller must throw it away (the error says so) and
+    must not have handed any of it on."""
+
+    def copy(stream: IO[bytes]) -> int:
+        out.seek(0)
+        out.truncate()  # a second attempt starts over
+        for chunk in _chunks_checked(stream, payload, uri):
+            out.write(chunk)
+        out.flush()
+        return payload.size
+
+    return _checked_read(store, payload, copy)
+
+
+def spool_verified(store: PayloadStore, payload: Payload, uri: str) -> IO[bytes]:
+    """The payload in a private temporary file (the store's :meth:`~PayloadStore.spool`, gone once
+    closed), checked to its end before it is handed out, positioned at its start; memory: a chunk or
+    two. :class:`PayloadUnavailable` naming ``uri`` otherwise, with nothing handed out."""
+    spooled = store.spool()
+    try:
+        copy_verified(store, payload, uri, spooled)
+        spooled.seek(0)
+    except BaseException:
+        spooled.close()
+        raise
+    return spooled
+
+
+def copy_out(spooled: IO[bytes], out: IO[bytes]) -> int:
+    """Write a spooled payload (from :func:`spool_verified`) to ``out`` from its start, in chunks; the
+    bytes written. Reads by position (``pread``), so threads may share one spool."""
+    fd, offset = spooled.fileno(), 0
+    while chunk := os.pread(fd, CHUNK, offset):
         out.write(chunk)
-    return payload.size
-
-
-def check_whole(store: PayloadStore, payload: Payload, uri: str) -> None:
-    """Read the payload to its end and check it, a chunk or two at a time in memory:
-    :class:`PayloadUnavailable` naming ``uri`` unless it has the recorded size and digest."""
-    for _ in _checked_chunks(store, payload, uri):
-        pass
+        offset += len(chunk)
+    return offset

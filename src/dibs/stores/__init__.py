@@ -32,6 +32,7 @@ __all__ = [
     "AcquireRequest",
     "NewArtifact",
     "Store",
+    "checked_url_text",
     "hide_secrets",
     "open_store",
     "redact_url",
@@ -227,8 +228,27 @@ def redact_url(url: object) -> str:
     return f"{scheme}://{redacted}" if sep else redacted
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def checked_url_text(url: str, what: str = "store URL") -> str:
+    """``url`` when it holds no control character; else a :class:`ConfigurationError` naming it
+    (redacted, the character escaped). A NUL or an escape in a URL is never what was meant: a driver
+    would fail on it with an error of its own (``embedded null byte``), or make a file whose name
+    holds it, and a terminal would act on it when the URL is shown."""
+    found = _CONTROL.search(url)
+    if found is not None:
+        raise ConfigurationError(
+            f"{what} {redact_url(url)!r} holds a control character ({found.group()!r} at position "
+            f"{found.start()}); a URL never does: check how it was quoted or pasted"
+        )
+    return url
+
+
 def open_store(url: str) -> Store:
     """The store a URL names. Unknown schemes and missing extras get an error that says what to do."""
+    if isinstance(url, str):
+        checked_url_text(url)
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"store URL {redact_url(str(url))!r} is not a URL; expected e.g. 'sqlite:///path/dibs.db', "
