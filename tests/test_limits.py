@@ -27,7 +27,8 @@ from dibs.stores import AcquireRequest, NewArtifact, open_store
 from dibs.stores import redis as redis_module
 from dibs.stores.redis import RedisStore
 from dibs.stores.sql import SQLStore
-from dibs.stores.sql import store as sql_store
+from dibs.stores.sql import limits as sql_limits
+from dibs.stores.sql import translate as sql_translate
 from tests.backends import mysql, postgres, redis, sqlite
 from tests.scale import server_connections, wait_until
 from tests.services import full_size
@@ -115,9 +116,9 @@ def test_the_size_estimate_is_never_below_the_real_size() -> None:
     }
     for name, value in values.items():
         if name != "p_payload":
-            assert sql_store._others_size({name: value}) >= _real_size(value), name
+            assert sql_limits.others_size({name: value}) >= _real_size(value), name
     real = sum(_real_size(v) for name, v in values.items() if name != "p_payload")
-    assert sql_store._others_size(values) >= real
+    assert sql_limits.others_size(values) >= real
 
 
 def test_sqlite_counts_a_long_key_of_a_str_subclass_against_its_length_limit(url_of: Any) -> None:
@@ -127,7 +128,7 @@ def test_sqlite_counts_a_long_key_of_a_str_subclass_against_its_length_limit(url
     sa.event.listen(
         store.engine, "connect", lambda conn, _record: conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit)
     )
-    payload = b"x" * (limit - sql_store._ROW_OVERHEAD - 2000)
+    payload = b"x" * (limit - sql_limits._ROW_OVERHEAD - 2000)
     for key, refused in (
         (Key("limits.size", "short"), False),
         (Key(_Namespace.LONG, _Name("é" * 1024)), True),
@@ -157,7 +158,7 @@ def test_max_artifact_size_is_refused_before_sending_on_every_store(backend: str
 
 def test_postgres_knows_its_bytea_limit(url_of: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # Not 1 GB in a test: the same check, with the limit lowered.
-    monkeypatch.setattr(sql_store, "POSTGRES_MAX_BYTEA", 4096)
+    monkeypatch.setattr(sql_limits, "POSTGRES_MAX_BYTEA", 4096)
     client = dibs.Reservations(url_of("postgres"), namespace="limits.size", serializer="bytes")
     _assert_refused_and_released(client, b"x" * 4097, 4096)
     client.close()
@@ -297,7 +298,7 @@ def test_a_deadlock_that_persists_is_reported(url_of: Any) -> None:
     store._release = _FailFirst(store._release, _deadlock(), times=100)  # type: ignore[assignment]
     with pytest.raises(dibs.StoreUnavailable, match="Deadlock found"):
         store.release(key, got.lease.token)
-    assert store._release.left == 100 - sql_store._ROLLED_BACK_ATTEMPTS  # type: ignore[attr-defined]
+    assert store._release.left == 100 - sql_translate.ROLLED_BACK_ATTEMPTS  # type: ignore[attr-defined]
     store.close()
 
 

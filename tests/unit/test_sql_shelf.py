@@ -16,7 +16,7 @@ import pytest
 
 from dibs.keys import Key
 from dibs.stores import open_store
-from dibs.stores.sql import store as sql_store
+from dibs.stores.sql import shelf as sql_shelf
 from dibs.stores.sql.store import SQLStore
 
 
@@ -97,8 +97,8 @@ def test_few_connections_are_kept_however_many_threads_called(tmp_path: Path) ->
         leave.set()
         for thread in threads:
             thread.join(10)
-        assert store._shelf is not None and len(store._shelf) == sql_store._SHELF_SIZE
-        assert store.engine.pool.checkedout() == sql_store._SHELF_SIZE  # type: ignore[attr-defined]
+        assert store._shelf is not None and len(store._shelf) == sql_shelf.SHELF_SIZE
+        assert store.engine.pool.checkedout() == sql_shelf.SHELF_SIZE  # type: ignore[attr-defined]
     finally:
         store.close()
 

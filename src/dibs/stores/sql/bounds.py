@@ -53,7 +53,7 @@ class PatientPool(QueuePool):
         self.logger = logging.getLogger("sqlalchemy.pool.impl.QueuePool")  # type: ignore[assignment]
         #: The checkouts that found no idle connection and wait for one, one item each (list appends
         #: and removals are atomic): while any waits, a store gives a connection it would keep between
-        #: calls (its shelf) back to the pool instead (see ``_PooledCursor`` in the SQL store).
+        #: calls (its shelf) back to the pool instead (see :mod:`dibs.stores.sql.shelf`).
         self.waiting: list[object] = []
         #: Gives the connections a store keeps between calls back to this pool (set by the store).
         self.lender: Callable[[], None] | None = None
@@ -147,7 +147,7 @@ class Keeper:
             ended[0] = self.unregister(ticket)
 
     def register(self, dbapi_connection: Any, seconds: float) -> int | None:
-        """:meth:`bounded` without a generator (the SQL store's every call; see ``_PooledCursor``):
+        """:meth:`bounded` without a generator (the SQL store's every call; see :mod:`dibs.stores.sql.shelf`):
         the call's ticket for :meth:`unregister`, ``None`` if the connection has no socket."""
         fileno = _fileno(dbapi_connection)
         if fileno is None:  # not a socket (SQLite): nothing to bound here

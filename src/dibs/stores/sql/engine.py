@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
-import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +40,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
 
+from dibs.backoff import Backoff, Retrying
 from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError
 from dibs.stores import redact_url
@@ -377,6 +376,11 @@ def _configure_sqlite(engine: Engine, busy_ms: int, synchronous: str) -> None:
             cursor.close()
 
 
+#: Pauses between two tries at switching to WAL: 5 ms growing to 0.1 s, spread widely (processes that
+#: collided once must not try again in step).
+_WAL_PAUSES = Backoff(initial=0.005, maximum=0.1, notify_maximum=0.1, jitter=0.6)
+
+
 def _switch_to_wal(cursor: Any, patience: float) -> None:
     """Put the database in WAL mode, waiting up to ``patience`` seconds for processes doing the same.
 
@@ -388,18 +392,15 @@ def _switch_to_wal(cursor: Any, patience: float) -> None:
     """
     import sqlite3
 
-    deadline = time.monotonic() + patience
-    pause = 0.005
+    retrying = Retrying(_WAL_PAUSES, patience)
     while True:
         try:
             cursor.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as exc:
             contended = "locked" in str(exc) or "busy" in str(exc)
-            if not contended or time.monotonic() >= deadline:
+            if not contended or not retrying.sleep():
                 raise
-        time.sleep(min(random.uniform(0.2, 1.0) * pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 2, 0.1)
 
 
 #: Every engine of the process, disposed of in a forked child (see :func:`dispose_in_forked_children`).

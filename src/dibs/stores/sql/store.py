@@ -9,10 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
-import random
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -22,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine.url import URL
 
+from dibs.backoff import Backoff, Retrying
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import (
@@ -34,8 +32,8 @@ from dibs.records import (
     StoreOutcome,
     new_lease_id,
 )
-from dibs.stores import decoder, hide_secrets, redact_url, transitions, url_secrets
-from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
+from dibs.stores import decoder, redact_url, transitions, url_secrets
+from dibs.stores.base import Listing, Skipped, Store, reap_each, skip
 from dibs.stores.feeds import ChangeFeed, check_watch_interval
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.sql.bounds import Keeper, PatientPool
@@ -51,6 +49,7 @@ from dibs.stores.sql.engine import (
 )
 from dibs.stores.sql.feed import DataVersionFeed, ListenFeed, VersionsFeed
 from dibs.stores.sql.fork import GATE
+from dibs.stores.sql.limits import SizeLimits
 from dibs.stores.sql.pooler import ServerEnd
 from dibs.stores.sql.schema import (
     ADDED_COLUMNS,
@@ -62,79 +61,22 @@ from dibs.stores.sql.schema import (
     row_fields,
     tables,
 )
+from dibs.stores.sql.shelf import SERVER_SHELF_SIZE, SHELF_SIZE, PooledCursor, shelve
 from dibs.stores.sql.statements import IN_LIST, Prepared, Statements, chunks, server_now
+from dibs.stores.sql.translate import ROLLED_BACK_ATTEMPTS, Translator
 
 __all__ = ["SQLStore"]
+
+#: The pauses before a statement the server rolled back (a MySQL deadlock) runs again: short and
+#: spread, so the two sides of a deadlock do not meet again.
+_ROLLED_BACK_PAUSES = Backoff(initial=0.01, maximum=0.16, notify_maximum=0.16, jitter=0.9)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: The slowest transfer a ``complete`` is allowed: its bound grows by a second per this many bytes.
-BYTES_PER_SECOND = 1024 * 1024  # a slow link: a generous bound, never a cut of a healthy write
-#: PostgreSQL's largest ``bytea`` value (1 GB less its 4-byte header): the payload's limit there.
-POSTGRES_MAX_BYTEA = 0x3FFFFFFF - 4
-#: What a row holds besides the payload and the texts complete writes (numbers, digests, a failure).
-_ROW_OVERHEAD = 16 * 1024
-#: The longest text of a number a statement carries: an int64 takes up to 20 characters; PyMySQL
-#: writes a float as its repr with ``e0`` appended when the repr has no exponent, up to 25 characters
-#: (``-0.00012345678901234567e0``). An int longer than this counts as its own text.
-_NUMBER_SIZE = 32
-#: The int whose text is the longest one :data:`_NUMBER_SIZE` covers (a sign and 30 digits).
-_NUMBER_LIMIT = 10**30
-
-
-def _others_size(values: Mapping[str, Any]) -> int:
-    """An upper bound of the bytes the values of ``complete`` other than the payload take as text.
-
-    Called on every ``complete``: only texts (owner, key, digests) vary in length, and an ASCII text's
-    length is its size in UTF-8, so a plain ``str`` is not converted. A number counts as its longest
-    text. Anything else (a ``str`` subclass such as a ``StrEnum`` namespace, which validation keeps,
-    bytes, a ``Decimal``) counts as its encoded text, so the bound is never below the real size.
-    """
-    size = 0
-    for name, value in values.items():
-        if name == "p_payload":
-            continue
-        kind = type(value)
-        if kind is str:
-            size += len(value) if value.isascii() else len(value.encode())
-        elif value is None or kind is bool or kind is float:
-            size += _NUMBER_SIZE
-        elif kind is int:
-            size += _NUMBER_SIZE if -_NUMBER_LIMIT < value < _NUMBER_LIMIT else len(str(value))
-        elif isinstance(value, str):
-            size += len(value.encode())
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            size += memoryview(value).nbytes
-        else:
-            size += len(str(value).encode())
-    return size
-
-
-#: MySQL/MariaDB errors that mean the statement was rolled back by the server, so it may run again:
-#: 1213 deadlock, 1205 lock wait timeout. How often, before the error is reported.
-_ROLLED_BACK = (1213, 1205)
-_ROLLED_BACK_ATTEMPTS = 5
 #: The gate of the stores that need none (every server store): a context manager that does nothing.
 _NO_GATE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-
-#: How many connections a store keeps checked out of its pool between calls, for the next call (its
-#: shelf, see ``_PooledCursor``): SQLAlchemy's checkout and checkin cost 10-13 µs a call, a third of
-#: SQLite's own time for a reserve + complete (issue 20). SQLite: a few (its pool, 5 + 10 overflow,
-#: still bounds the rest). A server: one, the connection the keeper leaves open anyway (it trims every
-#: idle pooled one while the shelf holds it). On PostgreSQL the checkout, checkin and its event cost
-#: more there than on SQLite: keeping one cut a reserve + complete's client CPU by a fifth (issue 20).
-#: The server pool is bounded (``pool_size``, no overflow), so a shelved connection is lent back:
-#: a checkout that finds no idle one empties the shelf into the pool before it waits, and a call that
-#: ends while a checkout waits gives its connection back rather than shelve it
-#: (:class:`~dibs.stores.sql.bounds.PatientPool`); without that, with ``pool_size=1``, a batched read
-#: after a single-key call waited out ``pool_timeout``.
-_SHELF_SIZE = 2
-_SERVER_SHELF_SIZE = 1
-
-# The bytes older PyMySQL (and mysqlclient) write as two when they inline bytes as an escaped string.
-_MYSQL_ESCAPED = (b"\0", b"\\", b"\n", b"\r", b"\x1a", b"'", b'"')
 
 
 class SQLStore(Store):
@@ -169,16 +111,20 @@ class SQLStore(Store):
         #: the libpq URL of the watch hub's ``LISTEN`` connection (``?listen_url=``), if given.
         self.server_end, self._listen_url = self._postgres_ends(sa_url, options)
         self.engine = make_engine(sa_url, options, engine_kwargs, self.timeout, self.server_end)
+        pool_size: Any = getattr(self.engine.pool, "size", lambda: "?")
+        #: The driver's errors as dibs's (:mod:`dibs.stores.sql.translate`), naming the redacted URL.
+        self._translate = Translator(self.url, self._secrets, self.dialect, self.timeout, pool_size)
         #: Whether the change feed may read records on its own connection (PostgreSQL's LISTEN one,
         #: SQLite's data_version one): only when that connection is made as the pool's are (a caller's
         #: connect_args, a search_path say, are not).
         self.feed_may_read = "connect_args" not in engine_kwargs
-        #: Pooled connections kept checked out between calls (see ``_PooledCursor``); ``None`` once closed.
+        #: Pooled connections kept checked out between calls (:mod:`dibs.stores.sql.shelf`); ``None`` once
+        #: the store is closed.
         self._shelf: builtins.list[Any] | None = []
-        self._shelf_size = _SHELF_SIZE if self.dialect == "sqlite" else 0
+        self._shelf_size = SHELF_SIZE if self.dialect == "sqlite" else 0
         pool = self.engine.pool
         if isinstance(pool, PatientPool):  # lends its shelved connection to a waiting checkout
-            self._shelf_size = _SERVER_SHELF_SIZE
+            self._shelf_size = SERVER_SHELF_SIZE
             shelf_of = weakref.ref(self)
 
             def lend() -> None:
@@ -190,7 +136,7 @@ class SQLStore(Store):
         #: Seconds after which the pool replaces a connection (``pool_recycle``): a shelved one too.
         recycle = getattr(self.engine.pool, "_recycle", -1)
         self._recycle: float | None = float(recycle) if recycle is not None and recycle > 0 else None
-        _SHELVES.add(self)
+        shelve(self)
         self._keeper: Keeper | None = None
         if self.dialect != "sqlite":
             this = weakref.ref(self)
@@ -203,8 +149,8 @@ class SQLStore(Store):
             sa.event.listen(self.engine, "checkin", lambda _dbapi, record: keeper.returned(record))
         #: The driver's module (its exception classes), which every call's cursor needs.
         self._dbapi = self.engine.dialect.loaded_dbapi
-        self._max_packet: int | None = None  # MySQL's max_allowed_packet, read on the first complete
-        self._hex_literals: bool | None = None  # how the MySQL driver writes bytes (see _literal_size)
+        #: What ``complete`` may send (:mod:`dibs.stores.sql.limits`).
+        self._limits = SizeLimits(self.dialect, self.url, self.max_artifact_size)
         dispose_in_forked_children(self.engine)
         self._prepare_statements()
         # Nothing is sent to the database before the first operation (see _ensure_ready).
@@ -332,7 +278,7 @@ class SQLStore(Store):
         with self._keeper.bounded(dbapi_connection, seconds) as ended:
             yield ended
 
-    def _cursor(self, bound: float | None = None) -> _PooledCursor:
+    def _cursor(self, bound: float | None = None) -> PooledCursor:
         """A DBAPI cursor on a pooled autocommit connection, for the prepared statements.
 
         Errors are translated as :meth:`_connect` does: an operational error or a lost connection
@@ -340,46 +286,17 @@ class SQLStore(Store):
         database error is raised as SQLAlchemy's exception for it. The block may wait for the server
         ``bound`` seconds (default: the store's ``timeout``) before its connection is shut.
         """
-        return _PooledCursor(self, self.timeout if bound is None else bound)
+        return PooledCursor(self, self.timeout if bound is None else bound)
 
     def _first_line(self, error: BaseException, limit: int) -> str:
         """The first line of a driver's message, without any secret of the URL."""
-        text = str(error).strip()
-        first = text.splitlines()[0] if text else type(error).__name__
-        return hide_secrets(first, self._secrets)[:limit]
+        return self._translate.first_line(error, limit)
 
     def _unavailable(
         self, exc: Exception, *, disconnected: bool = False, timed_out: bool = False
     ) -> StoreUnavailable:
-        """``disconnected``: the server had closed the connection (see :meth:`_repeatable`);
-        ``timed_out``: the call's bound shut it (see :mod:`dibs.stores.sql.bounds`)."""
-        orig = getattr(exc, "orig", None) or exc
-        why = f"{type(orig).__name__}: {self._first_line(orig, 300)}"
-        if timed_out:
-            why = (
-                f"no answer within the store's timeout ({self.timeout:g}s, ?timeout= in the URL), so the "
-                f"connection was closed ({why})"
-            )
-        elif refuses_writes(self.dialect, orig):
-            why += (
-                "; the server takes no writes (a standby, or the server or session set read-only), and "
-                "taking or ending a lease writes: point the store URL at the primary"
-            )
-        elif _too_many_clients(why):
-            why += (
-                f"; every process holds up to {getattr(self.engine.pool, 'size', lambda: '?')()} pooled "
-                "connections of this store "
-                "(one while it only waits) plus, on PostgreSQL, one listener: lower ?pool_size= in the "
-                "store URL, raise the server's max_connections, or put PgBouncer in front of the server "
-                "(transaction mode, with ?listen_url= to the server for the listener: docs/deploy.md)"
-            )
-        error = StoreUnavailable(f"SQL store {self.url} failed: {why}", store=self.url)
-        error.disconnected = disconnected  # type: ignore[attr-defined]  # not a field: never pickled
-        error.rolled_back = (  # type: ignore[attr-defined]
-            self.dialect in ("mysql", "mariadb") and _error_code(orig) in _ROLLED_BACK
-        )
-        error.read_only = refuses_writes(self.dialect, orig)  # type: ignore[attr-defined]
-        return error
+        """``exc`` as :class:`StoreUnavailable` (see :class:`~dibs.stores.sql.translate.Translator`)."""
+        return self._translate.unavailable(exc, disconnected=disconnected, timed_out=timed_out)
 
     def _repeatable(
         self, operation: Callable[[Any], T], *, after_lost: bool = True, bound: float | None = None
@@ -396,7 +313,7 @@ class SQLStore(Store):
         :meth:`dibs.Lease.complete`).
         """
         lost_once = mixed_once = False
-        rolled_back = 0
+        rolled_back: Retrying | None = None
         while True:
             try:
                 with self._cursor(bound) as cursor:
@@ -407,11 +324,14 @@ class SQLStore(Store):
                     # it ran, and the store prepares no more (see _sessions_mixed).
                     mixed_once = True
                     continue
-                if getattr(exc, "rolled_back", False) and rolled_back < _ROLLED_BACK_ATTEMPTS - 1:
-                    rolled_back += 1
-                    log.info("%s: the server rolled a statement back (%s); running it again", self.url, exc)
-                    time.sleep(random.uniform(0.0, 0.01 * 2**rolled_back))  # let the other side finish
-                    continue
+                if getattr(exc, "rolled_back", False):
+                    rolled_back = rolled_back or Retrying(_ROLLED_BACK_PAUSES, None)
+                    if rolled_back.attempts < ROLLED_BACK_ATTEMPTS - 1:
+                        log.info(
+                            "%s: the server rolled a statement back (%s); running it again", self.url, exc
+                        )
+                        rolled_back.sleep()  # let the other side finish
+                        continue
                 if not (after_lost and getattr(exc, "disconnected", False)) or lost_once:
                     raise
                 lost_once = True
@@ -709,7 +629,7 @@ class SQLStore(Store):
         statement = self._complete
 
         def attempt(cursor: Any) -> ArtifactRecord:
-            self._check_size(cursor, key, values)
+            self._limits.check(cursor, key, values, statement.sql)
             # What the statement wrote that the caller does not know: the producer (the lease's owner)
             # and the server's time. The rest of the artifact is what was sent.
             if statement.columns:  # UPDATE ... RETURNING: read in the same statement
@@ -733,90 +653,9 @@ class SQLStore(Store):
             )
 
         # Not repeated after a lost connection: its outcome is unknown (see _repeatable).
-        return self._repeatable(attempt, after_lost=False, bound=self._bound_for(len(payload)))
-
-    def _bound_for(self, size: int) -> float:
-        """How long a call that sends ``size`` bytes may wait for the server (see :mod:`dibs.stores.sql`)."""
-        return self.timeout + size / BYTES_PER_SECOND
-
-    def _check_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
-        """Refuse (with :class:`ArtifactTooLarge`) a ``complete`` the database would refuse, or that
-        is over ``max_artifact_size``, before anything is sent (see :func:`refuse_too_large`)."""
-        payload: bytes = values["p_payload"]
-        if self.max_artifact_size is not None:
-            refuse_too_large(
-                key,
-                len(payload),
-                len(payload),
-                self.max_artifact_size,
-                where=f"this store's max_artifact_size of {self.url}",
-                remedy="Raise ?max_artifact_size= in the store URL, or store the data elsewhere and return a "
-                "reference to it",
-            )
-        if self.dialect in ("mysql", "mariadb"):
-            self._check_packet_size(cursor, key, values)
-        elif self.dialect == "sqlite":
-            import sqlite3
-
-            limit = int(cursor.connection.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
-            others = _others_size(values)
-            refuse_too_large(
-                key,
-                len(payload),
-                len(payload) + others + _ROW_OVERHEAD,
-                limit,
-                where="SQLite takes in one row (SQLITE_LIMIT_LENGTH)",
-                remedy="Use a store for large values (PostgreSQL, Azure), or store the data elsewhere "
-                "and return a reference to it",
-            )
-        elif self.dialect == "postgresql":
-            refuse_too_large(
-                key,
-                len(payload),
-                len(payload),
-                POSTGRES_MAX_BYTEA,
-                where="PostgreSQL takes in one bytea value",
-                remedy="Store the data elsewhere (e.g. Azure blobs) and return a reference to it",
-            )
-
-    def _check_packet_size(self, cursor: Any, key: Key, values: Mapping[str, Any]) -> None:
-        """Refuse (with :class:`ArtifactTooLarge`) a complete that MySQL/MariaDB would refuse.
-
-        The server drops the connection when a statement is longer than ``max_allowed_packet``, which
-        looks like a network failure: the client then re-sent the payload for a whole ttl and never
-        released the lease. The statement's length is known before sending: the driver inlines the
-        payload as a literal (see :meth:`_literal_size`), and the other values are short.
-        """
-        if self._max_packet is None:
-            cursor.execute("SELECT @@max_allowed_packet")
-            self._max_packet = int(cursor.fetchone()[0])
-        payload = values["p_payload"]
-        others = 2 * _others_size(values)
-        needed = self._literal_size(cursor, payload) + others + len(self._complete.sql) + 64
-        refuse_too_large(
-            key,
-            len(payload),
-            needed,
-            self._max_packet,
-            where=f"this {self.dialect} server's max_allowed_packet",
-            remedy="Raise max_allowed_packet on the server, or store the data elsewhere and return a "
-            "reference to it",
+        return self._repeatable(
+            attempt, after_lost=False, bound=SizeLimits.bound_for(self.timeout, len(payload))
         )
-
-    def _literal_size(self, cursor: Any, payload: bytes) -> int:
-        """How many bytes the driver's literal of ``payload`` takes: PyMySQL 1.1 and later write hex
-        (``X'..'``, two bytes per byte), older drivers an escaped string (two bytes for each of the
-        seven bytes of ``_MYSQL_ESCAPED``). Which one is asked of the driver once per store."""
-        if self._hex_literals is None:
-            try:
-                probe = cursor.connection.escape(b"a\0")
-                text = probe.decode("ascii") if isinstance(probe, bytes) else str(probe)
-                self._hex_literals = text.upper().startswith("X'")
-            except Exception:  # a driver without escape(): assume the larger form
-                self._hex_literals = True
-        if self._hex_literals:
-            return 2 * len(payload) + 3
-        return len(payload) + sum(payload.count(byte) for byte in _MYSQL_ESCAPED) + 10
 
     def release(self, key: Key, token: LeaseToken, error: str | None = None, *, counted: bool = True) -> None:
         values = self._holding(key, token)
@@ -973,180 +812,3 @@ class SQLStore(Store):
         if self.dialect == "sqlite":
             return DataVersionFeed(self)
         return VersionsFeed(self, self.watch_interval)
-
-
-class _PooledCursor:
-    """:meth:`SQLStore._cursor`: the fork gate (SQLite), a pooled connection, the call's bound and a
-    cursor, entered and left by one object. Written out rather than as nested generator context
-    managers: it runs twice for every reservation, and each generator layer cost a few microseconds,
-    as much as the rest of the Python of an SQLite call (issue 20)."""
-
-    __slots__ = ("_bound", "_connection", "_cursor", "_dbapi", "_gate", "_store", "_ticket")
-
-    def __init__(self, store: SQLStore, bound: float) -> None:
-        self._store = store
-        self._bound = bound
-        self._gate: Any = GATE if store.dialect == "sqlite" else None
-        self._connection: Any = None
-        self._cursor: Any = None
-        self._ticket: int | None = None
-
-    def __enter__(self) -> Any:
-        store = self._store
-        store._ensure_ready()
-        gate = self._gate
-        if gate is not None:
-            gate.__enter__()
-        try:
-            dbapi = self._dbapi = store._dbapi
-            connection = None
-            shelf = store._shelf
-            if shelf:  # a connection kept from an earlier call, past the pool
-                # Not contextlib.suppress, which would build an object on every call.
-                try:  # noqa: SIM105
-                    connection = shelf.pop()
-                except IndexError:  # another thread took the last one
-                    pass
-                if (
-                    connection is not None
-                    and store._recycle is not None
-                    and _expired(connection, store._recycle)
-                ):
-                    connection.close()  # the pool replaces it on a later checkout (pool_recycle)
-                    connection = None
-                self._connection = connection
-            if connection is None:
-                try:
-                    connection = self._connection = store.engine.raw_connection()
-                except (dbapi.Error, sa_exc.TimeoutError) as exc:
-                    # TimeoutError: every connection of the bounded pool stayed busy for pool_timeout.
-                    raise store._unavailable(exc) from exc
-            try:
-                if store._keeper is not None:  # SQLite: no network; its busy timeout bounds lock waits
-                    self._ticket = store._keeper.register(connection.dbapi_connection, self._bound)
-                self._cursor = connection.cursor()
-            except BaseException as exc:
-                self._end(type(exc), exc)  # raises a database error translated
-                raise
-            return self._cursor
-        except BaseException:
-            if gate is not None:
-                gate.__exit__(None, None, None)
-            raise
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        try:
-            self._end(exc_type, exc)
-        finally:
-            if self._gate is not None:
-                self._gate.__exit__(None, None, None)
-
-    def _end(self, exc_type: Any, exc: BaseException | None) -> None:
-        """Give the connection back; a database error that ended the block is raised translated."""
-        store, connection, cursor, dbapi = self._store, self._connection, self._cursor, self._dbapi
-        ended = store._keeper.unregister(self._ticket) if store._keeper is not None else False
-        error: BaseException | None = None
-        try:
-            server_end = store.server_end
-            if (
-                exc is not None
-                and server_end is not None
-                and not ended
-                and isinstance(exc, dbapi.Error)
-                and server_end.sessions_mixed(exc)
-            ):
-                connection.invalidate(exc)  # its prepared statements are psycopg's idea, not the server's
-                error = store._sessions_mixed(exc)
-            elif exc is not None and isinstance(exc, dbapi.Error):
-                lost = ended or store.engine.dialect.is_disconnect(exc, connection, cursor)
-                if lost:
-                    connection.invalidate(exc)
-                if lost and not ended:
-                    # The server ended this connection (a restart, pg_terminate_backend): it will have
-                    # ended the other idle ones too. Drop them all now, or each would fail one later call.
-                    store._empty_shelf()
-                    store.engine.dispose()
-                if (
-                    lost
-                    or isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError)
-                    or refuses_writes(store.dialect, exc)
-                ):
-                    error = store._unavailable(exc, disconnected=lost and not ended, timed_out=ended)
-                else:
-                    dialect = store.engine.dialect
-                    error = sa_exc.DBAPIError.instance(None, None, exc, dbapi.Error, dialect=dialect)
-        finally:
-            if cursor is not None:
-                # Not contextlib.suppress, which would build an object on every call.
-                try:  # noqa: SIM105
-                    cursor.close()
-                except dbapi.Error:
-                    pass
-            if ended and connection.dbapi_connection is not None:
-                # The bound shut its socket just as the call succeeded: never hand it to the next call.
-                connection.invalidate()
-            shelf, pool = store._shelf, store.engine.pool
-            # A server pool's checkouts that wait for a connection (PatientPool): one is given back.
-            waiting = getattr(pool, "waiting", ())
-            if (
-                shelf is not None
-                and exc is None
-                and len(shelf) < store._shelf_size
-                and connection.dbapi_connection is not None
-                and connection._pool is pool  # not one of a pool disposed of meanwhile
-                and not waiting
-            ):
-                shelf.append(connection)  # kept for the next call (a call that failed is not)
-                # The store was closed meanwhile, or a checkout began to wait after the check above
-                # (it may have emptied the shelf before this connection was on it).
-                if store._shelf is not shelf or waiting:
-                    store._empty_shelf(shelf)
-            else:
-                connection.close()
-        if error is not None:
-            raise error from exc
-
-
-# -- helpers -----------------------------------------------------------------------------------------
-
-
-#: The SQL stores of the process, whose shelves a forked child empties (see ``_abandon_shelves``).
-_SHELVES: weakref.WeakSet[SQLStore] = weakref.WeakSet()
-#: The parent's shelved connections, in a forked child: kept referenced, never used nor closed there
-#: (closing an SQLite connection the parent still uses is what SQLite's docs warn against; a server
-#: connection's socket is the parent's, as ``engine.dispose(close=False)`` leaves the pool's).
-_ABANDONED: builtins.list[Any] = []
-
-
-def _abandon_shelves() -> None:
-    for store in list(_SHELVES):
-        shelf = store._shelf
-        if shelf:
-            _ABANDONED.extend(shelf)
-            shelf.clear()
-
-
-os.register_at_fork(after_in_child=_abandon_shelves)
-
-
-def _expired(connection: Any, recycle: float) -> bool:
-    """Whether a shelved pooled connection is older than the pool's ``pool_recycle``."""
-    record = getattr(connection, "_connection_record", None)
-    started = getattr(record, "starttime", None)
-    return started is not None and time.time() - started > recycle
-
-
-def _error_code(error: BaseException) -> int | None:
-    """A MySQL driver error's number (``args[0]``), if it has one."""
-    code = error.args[0] if error.args else None
-    return code if isinstance(code, int) else None
-
-
-def _too_many_clients(message: str) -> bool:
-    """The server refused a connection because it has as many as it takes."""
-    text = message.lower()
-    return (
-        "too many clients" in text
-        or "too many connections" in text
-        or "remaining connection slots are reserved" in text
-    )
