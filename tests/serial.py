@@ -46,6 +46,7 @@ SERIAL = frozenset(
         "tests/prefect/test_deployments.py",  # prefect server start and a served deployment
         "tests/prefect/test_processes.py",  # flow runs in processes, SIGKILLed holders
         "tests/payloads/test_memory.py",  # a large payload across processes; peak RSS of each
+        "tests/test_big_values.py",  # a large inline value across processes on each store; peak RSS
         "tests/payloads/test_faults.py",  # payload faults: writers SIGKILLed mid-upload, concurrent prune
     }
 )

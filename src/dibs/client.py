@@ -90,7 +90,9 @@ class Reservations(Closing, Configured):
         (see :class:`Settings`).
     :param payloads: a payload store (URL or :class:`~dibs.payloads.PayloadStore`) for artifacts
         larger than ``payload_inline_limit`` bytes (default 64 KiB); ``None``: ``DIBS_PAYLOADS_URL``,
-        else every artifact stays in its record. ``payload_grace``: see :mod:`dibs.payloads.collect`.
+        else, on the embedded SQLite database, the folder ``payloads`` beside its file, else every
+        artifact stays in its record (:func:`dibs.payloads.default_payloads_url`). ``payload_grace``:
+        see :mod:`dibs.payloads.collect`.
         See docs/payloads.md.
 
     Its settings read as its own attributes too (``client.ttl``, ``client.namespace``: see
@@ -145,6 +147,7 @@ class Reservations(Closing, Configured):
         )
         #: Reads this client's artifacts back into values (:mod:`dibs.artifacts`).
         self.artifacts = ArtifactReader(self.settings, self.serializer)
+        url: str | None = None
         if isinstance(store, Store):
             self.store, self._shared = store, False
         else:
@@ -155,7 +158,7 @@ class Reservations(Closing, Configured):
                 )
             self.store, self._shared = runtime().share_store(url), True
         self._records = self.store
-        payloads = payloads if payloads is not None else default_payloads_url()
+        payloads = payloads if payloads is not None else default_payloads_url(url)
         if payloads is not None:  # large artifacts apart (dibs.payloads): the record store stays as it is
             validate_seconds("payload_grace", payload_grace, allow_zero=True)
             self.store = referencing(

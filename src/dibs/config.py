@@ -8,7 +8,9 @@ then an embedded SQLite database at :func:`default_store_path`:
 * ``~/Library/Application Support/dibs/dibs.db`` on macOS, ``%LOCALAPPDATA%\\dibs\\dibs.db`` on Windows.
 
 The embedded default coordinates processes of one user on one machine; set ``DIBS_STORE_URL`` to a
-shared store (PostgreSQL, Redis, Azure Blob) to coordinate machines.
+shared store (PostgreSQL, Redis, Azure Blob) to coordinate machines. It keeps artifacts over 64 KiB
+in the folder ``payloads`` beside its file (:func:`embedded_payloads_url`), unless a payload store is
+named (``payloads=`` or ``DIBS_PAYLOADS_URL``), so that a large value never needs a setting.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = [
     "default_owner",
     "default_store_path",
     "default_store_url",
+    "embedded_payloads_url",
+    "embedded_store_url",
     "validate_seconds",
 ]
 
@@ -52,7 +56,19 @@ def default_store_url() -> str:
         return url
     path = default_store_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
+    return embedded_store_url()
+
+
+def embedded_store_url() -> str:
+    """The URL of the embedded SQLite database (:func:`default_store_path`), whatever ``DIBS_STORE_URL``
+    says."""
+    return f"sqlite:///{default_store_path()}"
+
+
+def embedded_payloads_url() -> str:
+    """Where the embedded database keeps large artifacts: the folder ``payloads`` beside its file
+    (see :func:`dibs.payloads.default_payloads_url`)."""
+    return (default_store_path().parent / "payloads").as_uri()
 
 
 def default_owner() -> str:

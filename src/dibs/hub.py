@@ -23,12 +23,15 @@ connection, a Redis pattern subscription, a ``data_version`` probe, a poller):
 
 Nothing depends on the hub being right, only on how fast waiters learn: every waiter still asks the
 store itself after a backstop pause (see :mod:`dibs.flow`), and at its holder's expiry, which no
-store announces. While the hub cannot follow the store (its connection is refused, say) it says so
-(:attr:`WatchHub.following`) and waiters poll at the ordinary backoff until it is back; after every
-reconnection it reads all watched keys, so nothing that happened meanwhile is missed. A feed that
-opens but cannot hear (a PostgreSQL ``LISTEN`` behind a transaction pooler, which proves that it
-hears before it counts) is not following either: one warning says why and what to set, and the hub
-tries it again only after a while (:class:`~dibs.stores.feeds.Unheard`).
+store announces. A pause that ends while the hub is reading the waiter's key lasts until that read
+is offered: a large value held in its record takes seconds to read, and the waiter's own ask would
+read it a second time beside the hub's (two copies in memory). While the hub cannot follow the store
+(its connection is refused, say) it says so (:attr:`WatchHub.following`) and waiters poll at the
+ordinary backoff until it is back; after every reconnection it reads all watched keys, so nothing
+that happened meanwhile is missed. A feed that opens but cannot hear (a PostgreSQL ``LISTEN`` behind
+a transaction pooler, which proves that it hears before it counts) is not following either: one
+warning says why and what to set, and the hub tries it again only after a while
+(:class:`~dibs.stores.feeds.Unheard`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ log = logging.getLogger("dibs.hub")
 
 #: The longest the hub blocks inside its feed, so that it notices closing and idleness promptly.
 POLL_SECONDS = 0.5
+#: How often a waiter whose pause ended while the hub reads its key looks whether that read is over.
+READ_POLL = 0.05
 #: Pauses between attempts to (re)open a feed that failed: from the first to the last, doubling.
 REOPEN_FIRST, REOPEN_LAST = 0.1, 5.0
 _REOPENING = Backoff(initial=REOPEN_FIRST, maximum=REOPEN_LAST, notify_maximum=REOPEN_LAST, jitter=0.0)
@@ -137,7 +142,16 @@ class Subscription(Closing):
             event.clear()
         event.wait(max(0.0, timeout))
         with self._lock:
-            return self._take() if self._has else None
+            if self._has:
+                return self._take()
+        # The hub is reading this key: its answer comes with that read (a large value takes a while to
+        # read), and an ask of the waiter's own now would read the same value a second time.
+        while self._hub is not None and self._hub.reading(self.key):
+            event.wait(READ_POLL)
+            with self._lock:
+                if self._has:
+                    return self._take()
+        return None
 
     async def wait_async(self, timeout: float) -> KeyState | None:
         """:meth:`wait` for an event loop: no thread is held, the loop is never blocked."""
@@ -156,7 +170,14 @@ class Subscription(Closing):
                 if self._future is future:
                     self._loop = self._future = None
         with self._lock:
-            return self._take() if self._has else None
+            if self._has:
+                return self._take()
+        while self._hub is not None and self._hub.reading(self.key):  # as in wait()
+            await asyncio.sleep(READ_POLL)
+            with self._lock:
+                if self._has:
+                    return self._take()
+        return None
 
     def close(self) -> None:
         """Stop following the key (safe to call twice)."""
@@ -174,12 +195,14 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class _Watched:
     """The subscriptions of one key, and the fingerprint of the last state handed to them."""
 
-    __slots__ = ("key", "seen", "subscriptions")
+    __slots__ = ("key", "reading", "seen", "subscriptions")
 
     def __init__(self, key: Key) -> None:
         self.key = key
         self.subscriptions: set[Subscription] = set()
         self.seen: Hashable = None
+        #: How many reads of the hub's are under way for the key (until their states are offered).
+        self.reading = 0
 
 
 class WatchHub:
@@ -208,6 +231,11 @@ class WatchHub:
     def following(self) -> bool:
         """Whether the feed is open: waiters are woken by the hub and only ask now and then themselves."""
         return self._following
+
+    def reading(self, key: Key) -> bool:
+        """Whether the hub is reading ``key`` for its waiters right now (its state is offered after)."""
+        entry = self._watched.get(key.digest)
+        return entry is not None and entry.reading > 0
 
     @property
     def watched(self) -> int:
@@ -372,6 +400,16 @@ class WatchHub:
         """
         with self._lock:
             entries = [self._watched[digest] for digest in digests if digest in self._watched]
+            for entry in entries:
+                entry.reading += 1
+        try:
+            return self._read_and_offer(entries)
+        finally:
+            with self._lock:
+                for entry in entries:
+                    entry.reading -= 1
+
+    def _read_and_offer(self, entries: list[_Watched]) -> bool:
         if not entries:
             return True
         keys = [entry.key for entry in entries]

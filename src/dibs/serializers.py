@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import json
 import pickle
+import re
 import sys
 from typing import Any, Protocol, runtime_checkable
 
@@ -83,6 +84,9 @@ class JSONSerializer:
             ) from exc
 
     def loads(self, payload: bytes) -> Any:
+        text = _plain_string(payload)
+        if text is not None:
+            return text
         try:
             return json.loads(payload)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -91,6 +95,30 @@ class JSONSerializer:
             raise SerializationError(
                 "stored JSON artifact cannot be decoded: it is nested deeper than Python's recursion limit"
             ) from None
+
+
+#: What ends a JSON string or needs decoding inside one: a quote, a backslash, a control character.
+_NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')
+#: From this size a JSON document that is one string is read by :func:`_plain_string`.
+_PLAIN_FROM = 64 * 1024
+
+
+def _plain_string(payload: bytes) -> str | None:
+    """The value of a large JSON document that is one string without escapes (``"..."``, what
+    :class:`JSONSerializer` writes for a text of printable characters), read straight from the bytes
+    between its quotes; ``None`` for anything else (decoded by :func:`json.loads`).
+
+    ``json.loads`` first decodes the whole document into a text, then copies the string out of it: a
+    large text value cost three times its size at once (the stored bytes, that text, the value).
+    Here: the stored bytes and the value. The same value as ``json.loads`` gives, or ``None``."""
+    if len(payload) < _PLAIN_FROM or payload[:1] != b'"' or payload[-1:] != b'"':
+        return None
+    if _NOT_PLAIN.search(payload, 1, len(payload) - 1) is not None:
+        return None
+    try:
+        return str(memoryview(payload)[1:-1], "utf-8")
+    except UnicodeDecodeError:
+        return None  # json.loads says why
 
 
 class BytesSerializer:

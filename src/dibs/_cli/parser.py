@@ -191,7 +191,8 @@ def _add_globals(parser: argparse.ArgumentParser, *, after_command: bool) -> Non
         "--payloads",
         metavar="URL",
         help="payload store for artifacts over 64 KiB, e.g. file:///shared/dibs "
-        f"(default: ${PAYLOADS_URL_ENV}, else none: artifacts stay in the records)",
+        f"(default: ${PAYLOADS_URL_ENV}; else, on the embedded SQLite store, the folder payloads beside "
+        "its file; else none: artifacts stay in the records)",
         **unset,
     )
     parser.add_argument(

@@ -23,6 +23,7 @@ import os
 import threading
 import weakref
 
+from dibs.config import embedded_payloads_url, embedded_store_url
 from dibs.errors import ConfigurationError
 from dibs.payloads.base import (
     Freed,
@@ -106,9 +107,18 @@ def _close_referencing(records: Store) -> None:
 CLOSE_HOOKS.append(_close_referencing)
 
 
-def default_payloads_url() -> str | None:
-    """``DIBS_PAYLOADS_URL`` if set (``None``: artifacts stay in the records, as without payloads)."""
-    return os.environ.get(PAYLOADS_URL_ENV, "").strip() or None
+def default_payloads_url(store_url: str | None = None) -> str | None:
+    """The payload store of a client that names none: ``DIBS_PAYLOADS_URL`` if set; else, when its
+    record store is the embedded SQLite database (``store_url`` is :func:`~dibs.config.embedded_store_url`,
+    whether it was chosen by default or named), the folder ``payloads`` beside the database's file, so
+    that the default keeps a large value out of its one database file without any setting, and
+    every process that shares that file shares its payloads; else ``None`` (artifacts stay in the
+    records)."""
+    if url := os.environ.get(PAYLOADS_URL_ENV, "").strip():
+        return url
+    if store_url is not None and store_url == embedded_store_url():
+        return embedded_payloads_url()
+    return None
 
 
 def _open(url: str) -> PayloadStore:

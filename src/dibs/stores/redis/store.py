@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +32,7 @@ from dibs.records import (
 from dibs.stores import decoder, redact_url, transitions
 from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
 from dibs.stores.feeds import ChangeFeed
+from dibs.stores.large import READ_INLINE, SharedLoads, advise_payload_store
 from dibs.stores.redis.feed import PatternFeed
 from dibs.stores.redis.replicas import ReplicaWait, Unreplicated
 from dibs.stores.redis.scripts import (
@@ -58,6 +60,8 @@ DEFAULT_VALUE_LIMIT = 512 * 1024 * 1024
 _COMMAND_OVERHEAD = 4096
 #: The length of a grant's short reply when the record holds no failure (then none follows the lease's).
 _GRANTED_ALONE = 3 + len(GRANTED_FIELDS)
+#: The longest payload a read or a hit carries in its reply; a longer one is read apart (``_large``).
+_INLINE = str(READ_INLINE)
 
 
 def _seconds(value: float, what: str) -> str:
@@ -140,6 +144,8 @@ class RedisStore(Store):
         #: min_replicas: the keys whose complete this store could not confirm, by digest, with the
         #: artifact's fence: a read of such a key confirms the artifact before it reports it.
         self._unconfirmed: dict[str, int] = {}
+        #: Large artifacts read apart from their records, once for the threads that want one at a time.
+        self._large = SharedLoads()
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -165,11 +171,49 @@ class RedisStore(Store):
     # -- operations ---------------------------------------------------------------------------------
 
     def read(self, key: Key) -> KeyState:
-        reply = self._run(self._read, key, "read", key.namespace, key.name, "1", safe=True)
-        state = self._state(key, reply, with_payload=True)
+        for _ in range(16):
+            reply = self._run(self._read, key, "read", key.namespace, key.name, "1", _INLINE, safe=True)
+            state = self._with_payload(self._state(key, reply, with_payload=True))
+            if state is not None:
+                break
+        else:
+            raise StoreUnavailable(f"{key} kept changing while reading its artifact", key=str(key))
         if self._unconfirmed and key.digest in self._unconfirmed:
             self._confirm(key, state)
         return state
+
+    # -- large artifacts, read apart from their records (dibs.stores.large) ---------------------------
+    def _with_payload(self, state: KeyState) -> KeyState | None:
+        """``state`` with its artifact's bytes, which the read's reply leaves out when they are more
+        than :data:`~dibs.stores.large.READ_INLINE`; ``None`` when the record holds another artifact
+        by now (the caller reads the key again)."""
+        artifact = state.artifact
+        if artifact is None or artifact.payload or artifact.size <= READ_INLINE:
+            return state
+        payload = self._large_payload(state.key, artifact)
+        if payload is None:
+            return None
+        return dataclasses.replace(state, artifact=dataclasses.replace(artifact, payload=payload))
+
+    def _large_payload(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
+        """A large artifact's bytes, read once for every thread of the process that wants them at the
+        same time (the watch hub for its waiters, a waiter's own ask, which Redis may run right after
+        the holder's complete, as the hub reads): one reply of the whole value (with hiredis, redis-py
+        holds it twice while it parses it, then once), not two at once. ``None`` if the record holds
+        another artifact by now."""
+
+        def read() -> bytes | None:
+            reply = self._run(self._read, key, "read", key.namespace, key.name, "1", safe=True)
+            # hiredis keeps the buffer a reply was parsed from until the connection's next reply: a
+            # PING on it (the pool hands out the connection just given back) frees the value's size.
+            with contextlib.suppress(*_REDIS_ERRORS):
+                self._reach.node_of(self.record_key(key)).ping()
+            found = self._state(key, reply, with_payload=True).artifact
+            if found is None or (found.fence, found.checksum) != (artifact.fence, artifact.checksum):
+                return None
+            return found.payload
+
+        return self._large.load((key.digest, artifact.fence, artifact.checksum), read)
 
     def _confirm(self, key: Key, state: KeyState) -> None:
         """Confirm, before it is reported, an artifact this store stored but could not confirm.
@@ -221,6 +265,7 @@ class RedisStore(Store):
                 lease_id,
                 "" if request.max_age is None else _seconds(request.max_age, "max_age"),
                 "" if request.min_fence is None else str(int(request.min_fence)),
+                _INLINE,
                 # A repeat after a lost reply is safe: the same owner re-enters the lease it was granted.
                 safe=True,
                 confirm=_WROTE_A_LEASE,
@@ -258,8 +303,14 @@ class RedisStore(Store):
             fields.update(zip(PRESENT_FIELDS, reply[3 : 3 + len(PRESENT_FIELDS)], strict=True))
             fields.update(format=FORMAT, namespace=key.namespace, name=key.name)
             state = self._decode(key, fields, float(reply[1]), payload=reply[3 + len(PRESENT_FIELDS)])
-            assert state.artifact is not None
-            return Present(state.artifact)
+            artifact = state.artifact
+            assert artifact is not None
+            if artifact.payload or artifact.size <= READ_INLINE:
+                return Present(artifact)
+            payload = self._large_payload(key, artifact)  # left out of the reply: it is large
+            if payload is None:  # replaced meanwhile: ask again
+                return self.acquire(key, request)
+            return Present(dataclasses.replace(artifact, payload=payload))
         if status == b"granted":
             # The short reply with the failure the record holds: the rest of the new lease is what
             # was sent (the record's key and format were checked by the script before it wrote).
@@ -331,6 +382,7 @@ class RedisStore(Store):
 
     def complete(self, key: Key, token: LeaseToken, artifact: NewArtifact) -> ArtifactRecord:
         payload = artifact.payload
+        advise_payload_store(self._url, len(payload))
         refuse_too_large(
             key,
             len(payload),
@@ -502,24 +554,29 @@ class RedisStore(Store):
             with self._service("read", key):
                 try:
                     reply = self._read(
-                        self._reach.client(), self.record_key(key), key.namespace, key.name, "1"
+                        self._reach.client(), self.record_key(key), key.namespace, key.name, "1", _INLINE
                     )
                 except redis.exceptions.NoPermissionError:
                     return []
             try:
-                return [] if reply[0] == b"corrupt" else [self._state(key, reply, with_payload=True)]
+                state = None if reply[0] == b"corrupt" else self._state(key, reply, with_payload=True)
+                full = None if state is None else self._with_payload(state)
             except CorruptRecord:
                 return []
+            return [] if full is None else [full]  # changed meanwhile: its waiters ask for themselves
         record_keys = [self.record_key(key) for key in keys]
         replies: builtins.list[object] = [None] * len(keys)
         with self._service("read keys", None):
             for node, indexes in self._reach.group(record_keys):
                 pipe = node.pipeline(transaction=False)
                 for index in indexes:
-                    self._read.queue(pipe, record_keys[index], keys[index].namespace, keys[index].name, "1")
+                    key = keys[index]
+                    self._read.queue(pipe, record_keys[index], key.namespace, key.name, "1", _INLINE)
                 for index, answer in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
                     key = keys[index]
-                    replies[index] = self._moved(record_keys[index], answer, (key.namespace, key.name, "1"))
+                    replies[index] = self._moved(
+                        record_keys[index], answer, (key.namespace, key.name, "1", _INLINE)
+                    )
             for answer in replies:  # as above: only a key refused this user is skipped
                 if isinstance(answer, Exception) and not isinstance(
                     answer, redis.exceptions.NoPermissionError
@@ -530,12 +587,14 @@ class RedisStore(Store):
             try:
                 if isinstance(answer, Exception) or cast(Reply, answer)[0] == b"corrupt":
                     continue  # refused, or damaged: its waiters ask for themselves, and get the error
-                states.append(self._state(key, cast(Reply, answer), with_payload=True))
+                full = self._with_payload(self._state(key, cast(Reply, answer), with_payload=True))
             except CorruptRecord:
                 continue
+            if full is not None:  # changed meanwhile: its waiters ask for themselves
+                states.append(full)
         return states
 
-    def _moved(self, record_key: str | bytes, reply: object, args: tuple[str, str, str]) -> object:
+    def _moved(self, record_key: str | bytes, reply: object, args: tuple[str, ...]) -> object:
         """A pipelined read's reply; on a cluster, a key whose slot moved since the pipeline's node was
         chosen (``MOVED``/``ASK``: the read did not run) is read again through the cluster client."""
         if isinstance(reply, redis.exceptions.AskError) and self.settings.topology == "cluster":

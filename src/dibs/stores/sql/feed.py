@@ -48,11 +48,22 @@ class FeedSource(Protocol):
 
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]: ...
 
+    def _with_payload(self, state: KeyState) -> KeyState | None: ...
+
     def _bounded(
         self, dbapi_connection: Any, seconds: float
     ) -> contextlib.AbstractContextManager[list[bool]]: ...
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable: ...
+
+
+def _whole(source: FeedSource, state: KeyState, version: int | None) -> list[KeyState]:
+    """A feed's read of one key as the hub hands it on: with its artifact's bytes, which the read
+    leaves out when they are large (read apart, on the store's pooled connections, after the feed's
+    connection is free again); nothing when the key has no row, or holds another artifact by now
+    (its waiters then ask for themselves)."""
+    full = None if version is None else source._with_payload(state)
+    return [] if full is None else [full]
 
 
 class VersionsFeed(PollingFeed):
@@ -273,7 +284,7 @@ class DataVersionFeed(VersionsFeed):
             return []  # its waiters ask for themselves, and get the error
         except source.engine.dialect.loaded_dbapi.Error:
             return None
-        return [] if version is None else [state]
+        return _whole(source, state, version)
 
     def _versions_query(self, count: int) -> str:
         sql = self._versions_sql.get(count)
@@ -466,7 +477,7 @@ class ListenFeed(ChangeFeed):
             return []  # its waiters ask for themselves, and get the error
         except psycopg.Error:
             return None
-        return [] if version is None else [state]
+        return _whole(source, state, version)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

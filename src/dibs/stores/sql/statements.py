@@ -19,6 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from dibs.errors import ConfigurationError
 from dibs.records import MAX_COUNT, MAX_FENCE
+from dibs.stores.large import READ_INLINE
 from dibs.stores.sql.schema import ADDED_COLUMNS, LEASE_COLUMNS
 
 #: Keys per ``IN (...)`` list of the watch hub's queries.
@@ -32,6 +33,16 @@ _ZERO = sa.literal_column("0", sa.Integer)
 _NULL = sa.null()
 _MAX_FENCE = sa.literal_column(str(MAX_FENCE), sa.BigInteger)
 _MAX_COUNT = sa.literal_column(str(MAX_COUNT), sa.Integer)
+_READ_INLINE = sa.literal_column(str(READ_INLINE), sa.BigInteger)
+
+
+def read_columns(t: sa.Table) -> list[ColumnElement[Any]]:
+    """The columns a read of a key returns: every column of ``t``, the payload only when it is at most
+    :data:`~dibs.stores.large.READ_INLINE` bytes (``NULL`` otherwise: a large value is read apart, in
+    chunks, see :meth:`Statements.payload_chunk`). The database never reads a large value for a read
+    that does not need it (a heartbeat, a busy key's holder, a lost lease explained)."""
+    inline = sa.case((t.c.size <= _READ_INLINE, t.c.payload), else_=_NULL).label("payload")
+    return [inline if column.name == "payload" else column for column in t.c]
 
 
 def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -141,8 +152,12 @@ class Statements:
         # A one-row "clock" subquery left-joined to the key's row: the state and the database's
         # clock in one round trip, even when the key has no row yet.
         clock = sa.select(now.label("now")).subquery("clock")
-        read = sa.select(clock.c.now, *t.c).select_from(clock.outerjoin(t, t.c.key_hash == p("p_key_hash")))
+        columns = read_columns(t)
+        read = sa.select(clock.c.now, *columns).select_from(
+            clock.outerjoin(t, t.c.key_hash == p("p_key_hash"))
+        )
         self.read_state = Prepared(read, dialect, ("now", *(c.name for c in t.c)))
+        self.payload_chunk, self.payload_row = large_value_reads(t, dialect, backend)
 
         swapped: dict[str, Any] = {name: p(f"p_{name}") for name in (*LEASE_COLUMNS, "fence", "attempts")}
         new_row: dict[str, Any] = {name: p(f"p_{name}") for name in ("key_hash", "namespace", "name")}
@@ -157,7 +172,7 @@ class Statements:
         #: PostgreSQL only (``None`` elsewhere): the read of ``read_state`` and, when the key has no row,
         #: its first lease inserted, in one statement (see :func:`read_or_insert`).
         self.read_or_insert = (
-            Prepared(read_or_insert(t, now), dialect, ("inserted", "now", *(c.name for c in t.c)))
+            Prepared(read_or_insert(t, now, columns), dialect, ("inserted", "now", *(c.name for c in t.c)))
             if backend == "postgresql"
             else None
         )
@@ -288,7 +303,26 @@ class Statements:
         )
 
 
-def read_or_insert(t: sa.Table, now: ColumnElement[float]) -> sa.ClauseElement:
+def large_value_reads(t: sa.Table, dialect: Dialect, backend: str) -> tuple[Prepared, Prepared]:
+    """A large artifact's bytes a chunk at a time (PostgreSQL, MySQL: ``p_start``, from 1, and
+    ``p_length``), and its row's ``rowid`` (SQLite, which reads the blob incrementally), each from the
+    row only while it still holds that artifact (``p_fence``, ``p_checksum``): no row means that it
+    changed, and the key is read again."""
+    p = sa.bindparam
+    this_artifact = sa.and_(
+        t.c.key_hash == p("p_key_hash"), t.c.artifact_fence == p("p_fence"), t.c.checksum == p("p_checksum")
+    )
+    start, length = sa.cast(p("p_start"), sa.Integer), sa.cast(p("p_length"), sa.Integer)
+    chunk = sa.select(sa.func.substring(t.c.payload, start, length)).where(this_artifact)
+    rowid = sa.literal_column("rowid") if backend == "sqlite" else t.c.key_hash
+    return Prepared(chunk, dialect, ("chunk",)), Prepared(
+        sa.select(rowid).where(this_artifact), dialect, ("rowid",)
+    )
+
+
+def read_or_insert(
+    t: sa.Table, now: ColumnElement[float], columns: Sequence[ColumnElement[Any]]
+) -> sa.ClauseElement:
     """PostgreSQL: a key's first lease in the round trip that reads the key.
 
     A key without a row is free whatever the request (no artifact, no lease, fence 0), so
@@ -297,9 +331,10 @@ def read_or_insert(t: sa.Table, now: ColumnElement[float]) -> sa.ClauseElement:
     ``p_span`` seconds (the ttl, or the maximum lease age when that is shorter, as
     ``transitions.acquire`` caps it) and capped ``p_max_lease_age`` seconds after ``now`` (``NULL``:
     never). When the key has a row, nothing is written (no row lock, no WAL: a hit or a waiter costs
-    what the plain read did) and the row is returned as ``read_state`` returns it, with ``inserted``
-    false; the caller decides and swaps as before. The ``clock`` CTE, being volatile, is evaluated
-    once, so the inserted row and the returned ``now`` agree.
+    what the plain read did) and the row is returned as ``read_state`` returns it (its ``columns``:
+    :func:`read_columns`), with ``inserted`` false; the caller decides and swaps as before. The
+    ``clock`` CTE, being volatile, is evaluated once, so the inserted row and the returned ``now``
+    agree.
 
     The insert is attempted only when the statement's snapshot shows no row for the key (``NOT
     EXISTS``): ``ON CONFLICT`` checks the unique index even when a row is there, and that check waits
@@ -349,7 +384,7 @@ def read_or_insert(t: sa.Table, now: ColumnElement[float]) -> sa.ClauseElement:
         clock.join(inserted, sa.true())
     )
     found = (
-        sa.select(sa.false().label("inserted"), clock.c.now, *t.c)
+        sa.select(sa.false().label("inserted"), clock.c.now, *columns)
         .select_from(clock.outerjoin(t, t.c.key_hash == p("p_key_hash")))
         .where(~sa.exists(sa.select(inserted.c.key_hash)))
     )

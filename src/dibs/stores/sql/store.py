@@ -29,12 +29,14 @@ from dibs.records import (
     KeyState,
     LeaseRecord,
     LeaseToken,
+    Present,
     StoreOutcome,
     new_lease_id,
 )
 from dibs.stores import decoder, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, reap_each, skip
 from dibs.stores.feeds import ChangeFeed, check_watch_interval
+from dibs.stores.large import CHUNK, READ_INLINE, Filling, SharedLoads, advise_payload_store
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.sql.bounds import Keeper, PatientPool
 from dibs.stores.sql.engine import (
@@ -62,7 +64,7 @@ from dibs.stores.sql.schema import (
     tables,
 )
 from dibs.stores.sql.shelf import SERVER_SHELF_SIZE, SHELF_SIZE, PooledCursor, shelve
-from dibs.stores.sql.statements import IN_LIST, Prepared, Statements, chunks, server_now
+from dibs.stores.sql.statements import IN_LIST, Prepared, Statements, chunks, read_columns, server_now
 from dibs.stores.sql.translate import ROLLED_BACK_ATTEMPTS, Translator
 
 __all__ = ["SQLStore"]
@@ -151,6 +153,8 @@ class SQLStore(Store):
         self._dbapi = self.engine.dialect.loaded_dbapi
         #: What ``complete`` may send (:mod:`dibs.stores.sql.limits`).
         self._limits = SizeLimits(self.dialect, self.url, self.max_artifact_size)
+        #: Large artifacts read apart from their rows, once for the threads that want one at a time.
+        self._large = SharedLoads()
         dispose_in_forked_children(self.engine)
         self._prepare_statements()
         # Nothing is sent to the database before the first operation (see _ensure_ready).
@@ -412,6 +416,7 @@ class SQLStore(Store):
             read.position(name) for name in ("acquired_at", "expires_at", "max_expires_at")
         )
         self._drop_result, self._clear_row = prepared.drop_result, prepared.clear_row
+        self._payload_chunk, self._payload_row = prepared.payload_chunk, prepared.payload_row
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
@@ -459,7 +464,80 @@ class SQLStore(Store):
         )
 
     def read(self, key: Key) -> KeyState:
-        return self._repeatable(lambda cursor: self._read(cursor, key)[0])
+        for _ in range(16):
+            state = self._with_payload(self._repeatable(lambda cursor: self._read(cursor, key)[0]))
+            if state is not None:
+                return state
+        raise StoreUnavailable(f"{key} kept changing while reading its artifact", key=str(key))
+
+    # -- large artifacts, read apart from their rows (dibs.stores.large) -------------------------------
+    def _with_payload(self, state: KeyState) -> KeyState | None:
+        """``state`` with its artifact's bytes, which its read left out when they are more than
+        :data:`~dibs.stores.large.READ_INLINE`; ``None`` when the row holds another artifact by now
+        (the caller reads the key again)."""
+        artifact = state.artifact
+        if artifact is None or artifact.payload or artifact.size <= READ_INLINE:
+            return state
+        payload = self._large_payload(state.key, artifact)
+        if payload is None:
+            return None
+        return dataclasses.replace(state, artifact=dataclasses.replace(artifact, payload=payload))
+
+    def _large_payload(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
+        """A large artifact's bytes, read once for every thread of the process that wants them at the
+        same time (the watch hub for its waiters, a waiter's own ask); ``None`` if the row holds another
+        artifact by now."""
+        identity = (key.digest, artifact.fence, artifact.checksum)
+        return self._large.load(identity, lambda: self._read_large(key, artifact))
+
+    def _read_large(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
+        """Read a large artifact's bytes into one buffer of its size (:class:`~dibs.stores.large.Filling`):
+        a chunk per call, each call bounded for its chunk's size, so the whole read's time grows with
+        the value's size as a ``complete``'s does, and memory holds the value plus a chunk (read at
+        once, a PostgreSQL row of 200 MB took libpq's buffer and result in hex, the unescaped copy and
+        the bytes object: 6 times the value). A row whose bytes run short is given back short: the
+        artifact's integrity check refuses it, as it refused a short payload read whole."""
+        values = {"p_key_hash": key.digest, "p_fence": artifact.fence, "p_checksum": artifact.checksum}
+        filling = Filling(artifact.size)
+        if self.dialect == "sqlite":
+            return self._repeatable(
+                lambda cursor: self._read_blob(cursor, values, filling),
+                bound=SizeLimits.bound_for(self.timeout, artifact.size),
+            )
+        statement = self._payload_chunk
+        while filling.filled < artifact.size:
+            length = min(CHUNK, artifact.size - filling.filled)
+            chunk_values = {**values, "p_start": filling.filled + 1, "p_length": length}
+            rows = self._repeatable(
+                functools.partial(statement.fetch_rows, values=chunk_values),
+                bound=SizeLimits.bound_for(self.timeout, length),
+            )
+            if not rows:
+                return None  # another artifact by now, or none
+            chunk = rows[0][0]
+            if not chunk:
+                break
+            filling.add(chunk)
+            if len(chunk) < length:
+                break
+        return filling.value()
+
+    def _read_blob(self, cursor: Any, values: Mapping[str, Any], filling: Filling) -> bytes | None:
+        """SQLite: the artifact's blob read incrementally (``sqlite3.Blob``), in chunks straight into
+        ``filling``, in one read transaction (the blob handle's)."""
+        rows = self._payload_row.fetch_rows(cursor, values)
+        if not rows:
+            return None
+        filling.filled = 0  # a second attempt starts over
+        with cursor.connection.blobopen(
+            self.table_name, "payload", rows[0][0], readonly=True, name=self.schema or "main"
+        ) as blob:
+            while filling.filled < filling.size:
+                chunk = blob.read(min(CHUNK, filling.size - filling.filled))
+                if not chunk:
+                    break
+                filling.add(chunk)
+        return filling.value()
 
     def list(self, namespace: str | None = None) -> Listing:
         """Every row (in ``namespace``), without payloads; unreadable rows are skipped, logged and
@@ -510,7 +588,19 @@ class SQLStore(Store):
             )
 
         try:
-            return self._repeatable(attempt)
+            for _ in range(16):
+                outcome = self._repeatable(attempt)
+                if not isinstance(outcome, Present):
+                    return outcome
+                # A hit: its bytes, which the read left out when they are large (read again if the
+                # row holds another artifact by now).
+                artifact = outcome.artifact
+                if artifact.payload or artifact.size <= READ_INLINE:
+                    return outcome
+                payload = self._large_payload(key, artifact)
+                if payload is not None:
+                    return Present(dataclasses.replace(artifact, payload=payload))
+            raise StoreUnavailable(f"{key} kept changing while reading its artifact", key=str(key))
         except StoreUnavailable as exc:
             if not getattr(exc, "read_only", False):
                 raise
@@ -615,6 +705,7 @@ class SQLStore(Store):
         # this one (a resumed lease) must not send a statement naming a column the table lacks.
         self._ensure_ready()
         payload = artifact.payload
+        advise_payload_store(self.url, len(payload))
         values = {
             **self._holding(key, token),
             "p_serializer": artifact.serializer,
@@ -740,11 +831,12 @@ class SQLStore(Store):
                 state, version = self._repeatable(lambda cursor: self._read(cursor, key))
             except CorruptRecord:
                 return []  # its waiters ask for themselves, and get the error
-            return [] if version is None else [state]
+            full = None if version is None else self._with_payload(state)
+            return [] if full is None else [full]  # changed meanwhile: its waiters ask for themselves
         self._ensure_ready()  # before the query is built: it names the columns the table has
         t = self.t
         clock = sa.select(self._now.label("now")).scalar_subquery()
-        query = sa.select(clock.label("now"), *t.c).where(
+        query = sa.select(clock.label("now"), *read_columns(t)).where(
             t.c.key_hash.in_(sa.bindparam("hashes", expanding=True))
         )
         by_digest = {key.digest: key for key in keys}
@@ -754,9 +846,11 @@ class SQLStore(Store):
                 rows = conn.execute(query, {"hashes": chunk}).mappings().all()
             for row in rows:
                 try:
-                    states.append(self._state(by_digest[row["key_hash"]], row))
+                    full = self._with_payload(self._state(by_digest[row["key_hash"]], row))
                 except CorruptRecord:
                     continue  # its waiters ask for themselves, and get the error
+                if full is not None:  # changed meanwhile: its waiters ask for themselves
+                    states.append(full)
         return states
 
     def versions(self, keys: Iterable[Key]) -> dict[str, int]:

@@ -2,7 +2,8 @@
 -- ARGV[1]: namespace, ARGV[2]: name, ARGV[3]: owner, ARGV[4]: ttl in seconds,
 -- ARGV[5]: maximum lease age in seconds, or '' for none, ARGV[6]: lease id for a new lease,
 -- ARGV[7]: the oldest artifact the caller takes, as a maximum age in seconds, or '' for any,
--- ARGV[8]: the lowest fencing token of an artifact the caller takes (decimal), or ''
+-- ARGV[8]: the lowest fencing token of an artifact the caller takes (decimal), or '',
+-- ARGV[9]: the longest payload a 'present' reply includes (bytes; a longer one is false)
 -- Returns {'corrupt', why}, {'exhausted', fence},
 -- {'granted', now, took_over_from, GRANTED_FIELDS...[, GROUPS.failure...]}, {'present', now, false, PRESENT_FIELDS...,
 -- payload} or {'reentered'|'held', now, false, FIELDS...}. A stale artifact is no hit: the
@@ -21,7 +22,7 @@ if rec.artifact_fence then
   if not stale then
     -- The short reply: the caller needs the artifact alone (the record was checked whole above).
     local out = short_reply('present', now, rec, false, PRESENT_FIELDS)
-    out[#PRESENT_FIELDS + 4] = redis.call('HGET', KEYS[1], 'artifact_payload')
+    out[#PRESENT_FIELDS + 4] = payload_upto(tonumber(ARGV[9]) or true)
     return out
   end
 end

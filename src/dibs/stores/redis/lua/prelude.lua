@@ -164,15 +164,25 @@ local function drop_lease(rec)
   unset(rec, 'lease_max_expires_at', unpack(GROUPS.lease))
 end
 
+-- The artifact's payload, or false when it is longer than `limit` bytes (a number; true: any
+-- length): a large one is read apart, by the read script without a limit (dibs.stores.large).
+local function payload_upto(limit)
+  if limit ~= true and redis.call('HSTRLEN', KEYS[1], 'artifact_payload') > limit then
+    return false
+  end
+  return redis.call('HGET', KEYS[1], 'artifact_payload')
+end
+
 -- {status, now, extra, FIELDS...[, payload]}: the record after this script's writes (`rec`, kept in
--- step by set and unset; nil when there is none), absent fields as Redis nils.
+-- step by set and unset; nil when there is none), absent fields as Redis nils. `with_payload`: false,
+-- or the payload_upto limit.
 local function reply(status, now, rec, extra, with_payload)
   local out = {status, num(now), extra or false}
   for i, field in ipairs(FIELDS) do
     out[i + 3] = (rec and rec[field]) or false
   end
   if with_payload then
-    out[#FIELDS + 4] = redis.call('HGET', KEYS[1], 'artifact_payload')
+    out[#FIELDS + 4] = payload_upto(with_payload)
   end
   return out
 end
