@@ -45,6 +45,10 @@ from dibs.stores.memory import MemoryStore
 from dibs.testing.contract import opened_stores
 from tests.backends.redis import isolated_url
 from tests.cli_harness import eventually
+from tests.components import free_port
+from tests.redis_topologies import RedisServer, missing
+from tests.scale import wait_until
+from tests.services import unavailable
 
 redis = pytest.importorskip("redis")
 from dibs.stores.redis import RedisStore  # noqa: E402 -- only once redis-py is known to be there
@@ -283,11 +287,31 @@ def test_scripts_survive_a_flushed_script_cache(store: RedisStore, raw: Any) -> 
     assert _granted(store.acquire(other, AcquireRequest("bob", 30))).token.fence == 2  # ran once
 
 
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A ``redis-server`` of the test's own: SCRIPT FLUSH empties a whole server's script cache,
+    and on the shared one a neighbouring worker would load the scripts back between the flush and
+    the call under test."""
+    why = missing()
+    if why is not None:
+        unavailable(f"this test flushes a server's scripts, on a server of its own: {why}")
+    port = free_port()
+    config = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path / "own"), "--save", ""]
+    server = RedisServer("redis-own", tmp_path / "own", port, config).start()
+    try:
+        wait_until(server.answers, "the test's own Redis to answer")
+        yield server
+    finally:
+        server.stop()
+
+
 def test_a_script_the_server_will_not_keep_is_an_error_not_a_loop(
-    store: RedisStore, raw: Any, monkeypatch: pytest.MonkeyPatch
+    own_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A load that does not reach the server the script runs on (a proxy spreading commands over
     # servers): the script is loaded once and run again once, then NOSCRIPT is StoreUnavailable.
+    store = RedisStore.from_url(f"redis://127.0.0.1:{own_server.port}/0")
+    raw = own_server.client()
     loads: list[object] = []
     monkeypatch.setattr(store._reach.client(), "script_load", loads.append)
     raw.script_flush()
@@ -295,7 +319,11 @@ def test_a_script_the_server_will_not_keep_is_an_error_not_a_loop(
         store.acquire(KEY, AcquireRequest("alice", 30))
     assert len(loads) == 1
     monkeypatch.undo()
-    assert _granted(store.acquire(KEY, AcquireRequest("alice", 30))).token.fence == 1
+    try:
+        assert _granted(store.acquire(KEY, AcquireRequest("alice", 30))).token.fence == 1
+    finally:
+        raw.close()
+        store.close()
 
 
 # -- pub/sub ----------------------------------------------------------------------------------------

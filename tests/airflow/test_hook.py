@@ -438,6 +438,7 @@ def test_a_redis_cluster_or_sentinel_url_with_the_password_field_reaches_the_sto
     from tests.redis_topologies import missing, shared_cluster, shared_sentinels, unique_prefix
     from tests.services import unavailable
 
+    pytest.importorskip("redis", reason="the Redis store needs redis-py (the redis extra)")
     why = missing()
     if why is not None:
         unavailable(f"this test starts its own Redis servers, but {why}")
