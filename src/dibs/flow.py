@@ -582,6 +582,7 @@ class _Waiter:
         backoff, attempt = self.rules.backoff, 0
         holder = busy.lease.owner
         progress = _Progress(self, deadline)
+        self.seen = busy.lease  # should it expire before the next ask, a takeover still says why
         got: Any = yield from self.asking(ask, deadline)  # after the watch began: nothing is missed
         while True:
             if not isinstance(got, Held):

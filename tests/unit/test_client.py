@@ -285,3 +285,25 @@ def test_an_artifact_handed_to_many_waiters_is_decoded_once_per_process(
             assert len(loads) == 1
         else:
             assert len(loads) == 1 + 3 and values[0] is not values[1]
+
+
+def test_a_takeover_says_why_when_the_lease_expired_before_the_wait_asked_again(clock: FakeClock) -> None:
+    """The wait's first ask after its watch may already find the holder's lease expired: the takeover
+    still knows the lease it waited on (the first ask's), so it says its holder stopped heartbeating."""
+
+    class ExpiresBeforeTheWaitAsks(MemoryStore):
+        asks = 0
+
+        def acquire(self, key: Any, request: Any) -> Any:
+            self.asks += 1
+            if self.asks == 3:  # the holder's, the waiter's first; then the wait's, past the expiry
+                clock.now += 31
+            return super().acquire(key, request)
+
+    client = dibs.Reservations(ExpiresBeforeTheWaitAsks(clock=clock), ttl=30)
+    assert isinstance(client.get_or_reserve("k", owner="stopped"), dibs.Acquired)
+    heard: list[dibs.events.Event] = []
+    report = client.compute("k", lambda: 2, owner="waiter", observer=heard.append)
+    assert (report.value, report.role) == (2, "computed")
+    (acquired,) = [event for event in heard if isinstance(event, dibs.events.LeaseAcquired)]
+    assert (acquired.took_over_from, acquired.expired_by) == ("stopped", "heartbeating")
