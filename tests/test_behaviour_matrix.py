@@ -37,6 +37,7 @@ UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/dibs"
 KEY = "matrix"
 OTHER = "other-worker"
 NEXT = "next-worker"
+LOCK_HOLDER = "matrix-holder"
 VALUE = {"rows": 3}
 
 
@@ -72,6 +73,8 @@ SCENARIOS = [
              raises=dibs.StoreUnavailable),
     Scenario("store_down_at_complete", ("asked", "lease_acquired", "not_stored", "finished"), "computed",
              call={"policy": "run", "ttl": 1.0}, cli=False),
+    Scenario("store_down_at_complete_fail", ("asked", "lease_acquired", "finished"), "failed",
+             call={"policy": "fail", "ttl": 1.0}, raises=dibs.StoreUnavailable, cli=False),
     Scenario("refresh", COMPUTED, "computed", call={"refresh": True}),
     # Another refresh holds the key: its value is the fresh one, shared (not the old, not computed again).
     Scenario("refresh_while_busy", ("asked", "key_busy", "waited", "artifact_found", "finished"), "waited",
@@ -93,6 +96,18 @@ def python_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) 
             if not _per_call(call)
             else client.compute(KEY, work, **_per_call(call)).value
         )
+
+
+def python_call_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
+    """``Reservations.call`` with the store-down policy given for the call, the client's the other one:
+    the call's policy must decide at every step (its first ask, its ``complete``)."""
+    from dibs.seam import StoreIO
+
+    policy = call.get("policy", "fail")
+    other = {**call, "policy": "run" if policy == "fail" else "fail"}
+    with dibs.Reservations(url, **_client_settings(other)) as client:
+        reserved = client.call(KEY, on_store_unavailable=policy, **_per_call(call))
+        return reserved.drive(StoreIO(client, work, emit=reserved.emitter)).value
 
 
 def async_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
@@ -135,8 +150,9 @@ def airflow_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path)
 def _dibs_connection(url: str, call: dict[str, Any]) -> Iterator[None]:
     """The Airflow connection ``dibs_matrix`` on ``url``, with the call's policy and ttl."""
     extra = {"store_url": url, "on_store_unavailable": call.get("policy", "fail")}
-    if "ttl" in call:
-        extra["ttl"] = call["ttl"]
+    for setting in ("ttl", "outage_patience"):
+        if setting in call:
+            extra[setting] = call[setting]
     os.environ["AIRFLOW_CONN_DIBS_MATRIX"] = json.dumps({"conn_type": "dibs", "extra": extra})
     try:
         yield
@@ -174,12 +190,12 @@ def lock_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) ->
     from prefect_dibs import DibsLockManager
 
     manager = DibsLockManager(url, namespace="default", ttl=call.get("ttl", 30.0))
-    if not manager.acquire_lock(KEY, holder="matrix-holder", acquire_timeout=call.get("timeout")):
+    if not manager.acquire_lock(KEY, holder=LOCK_HOLDER, acquire_timeout=call.get("timeout")):
         raise dibs.WaitTimeout("the lock was not taken within its acquire_timeout")
     try:
         return work()
     finally:
-        manager.release_lock(KEY, holder="matrix-holder")
+        manager.release_lock(KEY, holder=LOCK_HOLDER)
 
 
 def prefect_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path) -> Any:
@@ -198,6 +214,7 @@ def prefect_frontend(url: str, work: Work, call: dict[str, Any], tmp_path: Path)
 
 FRONTENDS = {
     "python": python_frontend,
+    "python_call": python_call_frontend,
     "async": async_frontend,
     "airflow": airflow_frontend,
     "airflow_task": airflow_task_frontend,
@@ -215,6 +232,10 @@ LOCK_SCENARIOS = {
     "timeout",
     "store_down_at_first_ask_fail",
 }
+#: What only a lock is asked: its holder (Prefect's id for a transaction, whatever process runs it)
+#: already holds the key, through another manager, and takes it again at once (re-entry; the timeout
+#: only bounds a re-entry that would wait instead).
+LOCK_ONLY = [Scenario("reenter", COMPUTED, "computed", call={"timeout": 60.0}, cli=False)]
 
 
 def _client_settings(call: dict[str, Any]) -> dict[str, Any]:
@@ -278,6 +299,10 @@ class Stage:
             assert isinstance(got, dibs.Acquired)
             got.lease.complete({"old": True})
             self.held = self._hold(ttl=30, refresh=True)
+        elif name == "reenter":  # the lock's holder took it through another manager (another process)
+            from prefect_dibs import DibsLockManager
+
+            assert DibsLockManager(url, namespace="default").acquire_lock(KEY, holder=LOCK_HOLDER)
         elif name == "holder_changes":  # short: a waiter that only asks at its expiry is not slow
             self.held = self._hold(ttl=2.0)
         elif name == "holder_dies":
@@ -285,7 +310,7 @@ class Stage:
             # to get there on a busy machine; then it stops, expires, and the waiter takes over.
             self.dying = self._hold(ttl=1.0).keep_alive(interval=0.2)
             self.dying.__enter__()
-        elif name == "store_down_at_complete":
+        elif name.startswith("store_down_at_complete"):
 
             def unreachable(*args: Any, **kwargs: Any) -> Any:
                 raise dibs.StoreUnavailable("the store went away (matrix)")
@@ -374,7 +399,9 @@ def test_every_front_end_reports_the_same_steps_and_ending(
     )
 
 
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.name in LOCK_SCENARIOS], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "scenario", [s for s in SCENARIOS if s.name in LOCK_SCENARIOS] + LOCK_ONLY, ids=lambda s: s.name
+)
 def test_a_prefect_lock_reports_the_same_steps_and_ending(
     scenario: Scenario, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -430,7 +457,7 @@ def _play(
     assert {event.call for event in heard} == {finished.call}  # one call, one number
     assert {event.frontend for event in heard} == {frontend_name}
     assert {event.store for event in heard} == {stage.target().split(":")[0].split("+")[0]}
-    if scenario.name == "store_down_at_complete":
+    if scenario.name.startswith("store_down_at_complete"):
         assert finished.stored is False
     if scenario.name == "holder_fails":
         (acquired,) = [e for e in heard if isinstance(e, dibs.LeaseAcquired)]
@@ -443,7 +470,7 @@ def _play(
 
 
 def _frontend_name(frontend: str) -> str:
-    return {"async": "python", "airflow_task": "airflow"}.get(frontend, frontend)
+    return {"async": "python", "python_call": "python", "airflow_task": "airflow"}.get(frontend, frontend)
 
 
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.cli], ids=lambda s: s.name)
@@ -477,3 +504,54 @@ def test_dibs_run_ends_the_same_way(scenario: Scenario, url: str, monkeypatch: p
     envelope = json.loads(stdout.splitlines()[-1])
     outcome = "took_over" if envelope["took_over_from"] else envelope["role"]
     assert outcome == scenario.outcome
+
+
+@pytest.mark.parametrize("policy", ["fail", "run"])
+@pytest.mark.parametrize("waiter", ["operator", "sensor"])
+def test_a_store_error_in_the_triggerer_ends_the_operator_and_the_sensor_as_the_flow_decides(
+    waiter: str, policy: str, tmp_path: Path
+) -> None:
+    """A deferred operator and a deferred sensor wait in the same trigger. A store it could not reach
+    for the connection's ``outage_patience`` ends the wait with the store's error, and the flow decides
+    as for any waiter whose outage outlasted its patience: ``on_store_unavailable`` (the operator used
+    to ask again whatever the policy, the sensor raised). A sensor has nothing to run: it fails with
+    the error under either policy. The store here refuses every connection."""
+    pytest.importorskip(
+        "psycopg", reason="the unreachable store is a PostgreSQL URL: pip install 'dibs[postgres]'"
+    )
+    _airflow_environment(tmp_path)
+    from dibs_provider.operators.reserved import ReservedPythonOperator
+    from dibs_provider.sensors.reservation import ReservationSensor
+    from dibs_provider.triggers.reservation import ReservationTrigger
+
+    heard: list[dibs.Event] = []
+    with (
+        _dibs_connection(UNREACHABLE, {"outage_patience": 0.3, "policy": policy}),
+        dibs.observe(heard.append),
+    ):
+        trigger = ReservationTrigger(
+            KEY, dibs_conn_id="dibs_matrix", for_artifact=waiter == "sensor", timeout=600
+        )
+
+        async def first() -> dict[str, Any]:
+            fired: dict[str, Any] = (await anext(trigger.run())).payload
+            return fired
+
+        fired = asyncio.run(first())
+        assert (fired["status"], fired["error_type"]) == ("error", "StoreUnavailable")
+        task: Any = (
+            ReservationSensor(task_id="t", key=KEY, dibs_conn_id="dibs_matrix")
+            if waiter == "sensor"
+            else ReservedPythonOperator(
+                task_id="t", python_callable=lambda: VALUE, reservation_key=KEY, dibs_conn_id="dibs_matrix"
+            )
+        )
+        ti = _TaskInstance()
+        context = {"ti": ti, "task_instance": ti, "run_id": "run_1"}
+        if waiter == "operator" and policy == "run":
+            assert task.execute_complete(context, event=fired) == VALUE
+            assert ti.xcoms["dibs_outcome"]["role"] == "unreserved"
+            assert [event.name for event in heard][-3:] == ["waited", "ran_unreserved", "finished"]
+        else:
+            with pytest.raises(dibs.StoreUnavailable, match=r"127\.0\.0\.1"):
+                task.execute_complete(context, event=fired)

@@ -210,6 +210,8 @@ class _Computing:
                 got = yield ask  # the first ask: a store that cannot be reached is the policy's
             else:  # a waiter resumed elsewhere: it still holds nothing, and rides an outage out
                 waiter = self._waiter()
+                if self.waiting.unreachable is not None:  # ...which it did already, as long as it may
+                    raise StoreUnavailable(self.waiting.unreachable)
                 got = yield from waiter.asking(ask, Deadline(self.remaining()))
             if self.reenters is not None:
                 got = yield from _own(ask, got, self.reenters)

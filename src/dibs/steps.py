@@ -146,6 +146,9 @@ class Waiting:
     holder: str | None = None
     #: A refresh that found the key busy waits for what that lease stores (its token) or later.
     min_token: int | None = None
+    #: The wait elsewhere ended because the store stayed unreachable past the outage patience (its
+    #: error): the resumed flow does not ask again, it decides as any waiter whose outage outlasted it.
+    unreachable: str | None = None
 
     def seconds(self, now: float) -> float:
         return 0.0 if self.started is None else max(0.0, now - self.started)

@@ -20,7 +20,9 @@ Every reserved task asks the store one atomic question before it works
   :class:`dibs.StoreUnavailable`; ``run`` runs the work without a lease and stores nothing (the outcome
   says ``unreserved``). A task that already waits (deferred, or resumed to ask again) holds nothing:
   it rides an outage out, for the connection's ``outage_patience`` (60 s by default) at most, in the
-  triggerer and when it asks again.
+  triggerer and when it asks again; an outage that outlasts it ends the wait, and
+  ``on_store_unavailable`` decides then as at the first ask (:class:`ReservationSensor`, which has
+  nothing to run, fails).
 
 The owner of a lease is the *logical* task, ``dag_id/run_id/task_id/map_index`` (no try number), so a
 retry of a task whose worker died re-enters its own lease instead of waiting for it to expire.
@@ -43,6 +45,7 @@ Three ways in, one implementation (:class:`ReservedOperatorMixin`):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import time
@@ -55,7 +58,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 
 from dibs import Hit, Reservations, events
-from dibs.errors import ConfigurationError, InvalidKey, ReservationError
+from dibs.errors import ConfigurationError, InvalidKey, ReservationError, StoreUnavailable
 from dibs.integration import (
     Call,
     Found,
@@ -281,9 +284,12 @@ class ReservedOperatorMixin(BaseOperator):
             # of every dibs wait) unless the key was done or freed at the last moment.
             self.log.info("dibs: %s: the wait timeout passed in the triggerer; asking once more", ev["key"])
         elif ev["status"] == "error":
-            # The triggerer already rode out an outage as long as the connection allows (as the sensor
-            # does): the task fails with the store's error.
-            raise error_from_event(ev)
+            error = error_from_event(ev)
+            if not isinstance(error, StoreUnavailable):
+                raise error
+            # The triggerer rode the outage out as long as the connection allows: the flow decides now,
+            # as for any waiter whose outage outlasted its patience (on_store_unavailable).
+            waiting = dataclasses.replace(waiting, unreachable=str(error))
         elif ev["status"] == "done":
             self.log.info(
                 "dibs: %s was completed by %s (token %s) while this task waited %.1fs (%d deferral(s))",
