@@ -27,7 +27,22 @@ try:
 except ImportError:  # no common compat provider (or one without Stats)
     from airflow.stats import Stats  # type: ignore[no-redef,attr-defined,unused-ignore]
 
+
+def _hides_trigger_kwargs() -> bool:
+    """Whether this Airflow keeps a trigger's arguments out of its REST API (3.3+, apache/airflow#67868):
+    before, any user who may read a task instance read its trigger's arguments, decrypted."""
+    from packaging.version import Version
+
+    from airflow import __version__
+
+    return Version(__version__).release >= (3, 3)
+
+
+#: Whether a task may hand its trigger a secret in the trigger's arguments (see ``_hides_trigger_kwargs``).
+TRIGGER_KWARGS_PRIVATE = _hides_trigger_kwargs()
+
 __all__ = [
+    "TRIGGER_KWARGS_PRIVATE",
     "AirflowNotFoundException",
     "AirflowSensorTimeout",
     "AirflowSkipException",

@@ -70,6 +70,27 @@ def api(base: str, jwt: str, path: str) -> Any:
         return json.load(response)
 
 
+def serving(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def add_connection(base: str, conn_id: str, spec: dict[str, Any]) -> None:
+    body = json.dumps(
+        {"connection_id": conn_id, "conn_type": spec["conn_type"], "extra": json.dumps(spec["extra"])}
+    ).encode()
+    request = urllib.request.Request(
+        f"{base}/api/v2/connections",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token(base, 'admin')}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 201, response.status
+
+
 def check_page(base: str, *, key: str, shots: Path) -> dict[str, Any]:
     """Open the page as ``admin`` and as ``viewer``; return what each saw (the caller asserts)."""
     from playwright.sync_api import sync_playwright

@@ -334,7 +334,7 @@ class ReservedOperatorMixin(BaseOperator):
                 clock=time.time,  # a wait resumes on whichever worker runs execute_complete
             )
             try:
-                report = call.drive(_TaskSteps(self, context, client, call, unread=references))
+                report = call.drive(_TaskSteps(self, context, client, call, hook, unread=references))
             except _Deferral as deferral:
                 self.defer(trigger=deferral.trigger, method_name="execute_complete")
             if narrator.outcome is not None:
@@ -409,6 +409,7 @@ class _TaskSteps(StoreIO):
         context: Context,
         client: Reservations,
         call: Call,
+        hook: DibsHook,
         *,
         unread: bool = False,
     ) -> None:
@@ -420,7 +421,7 @@ class _TaskSteps(StoreIO):
             logger=operator.log,
             store=_unread(client.store) if unread else None,
         )
-        self.operator, self.context = operator, context
+        self.operator, self.context, self.hook = operator, context, hook
 
     def found(self, step: Found) -> Hit:
         hit = unread_hit(step.key, step.artifact)  # a payload, unread: returned as a reference to it
@@ -439,6 +440,7 @@ class _TaskSteps(StoreIO):
                 deferrals=step.waiting.deferrals + 1,
                 max_age=op.reservation_max_age,
                 min_token=step.waiting.min_token,
+                connection=self.hook.for_trigger(),  # the triggerer need not look it up
             )
             raise _Deferral(step.waiting, trigger)
 
