@@ -15,6 +15,7 @@ the backends that take them. Names (each under Airflow's prefix, ``airflow.`` by
 name                                                   kind                   tags
 =====================================================  =====================  ==================
 ``dibs.reservation.outcomes.<outcome>``                counter                outcome
+``dibs.reservation.not_stored.<reason>``               counter                reason
 ``dibs.compute.duration``                              timer
 ``dibs.wait.duration.<outcome>``                       timer                  outcome
 ``dibs.handoff.duration``                              timer
@@ -51,6 +52,7 @@ _IN_NAME = {
     "dibs.wait.duration": "dibs.outcome",
     "dibs.store.operation.duration": "dibs.store.operation",
     "dibs.lease.lost": "dibs.reason",
+    "dibs.reservation.not_stored": "dibs.reason",
 }
 _TAGS = {
     "dibs.namespace": "namespace",

@@ -8,32 +8,20 @@ import uuid
 from typing import Any
 from uuid import UUID
 
-import httpx
 import pytest
 
 pytest.importorskip("prefect")
 
 from prefect.client.schemas.objects import State
-from prefect.settings import PREFECT_API_URL
 
 import dibs
 from prefect import flow, task
 from prefect_dibs import reserved
-from tests.prefect.support import wait_until
+from tests.prefect.support import server_events, wait_until
 
 
 def _events(flow_run_ids: list[UUID]) -> list[dict[str, Any]]:
-    """The server's ``dibs.`` events related to these flow runs (its REST API, as the UI reads them)."""
-    query = {
-        "filter": {
-            "event": {"prefix": ["dibs."]},
-            "related": {"id": [f"prefect.flow-run.{run}" for run in flow_run_ids]},
-        },
-        "limit": 50,
-    }
-    response = httpx.post(f"{PREFECT_API_URL.value()}/events/filter", json=query, timeout=30)
-    response.raise_for_status()
-    return list(response.json()["events"])
+    return server_events(flow_run_ids)
 
 
 def _related(event: dict[str, Any], role: str) -> str:

@@ -37,6 +37,12 @@ METRICS: Mapping[str, Metric] = {
     "dibs.reservation.outcomes": Metric(
         "counter", "{call}", "Compute-once calls by how they ended", ("dibs.outcome",)
     ),
+    "dibs.reservation.not_stored": Metric(
+        "counter",
+        "{call}",
+        "Calls that computed a value under a lease but could not store it",
+        ("dibs.reason",),
+    ),
     "dibs.compute.duration": Metric("histogram", "s", "How long the work ran under a lease"),
     "dibs.wait.duration": Metric(
         "histogram", "s", "How long each waiter sat idle on another holder", ("dibs.outcome",)
@@ -94,7 +100,7 @@ class Measurer:
             events.Deferred: self._wait_ended,
             events.LeaseAcquired: self._lease_acquired,
             events.ArtifactStored: self._computed,  # type: ignore[dict-item]
-            events.NotStored: self._computed,  # type: ignore[dict-item]
+            events.NotStored: self._not_stored,  # type: ignore[dict-item]
             events.ArtifactFound: self._found,  # type: ignore[dict-item]
             events.LostLease: self._lost,  # type: ignore[dict-item]
             events.HeartbeatSent: self._beat,  # type: ignore[dict-item]
@@ -165,6 +171,12 @@ class Measurer:
         self, event: events.ArtifactStored | events.NotStored, common: dict[str, str], out: list[Measurement]
     ) -> None:
         out.append(Measurement("dibs.compute.duration", event.compute_seconds, common))
+
+    def _not_stored(self, event: events.NotStored, common: dict[str, str], out: list[Measurement]) -> None:
+        self._computed(event, common, out)
+        out.append(
+            Measurement("dibs.reservation.not_stored", 1, self._with(common, "dibs.reason", event.reason))
+        )
 
     def _found(self, event: events.ArtifactFound, common: dict[str, str], out: list[Measurement]) -> None:
         if event.compute_seconds is not None:
