@@ -613,6 +613,11 @@ def test_on_kill_releases_the_key_at_once_and_stops_the_wrapped_work(
         and "outside of the Task Runner" not in e["event"]  # Airflow's note on calling execute directly
     ]
     assert len(warnings) == 1 and "the task was killed: released default/features" in warnings[0]
+    # The waiter that took the key says its last holder was stopped, not that it failed 0 times.
+    (before,) = [e["event"] for e in logs if "before" in e["event"] and "default/features" in e["event"]]
+    assert before == (
+        f"dibs: default/features was stopped before: its last holder, 'dag/r1/h/-1', was {KILLED_FAILURE}"
+    ), before
 
 
 def test_on_kill_without_a_held_lease_only_stops_the_wrapped_operator(

@@ -55,6 +55,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 
 from dibs import Hit, Reservations, events
+from dibs.display import last_failure
 from dibs.errors import ConfigurationError, InvalidKey, ReservationError
 from dibs.integration import (
     Call,
@@ -550,11 +551,9 @@ class _Narrator:
             )
         if event.last_failure is not None:
             log.info(
-                "dibs: %s failed %d time(s) before; last error from %s: %s",
+                "dibs: %s %s",
                 event.key,
-                event.failures,
-                event.last_failure_owner,
-                event.last_failure,
+                last_failure(event.failures, event.last_failure_owner, event.last_failure),
             )
         log.info("dibs: acquired %s as %s (token %s); running the work", event.key, event.owner, event.token)
 
