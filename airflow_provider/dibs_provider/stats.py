@@ -78,7 +78,7 @@ _TIMERS = frozenset(
 class AirflowStats:
     """An observer (see :mod:`dibs.events`) that sends the measurements through ``Stats``."""
 
-    kinds = events.EVERY_KIND  # also the store operations
+    kinds = Measurer.KINDS  # what it measures, the store operations among them
 
     def __init__(self, stats: Any = Stats) -> None:
         self._stats = stats

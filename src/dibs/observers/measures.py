@@ -83,8 +83,29 @@ class Measurer:
     or wait (for the two ``.active`` counters). Safe to call from any thread.
 
     It runs on the caller's path for every event, so it dispatches on the event's type with one dict
-    lookup and reuses each (namespace, store, front end)'s attributes.
+    lookup and reuses each (namespace, store, front end)'s attributes. :data:`KINDS` are the kinds of
+    event it measures: an exporter that only measures asks for those (``kinds``), and a call then
+    builds no other event for it.
     """
+
+    #: The kinds of event that give measurements (the store operations among them).
+    KINDS: frozenset[type[Event]] = frozenset(
+        {
+            events.StoreOperation,
+            events.Finished,
+            events.KeyBusy,
+            events.Waited,
+            events.Deferred,
+            events.LeaseAcquired,
+            events.ArtifactStored,
+            events.NotStored,
+            events.ArtifactFound,
+            events.LostLease,
+            events.HeartbeatSent,
+            events.StoreUnreachable,
+            events.StoreReachable,
+        }
+    )
 
     def __init__(self) -> None:
         self._leased: set[int] = set()
@@ -107,6 +128,7 @@ class Measurer:
             events.StoreUnreachable: self._outage,
             events.StoreReachable: self._outage_over,  # type: ignore[dict-item]
         }
+        assert frozenset(self._dispatch) == self.KINDS
 
     def __call__(self, event: Event) -> list[Measurement]:
         handle = self._dispatch.get(type(event))
