@@ -444,9 +444,8 @@ def _check_what_people_see(deployment: Airflow, components: Components, run_ids:
     links = page.api(
         base, admin, f"/api/v2/dags/{DAG_ID}/dagRuns/{waiting[0]}/taskInstances/build_features/links"
     )
-    assert links["extra_links"]["Reservation"] == "/dibs/?" + urllib.parse.urlencode(
-        {"conn": "dibs_default", "key": key}
-    )
+    link = links["extra_links"]["Reservation"]  # the page inside Airflow's frame, at the key
+    assert link == "/plugin/dibs/dibs/?" + urllib.parse.urlencode({"conn": "dibs_default", "key": key})
 
     missing = page.browser_missing()
     if missing is not None:
@@ -454,19 +453,38 @@ def _check_what_people_see(deployment: Airflow, components: Components, run_ids:
             pytest.fail(f"the Reservations page cannot be checked: {missing}", pytrace=False)
         warnings.warn(f"the Reservations page was not checked in a browser: {missing}", stacklevel=1)
         return
-    seen = page.check_page(base, key=key, shots=deployment.work.parent)
+    seen = page.check_page(base, key=key, extra_link=link, shots=deployment.work.parent)
+    task_path = f"/dags/{DAG_ID}/runs/{holder_run}/tasks/build_features"
     for user in ("admin", "viewer"):
         saw = seen[user]
-        assert saw["status"] == 200 and saw["rows"] == 1 and saw["state"] == "held", (user, saw)
+        assert saw["rows"] == 1 and saw["state"] == "held", (user, saw)
         assert f"{DAG_ID} / {holder_run}" in saw["holder"], (user, saw)
-        assert saw["holder_href"] == f"/dags/{DAG_ID}/runs/{holder_run}/tasks/build_features", saw
+        assert saw["holder_href"] == task_path, saw
         assert sorted(w.split(" / ")[1].split(" ")[0] for w in saw["waiters"]) == waiting, (user, saw)
-    assert seen["admin"]["release_buttons"] == 1
+    admin = seen["admin"]
+    assert admin["release_buttons"] == 1
+    # Browse → Reservations, filtered inside Airflow's frame: Airflow's address bar follows the frame.
+    assert admin["filtered_url"].startswith(f"{base}/plugin/dibs/dibs/?") and "name=" in admin["filtered_url"]
+    # The holder's task link lands on that task in Airflow's own window: one sidebar, no frame.
+    assert admin["task_url"] == base + task_path, admin
+    assert (admin["frames_after_click"], admin["sidebars_after_click"]) == (0, 1), admin
+    # The waiter's "Reservation" link lands on the page inside Airflow's frame, at its key.
+    assert admin["linked_url"] == base + link and admin["linked_frame"] == [
+        base + link.removeprefix("/plugin/dibs")
+    ]
+    assert admin["linked_rows"] == 1, admin
+    # In a dark browser Airflow is dark, and so is the page in its frame: light text on a dark ground.
+    dark = seen["dark"]
+    assert dark["airflow_dark"] and dark["theme"] == "dark", dark
+    assert dark["background"] < 0.35 and dark["text"] > 0.65, dark
     viewer = seen["viewer"]
-    assert viewer["release_buttons"] == 0
+    assert viewer["status"] == 200 and viewer["release_buttons"] == 0
     assert viewer["confirm_status"] == 403 and "edit permission" in viewer["confirm_text"], viewer
-    assert viewer["post_status"] == 403  # and the key stays held: one computation (checked after)
-    assert seen["screenshot"].read_bytes().startswith(b"\x89PNG")
+    # A form's POST, and a script's with a bearer token (which needs no Origin): both refused to a
+    # viewer, and the key stays held (one computation, checked after).
+    assert (viewer["post_status"], viewer["bearer_status"]) == (403, 403), viewer
+    for shot in (admin["screenshot"], dark["screenshot"]):
+        assert shot.read_bytes().startswith(b"\x89PNG")
     status, location = seen["anonymous"]
     assert status == 303 and location.endswith("/auth/login"), seen["anonymous"]
 
@@ -478,9 +496,15 @@ def _forget_through_the_page(deployment: Airflow) -> None:
         return  # said (or failed) by _check_what_people_see
     (key,) = {r["outcome"]["key"] for r in _results(deployment, "share").values()}
     name = key.removeprefix("e2e/")
-    seen = page.forget_through_page(f"http://127.0.0.1:{deployment.port}", key=name)
+    base = f"http://127.0.0.1:{deployment.port}"
+    seen = page.forget_through_page(base, key=name)
     assert seen["state"] == "done" and seen["confirm"] == f"Forget {key}?", seen
-    assert (seen["no_origin"], seen["stale"]) == (403, 409), seen  # refused, before the real one
+    # Each step inside Airflow's frame, its address bar following: confirm, then done.
+    assert seen["confirm_url"].startswith(f"{base}/plugin/dibs/dibs/confirm?action=forget"), seen
+    assert seen["done_url"].startswith(f"{base}/plugin/dibs/dibs/?conn=dibs_default&done="), seen
+    # Refused before the real one: no Origin on a cookie's post, a stale token (a bearer's post
+    # needs no Origin: it reaches the token's check).
+    assert (seen["no_origin"], seen["stale"], seen["bearer_stale"]) == (403, 409, 409), seen
     # The record stays, holding nothing: free, no artifact (its fence keeps tokens rising).
     assert seen["notice"] == f"forgot {key}" and seen["after"] == ["free", ""], seen
     audit = deployment.sql("SELECT owner, extra FROM log WHERE event = 'dibs.forget'")
