@@ -655,6 +655,7 @@ class _Waiter:
         later than just after the holder's expiry, the one change no store announces.
         """
         following = yield Watch(ask.key)
+        self.seen = busy.lease  # the first lease it waits on, seen even if the next answer is free
         got = yield from self._until_free(ask, busy, deadline, following)
         yield UNWATCH
         return got
