@@ -27,7 +27,26 @@ try:
 except ImportError:  # no common compat provider (or one without Stats)
     from airflow.stats import Stats  # type: ignore[no-redef,attr-defined,unused-ignore]
 
+
+def _release() -> tuple[int, ...]:
+    from packaging.version import Version
+
+    from airflow import __version__
+
+    return Version(__version__).release
+
+
+#: Whether this Airflow keeps a trigger's arguments out of its REST API (3.3+, apache/airflow#67868):
+#: before, any user who may read a task instance read its trigger's arguments, decrypted. A task may
+#: hand its trigger a secret only where it does.
+TRIGGER_KWARGS_PRIVATE = _release() >= (3, 3)
+#: Whether this Airflow's UI opens a plugin's frame at a page of it (``/plugin/<route>/<path>?query``,
+#: and follows the frame's navigation in the address bar): 3.3.2+, apache/airflow#72196.
+FRAME_DEEP_LINKS = _release() >= (3, 3, 2)
+
 __all__ = [
+    "FRAME_DEEP_LINKS",
+    "TRIGGER_KWARGS_PRIVATE",
     "AirflowNotFoundException",
     "AirflowSensorTimeout",
     "AirflowSkipException",

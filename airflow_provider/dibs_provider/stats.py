@@ -15,6 +15,7 @@ the backends that take them. Names (each under Airflow's prefix, ``airflow.`` by
 name                                                   kind                   tags
 =====================================================  =====================  ==================
 ``dibs.reservation.outcomes.<outcome>``                counter                outcome
+``dibs.reservation.not_stored.<reason>``               counter                reason
 ``dibs.compute.duration``                              timer
 ``dibs.wait.duration.<outcome>``                       timer                  outcome
 ``dibs.handoff.duration``                              timer
@@ -51,6 +52,7 @@ _IN_NAME = {
     "dibs.wait.duration": "dibs.outcome",
     "dibs.store.operation.duration": "dibs.store.operation",
     "dibs.lease.lost": "dibs.reason",
+    "dibs.reservation.not_stored": "dibs.reason",
 }
 _TAGS = {
     "dibs.namespace": "namespace",
@@ -76,7 +78,7 @@ _TIMERS = frozenset(
 class AirflowStats:
     """An observer (see :mod:`dibs.events`) that sends the measurements through ``Stats``."""
 
-    kinds = events.EVERY_KIND  # also the store operations
+    kinds = Measurer.KINDS  # what it measures, the store operations among them
 
     def __init__(self, stats: Any = Stats) -> None:
         self._stats = stats

@@ -1,15 +1,25 @@
 """dibs's outcomes as Prefect events, so they show in the Prefect UI's event feed and automations can
 react to them (``emit_event``, with the flow run and the task run as related resources).
 
-================================  ===========================================================
-event                             when
-================================  ===========================================================
-``dibs.reservation.computed``     a call computed the key's artifact under its lease
-``dibs.reservation.took-over``    ... after taking the lease over from an expired holder
-``dibs.reservation.waited``       a call waited for another holder and used its artifact
-``dibs.reservation.hit``          a call found the key's artifact and ran nothing
-``dibs.lease.lost``               a lease was lost while its work ran (``reason`` in the payload)
-================================  ===========================================================
+===================================  ========================================================
+event                                when
+===================================  ========================================================
+``dibs.reservation.computed``        a call computed the key's artifact under its lease
+                                     (``stored: false`` and ``not_stored``: the value could not
+                                     be stored, e.g. its lease was lost meanwhile)
+``dibs.reservation.took-over``       a call took the lease over from an expired holder (as it
+                                     happens; ``computed`` follows when its work ends)
+``dibs.reservation.waited``          a call waited for another holder and used its artifact
+``dibs.reservation.hit``             a call found the key's artifact and ran nothing
+``dibs.reservation.failed``          a call failed (its work raised, its wait timed out, the
+                                     store could not be reached, ...: ``error`` in the payload)
+``dibs.reservation.unreserved``      the store could not be reached and the call ran its work
+                                     without a lease (``on_store_unavailable="run"``)
+``dibs.reservation.lease-lost``      a lease was lost while its work ran (``reason``)
+===================================  ========================================================
+
+A ``DibsLockManager`` lock is such a call too: ``computed`` when its task run computed the result
+Prefect caches, ``hit`` or ``waited`` when Prefect served the task from its cache once it held the lock.
 
 The resource is the key (``dibs.key.<namespace>/<name>``); the payload says who produced it, the
 token, how long the call waited and what compute it was spared. :func:`install` hears every call of
@@ -32,18 +42,31 @@ __all__ = ["PrefectEvents", "install"]
 
 log = logging.getLogger("prefect_dibs")
 
+#: The event each ending of a call emits (a takeover also ends as ``computed``: its own event came
+#: when the lease was taken over).
 _NAMES = {
     "computed": "dibs.reservation.computed",
-    "took_over": "dibs.reservation.took-over",
+    "took_over": "dibs.reservation.computed",
     "waited": "dibs.reservation.waited",
     "hit": "dibs.reservation.hit",
+    "failed": "dibs.reservation.failed",
+    "unreserved": "dibs.reservation.unreserved",
 }
 
 
 class PrefectEvents:
     """An observer (see :mod:`dibs.events`) that emits Prefect events for calls inside Prefect runs."""
 
-    kinds = frozenset({events.Asked, events.ArtifactFound, events.LostLease, events.Finished})
+    kinds = frozenset(
+        {
+            events.Asked,
+            events.ArtifactFound,
+            events.LeaseAcquired,
+            events.LostLease,
+            events.NotStored,
+            events.Finished,
+        }
+    )
 
     def __init__(self) -> None:
         # Per call: the runs it belongs to (read when it asks: a lease lost is heard on the heartbeat
@@ -77,15 +100,27 @@ class PrefectEvents:
             return  # not inside a Prefect run (or asked before this observer was installed)
         if isinstance(event, events.ArtifactFound):
             call["compute_seconds"] = event.compute_seconds
+        elif isinstance(event, events.NotStored):
+            call["not_stored"] = event.reason
+        elif isinstance(event, events.LeaseAcquired):
+            if event.took_over_from is not None:  # said as it happens, not when the work ends
+                payload = {
+                    "token": event.token,
+                    "owner": event.owner,
+                    "took_over_from": event.took_over_from,
+                    "expired_by": event.expired_by,
+                }
+                _emit("dibs.reservation.took-over", event, call, payload)
         elif isinstance(event, events.LostLease):
             _emit(
-                "dibs.lease.lost",
+                "dibs.reservation.lease-lost",
                 event,
                 call,
                 {"token": event.token, "reason": event.reason, "error": event.error},
             )
         elif isinstance(event, events.Finished) and event.outcome in _NAMES:
             payload = {
+                "outcome": event.outcome,
                 "token": event.token,
                 "producer": event.producer,
                 "owner": event.owner,
@@ -99,6 +134,11 @@ class PrefectEvents:
                 "store": event.store,
                 "frontend": event.frontend,
             }
+            if event.outcome in ("computed", "took_over"):
+                payload["stored"] = event.stored
+                payload["not_stored"] = call.get("not_stored")
+            elif event.outcome == "failed":
+                payload.update(error=event.error, error_type=event.error_type)
             _emit(_NAMES[event.outcome], event, call, payload)
 
 

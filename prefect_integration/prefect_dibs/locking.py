@@ -22,6 +22,13 @@ the holder and the timeouts (``ResultStore.acquire_lock``); a lock never holds a
 the holder does): it becomes the lease's maximum age, and a lease shorter than the ttl is not
 heartbeated at all.
 
+A lock is a compute-once call that keeps its lease (``dibs.flow``, ``keep=True``), and it ends when the
+lock is released: then the manager reads how Prefect used it (:func:`_how_held`) and the flow says
+how the call ended (:func:`dibs.flow.kept_ended`), which is what metrics, traces and Prefect events
+count. A task run that computed its result under the lock *computed*; one that Prefect served from
+its cache once it held the lock (its state ``Cached``) was *served*: a hit, or after a wait on the
+holder that computed it, a waiter spared that holder's hold. A transaction that rolled back failed.
+
 The manager holds configuration only when pickled (``__getstate__``): no client, no threads, no held
 leases, so Dask and Ray runners can ship it; a copy opens its own client on first use. Locks are
 judged by the store, not by this object: ``is_locked``/``is_lock_holder`` read the store, and
@@ -36,24 +43,27 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from prefect.locking.protocol import LockManager
 
-from dibs import Acquired, Backoff, Reservations, RunReport, events
+from dibs import Backoff, Reservations, RunReport, events
 from dibs.errors import ConfigurationError, InvalidKey, LeaseLost, ReservationError, WaitTimeout
 from dibs.integration import (
     AsyncStoreIO,
     Call,
     HeldLease,
     Keep,
+    Kept,
     StoreIO,
+    kept_ended,
     runtime,
     validate_seconds,
     validate_timings,
 )
 from dibs.keys import Key, validate_namespace
 from prefect_dibs import _runs
+from prefect_dibs import events as prefect_events
 from prefect_dibs._clients import ClientSettings, StoreSpec, resolve_client, spec_identity
 from prefect_dibs._takeover import expiry_cause
 
@@ -115,6 +125,7 @@ class DibsLockManager(LockManager):
         self._client: Reservations | None = None
         self._client_lock = threading.Lock()
         self._held: dict[Key, HeldLease] = {}
+        self._calls: dict[Key, Kept] = {}  # the call of each held lock, ended at its release
         self._lost_by: dict[Key, str] = {}  # holders whose lock expired while this manager held it
         self._held_lock = threading.Lock()
 
@@ -253,6 +264,7 @@ class DibsLockManager(LockManager):
         """One lock acquisition as a compute-once call that keeps its lease: never run unreserved (a
         lock that is not taken protects nothing), re-entered by the same holder asking from another
         run context (the lease of an owner with this holder is its own)."""
+        prefect_events.install()  # its outcome reaches Prefect's event feed, as a reserved task's does
         k = self._key(key)
         ttl, max_age = self._terms(hold_timeout)
         return client.call(
@@ -276,19 +288,23 @@ class DibsLockManager(LockManager):
             )
         return True
 
-    def _keep(
-        self, acquired: Acquired, hold_timeout: float | None, emit: events.Emitter | None = None
-    ) -> RunReport:
+    def _keep(self, step: Keep, hold_timeout: float | None, emit: events.Emitter | None = None) -> RunReport:
         """The flow's hold step for a lock: keep the lease (heartbeating it unless it is shorter than
-        its ttl) until :meth:`release_lock`; its heartbeats and a loss reach the observers (``emit``)."""
+        its ttl) until :meth:`release_lock`, which ends the call; its heartbeats and a loss reach the
+        observers (``emit``)."""
+        acquired = step.acquired
         lease, key = acquired.lease, acquired.lease.key
         report = RunReport(
             key, None, "computed", lease.token, lease.owner, took_over_from=acquired.took_over_from
         )
         with self._held_lock:
             current = self._held.get(key)
-            if current is not None and current.lease.record.token == lease.record.token and current.alive:
-                return report  # re-entry of a lock this manager already keeps alive
+            reentry = (
+                current is not None and current.lease.record.token == lease.record.token and current.alive
+            )
+        if reentry:  # a lock this manager already keeps alive: the call that took it ends at release
+            _end(step.kept, "held")
+            return report
         # Heartbeats (unless the lock lives less than a ttl) start before the lock is published here,
         # so a release racing with this acquisition always finds a lease whose heartbeats it can stop.
         held = HeldLease(
@@ -300,6 +316,7 @@ class DibsLockManager(LockManager):
         with self._held_lock:
             stale = self._held.get(key)
             self._held[key] = held
+            self._calls[key] = step.kept
         if stale is not None:
             stale.drop()
         return report
@@ -322,14 +339,17 @@ class DibsLockManager(LockManager):
         k = self._key(key)
         with self._held_lock:
             held = self._held.get(k)
+            call = None
             if held is not None and _runs.lock_holder(held.lease.owner) == holder:
                 del self._held[k]
+                call = self._calls.pop(k, None)
             else:
                 held = None
             lost_here = self._lost_by.get(k) == holder
             if lost_here:
                 del self._lost_by[k]
         if held is not None:
+            ending = _how_held(key)  # read now, in the run releasing it: its call ends once it is given back
             try:
                 held.let_go()
                 self._discard(k)
@@ -338,6 +358,9 @@ class DibsLockManager(LockManager):
                 # The lease ran out (a pause longer than the ttl, or hold_timeout): judge by the store.
                 log.warning("the lock %r was no longer held by %r when released: %s", k.name, holder, exc)
                 lost_here = True
+            finally:
+                if call is not None:
+                    _end(call, *ending)
         # Held by this holder through another process or copy: the flow gives it back as its owner
         # (re-entering returns the current lease and its token atomically: the release is fenced).
         released = self.client.release_own(k, lambda owner: _runs.lock_holder(owner) == holder)
@@ -367,7 +390,11 @@ class DibsLockManager(LockManager):
         """Release every lock this manager holds and stop their heartbeats (for shutdown and tests)."""
         with self._held_lock:
             held_now = list(self._held.items())
+            calls = list(self._calls.values())
             self._held.clear()
+            self._calls.clear()
+        for call in calls:  # given back by the manager, not by their holders
+            _end(call, "held")
         for _, held in held_now:
             with contextlib.suppress(LeaseLost):  # expired meanwhile: nothing left to release
                 held.let_go()
@@ -401,6 +428,33 @@ class DibsLockManager(LockManager):
         return True
 
 
+_Ending = Literal["held", "stored", "served", "failed"]
+
+
+def _how_held(key: str) -> tuple[_Ending, str | None]:
+    """How the holder of the lock on ``key`` used it, as Prefect says when its transaction releases the
+    lock (as it commits or rolls back): ``failed`` when it rolled back (the task failed), ``served``
+    when its task run found the cached result under the lock (Prefect names that state ``Cached``:
+    nothing ran), else ``stored`` (the task stored its result). A lock released outside its own
+    transaction (by hand, or by a flow's transaction committing its children) is only ``held``."""
+    from prefect.transactions import get_transaction
+
+    transaction = get_transaction()
+    if transaction is None or transaction.key != key:
+        return "held", None
+    if transaction.is_rolled_back():
+        return "failed", "Prefect rolled the transaction back: the task failed"
+    task_run = getattr(_runs.task_run_context(), "task_run", None)
+    state = getattr(task_run, "state", None)
+    return ("served" if getattr(state, "name", None) == "Cached" else "stored"), None
+
+
+def _end(call: Kept, ending: _Ending, error: str | None = None) -> None:
+    """A lock's call ended (:func:`dibs.flow.kept_ended` decides how; its events go to its observers)."""
+    for event in kept_ended(call, ending, error):
+        call.emitter.send(event)
+
+
 class _Taking:
     """Which manager keeps the lock a flow takes, and for how long at most."""
 
@@ -416,7 +470,7 @@ class _LockIO(_Taking, StoreIO):
     """A lock's steps: its lease kept by the manager until ``release_lock`` (the flow's Keep step)."""
 
     def keep(self, step: Keep) -> RunReport:
-        return self.manager._keep(step.acquired, self.hold_timeout, self.emit)
+        return self.manager._keep(step, self.hold_timeout, self.emit)
 
 
 class _AsyncLockIO(_Taking, AsyncStoreIO):
@@ -425,7 +479,7 @@ class _AsyncLockIO(_Taking, AsyncStoreIO):
     async def keep(self, step: Keep) -> RunReport:
         # Keeping may stop a stale heartbeat thread (a join): off the loop, in this run's context.
         keep = contextvars.copy_context().run
-        return await runtime().io(keep, self.manager._keep, step.acquired, self.hold_timeout, self.emit)
+        return await runtime().io(keep, self.manager._keep, step, self.hold_timeout, self.emit)
 
 
 class _LockNarrator:

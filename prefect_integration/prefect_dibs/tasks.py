@@ -37,11 +37,13 @@ import copy
 import dataclasses
 import functools
 import inspect
+import re
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from dibs import Backoff, Reservations, RunReport, events, keys
+from dibs.display import last_failure
 from dibs.errors import ConfigurationError
 from dibs.integration import (
     AsyncStoreIO,
@@ -305,11 +307,7 @@ class _Reservation:
         )
         if busy.last_failure is not None:
             logger.info(
-                "%s failed %d time(s) before; last error from %r: %s",
-                busy.key,
-                busy.failures,
-                busy.last_failure_owner,
-                busy.last_failure,
+                "%s %s", busy.key, last_failure(busy.failures, busy.last_failure_owner, busy.last_failure)
             )
         _runs.mark_state(ctx, "Waiting", f"waiting for {busy.key} held by {busy.holder!r}")
 
@@ -368,7 +366,11 @@ class _Reservation:
         try:
             from prefect.artifacts import create_markdown_artifact
 
-            create_markdown_artifact(markdown=report_markdown(report), description=_description(report))
+            create_markdown_artifact(
+                key=artifact_key(report.key),
+                markdown=report_markdown(report),
+                description=_description(report),
+            )
         except Exception as exc:  # a summary must never fail the task
             logger.debug("could not publish the dibs summary artifact: %s", exc)
 
@@ -391,7 +393,9 @@ class _Reservation:
             from prefect.artifacts import acreate_markdown_artifact
 
             await acreate_markdown_artifact(
-                markdown=report_markdown(report), description=_description(report)
+                key=artifact_key(report.key),
+                markdown=report_markdown(report),
+                description=_description(report),
             )
         except Exception as exc:  # a summary must never fail the task
             logger.debug("could not publish the dibs summary artifact: %s", exc)
@@ -483,11 +487,7 @@ class _Narrator:
             logger.info("%s: not computed yet; this run computes it (token %d)", got.key, got.token)
         if got.last_failure is not None:
             logger.info(
-                "%s failed %d time(s) before; last error from %r: %s",
-                got.key,
-                got.failures,
-                got.last_failure_owner,
-                got.last_failure,
+                "%s %s", got.key, last_failure(got.failures, got.last_failure_owner, got.last_failure)
             )
         if waited_on is not None:
             _runs.mark_state(self.ctx, "Running", f"computing {got.key}")
@@ -505,6 +505,15 @@ _ROLE_WORDS = {
     "hit": "it was already computed",
     "unreserved": "the store was unreachable; this run computed it unreserved",
 }
+
+
+def artifact_key(key: Key) -> str:
+    """The Prefect artifact key of a dibs key's summaries: ``dibs-<namespace>-<name>-<digest>``, in the
+    lowercase letters, digits and dashes Prefect takes. Prefect's Artifacts page lists only keyed
+    artifacts, each key with its latest version and its history: there, each dibs key is one entry,
+    its runs its versions. The digest keeps apart two keys whose names read alike once lowercased."""
+    readable = re.sub(r"[^a-z0-9]+", "-", f"{key.namespace}-{key.name}".lower()).strip("-")[:80].rstrip("-")
+    return f"dibs-{readable}-{key.digest[:8]}"
 
 
 def _description(report: RunReport) -> str:

@@ -389,7 +389,8 @@ class Reservations(Closing, Configured):
         :func:`dibs.flow.compute_once`'s."""
         checked("call", options, CallOptions)
         k = self.key(key)
-        owner = options.get("owner") or default_owner()
+        owner = options.get("owner")
+        owner = default_owner() if owner is None else owner  # "" is refused, as the contract says
         timeout = validate_seconds("timeout", options.get("timeout"), allow_none=True, allow_zero=True)
         progress_every = validate_seconds("progress_every", progress_every, allow_none=True)
         max_age, refresh = options.get("max_age"), options.get("refresh", False)

@@ -6,12 +6,15 @@ or a lone surrogate could cut a line short or make the print itself fail. :func:
 every printable character (any script, any emoji) and writes everything else as a Python escape.
 
 :func:`duration` writes seconds the way the command line, the Airflow plugin and the integrations'
-log lines all show them, so an age or a wait reads the same wherever it is seen.
+log lines all show them, so an age or a wait reads the same wherever it is seen; :func:`last_failure`
+says what a key's last holder left, the same way in each.
 """
 
 from __future__ import annotations
 
-__all__ = ["duration", "printable"]
+from dibs.stops import is_stop
+
+__all__ = ["duration", "last_failure", "printable"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -34,6 +37,17 @@ def _escape(ch: str) -> str:
     if code < 0x10000:
         return f"\\u{code:04x}"
     return f"\\U{code:08x}"
+
+
+def last_failure(failures: int, owner: str | None, error: str) -> str:
+    """What a key's last holder left, after the key's name: ``failed 2 time(s) before; last error from
+    'etl-1': ValueError: ...``, or, when it was stopped (Ctrl-C, a cancellation, Airflow's ``on_kill``:
+    recorded, never counted as a failure), ``was stopped before: its last holder, 'etl-1', was stopped:
+    the task was killed (on_kill)``, with the failures counted before it when there were any."""
+    if not is_stop(error):
+        return f"failed {failures} time(s) before; last error from {owner!r}: {error}"
+    earlier = f" (and failed {failures} time(s) before that)" if failures else ""
+    return f"was stopped before: its last holder, {owner!r}, was {error}{earlier}"
 
 
 def duration(seconds: float) -> str:

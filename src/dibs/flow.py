@@ -20,6 +20,8 @@ path                        what it decides
 :func:`hold`                ``Reservations.hold``: a lease already granted, its work and its ending
 :func:`release_own`         give back a lease its owner holds, from wherever (a lock released by
                             another process, a stop that landed just as the lease was granted)
+:func:`kept_ended`          how a call that kept its lease (a lock) ended, once the lease is given
+                            back: it computed, it was served (what it guards was there), or failed
 ==========================  ====================================================================
 
 An exception a step raises is thrown back into the flow, which decides: the first ask of a call
@@ -54,6 +56,7 @@ from dibs.steps import (
     Found,
     Hold,
     Keep,
+    Kept,
     Pause,
     Read,
     Release,
@@ -78,6 +81,7 @@ __all__ = [
     "gave_up",
     "hold",
     "is_settled",
+    "kept_ended",
     "release_own",
     "reserve",
     "wait_for",
@@ -121,7 +125,8 @@ def compute_once(
     ``on_store_unavailable``, at the first ask and at ``complete``. ``resume`` continues a call that
     waited elsewhere (its first ask is a waiter's); ``clock`` measures waits (``time.time`` when a wait
     may resume on another host); ``progress_every`` makes a ``StillWaiting`` event that often while it
-    waits. ``keep``: the lease outlives the call (a lock), so the hold is a :class:`~dibs.steps.Keep`.
+    waits. ``keep``: the lease outlives the call (a lock), so the hold is a :class:`~dibs.steps.Keep`,
+    and the call ends later, when the lease is given back (:func:`kept_ended`).
     ``reenters(owner)``: a busy key held by such an owner is this caller's own (a lock's holder asking
     from another run), re-entered as that owner.
     """
@@ -138,7 +143,7 @@ def compute_once(
         keep,
         reenters,
     )
-    started = clock()
+    started = call.started = clock()
     try:
         report = yield from call.run()
     except GeneratorExit:  # closed by a driver that suspended: decide nothing
@@ -155,6 +160,8 @@ def compute_once(
         }
         yield from _finished(emitter, ending, started, clock, waiting)
         raise
+    if call.kept:  # its lease outlives it: it ends when that is given back (kept_ended)
+        return report
     if emitter.wants_routine(events.Finished):
         took_over = report.role == "computed" and report.took_over_from is not None
         ending = {field: getattr(report, field) for field in _REPORTED}
@@ -193,6 +200,9 @@ class _Computing:
     reenters: Callable[[str], bool] | None
     waited: float | None = None
     token: int | None = None
+    started: float = 0.0
+    #: Its lease outlives it (a lock, kept): the call ends when that is given back (:func:`kept_ended`).
+    kept: bool = False
 
     def remaining(self) -> float | None:
         """What is left of the call's timeout (across deferrals)."""
@@ -231,14 +241,33 @@ class _Computing:
             yield from _waited(emitter, self.waiting, clock, "hit" if isinstance(got, Hit) else "acquired")
         if isinstance(got, Hit):
             return (yield from self._hit(got))
-        yield from self._acquired(got, None if waiter is None else waiter.seen)
+        seen = None if waiter is None else waiter.seen
+        yield from self._acquired(got, seen)
         if self.keep:
-            report: RunReport = yield Keep(got)
+            report: RunReport = yield Keep(got, self._kept(got, seen))
+            self.kept = True
         else:
             report = yield from _hold(got, self.policy)
         if report.waited_seconds == self.waited and report.waited_on == self.waiting.holder:
             return report  # the usual case, a call that never waited: nothing to replace
         return dataclasses.replace(report, waited_seconds=self.waited, waited_on=self.waiting.holder)
+
+    def _kept(self, got: Acquired, seen: LeaseRecord | None) -> Kept:
+        """What the call's ending needs, once its kept lease is given back."""
+        spared = None
+        if seen is not None and self.waiting.started is not None and got.took_over_from is None:
+            spared = max(0.0, got.lease.record.acquired_at - seen.acquired_at)  # both the store's clock
+        return Kept(
+            self.emitter,
+            got,
+            started=self.started,
+            granted=self.clock(),
+            clock=self.clock,
+            granted_at=time.time(),
+            waiting=self.waiting,
+            waited=self.waited or 0.0,
+            spared=spared,
+        )
 
     def _waiter(self) -> _Waiter:
         return _Waiter(
@@ -484,6 +513,71 @@ def gave_up(key: Key, deadline: Deadline, *, state: KeyState) -> WaitTimeout:
     )
 
 
+# -- the end of a call that kept its lease ----------------------------------------------------------
+def kept_ended(
+    kept: Kept, ending: Literal["held", "stored", "served", "failed"], error: str | None = None
+) -> Generator[Event, Any, None]:
+    """A call that kept its lease (a lock, ``keep=True``) ended when the lease was given back: how, from
+    what its holder did while it held it, which only its front end can see (Prefect's task run):
+
+    ``held``
+        it held the lease and gave it back, its front end cannot tell how it used it: ``computed``
+        (``took_over`` after an expired holder), as every lock before it knew more;
+    ``stored``
+        it ran what the lease guards and stored the result: ``computed`` (or ``took_over``) too, with
+        the result stored and the hold counted as the compute time;
+    ``served``
+        what the lease guards was there once it held it (Prefect's cache): nothing computed, a ``hit``,
+        or ``waited`` after a wait on another holder, spared that holder's hold when it saw it;
+    ``failed``
+        the work under it failed (``error``).
+
+    It yields the call's last events; the lease itself is given back by whoever kept it.
+    """
+    emitter, waiting, lease = kept.emitter, kept.waiting, kept.acquired.lease
+    report: dict[str, Any] = {
+        "waited_seconds": kept.waited,
+        "waited_on": waiting.holder,
+        "token": lease.token,
+    }
+    if ending == "failed":
+        failure = error or "failed"
+        yield from _tell(emitter, events.WorkFailed, token=lease.token, error=failure, counted=False)
+        ending_of: dict[str, Any] = {**report, "outcome": "failed", "error": failure}
+        yield from _finished(emitter, ending_of, kept.started, kept.clock, waiting)
+        return
+    if ending == "served":
+        waited = waiting.started is not None
+        producer = waiting.holder if waited else None
+        yield from _tell(
+            emitter,
+            events.ArtifactFound,
+            producer=producer or "",
+            token=lease.token,
+            size=0,
+            waited=waited,
+            stored_at=lease.record.acquired_at,  # the holder's result was there when the lease was granted
+            compute_seconds=kept.spared if waited else None,
+            at=kept.granted_at,
+        )
+        outcome = "waited" if waited else "hit"
+        report["producer"] = producer
+    else:
+        took_over = kept.acquired.took_over_from
+        if ending == "stored":
+            yield from _tell(
+                emitter,
+                events.ArtifactStored,
+                token=lease.token,
+                size=0,  # stored by the front end (Prefect's result), not through dibs
+                compute_seconds=kept.clock() - kept.granted,
+            )
+        outcome = "computed" if took_over is None else "took_over"
+        report.update(producer=lease.owner, took_over_from=took_over, stored=ending == "stored")
+    if emitter.wants_routine(events.Finished):
+        yield from _finished(emitter, {**report, "outcome": outcome}, kept.started, kept.clock, waiting)
+
+
 # -- release as the owner ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Released:
@@ -574,6 +668,8 @@ class _Waiter:
         later than just after the holder's expiry, the one change no store announces.
         """
         following = yield Watch(ask.key)
+        self.seen = busy.lease  # the first lease it waits on, seen even if the next answer is free (a
+        # takeover of a lease that expired before the next look still says why)
         got = yield from self._until_free(ask, busy, deadline, following)
         yield UNWATCH
         return got
@@ -584,7 +680,6 @@ class _Waiter:
         backoff, attempt = self.rules.backoff, 0
         holder = busy.lease.owner
         progress = _Progress(self, deadline)
-        self.seen = busy.lease  # should it expire before the next ask, a takeover still says why
         got: Any = yield from self.asking(ask, deadline)  # after the watch began: nothing is missed
         while True:
             if not isinstance(got, Held):

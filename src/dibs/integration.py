@@ -23,7 +23,9 @@ driving the flow                   :class:`Call` (``Reservations.call`` makes on
                                    handlers take the steps: :class:`Wait`, :class:`Found`,
                                    :class:`Work`, :class:`Keep`, :class:`RunUnreserved`), and
                                    :class:`Suspend`/:class:`Waiting` to defer at the wait step and
-                                   resume elsewhere (see :mod:`dibs.flow` and :mod:`dibs.seam`)
+                                   resume elsewhere (see :mod:`dibs.flow` and :mod:`dibs.seam`); a
+                                   call that keeps its lease (a lock) ends later, when the lease is
+                                   given back: :class:`Kept`, :func:`kept_ended`
 holding the work's lease           :class:`HeldLease` (let go from outside the work: a kill, a lock
                                    released in a later call), the :class:`Logger` it writes to,
                                    :func:`failure_text` (a failure as the store records it)
@@ -48,13 +50,13 @@ from dibs._batches import resolve_in_batches, take_turn
 from dibs.artifacts import unread_hit
 from dibs.backoff import Deadline
 from dibs.config import STORE_URL_ENV, default_owner, default_store_url, validate_seconds
-from dibs.flow import Call
+from dibs.flow import Call, kept_ended
 from dibs.holding import HeldLease, Logger, failure_text
 from dibs.options import checked
 from dibs.runtime import runtime
 from dibs.seam import AsyncStoreIO, StoreIO
 from dibs.settings import Configured, validate_timings
-from dibs.steps import Found, Keep, RunUnreserved, Suspend, Wait, Waiting, Work
+from dibs.steps import Found, Keep, Kept, RunUnreserved, Suspend, Wait, Waiting, Work
 
 __all__ = [
     "STORE_URL_ENV",
@@ -65,6 +67,7 @@ __all__ = [
     "Found",
     "HeldLease",
     "Keep",
+    "Kept",
     "Logger",
     "RunUnreserved",
     "StoreIO",
@@ -76,6 +79,7 @@ __all__ = [
     "default_owner",
     "default_store_url",
     "failure_text",
+    "kept_ended",
     "resolve_in_batches",
     "runtime",
     "take_turn",

@@ -527,9 +527,12 @@ class KeepAlive:
     def _declare_lost(self, error: LeaseLost) -> None:
         self.error = error
         self.lost.set()
-        log.error("%s", error)
+        # A warning, not an error: the work goes on, its value is still right, only not stored. Said
+        # once: by the lease's holder in its own log (a task's, a run's) when it listens, else here.
         if self.on_lost is not None:
             self.on_lost(error)
+        else:
+            log.warning("%s; the work goes on, but its value will not be stored", error)
 
 
 class _Launcher:

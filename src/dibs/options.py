@@ -139,4 +139,5 @@ def ask_of(settings: Settings, key: Key, owner: str | None, options: AskOptions)
     if min_token is not None and (isinstance(min_token, bool) or not isinstance(min_token, int)):
         raise ConfigurationError(f"min_token must be a lease's token (an int), got {min_token!r}")
     ttl, max_lease_age = terms(settings, options.get("ttl"), options.get("max_lease_age"))
-    return Ask(key, AcquireRequest(owner or default_owner(), ttl, max_lease_age, max_age, min_token))
+    owner = default_owner() if owner is None else owner  # an empty one is refused (validate_owner)
+    return Ask(key, AcquireRequest(owner, ttl, max_lease_age, max_age, min_token))

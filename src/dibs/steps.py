@@ -25,7 +25,9 @@ step                 what the driver does                                       
 :class:`Work`        run the work under the held lease                                 its value
 :class:`Fail`        the work raised: release with the failure recorded                ``None``
 :class:`Complete`    the work returned: store its value (:mod:`dibs.holding` decides)  a ``RunReport``
-:class:`Keep`        a lease that outlives the call (a lock): keep it heartbeating     a ``RunReport``
+:class:`Keep`        a lease that outlives the call (a lock): keep it heartbeating,    a ``RunReport``
+                     with what the call's ending needs (:class:`Kept`), until it is
+                     given back and :func:`dibs.flow.kept_ended` ends the call
 :class:`RunUnreserved`  run the work without a lease                                   its value
 ===================  ================================================================  ==================
 
@@ -35,6 +37,7 @@ Events (:mod:`dibs.events`) are yielded between steps too: the driver hands them
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from dibs.keys import Key
@@ -42,6 +45,7 @@ from dibs.records import ArtifactRecord, KeyState
 from dibs.stores.requests import AcquireRequest
 
 if TYPE_CHECKING:
+    from dibs.events import Emitter
     from dibs.holding import HeldLease
     from dibs.lease import Lease
     from dibs.outcomes import Acquired, Busy
@@ -54,6 +58,7 @@ __all__ = [
     "Found",
     "Hold",
     "Keep",
+    "Kept",
     "Pause",
     "Read",
     "Release",
@@ -217,11 +222,34 @@ class Complete:
     compute_seconds: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """A compute-once call whose lease outlives it (a lock): it ends when the lease is given back, and
+    :func:`dibs.flow.kept_ended` then says how, from what the holder did under it. This is what that
+    ending needs: the call's events, its lease, and its times so far."""
+
+    emitter: Emitter
+    acquired: Acquired
+    #: When the call started, and when its lease was granted, on ``clock`` (the call's own).
+    started: float
+    granted: float
+    clock: Callable[[], float]
+    #: The wall-clock time the lease was granted (a served call found its result then).
+    granted_at: float
+    waiting: Waiting
+    waited: float
+    #: How long the lease this call waited out was held (from its grant to this call's, store clock):
+    #: the work its holder's result spares this call, if it serves it. ``None``: it waited on nobody.
+    spared: float | None = None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Keep:
-    """Keep ``acquired``'s lease beyond this call (a lock, released by a later call)."""
+    """Keep ``acquired``'s lease beyond this call (a lock, released by a later call); ``kept`` is what
+    the call's ending needs, once the lease is given back."""
 
     acquired: Acquired
+    kept: Kept
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ import urllib.parse
 import uuid
 import warnings
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,6 @@ class Airflow:
             AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16),
             AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
             AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME="0.5",
-            AIRFLOW_CONN_DIBS_DEFAULT=json.dumps(store),
             AIRFLOW_CONN_DIBS_OUTAGE=json.dumps(restarting),
             DIBS_E2E_DIR=str(self.work),
             **page.auth_environment(tmp_path / "auth"),
@@ -122,6 +122,7 @@ class Airflow:
             **self.statsd.env,
         )
         self.env = env
+        self.store = store
 
     def sql(self, query: str, *args: Any) -> list[tuple[Any, ...]]:
         import psycopg
@@ -177,6 +178,8 @@ def airflow(
         components.start(
             "api-server", [AIRFLOW, "api-server", "--port", str(deployment.port)], deployment.env, serves=True
         )
+        components.wait_until(lambda: page.serving(f"http://127.0.0.1:{deployment.port}"), "the API server")
+        page.add_connection(f"http://127.0.0.1:{deployment.port}", "dibs_default", deployment.store)
         components.start("scheduler", [AIRFLOW, "scheduler"], deployment.env)
         components.start("dag-processor", [AIRFLOW, "dag-processor"], deployment.env)
         components.start("triggerer", [AIRFLOW, "triggerer"], deployment.env)
@@ -224,7 +227,7 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
     states = components.wait_until(lambda: deployment.finished(shared), f"{RUNS} DAG runs to finish")
     assert states == dict.fromkeys(shared, "success"), components.tails()
     (builder,) = deployment.lines("executions-share.txt")  # one computation for every run
-    _assert_one_computation(deployment, "share", shared, builder, fence=1)
+    builder_run = _assert_one_computation(deployment, "share", shared, builder, fence=1)["run_id"]
     _forget_through_the_page(deployment)
 
     # 2. The holder's task process is SIGKILLed while the others are deferred: one of them takes over.
@@ -245,6 +248,7 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
         lambda: len(deployment.lines("executions-kill.txt")) == 2, "a waiter to take over the key"
     )
     print(f"a waiter took over {time.monotonic() - killed:.1f}s after the holder was killed")
+
     held_retry.unlink()
     every = [holder_run, *waiting]
     states = components.wait_until(
@@ -257,6 +261,8 @@ def test_concurrent_dag_runs_share_one_computation_and_survive_a_killed_holder(
     computed = _assert_one_computation(deployment, "kill", every, taker, fence=2)
     assert computed["run_id"] in waiting  # a waiter took over, not the holder's own retry
     assert computed["outcome"]["took_over_from"] == f"{DAG_ID}/{holder_run}/build_features/-1"
+    first = [run for run in shared if run != builder_run]
+    _took_the_first_waits_up_as_the_next(deployment, cold=first, warm=waiting)
     retried = _retried_by_the_deferral_race(deployment, holder_run, components)
     _assert_stats(deployment.statsd, retried=len(retried))
     _ride_out_a_store_restart(deployment, components, restartable_postgres)
@@ -281,6 +287,61 @@ def _ride_out_a_store_restart(deployment: Airflow, components: Components, serve
     assert states == dict.fromkeys(runs, "success"), components.tails()
     (builder,) = deployment.lines("executions-outage.txt")  # one computation, through the restart
     _assert_one_computation(deployment, "outage", runs, builder, fence=1)
+
+
+def _took_the_first_waits_up_as_the_next(deployment: Airflow, *, cold: list[str], warm: list[str]) -> None:
+    """The triggerer's first deferrals (the share runs': it had just started) were taken up without
+    its first connection lookup: each task handed its trigger the connection it had read (dibs_default
+    lives in the metadata database, where a trigger's lookup is answered by the in-process execution
+    API the triggerer builds on its first request, seconds on a quiet host and a minute on a loaded
+    one: docs/airflow.md). How long each took is printed beside the later, warm deferrals' (the kill
+    runs'): a time, so it is reported here and never asserted (benchmarks/ holds performance goals)."""
+    logs = Path(deployment.env["AIRFLOW_HOME"]) / "logs" / f"dag_id={DAG_ID}"
+    for run in cold + warm:
+        folder = logs / f"run_id={run}" / "task_id=build_features"
+        said = [
+            str(line.get("event"))
+            for path in folder.glob("attempt=1.log.trigger.*.log")
+            for line in _log_lines(path)
+        ]
+        assert any("from connection 'dibs_default', as its task read it" in line for line in said), (
+            run,
+            said,
+        )
+    first, later = _taken_up(deployment, cold, DAG_ID), _taken_up(deployment, warm, DAG_ID)
+    print(
+        "seconds from a task's deferral to its trigger's first look at the key: the triggerer's first "
+        f"deferrals {first}, later ones {later}"
+    )
+
+
+def _log_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def _taken_up(deployment: Airflow, run_ids: list[str], dag_id: str) -> dict[str, float]:
+    """Per run, seconds from its task's first deferral to its trigger's first look at the key (the
+    trigger's log line "dibs: waiting on ...", or its store outage): how long the triggerer took to
+    take the wait up. Both times are written by processes of this host."""
+    logs = Path(deployment.env["AIRFLOW_HOME"]) / "logs" / f"dag_id={dag_id}"
+    taken: dict[str, float] = {}
+    for run in run_ids:
+        folder = logs / f"run_id={run}" / "task_id=build_features"
+        deferred = [
+            line["timestamp"]
+            for line in _log_lines(folder / "attempt=1.log")
+            if str(line.get("event")).startswith("Pausing task as DEFERRED")
+        ]
+        looked = [
+            line["timestamp"]
+            for path in folder.glob("attempt=1.log.trigger.*.log")
+            for line in _log_lines(path)
+            if str(line.get("event")).startswith(("dibs: waiting on", "e2e/"))
+        ]
+        if deferred and looked:
+            first = datetime.fromisoformat(min(looked)) - datetime.fromisoformat(min(deferred))
+            taken[run] = round(first.total_seconds(), 2)
+    return taken
 
 
 def _retried_by_the_deferral_race(deployment: Airflow, holder_run: str, components: Components) -> list[str]:
@@ -383,9 +444,8 @@ def _check_what_people_see(deployment: Airflow, components: Components, run_ids:
     links = page.api(
         base, admin, f"/api/v2/dags/{DAG_ID}/dagRuns/{waiting[0]}/taskInstances/build_features/links"
     )
-    assert links["extra_links"]["Reservation"] == "/dibs/?" + urllib.parse.urlencode(
-        {"conn": "dibs_default", "key": key}
-    )
+    link = links["extra_links"]["Reservation"]  # the page inside Airflow's frame, at the key
+    assert link == "/plugin/dibs/dibs/?" + urllib.parse.urlencode({"conn": "dibs_default", "key": key})
 
     missing = page.browser_missing()
     if missing is not None:
@@ -393,19 +453,38 @@ def _check_what_people_see(deployment: Airflow, components: Components, run_ids:
             pytest.fail(f"the Reservations page cannot be checked: {missing}", pytrace=False)
         warnings.warn(f"the Reservations page was not checked in a browser: {missing}", stacklevel=1)
         return
-    seen = page.check_page(base, key=key, shots=deployment.work.parent)
+    seen = page.check_page(base, key=key, extra_link=link, shots=deployment.work.parent)
+    task_path = f"/dags/{DAG_ID}/runs/{holder_run}/tasks/build_features"
     for user in ("admin", "viewer"):
         saw = seen[user]
-        assert saw["status"] == 200 and saw["rows"] == 1 and saw["state"] == "held", (user, saw)
+        assert saw["rows"] == 1 and saw["state"] == "held", (user, saw)
         assert f"{DAG_ID} / {holder_run}" in saw["holder"], (user, saw)
-        assert saw["holder_href"] == f"/dags/{DAG_ID}/runs/{holder_run}/tasks/build_features", saw
+        assert saw["holder_href"] == task_path, saw
         assert sorted(w.split(" / ")[1].split(" ")[0] for w in saw["waiters"]) == waiting, (user, saw)
-    assert seen["admin"]["release_buttons"] == 1
+    admin = seen["admin"]
+    assert admin["release_buttons"] == 1
+    # Browse → Reservations, filtered inside Airflow's frame: Airflow's address bar follows the frame.
+    assert admin["filtered_url"].startswith(f"{base}/plugin/dibs/dibs/?") and "name=" in admin["filtered_url"]
+    # The holder's task link lands on that task in Airflow's own window: one sidebar, no frame.
+    assert admin["task_url"] == base + task_path, admin
+    assert (admin["frames_after_click"], admin["sidebars_after_click"]) == (0, 1), admin
+    # The waiter's "Reservation" link lands on the page inside Airflow's frame, at its key.
+    assert admin["linked_url"] == base + link and admin["linked_frame"] == [
+        base + link.removeprefix("/plugin/dibs")
+    ]
+    assert admin["linked_rows"] == 1, admin
+    # In a dark browser Airflow is dark, and so is the page in its frame: light text on a dark ground.
+    dark = seen["dark"]
+    assert dark["airflow_dark"] and dark["theme"] == "dark", dark
+    assert dark["background"] < 0.35 and dark["text"] > 0.65, dark
     viewer = seen["viewer"]
-    assert viewer["release_buttons"] == 0
+    assert viewer["status"] == 200 and viewer["release_buttons"] == 0
     assert viewer["confirm_status"] == 403 and "edit permission" in viewer["confirm_text"], viewer
-    assert viewer["post_status"] == 403  # and the key stays held: one computation (checked after)
-    assert seen["screenshot"].read_bytes().startswith(b"\x89PNG")
+    # A form's POST, and a script's with a bearer token (which needs no Origin): both refused to a
+    # viewer, and the key stays held (one computation, checked after).
+    assert (viewer["post_status"], viewer["bearer_status"]) == (403, 403), viewer
+    for shot in (admin["screenshot"], dark["screenshot"]):
+        assert shot.read_bytes().startswith(b"\x89PNG")
     status, location = seen["anonymous"]
     assert status == 303 and location.endswith("/auth/login"), seen["anonymous"]
 
@@ -417,9 +496,15 @@ def _forget_through_the_page(deployment: Airflow) -> None:
         return  # said (or failed) by _check_what_people_see
     (key,) = {r["outcome"]["key"] for r in _results(deployment, "share").values()}
     name = key.removeprefix("e2e/")
-    seen = page.forget_through_page(f"http://127.0.0.1:{deployment.port}", key=name)
+    base = f"http://127.0.0.1:{deployment.port}"
+    seen = page.forget_through_page(base, key=name)
     assert seen["state"] == "done" and seen["confirm"] == f"Forget {key}?", seen
-    assert (seen["no_origin"], seen["stale"]) == (403, 409), seen  # refused, before the real one
+    # Each step inside Airflow's frame, its address bar following: confirm, then done.
+    assert seen["confirm_url"].startswith(f"{base}/plugin/dibs/dibs/confirm?action=forget"), seen
+    assert seen["done_url"].startswith(f"{base}/plugin/dibs/dibs/?conn=dibs_default&done="), seen
+    # Refused before the real one: no Origin on a cookie's post, a stale token (a bearer's post
+    # needs no Origin: it reaches the token's check).
+    assert (seen["no_origin"], seen["stale"], seen["bearer_stale"]) == (403, 409, 409), seen
     # The record stays, holding nothing: free, no artifact (its fence keeps tokens rising).
     assert seen["notice"] == f"forgot {key}" and seen["after"] == ["free", ""], seen
     audit = deployment.sql("SELECT owner, extra FROM log WHERE event = 'dibs.forget'")

@@ -26,7 +26,7 @@ from airflow.sdk import BaseOperator
 
 import dibs
 import dibs.events
-from dibs_provider._compat import AirflowSkipException, TaskDeferred
+from dibs_provider._compat import FRAME_DEEP_LINKS, AirflowSkipException, TaskDeferred
 from dibs_provider.operators.reserved import (
     OUTCOME_XCOM_KEY,
     ReservedPythonOperator,
@@ -431,7 +431,9 @@ def test_a_derived_key_is_shown_where_users_look_and_derived_again_by_the_next_c
     assert op.reservation_key == first and first.startswith("build/")
     assert "reservation_key" in op.template_fields and op.overwrite_rtif_after_execution
     link = ReservationLink().get_link(op, ti_key=None)  # type: ignore[arg-type]
-    assert link == "/dibs/?" + urlencode({"conn": "dibs_default", "key": first})
+    # the Reservations page at the key, inside Airflow's frame (docs/airflow.md)
+    inner = "/dibs/" if FRAME_DEEP_LINKS else ""
+    assert link == f"/plugin/dibs{inner}?" + urlencode({"conn": "dibs_default", "key": first})
     assert op.execute(make_context(run_id="r2", ds="2024-05-05")) == "d1-eu"  # ds is an input of build
     assert op.reservation_key != first and op.reservation_key == derived(
         make_context, {"day": "d1"}, context={"ds": "2024-05-05"}
@@ -613,6 +615,11 @@ def test_on_kill_releases_the_key_at_once_and_stops_the_wrapped_work(
         and "outside of the Task Runner" not in e["event"]  # Airflow's note on calling execute directly
     ]
     assert len(warnings) == 1 and "the task was killed: released default/features" in warnings[0]
+    # The waiter that took the key says its last holder was stopped, not that it failed 0 times.
+    (before,) = [e["event"] for e in logs if "before" in e["event"] and "default/features" in e["event"]]
+    assert before == (
+        f"dibs: default/features was stopped before: its last holder, 'dag/r1/h/-1', was {KILLED_FAILURE}"
+    ), before
 
 
 def test_on_kill_without_a_held_lease_only_stops_the_wrapped_operator(

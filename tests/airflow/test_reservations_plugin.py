@@ -17,6 +17,7 @@ pytest.importorskip("airflow")
 from airflow.sdk import Connection
 
 import dibs
+from dibs_provider._compat import FRAME_DEEP_LINKS
 from dibs_provider.get_provider_info import get_provider_info
 from dibs_provider.hooks.dibs import settings_from_connection
 from dibs_provider.links.reservation import ReservationLink
@@ -112,7 +113,11 @@ def test_the_task_link_opens_the_page_at_its_key() -> None:
         dibs_conn_id = "dibs_other"
         reservation_namespace = None
 
-    assert ReservationLink().get_link(Task(), ti_key=None) == "/dibs/?conn=dibs_other&key=build%2Fab12"  # type: ignore[arg-type]
+    # Inside Airflow's frame (its navigation), at the key: Airflow 3.3.2+ opens the frame there; before,
+    # the page's script reads the query from the address around its frame.
+    inner = "/dibs/" if FRAME_DEEP_LINKS else ""
+    link = ReservationLink().get_link(Task(), ti_key=None)  # type: ignore[arg-type]
+    assert link == f"/plugin/dibs{inner}?conn=dibs_other&key=build%2Fab12"
     Task.reservation_key = None  # type: ignore[assignment]
     assert ReservationLink().get_link(Task(), ti_key=None) == ""  # type: ignore[arg-type]
 
@@ -207,3 +212,39 @@ def test_the_page_escapes_what_the_store_holds() -> None:
     # DAG-level access: a holder in a DAG this user cannot read is not named; a readable waiter is.
     assert "secret_dag" not in html and "r9" not in html and "a task of a DAG you cannot read" in html
     assert 'href="/dags/open_dag/runs/r1/tasks/t"' in html
+
+
+def test_a_state_changing_request_needs_the_page_s_origin_unless_a_bearer_token_names_its_user() -> None:
+    from fastapi import HTTPException
+    from starlette.requests import Request
+
+    from dibs_provider.plugins._app import _same_origin
+
+    def request(**headers: str) -> Request:
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "scheme": "http",
+            "server": ("airflow.example", 8080),
+            "path": "/dibs/keys/release",
+            "query_string": b"",
+            "headers": [(name.encode(), value.encode()) for name, value in headers.items()],
+        }
+        return Request(scope)
+
+    host = "airflow.example:8080"
+    _same_origin(request(host=host, origin=f"http://{host}"))  # the page's own form
+    # A script's bearer token: no page of another site can make a browser send one, so no Origin is
+    # needed (who may release is checked all the same, as for the form: test_deployment.py).
+    _same_origin(request(host=host, authorization="Bearer eyJ.x.y"))
+    for refused in ({}, {"origin": "https://evil.example"}, {"authorization": "Basic YWRtaW46eA=="}):
+        with pytest.raises(HTTPException) as info:
+            _same_origin(request(host=host, **refused))
+        assert info.value.status_code == 403
+
+
+def test_a_key_breaks_only_after_its_slashes_and_stays_escaped() -> None:
+    from dibs_provider.plugins._app import _breakable
+
+    assert str(_breakable("build_features/4d6f74a1c09e5b23")) == "build_features/<wbr>4d6f74a1c09e5b23"
+    assert str(_breakable("<b>/x")) == "&lt;b&gt;/<wbr>x"

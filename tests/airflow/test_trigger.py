@@ -7,6 +7,7 @@ trigger starts watching is ``done`` either way), so nothing here depends on timi
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 from typing import Any
 
@@ -18,6 +19,7 @@ from airflow.sdk.module_loading import import_string
 
 import dibs
 from dibs import errors
+from dibs_provider._compat import TaskDeferred
 from dibs_provider.triggers.reservation import (
     ReservationTrigger,
     error_from_event,
@@ -196,3 +198,96 @@ def test_logs_the_key_its_holder_and_expiry_at_start_and_when_the_holder_changes
     assert "(token 1)" in start and "the lease expires at 20" in start and "unless renewed" in start
     assert len(said("now waiting on default/k", "held by dag/run_2/t/-1 (token 2)")) == 1
     assert len(said("held by")) == 2  # said once per holder, not at every read
+
+
+# -- the connection a task hands its trigger -------------------------------------------------------------
+def test_a_trigger_given_its_tasks_connection_never_looks_it_up(
+    monkeypatch: pytest.MonkeyPatch, client: dibs.Reservations, make_context: Any
+) -> None:
+    # The task reads its connection and defers; the trigger waits with that very connection, even
+    # once nothing would answer a lookup of it (the triggerer's first lookup of a connection kept in
+    # the metadata database starts Airflow's in-process API, and stalls: docs/airflow.md).
+    from dibs_provider.operators.reserved import ReservedPythonOperator
+
+    store = {"conn_type": "dibs", "extra": {"store_url": client.store.url, "namespace": "team.x"}}
+    monkeypatch.setenv("AIRFLOW_CONN_DIBS_HANDED", json.dumps(store))
+    with dibs.Reservations(client.store.url, namespace="team.x") as team:
+        lease = team.get_or_reserve("k", owner="producer").lease  # type: ignore[union-attr]
+        task = ReservedPythonOperator(
+            task_id="t", python_callable=lambda: 1, reservation_key="k", dibs_conn_id="dibs_handed"
+        )
+        with pytest.raises(TaskDeferred) as deferral:
+            task.execute(make_context())
+        trigger = deferral.value.trigger
+        connection = trigger.serialize()[1]["connection"]
+        assert connection["conn_type"] == "dibs" and json.loads(connection["extra"]) == store["extra"]
+
+        monkeypatch.delenv("AIRFLOW_CONN_DIBS_HANDED")  # a lookup now fails: 'dibs_handed' is not defined
+        rebuilt = import_string(trigger.serialize()[0])(**trigger.serialize()[1])
+        fired = first_event(rebuilt, while_waiting=lambda: lease.complete({"v": 1}))
+    assert fired["status"] == "done" and fired["key"] == "team.x/k" and fired["producer"] == "producer"
+
+
+def test_a_secret_reaches_the_trigger_only_where_airflow_keeps_trigger_arguments_to_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dibs_provider.hooks import dibs as hooks
+
+    with_password = {"conn_type": "dibs", "password": "pw-4d1b", "extra": {"store_url": "redis://db:6379/0"}}
+    in_the_url = {"conn_type": "dibs", "extra": {"store_url": "redis://:pw-4d1b@db:6379/0"}}
+    plain = {"conn_type": "dibs", "extra": {"store_url": "redis://db:6379/0", "namespace": "team.x"}}
+    for conn_id, value in (("with_password", with_password), ("in_the_url", in_the_url), ("plain", plain)):
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(value))
+
+    # Airflow 3.3+: trigger arguments are encrypted at rest and never shown by its API.
+    monkeypatch.setattr(hooks, "TRIGGER_KWARGS_PRIVATE", True)
+    assert hooks.DibsHook("with_password").for_trigger()["password"] == "pw-4d1b"  # type: ignore[index]
+    # Before 3.3, any Viewer read them through the REST API: a secret stays with the connection, and
+    # the trigger looks it up; a connection without one is still handed over.
+    monkeypatch.setattr(hooks, "TRIGGER_KWARGS_PRIVATE", False)
+    assert hooks.DibsHook("with_password").for_trigger() is None
+    assert hooks.DibsHook("in_the_url").for_trigger() is None
+    handed = hooks.DibsHook("plain").for_trigger()
+    assert handed is not None and json.loads(handed["extra"]) == plain["extra"]
+    assert hooks.DibsHook().for_trigger() == {}  # no dibs_default: the trigger falls back without a lookup
+
+    # The trigger's own log lines never show it: repr leaves the connection out, and the trigger
+    # masks its secrets as a lookup would have.
+    trigger = ReservationTrigger("k", connection={"conn_type": "dibs", "password": "pw-4d1b"})
+    assert "pw-4d1b" not in repr(trigger) and "<as its task read it>" in repr(trigger)
+
+
+def test_the_trigger_masks_the_secrets_of_the_connection_it_was_given(store_url: str) -> None:
+    try:
+        from airflow.sdk._shared.secrets_masker import redact
+    except ImportError:  # Airflow before 3.2 keeps the masker here
+        from airflow.sdk.execution_time.secrets_masker import redact  # type: ignore[no-redef]
+
+    from dibs_provider.hooks.dibs import DibsHook
+
+    given = {"conn_type": "dibs", "extra": json.dumps({"store_url": store_url, "payloads_url": "file:///x"})}
+    settings = asyncio.run(DibsHook("dibs_given").aget_settings(given))
+    assert settings.store_url == store_url and settings.payloads_url == "file:///x"
+    secret = {"conn_type": "dibs", "password": "pw-91c7e", "extra": json.dumps({"store_url": "redis://db/0"})}
+    settings = asyncio.run(DibsHook("dibs_secret").aget_settings(secret))
+    assert settings.store_url == "redis://:pw-91c7e@db/0"
+    assert redact("connecting with pw-91c7e") == "connecting with ***"
+
+
+def test_airflow_imports_the_trigger_without_dibs_which_run_imports_off_the_loop() -> None:
+    # Airflow imports a trigger's class on the triggerer's event loop: importing dibs there held every
+    # other trigger up for a few tenths of a second ("the async thread was blocked").
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, airflow.triggers.base\n"
+        "import dibs_provider.triggers.reservation as t\n"
+        "assert not [m for m in sys.modules if m == 'dibs' or m.startswith('dibs.')], 'dibs imported'\n"
+        "print(t.ReservationTrigger('k').serialize()[0])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("dibs_provider.triggers.reservation.ReservationTrigger")

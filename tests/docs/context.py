@@ -38,6 +38,7 @@ class DocContext:
         self.python_sources: list[str] = []  # the visible python blocks run so far, substituted
         self.skipped: str | None = None
         self._postgres_url: str | None = None
+        self._collector: Any = None
         self._airflow_home: Path | None = None
         self._resources = ExitStack()
 
@@ -66,8 +67,20 @@ class DocContext:
 
     def substitute(self, source: str) -> str:
         return substitutions.substitute(
-            source, postgres_url=self.postgres_url, prefect_api=self._prefect_api, workdir=self.workdir
+            source,
+            postgres_url=self.postgres_url,
+            prefect_api=self._prefect_api,
+            otlp_endpoint=lambda: self.collector().url,
+            workdir=self.workdir,
         )
+
+    def collector(self) -> Any:
+        """The document's OTLP/HTTP endpoint (tests/observability/otlp.py), started when first named."""
+        if self._collector is None:
+            from tests.observability.otlp import Collector
+
+            self._collector = self._resources.enter_context(Collector())
+        return self._collector
 
     def _prefect_api(self) -> str:
         needed = "needs PREFECT in tests/docs/plugin.py: DOCUMENTS"

@@ -12,6 +12,9 @@ shown                                  run
                                        absent, a failure under ``DIBS_REQUIRE_SERVICES=1``)
 ``http://127.0.0.1:4200/api``          the session's Prefect test server (``prefect server start``
                                        listens on port 4200; the tests do not own that port)
+``http://127.0.0.1:4318``              an OTLP/HTTP endpoint of the document's that keeps what it
+                                       receives (tests/observability/otlp.py), standing where a
+                                       collector listens (4318 is OTLP/HTTP's default port)
 ``sqlite:////tmp/NAME``                ``sqlite:///<the document's temporary directory>/NAME``
 ``file:///tmp/NAME``                   ``file://<the document's temporary directory>/NAME`` (a
                                        payload folder, docs/payloads.md)
@@ -28,6 +31,7 @@ from pathlib import Path
 
 POSTGRES_URL = re.compile(r"postgresql\+psycopg://[\w.-]+@[\w.-]+(?::\d+)?/\w+")
 PREFECT_SERVER_API = "http://127.0.0.1:4200/api"
+OTLP_ENDPOINT = "http://127.0.0.1:4318"
 TMP_SQLITE_URL = re.compile(r"sqlite:////tmp/([\w.-]+)")
 TMP_FILE_URL = re.compile(r"file:///tmp/([\w.-]+)")
 SLEEP = re.compile(r"\btime\.sleep\(\s*\d+(?:\.\d+)?\s*\)")
@@ -35,9 +39,16 @@ DEMONSTRATION_SLEEP = "time.sleep(0.5)"
 
 
 def substitute(
-    source: str, *, postgres_url: Callable[[], str], prefect_api: Callable[[], str], workdir: Path
+    source: str,
+    *,
+    postgres_url: Callable[[], str],
+    prefect_api: Callable[[], str],
+    otlp_endpoint: Callable[[], str],
+    workdir: Path,
 ) -> str:
     """``source`` with the table's rules applied; the services are asked for only when named."""
+    if OTLP_ENDPOINT in source:
+        source = source.replace(OTLP_ENDPOINT, otlp_endpoint())
     if POSTGRES_URL.search(source):
         url = postgres_url()
         source = POSTGRES_URL.sub(lambda _: url, source)

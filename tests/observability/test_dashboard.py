@@ -126,6 +126,6 @@ def test_the_docs_list_every_metric_event_and_name() -> None:
         assert f"`{kind.__name__}`" in text, f"docs/observability.md does not list the event {kind.__name__}"
     from prefect_dibs.events import _NAMES
 
-    for event in (*_NAMES.values(), "dibs.lease.lost"):
+    for event in (*_NAMES.values(), "dibs.reservation.took-over", "dibs.reservation.lease-lost"):
         assert f"`{event}`" in text, f"docs/observability.md does not list the Prefect event {event}"
     assert "docs/observability.md" in (ROOT / "README.md").read_text()

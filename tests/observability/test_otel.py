@@ -362,6 +362,10 @@ def test_heartbeats_report_their_lateness_and_a_lost_lease_its_reason(
     assert lateness.sum == pytest.approx(sum(beat.lateness for beat in beats))
     (lost_point,) = telemetry.points("dibs.lease.lost")
     assert (lost_point.attributes["dibs.reason"], lost_point.value) == ("released", 1)
+    # computed, and its value not stored (fenced out by the release): the metric says so, and why
+    assert by_outcome(telemetry.points("dibs.reservation.outcomes")) == {"computed": 1}
+    (not_stored,) = telemetry.points("dibs.reservation.not_stored")
+    assert (not_stored.attributes["dibs.reason"], not_stored.value) == ("fenced", 1)
     failed_beats = [
         point
         for point in telemetry.points("dibs.store.operation.duration")
@@ -646,3 +650,27 @@ def test_closing_the_instrumentation_ends_the_spans_before_the_provider_shuts_do
     seen.tracers.shutdown()  # what an application does last; a span ended after it is dropped
     spans = [span for span in seen.spans.get_finished_spans() if span.name == "dibs.reserve"]
     assert [span.attributes["dibs.outcome"] for span in spans] == ["computed"]
+
+
+def test_the_auto_instrumentation_entry_point_instruments_and_uninstruments(tmp_path: Path) -> None:
+    # What `opentelemetry-instrument` loads (the docs run it in processes of their own): dibs's
+    # instrumentor, found by its entry point, publishing through the providers it is given.
+    from importlib.metadata import entry_points
+
+    (found,) = [e for e in entry_points(group="opentelemetry_instrumentor") if e.name == "dibs"]
+    seen = Telemetry()
+    instrumentor = found.load()()
+    instrumentor.instrument(meter_provider=seen.meters, tracer_provider=seen.tracers)
+    try:
+        seen.observer = instrumentor._observation.observer
+        with dibs.Reservations(f"sqlite:///{tmp_path / 'auto.db'}", namespace="otel") as client:
+            client.run("auto", lambda: 1)
+            assert by_outcome(seen.points("dibs.reservation.outcomes")) == {"computed": 1}
+            assert [span.attributes["dibs.outcome"] for span in seen.finished_spans()] == ["computed"]
+            instrumentor.uninstrument()
+            client.run("auto", lambda: 1)  # a hit nobody publishes any more
+        assert by_outcome(seen.points("dibs.reservation.outcomes")) == {"computed": 1}
+    finally:
+        instrumentor.uninstrument()
+        seen.meters.shutdown()
+        seen.tracers.shutdown()

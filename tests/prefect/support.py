@@ -7,7 +7,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+from uuid import UUID
 
 import pytest
 
@@ -45,3 +46,21 @@ def in_forked_child(check: Callable[[], bool]) -> bool:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+def server_events(flow_run_ids: list[UUID], prefix: str = "dibs.") -> list[dict[str, Any]]:
+    """The Prefect server's events named ``prefix...`` related to these flow runs (its REST API, as the
+    UI's event feed reads them)."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    query = {
+        "filter": {
+            "event": {"prefix": [prefix]},
+            "related": {"id": [f"prefect.flow-run.{run}" for run in flow_run_ids]},
+        },
+        "limit": 50,
+    }
+    response = httpx.post(f"{PREFECT_API_URL.value()}/events/filter", json=query, timeout=30)
+    response.raise_for_status()
+    return list(response.json()["events"])

@@ -8,32 +8,20 @@ import uuid
 from typing import Any
 from uuid import UUID
 
-import httpx
 import pytest
 
 pytest.importorskip("prefect")
 
 from prefect.client.schemas.objects import State
-from prefect.settings import PREFECT_API_URL
 
 import dibs
 from prefect import flow, task
 from prefect_dibs import reserved
-from tests.prefect.support import wait_until
+from tests.prefect.support import server_events, wait_until
 
 
 def _events(flow_run_ids: list[UUID]) -> list[dict[str, Any]]:
-    """The server's ``dibs.`` events related to these flow runs (its REST API, as the UI reads them)."""
-    query = {
-        "filter": {
-            "event": {"prefix": ["dibs."]},
-            "related": {"id": [f"prefect.flow-run.{run}" for run in flow_run_ids]},
-        },
-        "limit": 50,
-    }
-    response = httpx.post(f"{PREFECT_API_URL.value()}/events/filter", json=query, timeout=30)
-    response.raise_for_status()
-    return list(response.json()["events"])
+    return server_events(flow_run_ids)
 
 
 def _related(event: dict[str, Any], role: str) -> str:
@@ -100,3 +88,59 @@ def test_computed_waited_and_hit_reach_the_event_feed_with_their_runs(dibs_url: 
         assert payload["producer"] == computed["payload"]["owner"]
         assert payload["compute_seconds_saved"] >= 0.2  # what the producer's work took, from its artifact
     assert by_name["dibs.reservation.waited"]["payload"]["waited_on"] == computed["payload"]["owner"]
+
+
+def test_a_takeover_is_told_as_it_happens_and_a_failure_when_it_fails(dibs_url: str) -> None:
+    key, failing = f"takeover-{uuid.uuid4().hex[:8]}", f"failing-{uuid.uuid4().hex[:8]}"
+    with dibs.Reservations(dibs_url, ttl=0.5) as crashed:  # a holder that never heartbeats: it expires
+        assert isinstance(crashed.get_or_reserve(key, owner="crashed-holder"), dibs.Acquired)
+
+    took_over = threading.Event()
+
+    def heard(event: dibs.Event) -> None:
+        if isinstance(event, dibs.LeaseAcquired) and event.took_over_from == "crashed-holder":
+            took_over.set()
+
+    @reserved(dibs_url, key=key, ttl=30)
+    @task
+    def build() -> int:
+        return 1
+
+    @reserved(dibs_url, key=failing, ttl=30)
+    @task
+    def broken() -> int:
+        raise ValueError("bad partition")
+
+    @flow
+    def pipeline() -> State[Any]:
+        return build(return_state=True)
+
+    @flow
+    def failing_pipeline() -> State[Any]:
+        return broken(return_state=True)
+
+    with dibs.observe(heard):
+        computed = pipeline(return_state=True)
+    assert computed.is_completed() and took_over.is_set()
+    failed = failing_pipeline(return_state=True)
+    assert failed.is_failed()
+    runs = [computed.state_details.flow_run_id, failed.state_details.flow_run_id]
+
+    def three() -> list[dict[str, Any]] | None:
+        found = _events(runs)  # type: ignore[arg-type]
+        return found if len(found) >= 3 else None
+
+    found = wait_until(three, what="the takeover, the computation and the failure in the event feed")
+    by_name = {event["event"]: event for event in found}
+    assert sorted(by_name) == [
+        "dibs.reservation.computed",
+        "dibs.reservation.failed",
+        "dibs.reservation.took-over",
+    ]
+    took = by_name["dibs.reservation.took-over"]
+    # Told when the lease was taken over, before the work ran and its computed event came.
+    assert took["payload"]["took_over_from"] == "crashed-holder" and took["payload"]["token"] == 2
+    assert took["occurred"] <= by_name["dibs.reservation.computed"]["occurred"]
+    assert by_name["dibs.reservation.computed"]["payload"]["took_over_from"] == "crashed-holder"
+    failure = by_name["dibs.reservation.failed"]["payload"]
+    assert "bad partition" in failure["error"] and failure["error_type"] == "ValueError"

@@ -32,9 +32,10 @@ from prefect.exceptions import ObjectNotFound
 import dibs
 import prefect_dibs.tasks
 from dibs.errors import ConfigurationError, WaitTimeout
-from dibs.keys import derive_key
+from dibs.keys import Key, derive_key
 from prefect import flow, task
 from prefect_dibs import DibsStore, reserved
+from prefect_dibs.tasks import artifact_key
 from tests.prefect.support import wait_until
 
 
@@ -119,6 +120,12 @@ def test_a_second_flow_run_gets_the_stored_artifact(dibs_url: str, client: dibs.
     (summary,) = wait_until(lambda: _artifacts(_task_run_id(second)), what="the summary artifact")
     assert summary.type == "markdown" and "**hit**" in summary.data
     assert summary.description == f"dibs: hit default/{name}"
+    # Keyed, so Prefect's Artifacts page lists it: one entry per dibs key, each run a version of it.
+    assert summary.key == artifact_key(Key("default", name)) and summary.key.startswith(
+        "dibs-default-test-a-"
+    )
+    (first_summary,) = _artifacts(_task_run_id(first))
+    assert first_summary.key == summary.key and "**computed**" in first_summary.data
 
     # A hit ran nothing: it ends Completed, named Cached, as a hit of Prefect's own cache does.
     assert (first.type.value, first.name) == ("COMPLETED", "Completed")

@@ -32,3 +32,21 @@ def test_a_forked_child_names_its_own_process() -> None:
     os.close(reading)
     os.waitpid(pid, 0)
     assert owner.rsplit(":", 2)[1] == str(pid)
+
+
+def test_an_empty_owner_is_refused_not_replaced_by_the_default() -> None:
+    # The contract: an owner is a non-empty logical identity. "" (an unset variable, say) silently
+    # becoming this process's default owner would make a retry wait for its own lease.
+    import dibs
+    from dibs import ConfigurationError
+
+    with dibs.Reservations("memory://") as client:
+        for call in (
+            lambda: client.compute("k", lambda: 1, owner=""),
+            lambda: client.get_or_reserve("k", owner=""),
+            lambda: client.call("k", owner=""),
+        ):
+            with pytest.raises(ConfigurationError, match="owner must not be empty"):
+                call()
+        assert client.status("k").lease is None  # nothing was taken
+        assert client.compute("k", lambda: 1).role == "computed"  # no owner at all: the default

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -364,3 +365,51 @@ def test_a_call_nobody_listens_to_builds_no_event(client: dibs.Reservations) -> 
         max_age=None,
     )
     assert isinstance(next(quiet), flow_steps.Ask)  # no Asked before it: nobody wanted one
+
+
+def test_a_process_observer_that_names_its_kinds_hears_only_those_and_no_other_event_is_built(
+    client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[type[dibs.Event]] = []
+    real_build = events.build
+
+    def counting(kind: type[dibs.Event], fields: dict[str, object]) -> dibs.Event:
+        built.append(kind)
+        return real_build(kind, fields)
+
+    monkeypatch.setattr(events, "build", counting)
+
+    class Outcomes:
+        kinds = frozenset({dibs.Finished})
+
+        def __init__(self) -> None:
+            self.heard: list[dibs.Event] = []
+
+        def __call__(self, event: dibs.Event) -> None:
+            self.heard.append(event)
+
+    outcomes, everything = Outcomes(), []
+    with dibs.observe(outcomes):
+        client.run("k1", lambda: 1)
+        assert built == [dibs.Finished]  # the ask, the lease, the artifact: nobody asked for them
+        with dibs.observe(everything.append):  # kinds unnamed: every kind, for it alone
+            client.run("k2", lambda: 1)
+    assert [type(e) for e in outcomes.heard] == [dibs.Finished, dibs.Finished]
+    assert names(everything) == ["asked", "lease_acquired", "artifact_stored", "finished"]
+
+
+def test_an_event_built_fast_is_the_dataclass_s_own() -> None:
+    key = dibs.Key("ns", "k")
+    common = {"key": key, "owner": "o", "frontend": "python", "call": 7, "store": "sqlite"}
+    fast = events.build(dibs.LeaseAcquired, {**common, "token": 3, "attempt": 2, "acquired_at": 1.5})
+    slow = dibs.LeaseAcquired(**common, token=3, attempt=2, acquired_at=1.5, at=fast.at)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert (fast.took_over_from, fast.failures, fast.expired_by) == (None, 0, None)  # the defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.token = 4  # type: ignore[misc]
+    given = events.build(dibs.Asked, {**common, "at": 42.0})
+    assert given.at == 42.0 and given.refresh is False
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tokn'"):
+        events.build(dibs.LeaseAcquired, {**common, "tokn": 3, "attempt": 2, "acquired_at": 1.5})
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'attempt'"):
+        events.build(dibs.LeaseAcquired, {**common, "token": 3, "acquired_at": 1.5})

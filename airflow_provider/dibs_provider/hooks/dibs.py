@@ -45,6 +45,13 @@ their connection (one fetch in flight per connection and event loop), and the tr
 connection share one async client, so starting them costs the loop little (issue 20); a trigger that
 starts after that lookup has ended looks the connection up again.
 
+A reserved task hands its trigger the connection it read (:meth:`DibsHook.for_trigger`), so the
+triggerer does not look it up again: a triggerer's first lookup of a connection kept in the metadata
+database starts Airflow's in-process execution API, which blocks the triggerer for seconds (a minute
+on a loaded host; docs/airflow.md). It does so only where Airflow keeps trigger arguments to itself:
+they are encrypted at rest, and Airflow 3.3 stopped showing them through its REST API, where any
+Viewer read them before; on older releases a connection with a secret is still looked up.
+
 Without a ``dibs_default`` connection the hook falls back to ``DIBS_STORE_URL`` and then to the
 embedded default, and logs which one it used. A connection id that was asked for explicitly and
 does not exist is an error instead: silently using another store would make reservations miss.
@@ -56,6 +63,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
+import json
 import os
 import re
 import threading
@@ -81,7 +89,7 @@ from dibs.keys import validate_namespace
 from dibs.payloads import PAYLOADS_URL_ENV, is_open
 from dibs.stores import STORE_SCHEMES, hide_secrets, redact_url, url_secrets
 from dibs_provider import stats
-from dibs_provider._compat import AirflowNotFoundException
+from dibs_provider._compat import TRIGGER_KWARGS_PRIVATE, AirflowNotFoundException
 
 __all__ = ["DEFAULT_CONN_ID", "DibsHook", "DibsSettings", "settings_from_connection"]
 
@@ -355,6 +363,42 @@ def _fallback_url() -> tuple[str, str]:
     return default_store_url(), "the embedded default store"
 
 
+#: The fields of a ``dibs`` connection that its settings are read from (the others must be empty).
+_CONNECTION_FIELDS = ("conn_type", "host", "login", "schema", "port", "password", "extra")
+
+
+def _fields(conn: Connection) -> dict[str, Any]:
+    """A connection's fields, as ``Connection(conn_id=..., **fields)`` takes them again (plain JSON)."""
+    return {name: value for name in _CONNECTION_FIELDS if (value := getattr(conn, name, None)) is not None}
+
+
+def _secret_values(fields: dict[str, Any]) -> list[str]:
+    """The secrets in a connection's fields: its password, and those written in the URLs of its extra
+    (an extra that is not JSON is taken as one secret: it cannot be read here)."""
+    found = [str(fields["password"])] if fields.get("password") else []
+    extra = fields.get("extra")
+    if not extra:
+        return found
+    try:
+        values = json.loads(extra) if isinstance(extra, str) else extra
+    except ValueError:
+        return [*found, str(extra)]
+    for text in values.values() if isinstance(values, dict) else ():
+        if isinstance(text, str) and "://" in text:
+            found.extend(url_secrets(text))
+    return found
+
+
+def _given(conn_id: str, fields: dict[str, Any]) -> Connection | None:
+    """The connection a task handed its trigger (``{}``: none), its secrets masked in this process's
+    logs as a lookup would have masked them."""
+    if not fields:
+        return None
+    for secret in _secret_values(fields):
+        mask_secret(secret)
+    return Connection(conn_id=conn_id, **fields)
+
+
 def fallback_settings(conn_id: str) -> DibsSettings:
     """Settings when no ``dibs_default`` connection exists: ``DIBS_STORE_URL``, then the embedded store."""
     url, source = _fallback_url()
@@ -401,18 +445,22 @@ class DibsHook(BaseHook):
         self.namespace = namespace
         self.ttl = ttl
         self._settings: DibsSettings | None = None
+        #: The connection this hook read, as its fields (``{}``: there is none by that id); ``None``
+        #: until it has read one.
+        self._read: dict[str, Any] | None = None
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return dict(cls._UI_FIELD_BEHAVIOUR)
 
     # -- settings ---------------------------------------------------------------------------------
-    def _settings_from(self, conn: Connection | None) -> DibsSettings:
+    def _settings_from(self, conn: Connection | None, how: str = "") -> DibsSettings:
         settings = (
             settings_from_connection(conn) if conn is not None else fallback_settings(self.dibs_conn_id)
         )
-        self.log.info("dibs store %s (from %s)", settings.display_url, settings.source)
+        self.log.info("dibs store %s (from %s%s)", settings.display_url, settings.source, how)
         self._settings = settings
+        self._read = {} if conn is None else _fields(conn)
         return settings
 
     def _missing(self, exc: AirflowNotFoundException) -> None:
@@ -436,14 +484,33 @@ class DibsHook(BaseHook):
             conn = None
         return self._settings_from(conn)
 
-    async def aget_settings(self) -> DibsSettings:
-        """:meth:`get_settings` for the event loop: the connection is fetched with the async SDK call.
+    def for_trigger(self) -> dict[str, Any] | None:
+        """The connection this hook read, for the trigger its task defers to (``{}``: there is none by
+        that id), so that the triggerer need not look it up (see the module docstring); ``None`` when
+        the trigger must look it up itself: its fields hold a secret and Airflow would show the
+        trigger's arguments to whoever may read the task instance (before 3.3)."""
+        self.get_settings()
+        read = self._read
+        if read is None or TRIGGER_KWARGS_PRIVATE or not _secret_values(read):
+            return read
+        return None
+
+    async def aget_settings(self, connection: dict[str, Any] | None = None) -> DibsSettings:
+        """:meth:`get_settings` for the event loop: the connection is fetched with the async SDK call,
+        unless the task handed it over (``connection``, from :meth:`for_trigger`).
 
         Parsing runs in dibs's I/O executor: reading a connection's extra registers its values with the
         secrets masker through a *blocking* call to the supervisor, which must not run on the loop (and
         the loop's default executor is the triggerer's own).
         """
         if self._settings is not None:
+            return self._settings
+        if connection is not None:
+            # As the task read it when it deferred: no lookup (parsed in asgiref's thread, as below).
+            def given() -> DibsSettings:
+                return self._settings_from(_given(self.dibs_conn_id, connection), ", as its task read it")
+
+            self._settings = await sync_to_async(given)()
             return self._settings
         self._settings = await _SHARED_LOOKUPS.get(self.dibs_conn_id, self._fetch_settings)
         return self._settings
@@ -475,8 +542,9 @@ class DibsHook(BaseHook):
         """Airflow's conventional name for :meth:`get_client`."""
         return self.get_client()
 
-    async def aget_client(self) -> AsyncReservations:
+    async def aget_client(self, connection: dict[str, Any] | None = None) -> AsyncReservations:
         """An async client for the triggerer; close it with ``await hook.aclose(client)``.
+        ``connection``: the connection as the task read it (:meth:`for_trigger`), so it is not looked up.
 
         The process's first client of a store imports its driver and builds its pool: that runs in
         dibs's I/O executor, never on the loop. The triggers that wait at the same time on one
@@ -486,7 +554,7 @@ class DibsHook(BaseHook):
         """
         stats.install()  # the triggerer's store operations show in Airflow's metrics
         await take_turn()  # a thousand triggers starting together start a bounded batch per iteration
-        settings = await self.aget_settings()
+        settings = await self.aget_settings(connection)
         payloads = settings.payloads_url or os.environ.get(PAYLOADS_URL_ENV) or None
         share = (settings, self.namespace, self.ttl, payloads)
         client = _SHARED_CLIENTS.take(share)

@@ -58,6 +58,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 
 from dibs import Hit, Reservations, events
+from dibs.display import last_failure
 from dibs.errors import ConfigurationError, InvalidKey, ReservationError, StoreUnavailable
 from dibs.integration import (
     Call,
@@ -340,7 +341,7 @@ class ReservedOperatorMixin(BaseOperator):
                 clock=time.time,  # a wait resumes on whichever worker runs execute_complete
             )
             try:
-                report = call.drive(_TaskSteps(self, context, client, call, unread=references))
+                report = call.drive(_TaskSteps(self, context, client, call, hook, unread=references))
             except _Deferral as deferral:
                 self.defer(trigger=deferral.trigger, method_name="execute_complete")
             if narrator.outcome is not None:
@@ -415,6 +416,7 @@ class _TaskSteps(StoreIO):
         context: Context,
         client: Reservations,
         call: Call,
+        hook: DibsHook,
         *,
         unread: bool = False,
     ) -> None:
@@ -426,7 +428,7 @@ class _TaskSteps(StoreIO):
             logger=operator.log,
             store=_unread(client.store) if unread else None,
         )
-        self.operator, self.context = operator, context
+        self.operator, self.context, self.hook = operator, context, hook
 
     def found(self, step: Found) -> Hit:
         hit = unread_hit(step.key, step.artifact)  # a payload, unread: returned as a reference to it
@@ -445,6 +447,7 @@ class _TaskSteps(StoreIO):
                 deferrals=step.waiting.deferrals + 1,
                 max_age=op.reservation_max_age,
                 min_token=step.waiting.min_token,
+                connection=self.hook.for_trigger(),  # the triggerer need not look it up
             )
             raise _Deferral(step.waiting, trigger)
 
@@ -554,11 +557,9 @@ class _Narrator:
             )
         if event.last_failure is not None:
             log.info(
-                "dibs: %s failed %d time(s) before; last error from %s: %s",
+                "dibs: %s %s",
                 event.key,
-                event.failures,
-                event.last_failure_owner,
-                event.last_failure,
+                last_failure(event.failures, event.last_failure_owner, event.last_failure),
             )
         log.info("dibs: acquired %s as %s (token %s); running the work", event.key, event.owner, event.token)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from dibs_provider.links.reservation import PAGE_PREFIX, ReservationLink, page_url
+from dibs_provider.links.reservation import PAGE_PREFIX, URL_ROUTE, ReservationLink, page_url
 
 __all__ = ["DibsReservationsPlugin"]
 
@@ -46,7 +46,7 @@ class DibsReservationsPlugin(AirflowPlugin):
             "href": page_url("/"),
             "destination": "nav",
             "category": "browse",
-            "url_route": "dibs",
+            "url_route": URL_ROUTE,
         }
     ]
     global_operator_extra_links = []

@@ -66,8 +66,11 @@ class ReservationSensor(BaseSensorOperator):
         self.deferrable = deferrable
         self.max_age = validate_seconds("max_age", max_age, allow_none=True)
 
+    #: The hook of the last poke: the connection it read goes to the trigger (``for_trigger``).
+    _hook: DibsHook | None = None
+
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        hook = DibsHook(self.dibs_conn_id, namespace=self.namespace)
+        hook = self._hook = DibsHook(self.dibs_conn_id, namespace=self.namespace)
         with hook.get_client() as client:
             try:
                 hit = client.wait(self.key, for_artifact=True, timeout=0, max_age=self.max_age)
@@ -103,6 +106,7 @@ class ReservationSensor(BaseSensorOperator):
                 timeout=remaining,
                 wait_started=wait_started,
                 deferrals=deferrals + 1,
+                connection=None if self._hook is None else self._hook.for_trigger(),
             ),
             method_name="execute_complete",
             # Airflow's own deadline, a backstop for a triggerer that cannot reach the store at all.

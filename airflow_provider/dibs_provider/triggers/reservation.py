@@ -28,21 +28,33 @@ store (or hands on a reference to it, see :mod:`dibs_provider.xcom`).
 
 The trigger also echoes ``wait_started`` and ``deferrals`` from its own arguments, because the task
 cannot rely on ``defer(kwargs=...)`` reaching it on every code path (``dag.test()`` drops them).
+
+What a triggerer's first deferral waits for, and why none of it is here any more:
+
+* The task hands the trigger its ``dibs`` connection as it read it (``connection``, see
+  :meth:`DibsHook.for_trigger`): a trigger that looks a connection of the metadata database up is
+  answered by Airflow's in-process execution API, which the triggerer builds on its first such
+  request, blocking its loop for seconds (docs/airflow.md has the reproduction).
+* Airflow imports a trigger's class on the triggerer's event loop: this module imports nothing of
+  dibs's at its top (importing dibs takes a few tenths of a second); ``run`` imports what it needs
+  on a thread, once per process, while the loop serves the other triggers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, Literal, NotRequired, TypedDict
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from dibs import errors
-from dibs.errors import ReservationError, WaitTimeout
-from dibs.records import KeyState
-from dibs_provider.hooks.dibs import DEFAULT_CONN_ID, DibsHook
+if TYPE_CHECKING:
+    from dibs.errors import ReservationError
+    from dibs.records import KeyState
 
 __all__ = ["ReservationEvent", "ReservationTrigger", "error_from_event", "parse_event"]
 
@@ -94,6 +106,9 @@ class ReservationTrigger(BaseTrigger):
     :param max_age: an artifact this old (seconds, store clock) does not end the wait.
     :param min_token: only an artifact stored under this fencing token or a later one ends the wait
         (a refresh waits for the result of the lease it found busy, not the artifact it replaces); echoed.
+    :param connection: the ``dibs`` connection as the task read it (``{}``: there is none by that id),
+        so the triggerer does not look it up (:meth:`DibsHook.for_trigger`); ``None``: look it up.
+        Airflow keeps a trigger's arguments encrypted, and out of its API since 3.3.
     """
 
     def __init__(
@@ -101,7 +116,7 @@ class ReservationTrigger(BaseTrigger):
         key: str,
         *,
         namespace: str | None = None,
-        dibs_conn_id: str = DEFAULT_CONN_ID,
+        dibs_conn_id: str = "dibs_default",  # DibsHook's default (not imported: see the module docstring)
         for_artifact: bool = False,
         timeout: float | None = None,
         holder: str | None = None,
@@ -109,6 +124,7 @@ class ReservationTrigger(BaseTrigger):
         deferrals: int = 1,
         max_age: float | None = None,
         min_token: int | None = None,
+        connection: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.key = key
@@ -121,6 +137,14 @@ class ReservationTrigger(BaseTrigger):
         self.deferrals = deferrals
         self.max_age = max_age
         self.min_token = min_token
+        self.connection = connection
+
+    def __repr__(self) -> str:
+        # Airflow's shows every argument: not the connection (it may hold a password).
+        classpath, kwargs = self.serialize()
+        if kwargs.get("connection"):
+            kwargs["connection"] = "<as its task read it>"
+        return str(self.repr(classpath, kwargs))
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -136,6 +160,7 @@ class ReservationTrigger(BaseTrigger):
                 "deferrals": self.deferrals,
                 "max_age": self.max_age,
                 "min_token": self.min_token,
+                "connection": self.connection,
             },
         )
 
@@ -155,10 +180,12 @@ class ReservationTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
         key = self.key
+        dibs = await _dibs()
         try:
             # The hook is only needed for the client: not kept while the trigger waits (a thousand
             # waiting triggers keep as little as they can alive, issue 20).
-            client = await DibsHook(self.dibs_conn_id, namespace=self.namespace).aget_client()
+            hook = dibs.DibsHook(self.dibs_conn_id, namespace=self.namespace)
+            client = await hook.aget_client(self.connection)
             try:
                 watched = client.client.key(self.key)  # validated once, and given to the wait as is
                 key = str(watched)
@@ -175,11 +202,11 @@ class ReservationTrigger(BaseTrigger):
                 )
                 state = None if hit is not None else holders.last  # the state that ended the wait
             finally:
-                await DibsHook.aclose(client)
-        except WaitTimeout as exc:
+                await hook.aclose(client)
+        except dibs.WaitTimeout as exc:
             yield self._event("timeout", key, started, **_error_details(exc))
             return
-        except ReservationError as exc:
+        except dibs.ReservationError as exc:
             self.log.warning("watching %s failed: %s: %s", key, type(exc).__name__, exc)
             yield self._event("error", key, started, **_error_details(exc))
             return
@@ -194,6 +221,32 @@ class ReservationTrigger(BaseTrigger):
             state=state.status,
             last_failure=state.failure.error if state.failure is not None else None,
         )
+
+
+#: The module the trigger runs with (:mod:`._dibs`), once imported; the import under way, per loop.
+_LOADED: dict[str, ModuleType] = {}
+_IMPORTING: dict[asyncio.AbstractEventLoop, asyncio.Future[ModuleType]] = {}
+_MODULE = "dibs_provider.triggers._dibs"
+
+
+def _import() -> ModuleType:
+    module = _LOADED[_MODULE] = importlib.import_module(_MODULE)  # whole: only once it is imported
+    return module
+
+
+async def _dibs() -> ModuleType:
+    """The hook's module (dibs with it), imported once per process on a thread: imported on the loop,
+    it would hold every other trigger of the triggerer up for as long as it takes. Every trigger that
+    starts meanwhile waits for the same import; one that failed is tried again by the next trigger."""
+    loaded = _LOADED.get(_MODULE)
+    if loaded is not None:
+        return loaded
+    loop = asyncio.get_running_loop()
+    importing = _IMPORTING.get(loop)
+    if importing is None:
+        importing = _IMPORTING[loop] = loop.run_in_executor(None, _import)
+        importing.add_done_callback(lambda _: _IMPORTING.pop(loop, None))
+    return await asyncio.shield(importing)
 
 
 class _HolderLog:
@@ -245,6 +298,8 @@ def _error_details(exc: ReservationError) -> dict[str, Any]:
 
 def parse_event(event: object) -> ReservationEvent:
     """Check that ``event`` is a payload :class:`ReservationTrigger` fired; a clear error otherwise."""
+    from dibs.errors import ReservationError
+
     if (
         not isinstance(event, dict)
         or event.get("status") not in _STATUSES
@@ -261,6 +316,9 @@ def parse_event(event: object) -> ReservationEvent:
 
 def error_from_event(event: ReservationEvent) -> ReservationError:
     """The dibs exception a ``timeout`` or ``error`` event stands for, rebuilt with its fields."""
+    from dibs import errors
+    from dibs.errors import ReservationError
+
     name = event.get("error_type", "")
     cls = getattr(errors, name, None) if name in errors.__all__ else None
     if not (isinstance(cls, type) and issubclass(cls, ReservationError)):

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, console: Console, stops: StopSignals) -> int:
     command: list[str] = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise ConfigurationError("give the command after '--', e.g. dibs run --key K -- ./build.sh")
-    owner = args.owner or default_owner()
+    owner = default_owner() if args.owner is None else args.owner  # "" is refused
     with Reservations(
         args.store, namespace=args.namespace, ttl=args.ttl, serializer="bytes", payloads=args.payloads
     ) as client:

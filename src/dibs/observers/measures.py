@@ -37,6 +37,12 @@ METRICS: Mapping[str, Metric] = {
     "dibs.reservation.outcomes": Metric(
         "counter", "{call}", "Compute-once calls by how they ended", ("dibs.outcome",)
     ),
+    "dibs.reservation.not_stored": Metric(
+        "counter",
+        "{call}",
+        "Calls that computed a value under a lease but could not store it",
+        ("dibs.reason",),
+    ),
     "dibs.compute.duration": Metric("histogram", "s", "How long the work ran under a lease"),
     "dibs.wait.duration": Metric(
         "histogram", "s", "How long each waiter sat idle on another holder", ("dibs.outcome",)
@@ -77,8 +83,29 @@ class Measurer:
     or wait (for the two ``.active`` counters). Safe to call from any thread.
 
     It runs on the caller's path for every event, so it dispatches on the event's type with one dict
-    lookup and reuses each (namespace, store, front end)'s attributes.
+    lookup and reuses each (namespace, store, front end)'s attributes. :data:`KINDS` are the kinds of
+    event it measures: an exporter that only measures asks for those (``kinds``), and a call then
+    builds no other event for it.
     """
+
+    #: The kinds of event that give measurements (the store operations among them).
+    KINDS: frozenset[type[Event]] = frozenset(
+        {
+            events.StoreOperation,
+            events.Finished,
+            events.KeyBusy,
+            events.Waited,
+            events.Deferred,
+            events.LeaseAcquired,
+            events.ArtifactStored,
+            events.NotStored,
+            events.ArtifactFound,
+            events.LostLease,
+            events.HeartbeatSent,
+            events.StoreUnreachable,
+            events.StoreReachable,
+        }
+    )
 
     def __init__(self) -> None:
         self._leased: set[int] = set()
@@ -94,13 +121,14 @@ class Measurer:
             events.Deferred: self._wait_ended,
             events.LeaseAcquired: self._lease_acquired,
             events.ArtifactStored: self._computed,  # type: ignore[dict-item]
-            events.NotStored: self._computed,  # type: ignore[dict-item]
+            events.NotStored: self._not_stored,  # type: ignore[dict-item]
             events.ArtifactFound: self._found,  # type: ignore[dict-item]
             events.LostLease: self._lost,  # type: ignore[dict-item]
             events.HeartbeatSent: self._beat,  # type: ignore[dict-item]
             events.StoreUnreachable: self._outage,
             events.StoreReachable: self._outage_over,  # type: ignore[dict-item]
         }
+        assert frozenset(self._dispatch) == self.KINDS
 
     def __call__(self, event: Event) -> list[Measurement]:
         handle = self._dispatch.get(type(event))
@@ -165,6 +193,12 @@ class Measurer:
         self, event: events.ArtifactStored | events.NotStored, common: dict[str, str], out: list[Measurement]
     ) -> None:
         out.append(Measurement("dibs.compute.duration", event.compute_seconds, common))
+
+    def _not_stored(self, event: events.NotStored, common: dict[str, str], out: list[Measurement]) -> None:
+        self._computed(event, common, out)
+        out.append(
+            Measurement("dibs.reservation.not_stored", 1, self._with(common, "dibs.reason", event.reason))
+        )
 
     def _found(self, event: events.ArtifactFound, common: dict[str, str], out: list[Measurement]) -> None:
         if event.compute_seconds is not None:

@@ -66,7 +66,8 @@ class OpenTelemetry:
         on the caller's path (see ``_start``).
     """
 
-    kinds = events.EVERY_KIND  # also the store operations
+    #: The kinds of event it hears (read when it is added): its metrics' and, with traces, its spans'.
+    kinds: frozenset[type[Event]]
 
     def __init__(
         self,
@@ -125,6 +126,8 @@ class OpenTelemetry:
             events.Finished: _finish,
             events.Deferred: _deferred,
         }
+        # Metrics only: a call builds none of the events that only a span would show (its ask).
+        self.kinds = Measurer.KINDS | (frozenset({events.Asked, *self._steps}) if traces else frozenset())
 
     def __call__(self, event: Event) -> None:
         if self._tracer is not None and event.call:
@@ -214,32 +217,38 @@ def _nanoseconds(event: Event) -> int:
     return round(event.at * 1e9)
 
 
-def _call(span: Span, event: Event) -> None:
-    """The attributes of the call that are not the key (see ``OpenTelemetry._start``)."""
-    span.set_attribute("dibs.namespace", event.key.namespace)
-    span.set_attribute("dibs.owner", event.owner)
-    span.set_attribute("dibs.store", event.store)
-    span.set_attribute("dibs.frontend", event.frontend)
+def _call(event: Event) -> dict[str, Any]:
+    """The attributes of the call that are not the key (see ``OpenTelemetry._start``). Given to the
+    span in one ``set_attributes`` with the ending's: the SDK takes its lock and checks the span once
+    per call, not once per attribute (the recorder's thread shares the interpreter with the callers)."""
+    return {
+        "dibs.namespace": event.key.namespace,
+        "dibs.owner": event.owner,
+        "dibs.store": event.store,
+        "dibs.frontend": event.frontend,
+    }
 
 
 def _finish(span: Span, event: events.Finished) -> None:
-    _call(span, event)
-    span.set_attribute("dibs.outcome", event.outcome)
+    attributes = _call(event)
+    attributes["dibs.outcome"] = event.outcome
     holder = event.waited_on or event.producer
     if holder is not None:
-        span.set_attribute("dibs.holder", holder)
+        attributes["dibs.holder"] = holder
     if event.token is not None:
-        span.set_attribute("dibs.token", event.token)
+        attributes["dibs.token"] = event.token
     if event.outcome == "failed":
         span.set_status(Status(StatusCode.ERROR, event.error or event.error_type or "failed"))
         if event.error_type:
-            span.set_attribute("error.type", event.error_type)
+            attributes["error.type"] = event.error_type
+    span.set_attributes(attributes)
     span.end(_nanoseconds(event))
 
 
 def _deferred(span: Span, event: events.Deferred) -> None:
-    _call(span, event)
-    span.set_attribute("dibs.deferred", True)
+    attributes = _call(event)
+    attributes["dibs.deferred"] = True
+    span.set_attributes(attributes)
     span.end(_nanoseconds(event))
 
 

@@ -57,18 +57,22 @@ def timed(operation: str, method: F) -> F:
 def _tell(store: Any, operation: str, key: Key, seconds: float, error: str | None) -> None:
     if not isinstance(key, Key):
         return  # a caller's mistake that the operation itself reports
-    event = events.StoreOperation(
-        key=key,
-        owner="",
-        frontend=events.FRONTEND.get(),  # the call's, if it runs for one (set by dibs.flow, dibs.lease)
-        call=0,
-        store=kind_of(store),
-        operation=operation,
-        seconds=seconds,
-        error_type=error,
-    )
+    fields = {
+        "key": key,
+        "owner": "",
+        "frontend": events.FRONTEND.get(),  # the call's, if it runs for one (set by dibs.flow, dibs.lease)
+        "call": 0,
+        "store": store.__dict__.get("_dibs_kind") or kind_of(store),
+        "operation": operation,
+        "seconds": seconds,
+        "error_type": error,
+    }
+    event = events.build(events.StoreOperation, fields)
     for observer in events.PROCESS.operations:
-        events._deliver(observer, event)
+        try:
+            observer(event)
+        except Exception:  # an observer never changes a result (events._deliver, inlined: every operation)
+            events._complain_once(observer, event)
 
 
 def kind_of(store: Any) -> str:
