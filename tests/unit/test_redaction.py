@@ -89,6 +89,7 @@ def test_the_password_of_a_url_nested_in_a_query_value_is_hidden(
 @settings(max_examples=200, deadline=None)
 @given(words, secrets, others, how)
 @example("dibs", "AB@CD&EF", "", "raw")
+@example("a", "A/", "", "raw")
 def test_the_password_of_a_percent_encoded_url_nested_in_a_query_value_is_hidden(
     user: str, secret: str, after: str, how: str
 ) -> None:
@@ -99,14 +100,14 @@ def test_the_password_of_a_percent_encoded_url_nested_in_a_query_value_is_hidden
     listen_url = urllib.parse.quote(nested, safe="")
     url = f"postgresql+psycopg://{user}:pw@pooler:6432/pipelines?listen_url={listen_url}{tail}"
     shown = redact_url(url)
-    # The percent-escapes are upper case themselves: every letter but theirs must be lower case.
+    # The percent-escapes are upper case themselves: every letter but theirs must be lower case. The
+    # secret's encoded forms are looked for in the text decoded (once and twice), not in the escapes,
+    # where "A%2F" (the secret "A/" encoded) stands inside "%3A%2F" (":/" encoded) with no secret shown.
     assert not any(c.isupper() for c in re.sub(r"%[0-9A-F]{2}", "", shown)), (url, shown)
-    for form in (
-        secret,
-        urllib.parse.quote(secret, safe=""),
-        urllib.parse.quote(encoded(secret, how), safe=""),
-    ):
-        assert len(form) < 2 or form not in shown, (url, shown)
+    once = urllib.parse.unquote(shown)
+    for text in (once, urllib.parse.unquote(once)):
+        assert not any(c.isupper() for c in re.sub(r"%[0-9A-F]{2}", "", text)), (url, shown)
+        assert len(secret) < 2 or secret not in text, (url, shown)
     if len(secret) >= 4:
         message = f"connection to db-primary failed for {secret}"
         assert secret not in hide_secrets(message, url_secrets(url))
