@@ -2,7 +2,7 @@
 
 One waiter process (fresh, started for this benchmark) runs N waiting coroutines in one event loop:
 Airflow's :class:`~dibs_provider.triggers.reservation.ReservationTrigger` ``run()`` where Airflow is
-importable (each builds its own hook, exactly as in a triggerer), else
+importable (each builds its own hook, exactly as in a triggerer, from the connection its task handed it), else
 :meth:`dibs.AsyncReservations.wait`. They wait on **one** key, or on **N distinct** keys (one each).
 The benchmark process holds the keys and, 50 to 250 ms after every waiter is subscribed to the
 process's watch hub, completes them (one after another for N keys). Per case:
@@ -211,6 +211,7 @@ class _Waiters:
         self.api = "trigger" if self.trigger_class is not None else "aio"
         self.url = ""
         self.conn_id = ""
+        self.connection: dict[str, Any] = {}
         self.store: Any = None
         self.requests: collections.Counter[str] = collections.Counter()
 
@@ -220,6 +221,9 @@ class _Waiters:
         self.url, self.conn_id = url, conn_id
         connection = {"conn_type": "dibs", "extra": {"store_url": url, "namespace": NAMESPACE}}
         os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(connection)
+        # What a deferred task hands its trigger (DibsHook.for_trigger): the connection's fields, its
+        # extra as the JSON text Airflow keeps.
+        self.connection = {"conn_type": "dibs", "extra": json.dumps(connection["extra"])}
         self.store = runtime().share_store(url)
         self._count_requests(self.store)
 
@@ -247,7 +251,9 @@ class _Waiters:
         """Wait as a deferred task does; (arrival time, ``None``) or (``None``, what went wrong)."""
         try:
             if self.trigger_class is not None:
-                trigger = self.trigger_class(key, dibs_conn_id=self.conn_id, holder="holder")
+                trigger = self.trigger_class(
+                    key, dibs_conn_id=self.conn_id, holder="holder", connection=self.connection
+                )
                 event = await anext(trigger.run())
                 arrived = time.monotonic()
                 payload = event.payload

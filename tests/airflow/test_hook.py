@@ -205,6 +205,36 @@ def test_hooks_starting_together_share_one_connection_lookup(monkeypatch: pytest
     assert lookups == ["dibs_many", "dibs_many"]
 
 
+def test_triggers_handed_one_connection_together_parse_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thousand deferred tasks hand their triggers the same connection: the triggers that start
+    together parse it once (one hop to asgiref's thread, one "dibs store" line, not one each, issue
+    30); another connection handed under the same id is parsed apart, and so is one handed later."""
+    parsed: list[str] = []
+    original = DibsHook._settings_from
+
+    def counted(self: DibsHook, conn: Any, how: str = "") -> Any:
+        parsed.append(conn.extra)
+        return original(self, conn, how)
+
+    monkeypatch.setattr(DibsHook, "_settings_from", counted)
+    one = {"conn_type": "dibs", "extra": json.dumps({"store_url": "sqlite:////tmp/h1.db"})}
+    other = {"conn_type": "dibs", "extra": json.dumps({"store_url": "sqlite:////tmp/h2.db"})}
+
+    async def scenario() -> tuple[list[Any], Any]:
+        handed = [DibsHook("dibs_handed").aget_settings(dict(one)) for _ in range(200)]
+        handed.append(DibsHook("dibs_handed").aget_settings(dict(other)))
+        together = await asyncio.gather(*handed)
+        later = await DibsHook("dibs_handed").aget_settings(dict(one))
+        return together, later
+
+    together, later = asyncio.run(scenario())
+    assert [settings.store_url for settings in together] == ["sqlite:////tmp/h1.db"] * 200 + [
+        "sqlite:////tmp/h2.db"
+    ]
+    assert later.store_url == "sqlite:////tmp/h1.db"
+    assert sorted(parsed) == sorted([one["extra"], other["extra"], one["extra"]])
+
+
 def test_a_failed_shared_lookup_fails_every_hook_that_waited_for_it(store_url: str) -> None:
     async def scenario() -> list[Any]:
         hooks = [DibsHook("dibs_missing_many").aget_settings() for _ in range(100)]

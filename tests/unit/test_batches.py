@@ -148,3 +148,25 @@ def test_async_waiters_of_the_runtime_read_through_the_batcher() -> None:
     states = asyncio.run(scenario())
     assert all(state.lease is not None for state in states)
     assert len(store.reads) + sum(len(batch) for batch in store.batches) < 50
+
+
+def test_the_wake_budget_is_the_loops_for_every_caller_together() -> None:
+    """Triggers starting together are woken by several sources at once (their turns, a shared lookup,
+    their first reads): each resolving its own batch per iteration made iterations of several batches.
+    The loop's budget is shared: however many callers, at most one batch per iteration after the first."""
+
+    async def scenario() -> list[int]:
+        loop = asyncio.get_running_loop()
+        sources = [[loop.create_future() for _ in range(WAKE_BATCH * 2)] for _ in range(4)]
+        everything = [future for futures in sources for future in futures]
+        for futures in sources:  # four callers in one iteration
+            resolve_in_batches(loop, [(future, None, None) for future in futures])
+        done = [sum(future.done() for future in everything)]
+        while done[-1] < len(everything):
+            await asyncio.sleep(0)
+            done.append(sum(future.done() for future in everything))
+        return done
+
+    done = asyncio.run(scenario())
+    assert done[0] == WAKE_BATCH  # the first caller's first batch at once; the others queue behind it
+    assert all(later - earlier <= WAKE_BATCH for earlier, later in itertools.pairwise(done))

@@ -506,11 +506,17 @@ class DibsHook(BaseHook):
         if self._settings is not None:
             return self._settings
         if connection is not None:
-            # As the task read it when it deferred: no lookup (parsed in asgiref's thread, as below).
+            # As the task read it when it deferred: no lookup. Parsed in asgiref's thread (as below),
+            # once for all the triggers that start together with the same connection: a thousand
+            # deferred tasks are a thousand triggers, and each would otherwise hop to that thread (one
+            # thread, taking them one by one) and log the same store (issue 30).
             def given() -> DibsSettings:
                 return self._settings_from(_given(self.dibs_conn_id, connection), ", as its task read it")
 
-            self._settings = await sync_to_async(given)()
+            as_read = json.dumps(connection, sort_keys=True, default=str)
+            self._settings = await _SHARED_LOOKUPS.get(
+                self.dibs_conn_id, sync_to_async(given), handed=as_read
+            )
             return self._settings
         self._settings = await _SHARED_LOOKUPS.get(self.dibs_conn_id, self._fetch_settings)
         return self._settings
@@ -594,7 +600,8 @@ class DibsHook(BaseHook):
 
 
 class _SharedLookups:
-    """One connection lookup for the triggers of one event loop that start together.
+    """One connection lookup (or one parse of the connection a task handed its trigger) for the
+    triggers of one event loop that start together.
 
     The first trigger to ask starts the fetch as a task of its own (cancelling that trigger does not
     cancel the others' lookup); every trigger asking meanwhile waits for it, and they are woken in
@@ -603,23 +610,31 @@ class _SharedLookups:
     """
 
     def __init__(self) -> None:
-        self._waiting: dict[tuple[asyncio.AbstractEventLoop, str], list[asyncio.Future[DibsSettings]]] = {}
+        self._waiting: dict[
+            tuple[asyncio.AbstractEventLoop, str, str], list[asyncio.Future[DibsSettings]]
+        ] = {}
 
-    async def get(self, conn_id: str, fetch: Callable[[], Coroutine[Any, Any, DibsSettings]]) -> DibsSettings:
+    async def get(
+        self, conn_id: str, fetch: Callable[[], Coroutine[Any, Any, DibsSettings]], *, handed: str = ""
+    ) -> DibsSettings:
+        """The settings ``fetch`` returns, fetched once for every trigger asking for ``conn_id`` (with
+        the same connection ``handed`` over by its task, as JSON: ``""`` for a lookup) until it returns."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[DibsSettings] = loop.create_future()
-        waiting = self._waiting.get((loop, conn_id))
+        key = (loop, conn_id, handed)
+        waiting = self._waiting.get(key)
         if waiting is None:
-            waiting = self._waiting[(loop, conn_id)] = []
+            waiting = self._waiting[key] = []
             task: asyncio.Task[DibsSettings] = loop.create_task(fetch())
-            task.add_done_callback(lambda done: self._settle(loop, conn_id, done))
+            task.add_done_callback(lambda done: self._settle(key, done))
         waiting.append(future)
         return await future
 
     def _settle(
-        self, loop: asyncio.AbstractEventLoop, conn_id: str, done: asyncio.Task[DibsSettings]
+        self, key: tuple[asyncio.AbstractEventLoop, str, str], done: asyncio.Task[DibsSettings]
     ) -> None:
-        waiting = self._waiting.pop((loop, conn_id), [])
+        loop, conn_id, _ = key
+        waiting = self._waiting.pop(key, [])
         if done.cancelled():
             error: BaseException | None = asyncio.CancelledError(
                 f"looking up connection {conn_id!r} was cancelled"
