@@ -366,11 +366,7 @@ class _Reservation:
         try:
             from prefect.artifacts import create_markdown_artifact
 
-            create_markdown_artifact(
-                key=artifact_key(report.key),
-                markdown=report_markdown(report),
-                description=_description(report),
-            )
+            create_markdown_artifact(**_artifact(report))
         except Exception as exc:  # a summary must never fail the task
             logger.debug("could not publish the dibs summary artifact: %s", exc)
 
@@ -387,18 +383,24 @@ class _Reservation:
         return self.returned(ctx, report)
 
     async def apublish(self, ctx: Any, report: RunReport, logger: Logger) -> None:
+        """:meth:`publish` with Prefect's async call (a coroutine task's loop is never blocked)."""
         if not self.artifact or ctx is None:
             return
         try:
             from prefect.artifacts import acreate_markdown_artifact
 
-            await acreate_markdown_artifact(
-                key=artifact_key(report.key),
-                markdown=report_markdown(report),
-                description=_description(report),
-            )
+            await acreate_markdown_artifact(**_artifact(report))
         except Exception as exc:  # a summary must never fail the task
             logger.debug("could not publish the dibs summary artifact: %s", exc)
+
+
+def _artifact(report: RunReport) -> dict[str, Any]:
+    """The run's summary artifact, as Prefect's ``create_markdown_artifact`` takes it."""
+    return {
+        "key": artifact_key(report.key),
+        "markdown": report_markdown(report),
+        "description": _description(report),
+    }
 
 
 def _owner(ctx: Any) -> str:
