@@ -10,7 +10,7 @@ import contextlib
 import math
 import secrets
 import time
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -364,7 +364,7 @@ class ListenFeed(ChangeFeed):
             )
         url = store._url if self._listen_url is None else make_url(self._listen_url)
         conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        try:
+        with self._closed_on_error():
             # The pool's connection bounds too: a connection attempt gives up after the store's timeout,
             # and keepalives notice a server that vanished while the listener only waits.
             bounds = server_bounds(url, store.timeout)
@@ -374,13 +374,22 @@ class ListenFeed(ChangeFeed):
 
             self._conn = connect(bounds) if end is None else end.connect(connect, bounds)
             self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        self._prove()
+
+    @contextlib.contextmanager
+    def _closed_on_error(self) -> Iterator[None]:
+        """Whatever fails in the block closes the listening connection: a driver's error goes on as
+        :class:`StoreUnavailable` (naming the listen URL), anything else as it is."""
+        import psycopg
+
+        try:
+            yield
         except psycopg.Error as exc:
             self.close()
             raise self._unavailable(exc) from exc
         except BaseException:
             self.close()
             raise
-        self._prove()
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         error = self._store._unavailable(exc)
@@ -394,23 +403,15 @@ class ListenFeed(ChangeFeed):
     def _prove(self) -> None:
         """Hear a ``NOTIFY`` sent from a pooled connection within the store's timeout, or raise
         :class:`~dibs.stores.feeds.Unheard` (see the class docstring)."""
-        import psycopg
-
         store, proof = self._store, f"{self.PROOF}{secrets.token_hex(8)}"
         heard = False
-        try:
+        with self._closed_on_error():
             store.notify(proof)
             for notify in self._conn.notifies(timeout=store.timeout):
                 # Anything else heard meanwhile is left: the hub reads every watched key after open().
                 if notify.payload == proof:
                     heard = True
                     break
-        except psycopg.Error as exc:
-            self.close()
-            raise self._unavailable(exc) from exc
-        except BaseException:
-            self.close()
-            raise
         if heard:
             self.proofs += 1
             return
