@@ -37,6 +37,7 @@ from dibs.records import Granted, Held, LeaseRecord, LeaseToken, Present, checks
 from dibs.runtime import runtime
 from dibs.stores import AcquireRequest, NewArtifact, Store, open_store
 from dibs.stores.feeds import ChangeFeed
+from dibs.testing._opening import opened
 
 __all__ = ["StoreContract", "opened_stores"]
 
@@ -132,18 +133,8 @@ def opened_stores(open_one: Callable[[], S]) -> Iterator[Callable[[], S]]:
             with opened_stores(lambda: MyStore(tmp_path)) as opener:
                 yield opener
     """
-    opened: list[S] = []
-
-    def opener() -> S:
-        store = open_one()
-        opened.append(store)
-        return store
-
-    try:
+    with opened(open_one) as opener:
         yield opener
-    finally:
-        for store in opened:
-            store.close()
 
 
 class StoreContract:

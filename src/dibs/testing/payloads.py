@@ -64,6 +64,7 @@ from dibs.payloads import (
 from dibs.payloads.collect import collect
 from dibs.payloads.verify import read_verified, spool_verified
 from dibs.stores.memory import MemoryStore
+from dibs.testing._opening import opened
 
 __all__ = ["PayloadStoreContract", "opened_payload_stores"]
 
@@ -78,18 +79,8 @@ PATIENCE = 60.0
 def opened_payload_stores(open_one: Callable[[], P]) -> Iterator[Callable[[], P]]:
     """A callable that opens a payload store with ``open_one`` each time it is called; every store it
     opened is closed when the block ends. What an ``open_payload_store`` fixture yields."""
-    opened: list[P] = []
-
-    def opener() -> P:
-        store = open_one()
-        opened.append(store)
-        return store
-
-    try:
+    with opened(open_one) as opener:
         yield opener
-    finally:
-        for store in opened:
-            store.close()
 
 
 def _bytes(seed: str, size: int = SIZE) -> bytes:
