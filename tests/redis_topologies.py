@@ -368,6 +368,7 @@ class SentinelSet(_Topology):
                 group.replicas.append(replica.start())
                 group.servers.append(replica)
             group.wait_until(group._replicas_linked, "every replica's link to the master")
+            group.wait_until(group.replicas_caught_up, "every replica to acknowledge the master's writes")
             group.sentinels = []
             # Each Sentinel is told the others and the replicas (what it would otherwise learn from
             # their hello messages, every 2 s): the set is ready as soon as they are connected.
@@ -434,6 +435,19 @@ class SentinelSet(_Topology):
                     return False
         return True
 
+    def replicas_caught_up(self) -> bool:
+        """Every replica has acknowledged all the master's writes so far (``WAIT``). A replica whose
+        link just came up may not have sent its first acknowledgement: a ``WAIT`` with a short timeout
+        (``min_replicas``) then counted 0 replicas; and a failover promotes a replica as it is, so
+        writes it had not received were lost (a test of a failover, not of replication lag, waits)."""
+        if not self.replicas:
+            return True
+        with contextlib.closing(self.master.client()) as client:
+            pipe = client.pipeline(transaction=False)  # one connection: WAIT counts its own writes
+            pipe.publish("dibs-test:caught-up", "?")
+            pipe.execute_command("WAIT", len(self.replicas), 500)
+            return int(pipe.execute()[-1]) >= len(self.replicas)
+
     def agreed(self, master: RedisServer, *, replicas: int | None = None) -> bool:
         """Every Sentinel names ``master`` (and, if given, knows ``replicas`` replicas up)."""
         for sentinel in self.sentinels:
@@ -485,6 +499,7 @@ class SentinelSet(_Topology):
         self.wait_until(
             lambda: self.agreed(old, replicas=len(candidates)), "a replica the Sentinels may promote"
         )
+        self.wait_until(self.replicas_caught_up, "every replica to have the master's writes")
         sentinel = next(s for s in self.sentinels if s.alive())
         with contextlib.closing(sentinel.client()) as client:
             client.execute_command("SENTINEL", "FAILOVER", SERVICE)
@@ -506,6 +521,7 @@ class SentinelSet(_Topology):
                     client.execute_command("CLIENT", "KILL", "TYPE", "normal")
                     client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
         self.wait_until(self._replicas_linked, "every other node to replicate the new master")
+        self.wait_until(self.replicas_caught_up, "every replica to acknowledge the new master's writes")
 
     def _promoted(self, candidates: Sequence[RedisServer]) -> RedisServer | None:
         for server in candidates:

@@ -40,7 +40,8 @@ def test_an_empty_owner_is_refused_not_replaced_by_the_default() -> None:
     import dibs
     from dibs import ConfigurationError
 
-    with dibs.Reservations("memory://") as client:
+    # memory:// is one store per process: a namespace of its own, so "k" starts free whatever ran before
+    with dibs.Reservations("memory://", namespace="owner.empty") as client:
         for call in (
             lambda: client.compute("k", lambda: 1, owner=""),
             lambda: client.get_or_reserve("k", owner=""),

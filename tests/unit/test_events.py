@@ -367,6 +367,7 @@ def test_a_call_nobody_listens_to_builds_no_event(client: dibs.Reservations) -> 
     assert isinstance(next(quiet), flow_steps.Ask)  # no Asked before it: nobody wanted one
 
 
+@pytest.mark.usefixtures("no_process_observers")
 def test_a_process_observer_that_names_its_kinds_hears_only_those_and_no_other_event_is_built(
     client: dibs.Reservations, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -38,6 +38,7 @@ def test_a_hit_is_logged_when_the_level_is_info(caplog: pytest.LogCaptureFixture
     assert "using the artifact stored by" in caplog.text
 
 
+@pytest.mark.usefixtures("no_process_observers")
 def test_routine_events_are_not_built_for_the_log_alone(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -52,10 +53,7 @@ def test_routine_events_are_not_built_for_the_log_alone(
         return event
 
     monkeypatch.setattr(events.Emitter, "make", counting)
-    # The log alone: no process-wide observer left by an earlier test of this worker (an exporter is
-    # installed once per process, observe_once), and the dibs logger at its default level.
-    monkeypatch.setattr(events.PROCESS, "_all", ())
-    monkeypatch.setattr(events.PROCESS, "operations", ())
+    # The log alone (no process-wide observer: the fixture), and the dibs logger at its default level.
     caplog.set_level(logging.WARNING, logger="dibs")
     # memory:// is one store per process: a namespace of its own, so every key starts free
     client = dibs.Reservations("memory://", namespace="logs.routine", ttl=60)
