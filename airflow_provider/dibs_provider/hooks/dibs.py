@@ -448,12 +448,20 @@ class DibsHook(BaseHook):
         #: The connection this hook read, as its fields (``{}``: there is none by that id); ``None``
         #: until it has read one.
         self._read: dict[str, Any] | None = None
+        #: How the settings were found, appended to their source in :attr:`store_described`.
+        self._how = ""
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return dict(cls._UI_FIELD_BEHAVIOUR)
 
     # -- settings ---------------------------------------------------------------------------------
+    @property
+    def store_described(self) -> str:
+        """The store the settings name and where they came from, for a log line (settings read)."""
+        settings = self.get_settings()
+        return f"{settings.display_url} (from {settings.source}{self._how})"
+
     def _settings_from(self, conn: Connection | None, how: str = "") -> DibsSettings:
         settings = (
             settings_from_connection(conn) if conn is not None else fallback_settings(self.dibs_conn_id)
@@ -517,6 +525,8 @@ class DibsHook(BaseHook):
             self._settings = await _SHARED_LOOKUPS.get(
                 self.dibs_conn_id, sync_to_async(given), handed=as_read
             )
+            # Parsed and logged once for them all: each trigger names it in its own first line.
+            self._how = ", as its task read it"
             return self._settings
         self._settings = await _SHARED_LOOKUPS.get(self.dibs_conn_id, self._fetch_settings)
         return self._settings

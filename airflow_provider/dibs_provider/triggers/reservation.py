@@ -189,7 +189,7 @@ class ReservationTrigger(BaseTrigger):
             try:
                 watched = client.client.key(self.key)  # validated once, and given to the wait as is
                 key = str(watched)
-                holders = _HolderLog(self.log, key)
+                holders = _HolderLog(self.log, key, hook.store_described)
                 hit = await client.wait(
                     watched,
                     timeout=self.timeout,
@@ -254,8 +254,11 @@ class _HolderLog:
     said once at the start and again whenever another lease holds the key (a takeover, a new holder
     after a failure), so the triggerer's log of a deferred task names the run it waits for."""
 
-    def __init__(self, log: Any, key: str) -> None:
+    def __init__(self, log: Any, key: str, store: str = "") -> None:
         self.log, self.key = log, key
+        #: The store, named in the first line only: settings parsed once for every trigger that starts
+        #: with them are logged once, in the first trigger's log (the hook's ``aget_settings``).
+        self.store = store
         self.holder: tuple[str, int] | None = None
         self.started = False
         #: The last state seen: the one that ended the wait.
@@ -268,15 +271,19 @@ class _HolderLog:
         if self.started and holder == self.holder:
             return
         first, self.started, self.holder = not self.started, True, holder
+        where = f" in {self.store}" if first and self.store else ""
         if lease is None:
             if first:
-                self.log.info("dibs: waiting on %s, which nobody holds now (%s)", self.key, state.status)
+                self.log.info(
+                    "dibs: waiting on %s%s, which nobody holds now (%s)", self.key, where, state.status
+                )
             return
         expires = datetime.fromtimestamp(lease.expires_at, tz=UTC).isoformat(timespec="seconds")
         self.log.info(
-            "dibs: %s on %s, held by %s (token %s); the lease expires at %s (in %.1fs) unless renewed",
+            "dibs: %s on %s%s, held by %s (token %s); the lease expires at %s (in %.1fs) unless renewed",
             "waiting" if first else "now waiting",
             self.key,
+            where,
             lease.owner,
             lease.token.fence,
             expires,
