@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import select
@@ -285,19 +286,21 @@ def _remove(worker: Worker) -> None:
     of a key (an operator freeing a stuck key for good), and with a payload store ``collect``. Each
     is recorded by the recording store (its kind, key or namespace, outcome); a failed one is
     recorded and the remover goes on. With a payload store, what each removal's collection removed
-    is recorded too (``collected``: copies and bytes)."""
+    is recorded too (``collected``: copies and bytes). With ``in_order`` (a list of kinds), those
+    removals, once each and in that order, instead of random ones until ``stop_mono``."""
     _wait_until(worker.spec.get("start_mono"))
     assert worker.client is not None
     client = worker.client
     inner = client.store.inner if isinstance(client.store, RecordingStore) else client.store
     worker.recorder.emit("pause points", t0=now(), points=_pause_points(worker, inner))
-    stop = float(worker.spec["stop_mono"])
+    planned = list(worker.spec.get("in_order", ()))
+    stop = float(worker.spec["stop_mono"]) if not planned else math.inf
     keys = list(worker.spec["keys"])
     weights = dict(worker.spec.get("removals", {"prune": 1, "reap": 1, "forget": 1, "force_release": 1}))
     kinds = list(weights)
     low, high = worker.spec.get("gap", (0.02, 0.2))
-    while time.monotonic() < stop:
-        kind = worker.rng.choices(kinds, [weights[k] for k in kinds])[0]
+    while planned or time.monotonic() < stop:
+        kind = planned.pop(0) if planned else worker.rng.choices(kinds, [weights[k] for k in kinds])[0]
         key = worker.rng.choice(keys)
         before = getattr(inner, "freed", None)
         try:
@@ -321,6 +324,8 @@ def _remove(worker: Worker) -> None:
                 copies=inner.freed.copies - before.copies,
                 bytes=inner.freed.bytes - before.bytes,
             )
+        if stop == math.inf and not planned:
+            return
         time.sleep(worker.rng.uniform(low, high))
 
 
