@@ -229,8 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.payloads", description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="add the 1 GB case (several minutes)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--sizes", help="comma-separated sizes in MB instead of the default ones (e.g. 100,1024)"
+    )
+    parser.add_argument("--no-azure", action="store_true", help="the folder payload stores only (no Azurite)")
     args = parser.parse_args(argv)
     sizes = [(1 * MB, 7), (100 * MB, 5)] + ([(1024 * MB, 3)] if args.full else [])
+    if args.sizes:
+        rounds = {1: 7, 100: 5, 1024: 3}
+        sizes = [(int(mb) * MB, rounds.get(int(mb), 3)) for mb in args.sizes.split(",")]
     from benchmarks.main import _machine
     from benchmarks.targets import open_targets
 
@@ -241,13 +248,15 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{machine['cpus']} x {machine['cpu']}, Python {machine['python']}",
         "stores": {},
     }
-    with open_targets(("postgres", "azure")) as (targets, skipped):
+    with open_targets(("postgres",) if args.no_azure else ("postgres", "azure")) as (targets, skipped):
         if not any(target.name == "postgres" for target in targets):
             raise SystemExit(f"the payload benchmark needs PostgreSQL: {skipped.get('postgres')}")
         found = run(targets, sizes, lambda line: print(line, file=sys.stderr, flush=True))
     results["stores"] = found["stores"]
     if "azure" in skipped:
         results["stores"]["Azure Blob (Azurite)"] = skipped["azure"]
+    if args.no_azure:
+        results["stores"].pop("Azure Blob (Azurite)", None)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "payloads.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "PAYLOADS.md").write_text(_report(results))
