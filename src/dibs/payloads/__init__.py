@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import urllib.parse
 import weakref
 
 from dibs.config import embedded_payloads_url, embedded_store_url
@@ -127,6 +128,12 @@ def _open(url: str) -> PayloadStore:
         from dibs.payloads.files import FilePayloadStore
 
         return FilePayloadStore.from_url(url)
+    if "digest" in urllib.parse.parse_qs(urllib.parse.urlsplit(url).query):
+        raise ConfigurationError(
+            f"payloads={redact_url(url)!r}: ?digest= is a folder payload store's option "
+            "(file:///folder?digest=blake3); this store names payloads by SHA-256",
+            setting="payloads",
+        )
     if scheme == "azure":
         module = "dibs.payloads.azure"
         extra = "azure"

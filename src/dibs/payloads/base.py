@@ -55,6 +55,7 @@ __all__ = [
     "checked_digest",
     "is_address",
     "is_digest",
+    "named_otherwise",
     "split_address",
 ]
 
@@ -102,6 +103,14 @@ def is_address(text: str) -> bool:
     if not colon:
         return is_digest(text)
     return digest in DIGESTS[1:] and is_digest(hexdigest)
+
+
+def named_otherwise(found: str) -> bool:
+    """Whether ``found`` is the address of a payload named by another digest function than SHA-256:
+    a store that names payloads by SHA-256 only (Azure, fsspec) has no such payload, and says it is
+    missing (a reference written through a folder store told ``?digest=blake3``, read through
+    another store, is a miss that computes again)."""
+    return isinstance(found, str) and is_address(found) and not is_digest(found)
 
 
 def checked_address(found: str) -> str:
