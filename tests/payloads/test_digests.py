@@ -162,8 +162,13 @@ def test_a_blake3_store_without_the_extra_names_the_extra(
     url = (tmp_path / "p").as_uri() + "?digest=blake3"
     with pytest.raises(ConfigurationError, match=r"pip install 'dibs\[blake3\]'"):
         FilePayloadStore.from_url(url)
-    # A store that writes SHA-256 needs nothing more, and reads a BLAKE3 payload's reference only with it.
-    FilePayloadStore.from_url((tmp_path / "p").as_uri())
+    # A store that writes SHA-256 needs nothing more; a BLAKE3 payload it cannot check, it says why.
+    store = FilePayloadStore.from_url((tmp_path / "p").as_uri())
+    payload = Payload(f"blake3:{'0' * 64}", 3)
+    (tmp_path / "p" / "blake3" / "00").mkdir(parents=True)
+    (tmp_path / "p" / "blake3" / "00" / ("0" * 64)).write_bytes(b"abc")
+    with pytest.raises(ConfigurationError, match=r"pip install 'dibs\[blake3\]'"):
+        read_verified(store, payload, store.uri(payload.sha256))
 
 
 @pytest.mark.parametrize(
