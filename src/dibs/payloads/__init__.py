@@ -3,9 +3,10 @@ or any fsspec file system.
 
 ``Reservations(url, payloads="file:///shared/dibs")`` keeps artifacts up to an inline limit (64 KiB by
 default) in the record, as without a payload store, and writes larger ones to the payload store,
-content-addressed by SHA-256, publishing only a small reference through the record store's fenced
-``complete``. Readers check size and digest; a missing, truncated or mismatched payload is a miss
-(the key computes again), never a wrong value. See docs/payloads.md.
+content-addressed by SHA-256 (or BLAKE3: ``file:///shared/dibs?digest=blake3``), publishing only
+a small reference through the record store's fenced ``complete``. Readers check size and digest; a
+missing, truncated or mismatched payload is a miss (the key computes again), never a wrong value.
+See docs/payloads.md.
 
 ==============================  =============================================================
 URL                              payload store
