@@ -168,13 +168,13 @@ class Payload:
     @property
     def digest(self) -> str:
         """The digest function the payload is named by: ``"sha256"`` or ``"blake3"``."""
-        return split_address(self.sha256)[0]
+        return self.sha256.partition(":")[0] if named_otherwise(self.sha256) else "sha256"
 
     @property
     def checksum(self) -> str:
-        """The digest as dibs records it, naming its function: ``sha256:<hex>``, ``blake3:<hex>``."""
-        digest, hexdigest = split_address(self.sha256)
-        return f"{digest}:{hexdigest}"
+        """The digest as dibs records it, naming its function: ``sha256:<hex>``, ``blake3:<hex>``
+        (anything that is no ``blake3:`` address is taken for a SHA-256, as before BLAKE3)."""
+        return self.sha256 if named_otherwise(self.sha256) else "sha256:" + self.sha256
 
 
 @dataclasses.dataclass(frozen=True)
