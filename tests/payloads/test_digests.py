@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import blake3
@@ -14,13 +15,21 @@ import pytest
 
 import dibs
 from dibs.errors import ConfigurationError
-from dibs.payloads import REFERENCE, Payload, PayloadDamaged, ReferencingStore, open_payload_store
+from dibs.payloads import (
+    REFERENCE,
+    Payload,
+    PayloadDamaged,
+    PayloadStore,
+    ReferencingStore,
+    open_payload_store,
+)
 from dibs.payloads.base import address, is_address, split_address
 from dibs.payloads.collect import referenced_digest
 from dibs.payloads.files import FilePayloadStore
 from dibs.payloads.fsspec import FsspecPayloadStore
 from dibs.payloads.references import decode, encode
 from dibs.payloads.verify import read_verified, spool_verified
+from dibs.testing.payloads import PayloadStoreContract, opened_payload_stores
 
 BIG = 300_000  # above the default 64 KiB inline limit, and several of the hashing thread's chunks
 
@@ -213,3 +222,51 @@ def test_references_and_checksums_name_their_digest_function() -> None:
     )
     with pytest.raises(dibs.errors.ArtifactCorrupted, match="cannot be read"):
         decode(both, "test")
+
+
+def _blake3_copies(store: PayloadStore, named: str) -> list[Path]:
+    assert isinstance(store, FilePayloadStore)
+    digest, hexdigest = split_address(named)
+    return [store.root / digest / hexdigest[:2] / copy.copy for copy in store.copies(named)]
+
+
+class TestBlake3FolderContract(PayloadStoreContract):
+    """The payload store contract (removal's bargain, damage, debris) on a folder told ``?digest=blake3``."""
+
+    @pytest.fixture
+    def open_payload_store(self, tmp_path: Path) -> Iterator[Callable[[], PayloadStore]]:
+        url = (tmp_path / "payloads").as_uri() + "?digest=blake3"
+        with opened_payload_stores(lambda: FilePayloadStore.from_url(url)) as opener:
+            yield opener
+
+    @pytest.fixture
+    def tamper(self) -> Callable[[PayloadStore, str, bytes], None]:
+        def tamper(store: PayloadStore, named: str, data: bytes) -> None:
+            for path in _blake3_copies(store, named):
+                path.write_bytes(data)
+
+        return tamper
+
+    @pytest.fixture
+    def plant(self, tmp_path: Path) -> Callable[[PayloadStore, str, str], None]:
+        def plant(store: PayloadStore, named: str, kind: str) -> None:
+            for path in _blake3_copies(store, named):
+                path.unlink()
+                if kind == "fifo":
+                    os.mkfifo(path)
+                elif kind == "directory":
+                    path.mkdir()
+                else:
+                    target = tmp_path / f"outside-{kind}-{path.name}"
+                    os.mkfifo(target)
+                    path.symlink_to(target)
+
+        return plant
+
+    def test_a_put_reads_back_whole_by_its_digest(self, payloads: PayloadStore) -> None:
+        """The contract's own test expects a SHA-256 name; here the name is the BLAKE3 address."""
+        data = os.urandom(70_000)
+        put = payloads.put(data, "json")
+        assert (put.sha256, put.size, put.serializer) == (f"blake3:{_b3(data)}", len(data), "json")
+        assert payloads.put_stream(io.BytesIO(data), "json") == put
+        assert read_verified(payloads, put, payloads.uri(put.sha256)) == data
