@@ -5,7 +5,8 @@ run 1 MB, 100 MB and 1 GB), and on its own: ``python -m benchmarks.payloads`` (1
 ``--full`` adds 1 GB; ``--out DIR``, default ``benchmarks/results``, writes ``PAYLOADS.md`` and
 ``payloads.json``).
 
-Records on PostgreSQL; payloads in a local folder and on Azure Blob (Azurite). Per size and payload
+Records on PostgreSQL; payloads in a local folder (named by SHA-256, the default, and by BLAKE3,
+``?digest=blake3``, when the ``blake3`` extra is installed) and on Azure Blob (Azurite). Per size and payload
 store, two fresh processes: a holder (the value already in its memory) and a waiter blocked in
 ``Reservations.compute`` on the same key. A round's time runs from the holder's ``Lease.complete``
 call to the waiter holding the value (read back and checked against its SHA-256): the whole
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -160,7 +162,8 @@ def _case(records: str, payloads: str, size: int, rounds: int, scratch: Path) ->
 def run(
     targets: Sequence[Target], sizes: Sequence[tuple[int, int]], log: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Every size through a folder and, when Azurite is among ``targets``, Azure Blob; records on the
+    """Every size through a folder (SHA-256, and BLAKE3 with the extra) and, when Azurite is among
+    ``targets``, Azure Blob; records on the
     PostgreSQL target. ``{"stores": {name: [case, ...] or a skip reason}}``."""
     urls = {target.name: target.url for target in targets}
     if "postgres" not in urls:
@@ -169,6 +172,10 @@ def run(
     with tempfile.TemporaryDirectory(prefix="dibs-payloads-bench-") as scratch:
         folder = Path(scratch)
         choices = {"folder": (folder / "payloads").as_uri()}
+        if importlib.util.find_spec("blake3") is not None:  # the extra: payloads named by BLAKE3
+            choices["folder, ?digest=blake3"] = (folder / "payloads").as_uri() + "?digest=blake3"
+        else:
+            results["stores"]["folder, ?digest=blake3"] = "the blake3 extra is not installed"
         if "azure" in urls:
             choices["Azure Blob (Azurite)"] = urls["azure"]
         else:
@@ -229,8 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.payloads", description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="add the 1 GB case (several minutes)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--sizes", help="comma-separated sizes in MB instead of the default ones (e.g. 100,1024)"
+    )
+    parser.add_argument("--no-azure", action="store_true", help="the folder payload stores only (no Azurite)")
     args = parser.parse_args(argv)
     sizes = [(1 * MB, 7), (100 * MB, 5)] + ([(1024 * MB, 3)] if args.full else [])
+    if args.sizes:
+        rounds = {1: 7, 100: 5, 1024: 3}
+        sizes = [(int(mb) * MB, rounds.get(int(mb), 3)) for mb in args.sizes.split(",")]
     from benchmarks.main import _machine
     from benchmarks.targets import open_targets
 
@@ -241,13 +255,15 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{machine['cpus']} x {machine['cpu']}, Python {machine['python']}",
         "stores": {},
     }
-    with open_targets(("postgres", "azure")) as (targets, skipped):
+    with open_targets(("postgres",) if args.no_azure else ("postgres", "azure")) as (targets, skipped):
         if not any(target.name == "postgres" for target in targets):
             raise SystemExit(f"the payload benchmark needs PostgreSQL: {skipped.get('postgres')}")
         found = run(targets, sizes, lambda line: print(line, file=sys.stderr, flush=True))
     results["stores"] = found["stores"]
     if "azure" in skipped:
         results["stores"]["Azure Blob (Azurite)"] = skipped["azure"]
+    if args.no_azure:
+        results["stores"].pop("Azure Blob (Azurite)", None)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "payloads.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "PAYLOADS.md").write_text(_report(results))

@@ -3,9 +3,10 @@ or any fsspec file system.
 
 ``Reservations(url, payloads="file:///shared/dibs")`` keeps artifacts up to an inline limit (64 KiB by
 default) in the record, as without a payload store, and writes larger ones to the payload store,
-content-addressed by SHA-256, publishing only a small reference through the record store's fenced
-``complete``. Readers check size and digest; a missing, truncated or mismatched payload is a miss
-(the key computes again), never a wrong value. See docs/payloads.md.
+content-addressed by SHA-256 (or BLAKE3: ``file:///shared/dibs?digest=blake3``), publishing only
+a small reference through the record store's fenced ``complete``. Readers check size and digest; a
+missing, truncated or mismatched payload is a miss (the key computes again), never a wrong value.
+See docs/payloads.md.
 
 ==============================  =============================================================
 URL                              payload store
@@ -21,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import urllib.parse
 import weakref
 
 from dibs.config import embedded_payloads_url, embedded_store_url
@@ -127,6 +129,12 @@ def _open(url: str) -> PayloadStore:
         from dibs.payloads.files import FilePayloadStore
 
         return FilePayloadStore.from_url(url)
+    if "digest" in urllib.parse.parse_qs(urllib.parse.urlsplit(url).query):
+        raise ConfigurationError(
+            f"payloads={redact_url(url)!r}: ?digest= is a folder payload store's option "
+            "(file:///folder?digest=blake3); this store names payloads by SHA-256",
+            setting="payloads",
+        )
     if scheme == "azure":
         module = "dibs.payloads.azure"
         extra = "azure"

@@ -41,6 +41,7 @@ from dibs.payloads.base import (
     StoredPayload,
     checked_digest,
     is_digest,
+    named_otherwise,
     unavailable,
     unwritable,
 )
@@ -194,6 +195,8 @@ class AzurePayloadStore(PayloadStore):
 
     # -- reading ------------------------------------------------------------------------------------
     def open(self, sha256: str) -> IO[bytes]:
+        if named_otherwise(sha256):
+            raise PayloadUnavailable(f"payload {sha256} is missing: {self._url} keeps SHA-256 payloads only")
         try:
             downloader = self._container.download_blob(
                 self._name(sha256), max_concurrency=self._settings.max_concurrency
@@ -205,6 +208,8 @@ class AzurePayloadStore(PayloadStore):
         return cast(IO[bytes], _Downloaded(downloader, self.uri(sha256)))
 
     def copies(self, sha256: str) -> builtins.list[StoredPayload]:
+        if named_otherwise(sha256):
+            return []  # this store names payloads by SHA-256 only
         try:
             found = self._container.get_blob_client(self._name(sha256)).get_blob_properties()
         except ResourceNotFoundError:

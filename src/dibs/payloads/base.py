@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import IO, Self
 
 from dibs.errors import ArtifactCorrupted, SerializationError, StoreUnavailable
-from dibs.payloads.hashing import Hasher, Ready, digest_beside
+from dibs.payloads.hashing import DIGESTS, Hasher, Ready, digest_beside
 
 __all__ = [
     "CHUNK",
@@ -50,8 +50,13 @@ __all__ = [
     "PayloadUnwritable",
     "PayloadWriter",
     "StoredPayload",
+    "address",
+    "checked_address",
     "checked_digest",
+    "is_address",
     "is_digest",
+    "named_otherwise",
+    "split_address",
 ]
 
 #: How much is read or written at once while streaming (memory per stream: about this much).
@@ -71,6 +76,48 @@ def checked_digest(sha256: str) -> str:
     if not is_digest(sha256):
         raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
     return sha256
+
+
+# -- content addresses -------------------------------------------------------------------------------
+# A payload is named by its *address*: its SHA-256 in hex (64 digits, as every payload was named
+# before BLAKE3, so old references and layouts stay as they are), or ``blake3:<64 hex digits>``. The
+# address is what :attr:`Payload.sha256` and :attr:`StoredPayload.sha256` hold (the field keeps its
+# name: code written for SHA-256 payloads goes on working), and what every store method takes.
+
+
+def address(digest: str, hexdigest: str) -> str:
+    """The address of a payload whose ``digest`` (``"sha256"``, ``"blake3"``) is ``hexdigest``."""
+    return hexdigest if digest == "sha256" else f"{digest}:{hexdigest}"
+
+
+def split_address(found: str) -> tuple[str, str]:
+    """``(digest function, hex digest)`` of an address (see :func:`checked_address`)."""
+    digest, colon, hexdigest = checked_address(found).rpartition(":")
+    return (digest if colon else "sha256"), hexdigest
+
+
+def is_address(text: str) -> bool:
+    """Whether ``text`` is a payload's address: a SHA-256 in hex, or ``<digest>:<64 hex digits>`` for
+    another digest function dibs knows (``blake3``)."""
+    digest, colon, hexdigest = text.rpartition(":")
+    if not colon:
+        return is_digest(text)
+    return digest in DIGESTS[1:] and is_digest(hexdigest)
+
+
+def named_otherwise(found: str) -> bool:
+    """Whether ``found`` is the address of a payload named by another digest function than SHA-256:
+    a store that names payloads by SHA-256 only (Azure, fsspec) has no such payload, and says it is
+    missing (a reference written through a folder store told ``?digest=blake3``, read through
+    another store, is a miss that computes again)."""
+    return isinstance(found, str) and is_address(found) and not is_digest(found)
+
+
+def checked_address(found: str) -> str:
+    """``found`` when it is a payload's address (:func:`is_address`), else :class:`ValueError`."""
+    if not isinstance(found, str) or not is_address(found):
+        raise ValueError(f"not a SHA-256 in hex (nor blake3:<64 hex digits>): {found!r}")
+    return found
 
 
 class PayloadUnavailable(ArtifactCorrupted):
@@ -106,7 +153,9 @@ class PayloadUnwritable(SerializationError, StoreUnavailable):
 
 @dataclasses.dataclass(frozen=True)
 class Payload:
-    """A payload in a payload store: its SHA-256 (hex), its size, and the serializer that wrote it.
+    """A payload in a payload store: its address (``sha256``: the SHA-256 in hex, or
+    ``blake3:<hex>`` for a store that names payloads by BLAKE3), its size, and the serializer that
+    wrote it.
 
     A work function may *return* one (from :meth:`dibs.Reservations.put_payload`): the lease then
     publishes a reference to these bytes without ever loading them.
@@ -117,15 +166,21 @@ class Payload:
     serializer: str = "bytes"
 
     @property
+    def digest(self) -> str:
+        """The digest function the payload is named by: ``"sha256"`` or ``"blake3"``."""
+        return self.sha256.partition(":")[0] if named_otherwise(self.sha256) else "sha256"
+
+    @property
     def checksum(self) -> str:
-        """The digest as dibs records it (``sha256:<hex>``)."""
-        return "sha256:" + self.sha256
+        """The digest as dibs records it, naming its function: ``sha256:<hex>``, ``blake3:<hex>``
+        (anything that is no ``blake3:`` address is taken for a SHA-256, as before BLAKE3)."""
+        return self.sha256 if named_otherwise(self.sha256) else "sha256:" + self.sha256
 
 
 @dataclasses.dataclass(frozen=True)
 class StoredPayload:
-    """A copy of a payload as listed: its digest, size, and when it was last written, linked or put
-    again (Unix seconds, the storage's clock).
+    """A copy of a payload as listed: its address (``sha256``, see :class:`Payload`), size, and when
+    it was last written, linked or put again (Unix seconds, the storage's clock).
 
     ``copy`` tells it from the payload's other copies, in the store's own terms (a file's name, a
     blob's ETag): what :meth:`PayloadStore.remove` takes. Copies of one payload sort by it in about
@@ -153,22 +208,25 @@ class Freed:
 
 class PayloadWriter(abc.ABC):
     """One payload being written: :meth:`write` chunks, then :meth:`commit` (or leave the ``with``
-    block by an exception, which discards what was written). Its SHA-256 is computed chunk by chunk
-    as it is written, each chunk hashed in a helper thread while this one writes it
-    (:mod:`.hashing`: the two passes cost about the longer of the two), and :meth:`commit` names the
-    payload by it. A chunk is the caller's again once :meth:`write` returns."""
+    block by an exception, which discards what was written). Its digest (``digest``: SHA-256 unless
+    the store is told otherwise) is computed chunk by chunk as it is written, each chunk hashed in a
+    helper thread while this one writes it (:mod:`.hashing`: the two passes cost about the longer of
+    the two), and :meth:`commit` names the payload by it. A chunk is the caller's again once
+    :meth:`write` returns."""
 
-    def __init__(self, where: str = "the payload store") -> None:
-        self._hasher = Hasher()
+    def __init__(self, where: str = "the payload store", digest: str = "sha256") -> None:
+        self._hasher = Hasher(digest)
+        self._digest_function = digest
         self._known: str | Callable[[], str] | None = None
         self.size = 0
         self._done = False
         self._where = where  # the store's URL (redacted), for errors
 
     def vouch(self, sha256: str | Callable[[], str]) -> None:
-        """The digest of what will be written, computed by the caller from the same bytes: not computed
-        again (one SHA-256 pass less on the hand-off's writing side). A callable is asked for it at
-        :meth:`commit`, once the bytes are written and flushed (a hash still running beside them)."""
+        """The address of what will be written (a SHA-256 in hex, or ``blake3:<hex>``), computed by
+        the caller from the same bytes: not computed again (one pass less on the hand-off's writing
+        side). A callable is asked for it at :meth:`commit`, once the bytes are written and flushed
+        (a hash still running beside them)."""
         self._known = sha256
 
     def write(self, chunk: bytes | bytearray | memoryview) -> int:
@@ -197,8 +255,8 @@ class PayloadWriter(abc.ABC):
 
     def _digest(self) -> str:
         if self._known is None:
-            return self._hasher.hexdigest()
-        return self._known if isinstance(self._known, str) else self._known()
+            return address(self._digest_function, self._hasher.hexdigest())
+        return checked_address(self._known if isinstance(self._known, str) else self._known())
 
     def _flush(self) -> None:  # noqa: B027 (most writers make their bytes durable in _commit)
         """Make the written bytes durable before they are named (a vouched digest may still be
@@ -246,11 +304,17 @@ def unavailable(where: str, doing: str, exc: BaseException, why: str | None = No
 class PayloadStore(abc.ABC):
     """Content-addressed payloads, in one or more copies each (see the module docstring).
 
+    ``digest`` is the digest function new payloads are named by (``"sha256"``, or ``"blake3"`` for a
+    store that supports it and was told so); every store reads payloads named by any of them.
+
     Every method raises only dibs errors: :class:`PayloadUnavailable` for a payload that is not
     there (or not readable as one), :class:`PayloadUnwritable` for a write that failed,
     :class:`~dibs.errors.StoreUnavailable` for a store that cannot be reached or refused to list or
     remove. Nothing a store does may block on what it finds at a payload's name.
     """
+
+    #: The digest function new payloads are named by (:data:`~dibs.payloads.hashing.DIGESTS`).
+    digest: str = "sha256"
 
     @property
     @abc.abstractmethod
@@ -322,19 +386,23 @@ class PayloadStore(abc.ABC):
     def put(
         self, data: bytes | bytearray | memoryview, serializer: str = "bytes", *, sha256: str | None = None
     ) -> Payload:
-        """``data`` as a payload (written in chunks: no copy of it is made), its SHA-256 computed in a
-        helper thread while it is written and flushed; ``sha256``, when the caller has just computed it
-        from ``data``, is used instead."""
+        """``data`` as a payload (written in chunks: no copy of it is made), its digest (the store's
+        :attr:`digest`) computed in a helper thread while it is written and flushed; ``sha256``, the
+        address of ``data`` when the caller has just computed it, is used instead."""
         view = memoryview(data).cast("B")
-        digest = digest_beside(view) if sha256 is None else Ready(sha256)
+        if sha256 is None:
+            hexdigest = digest_beside(view, self.digest)
+            digest: Callable[[], str] = lambda: address(self.digest, hexdigest.result())  # noqa: E731
+        else:
+            digest = Ready(sha256).result
         try:
             with self._writer() as writer:
-                writer.vouch(digest.result)
+                writer.vouch(digest)
                 for start in range(0, len(view), CHUNK):
                     writer.write(view[start : start + CHUNK])
                 return writer.commit(serializer)
         finally:
-            digest.result()  # no thread reads the caller's bytes once this returns (or raises)
+            digest()  # no thread reads the caller's bytes once this returns (or raises)
 
     def put_stream(self, source: IO[bytes], serializer: str = "bytes") -> Payload:
         """What ``source`` reads to its end, as a payload (at most :data:`CHUNK` in memory)."""

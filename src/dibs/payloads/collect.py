@@ -49,7 +49,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
-from dibs.payloads.base import Freed, PayloadStore, StoredPayload
+from dibs.payloads.base import Freed, PayloadStore, StoredPayload, address, is_address
 from dibs.payloads.references import REFERENCE
 from dibs.stores.base import Store
 
@@ -62,10 +62,13 @@ DEFAULT_GRACE = 60.0
 
 
 def referenced_digest(serializer: str, checksum: str) -> str | None:
-    """The payload a record refers to (from its serializer and checksum), or ``None``."""
-    if serializer == REFERENCE and checksum.startswith("sha256:"):
-        return checksum.removeprefix("sha256:")
-    return None
+    """The payload a record refers to (its address, from the record's serializer and checksum:
+    ``sha256:<hex>`` or ``blake3:<hex>``), or ``None``."""
+    if serializer != REFERENCE:
+        return None
+    digest, colon, hexdigest = checksum.partition(":")
+    found = address(digest, hexdigest) if colon else ""
+    return found if is_address(found) else None
 
 
 def collect(

@@ -4,7 +4,12 @@ Layout (created on first use)::
 
     <root>/sha256/ab/<64 hex digits>.<stamp>    a copy of one payload: its SHA-256, and when it was made
     <root>/sha256/ab/<64 hex digits>            a copy made before copies had stamps (read, and collected)
+    <root>/blake3/ab/<64 hex digits>.<stamp>    a copy of a payload named by its BLAKE3 (?digest=blake3)
     <root>/partial/<random>.part                a payload being written (moved into place once whole)
+
+``file:///shared/dibs?digest=blake3`` names new payloads by BLAKE3 (the ``blake3`` extra), several
+times SHA-256's speed, in their own folder; payloads named by SHA-256 are read as before, so the
+setting may change at any time (or differ between processes) without a payload becoming unreadable.
 
 A payload is written under ``partial/``, flushed to disk, then given its name in ``sha256/``: a reader
 sees a whole payload or none. On Linux, the disk write of each :data:`WRITEBACK` bytes is started
@@ -62,11 +67,12 @@ from dibs.payloads.base import (
     PayloadUnavailable,
     PayloadWriter,
     StoredPayload,
-    checked_digest,
+    address,
     is_digest,
+    split_address,
     unavailable,
 )
-from dibs.payloads.hashing import run_beside
+from dibs.payloads.hashing import DIGESTS, new_hash, run_beside
 from dibs.stores import redact_url
 
 __all__ = [
@@ -216,7 +222,7 @@ def enter_folder(parent: int, name: str, *, create: bool) -> int | None:
 
 class _FileWriter(PayloadWriter):
     def __init__(self, store: FilePayloadStore) -> None:
-        super().__init__(store.url)
+        super().__init__(store.url, store.digest)
         self._store = store
         partial = store.root / "partial"
         partial.mkdir(parents=True, exist_ok=True)
@@ -241,9 +247,10 @@ class _FileWriter(PayloadWriter):
             self._file.close()
 
     def _commit(self, sha256: str) -> None:
-        name = f"{sha256}.{new_stamp()}"  # this writer's own: no collector ever decided about it
+        digest, hexdigest = split_address(sha256)
+        name = f"{hexdigest}.{new_stamp()}"  # this writer's own: no collector ever decided about it
         with self._store._folder(sha256, create=True) as folder:
-            for found in reversed(self._store._copies_in(folder, sha256)):
+            for found in reversed(self._store._copies_in(folder, digest, hexdigest)):
                 if found.size != self.size:
                     continue  # another size: not this payload (damaged), and never linked to
                 try:
@@ -264,8 +271,15 @@ class _FileWriter(PayloadWriter):
 class FilePayloadStore(PayloadStore):
     """Payloads in a folder (see the module docstring)."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, digest: str = "sha256") -> None:
+        if digest not in DIGESTS:
+            raise ConfigurationError(
+                f"a folder payload store names payloads by {' or '.join(DIGESTS)}, got digest={digest!r}",
+                setting="payloads",
+            )
+        new_hash(digest)  # a missing extra is said now, not at the first large complete
         self.root = Path(root)
+        self.digest = digest
         self._lock = threading.Lock()
         self._leftovers: list[Path] = []  # writers' files that a hard link made redundant
         # A put that nobody publishes in this process (a worker's offload, a failure before the
@@ -293,59 +307,78 @@ class FilePayloadStore(PayloadStore):
                 setting="payloads",
             )
         root = Path(urllib.parse.unquote(parsed.path))
+        options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+        unknown = sorted(set(options) - {"digest"})
+        if unknown or len(options.get("digest", [])) > 1:
+            raise ConfigurationError(
+                f"payloads={redact_url(url)!r}: a folder payload store URL takes one option, "
+                f"?digest={'|'.join(DIGESTS)}, got {parsed.query!r}",
+                setting="payloads",
+            )
+        digest = options.get("digest", ["sha256"])[0]
+        if digest not in DIGESTS:
+            raise ConfigurationError(
+                f"payloads={redact_url(url)!r}: digest={digest!r} is not a digest function dibs names "
+                f"payloads by; use {' or '.join(DIGESTS)}",
+                setting="payloads",
+            )
         if root.exists() and not root.is_dir():
             raise ConfigurationError(
                 f"payloads={redact_url(url)!r} is not a folder (a file is there): give the folder the "
                 "payloads go to, e.g. file:///shared/dibs-payloads",
                 setting="payloads",
             )
-        return cls(root)
+        return cls(root, digest=digest)
 
     @property
     def url(self) -> str:
-        return self.root.resolve().as_uri()
+        found = self.root.resolve().as_uri()
+        return found if self.digest == "sha256" else f"{found}?digest={self.digest}"
 
     # -- where copies are ----------------------------------------------------------------------------
     def _folder(self, sha256: str, *, create: bool = False) -> _Folder:
-        """``sha256/ab`` of the payload, open; :class:`FileNotFoundError` when it is not there."""
-        digest = checked_digest(sha256)
+        """``sha256/ab`` (``blake3/ab``) of the payload, open; :class:`FileNotFoundError` when it is
+        not there."""
+        digest, hexdigest = split_address(sha256)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
         root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root may be a symlink
         try:
-            top = enter_folder(root, "sha256", create=create)
+            top = enter_folder(root, digest, create=create)
             if top is None:
-                raise FileNotFoundError(self.root / "sha256")
+                raise FileNotFoundError(self.root / digest)
             try:
-                folder = enter_folder(top, digest[:2], create=create)
+                folder = enter_folder(top, hexdigest[:2], create=create)
             finally:
                 os.close(top)
         finally:
             os.close(root)
         if folder is None:
-            raise FileNotFoundError(self.root / "sha256" / digest[:2])
+            raise FileNotFoundError(self.root / digest / hexdigest[:2])
         return _Folder(folder)
 
-    def _copies_in(self, folder: _Folder, sha256: str | None = None) -> builtins.list[StoredPayload]:
-        """The copies in ``folder`` (of ``sha256`` only, when given), in :attr:`StoredPayload.copy` order."""
+    def _copies_in(
+        self, folder: _Folder, digest: str, hexdigest: str | None = None
+    ) -> builtins.list[StoredPayload]:
+        """The copies in ``folder`` of the ``digest`` layout (of ``hexdigest`` only, when given), in
+        :attr:`StoredPayload.copy` order."""
         found = []
         with os.scandir(folder.fd) as entries:
             for entry in entries:
-                digest = entry.name[:64] if sha256 is None else sha256
-                if not is_copy_name(digest, entry.name) or not is_digest(digest):
+                named = entry.name[:64] if hexdigest is None else hexdigest
+                if not is_copy_name(named, entry.name) or not is_digest(named):
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     info = entry.stat(follow_symlinks=False)
                     if stat.S_ISREG(info.st_mode):
-                        found.append(
-                            StoredPayload(digest, info.st_size, modified(entry.name, info), entry.name)
-                        )
+                        when = modified(entry.name, info)
+                        found.append(StoredPayload(address(digest, named), info.st_size, when, entry.name))
         return sorted(found, key=lambda copy: copy.copy)
 
     def copies(self, sha256: str) -> builtins.list[StoredPayload]:
         try:
             with self._folder(sha256) as folder:
-                return self._copies_in(folder, sha256)
+                return self._copies_in(folder, *split_address(sha256))
         except FileNotFoundError:
             return []
         except OSError as exc:
@@ -353,9 +386,10 @@ class FilePayloadStore(PayloadStore):
 
     def path(self, sha256: str) -> Path:
         """The file :meth:`open` would read (the latest copy), or where the payload's first copy goes."""
+        digest, hexdigest = split_address(sha256)
         found = self.copies(sha256)
-        name = found[-1].copy if found else checked_digest(sha256)
-        return self.root / "sha256" / sha256[:2] / name
+        name = found[-1].copy if found else hexdigest
+        return self.root / digest / hexdigest[:2] / name
 
     # -- writing and reading -----------------------------------------------------------------------
     def writer(self) -> PayloadWriter:
@@ -365,7 +399,7 @@ class FilePayloadStore(PayloadStore):
     def open(self, sha256: str) -> IO[bytes]:
         try:
             with self._folder(sha256) as folder:
-                for found in reversed(self._copies_in(folder, sha256)):
+                for found in reversed(self._copies_in(folder, *split_address(sha256))):
                     stream = open_regular(found.copy, dir_fd=folder.fd)
                     if stream is not None:
                         return stream
@@ -384,7 +418,7 @@ class FilePayloadStore(PayloadStore):
 
     # -- removing -----------------------------------------------------------------------------------
     def remove(self, found: StoredPayload) -> Freed:
-        if not is_copy_name(found.sha256, found.copy):
+        if not is_copy_name(split_address(found.sha256)[1], found.copy):
             raise ValueError(f"not a copy of {found.sha256}: {found.copy!r}")
         try:
             with self._folder(found.sha256) as folder:
@@ -406,7 +440,7 @@ class FilePayloadStore(PayloadStore):
         try:
             removed = 0
             with self._folder(sha256) as folder:
-                for found in self._copies_in(folder, sha256):
+                for found in self._copies_in(folder, *split_address(sha256)):
                     with contextlib.suppress(FileNotFoundError):
                         info = os.stat(found.copy, dir_fd=folder.fd, follow_symlinks=False)
                         if (info.st_dev, info.st_ino) == (read.st_dev, read.st_ino):
@@ -425,30 +459,33 @@ class FilePayloadStore(PayloadStore):
             raise unavailable(self.url, "listing payloads", exc) from exc
 
     def _list(self) -> Iterator[StoredPayload]:
-        for folder, _ in self._walk():
+        for digest, folder, _ in self._walk():
             with folder:
-                found = self._copies_in(folder)
+                found = self._copies_in(folder, digest)
             yield from found
 
-    def _walk(self) -> Iterator[tuple[_Folder, builtins.list[str]]]:
-        """Each ``sha256/ab`` folder (never through a symlink), open, with the names in it."""
-        top = self.root / "sha256"
-        try:
-            fd = os.open(top, _DIRECTORY)
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        except OSError as exc:
-            if exc.errno in _NOT_A_FILE:
-                return
-            raise
-        try:
-            for prefix in sorted(os.listdir(fd)):
-                sub = enter_folder(fd, prefix, create=False)
-                if sub is not None:
-                    folder = _Folder(sub)
-                    yield folder, os.listdir(sub)
-        finally:
-            os.close(fd)
+    def _walk(self) -> Iterator[tuple[str, _Folder, builtins.list[str]]]:
+        """Each ``sha256/ab`` and ``blake3/ab`` folder (never through a symlink), open, with its digest
+        function and the names in it: whatever this store names new payloads by, it lists (and
+        collects) the others too."""
+        for digest in DIGESTS:
+            top = self.root / digest
+            try:
+                fd = os.open(top, _DIRECTORY)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                if exc.errno in _NOT_A_FILE:
+                    continue
+                raise
+            try:
+                for prefix in sorted(os.listdir(fd)):
+                    sub = enter_folder(fd, prefix, create=False)
+                    if sub is not None:
+                        folder = _Folder(sub)
+                        yield digest, folder, os.listdir(sub)
+            finally:
+                os.close(fd)
 
     def discard_partial(self, *, unchanged_since: float) -> Freed:
         try:
@@ -466,7 +503,7 @@ class FilePayloadStore(PayloadStore):
                     if entry.name.endswith(".part") and _modified(found) < unchanged_since:
                         os.unlink(entry.path)
                         freed = freed + Freed(1, found.st_size, 1)
-        for folder, names in self._walk():  # what is no payload at a payload's name: never read, removed
+        for _, folder, names in self._walk():  # what is no payload at a payload's name: never read, removed
             with folder:
                 for name in names:
                     with contextlib.suppress(FileNotFoundError):
@@ -487,5 +524,5 @@ class FilePayloadStore(PayloadStore):
 
     def uri(self, sha256: str) -> str:
         """The payload's name in the folder, its copies' names without their stamps: ``<uri>.*``."""
-        digest = checked_digest(sha256)
-        return (self.root.resolve() / "sha256" / digest[:2] / digest).as_uri()
+        digest, hexdigest = split_address(sha256)
+        return (self.root.resolve() / digest / hexdigest[:2] / hexdigest).as_uri()

@@ -61,6 +61,7 @@ from dibs.payloads.base import (
     StoredPayload,
     checked_digest,
     is_digest,
+    named_otherwise,
     unavailable,
     unwritable,
 )
@@ -290,6 +291,8 @@ class FsspecPayloadStore(PayloadStore):
 
     # -- copies ---------------------------------------------------------------------------------------
     def copies(self, sha256: str) -> builtins.list[StoredPayload]:
+        if named_otherwise(sha256):
+            return []  # this store names payloads by SHA-256 only
         folder = self._folder(sha256)
         with self._failing(f"listing payload {sha256}"):
             if self._local:
@@ -353,6 +356,8 @@ class FsspecPayloadStore(PayloadStore):
 
     # -- reading --------------------------------------------------------------------------------------
     def open(self, sha256: str) -> IO[bytes]:
+        if named_otherwise(sha256):
+            raise PayloadUnavailable(f"payload {sha256} is missing: {self._url} keeps SHA-256 payloads only")
         if self._local:
             return self._local_open(sha256)
         folder = self._folder(sha256)

@@ -1,7 +1,10 @@
-"""The small record that stands for a large artifact: ``(uri, sha256, size, serializer)``.
+"""The small record that stands for a large artifact: ``(uri, sha256, size, serializer)``, or
+``(uri, blake3, size, serializer)`` for a payload named by BLAKE3 (its own key, so that a reader that
+knows only SHA-256 finds no digest it could mistake, and an old reference reads as it always did).
 
 A reference is an artifact like any other to the record store: its serializer is :data:`REFERENCE`,
-its payload a short JSON document, and its checksum **the payload's** SHA-256 (not the document's),
+its payload a short JSON document, and its checksum **the payload's** digest (not the document's;
+``sha256:<hex>`` or ``blake3:<hex>``),
 so listings, which carry no payloads, still say which payload each record refers to (what the
 collector needs), and a holder that re-reads its key after a lost reply recognises its own artifact
 by the checksum it computed. The record store's fenced ``complete`` publishes it, so a fenced-out
@@ -14,7 +17,7 @@ import json
 import re
 
 from dibs.errors import ArtifactCorrupted
-from dibs.payloads.base import Payload
+from dibs.payloads.base import Payload, address, split_address
 
 __all__ = ["REFERENCE", "decode", "encode"]
 
@@ -22,13 +25,16 @@ __all__ = ["REFERENCE", "decode", "encode"]
 REFERENCE = "dibs-ref"
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: The keys a reference may name its payload's digest by, one per digest function.
+_DIGEST_KEYS = ("sha256", "blake3")
 
 
 def encode(payload: Payload, uri: str) -> bytes:
+    digest, hexdigest = split_address(payload.sha256)
     doc = {
         "v": 1,
         "uri": uri,
-        "sha256": payload.sha256,
+        digest: hexdigest,
         "size": payload.size,
         "serializer": payload.serializer,
     }
@@ -40,8 +46,12 @@ def decode(document: bytes, where: str) -> tuple[Payload, str]:
     document is not a reference this dibs writes."""
     try:
         doc = json.loads(document)
-        sha256, size, serializer, uri = doc["sha256"], doc["size"], doc["serializer"], doc["uri"]
-    except (ValueError, TypeError, KeyError) as exc:
+        named = [key for key in _DIGEST_KEYS if key in doc]
+        if len(named) != 1:
+            raise KeyError("one of " + ", ".join(_DIGEST_KEYS))
+        digest = named[0]
+        sha256, size, serializer, uri = doc[digest], doc["size"], doc["serializer"], doc["uri"]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ArtifactCorrupted(f"{where}: the payload reference cannot be read ({exc!r})") from None
     if (
         doc.get("v") != 1
@@ -58,4 +68,4 @@ def decode(document: bytes, where: str) -> tuple[Payload, str]:
         raise ArtifactCorrupted(
             f"{where}: the payload reference names another reference, which dibs never writes"
         )
-    return Payload(sha256, size, serializer), uri
+    return Payload(address(digest, sha256), size, serializer), uri

@@ -1,4 +1,5 @@
-"""Reading a payload back, checked: its size and SHA-256 must be the reference's, or nothing is served.
+"""Reading a payload back, checked: its size and digest (SHA-256, or BLAKE3 for a payload named by
+it) must be the reference's, or nothing is served.
 
 **No byte leaves dibs before the whole payload was checked.** Three ways, all of them so:
 
@@ -25,7 +26,15 @@ from collections.abc import Callable, Iterator
 from typing import IO, TypeVar
 
 from dibs.errors import ReservationError
-from dibs.payloads.base import CHUNK, Payload, PayloadDamaged, PayloadStore, PayloadUnavailable
+from dibs.payloads.base import (
+    CHUNK,
+    Payload,
+    PayloadDamaged,
+    PayloadStore,
+    PayloadUnavailable,
+    address,
+    split_address,
+)
 from dibs.payloads.hashing import Hasher
 
 __all__ = ["check_stream", "copy_out", "copy_verified", "read_verified", "spool_verified"]
@@ -55,7 +64,10 @@ def _mismatch(
         return PayloadDamaged(
             f"payload {uri} is longer than recorded: {size:,} bytes {found}, {payload.size:,} recorded"
         )
-    return PayloadDamaged(f"payload {uri} does not match its recorded SHA-256 ({sha256} != {payload.sha256})")
+    digest, recorded = split_address(payload.sha256)
+    got = sha256.rpartition(":")[2] if sha256 is not None else None
+    name = "SHA-256" if digest == "sha256" else digest.upper()
+    return PayloadDamaged(f"payload {uri} does not match its recorded {name} ({got} != {recorded})")
 
 
 def _checked_read(store: PayloadStore, payload: Payload, read: Callable[[IO[bytes]], T]) -> T:
@@ -91,7 +103,7 @@ def _chunks_checked(stream: IO[bytes], payload: Payload, uri: str) -> Iterator[b
     stored = _stored_size(stream)
     if stored is not None and stored != payload.size:
         raise _mismatch(uri, payload, stored, None, found="stored")
-    hasher, read = Hasher(), 0
+    hasher, read = Hasher(payload.digest), 0
     try:
         # Never past the recorded size + 1: one byte more tells a longer payload, and the error then
         # says how far it was read, not that plus the rest of a chunk.
@@ -107,7 +119,7 @@ def _chunks_checked(stream: IO[bytes], payload: Payload, uri: str) -> Iterator[b
         hasher.wait()  # nothing is left hashing once this ends, however it ends
     if read != payload.size:
         raise _mismatch(uri, payload, read, None)
-    digest = hasher.hexdigest()
+    digest = address(payload.digest, hasher.hexdigest())
     if digest != payload.sha256:
         raise _mismatch(uri, payload, read, digest)
 
@@ -157,7 +169,7 @@ def _read_whole(stream: IO[bytes], payload: Payload, uri: str) -> bytes:
     if payload.size:
         value.seek(payload.size - 1)
         value.write(b"\0")  # the buffer at its final size, allocated once
-    hasher, read = Hasher(), 0
+    hasher, read = Hasher(payload.digest), 0
     try:
         with value.getbuffer() as buffer:
             read = _read_into(stream, buffer, hasher)
@@ -168,7 +180,7 @@ def _read_whole(stream: IO[bytes], payload: Payload, uri: str) -> bytes:
         hasher.wait()  # nothing is left reading the buffer, however this ends
     if read != payload.size or extra:
         raise _mismatch(uri, payload, read + len(extra), None)
-    digest = hasher.hexdigest()
+    digest = address(payload.digest, hasher.hexdigest())
     if digest != payload.sha256:
         raise _mismatch(uri, payload, read, digest)
     # CPython hands over the buffer itself (no exports are left), not a copy of it.
