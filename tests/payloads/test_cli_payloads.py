@@ -73,3 +73,22 @@ def test_dibs_run_prints_a_waited_for_or_found_payload_as_it_reads_it(tmp_path: 
     fresh.write_bytes(b"y" * 10)  # truncated: a miss too
     again = dibs("run", "--key", "k", "--", "sh", "-c", "head -c 300000 /dev/zero | tr '\\0' z", env=env)
     assert again.stdout == "z" * 300_000
+
+
+def test_json_names_a_streamed_payload_by_its_digest_function(tmp_path: Path) -> None:
+    """``--json`` says where a streamed output went as its reference does: ``{"sha256": hex}`` by
+    default, ``{"blake3": hex}`` for a folder store with ``?digest=blake3`` (not a BLAKE3 address under
+    the key "sha256")."""
+    store = f"sqlite:///{tmp_path / 'dibs.db'}"
+    big = "head -c 300000 /dev/zero | tr '\\0' x"
+    for query, named in (("", "sha256"), ("?digest=blake3", "blake3")):
+        payloads = (tmp_path / f"payloads{named}").as_uri() + query
+        envelope = json.loads(
+            dibs(
+                "--json", "run", "--payloads", payloads, "--key", named, "--", "sh", "-c", big, store=store
+            ).stdout
+        )
+        assert envelope["encoding"] == "payload"
+        value = envelope["value"]
+        assert set(value) == {named, "size"} and value["size"] == 300_000
+        assert len(value[named]) == 64 and int(value[named], 16) >= 0  # the bare hex digest

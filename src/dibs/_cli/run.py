@@ -39,6 +39,7 @@ from dibs.flow import Call
 from dibs.keys import Key
 from dibs.outcomes import Hit
 from dibs.payloads import Payload, PayloadUnavailable, ReferencedArtifact
+from dibs.payloads.base import split_address
 from dibs.records import ArtifactRecord, KeyState
 from dibs.seam import StoreIO
 from dibs.steps import Found, Unwatch, Wait
@@ -67,7 +68,10 @@ class Result:
 
     def envelope(self) -> dict[str, Any]:
         if isinstance(self.value, Payload):  # streamed into the payload store: where it is, not what
-            value: Any = {"sha256": self.value.sha256, "size": self.value.size}
+            # Named by its digest function, as a reference names it: {"sha256": hex} as always, or
+            # {"blake3": hex} for a store with ?digest=blake3.
+            digest, hexdigest = split_address(self.value.sha256)
+            value: Any = {digest: hexdigest, "size": self.value.size}
             encoding = "payload"
         else:
             value, encoding = artifact_text(self.value)
