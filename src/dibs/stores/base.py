@@ -31,7 +31,7 @@ from dibs._closing import Closing
 from dibs.errors import ArtifactTooLarge, CorruptRecord, ReservationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
-from dibs.stores import timing, transitions
+from dibs.stores import pages, timing, transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 from dibs.stores.requests import AcquireRequest, NewArtifact
 
@@ -214,6 +214,39 @@ class Store(Closing):
         old by the store's clock (artifacts with their payloads, failures, and records that hold
         nothing), each only if it is still so when it is cleared, leaving a tombstone (see
         :meth:`discard`); returns how many records changed. Unreadable records are skipped."""
+
+    # -- the reads a person makes (dibs.stores.pages): bounded by what they show ------------------------
+    # Apart from the per-call operations above: ``dibs ls``, ``dibs top`` and the Airflow Reservations
+    # page. These defaults stream :meth:`list` and filter (the memory, file, Azure and Redis stores);
+    # a store that can find what is asked for without a scan (SQL, by its indexes) overrides them.
+    def list_page(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        """Up to ``limit`` records (of ``namespace``, or of all), in key order, only those whose
+        :attr:`~dibs.records.KeyState.status` is ``state`` when given, starting after the cursor
+        ``after`` (a previous page's :attr:`~dibs.stores.pages.Page.after`). Tombstones are never
+        listed; unreadable records are skipped and counted, as by :meth:`list`."""
+        return pages.page_of(self.list(namespace), state=state, after=after, limit=limit)
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        """The ``limit`` records whose artifact (``kind="artifact"``) or last failure (``"failure"``)
+        is newest, newest first."""
+        return pages.latest_of(self.list(namespace), kind, limit)
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        """Up to ``limit`` keys held now (status ``held``), soonest expiry first; with ``expired``,
+        those whose lease expired with nobody taking over yet (status ``expired``), latest first."""
+        return pages.leases_of(self.list(namespace), expired=expired, limit=limit)
+
+    def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
+        """How many keys are ``held``, ``expired``, ``done`` and ``failed``, each counted up to
+        ``up_to`` (a count of ``up_to`` means at least that many)."""
+        return pages.count_of(self.list(namespace), up_to)
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """The states of several keys, for the watch hub (stores that can read them together override

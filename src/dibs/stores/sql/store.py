@@ -33,11 +33,12 @@ from dibs.records import (
     StoreOutcome,
     new_lease_id,
 )
-from dibs.stores import decoder, redact_url, transitions, url_secrets
+from dibs.stores import decoder, pages, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Skipped, Store, reap_each, skip
 from dibs.stores.feeds import ChangeFeed, check_watch_interval
 from dibs.stores.large import CHUNK, READ_INLINE, Filling, SharedLoads, advise_payload_store
 from dibs.stores.requests import AcquireRequest, NewArtifact
+from dibs.stores.sql.admin import AdminReads
 from dibs.stores.sql.bounds import Keeper, PatientPool
 from dibs.stores.sql.engine import (
     DEFAULT_TIMEOUT,
@@ -417,6 +418,7 @@ class SQLStore(Store):
         )
         self._drop_result, self._clear_row = prepared.drop_result, prepared.clear_row
         self._payload_chunk, self._payload_row = prepared.payload_chunk, prepared.payload_row
+        self._admin = AdminReads(self.t, self._now, self.engine.dialect)
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
@@ -557,6 +559,82 @@ class SQLStore(Store):
             except CorruptRecord as exc:
                 skip(skipped, self._where(row["key_hash"]), exc)
         return Listing(states, skipped)
+
+    # -- the reads a person makes (dibs.stores.pages, dibs.stores.sql.admin) ------------------------------
+    def _admin_rows(self, statement: Prepared, values: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+        """The rows of an admin read (see :mod:`dibs.stores.sql.admin`), under their column names."""
+        return self._repeatable(lambda cursor: statement.fetch_all(cursor, values))
+
+    def _listed(
+        self, rows: Iterable[Mapping[str, Any]], skipped: builtins.list[Skipped]
+    ) -> builtins.list[KeyState]:
+        """The states of listed rows; an unreadable row is skipped, logged and counted in ``skipped``."""
+        states = []
+        for row in rows:
+            try:
+                states.append(self._state(None, {**row, "payload": b""}, listed=True))
+            except CorruptRecord as exc:
+                skip(skipped, self._where(row["key_hash"]), exc)
+        return states
+
+    def _admin_values(self, namespace: str | None, limit: int) -> dict[str, Any]:
+        values: dict[str, Any] = {"p_limit": limit}
+        if namespace is not None:
+            values["p_namespace"] = namespace
+        return values
+
+    def list_page(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        pages.check_state(state)
+        pages.check_limit(limit)
+        self._ensure_ready()  # the statements name the columns the table has
+        values = self._admin_values(namespace, limit + 1)
+        start = None if after is None else pages.parse_cursor(after)
+        if start is not None and namespace is not None:  # only the name counts within one namespace
+            if start[0] > namespace:
+                return pages.Page((), None)  # every key of the namespace comes before the cursor
+            start = start if start[0] == namespace else None  # else: every one comes after it
+        if start is not None:
+            values["p_after_name"] = start[1]
+            if namespace is None:
+                values["p_after_namespace"] = start[0]
+        statement = self._admin.page(namespace=namespace is not None, state=state, after=start is not None)
+        rows = self._admin_rows(statement, values)
+        more = len(rows) > limit
+        skipped: builtins.list[Skipped] = []
+        states = self._listed(rows[:limit], skipped)
+        last = rows[limit - 1] if more else None
+        cursor = None if last is None else pages.cursor_of(Key(last["namespace"], last["name"]))
+        return pages.Page(tuple(states), cursor, len(skipped))
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        pages.check_limit(limit)
+        if kind not in ("artifact", "failure"):
+            return pages.latest_of((), kind, limit)  # refuses it, naming it
+        self._ensure_ready()
+        statement = self._admin.latest(namespace=namespace is not None, kind=kind)
+        return self._listed(self._admin_rows(statement, self._admin_values(namespace, limit)), [])
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        pages.check_limit(limit)
+        self._ensure_ready()
+        statement = self._admin.leases(namespace=namespace is not None, expired=expired)
+        return self._listed(self._admin_rows(statement, self._admin_values(namespace, limit)), [])
+
+    def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
+        """Each count up to ``up_to`` (a count of ``up_to`` means at least that many): found through the
+        status's index, so the count's cost is bounded too."""
+        pages.check_limit(up_to)
+        self._ensure_ready()
+        statement = self._admin.counts(namespace=namespace is not None)
+        (row,) = self._admin_rows(statement, self._admin_values(namespace, up_to))
+        return {state: int(row[state] or 0) for state in pages.COUNTED}
 
     def _fetch_rows(self, cursor: Any, query: sa.Select[Any]) -> builtins.list[dict[str, Any]]:
         compiled = query.compile(dialect=self.engine.dialect)

@@ -1,0 +1,159 @@
+"""The SQL store's reads a person makes (:mod:`dibs.stores.pages`), each found through an index.
+
+Every statement here reads at most what it returns (plus, for a page of one status, the rows of other
+statuses between two of its keys), whatever the size of the namespace:
+
+* a page walks the keys' index (``namespace, name``) from the cursor (keyset pagination: no
+  ``OFFSET``, so the hundredth page costs what the first does), ``LIMIT`` its size plus one;
+* the held and expired leases walk the leases' index (``namespace, expires_at``, partial on the rows
+  that have a lease) up or down from the database's clock;
+* the latest artifacts and failures walk their indexes (``namespace, created_at`` and ``namespace,
+  failure_at``) from the newest down;
+* the counts count each status through the same indexes, each up to a cap.
+
+The database's clock is read once per statement, in a scalar subquery: compared with a column, it is a
+value the planner can use as an index bound (PostgreSQL's ``clock_timestamp()`` is volatile, and a
+volatile function compared with a column is never an index condition).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.elements import ColumnElement
+
+from dibs.stores import pages
+from dibs.stores.sql.statements import Prepared
+
+__all__ = ["AdminReads"]
+
+#: Written into the statements' SQL, not bound (as in :mod:`dibs.stores.sql.statements`).
+_ZERO = sa.literal_column("0", sa.Integer)
+
+
+class AdminReads:
+    """The admin reads of one table ``t`` (every column but the payload), compiled once per variant:
+    bind parameters ``p_namespace``, ``p_after_namespace``, ``p_after_name`` and ``p_limit``."""
+
+    def __init__(self, t: sa.Table, now: ColumnElement[float], dialect: Dialect) -> None:
+        self.t, self.dialect = t, dialect
+        self._clock = sa.select(now.label("now")).scalar_subquery()
+        self._columns = [c for c in t.c if c.name != "payload"]
+        self.names = ("now", *(c.name for c in self._columns))
+        self._cache: dict[tuple[Any, ...], Prepared] = {}
+
+    # -- conditions -------------------------------------------------------------------------------
+    def _has_lease(self) -> ColumnElement[bool]:
+        return self.t.c.lease_id.is_not(None)
+
+    def _held(self) -> ColumnElement[bool]:
+        return sa.and_(self._has_lease(), self.t.c.expires_at > self._clock)
+
+    def _no_failure(self) -> ColumnElement[bool]:
+        return sa.and_(self.t.c.failure_count == _ZERO, self.t.c.failure_at.is_(None))
+
+    def status(self, state: str | None) -> ColumnElement[bool]:
+        """The rows whose :attr:`~dibs.records.KeyState.status` is ``state`` (any listed one when
+        ``None``: every row but a tombstone). Mirrors :attr:`KeyState.status` and
+        :func:`dibs.stores.transitions.is_tombstone` on the columns."""
+        c = self.t.c
+        no_lease, no_artifact = c.lease_id.is_(None), c.serializer.is_(None)
+        if state is None:
+            return sa.not_(sa.and_(no_lease, no_artifact, self._no_failure(), c.attempts == _ZERO))
+        if state == "held":
+            return self._held()
+        if state == "done":
+            return sa.and_(c.serializer.is_not(None), sa.not_(self._held()))
+        if state == "expired":
+            return sa.and_(self._has_lease(), c.expires_at <= self._clock, no_artifact)
+        if state == "failed":
+            return sa.and_(no_lease, no_artifact, sa.not_(self._no_failure()))
+        pages.check_state(state)  # free
+        return sa.and_(no_lease, no_artifact, self._no_failure(), c.attempts > _ZERO)
+
+    def _in(self, namespace: bool) -> list[ColumnElement[bool]]:
+        return [self.t.c.namespace == sa.bindparam("p_namespace")] if namespace else []
+
+    def _limited(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        return query.limit(sa.bindparam("p_limit", type_=sa.Integer))
+
+    def _select(self, *where: ColumnElement[bool]) -> sa.Select[Any]:
+        return sa.select(self._clock.label("now"), *self._columns).where(*where)
+
+    def _prepared(self, variant: tuple[Any, ...], build: Any) -> Prepared:
+        statement = self._cache.get(variant)
+        if statement is None:
+            query = build()
+            columns = self.names if variant[0] != "counts" else pages.COUNTED
+            statement = self._cache[variant] = Prepared(query, self.dialect, columns)
+        return statement
+
+    # -- the reads --------------------------------------------------------------------------------
+    def page(self, *, namespace: bool, state: str | None, after: bool) -> Prepared:
+        """Keys in order (``namespace, name``) after ``p_after_namespace, p_after_name`` when
+        ``after``; ``p_limit`` rows (the caller asks one more than a page, to know if another follows)."""
+
+        def build() -> sa.Select[Any]:
+            c = self.t.c
+            where = [*self._in(namespace), self.status(state)]
+            if after:
+                if namespace:  # within one namespace: the name alone (the index's second column)
+                    where.append(c.name > sa.bindparam("p_after_name"))
+                else:
+                    # A row value: the planner walks the keys' index from it (an OR of the two
+                    # columns' conditions was planned as a scan).
+                    cursor = sa.tuple_(sa.bindparam("p_after_namespace"), sa.bindparam("p_after_name"))
+                    where.append(sa.tuple_(c.namespace, c.name) > cursor)
+            return self._limited(self._select(*where).order_by(c.namespace, c.name))
+
+        return self._prepared(("page", namespace, state, after), build)
+
+    def leases(self, *, namespace: bool, expired: bool) -> Prepared:
+        """Held leases, soonest expiry first, or expired ones nobody took over, latest first."""
+
+        def build() -> sa.Select[Any]:
+            c = self.t.c
+            where = [*self._in(namespace), self.status("expired" if expired else "held")]
+            order = c.expires_at.desc() if expired else c.expires_at.asc()
+            return self._limited(self._select(*where).order_by(order))
+
+        return self._prepared(("leases", namespace, expired), build)
+
+    def latest(self, *, namespace: bool, kind: str) -> Prepared:
+        """The newest artifacts (``kind="artifact"``) or failures, newest first."""
+
+        def build() -> sa.Select[Any]:
+            c = self.t.c
+            if kind == "artifact":
+                present, made = c.serializer.is_not(None), c.created_at
+            else:
+                present, made = c.failure_at.is_not(None), c.failure_at
+            return self._limited(self._select(*self._in(namespace), present).order_by(made.desc()))
+
+        return self._prepared(("latest", namespace, kind), build)
+
+    def counts(self, *, namespace: bool) -> Prepared:
+        """How many rows are in each of :data:`~dibs.stores.pages.COUNTED`, each counted up to
+        ``p_limit``: a subquery ``LIMIT``-ed to it, found through the status's index."""
+
+        def build() -> sa.Select[Any]:
+            c = self.t.c
+            narrowing = {  # what puts each count on its index (each implied by the status itself)
+                "held": self._has_lease(),
+                "expired": self._has_lease(),
+                "done": c.serializer.is_not(None),
+                "failed": c.failure_at.is_not(None),
+            }
+            counted = []
+            for state in pages.COUNTED:
+                rows = self._limited(
+                    sa.select(sa.literal_column("1").label("one")).where(
+                        *self._in(namespace), narrowing[state], self.status(state)
+                    )
+                ).subquery(f"{state}_rows")
+                counted.append(sa.select(sa.func.count()).select_from(rows).scalar_subquery().label(state))
+            return sa.select(*counted)
+
+        return self._prepared(("counts", namespace), build)
