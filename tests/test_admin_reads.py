@@ -136,3 +136,52 @@ def test_ls_pages_with_a_cursor_and_meets_every_key_once(tmp_path: Path) -> None
     assert table[0].split()[:3] == ["NAMESPACE", "KEY", "STATUS"] and len(table) == 4
     bad = run_dibs("ls", "--after", "not-a-cursor", store=url, check=False)
     assert bad.returncode != 0 and "is not a listing cursor" in bad.stderr, bad.stderr
+
+
+def test_prune_and_reap_remove_by_batches_keeping_every_fence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One statement per batch of keys, not one per key; progress told per batch; every pruned key
+    keeps its row and fence (its next holder gets token 2)."""
+    from dibs.stores.sql.store import REMOVAL_BATCH
+
+    url = f"sqlite:///{tmp_path / 'prune.db'}"
+    store = SQLStore(url)
+    keys = 2 * REMOVAL_BATCH + 500
+    _grow(store, keys)
+    statements: list[int] = []
+    change_rows = SQLStore._change_rows
+
+    def counting(self: SQLStore, change: str, pairs: Any, older_than: float) -> int:
+        changed = change_rows(self, change, pairs, older_than)
+        if not pairs:
+            return changed
+        statements.append(changed)
+        return changed
+
+    monkeypatch.setattr(SQLStore, "_change_rows", counting)
+    told: list[int] = []
+    client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
+    held = client.get_or_reserve("held-now", owner="worker")
+    assert isinstance(held, dibs.Acquired)
+    assert client.prune(0.0, progress=told.append) == keys  # everything old but the live lease
+    assert statements == [REMOVAL_BATCH, REMOVAL_BATCH, 500]
+    assert told == [REMOVAL_BATCH, 2 * REMOVAL_BATCH, keys]
+    assert store.count_states(NAMESPACE) == {"held": 1, "expired": 0, "done": 0, "failed": 0}
+    with store.engine.connect() as conn:  # no row was deleted: each is a tombstone with its fence
+        rows = conn.execute(
+            sa.select(store.t.c.fence, store.t.c.attempts).where(store.t.c.name != "held-now")
+        )
+        assert (
+            sorted(set(rows)) == [(1, 0)]
+            and conn.execute(sa.select(sa.func.count()).select_from(store.t)).scalar() == keys + 1
+        )
+    again = client.get_or_reserve("day-000001", owner="next")
+    assert isinstance(again, dibs.Acquired) and again.lease.token == 2
+    again.lease.release()
+    statements.clear()
+    assert client.reap() == 1  # the released key, holding nothing, becomes a tombstone
+    assert statements == [1]
+    assert client.prune(0.0) == 0 and client.reap() == 0
+    held.lease.release()
+    store.close()

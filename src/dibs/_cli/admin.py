@@ -9,11 +9,12 @@ could not be read go to stderr, so the listing itself stays parseable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dibs._cli import names
@@ -139,7 +140,8 @@ class _Repair:
 
 
 def _reap(args: argparse.Namespace, client: Reservations) -> int:
-    count = client.reap(all_namespaces=args.all)
+    with _progress("reaped") as progress:
+        count = client.reap(all_namespaces=args.all, progress=progress)
     _say(args, {"reaped": count}, f"reaped {count} record(s): expired leases and empty records cleared")
     return 0
 
@@ -159,7 +161,8 @@ def _prune(args: argparse.Namespace, client: Reservations) -> int:
         return 0
     store = client.store
     before = store.freed if isinstance(store, ReferencingStore) else None
-    count = client.prune(args.older_than, all_namespaces=args.all)
+    with _progress("pruned") as progress:
+        count = client.prune(args.older_than, all_namespaces=args.all, progress=progress)
     if isinstance(store, ReferencingStore) and before is not None:  # payloads no record refers to any more
         freed = store.freed.bytes - before.bytes
         payloads = store.freed.payloads - before.payloads
@@ -172,6 +175,25 @@ def _prune(args: argparse.Namespace, client: Reservations) -> int:
         return 0
     _say(args, {"pruned": count}, f"pruned {count} record(s) older than {older}")
     return 0
+
+
+@contextlib.contextmanager
+def _progress(done: str) -> Iterator[Callable[[int], None] | None]:
+    """On a terminal (stderr), a line that counts the records a removal has changed so far, redrawn as
+    it goes and cleared at the end; elsewhere nothing (``None``: the store is not asked to tell)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+
+    def show(count: int) -> None:
+        sys.stderr.write(f"\r\x1b[Kdibs: {done} {count:,} record(s) so far…")
+        sys.stderr.flush()
+
+    try:
+        yield show
+    finally:
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
 
 
 def _say_skipped(listing: object) -> None:

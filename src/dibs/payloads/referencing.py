@@ -45,7 +45,7 @@ from dibs.payloads.references import REFERENCE, decode, encode
 from dibs.payloads.verify import read_verified, spool_verified
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Present, StoreOutcome
 from dibs.stores import pages
-from dibs.stores.base import Store
+from dibs.stores.base import Progress, Store
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.requests import AcquireRequest, NewArtifact
 
@@ -384,13 +384,18 @@ class ReferencingStore(Store):
     def discard(self, key: Key) -> bool:
         return self.records.discard(key)  # only records that hold nothing: no payload to remove
 
-    def reap(self, namespace: str | None = None) -> int:
-        reaped = self.records.reap(namespace)
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
+        reaped = self.records.reap(namespace, progress=progress) if progress else self.records.reap(namespace)
         self._collect_after(f"reaped {reaped} record(s)")  # a writer killed mid-upload leaves a payload
         return reaped
 
-    def prune(self, namespace: str | None, older_than: float) -> int:
-        pruned = self.records.prune(namespace, older_than)
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
+        records = self.records
+        pruned = (
+            records.prune(namespace, older_than, progress=progress)
+            if progress
+            else records.prune(namespace, older_than)
+        )
         self._collect_after(f"pruned {pruned} record(s)")
         return pruned
 

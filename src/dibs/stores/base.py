@@ -52,6 +52,12 @@ Loaded = tuple[KeyState, object]
 
 log = logging.getLogger(__name__)
 
+#: What a prune or reap tells as it goes (the CLI's progress on a terminal): how many records it has
+#: changed so far. Called now and then, never for every record.
+Progress = Callable[[int], None]
+#: How many records a removal that goes key by key considers between two calls of its progress.
+PROGRESS_EVERY = 1000
+
 
 @dataclasses.dataclass(frozen=True)
 class Skipped:
@@ -95,14 +101,20 @@ def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
 
 
 def reap_each(
-    store: Store, namespace: str | None, clear_expired: Callable[[Key], bool], where: Callable[[Key], str]
+    store: Store,
+    namespace: str | None,
+    clear_expired: Callable[[Key], bool],
+    where: Callable[[Key], str],
+    progress: Progress | None = None,
 ) -> int:
     """The one way to reap (see :meth:`Store.reap`), for every store: each listed record whose lease
     expired is cleared by ``clear_expired`` (which must check the expiry again, atomically, on the
     store's clock: the holder may have renewed since the listing), and each record that then holds
     nothing is discarded. A record damaged since it was listed is skipped, named by ``where``."""
     reaped = 0
-    for state in builtins.list(store.list(namespace)):
+    for seen, state in enumerate(builtins.list(store.list(namespace)), 1):
+        if progress is not None and seen % PROGRESS_EVERY == 0:
+            progress(reaped)
         expired = state.lease is not None and not state.lease.live_at(state.now)
         if not (expired or transitions.holds_nothing(state)):
             continue
@@ -192,10 +204,11 @@ class Store(Closing):
         """
 
     @abc.abstractmethod
-    def reap(self, namespace: str | None = None) -> int:
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
         """Clear expired leases nobody took over, and discard records that then hold nothing (they
         become tombstones: see :meth:`discard`); returns how many records changed. Unreadable records
-        are skipped (and logged) as by :meth:`list`, and left as they are."""
+        are skipped (and logged) as by :meth:`list`, and left as they are. ``progress`` is told now
+        and then how many have changed so far."""
 
     @abc.abstractmethod
     def discard(self, key: Key) -> bool:
@@ -209,11 +222,12 @@ class Store(Closing):
         """
 
     @abc.abstractmethod
-    def prune(self, namespace: str | None, older_than: float) -> int:
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
         """Clear the records :func:`~dibs.stores.transitions.prunable` says are ``older_than`` seconds
         old by the store's clock (artifacts with their payloads, failures, and records that hold
         nothing), each only if it is still so when it is cleared, leaving a tombstone (see
-        :meth:`discard`); returns how many records changed. Unreadable records are skipped."""
+        :meth:`discard`); returns how many records changed. Unreadable records are skipped.
+        ``progress`` is told now and then how many have changed so far."""
 
     # -- the reads a person makes (dibs.stores.pages): bounded by what they show ------------------------
     # Apart from the per-call operations above: ``dibs ls``, ``dibs top`` and the Airflow Reservations
@@ -369,17 +383,23 @@ class RecordStore(Store):
     def forget(self, key: Key) -> bool:
         return self._update(key, lambda state: _changed(transitions.forget(state)))
 
-    def reap(self, namespace: str | None = None) -> int:
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
         return reap_each(
-            self, namespace, lambda key: self._update(key, lambda s: _changed(transitions.reap(s))), str
+            self,
+            namespace,
+            lambda key: self._update(key, lambda s: _changed(transitions.reap(s))),
+            str,
+            progress,
         )
 
     def discard(self, key: Key) -> bool:
         return self._update(key, lambda state: _changed(transitions.discard(state)))
 
-    def prune(self, namespace: str | None, older_than: float) -> int:
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
         pruned = 0
-        for state in list(self.list(namespace)):
+        for seen, state in enumerate(list(self.list(namespace)), 1):
+            if progress is not None and seen % PROGRESS_EVERY == 0:
+                progress(pruned)
             if transitions.prunable(state, older_than):
                 try:
                     pruned += self._update(state.key, lambda s: _changed(transitions.prune(s, older_than)))

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.elements import ColumnElement
 
 from dibs.stores import pages
+from dibs.stores.sql.schema import ADDED_COLUMNS, LEASE_COLUMNS
 from dibs.stores.sql.statements import Prepared
 
 __all__ = ["AdminReads"]
@@ -86,7 +87,7 @@ class AdminReads:
         statement = self._cache.get(variant)
         if statement is None:
             query = build()
-            columns = self.names if variant[0] != "counts" else pages.COUNTED
+            columns = {"counts": pages.COUNTED, "batch": ()}.get(variant[0], self.names)
             statement = self._cache[variant] = Prepared(query, self.dialect, columns)
         return statement
 
@@ -157,3 +158,110 @@ class AdminReads:
             return sa.select(*counted)
 
         return self._prepared(("counts", namespace), build)
+
+    # -- removal in batches (prune, reap): dibs.stores.sql.store.SQLStore._remove ----------------------
+    def prunable(self, older: float | None = None) -> ColumnElement[bool]:
+        """:func:`dibs.stores.transitions.prunable` on the columns (``older`` seconds, else the
+        parameter ``p_older``), tombstones left out: nobody holds it (or the lease ended that long
+        ago) and what it keeps is that old."""
+        c = self.t.c
+        limit = self._clock - sa.bindparam("p_older", older, type_=sa.Double)
+        return sa.and_(
+            self.status(None),
+            sa.or_(c.lease_id.is_(None), c.expires_at < limit),
+            sa.or_(c.serializer.is_(None), c.created_at < limit),
+            sa.or_(c.serializer.is_not(None), c.failure_at.is_(None), c.failure_at < limit),
+        )
+
+    def reapable(self) -> ColumnElement[bool]:
+        """What reap changes: an expired lease, or a record that holds nothing (not a tombstone)."""
+        c = self.t.c
+        expired = sa.and_(self._has_lease(), c.expires_at <= self._clock)
+        return sa.or_(expired, self.status("free"))
+
+    def removable(self, *, namespace: bool, kind: str, after: bool) -> Prepared:
+        """The rows ``kind`` (``"prune"``, ``"reap"``) may change, in key order, ``p_limit`` of them
+        after the cursor, with their versions: the remover decides on each (decoded: an unreadable row
+        is skipped) and changes it only at that version."""
+
+        def build() -> sa.Select[Any]:
+            c = self.t.c
+            where = [*self._in(namespace), self.prunable() if kind == "prune" else self.reapable()]
+            if after:
+                if namespace:
+                    where.append(c.name > sa.bindparam("p_after_name"))
+                else:
+                    cursor = sa.tuple_(sa.bindparam("p_after_namespace"), sa.bindparam("p_after_name"))
+                    where.append(sa.tuple_(c.namespace, c.name) > cursor)
+            return self._limited(self._select(*where).order_by(c.namespace, c.name))
+
+        return self._prepared(("removable", namespace, kind, after), build)
+
+    def at_versions(self, size: int) -> ColumnElement[bool]:
+        """The ``size`` rows of a batch, each only at the version its remover read (``p_h{i}`` and
+        ``p_v{i}``: key hash and version): a row written since (a new holder, a renewal, another
+        remover) is left as it is. The hashes alone put the statement on the primary key."""
+        c = self.t.c
+        hashes: list[Any] = [sa.bindparam(f"p_h{i}") for i in range(size)]
+        pairs: list[tuple[Any, Any]] = [(hashes[i], sa.bindparam(f"p_v{i}")) for i in range(size)]
+        versions: Any = [sa.tuple_(*pair) for pair in pairs]
+        if self.dialect.name == "postgresql":
+            # A VALUES list, which PostgreSQL matches with a hash (a list of row values is a chain of
+            # ORs: a thousand comparisons for each row of the batch).
+            batch = sa.values(
+                sa.column("key_hash", sa.String), sa.column("version", sa.BigInteger), name="batch"
+            )
+            versions = sa.select(batch.data(pairs))
+        return sa.and_(c.key_hash.in_(hashes), sa.tuple_(c.key_hash, c.version).in_(versions))
+
+    def batch(self, change: str, size: int) -> Prepared:
+        """The statement that changes a batch of ``size`` rows (see :meth:`at_versions`): ``"prune"``
+        and ``"reap"`` turn them into tombstones (re-checking :meth:`prunable`, with ``p_older``, or
+        that no lease is live), ``"leases"`` clears expired leases. Compiled once per size: a batch of
+        1,000 takes SQLAlchemy ~150 ms to compile, more than the statement takes to run."""
+
+        def build() -> sa.Update:
+            if change == "leases":
+                return self.clear_leases(size)
+            return self.tombstone(size, recheck=self.prunable() if change == "prune" else self.reap_recheck())
+
+        return self._prepared(("batch", change, size), build)
+
+    def tombstone(self, size: int, *, recheck: ColumnElement[bool]) -> sa.Update:
+        """A batch of rows turned into tombstones (as ``clear_row``: the fence is kept, the version
+        counted up), each only at its version and while ``recheck`` still holds, atomically."""
+        c = self.t.c
+        cleared = (
+            *LEASE_COLUMNS,
+            *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),
+            *(name for name in ADDED_COLUMNS if name in c),
+            *("failure_error", "failure_owner", "failure_at"),
+        )
+        return (
+            sa.update(self.t)
+            .where(self.at_versions(size), recheck)
+            .values(
+                version=c.version + sa.literal_column("1", sa.Integer),
+                attempts=_ZERO,
+                failure_count=_ZERO,
+                **dict.fromkeys(cleared, sa.null()),
+            )
+        )
+
+    def clear_leases(self, size: int) -> sa.Update:
+        """A batch of expired leases cleared (the artifact or failure kept), each at its version and
+        only while the lease is still expired by the database's clock."""
+        c = self.t.c
+        return (
+            sa.update(self.t)
+            .where(self.at_versions(size), c.expires_at <= self._clock)
+            .values(
+                version=c.version + sa.literal_column("1", sa.Integer),
+                **dict.fromkeys(LEASE_COLUMNS, sa.null()),
+            )
+        )
+
+    def reap_recheck(self) -> ColumnElement[bool]:
+        """A reaped row becomes a tombstone only if it holds no live lease by now."""
+        c = self.t.c
+        return sa.or_(c.lease_id.is_(None), c.expires_at <= self._clock)
