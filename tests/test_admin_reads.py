@@ -134,6 +134,8 @@ def test_ls_pages_with_a_cursor_and_meets_every_key_once(tmp_path: Path) -> None
     assert held == ["held-1"]
     table = _ls(url, "--state", "done", "--limit", "3").stdout.splitlines()
     assert table[0].split()[:3] == ["NAMESPACE", "KEY", "STATUS"] and len(table) == 4
+    pruned = run_dibs("prune", "-n", NAMESPACE, "--older-than", "0", "--json", store=url)
+    assert json.loads(pruned.stdout) == {"pruned": 25} and pruned.stderr == ""  # no progress off a terminal
     bad = run_dibs("ls", "--after", "not-a-cursor", store=url, check=False)
     assert bad.returncode != 0 and "is not a listing cursor" in bad.stderr, bad.stderr
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -202,16 +203,23 @@ class AdminReads:
         ``p_v{i}``: key hash and version): a row written since (a new holder, a renewal, another
         remover) is left as it is. The hashes alone put the statement on the primary key."""
         c = self.t.c
+        if self.dialect.name == "postgresql":
+            # Two arrays, whatever the batch's size: two parameters to bind rather than two thousand,
+            # and one statement (the batch unnested is matched with a hash).
+            hashes_array = sa.cast(sa.bindparam("p_hashes"), postgresql.ARRAY(sa.Text))
+            versions_array = sa.cast(sa.bindparam("p_versions"), postgresql.ARRAY(sa.BigInteger))
+            batch = (
+                sa.func.unnest(hashes_array, versions_array)
+                .table_valued("key_hash", "version")
+                .render_derived(name="batch")
+            )
+            return sa.and_(
+                c.key_hash == sa.func.any(hashes_array),
+                sa.tuple_(c.key_hash, c.version).in_(sa.select(batch.c.key_hash, batch.c.version)),
+            )
         hashes: list[Any] = [sa.bindparam(f"p_h{i}") for i in range(size)]
         pairs: list[tuple[Any, Any]] = [(hashes[i], sa.bindparam(f"p_v{i}")) for i in range(size)]
         versions: Any = [sa.tuple_(*pair) for pair in pairs]
-        if self.dialect.name == "postgresql":
-            # A VALUES list, which PostgreSQL matches with a hash (a list of row values is a chain of
-            # ORs: a thousand comparisons for each row of the batch).
-            batch = sa.values(
-                sa.column("key_hash", sa.String), sa.column("version", sa.BigInteger), name="batch"
-            )
-            versions = sa.select(batch.data(pairs))
         return sa.and_(c.key_hash.in_(hashes), sa.tuple_(c.key_hash, c.version).in_(versions))
 
     def batch(self, change: str, size: int) -> Prepared:

@@ -252,7 +252,8 @@ class SchemaCheck:
                         self._check_schema_version(conn)
                         self._check_is_ours(conn)
                     added = self._add_columns(conn)
-                    self._add_indexes(conn)
+                    if not conn.invalidated:  # lost while adding a column: the indexes wait too
+                        self._add_indexes(conn)
                     return added
             except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
                 # Another process created the table between our check and our CREATE (SQLite, MySQL).

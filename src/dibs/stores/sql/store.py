@@ -953,13 +953,18 @@ class SQLStore(Store):
         finds what is left), only after the server rolled it back."""
         if not pairs:
             return 0
-        # Padded to a power of two with its first pair (matched once all the same): a few statements
-        # compiled per store, whatever the batches' sizes.
-        size = 1 << max(0, len(pairs) - 1).bit_length()
-        statement = self._admin.batch(change, size)
         values: dict[str, Any] = {"p_older": older_than} if change == "prune" else {}
-        for i, (digest, version) in enumerate([*pairs, *[pairs[0]] * (size - len(pairs))]):
-            values[f"p_h{i}"], values[f"p_v{i}"] = digest, version
+        if self.dialect == "postgresql":  # two arrays: one statement whatever the size
+            statement = self._admin.batch(change, 0)
+            values["p_hashes"] = [digest for digest, _ in pairs]
+            values["p_versions"] = [version for _, version in pairs]
+        else:
+            # Padded to a power of two with its first pair (matched once all the same): a few
+            # statements compiled per store, whatever the batches' sizes.
+            size = 1 << max(0, len(pairs) - 1).bit_length()
+            statement = self._admin.batch(change, size)
+            for i, (digest, version) in enumerate([*pairs, *[pairs[0]] * (size - len(pairs))]):
+                values[f"p_h{i}"], values[f"p_v{i}"] = digest, version
         return self._repeatable(lambda cursor: statement.execute(cursor, values), after_lost=False)
 
     # -- the watch hub ------------------------------------------------------------------------------
