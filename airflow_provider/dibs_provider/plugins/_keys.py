@@ -26,7 +26,6 @@ from urllib.parse import quote, urlsplit
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import Store, hide_secrets, url_secrets
-from dibs.stores.transitions import is_tombstone
 from dibs_provider.hooks.dibs import (
     CONN_TYPE,
     DEFAULT_CONN_ID,
@@ -309,7 +308,8 @@ def _fill(
             wanted = [key] if key is not None else list(by_key)
             for each in wanted:  # waited on (or asked for): read even without a record (yet)
                 state_of = client.status(Key(source.namespace, each))
-                if each in by_key or not is_tombstone(state_of):  # as a listing: never-seen left out
+                listed = state_of.status != "free" or state_of.attempts > 0  # as by a listing
+                if each in by_key or listed:  # never seen (or removed): only when a task waits on it
                     found[each] = KeyRow.of(state_of, by_key.get(each, ()))
             if key is None and state != "waited-on":
                 _page_in(client.store, source.namespace, found, state=state, name=name)
