@@ -369,8 +369,8 @@ class StoreContract:
         """Pages, status filters, the latest artifacts and failures, the leases and the counts say what a
         filtered :meth:`~dibs.stores.Store.list` says, whichever way the store finds them."""
         ns = "contract.pages"
-        keys = {name: Key(ns, name) for name in ("d1", "d2", "f1", "held", "short", "freed", "gone", "d3")}
-        for name in ("d1", "d2", "d3"):
+        keys = {name: Key(ns, name) for name in ("Zed", "d2", "f1", "held", "short", "freed", "gone", "d3")}
+        for name in ("Zed", "d2", "d3"):
             _complete(store, _granted(store.acquire(keys[name], AcquireRequest("alice", 60))), name.encode())
         store.release(
             keys["f1"], _granted(store.acquire(keys["f1"], AcquireRequest("alice", 60))).token, "boom"

@@ -78,6 +78,29 @@ class AdminReads:
     def _in(self, namespace: bool) -> list[ColumnElement[bool]]:
         return [self.t.c.namespace == sa.bindparam("p_namespace")] if namespace else []
 
+    def _keyed(self) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+        """The namespace and name in key order: the code points' (Python's, so a page lists what a
+        listing lists in the same order). PostgreSQL compares text by the database's collation
+        (``en_US``: ``a`` before ``B``), so there they are compared ``COLLATE "C"``, as the keys'
+        index holds them; MySQL's ``utf8mb4_bin`` and SQLite's ``BINARY`` already are that order."""
+        c = self.t.c
+        if self.dialect.name == "postgresql":
+            return c.namespace.collate("C"), c.name.collate("C")
+        return c.namespace, c.name
+
+    def _from_cursor(self, namespace: bool) -> tuple[list[ColumnElement[bool]], list[ColumnElement[Any]]]:
+        """The conditions of a page in key order (within ``p_namespace`` when ``namespace``) after
+        ``p_after_namespace, p_after_name``, and its ordering."""
+        in_order, by_name = self._keyed()
+        if namespace:  # within one namespace: the name alone (the index's second column)
+            where = [in_order == sa.bindparam("p_namespace"), by_name > sa.bindparam("p_after_name")]
+        else:
+            # A row value: the planner walks the keys' index from it (an OR of the two columns'
+            # conditions was planned as a scan).
+            cursor = sa.tuple_(sa.bindparam("p_after_namespace"), sa.bindparam("p_after_name"))
+            where = [sa.tuple_(in_order, by_name) > cursor]
+        return where, [in_order, by_name]
+
     def _limited(self, query: sa.Select[Any]) -> sa.Select[Any]:
         return query.limit(sa.bindparam("p_limit", type_=sa.Integer))
 
@@ -98,19 +121,17 @@ class AdminReads:
         ``after``; ``p_limit`` rows (the caller asks one more than a page, to know if another follows)."""
 
         def build() -> sa.Select[Any]:
-            c = self.t.c
-            where = [*self._in(namespace), self.status(state)]
-            if after:
-                if namespace:  # within one namespace: the name alone (the index's second column)
-                    where.append(c.name > sa.bindparam("p_after_name"))
-                else:
-                    # A row value: the planner walks the keys' index from it (an OR of the two
-                    # columns' conditions was planned as a scan).
-                    cursor = sa.tuple_(sa.bindparam("p_after_namespace"), sa.bindparam("p_after_name"))
-                    where.append(sa.tuple_(c.namespace, c.name) > cursor)
-            return self._limited(self._select(*where).order_by(c.namespace, c.name))
+            return self._in_key_order(namespace, after, self.status(state))
 
         return self._prepared(("page", namespace, state, after), build)
+
+    def _in_key_order(self, namespace: bool, after: bool, status: ColumnElement[bool]) -> sa.Select[Any]:
+        """The rows of ``status`` in key order, ``p_limit`` of them (after the cursor when ``after``)."""
+        where, order = self._from_cursor(namespace)
+        in_order = [*where[: 1 if namespace else 0]]
+        if after:
+            in_order = where
+        return self._limited(self._select(*in_order, status).order_by(*order))
 
     def leases(self, *, namespace: bool, expired: bool) -> Prepared:
         """Held leases, soonest expiry first, or expired ones nobody took over, latest first."""
@@ -186,15 +207,9 @@ class AdminReads:
         is skipped) and changes it only at that version."""
 
         def build() -> sa.Select[Any]:
-            c = self.t.c
-            where = [*self._in(namespace), self.prunable() if kind == "prune" else self.reapable()]
-            if after:
-                if namespace:
-                    where.append(c.name > sa.bindparam("p_after_name"))
-                else:
-                    cursor = sa.tuple_(sa.bindparam("p_after_namespace"), sa.bindparam("p_after_name"))
-                    where.append(sa.tuple_(c.namespace, c.name) > cursor)
-            return self._limited(self._select(*where).order_by(c.namespace, c.name))
+            return self._in_key_order(
+                namespace, after, self.prunable() if kind == "prune" else self.reapable()
+            )
 
         return self._prepared(("removable", namespace, kind, after), build)
 

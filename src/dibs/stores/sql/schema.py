@@ -122,8 +122,16 @@ def admin_indexes(t: sa.Table, dialect: str) -> tuple[sa.Index, ...]:
         sa.Index(f"{t.name}_leases", c.namespace, c.expires_at, **partial(c.lease_id.is_not(None))),
         sa.Index(f"{t.name}_artifacts", c.namespace, c.created_at, **partial(c.serializer.is_not(None))),
         sa.Index(f"{t.name}_failures", c.namespace, c.failure_at, **partial(c.failure_at.is_not(None))),
-        sa.Index(f"{t.name}_keys", c.namespace, c.name, **keys),
+        # Key order is the code points' (dibs.stores.sql.admin.AdminReads._keyed): PostgreSQL's keys
+        # are indexed COLLATE "C", whatever the database's collation.
+        sa.Index(f"{t.name}_keys", *_in_code_points(c.namespace, c.name, dialect), **keys),
     )
+
+
+def _in_code_points(namespace: sa.Column[Any], name: sa.Column[Any], dialect: str) -> tuple[Any, Any]:
+    if dialect == "postgresql":
+        return namespace.collate("C"), name.collate("C")
+    return namespace, name
 
 
 #: The columns of a row's lease: all NULL when the key has none.
