@@ -407,7 +407,7 @@ class SQLStore(Store):
         self._complete, self._stored_variables = prepared.complete, prepared.stored_variables
         self._release, self._release_failed = prepared.release, prepared.release_failed
         self._release_stopped = prepared.release_stopped
-        self._drop_lease, self._reap_expired = prepared.drop_lease, prepared.reap_expired
+        self._drop_lease = prepared.drop_lease  # reap clears expired leases by batches (admin.py)
         self._versions_by_size: dict[int, Prepared] = {}
         # Where a read's row has the values read by position (see _read_row). PostgreSQL's
         # read_or_insert returns the read's columns after its first, ``inserted``.
