@@ -228,7 +228,8 @@ def _pause_points(worker: Worker, store: Any) -> list[str]:
     """Make the remover's own store pause at the steps of a removal, at random: between listing and
     removing, and between reading a record and writing it back conditionally (the SQL stores'
     ``_read`` before their versioned UPDATE/DELETE, the record stores' ``_load`` before their
-    compare-and-swap; Redis decides in one script, so only the first applies); with a payload store,
+    compare-and-swap, and their ``_removal_rows`` before a prune's or reap's batch statement; Redis
+    decides in one script, so only the first applies); with a payload store,
     at every step of a payload collection: after listing the records, after listing the copies (all
     of them, or a forgotten payload's), before removing a copy. Only this test process's store
     objects are wrapped; dibs itself is unchanged. Returns the points installed."""
@@ -277,6 +278,11 @@ def _pause_points(worker: Worker, store: Any) -> list[str]:
     if callable(getattr(store, name, None)):
         setattr(store, name, pausing("after read", getattr(store, name)))
         installed.append(f"after read ({name})")
+    # The SQL stores' prune and reap read a batch of rows with their versions, then change the batch
+    # with one statement guarded by them (issue 30): the same step, a batch at a time.
+    if callable(getattr(store, "_removal_rows", None)):
+        store._removal_rows = pausing("after read", store._removal_rows)
+        installed.append("after read (_removal_rows)")
     return installed
 
 

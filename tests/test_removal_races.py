@@ -129,18 +129,19 @@ def test_a_paused_sql_remover_cannot_match_a_newer_row(
     the row's version) and its guarded write, while another remover and holder W act."""
     direct, remover = opened(backend_url), opened(backend_url)
     _completed_and_old(direct, remover)
-    read = remover._read
+    read = remover._removal_rows  # a batch of rows with their versions (removal by sets, issue 30)
     held: list[LeaseRecord] = []
 
-    def read_then_pause(cursor: Any, key: Key) -> Any:
-        state_and_version = read(cursor, key)
+    def read_then_pause(statement: Any, values: Any) -> Any:
+        rows = read(statement, values)
         if not held:  # the pause: everything below happens after the remover read version N
+            assert [row["key_hash"] for row in rows] == [KEY.digest]
             assert opened(backend_url).prune(None, 0.0) == 1
             lease = _granted(direct.acquire(KEY, AcquireRequest("W", 60)))
             held.append(direct.heartbeat(KEY, lease.token, 60))
-        return state_and_version
+        return rows
 
-    monkeypatch.setattr(remover, "_read", read_then_pause)
+    monkeypatch.setattr(remover, "_removal_rows", read_then_pause)
     pruned = remover.prune(None, 0.0)
     assert held
     _assert_still_held(direct, held[0])

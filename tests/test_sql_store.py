@@ -144,6 +144,48 @@ def test_a_table_from_before_compute_times_gains_the_column_and_keeps_its_rows(
     new.close()
 
 
+def test_a_table_from_before_the_admin_indexes_gains_them_on_open_once(
+    sql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database made before issue 30 gets the indexes of ``ls``/``top``/``prune`` on its next open
+    (and loses the namespace's own index, which the keys' index replaces), keeping its rows; a later
+    process finds the ``_meta`` marker and sends no DDL (issue 30)."""
+    old = dibs.Reservations(SQLStore(sql_url), namespace="upgrade")
+    old.run("kept", lambda: 3)
+    store = old.store
+    assert isinstance(store, SQLStore)
+    with store.engine.connect() as conn:  # the table as dibs made it before
+        for index in list(store.t.indexes):
+            index.drop(conn)
+        sa.Index(sql_schema._old_namespace_index(store.table_name, store.schema), store.t.c.namespace).create(
+            conn
+        )
+        conn.execute(sa.delete(store.meta).where(store.meta.c.name == "indexes"))
+    old.close()
+
+    def indexes(s: SQLStore) -> set[str]:
+        with s.engine.connect() as conn:
+            return {str(i["name"]) for i in sa.inspect(conn).get_indexes(s.table_name, s.schema)}
+
+    _as_a_new_process(monkeypatch)
+    new = dibs.Reservations(SQLStore(sql_url), namespace="upgrade")
+    assert new.run("kept", lambda: 0) == 3
+    assert isinstance(new.store, SQLStore)
+    wanted = {f"{new.store.table_name}_{suffix}" for suffix in sql_schema.ADDED_INDEXES}
+    assert indexes(new.store) == wanted  # the namespace's own index is gone
+    assert [s.key.name for s in new.store.list_page("upgrade").states] == ["kept"]
+    new.close()
+
+    _as_a_new_process(monkeypatch)
+    again = SQLStore(sql_url)
+    sent: list[str] = []
+    sa.event.listen(again.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
+    again.read(KEY)
+    assert [text for text in sent if text.lstrip().upper().startswith(("CREATE", "DROP"))] == []
+    assert indexes(again) == wanted
+    again.close()
+
+
 @pytest.fixture(params=["postgres", "mysql"])
 def server_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     backend = {"postgres": postgres, "mysql": mysql}[request.param]

@@ -508,10 +508,14 @@ class Reservations(Closing, Configured):
     def forget(self, key: str | Key) -> bool:
         return self.store.forget(self.key(key))
 
-    def reap(self, *, all_namespaces: bool = False) -> int:
+    def reap(self, *, all_namespaces: bool = False, progress: Callable[[int], None] | None = None) -> int:
         """Clear expired leases nobody took over, and discard records that hold nothing (see
-        :meth:`discard`); returns how many records changed."""
-        return self.store.reap(None if all_namespaces else self.namespace)
+        :meth:`discard`); returns how many records changed. ``progress``, when given, is told now and
+        then how many have changed so far."""
+        namespace = None if all_namespaces else self.namespace
+        if progress is None:  # a store of another package may not take it
+            return self.store.reap(namespace)
+        return self.store.reap(namespace, progress=progress)
 
     def discard(self, key: str | Key) -> bool:
         """Clear the key's record down to a tombstone if it holds nothing (no lease, artifact or
@@ -519,13 +523,23 @@ class Reservations(Closing, Configured):
         tokens keep rising), and listings leave it out. ``True`` if the record changed."""
         return self.store.discard(self.key(key))
 
-    def prune(self, older_than: float, *, all_namespaces: bool = False) -> int:
+    def prune(
+        self,
+        older_than: float,
+        *,
+        all_namespaces: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
         """Clear artifacts (with their payloads) and failures older than ``older_than`` seconds (store
         clock) and records that hold nothing, never a key someone holds; returns how many records
-        changed. Each leaves a tombstone that keeps the key's fence, so tokens never rewind."""
+        changed. Each leaves a tombstone that keeps the key's fence, so tokens never rewind.
+        ``progress``, when given, is told now and then how many have changed so far."""
         seconds = validate_seconds("older_than", older_than, allow_zero=True)
         assert seconds is not None
-        return self.store.prune(None if all_namespaces else self.namespace, seconds)
+        namespace = None if all_namespaces else self.namespace
+        if progress is None:  # a store of another package may not take it
+            return self.store.prune(namespace, seconds)
+        return self.store.prune(namespace, seconds, progress=progress)
 
     # -- large artifacts as files and streams (dibs.payloads) ---------------------------------------
     def put_payload(

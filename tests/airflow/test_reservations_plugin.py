@@ -107,6 +107,44 @@ def test_a_store_s_keys_are_joined_to_the_tasks_waiting_on_them(
     assert [r.name for r in _rows(store_url, waiters, key="features")] == []  # a key is exact
 
 
+@pytest.mark.parametrize("keys", [1_000, 3_000])
+def test_the_page_reads_a_bounded_number_of_records_whatever_the_namespace_size(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, keys: int
+) -> None:
+    """The page pages through the store, filtered by status there, until it has its rows: it never
+    lists the namespace whole (issue 30). Rows counted, not timed: as many at 3,000 keys as at 1,000."""
+    from dibs.stores.sql import SQLStore
+    from dibs_provider.plugins._keys import MAX_ROWS
+    from tests.test_admin_reads import NAMESPACE, _grow
+
+    url = f"sqlite:///{tmp_path / 'page.db'}"
+    store = SQLStore(url)
+    _grow(store, keys)
+    dibs.Reservations(store, namespace=NAMESPACE, ttl=600).get_or_reserve("held-1", owner="etl/r1/t/-1")
+    store.close()
+    returned: list[int] = []
+    admin_rows = SQLStore._admin_rows
+
+    def counting(self: SQLStore, statement: Any, values: dict[str, Any]) -> Any:
+        rows = admin_rows(self, statement, values)
+        returned.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(SQLStore, "_admin_rows", counting)
+    monkeypatch.setattr(SQLStore, "list", lambda *args: pytest.fail("the page listed the whole namespace"))
+    settings = settings_from_connection(
+        Connection(conn_id="dibs_default", conn_type="dibs", extra=json.dumps({"store_url": url}))
+    )
+    source = Source(["dibs_default"], settings.display_url, NAMESPACE)
+    _fill(source, settings, [_waiter("held-1", "r2")], state=None, name=None, key=None)
+    assert source.error is None and source.truncated and len(source.rows) == MAX_ROWS
+    assert source.rows[0].name == "held-1" and len(source.rows[0].waiters) == 1
+    assert sum(returned) == 1 + (MAX_ROWS + 2)  # the held page, and one page of done (one more to know)
+    returned.clear()
+    _fill(source, settings, [], state="failed", name=None, key=None)
+    assert source.rows == [] and sum(returned) == 0
+
+
 def test_the_task_link_opens_the_page_at_its_key() -> None:
     class Task:
         reservation_key = "build/ab12"

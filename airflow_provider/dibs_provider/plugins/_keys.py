@@ -3,7 +3,8 @@
 Two sources, joined here:
 
 * the dibs stores of the ``dibs`` connections (metadata database and ``AIRFLOW_CONN_*`` variables),
-  read with :meth:`dibs.Reservations.list`: state, holder, token, expiry, artifact, last failure;
+  read a page at a time with the store's bounded reads (:mod:`dibs.stores.pages`, filtered by
+  status in the store): state, holder, token, expiry, artifact, last failure;
 * Airflow's own trigger rows: a deferred reserved task waits in a :class:`ReservationTrigger` whose
   kwargs name its connection, namespace and key. The kwargs are stored encrypted (Fernet) and
   serialized; :attr:`airflow.models.trigger.Trigger.kwargs` is the one way to read them back.
@@ -24,7 +25,7 @@ from urllib.parse import quote, urlsplit
 
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores import hide_secrets, url_secrets
+from dibs.stores import Store, hide_secrets, url_secrets
 from dibs_provider.hooks.dibs import (
     CONN_TYPE,
     DEFAULT_CONN_ID,
@@ -41,7 +42,8 @@ __all__ = ["KeyRow", "Source", "TaskRef", "Waiter", "collect", "settings_for"]
 
 TRIGGER_CLASSPATH = "dibs_provider.triggers.reservation.ReservationTrigger"
 STATES = ("held", "done", "expired", "failed", "free")
-#: Rows shown per store and namespace: a page, not an export (``dibs ls`` lists everything).
+#: Rows shown per store and namespace: a page, not an export (``dibs ls`` lists everything). The
+#: store is read a page at a time until this many match, not whole (issue 30).
 MAX_ROWS = 500
 
 
@@ -292,20 +294,51 @@ def _fill(
     name: str | None,
     key: str | None,
 ) -> None:
+    """The rows of one store and namespace, read through the store's bounded reads (issue 30): the
+    keys tasks wait on (each read directly), then each status in the page's order a page at a time
+    (:meth:`Store.list_page <dibs.stores.base.Store.list_page>`, the status filtered in the store),
+    until :data:`MAX_ROWS` rows match, never the whole namespace at once. A name filter is applied to
+    the pages as they come."""
     by_key: dict[str, list[Waiter]] = {}
     for waiter in waiters:
         by_key.setdefault(waiter.key, []).append(waiter)
+    found: dict[str, KeyRow] = {}
     try:
         with settings.client(namespace=source.namespace) as client:
-            states = {s.key.name: s for s in client.list(source.namespace)}
-            for missing in by_key.keys() - states.keys():  # waited on, but no record listed (yet)
-                states[missing] = client.status(Key(source.namespace, missing))
+            wanted = [key] if key is not None else list(by_key)
+            for each in wanted:  # waited on (or asked for): read even without a record (yet)
+                state_of = client.status(Key(source.namespace, each))
+                listed = state_of.status != "free" or state_of.attempts > 0  # as by a listing
+                if each in by_key or listed:  # never seen (or removed): only when a task waits on it
+                    found[each] = KeyRow.of(state_of, by_key.get(each, ()))
+            if key is None and state != "waited-on":
+                _page_in(client.store, source.namespace, found, state=state, name=name)
     except Exception as exc:  # shown to every reader of the page: never with the store's secrets
         source.error = hide_secrets(f"{type(exc).__name__}: {exc}", url_secrets(settings.store_url))
         return
-    rows = [KeyRow.of(s, by_key.get(n, ())) for n, s in states.items()]
-    rows = [row for row in rows if _matches(row, state, name, key)]
+    rows = [row for row in found.values() if _matches(row, state, name, key)]
     order = {status: i for i, status in enumerate(STATES)}
     rows.sort(key=lambda r: (order.get(r.status, len(order)), -len(r.waiters), r.name))
     source.truncated = len(rows) > MAX_ROWS
     source.rows = rows[:MAX_ROWS]
+
+
+def _page_in(
+    store: Store, namespace: str, found: dict[str, KeyRow], *, state: str | None, name: str | None
+) -> None:
+    """Add to ``found`` the keys of each status in the page's order (only ``state`` when given), a page
+    at a time, until one more than :data:`MAX_ROWS` match the filters (the page then says there are
+    more)."""
+    matching = sum(1 for row in found.values() if _matches(row, state, name, None))
+    for status in [state] if state else STATES:
+        after: str | None = None
+        while matching <= MAX_ROWS:
+            page = store.list_page(namespace, state=status, after=after, limit=MAX_ROWS + 1)
+            for listed in page.states:
+                if listed.key.name in found:
+                    continue
+                row = found[listed.key.name] = KeyRow.of(listed, ())
+                matching += _matches(row, state, name, None)
+            if page.after is None:
+                break
+            after = page.after

@@ -9,11 +9,12 @@ could not be read go to stderr, so the listing itself stays parseable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dibs._cli import names
@@ -25,7 +26,7 @@ from dibs.display import duration, printable
 from dibs.keys import Key
 from dibs.payloads import ReferencedArtifact, ReferencingStore
 from dibs.records import ArtifactRecord, KeyState
-from dibs.stores import transitions
+from dibs.stores import pages, transitions
 from dibs.stores.base import Listing
 
 __all__ = ["COMMANDS", "administer"]
@@ -40,17 +41,67 @@ def administer(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace, client: Reservations) -> int:
-    listing = client.list(all_namespaces=args.all)
-    states = [s for s in names.select(listing, args.name) if _worth_listing(s)]
-    states.sort(key=lambda s: (s.key.namespace, s.key.name))
-    rows = [_summary(s) for s in states]
+    """List the namespace a page at a time, printing each page as it is read (see :func:`_listed`)."""
+    columns = ["namespace", "key", "status", "holder", "token", "detail"]
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    printed = 0
+
+    def emit(states: list[KeyState]) -> None:
+        nonlocal printed
+        rows = [_summary(s) for s in states]
+        if args.jsonl:
+            for row in rows:
+                print(json.dumps(row))
+        elif args.json:  # one JSON array, written as it is read
+            for row in rows:
+                print(("[" if printed == 0 else ",") + json.dumps(row))
+                printed += 1
+            return
+        elif rows or printed == 0:
+            print_table(rows, columns, width=width, header=printed == 0)
+        printed += len(rows)
+        sys.stdout.flush()
+
+    more, skipped = _listed(args, client, emit)
     if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-        print_table(rows, ["namespace", "key", "status", "holder", "token", "detail"], width=width)
-    _say_skipped(listing)
+        print("[]" if printed == 0 else "]")
+    if more is not None:
+        if args.jsonl:
+            print(json.dumps({"after": more}))
+        print(f"dibs: more keys follow; continue with --after {more}", file=sys.stderr)
+    _say_skipped(skipped)
     return 0
+
+
+def _listed(
+    args: argparse.Namespace, client: Reservations, emit: Callable[[list[KeyState]], None]
+) -> tuple[str | None, int]:
+    """Read the keys ``args`` asks for from the store a page at a time (:meth:`Store.list_page
+    <dibs.stores.base.Store.list_page>`: what the store finds, not the whole namespace), handing each
+    page's keys to ``emit``; stop after ``--limit`` keys. The cursor after the last key emitted when
+    more follow (else ``None``), and how many unreadable records were skipped."""
+    namespace = None if args.all else client.namespace
+    limit: int | None = args.limit
+    after: str | None = args.after
+    size = pages.PAGE if limit is None else min(pages.PAGE, limit + 1)
+    emitted, skipped = 0, 0
+    while True:
+        page = client.store.list_page(namespace, state=args.state, after=after, limit=size)
+        skipped += page.skipped
+        found = [s for s in names.select(page.states, args.name) if args.state or _worth_listing(s)]
+        if limit is not None and emitted + len(found) >= limit:
+            shown = found[: limit - emitted]
+            if shown:
+                emit(shown)
+            ends_here = len(found) == len(shown) and page.after is None
+            last = shown[-1].key if shown else None
+            return (None if ends_here or last is None else pages.cursor_of(last)), skipped
+        if found:
+            emit(found)
+        emitted += len(found)
+        if page.after is None:
+            return None, skipped
+        after = page.after
 
 
 def _show(args: argparse.Namespace, client: Reservations) -> int:
@@ -89,7 +140,8 @@ class _Repair:
 
 
 def _reap(args: argparse.Namespace, client: Reservations) -> int:
-    count = client.reap(all_namespaces=args.all)
+    with _progress("reaped") as progress:
+        count = client.reap(all_namespaces=args.all, progress=progress)
     _say(args, {"reaped": count}, f"reaped {count} record(s): expired leases and empty records cleared")
     return 0
 
@@ -109,7 +161,8 @@ def _prune(args: argparse.Namespace, client: Reservations) -> int:
         return 0
     store = client.store
     before = store.freed if isinstance(store, ReferencingStore) else None
-    count = client.prune(args.older_than, all_namespaces=args.all)
+    with _progress("pruned") as progress:
+        count = client.prune(args.older_than, all_namespaces=args.all, progress=progress)
     if isinstance(store, ReferencingStore) and before is not None:  # payloads no record refers to any more
         freed = store.freed.bytes - before.bytes
         payloads = store.freed.payloads - before.payloads
@@ -124,12 +177,34 @@ def _prune(args: argparse.Namespace, client: Reservations) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _progress(done: str) -> Iterator[Callable[[int], None] | None]:
+    """On a terminal (stderr), a line that counts the records a removal has changed so far, redrawn as
+    it goes and cleared at the end; elsewhere nothing (``None``: the store is not asked to tell)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+
+    def show(count: int) -> None:
+        sys.stderr.write(f"\r\x1b[Kdibs: {done} {count:,} record(s) so far…")
+        sys.stderr.flush()
+
+    try:
+        yield show
+    finally:
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+
+
 def _say_skipped(listing: object) -> None:
-    """Tell (on stderr, so the listing itself stays parseable) how many records could not be read."""
-    skipped = listing.skipped if isinstance(listing, Listing) else ()
+    """Tell (on stderr, so the listing itself stays parseable) how many records could not be read:
+    ``listing`` is a :class:`Listing` or their number."""
+    skipped = (
+        len(listing.skipped) if isinstance(listing, Listing) else listing if isinstance(listing, int) else 0
+    )
     if skipped:
         print(
-            f"dibs: skipped {len(skipped)} unreadable record(s) (warnings above name them); "
+            f"dibs: skipped {skipped} unreadable record(s) (warnings above name them); "
             "'dibs show KEY' reports one in detail",
             file=sys.stderr,
         )

@@ -115,7 +115,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "name, its readable part (NAME, NAME@VERSION, NAME/ and the start of the digest) or a shell-style "
         "pattern ('load_*'). A key with nothing stored, no lease and no failure (forgotten, or released "
         "without a failure) has nothing to show and is left out; 'dibs show KEY' still shows it. On a "
-        "terminal the detail is wrapped at word boundaries.",
+        "terminal the detail is wrapped at word boundaries.\n\n"
+        "Keys are read from the store a page at a time, in key order, and printed as they come. --state "
+        "lists only the keys of one status (--state free lists the keys left out above). --limit N stops "
+        "after N keys and, when more follow, prints on stderr the cursor to continue with (--after CURSOR; "
+        'with --jsonl, a last line {"after": CURSOR}). --jsonl prints one JSON object per key.',
         _exits("  0      listed (possibly nothing)", _COMMON_EXITS, _STOP_EXITS),
     ),
     "top": (
@@ -289,6 +293,14 @@ def _parser() -> argparse.ArgumentParser:
         "name", nargs="?", help="only the keys this names: NAME, NAME@VERSION, NAME/DIGEST-START or a glob"
     )
     listing.add_argument("--all", action="store_true", help="every namespace")
+    listing.add_argument(
+        "--state", choices=("held", "expired", "done", "failed", "free"), help="only the keys of this status"
+    )
+    listing.add_argument(
+        "--limit", type=_count, metavar="N", help="at most N keys; the cursor of the next ones goes to stderr"
+    )
+    listing.add_argument("--after", metavar="CURSOR", help="start after this cursor (given by --limit)")
+    listing.add_argument("--jsonl", action="store_true", help="one JSON object per key, as they are read")
 
     watch_top = command("top")
     watch_top.add_argument("--all", action="store_true", help="every namespace")
@@ -324,6 +336,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=4, help="worker processes (default: %(default)s)")
     demo.add_argument("--work-seconds", type=float, default=3.0, help="length of the slow computation")
     return parser
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number of records, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of keys, at least 1, not {text!r}")
+    return value
 
 
 def _seconds(*, zero: bool) -> Any:

@@ -83,20 +83,28 @@ def artifact_text(value: Any) -> tuple[Any, Encoding]:
 
 
 def print_table(
-    rows: list[dict[str, Any]], columns: list[str], out: IO[str] | None = None, *, width: int | None = None
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    out: IO[str] | None = None,
+    *,
+    width: int | None = None,
+    header: bool = True,
 ) -> None:
     """A plain aligned table (no dependency): what people read in terminals and CI logs.
 
     With ``width`` (a terminal's), the last column is wrapped at word boundaries to fit, its
     continuation lines aligned under it; without, every row is one line, whatever its length.
-    Nothing is ever cut: a word longer than the room left stays whole on its own line.
+    Nothing is ever cut: a word longer than the room left stays whole on its own line. Without
+    ``header``, the rows continue a table printed before (a listing's next page): no header, and
+    nothing said when there are none.
     """
     out = out or sys.stdout
     cells = [[("" if row.get(c) is None else printable(row[c])) for c in columns] for row in rows]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
     indent = sum(widths[:-1]) + 2 * (len(columns) - 1)
     room = None if width is None else max(24, width - indent - 1)
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
+    if header:
+        print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
     for r in cells:
         head = "  ".join(v.ljust(w) for v, w in zip(r[:-1], widths[:-1], strict=True))
         last = r[-1]
@@ -104,7 +112,7 @@ def print_table(
         print(f"{head}  {lines[0]}".rstrip() if len(columns) > 1 else lines[0], file=out)
         for more in lines[1:]:
             print(" " * (indent if len(columns) > 1 else 0) + more, file=out)
-    if not rows:
+    if not rows and header:
         print("(none)", file=out)
 
 

@@ -1,8 +1,9 @@
 """``dibs top``: the live state of a namespace, refreshed in place.
 
-Everything here is what the store itself knows, read with one listing per refresh: the keys held now
-(holder, token, how long held, when the lease expires), leases that expired without a taker yet, the
-latest artifacts (who produced each, how long it took, how long ago) and the latest failures. Outcomes
+Everything here is what the store itself knows, read with a few bounded reads per refresh (see
+:func:`snapshot`): the keys held now (holder, token, how long held, when the lease expires), leases
+that expired without a taker yet, the latest artifacts (who produced each, how long it took, how long
+ago) and the latest failures. Outcomes
 of calls that only read (hits, waits) are not in the store: the metrics of docs/observability.md
 count those.
 """
@@ -21,6 +22,7 @@ from dibs._cli.text import instant, print_table, size
 from dibs.client import Reservations
 from dibs.display import duration, printable
 from dibs.records import ArtifactRecord, FailureRecord, KeyState
+from dibs.stores import pages
 
 __all__ = ["snapshot", "top"]
 
@@ -29,27 +31,37 @@ Record = TypeVar("Record")
 
 #: How many of the latest artifacts and failures a screen shows.
 RECENT = 10
+#: How many held (and expired) leases a screen shows: the soonest to expire (the latest expired); the
+#: counts say how many there are in all.
+LEASES = 50
 
 
 def snapshot(client: Reservations, *, all_namespaces: bool = False) -> dict[str, Any]:
-    """One reading of the namespace (or of every namespace), as ``--json`` prints it."""
-    states = list(client.list(all_namespaces=all_namespaces))
-    now = max((state.now for state in states), default=time.time())
-    counts = {status: 0 for status in ("held", "expired", "done", "failed")}
-    for state in states:
-        if state.status in counts:
-            counts[state.status] += 1
-    held = sorted((s for s in states if s.status == "held"), key=lambda s: _lease(s)["expires_in_s"])
-    expired = [s for s in states if s.status == "expired"]
+    """One reading of the namespace (or of every namespace), as ``--json`` prints it.
+
+    Made of the store's bounded reads (:mod:`dibs.stores.pages`): the counts (each up to
+    :data:`~dibs.stores.pages.COUNT_CAP`), :data:`LEASES` held and expired leases, and the
+    :data:`RECENT` latest artifacts and failures. A store that finds them through indexes (SQL) reads
+    as many records whatever the size of the namespace: ``top`` costs what it shows, not the history."""
+    store = client.store
+    namespace = None if all_namespaces else client.namespace
+    counts = store.count_states(namespace)
+    held = store.leases(namespace, expired=False, limit=LEASES)
+    expired = store.leases(namespace, expired=True, limit=LEASES)
+    artifacts = store.latest(namespace, "artifact", limit=RECENT)
+    failures = store.latest(namespace, "failure", limit=RECENT)
+    read = [*held, *expired, *artifacts, *failures]
+    now = max((state.now for state in read), default=time.time())
     return {
-        "namespace": None if all_namespaces else client.namespace,
-        "store": client.store.url,
+        "namespace": namespace,
+        "store": store.url,
         "store_now": instant(now),
         "counts": counts,
+        "counted_up_to": pages.COUNT_CAP,
         "held": [_lease(s) for s in held],
         "expired": [_lease(s) for s in expired],
-        "recent_artifacts": _latest(states, lambda s: s.artifact, lambda a: a.created_at, _artifact),
-        "recent_failures": _latest(states, lambda s: s.failure, lambda f: f.at, _failure),
+        "recent_artifacts": _latest(artifacts, lambda s: s.artifact, lambda a: a.created_at, _artifact),
+        "recent_failures": _latest(failures, lambda s: s.failure, lambda f: f.at, _failure),
     }
 
 
@@ -103,7 +115,9 @@ def render(doc: dict[str, Any], width: int | None) -> str:
     where = doc["namespace"] or "every namespace"
     counts = doc["counts"]
     print(f"dibs top: {printable(where)} on {doc['store']} at {doc['store_now']} (store clock)", file=out)
-    print("  ".join(f"{status} {count}" for status, count in counts.items()), file=out)
+    cap = doc.get("counted_up_to")
+    shown = (f"{count}+" if count == cap else str(count) for count in counts.values())
+    print("  ".join(f"{status} {count}" for status, count in zip(counts, shown, strict=True)), file=out)
     sections = (
         ("HELD", doc["held"], ["key", "holder", "token", "held", "expires in"], _held_row),
         (

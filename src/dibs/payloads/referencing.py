@@ -44,7 +44,8 @@ from dibs.payloads.collect import DEFAULT_GRACE, collect, referenced_digest
 from dibs.payloads.references import REFERENCE, decode, encode
 from dibs.payloads.verify import read_verified, spool_verified
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, Present, StoreOutcome
-from dibs.stores.base import Store
+from dibs.stores import pages
+from dibs.stores.base import Progress, Store
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.requests import AcquireRequest, NewArtifact
 
@@ -249,6 +250,26 @@ class ReferencingStore(Store):
     def list(self, namespace: str | None = None) -> Iterator[KeyState]:
         return self.records.list(namespace)  # listings carry no payloads: references stay as they are
 
+    # The reads a person makes: records as listed, references as they are (no payload is read).
+    def list_page(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        return self.records.list_page(namespace, state=state, after=after, limit=limit)
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        return self.records.latest(namespace, kind, limit=limit)
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        return self.records.leases(namespace, expired=expired, limit=limit)
+
+    def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
+        return self.records.count_states(namespace, up_to=up_to)
+
     def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         outcome = self.records.acquire(key, request)
         for _ in range(_MAX_MISSES):
@@ -363,13 +384,18 @@ class ReferencingStore(Store):
     def discard(self, key: Key) -> bool:
         return self.records.discard(key)  # only records that hold nothing: no payload to remove
 
-    def reap(self, namespace: str | None = None) -> int:
-        reaped = self.records.reap(namespace)
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
+        reaped = self.records.reap(namespace, progress=progress) if progress else self.records.reap(namespace)
         self._collect_after(f"reaped {reaped} record(s)")  # a writer killed mid-upload leaves a payload
         return reaped
 
-    def prune(self, namespace: str | None, older_than: float) -> int:
-        pruned = self.records.prune(namespace, older_than)
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
+        records = self.records
+        pruned = (
+            records.prune(namespace, older_than, progress=progress)
+            if progress
+            else records.prune(namespace, older_than)
+        )
         self._collect_after(f"pruned {pruned} record(s)")
         return pruned
 

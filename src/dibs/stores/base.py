@@ -31,7 +31,7 @@ from dibs._closing import Closing
 from dibs.errors import ArtifactTooLarge, CorruptRecord, ReservationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseRecord, LeaseToken, StoreOutcome
-from dibs.stores import timing, transitions
+from dibs.stores import pages, timing, transitions
 from dibs.stores.feeds import ChangeFeed, ReadPollingFeed
 from dibs.stores.requests import AcquireRequest, NewArtifact
 
@@ -51,6 +51,12 @@ Loaded = tuple[KeyState, object]
 
 
 log = logging.getLogger(__name__)
+
+#: What a prune or reap tells as it goes (the CLI's progress on a terminal): how many records it has
+#: changed so far. Called now and then, never for every record.
+Progress = Callable[[int], None]
+#: How many records a removal that goes key by key considers between two calls of its progress.
+PROGRESS_EVERY = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +101,20 @@ def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
 
 
 def reap_each(
-    store: Store, namespace: str | None, clear_expired: Callable[[Key], bool], where: Callable[[Key], str]
+    store: Store,
+    namespace: str | None,
+    clear_expired: Callable[[Key], bool],
+    where: Callable[[Key], str],
+    progress: Progress | None = None,
 ) -> int:
     """The one way to reap (see :meth:`Store.reap`), for every store: each listed record whose lease
     expired is cleared by ``clear_expired`` (which must check the expiry again, atomically, on the
     store's clock: the holder may have renewed since the listing), and each record that then holds
     nothing is discarded. A record damaged since it was listed is skipped, named by ``where``."""
     reaped = 0
-    for state in builtins.list(store.list(namespace)):
+    for seen, state in enumerate(builtins.list(store.list(namespace)), 1):
+        if progress is not None and seen % PROGRESS_EVERY == 0:
+            progress(reaped)
         expired = state.lease is not None and not state.lease.live_at(state.now)
         if not (expired or transitions.holds_nothing(state)):
             continue
@@ -192,10 +204,11 @@ class Store(Closing):
         """
 
     @abc.abstractmethod
-    def reap(self, namespace: str | None = None) -> int:
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
         """Clear expired leases nobody took over, and discard records that then hold nothing (they
         become tombstones: see :meth:`discard`); returns how many records changed. Unreadable records
-        are skipped (and logged) as by :meth:`list`, and left as they are."""
+        are skipped (and logged) as by :meth:`list`, and left as they are. ``progress`` is told now
+        and then how many have changed so far."""
 
     @abc.abstractmethod
     def discard(self, key: Key) -> bool:
@@ -209,11 +222,45 @@ class Store(Closing):
         """
 
     @abc.abstractmethod
-    def prune(self, namespace: str | None, older_than: float) -> int:
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
         """Clear the records :func:`~dibs.stores.transitions.prunable` says are ``older_than`` seconds
         old by the store's clock (artifacts with their payloads, failures, and records that hold
         nothing), each only if it is still so when it is cleared, leaving a tombstone (see
-        :meth:`discard`); returns how many records changed. Unreadable records are skipped."""
+        :meth:`discard`); returns how many records changed. Unreadable records are skipped.
+        ``progress`` is told now and then how many have changed so far."""
+
+    # -- the reads a person makes (dibs.stores.pages): bounded by what they show ------------------------
+    # Apart from the per-call operations above: ``dibs ls``, ``dibs top`` and the Airflow Reservations
+    # page. These defaults stream :meth:`list` and filter (the memory, file, Azure and Redis stores);
+    # a store that can find what is asked for without a scan (SQL, by its indexes) overrides them.
+    def list_page(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        """Up to ``limit`` records (of ``namespace``, or of all), in key order, only those whose
+        :attr:`~dibs.records.KeyState.status` is ``state`` when given, starting after the cursor
+        ``after`` (a previous page's :attr:`~dibs.stores.pages.Page.after`). Tombstones are never
+        listed; unreadable records are skipped and counted, as by :meth:`list`."""
+        return pages.page_of(self.list(namespace), state=state, after=after, limit=limit)
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        """The ``limit`` records whose artifact (``kind="artifact"``) or last failure (``"failure"``)
+        is newest, newest first."""
+        return pages.latest_of(self.list(namespace), kind, limit)
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        """Up to ``limit`` keys held now (status ``held``), soonest expiry first; with ``expired``,
+        those whose lease expired with nobody taking over yet (status ``expired``), latest first."""
+        return pages.leases_of(self.list(namespace), expired=expired, limit=limit)
+
+    def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
+        """How many keys are ``held``, ``expired``, ``done`` and ``failed``, each counted up to
+        ``up_to`` (a count of ``up_to`` means at least that many)."""
+        return pages.count_of(self.list(namespace), up_to)
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """The states of several keys, for the watch hub (stores that can read them together override
@@ -336,17 +383,23 @@ class RecordStore(Store):
     def forget(self, key: Key) -> bool:
         return self._update(key, lambda state: _changed(transitions.forget(state)))
 
-    def reap(self, namespace: str | None = None) -> int:
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
         return reap_each(
-            self, namespace, lambda key: self._update(key, lambda s: _changed(transitions.reap(s))), str
+            self,
+            namespace,
+            lambda key: self._update(key, lambda s: _changed(transitions.reap(s))),
+            str,
+            progress,
         )
 
     def discard(self, key: Key) -> bool:
         return self._update(key, lambda state: _changed(transitions.discard(state)))
 
-    def prune(self, namespace: str | None, older_than: float) -> int:
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
         pruned = 0
-        for state in list(self.list(namespace)):
+        for seen, state in enumerate(list(self.list(namespace)), 1):
+            if progress is not None and seen % PROGRESS_EVERY == 0:
+                progress(pruned)
             if transitions.prunable(state, older_than):
                 try:
                     pruned += self._update(state.key, lambda s: _changed(transitions.prune(s, older_than)))

@@ -363,6 +363,61 @@ class StoreContract:
         assert store.read(b).status == "free"
         assert store.read(other).status == "held"  # other namespace, live lease: untouched
 
+    # -- the reads a person makes (dibs.stores.pages): the same answers as a listing ------------------
+
+    def test_admin_reads_agree_with_the_listing(self, store: Store) -> None:
+        """Pages, status filters, the latest artifacts and failures, the leases and the counts say what a
+        filtered :meth:`~dibs.stores.Store.list` says, whichever way the store finds them."""
+        ns = "contract.pages"
+        keys = {name: Key(ns, name) for name in ("Zed", "d2", "f1", "held", "short", "freed", "gone", "d3")}
+        for name in ("Zed", "d2", "d3"):
+            _complete(store, _granted(store.acquire(keys[name], AcquireRequest("alice", 60))), name.encode())
+        store.release(
+            keys["f1"], _granted(store.acquire(keys["f1"], AcquireRequest("alice", 60))).token, "boom"
+        )
+        held = _granted(store.acquire(keys["held"], AcquireRequest("bob", 600)))
+        short = _granted(store.acquire(keys["short"], AcquireRequest("carol", 0.2)))
+        store.release(
+            keys["freed"], _granted(store.acquire(keys["freed"], AcquireRequest("a", 60))).token, None
+        )
+        gone = _granted(store.acquire(keys["gone"], AcquireRequest("alice", 60)))
+        store.release(keys["gone"], gone.token, None)
+        assert store.discard(keys["gone"])  # a tombstone: never listed
+        store.acquire(Key("contract.pages.other", "x"), AcquireRequest("alice", 60))
+        _wait_until_expired(store, short)
+
+        listed = list(store.list(ns))
+        assert [s.key for s in listed] == sorted(keys[n] for n in keys if n != "gone")
+        for size in (1, 3, 100):
+            seen: list[Key] = []
+            after: str | None = None
+            rounds = 0
+            while True:
+                page = store.list_page(ns, after=after, limit=size)
+                assert len(page.states) <= size
+                seen.extend(s.key for s in page.states)
+                rounds += 1
+                if page.after is None:
+                    break
+                after = page.after
+            assert seen == [s.key for s in listed], size
+            assert rounds <= len(listed) // size + 1
+        for status in ("held", "expired", "done", "failed", "free"):
+            page = store.list_page(ns, state=status, limit=100)
+            assert [s.key for s in page.states] == [s.key for s in listed if s.status == status], status
+            assert all(s.status == status for s in page.states)
+        everywhere = store.list_page(None, limit=1000).states
+        assert {s.key.namespace for s in everywhere} >= {ns, "contract.pages.other"}
+        assert [s.key for s in everywhere] == sorted(s.key for s in everywhere)
+
+        newest = store.latest(ns, "artifact", limit=2)
+        assert [s.key for s in newest] == [keys["d3"], keys["d2"]]  # completed in that order
+        assert [s.key for s in store.latest(ns, "failure", limit=5)] == [keys["f1"]]
+        assert [s.key for s in store.leases(ns, expired=False, limit=5)] == [held.key]
+        assert [s.key for s in store.leases(ns, expired=True, limit=5)] == [short.key]
+        assert store.count_states(ns) == {"held": 1, "expired": 1, "done": 3, "failed": 1}
+        assert store.count_states(ns, up_to=2) == {"held": 1, "expired": 1, "done": 2, "failed": 1}
+
     @pytest.mark.parametrize(
         "name",
         [

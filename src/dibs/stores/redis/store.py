@@ -30,7 +30,16 @@ from dibs.records import (
     new_lease_id,
 )
 from dibs.stores import decoder, redact_url, transitions
-from dibs.stores.base import Listing, Skipped, Store, reap_each, refuse_too_large, skip
+from dibs.stores.base import (
+    PROGRESS_EVERY,
+    Listing,
+    Progress,
+    Skipped,
+    Store,
+    reap_each,
+    refuse_too_large,
+    skip,
+)
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.large import READ_INLINE, SharedLoads, advise_payload_store
 from dibs.stores.redis.feed import PatternFeed
@@ -521,18 +530,20 @@ class RedisStore(Store):
                     states.append(state)
         return Listing(states, skipped)
 
-    def reap(self, namespace: str | None = None) -> int:
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
         # The script checks expiry again on the server's clock: a holder may have renewed.
         return reap_each(
-            self, namespace, lambda key: self._drop_part(key, "expired", "reap"), self.record_key
+            self, namespace, lambda key: self._drop_part(key, "expired", "reap"), self.record_key, progress
         )
 
     def discard(self, key: Key) -> bool:
         return self._drop_part(key, "empty", "discard")
 
-    def prune(self, namespace: str | None, older_than: float) -> int:
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
         pruned = 0
-        for state in self.list(namespace):
+        for seen, state in enumerate(self.list(namespace), 1):
+            if progress is not None and seen % PROGRESS_EVERY == 0:
+                progress(pruned)
             if not transitions.prunable(state, older_than):
                 continue
             try:  # the script judges again, on the server's clock

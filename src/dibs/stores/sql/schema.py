@@ -31,6 +31,12 @@ SCHEMA_VERSION = 1
 #: may not alter the table (an administrator's role owns it) works without them: one warning names
 #: the statement to run, and what they would hold is not kept (read as unknown) until it has run.
 ADDED_COLUMNS = ("compute_seconds",)
+#: Indexes added to the version 1 table since its release, by the suffix of their names, in order: the
+#: reads a person makes (:mod:`dibs.stores.pages`) find what they show through them, not by a scan of the
+#: namespace (issue 30). Leases by expiry, artifacts and failures by time, keys in order (a listing's
+#: pages). A table that lacks them gets them on first use (``CREATE INDEX``), recorded by the ``_meta``
+#: row ``indexes`` as the columns are; a user who may not create them works without (those reads scan).
+ADDED_INDEXES = ("leases", "artifacts", "failures", "keys")
 NOTIFY_CHANNEL = "dibs_changes"
 
 
@@ -56,7 +62,9 @@ def tables(
         name,
         metadata,
         sa.Column("key_hash", sa.String(64), primary_key=True),
-        sa.Column("namespace", sa.String(200), nullable=False, index=True),
+        # Indexed by the keys' index (``namespace, name``, see admin_indexes), which replaced the
+        # namespace's own index: one way in, so no plan can prefer the one that leaves a sort to do.
+        sa.Column("namespace", sa.String(200), nullable=False),
         sa.Column("name", sa.Text, nullable=False),
         sa.Column("version", sa.BigInteger, nullable=False),
         sa.Column("fence", sa.BigInteger, nullable=False),
@@ -86,6 +94,7 @@ def tables(
         *([sa.Column("compute_seconds", sa.Double)] if "compute_seconds" in added else []),
         **charset,
     )
+    admin_indexes(reservations, dialect)  # attached to the table: created with it
     meta = sa.Table(
         f"{name}_meta",
         metadata,
@@ -94,6 +103,35 @@ def tables(
         **charset,
     )
     return metadata, reservations, meta
+
+
+def admin_indexes(t: sa.Table, dialect: str) -> tuple[sa.Index, ...]:
+    """The :data:`ADDED_INDEXES` of ``t`` (each attaches itself to it). Partial where the database has
+    partial indexes (PostgreSQL, SQLite: only the rows with a lease, an artifact, a failure); MySQL and
+    MariaDB index every row, the NULLs first, which a range on the time skips just as well. The keys'
+    index takes the first 500 characters of a name on MySQL (an index cannot hold a whole TEXT)."""
+    c = t.c
+
+    def partial(condition: Any) -> dict[str, Any]:
+        return {"postgresql_where": condition, "sqlite_where": condition}
+
+    keys: dict[str, Any] = {"mysql_length": {"name": 500}, "mariadb_length": {"name": 500}}
+    if dialect not in ("mysql", "mariadb"):
+        keys = {}
+    return (
+        sa.Index(f"{t.name}_leases", c.namespace, c.expires_at, **partial(c.lease_id.is_not(None))),
+        sa.Index(f"{t.name}_artifacts", c.namespace, c.created_at, **partial(c.serializer.is_not(None))),
+        sa.Index(f"{t.name}_failures", c.namespace, c.failure_at, **partial(c.failure_at.is_not(None))),
+        # Key order is the code points' (dibs.stores.sql.admin.AdminReads._keyed): PostgreSQL's keys
+        # are indexed COLLATE "C", whatever the database's collation.
+        sa.Index(f"{t.name}_keys", *_in_code_points(c.namespace, c.name, dialect), **keys),
+    )
+
+
+def _in_code_points(namespace: sa.Column[Any], name: sa.Column[Any], dialect: str) -> tuple[Any, Any]:
+    if dialect == "postgresql":
+        return namespace.collate("C"), name.collate("C")
+    return namespace, name
 
 
 #: The columns of a row's lease: all NULL when the key has none.
@@ -196,6 +234,7 @@ class SchemaCheck:
         self._connect = connect
         self._first_line = first_line
         self._columns_in_place = 0  # how many of ADDED_COLUMNS the table has (read with its version)
+        self._indexes_in_place = 0  # how many of ADDED_INDEXES (read with its version)
 
     def run(self) -> tuple[str, ...]:
         """One read of the schema version when the tables exist (the usual case: nothing is locked or
@@ -204,7 +243,11 @@ class SchemaCheck:
         The :data:`ADDED_COLUMNS` the table has."""
         with self._connect() as conn:
             version = self._schema_version(conn)
-            if version == SCHEMA_VERSION and self._columns_in_place >= len(ADDED_COLUMNS):
+            if (
+                version == SCHEMA_VERSION
+                and self._columns_in_place >= len(ADDED_COLUMNS)
+                and self._indexes_in_place >= len(ADDED_INDEXES)
+            ):
                 return ADDED_COLUMNS
         for attempt in range(5):
             try:
@@ -216,7 +259,10 @@ class SchemaCheck:
                             self.metadata.create_all(conn, checkfirst=True)
                         self._check_schema_version(conn)
                         self._check_is_ours(conn)
-                    return self._add_columns(conn)
+                    added = self._add_columns(conn)
+                    if not conn.invalidated:  # lost while adding a column: the indexes wait too
+                        self._add_indexes(conn)
+                    return added
             except (StoreUnavailable, sa_exc.ProgrammingError, sa_exc.IntegrityError):
                 # Another process created the table between our check and our CREATE (SQLite, MySQL).
                 if attempt == 4:
@@ -230,7 +276,8 @@ class SchemaCheck:
         """
         meta = self.meta.c
         try:
-            query = sa.select(meta.name, meta.value).where(meta.name.in_(("schema_version", "columns")))
+            wanted = ("schema_version", "columns", "indexes")
+            query = sa.select(meta.name, meta.value).where(meta.name.in_(wanted))
             rows = {name: value for name, value in conn.execute(query)}
         except (sa_exc.ProgrammingError, sa_exc.OperationalError) as exc:
             if exc.connection_invalidated:
@@ -238,6 +285,8 @@ class SchemaCheck:
             return None  # no such table: created below
         columns = rows.get("columns")
         self._columns_in_place = int(columns) if columns is not None and columns.isdigit() else 0
+        indexes = rows.get("indexes")
+        self._indexes_in_place = int(indexes) if indexes is not None and indexes.isdigit() else 0
         found = rows.get("schema_version")
         if found is None:
             return None
@@ -313,6 +362,65 @@ class SchemaCheck:
             with contextlib.suppress(sa_exc.IntegrityError):
                 conn.execute(sa.insert(self.meta).values(name="columns", value=done))
         return ADDED_COLUMNS
+
+    def _add_indexes(self, conn: Connection) -> None:
+        """Create the :data:`ADDED_INDEXES` a table made before them lacks (``checkfirst``: one that a
+        racing process created first is left as it is), and record that they are there. As for the
+        columns, one attempt per process, and a failure never fails the store: one warning names the
+        statements to run, and until they have run the reads of :mod:`dibs.stores.pages` scan the
+        namespace (slower, same answers). On a large PostgreSQL table the ``CREATE INDEX`` holds back
+        writes while it builds: an administrator may rather run them ``CONCURRENTLY`` first."""
+        found = conn.execute(sa.select(self.meta.c.value).where(self.meta.c.name == "indexes")).scalar()
+        if found is not None and found.isdigit() and int(found) >= len(ADDED_INDEXES):
+            return
+        tried = (self.url, self.table_name, f"{self.schema}:indexes")
+        if tried in _ALTER_TRIED:
+            return
+        _ALTER_TRIED.add(tried)
+        _, full, _ = tables(self.table_name, self.schema, self.dialect)
+        indexes = [index for index in full.indexes if index.name in _admin_index_names(self.table_name)]
+        for index in sorted(indexes, key=lambda index: str(index.name)):
+            try:
+                with self._metadata_lock_bounded(conn):
+                    index.create(conn, checkfirst=True)
+            except sa_exc.DBAPIError as exc:
+                orig = exc.orig or exc
+                lost = exc.connection_invalidated or conn.invalidated
+                statement = str(sa.schema.CreateIndex(index).compile(dialect=conn.dialect))
+                log.warning(
+                    "%s: table %s lacks the index %s and it could not be created (%s%s: %s); dibs works "
+                    "without it (ls, top and prune scan the namespace) until it is created: %s",
+                    self.url,
+                    self.table_name,
+                    index.name,
+                    "the connection was lost: " if lost else "",
+                    type(orig).__name__,
+                    self._first_line(orig, 200),
+                    statement,
+                )
+                return
+        self._drop_namespace_index(conn)
+        done = str(len(ADDED_INDEXES))
+        updated = conn.execute(sa.update(self.meta).where(self.meta.c.name == "indexes").values(value=done))
+        if updated.rowcount == 0:
+            with contextlib.suppress(sa_exc.IntegrityError):
+                conn.execute(sa.insert(self.meta).values(name="indexes", value=done))
+
+    def _drop_namespace_index(self, conn: Connection) -> None:
+        """Drop the namespace's own index of a table made before the keys' index (which begins with the
+        namespace, and so answers whatever it did). Left in place if that fails: it only costs writes."""
+        old = sa.Table(
+            self.table_name, sa.MetaData(schema=self.schema), sa.Column("namespace", sa.String(200))
+        )
+        index = sa.Index(None, old.c.namespace)
+        index.name = sa.schema.conv(_old_namespace_index(self.table_name, self.schema))
+        try:
+            with self._metadata_lock_bounded(conn):
+                index.drop(conn, checkfirst=True)
+        except sa_exc.DBAPIError as exc:
+            log.info(
+                "%s: the namespace index of %s was kept (%s)", self.url, self.table_name, exc.orig or exc
+            )
 
     @contextlib.contextmanager
     def _metadata_lock_bounded(self, conn: Connection) -> Iterator[None]:
@@ -472,6 +580,15 @@ class SchemaCheck:
                     f"FOR EACH ROW EXECUTE FUNCTION {function}()"
                 )
             )
+
+
+def _old_namespace_index(table: str, schema: str | None) -> str:
+    """The name SQLAlchemy gave the namespace column's own index (``index=True``) before issue 30."""
+    return f"ix_{schema}_{table}_namespace" if schema else f"ix_{table}_namespace"
+
+
+def _admin_index_names(table: str) -> set[str]:
+    return {f"{table}_{suffix}" for suffix in ADDED_INDEXES}
 
 
 #: The errors that say this user may not change the table, as opposed to a failure of the statement:

@@ -251,12 +251,6 @@ class Statements:
         self.drop_lease = Prepared(
             sa.update(t).where(at_version).values(version=t.c.version + _ONE, **no_lease), dialect
         )
-        self.reap_expired = Prepared(
-            sa.update(t)
-            .where(at_version, t.c.expires_at <= now)
-            .values(version=t.c.version + _ONE, **no_lease),
-            dialect,
-        )
         no_result = dict.fromkeys(
             (
                 *("serializer", "payload", "size", "checksum", "producer", "artifact_fence", "created_at"),

@@ -33,11 +33,12 @@ from dibs.records import (
     StoreOutcome,
     new_lease_id,
 )
-from dibs.stores import decoder, redact_url, transitions, url_secrets
-from dibs.stores.base import Listing, Skipped, Store, reap_each, skip
+from dibs.stores import decoder, pages, redact_url, transitions, url_secrets
+from dibs.stores.base import Listing, Progress, Skipped, Store, skip
 from dibs.stores.feeds import ChangeFeed, check_watch_interval
 from dibs.stores.large import CHUNK, READ_INLINE, Filling, SharedLoads, advise_payload_store
 from dibs.stores.requests import AcquireRequest, NewArtifact
+from dibs.stores.sql.admin import AdminReads
 from dibs.stores.sql.bounds import Keeper, PatientPool
 from dibs.stores.sql.engine import (
     DEFAULT_TIMEOUT,
@@ -69,6 +70,8 @@ from dibs.stores.sql.translate import ROLLED_BACK_ATTEMPTS, Translator
 
 __all__ = ["SQLStore"]
 
+#: Rows per statement of a prune or reap (see :meth:`SQLStore._remove`).
+REMOVAL_BATCH = 1000
 #: The pauses before a statement the server rolled back (a MySQL deadlock) runs again: short and
 #: spread, so the two sides of a deadlock do not meet again.
 _ROLLED_BACK_PAUSES = Backoff(initial=0.01, maximum=0.16, notify_maximum=0.16, jitter=0.9)
@@ -404,7 +407,7 @@ class SQLStore(Store):
         self._complete, self._stored_variables = prepared.complete, prepared.stored_variables
         self._release, self._release_failed = prepared.release, prepared.release_failed
         self._release_stopped = prepared.release_stopped
-        self._drop_lease, self._reap_expired = prepared.drop_lease, prepared.reap_expired
+        self._drop_lease = prepared.drop_lease  # reap clears expired leases by batches (admin.py)
         self._versions_by_size: dict[int, Prepared] = {}
         # Where a read's row has the values read by position (see _read_row). PostgreSQL's
         # read_or_insert returns the read's columns after its first, ``inserted``.
@@ -417,6 +420,7 @@ class SQLStore(Store):
         )
         self._drop_result, self._clear_row = prepared.drop_result, prepared.clear_row
         self._payload_chunk, self._payload_row = prepared.payload_chunk, prepared.payload_row
+        self._admin = AdminReads(self.t, self._now, self.engine.dialect)
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
@@ -557,6 +561,82 @@ class SQLStore(Store):
             except CorruptRecord as exc:
                 skip(skipped, self._where(row["key_hash"]), exc)
         return Listing(states, skipped)
+
+    # -- the reads a person makes (dibs.stores.pages, dibs.stores.sql.admin) ------------------------------
+    def _admin_rows(self, statement: Prepared, values: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+        """The rows of an admin read (see :mod:`dibs.stores.sql.admin`), under their column names."""
+        return self._repeatable(lambda cursor: statement.fetch_all(cursor, values))
+
+    def _listed(
+        self, rows: Iterable[Mapping[str, Any]], skipped: builtins.list[Skipped]
+    ) -> builtins.list[KeyState]:
+        """The states of listed rows; an unreadable row is skipped, logged and counted in ``skipped``."""
+        states = []
+        for row in rows:
+            try:
+                states.append(self._state(None, {**row, "payload": b""}, listed=True))
+            except CorruptRecord as exc:
+                skip(skipped, self._where(row["key_hash"]), exc)
+        return states
+
+    def _admin_values(self, namespace: str | None, limit: int) -> dict[str, Any]:
+        values: dict[str, Any] = {"p_limit": limit}
+        if namespace is not None:
+            values["p_namespace"] = namespace
+        return values
+
+    def list_page(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        pages.check_state(state)
+        pages.check_limit(limit)
+        self._ensure_ready()  # the statements name the columns the table has
+        values = self._admin_values(namespace, limit + 1)
+        start = None if after is None else pages.parse_cursor(after)
+        if start is not None and namespace is not None:  # only the name counts within one namespace
+            if start[0] > namespace:
+                return pages.Page((), None)  # every key of the namespace comes before the cursor
+            start = start if start[0] == namespace else None  # else: every one comes after it
+        if start is not None:
+            values["p_after_name"] = start[1]
+            if namespace is None:
+                values["p_after_namespace"] = start[0]
+        statement = self._admin.page(namespace=namespace is not None, state=state, after=start is not None)
+        rows = self._admin_rows(statement, values)
+        more = len(rows) > limit
+        skipped: builtins.list[Skipped] = []
+        states = self._listed(rows[:limit], skipped)
+        last = rows[limit - 1] if more else None
+        cursor = None if last is None else pages.cursor_of(Key(last["namespace"], last["name"]))
+        return pages.Page(tuple(states), cursor, len(skipped))
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        pages.check_limit(limit)
+        if kind not in ("artifact", "failure"):
+            return pages.latest_of((), kind, limit)  # refuses it, naming it
+        self._ensure_ready()
+        statement = self._admin.latest(namespace=namespace is not None, kind=kind)
+        return self._listed(self._admin_rows(statement, self._admin_values(namespace, limit)), [])
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        pages.check_limit(limit)
+        self._ensure_ready()
+        statement = self._admin.leases(namespace=namespace is not None, expired=expired)
+        return self._listed(self._admin_rows(statement, self._admin_values(namespace, limit)), [])
+
+    def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
+        """Each count up to ``up_to`` (a count of ``up_to`` means at least that many): found through the
+        status's index, so the count's cost is bounded too."""
+        pages.check_limit(up_to)
+        self._ensure_ready()
+        statement = self._admin.counts(namespace=namespace is not None)
+        (row,) = self._admin_rows(statement, self._admin_values(namespace, up_to))
+        return {state: int(row[state] or 0) for state in pages.COUNTED}
 
     def _fetch_rows(self, cursor: Any, query: sa.Select[Any]) -> builtins.list[dict[str, Any]]:
         compiled = query.compile(dialect=self.engine.dialect)
@@ -790,35 +870,102 @@ class SQLStore(Store):
             "forget",
         )
 
-    def reap(self, namespace: str | None = None) -> int:
-        # The statement checks expiry again on the database's clock: the holder may have renewed.
-        def clear_expired(key: Key) -> bool:
-            return self._repair(
-                key, lambda s: s.lease is not None and not s.lease.live_at(s.now), self._reap_expired, "reap"
-            )
-
-        return reap_each(self, namespace, clear_expired, lambda key: self._where(key.digest))
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
+        return self._remove(namespace, "reap", 0.0, progress)
 
     def discard(self, key: Key) -> bool:
         return self._repair(
             key, lambda state: transitions.discard(state) is not None, self._clear_row, "discard"
         )
 
-    def prune(self, namespace: str | None, older_than: float) -> int:
-        pruned = 0
-        for state in self.list(namespace):
-            if not transitions.prunable(state, older_than):
-                continue
-            try:
-                pruned += self._repair(
-                    state.key,
-                    lambda s: transitions.prune(s, older_than) is not None,
-                    self._clear_row,
-                    "prune",
-                )
-            except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
-                skip([], self._where(state.key.digest), exc)
-        return pruned
+    def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
+        return self._remove(namespace, "prune", older_than, progress)
+
+    # -- removal in batches (issue 30) ------------------------------------------------------------
+    def _remove(self, namespace: str | None, kind: str, older_than: float, progress: Progress | None) -> int:
+        """Prune or reap by sets: the rows that may change are read in key order, :data:`REMOVAL_BATCH`
+        at a time (through the keys' index, the others filtered out by the database); each is decided
+        on as by one key's removal (:func:`transitions.prunable`, an expired lease, a record holding
+        nothing; an unreadable row is skipped and logged, and left as it is), and the batch is changed
+        by one statement (two for reap: the tombstones, and the expired leases of records that keep an
+        artifact or a failure). Each row changes only at the version read and while the statement's
+        re-check holds (:meth:`AdminReads.at_versions <dibs.stores.sql.admin.AdminReads.at_versions>`):
+        a holder or another remover that wrote it meanwhile wins, and the row is not counted. Removal
+        keeps every row, as a tombstone with its fence (see :meth:`discard`)."""
+        self._ensure_ready()
+        admin, changed, start = self._admin, 0, None
+        values: dict[str, Any] = {"p_limit": REMOVAL_BATCH, "p_older": older_than}
+        if namespace is not None:
+            values["p_namespace"] = namespace
+        while True:
+            if start is not None:
+                values["p_after_name"] = start[1]
+                if namespace is None:
+                    values["p_after_namespace"] = start[0]
+            statement = admin.removable(namespace=namespace is not None, kind=kind, after=start is not None)
+            rows = self._removal_rows(statement, values)
+            cleared: builtins.list[tuple[str, int]] = []
+            leases: builtins.list[tuple[str, int]] = []
+            for row in rows:
+                try:
+                    state, version = self._listed_row(row)
+                except CorruptRecord as exc:
+                    skip([], self._where(row["key_hash"]), exc)
+                    continue
+                if kind == "prune":
+                    wanted = transitions.prunable(state, older_than) and not transitions.is_tombstone(state)
+                    if wanted:
+                        cleared.append((state.key.digest, version))
+                    continue
+                lease = state.lease
+                if lease is not None and not lease.live_at(state.now):
+                    to = cleared if state.artifact is None and state.failure is None else leases
+                    to.append((state.key.digest, version))
+                elif transitions.holds_nothing(state) and not transitions.is_tombstone(state):
+                    cleared.append((state.key.digest, version))
+            changed += self._change_rows(kind, cleared, older_than)
+            changed += self._change_rows("leases", leases, older_than)
+            if progress is not None:
+                progress(changed)
+            if len(rows) < REMOVAL_BATCH:
+                return changed
+            start = (str(rows[-1]["namespace"]), str(rows[-1]["name"]))
+
+    def _removal_rows(self, statement: Prepared, values: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+        """One batch of the rows a removal may change (a seam for the tests that pause a remover
+        between its read and its write)."""
+        return self._admin_rows(statement, values)
+
+    def _listed_row(self, row: Mapping[str, Any]) -> tuple[KeyState, int]:
+        """A listed row's state and version (:class:`CorruptRecord` if either cannot be read)."""
+        state = self._state(None, {**row, "payload": b""}, listed=True)
+        version = row["version"]
+        if not (isinstance(version, int) and 0 < version < MAX_FENCE):
+            raise decoder.corrupt(
+                state.key, self._where(row["key_hash"]), f"its row version {version!r} is not an integer"
+            )
+        return state, version
+
+    def _change_rows(self, change: str, pairs: builtins.list[tuple[str, int]], older_than: float) -> int:
+        """Run a batch statement of :meth:`_remove` (``change``: see :meth:`AdminReads.batch
+        <dibs.stores.sql.admin.AdminReads.batch>`) on ``pairs`` (key hash, version read); how many
+        rows it changed. Not repeated after a lost reply (its outcome is unknown: the next removal
+        finds what is left), only after the server rolled it back."""
+        if not pairs:
+            return 0
+        values: dict[str, Any] = {"p_older": older_than} if change == "prune" else {}
+        if self.dialect == "postgresql":  # two arrays: one statement whatever the size
+            statement = self._admin.batch(change, 0)
+            values["p_hashes"] = [digest for digest, _ in pairs]
+            values["p_versions"] = [version for _, version in pairs]
+        else:
+            # Padded to a power of two with its first pair (matched once all the same): a few
+            # statements compiled per store, whatever the batches' sizes.
+            size = 1 << max(0, len(pairs) - 1).bit_length()
+            statement = self._admin.batch(change, size)
+            for i, (digest, version) in enumerate([*pairs, *[pairs[0]] * (size - len(pairs))]):
+                values[f"p_h{i}"], values[f"p_v{i}"] = digest, version
+        return self._repeatable(lambda cursor: statement.execute(cursor, values), after_lost=False)
 
     # -- the watch hub ------------------------------------------------------------------------------
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:

@@ -1,0 +1,167 @@
+"""The reads a person makes of a namespace, bounded by what they show (issue 30).
+
+``dibs ls``, ``dibs top`` and the Airflow Reservations page used to read every key of a namespace
+through :meth:`Store.list <dibs.stores.base.Store.list>` and filter in Python: their cost grew with the
+namespace's history (every daily partition ever computed), not with what they print. These reads ask
+the store for what is shown, each bounded by a limit:
+
+* :meth:`Store.list_page <dibs.stores.base.Store.list_page>`: records in key order, optionally of one
+  status, a page at a time, with a :class:`Page` cursor for the next one;
+* :meth:`Store.latest <dibs.stores.base.Store.latest>`: the newest artifacts or failures;
+* :meth:`Store.leases <dibs.stores.base.Store.leases>`: the held leases (soonest expiry first) or the
+  expired ones nobody took over (latest first);
+* :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: how many keys are in each status.
+
+A store that keeps indexes answers them without a scan (SQL). The functions here are the default every
+other store gets: they stream its :meth:`~dibs.stores.base.Store.list` and filter, so the answer is the
+same and only the cost differs (docs/operations.md says which stores scan).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import heapq
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from dibs.errors import ConfigurationError
+from dibs.keys import Key
+from dibs.records import KeyState
+
+__all__ = [
+    "COUNTED",
+    "COUNT_CAP",
+    "PAGE",
+    "STATES",
+    "Page",
+    "check_limit",
+    "check_state",
+    "count_of",
+    "cursor_of",
+    "latest_of",
+    "leases_of",
+    "page_of",
+    "parse_cursor",
+]
+
+#: The statuses a listing can be filtered by (:attr:`KeyState.status <dibs.records.KeyState.status>`).
+STATES = ("held", "expired", "done", "failed", "free")
+#: The statuses :meth:`~dibs.stores.base.Store.count_states` counts (``free`` records are not shown).
+COUNTED = ("held", "expired", "done", "failed")
+#: The records a page holds when the caller does not say.
+PAGE = 1000
+#: How far :meth:`~dibs.stores.base.Store.count_states` counts each status when the caller does not
+#: say: a count of this many means at least this many (counting further would cost what it counts).
+COUNT_CAP = 100_000
+#: What :meth:`~dibs.stores.base.Store.latest` reads: the artifacts or the failures.
+Kind = Literal["artifact", "failure"]
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing: its records in key order, the cursor that continues after its last
+    (``None`` on the last page), and how many records it skipped as unreadable (see
+    :class:`~dibs.stores.base.Listing`)."""
+
+    states: tuple[KeyState, ...]
+    after: str | None
+    skipped: int = 0
+
+
+def cursor_of(key: Key) -> str:
+    """An opaque cursor that continues a listing after ``key``: URL-safe text, for a command line."""
+    document = json.dumps([key.namespace, key.name], ensure_ascii=False).encode()
+    return base64.urlsafe_b64encode(document).decode().rstrip("=")
+
+
+def parse_cursor(cursor: str) -> tuple[str, str]:
+    """The (namespace, name) a cursor of :func:`cursor_of` continues after."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        namespace, name = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if isinstance(namespace, str) and isinstance(name, str):
+            return namespace, name
+    except (ValueError, TypeError, binascii.Error):
+        pass
+    raise ConfigurationError(
+        f"after={cursor!r} is not a listing cursor; give the one a previous page returned "
+        "('dibs ls --limit' prints it), or none to start at the first key"
+    )
+
+
+def check_state(state: str | None) -> None:
+    """Refuse a status filter that is not one of :data:`STATES`."""
+    if state is not None and state not in STATES:
+        raise ConfigurationError(f"state={state!r} is not a key status; give one of {', '.join(STATES)}")
+
+
+def check_limit(limit: int) -> None:
+    """Refuse a limit that is not a positive whole number."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError(f"limit={limit!r} must be a whole number of records, at least 1")
+
+
+def _matches(state: KeyState, wanted: str | None) -> bool:
+    return wanted is None or state.status == wanted
+
+
+def page_of(listing: Iterable[KeyState], *, state: str | None, after: str | None, limit: int) -> Page:
+    """A page out of a whole listing in key order (the default :meth:`Store.list_page`): reads it to
+    the page's end, and one record further to know whether another page follows."""
+    check_state(state)
+    check_limit(limit)
+    start = parse_cursor(after) if after is not None else None
+    found: list[KeyState] = []
+    for record in listing:
+        if start is not None and (record.key.namespace, record.key.name) <= start:
+            continue
+        if not _matches(record, state):
+            continue
+        if len(found) == limit:
+            return Page(tuple(found), cursor_of(found[-1].key), _skipped(listing))
+        found.append(record)
+    return Page(tuple(found), None, _skipped(listing))
+
+
+def _skipped(listing: Iterable[KeyState]) -> int:
+    return len(getattr(listing, "skipped", ()))
+
+
+def latest_of(listing: Iterable[KeyState], kind: Kind, limit: int) -> list[KeyState]:
+    """The ``limit`` records whose artifact (or failure) is newest, newest first (the default
+    :meth:`Store.latest`)."""
+    check_limit(limit)
+    made: Callable[[KeyState], float | None]
+    if kind == "artifact":
+        made = lambda s: None if s.artifact is None else s.artifact.created_at  # noqa: E731
+    elif kind == "failure":
+        made = lambda s: None if s.failure is None else s.failure.at  # noqa: E731
+    else:
+        raise ConfigurationError(f"kind={kind!r}: give 'artifact' or 'failure'")
+    dated = ((at, s) for s in listing if (at := made(s)) is not None)
+    return [s for _, s in heapq.nlargest(limit, dated, key=lambda pair: pair[0])]
+
+
+def leases_of(listing: Iterable[KeyState], *, expired: bool, limit: int) -> list[KeyState]:
+    """The keys held now, soonest expiry first, or (``expired``) those whose lease expired without a
+    taker, latest expiry first: ``limit`` of them (the default :meth:`Store.leases`)."""
+    check_limit(limit)
+    wanted = "expired" if expired else "held"
+    found = (s for s in listing if s.status == wanted and s.lease is not None)
+    if expired:
+        return heapq.nlargest(limit, found, key=lambda s: s.lease.expires_at if s.lease else 0.0)
+    return heapq.nsmallest(limit, found, key=lambda s: s.lease.expires_at if s.lease else 0.0)
+
+
+def count_of(listing: Iterable[KeyState], up_to: int = COUNT_CAP) -> dict[str, int]:
+    """How many records are in each of :data:`COUNTED`, each up to ``up_to`` (the default
+    :meth:`Store.count_states`)."""
+    check_limit(up_to)
+    counts = dict.fromkeys(COUNTED, 0)
+    for state in listing:
+        if state.status in counts:
+            counts[state.status] += 1
+    return {state: min(count, up_to) for state, count in counts.items()}

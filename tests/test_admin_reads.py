@@ -1,0 +1,189 @@
+"""``dibs top`` and ``dibs ls`` read what they show, not the namespace's history (issue 30).
+
+Counted, never timed: a SQL store's admin reads are wrapped to count the rows they return, and
+:meth:`Store.list` (which reads every key) is made to fail. ``top`` on 5,000 finished keys reads as
+many rows as on 500; ``ls --limit`` pages through a namespace with a cursor and meets every key once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from dibs._cli.top import LEASES, RECENT, render, snapshot
+from dibs.keys import Key
+from dibs.stores.sql import SQLStore
+from tests.cli_harness import dibs as run_dibs
+
+NAMESPACE = "history"
+
+
+def _grow(store: SQLStore, count: int) -> None:
+    """``count`` finished keys, inserted as rows copied from one that dibs wrote (the store's API
+    would take seconds per thousand)."""
+    client = dibs.Reservations(store, namespace=NAMESPACE)
+    client.run("template", lambda: 1)
+    with store.engine.begin() as conn:
+        template = dict(conn.execute(sa.select(store.t).where(store.t.c.name == "template")).mappings().one())
+        rows = []
+        for i in range(count - 1):
+            key = Key(NAMESPACE, f"day-{i:06d}")
+            created = template["created_at"] - 86_400.0 * (i + 1)  # one a day, back in time
+            rows.append({**template, "key_hash": key.digest, "name": key.name, "created_at": created})
+        conn.execute(sa.insert(store.t), rows)
+
+
+@pytest.fixture
+def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[int]]]:
+    """A SQLite store's URL, and the number of rows each admin read of this process returned."""
+    returned: list[int] = []
+    admin_rows = SQLStore._admin_rows
+
+    def counting(self: SQLStore, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]]:
+        rows = admin_rows(self, statement, values)
+        returned.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(SQLStore, "_admin_rows", counting)
+    yield f"sqlite:///{tmp_path / 'history.db'}", returned
+
+
+def _top_reads(url: str, returned: list[int], monkeypatch: pytest.MonkeyPatch) -> tuple[int, dict[str, Any]]:
+    """How many rows one ``top`` snapshot read, and the snapshot."""
+    monkeypatch.setattr(SQLStore, "list", lambda *args: pytest.fail("top listed the whole namespace"))
+    returned.clear()
+    with dibs.Reservations(url, namespace=NAMESPACE) as client:
+        doc = snapshot(client)
+    return sum(returned), doc
+
+
+@pytest.mark.parametrize("keys", [500, 5_000])
+def test_top_reads_a_bounded_number_of_records_whatever_the_namespace_size(
+    counted: tuple[str, list[int]], monkeypatch: pytest.MonkeyPatch, keys: int
+) -> None:
+    url, returned = counted
+    store = SQLStore(url)
+    _grow(store, keys)
+    client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
+    for name in ("held-1", "held-2"):
+        client.get_or_reserve(name, owner="worker")
+    failing = client.get_or_reserve("broken", owner="flaky")
+    assert isinstance(failing, dibs.Acquired)
+    failing.lease.release("ValueError: no rows")
+    store.close()
+
+    read, doc = _top_reads(url, returned, monkeypatch)
+    # The counts' one row, and at most what the screen shows: the same at 500 keys and at 5,000.
+    assert read <= 1 + 2 * LEASES + 2 * RECENT
+    assert read == 1 + 2 + 0 + RECENT + 1
+    assert doc["counts"] == {"held": 2, "expired": 0, "done": keys, "failed": 1}
+    assert [row["key"] for row in doc["held"]] == [f"{NAMESPACE}/held-1", f"{NAMESPACE}/held-2"]
+    newest = [row["key"] for row in doc["recent_artifacts"]]
+    assert newest == [f"{NAMESPACE}/template", *(f"{NAMESPACE}/day-{i:06d}" for i in range(RECENT - 1))]
+
+
+def test_counts_stop_at_their_cap_and_top_says_at_least(tmp_path: Path) -> None:
+    """Counting is bounded too: past the cap, the screen says how many at least."""
+    url = f"sqlite:///{tmp_path / 'cap.db'}"
+    store = SQLStore(url)
+    _grow(store, 30)
+    assert store.count_states(NAMESPACE, up_to=25)["done"] == 25
+    assert store.count_states(NAMESPACE)["done"] == 30
+    store.close()
+    with dibs.Reservations(url, namespace=NAMESPACE) as client:
+        doc = {**snapshot(client), "counted_up_to": 30}
+    assert "done 30+" in render(doc, None)
+
+
+def _ls(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_dibs("ls", "-n", NAMESPACE, *args, store=url)
+
+
+def test_ls_pages_with_a_cursor_and_meets_every_key_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ls.db'}"
+    store = SQLStore(url)
+    _grow(store, 25)
+    dibs.Reservations(store, namespace=NAMESPACE, ttl=600).get_or_reserve("held-1", owner="worker")
+    store.close()
+    everything = [row["key"] for row in json.loads(_ls(url, "--json").stdout)]
+    assert len(everything) == 26 and everything == sorted(everything)
+
+    seen: list[str] = []
+    after: list[str] = []
+    for _ in range(10):
+        result = _ls(url, "--jsonl", "--limit", "7", *after)
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        if lines and "after" in lines[-1]:
+            seen.extend(row["key"] for row in lines[:-1])
+            assert len(lines) == 8 and f"--after {lines[-1]['after']}" in result.stderr
+            after = ["--after", lines[-1]["after"]]
+        else:
+            seen.extend(row["key"] for row in lines)
+            assert "more keys follow" not in result.stderr
+            break
+    assert seen == everything
+
+    held = [row["key"] for row in json.loads(_ls(url, "--json", "--state", "held").stdout)]
+    assert held == ["held-1"]
+    table = _ls(url, "--state", "done", "--limit", "3").stdout.splitlines()
+    assert table[0].split()[:3] == ["NAMESPACE", "KEY", "STATUS"] and len(table) == 4
+    pruned = run_dibs("prune", "-n", NAMESPACE, "--older-than", "0", "--json", store=url)
+    assert json.loads(pruned.stdout) == {"pruned": 25} and pruned.stderr == ""  # no progress off a terminal
+    bad = run_dibs("ls", "--after", "not-a-cursor", store=url, check=False)
+    assert bad.returncode != 0 and "is not a listing cursor" in bad.stderr, bad.stderr
+
+
+def test_prune_and_reap_remove_by_batches_keeping_every_fence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One statement per batch of keys, not one per key; progress told per batch; every pruned key
+    keeps its row and fence (its next holder gets token 2)."""
+    from dibs.stores.sql.store import REMOVAL_BATCH
+
+    url = f"sqlite:///{tmp_path / 'prune.db'}"
+    store = SQLStore(url)
+    keys = 2 * REMOVAL_BATCH + 500
+    _grow(store, keys)
+    statements: list[int] = []
+    change_rows = SQLStore._change_rows
+
+    def counting(self: SQLStore, change: str, pairs: Any, older_than: float) -> int:
+        changed = change_rows(self, change, pairs, older_than)
+        if not pairs:
+            return changed
+        statements.append(changed)
+        return changed
+
+    monkeypatch.setattr(SQLStore, "_change_rows", counting)
+    told: list[int] = []
+    client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
+    held = client.get_or_reserve("held-now", owner="worker")
+    assert isinstance(held, dibs.Acquired)
+    assert client.prune(0.0, progress=told.append) == keys  # everything old but the live lease
+    assert statements == [REMOVAL_BATCH, REMOVAL_BATCH, 500]
+    assert told == [REMOVAL_BATCH, 2 * REMOVAL_BATCH, keys]
+    assert store.count_states(NAMESPACE) == {"held": 1, "expired": 0, "done": 0, "failed": 0}
+    with store.engine.connect() as conn:  # no row was deleted: each is a tombstone with its fence
+        rows = conn.execute(
+            sa.select(store.t.c.fence, store.t.c.attempts).where(store.t.c.name != "held-now")
+        )
+        assert (
+            sorted(set(rows)) == [(1, 0)]
+            and conn.execute(sa.select(sa.func.count()).select_from(store.t)).scalar() == keys + 1
+        )
+    again = client.get_or_reserve("day-000001", owner="next")
+    assert isinstance(again, dibs.Acquired) and again.lease.token == 2
+    again.lease.release()
+    statements.clear()
+    assert client.reap() == 1  # the released key, holding nothing, becomes a tombstone
+    assert statements == [1]
+    assert client.prune(0.0) == 0 and client.reap() == 0
+    held.lease.release()
+    store.close()
