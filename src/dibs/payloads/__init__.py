@@ -125,6 +125,8 @@ def default_payloads_url(store_url: str | None = None) -> str | None:
 
 def _open(url: str) -> PayloadStore:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme and scheme not in _OWN_SCHEMES and (registered := _registered(scheme, url)) is not None:
+        return registered
     if scheme == "file":
         from dibs.payloads.files import FilePayloadStore
 
@@ -156,6 +158,29 @@ def _open(url: str) -> PayloadStore:
             setting="payloads",
         ) from None
     store: PayloadStore = cls.from_url(url)
+    return store
+
+
+#: The schemes dibs's own payload stores take (any other scheme is fsspec's, unless a package
+#: registers it: :mod:`dibs.stores.plugins`).
+_OWN_SCHEMES = frozenset({"file", "azure"})
+
+
+def _registered(scheme: str, url: str) -> PayloadStore | None:
+    """The payload store of a scheme another package registers (entry point group
+    ``dibs.payload_stores``), ahead of fsspec's; ``None`` when none does."""
+    from dibs.stores import plugins  # reads packages' metadata: only for a scheme dibs does not own
+
+    store_class = plugins.load(plugins.PAYLOAD_STORES, scheme, PayloadStore, "payload store")
+    if store_class is None:
+        return None
+    store = store_class.from_url(url)
+    if not isinstance(store, PayloadStore):
+        raise ConfigurationError(
+            f"payloads={redact_url(url)!r}: {store_class.__qualname__}.from_url returned {store!r}, "
+            "not a dibs.payloads.PayloadStore",
+            setting="payloads",
+        )
     return store
 
 

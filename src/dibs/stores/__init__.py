@@ -262,10 +262,7 @@ def open_store(url: str) -> Store:
     url = re.sub(r"^(mysql|mariadb)://", r"\1+pymysql://", url, flags=re.I)
     target = STORE_SCHEMES.get(scheme)
     if target is None:
-        raise ConfigurationError(
-            f"unknown store scheme {scheme!r} in {redact_url(url)!r}; known schemes: "
-            + ", ".join(sorted(STORE_SCHEMES))
-        )
+        return _open_registered(url)
     module_name, class_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -277,3 +274,27 @@ def open_store(url: str) -> Store:
         ) from exc
     store_class = cast(_FromURL, getattr(module, class_name))
     return store_class.from_url(url)
+
+
+def _open_registered(url: str) -> Store:
+    """The store of a scheme another package registers (:mod:`dibs.stores.plugins`): the whole
+    scheme (``myco+fast``), else the part before ``+``."""
+    from dibs.stores import plugins  # reads packages' metadata: only for a scheme dibs does not know
+
+    whole = url.split("://", 1)[0].lower()
+    for scheme in dict.fromkeys((whole, whole.split("+", 1)[0])):
+        store_class = plugins.load(plugins.STORES, scheme, Store, "store")
+        if store_class is None:
+            continue
+        store = store_class.from_url(url)
+        if not isinstance(store, Store):
+            raise ConfigurationError(
+                f"the store scheme {scheme!r}: {store_class.__qualname__}.from_url returned {store!r}, "
+                "not a dibs.stores.Store"
+            )
+        return store
+    raise ConfigurationError(
+        f"unknown store scheme {whole!r} in {redact_url(url)!r}; known schemes: "
+        + plugins.known(plugins.STORES, list(STORE_SCHEMES))
+        + " (a package registers another in the entry point group 'dibs.stores')"
+    )
