@@ -5,8 +5,8 @@ every write, as a deployment that keeps leases must run it (docs/deploy-redis.md
 as a restart does), kept down N seconds, and started again on the same port from its folder. Three
 processes wait on a key this test holds; a waiter holds nothing, so it keeps waiting through the
 outage (:class:`dibs.Outage`, ``outage_patience`` 60 s by default), and returns the artifact the
-holder stores once the server is back. 5 s down (a restart) and 30 s (a managed failover) in every
-run: the test mostly waits, in the second lane (tests/serial.py).
+holder stores once the server is back. 5 s down (a restart) and 15 s (30 s with ``DIBS_FULL=1``: a
+managed failover): the test mostly waits, in the second lane (tests/serial.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from tests import workers
 from tests.components import free_port
 from tests.redis_topologies import RedisServer, missing
 from tests.scale import wait_until
-from tests.services import unavailable
+from tests.services import full_size, unavailable
 
 SPAWN = multiprocessing.get_context("spawn")
-#: Seconds the server stays down under waiting processes: a restart; a managed failover.
-OUTAGES = (5.0, 30.0)
+#: Seconds the server stays down under waiting processes: a restart; a managed failover (15 s in CI).
+OUTAGES = (5.0, 30.0 if full_size() else 15.0)
 
 
 @pytest.fixture
