@@ -6,11 +6,12 @@
 #        (--dist loadfile: a file's tests run on one worker, in order: the docs' blocks build on each
 #        other, and a module's fixtures are set up once);
 #     2. the serial ones (tests/serial.py marks them: the real multi-process scenarios, by file),
-#        one at a time in each of two lanes, two pytest runs started together:
-#          COMMAND -m "serial and not beside" PYTEST-ARGS
-#          COMMAND -m "serial and beside" PYTEST-ARGS   (the scenarios that mostly wait: the
-#                                                        reliability suite, the demo; its output is
-#                                                        shown when both have ended)
+#        one at a time in each of three lanes, three pytest runs started together:
+#          COMMAND -m "serial and not lane2 and not lane3" PYTEST-ARGS
+#          COMMAND -m "serial and lane2" PYTEST-ARGS   (the reliability suite, which mostly waits)
+#          COMMAND -m "serial and lane3" PYTEST-ARGS   (the demo, the store restarts, Airflow's
+#                                                       dag.test() and Prefect's flow-run processes)
+#        (the other lanes' output is shown when all have ended; tests/serial.py says why these);
 #        on one core (or DIBS_TEST_WORKERS=1), one run: COMMAND -m serial PYTEST-ARGS.
 #   The status is the first failing part's. A part that selects no test (pytest's status 5) passes
 #   when the other one ran tests, so 5 comes only from a selection that matches nothing at all.
@@ -84,18 +85,23 @@ pytest_in_two_parts() {
   fi
   started=$SECONDS
   if [[ "$cores" -ge 2 && "${DIBS_TEST_WORKERS:-2}" -ge 2 ]]; then
-    echo "== pytest, part 2 of 2: the serial tests (tests/serial.py), one at a time in each of two" \
-      "lanes; the second lane's output (the tests marked beside) follows when both have ended" >&2
-    local beside_log beside_pid beside=0
-    beside_log="$(mktemp "${TMPDIR:-/tmp}/dibs-serial-beside.XXXXXX")"
-    "${command[@]}" -m "serial and beside" "${args[@]}" >"$beside_log" 2>&1 &
-    beside_pid=$!
-    "${command[@]}" -m "serial and not beside" "${args[@]}" || second=$?
-    wait "$beside_pid" || beside=$?
-    echo "== pytest, part 2, the second lane (tests marked beside): status $beside" >&2
-    cat "$beside_log"
-    rm -f "$beside_log"
-    second=$(_pytest_statuses "$second" "$beside")
+    echo "== pytest, part 2 of 2: the serial tests (tests/serial.py), one at a time in each of three" \
+      "lanes; the output of lanes 2 and 3 (the tests marked lane2, lane3) follows when all have ended" >&2
+    local lane lane_status logs=() pids=()
+    for lane in lane2 lane3; do
+      logs+=("$(mktemp "${TMPDIR:-/tmp}/dibs-serial-$lane.XXXXXX")")
+      "${command[@]}" -m "serial and $lane" "${args[@]}" >"${logs[-1]}" 2>&1 &
+      pids+=("$!")
+    done
+    "${command[@]}" -m "serial and not lane2 and not lane3" "${args[@]}" || second=$?
+    for lane in 0 1; do
+      lane_status=0
+      wait "${pids[$lane]}" || lane_status=$?
+      echo "== pytest, part 2, lane $((lane + 2)) (tests marked lane$((lane + 2))): status $lane_status" >&2
+      cat "${logs[$lane]}"
+      rm -f "${logs[$lane]}"
+      second=$(_pytest_statuses "$second" "$lane_status")
+    done
   else
     echo "== pytest, part 2 of 2: the serial tests (tests/serial.py), one at a time" >&2
     "${command[@]}" -m serial "${args[@]}" || second=$?

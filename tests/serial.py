@@ -9,14 +9,17 @@ test they only get slower and noisier, and they would slow their neighbour. Mark
 file, keeps the list in one place (a new file of that kind is added to ``SERIAL``); a test marked
 ``slow`` anywhere is serial too.
 
-"One at a time" has one exception, a second lane: the files of ``BESIDE`` (marked ``beside`` as
-well) run one after another, in a pytest of their own, beside the rest (``-m "serial and beside"``
-and ``-m "serial and not beside"``, started together by scripts/_pytest.sh). They are the scenarios
-that mostly wait (fault windows, leases running out, a demo's workers at work): measured on 2 cores,
-the reduced reliability suite keeps about a third of a core busy and the demo half of one, so beside
-them the deployments and process races lose little, and the serial part takes about the longer
-lane's time instead of the sum. (Not ``pytest-xdist``'s ``--dist loadgroup``: with pytest 9 it
-ignores ``xdist_group`` and spreads the tests one by one, xdist 3.8.)
+"One at a time" has one exception: lanes. The files of ``LANES`` (marked ``lane2`` or ``lane3`` as
+well) run one after another, in a pytest of their own per lane, beside the first lane (the serial
+files of no lane): ``-m "serial and not lane2 and not lane3"``, ``-m "serial and lane2"`` and
+``-m "serial and lane3"``, started together by scripts/_pytest.sh. The second lane is the reliability
+suite, which mostly waits (fault windows, leases running out: about a fifth of a core); the third
+holds the scenarios that mostly wait too (a demo's workers at work, a store down for seconds) with two
+that spawn processes (Airflow's ``dag.test()`` runs, Prefect flow runs in processes), chosen so that
+the three take about as long. Measured on 2 cores in CI: two lanes took 8:50 each (the second with
+the demo and the restarts), one after another they would take about 18 minutes, and the part takes
+about its longest lane's time. (Not ``pytest-xdist``'s ``--dist loadgroup``: with pytest 9 it ignores
+``xdist_group`` and spreads the tests one by one, xdist 3.8.)
 """
 
 from __future__ import annotations
@@ -51,15 +54,24 @@ SERIAL = frozenset(
     }
 )
 
-#: Serial files that run in the second lane, beside the others (see the module's docstring).
-BESIDE = frozenset(
-    {
-        "tests/test_reliability.py",  # fault windows and leases running out: a third of a core
-        "tests/test_demo.py",  # the demo's workers mostly sleep through their work
-        "tests/test_postgres_restart.py",  # mostly the outage itself: a server down for seconds
-        "tests/test_redis_restart.py",  # the same, on Redis
-    }
-)
+#: Serial files that run in a lane of their own beside the first, by the lane's marker (see the
+#: module's docstring).
+LANES = {
+    "lane2": frozenset(
+        {
+            "tests/test_reliability.py",  # fault windows and leases running out: a fifth of a core
+        }
+    ),
+    "lane3": frozenset(
+        {
+            "tests/test_demo.py",  # the demo's workers mostly sleep through their work
+            "tests/test_postgres_restart.py",  # mostly the outage itself: a server down for seconds
+            "tests/test_redis_restart.py",  # the same, on Redis
+            "tests/airflow/test_integration.py",  # dag.test() in spawned processes
+            "tests/prefect/test_processes.py",  # flow runs in processes, a store restart
+        }
+    ),
+}
 
 
 def _relative(item: pytest.Item) -> str:
@@ -74,9 +86,10 @@ def is_serial(item: pytest.Item) -> bool:
     return _relative(item) in SERIAL or item.get_closest_marker("slow") is not None
 
 
-def runs_beside(item: pytest.Item) -> bool:
-    """Whether a serial ``item`` runs in the second lane: its file is in ``BESIDE``."""
-    return _relative(item) in BESIDE
+def lane_of(item: pytest.Item) -> str | None:
+    """The marker of the lane a serial ``item`` runs in beside the first (``None``: the first)."""
+    path = _relative(item)
+    return next((lane for lane, files in LANES.items() if path in files), None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
@@ -84,5 +97,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if is_serial(item):
             item.add_marker(pytest.mark.serial)
-            if runs_beside(item):
-                item.add_marker(pytest.mark.beside)
+            lane = lane_of(item)
+            if lane is not None:
+                item.add_marker(getattr(pytest.mark, lane))
