@@ -36,7 +36,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import datetime as dt
-import io
 import os
 import re
 import secrets
@@ -66,6 +65,7 @@ from dibs.payloads.base import (
     unwritable,
 )
 from dibs.payloads.files import enter_folder, link, modified, new_stamp, open_regular, stamp_time
+from dibs.payloads.readers import SdkReader
 from dibs.stores import redact_url
 
 __all__ = ["FsspecPayloadStore"]
@@ -99,7 +99,7 @@ def _local_modified(found: os.stat_result) -> float:
     return max(found.st_mtime, found.st_ctime)
 
 
-class _Translated(io.RawIOBase):
+class _Translated(SdkReader):
     """A remote file system's file whose errors, whatever their type (botocore's, aiohttp's), reach
     the reader as ``OSError``, which the verifying reader reports as an unreadable payload."""
 
@@ -110,23 +110,14 @@ class _Translated(io.RawIOBase):
         size = getattr(stream, "size", None)
         self.size = size if isinstance(size, int) else None
 
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
+    def _read(self, size: int) -> bytes:
         try:
-            data: bytes = self._stream.read(-1 if size is None else size)
+            data: bytes = self._stream.read(size)
         except OSError:
             raise
         except Exception as exc:  # a file system's own error types: see the class docstring
             raise OSError(f"{type(exc).__name__}: {exc}") from exc
         return data
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
