@@ -64,7 +64,14 @@ from dibs.payloads.base import (
     unavailable,
     unwritable,
 )
-from dibs.payloads.files import enter_folder, link, modified, new_stamp, open_regular, stamp_time
+from dibs.payloads.files import (
+    enter_folder,
+    link,
+    new_stamp,
+    open_regular,
+    regular_copies,
+    stamp_time,
+)
 from dibs.payloads.readers import SdkReader
 from dibs.stores import redact_url
 
@@ -302,18 +309,7 @@ class FsspecPayloadStore(PayloadStore):
         return sorted(found, key=lambda copy: copy.copy)
 
     def _local_copies(self, sha256: str, folder: int) -> builtins.list[StoredPayload]:
-        found = []
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if not _STAMP.fullmatch(entry.name):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISREG(info.st_mode):
-                        found.append(
-                            StoredPayload(sha256, info.st_size, modified(entry.name, info), entry.name)
-                        )
-        return sorted(found, key=lambda copy: copy.copy)
+        return regular_copies(folder, lambda name: sha256 if _STAMP.fullmatch(name) else None)
 
     def list(self) -> Iterator[StoredPayload]:
         top = f"{self.root}/sha256"
