@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import builtins
 import hashlib
-import io
 import tempfile
 from collections.abc import Iterator
 from typing import IO, Any, cast
@@ -45,6 +44,7 @@ from dibs.payloads.base import (
     unavailable,
     unwritable,
 )
+from dibs.payloads.readers import SdkReader
 from dibs.stores import redact_url
 from dibs.stores.azure.blobs import create_container, with_container
 from dibs.stores.azure.connection import connect
@@ -85,7 +85,7 @@ class _SpoolingWriter(PayloadWriter):
         self._spool.close()
 
 
-class _Downloaded(io.RawIOBase):
+class _Downloaded(SdkReader):
     """A downloading blob as a readable binary stream (``read(n)`` returns the SDK's bytes as they are)."""
 
     def __init__(self, downloader: Any, uri: str) -> None:
@@ -96,29 +96,20 @@ class _Downloaded(io.RawIOBase):
         etag = getattr(properties, "etag", None)
         self.etag: str | None = None if etag is None else _etag(etag)
 
-    def readable(self) -> bool:
-        return True
-
     @property
     def size(self) -> int | None:
         """The blob's size, known from the download's first response (read_verified checks it)."""
         size = getattr(self._downloader, "size", None)
         return size if isinstance(size, int) else None
 
-    def read(self, size: int | None = -1) -> bytes:
+    def _read(self, size: int) -> bytes:
         try:
-            data: bytes = self._downloader.read(-1 if size is None else size)
+            data: bytes = self._downloader.read(size)
         except ResourceNotFoundError:
             raise PayloadUnavailable(f"payload {self._uri} is missing") from None
         except AzureError as exc:
             raise StoreUnavailable(f"reading payload {self._uri} failed: {type(exc).__name__}") from exc
         return data
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
 
 
 class AzurePayloadStore(PayloadStore):

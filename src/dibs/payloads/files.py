@@ -83,6 +83,7 @@ __all__ = [
     "modified",
     "new_stamp",
     "open_regular",
+    "regular_copies",
     "stamp_time",
 ]
 
@@ -175,6 +176,25 @@ def modified(name: str, found: os.stat_result) -> float:
     copy made by one is as young as its stamp (the maker's clock, which the collection's grace
     covers as it covers the others)."""
     return max(found.st_mtime, stamp_time(name))
+
+
+def regular_copies(folder: int, payload_of: Callable[[str], str | None]) -> list[StoredPayload]:
+    """The copies in the open ``folder``, in :attr:`StoredPayload.copy` order: the regular files (a
+    symlink is not followed, a name gone meanwhile is passed over) whose name ``payload_of`` maps to
+    the payload's address (``None``: the name is no copy). The folder store and the fsspec store's
+    local folders list their copies alike and differ only in how a copy is named."""
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            payload = payload_of(entry.name)
+            if payload is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode):
+                    when = modified(entry.name, info)
+                    found.append(StoredPayload(payload, info.st_size, when, entry.name))
+    return sorted(found, key=lambda copy: copy.copy)
 
 
 def _modified(found: os.stat_result) -> float:
@@ -362,18 +382,12 @@ class FilePayloadStore(PayloadStore):
     ) -> builtins.list[StoredPayload]:
         """The copies in ``folder`` of the ``digest`` layout (of ``hexdigest`` only, when given), in
         :attr:`StoredPayload.copy` order."""
-        found = []
-        with os.scandir(folder.fd) as entries:
-            for entry in entries:
-                named = entry.name[:64] if hexdigest is None else hexdigest
-                if not is_copy_name(named, entry.name) or not is_digest(named):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISREG(info.st_mode):
-                        when = modified(entry.name, info)
-                        found.append(StoredPayload(address(digest, named), info.st_size, when, entry.name))
-        return sorted(found, key=lambda copy: copy.copy)
+
+        def payload_of(name: str) -> str | None:
+            named = name[:64] if hexdigest is None else hexdigest
+            return address(digest, named) if is_copy_name(named, name) and is_digest(named) else None
+
+        return regular_copies(folder.fd, payload_of)
 
     def copies(self, sha256: str) -> builtins.list[StoredPayload]:
         try:

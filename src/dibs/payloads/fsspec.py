@@ -36,7 +36,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import datetime as dt
-import io
 import os
 import re
 import secrets
@@ -65,7 +64,15 @@ from dibs.payloads.base import (
     unavailable,
     unwritable,
 )
-from dibs.payloads.files import enter_folder, link, modified, new_stamp, open_regular, stamp_time
+from dibs.payloads.files import (
+    enter_folder,
+    link,
+    new_stamp,
+    open_regular,
+    regular_copies,
+    stamp_time,
+)
+from dibs.payloads.readers import SdkReader
 from dibs.stores import redact_url
 
 __all__ = ["FsspecPayloadStore"]
@@ -99,7 +106,7 @@ def _local_modified(found: os.stat_result) -> float:
     return max(found.st_mtime, found.st_ctime)
 
 
-class _Translated(io.RawIOBase):
+class _Translated(SdkReader):
     """A remote file system's file whose errors, whatever their type (botocore's, aiohttp's), reach
     the reader as ``OSError``, which the verifying reader reports as an unreadable payload."""
 
@@ -110,23 +117,14 @@ class _Translated(io.RawIOBase):
         size = getattr(stream, "size", None)
         self.size = size if isinstance(size, int) else None
 
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
+    def _read(self, size: int) -> bytes:
         try:
-            data: bytes = self._stream.read(-1 if size is None else size)
+            data: bytes = self._stream.read(size)
         except OSError:
             raise
         except Exception as exc:  # a file system's own error types: see the class docstring
             raise OSError(f"{type(exc).__name__}: {exc}") from exc
         return data
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -311,18 +309,7 @@ class FsspecPayloadStore(PayloadStore):
         return sorted(found, key=lambda copy: copy.copy)
 
     def _local_copies(self, sha256: str, folder: int) -> builtins.list[StoredPayload]:
-        found = []
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if not _STAMP.fullmatch(entry.name):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISREG(info.st_mode):
-                        found.append(
-                            StoredPayload(sha256, info.st_size, modified(entry.name, info), entry.name)
-                        )
-        return sorted(found, key=lambda copy: copy.copy)
+        return regular_copies(folder, lambda name: sha256 if _STAMP.fullmatch(name) else None)
 
     def list(self) -> Iterator[StoredPayload]:
         top = f"{self.root}/sha256"

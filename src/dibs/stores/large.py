@@ -8,12 +8,16 @@ copy, the bytes object; and a second read when the waiter asked while its watch 
 a single call carried it within a bound meant for small answers. A store that can reads such a value
 apart from its record, in chunks, each chunk a call of its own bounded for its size, straight into
 one buffer of the value's size (:class:`Filling`); threads of the process that need the same value
-at the same time share one read (:class:`SharedLoads`). And a ``complete`` of a value this large
-says once that a payload store would serve it better (:func:`advise_payload_store`).
+at the same time share one read (:class:`SharedLoads`), and a read that left a large value out is
+made whole, or read again when the record holds another value by now, in one place
+(:class:`LargeReads`, :func:`read_settled`); each store brings only its own read of the bytes. And
+a ``complete`` of a value this large says once that a payload store would serve it better
+(:func:`advise_payload_store`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import threading
@@ -21,7 +25,21 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
-__all__ = ["CHUNK", "LARGE_VALUE", "READ_INLINE", "Filling", "SharedLoads", "advise_payload_store"]
+from dibs.errors import StoreUnavailable
+from dibs.keys import Key
+from dibs.records import ArtifactRecord, KeyState
+
+__all__ = [
+    "CHUNK",
+    "LARGE_VALUE",
+    "READ_AGAIN",
+    "READ_INLINE",
+    "Filling",
+    "LargeReads",
+    "SharedLoads",
+    "advise_payload_store",
+    "read_settled",
+]
 
 log = logging.getLogger("dibs.stores")
 
@@ -31,6 +49,9 @@ T = TypeVar("T")
 READ_INLINE = 1024 * 1024
 #: How much of a large value one call reads (memory: about this much beyond the value, per reader).
 CHUNK = 8 * 1024 * 1024
+#: How many times a read is made again because the record held another artifact by the time its
+#: large bytes were read, before the store is called unavailable.
+READ_AGAIN = 16
 #: Above this size, ``complete`` of an inline value logs once that a payload store should be configured.
 LARGE_VALUE = 16 * 1024 * 1024
 
@@ -95,6 +116,53 @@ class SharedLoads:
                 load.value = read()
             value: T = load.value  # type: ignore[assignment]
             return value
+
+
+class LargeReads:
+    """A store's large artifacts made whole: a read whose record or row left the bytes out (more than
+    :data:`READ_INLINE`) gets them from ``read``, the store's own read of one artifact's bytes, done
+    once for every thread of the process that wants them at the same time (the watch hub for its
+    waiters, a waiter's own ask). ``read`` returns ``None`` when the record holds another artifact
+    by now (other fence or checksum); so do these methods, and the caller reads the key again."""
+
+    def __init__(self, read: Callable[[Key, ArtifactRecord], bytes | None]) -> None:
+        self._read = read
+        self._loads = SharedLoads()
+
+    def payload(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
+        """``artifact``'s bytes, read apart (shared with the threads reading the same artifact)."""
+        identity = (key.digest, artifact.fence, artifact.checksum)
+        return self._loads.load(identity, lambda: self._read(key, artifact))
+
+    def artifact(self, key: Key, artifact: ArtifactRecord) -> ArtifactRecord | None:
+        """``artifact`` with its bytes: itself when its read carried them (or it is small)."""
+        if artifact.payload or artifact.size <= READ_INLINE:
+            return artifact
+        payload = self.payload(key, artifact)
+        if payload is None:
+            return None
+        return dataclasses.replace(artifact, payload=payload)
+
+    def state(self, state: KeyState) -> KeyState | None:
+        """``state`` with its artifact's bytes: itself when it has no artifact or its read carried them."""
+        artifact = state.artifact
+        if artifact is None:
+            return state
+        whole = self.artifact(state.key, artifact)
+        if whole is None:
+            return None
+        return state if whole is artifact else dataclasses.replace(state, artifact=whole)
+
+
+def read_settled(key: Key, read: Callable[[], T | None]) -> T:
+    """``read()``'s answer, read again while it is ``None`` (the record held another artifact by the
+    time its large bytes were read), up to :data:`READ_AGAIN` times; then :class:`StoreUnavailable`
+    (the key changes faster than its artifact can be read)."""
+    for _ in range(READ_AGAIN):
+        answer = read()
+        if answer is not None:
+            return answer
+    raise StoreUnavailable(f"{key} kept changing while reading its artifact", key=str(key))
 
 
 _advised: set[str] = set()

@@ -250,10 +250,18 @@ class PayloadStoreContract:
             assert _read(writer, again) == data
 
     # -- collection, end to end ----------------------------------------------------------------------
-    def _client(self, payloads: PayloadStore) -> dibs.Reservations:
+    @contextlib.contextmanager
+    def _collecting(
+        self, open_payload_store: Callable[[], PayloadStore]
+    ) -> Iterator[tuple[dibs.Reservations, ReferencingStore, PayloadStore, PayloadStore]]:
+        """A client whose artifacts all go to a payload store (``inline_limit=0``), its referencing
+        store, the payload store it writes through, and a second one opened on the same payloads for
+        the collector, as another process would open it."""
+        writer_side, collector_side = open_payload_store(), open_payload_store()
         records = MemoryStore(f"payload-contract-{uuid.uuid4().hex}")
-        store = ReferencingStore(records, payloads, inline_limit=0, grace=self.grace)
-        return dibs.Reservations(store, serializer="bytes", ttl=60)
+        store = ReferencingStore(records, writer_side, inline_limit=0, grace=self.grace)
+        with dibs.Reservations(store, serializer="bytes", ttl=60) as client:
+            yield client, store, writer_side, collector_side
 
     def _unreferenced(self, client: dibs.Reservations, seed: str) -> Payload:
         """A payload of ``seed``'s bytes that no record refers to any more, older than the grace."""
@@ -269,10 +277,7 @@ class PayloadStoreContract:
     def test_a_paused_collection_never_loses_a_payload_published_meanwhile(
         self, open_payload_store: Callable[[], PayloadStore], step: str
     ) -> None:
-        writer_side, collector_side = open_payload_store(), open_payload_store()
-        with self._client(writer_side) as client:
-            store = client.store
-            assert isinstance(store, ReferencingStore)
+        with self._collecting(open_payload_store) as (client, store, writer_side, collector_side):
             put = self._unreferenced(client, "paused")
             published: list[dibs.RunReport] = []
             # Another key publishes the same bytes while the collector is paused at ``step``.
@@ -292,10 +297,7 @@ class PayloadStoreContract:
     def test_a_payload_written_under_a_lease_is_kept_until_it_is_published(
         self, open_payload_store: Callable[[], PayloadStore]
     ) -> None:
-        writer_side, collector_side = open_payload_store(), open_payload_store()
-        with self._client(writer_side) as client:
-            store = client.store
-            assert isinstance(store, ReferencingStore)
+        with self._collecting(open_payload_store) as (client, store, writer_side, collector_side):
             got = client.acquire("held", timeout=0)
             assert isinstance(got, dibs.Acquired)
             put = writer_side.put(_bytes("held"))  # put, not yet published: nothing refers to it
@@ -307,10 +309,7 @@ class PayloadStoreContract:
     def test_a_collection_removes_what_nothing_refers_to_and_the_older_copies(
         self, open_payload_store: Callable[[], PayloadStore]
     ) -> None:
-        writer_side, collector_side = open_payload_store(), open_payload_store()
-        with self._client(writer_side) as client:
-            store = client.store
-            assert isinstance(store, ReferencingStore)
+        with self._collecting(open_payload_store) as (client, store, writer_side, collector_side):
             gone = self._unreferenced(client, "gone")
             for key in ("kept", "kept again", "kept once more"):  # one payload, written three times
                 client.run(key, lambda: _bytes("kept"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -41,7 +40,7 @@ from dibs.stores.base import (
     skip,
 )
 from dibs.stores.feeds import ChangeFeed
-from dibs.stores.large import READ_INLINE, SharedLoads, advise_payload_store
+from dibs.stores.large import READ_INLINE, LargeReads, advise_payload_store, read_settled
 from dibs.stores.redis.feed import PatternFeed
 from dibs.stores.redis.replicas import ReplicaWait, Unreplicated
 from dibs.stores.redis.scripts import (
@@ -154,7 +153,7 @@ class RedisStore(Store):
         #: artifact's fence: a read of such a key confirms the artifact before it reports it.
         self._unconfirmed: dict[str, int] = {}
         #: Large artifacts read apart from their records, once for the threads that want one at a time.
-        self._large = SharedLoads()
+        self._large = LargeReads(self._read_large)
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -180,13 +179,11 @@ class RedisStore(Store):
     # -- operations ---------------------------------------------------------------------------------
 
     def read(self, key: Key) -> KeyState:
-        for _ in range(16):
+        def once() -> KeyState | None:
             reply = self._run(self._read, key, "read", key.namespace, key.name, "1", _INLINE, safe=True)
-            state = self._with_payload(self._state(key, reply, with_payload=True))
-            if state is not None:
-                break
-        else:
-            raise StoreUnavailable(f"{key} kept changing while reading its artifact", key=str(key))
+            return self._with_payload(self._state(key, reply, with_payload=True))
+
+        state = read_settled(key, once)
         if self._unconfirmed and key.digest in self._unconfirmed:
             self._confirm(key, state)
         return state
@@ -196,33 +193,23 @@ class RedisStore(Store):
         """``state`` with its artifact's bytes, which the read's reply leaves out when they are more
         than :data:`~dibs.stores.large.READ_INLINE`; ``None`` when the record holds another artifact
         by now (the caller reads the key again)."""
-        artifact = state.artifact
-        if artifact is None or artifact.payload or artifact.size <= READ_INLINE:
-            return state
-        payload = self._large_payload(state.key, artifact)
-        if payload is None:
+        return self._large.state(state)
+
+    def _read_large(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
+        """A large artifact's bytes (:class:`~dibs.stores.large.LargeReads` shares the read with the
+        threads of the process that want them at the same time: a waiter's own ask, which Redis may
+        run right after the holder's complete, as the hub reads): one reply of the whole value (with
+        hiredis, redis-py holds it twice while it parses it, then once), not two at once. ``None`` if
+        the record holds another artifact by now."""
+        reply = self._run(self._read, key, "read", key.namespace, key.name, "1", safe=True)
+        # hiredis keeps the buffer a reply was parsed from until the connection's next reply: a
+        # PING on it (the pool hands out the connection just given back) frees the value's size.
+        with contextlib.suppress(*_REDIS_ERRORS):
+            self._reach.node_of(self.record_key(key)).ping()
+        found = self._state(key, reply, with_payload=True).artifact
+        if found is None or (found.fence, found.checksum) != (artifact.fence, artifact.checksum):
             return None
-        return dataclasses.replace(state, artifact=dataclasses.replace(artifact, payload=payload))
-
-    def _large_payload(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
-        """A large artifact's bytes, read once for every thread of the process that wants them at the
-        same time (the watch hub for its waiters, a waiter's own ask, which Redis may run right after
-        the holder's complete, as the hub reads): one reply of the whole value (with hiredis, redis-py
-        holds it twice while it parses it, then once), not two at once. ``None`` if the record holds
-        another artifact by now."""
-
-        def read() -> bytes | None:
-            reply = self._run(self._read, key, "read", key.namespace, key.name, "1", safe=True)
-            # hiredis keeps the buffer a reply was parsed from until the connection's next reply: a
-            # PING on it (the pool hands out the connection just given back) frees the value's size.
-            with contextlib.suppress(*_REDIS_ERRORS):
-                self._reach.node_of(self.record_key(key)).ping()
-            found = self._state(key, reply, with_payload=True).artifact
-            if found is None or (found.fence, found.checksum) != (artifact.fence, artifact.checksum):
-                return None
-            return found.payload
-
-        return self._large.load((key.digest, artifact.fence, artifact.checksum), read)
+        return found.payload
 
     def _confirm(self, key: Key, state: KeyState) -> None:
         """Confirm, before it is reported, an artifact this store stored but could not confirm.
@@ -312,14 +299,11 @@ class RedisStore(Store):
             fields.update(zip(PRESENT_FIELDS, reply[3 : 3 + len(PRESENT_FIELDS)], strict=True))
             fields.update(format=FORMAT, namespace=key.namespace, name=key.name)
             state = self._decode(key, fields, float(reply[1]), payload=reply[3 + len(PRESENT_FIELDS)])
-            artifact = state.artifact
-            assert artifact is not None
-            if artifact.payload or artifact.size <= READ_INLINE:
-                return Present(artifact)
-            payload = self._large_payload(key, artifact)  # left out of the reply: it is large
-            if payload is None:  # replaced meanwhile: ask again
+            assert state.artifact is not None
+            artifact = self._large.artifact(key, state.artifact)  # left out of the reply if large
+            if artifact is None:  # replaced meanwhile: ask again
                 return self.acquire(key, request)
-            return Present(dataclasses.replace(artifact, payload=payload))
+            return Present(artifact)
         if status == b"granted":
             # The short reply with the failure the record holds: the rest of the new lease is what
             # was sent (the record's key and format were checked by the script before it wrote).

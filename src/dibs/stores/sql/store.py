@@ -12,7 +12,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -36,7 +36,7 @@ from dibs.records import (
 from dibs.stores import decoder, pages, redact_url, transitions, url_secrets
 from dibs.stores.base import Listing, Progress, Skipped, Store, skip
 from dibs.stores.feeds import ChangeFeed, check_watch_interval
-from dibs.stores.large import CHUNK, READ_INLINE, Filling, SharedLoads, advise_payload_store
+from dibs.stores.large import CHUNK, Filling, LargeReads, advise_payload_store, read_settled
 from dibs.stores.requests import AcquireRequest, NewArtifact
 from dibs.stores.sql.admin import AdminReads
 from dibs.stores.sql.bounds import Keeper, PatientPool
@@ -157,7 +157,7 @@ class SQLStore(Store):
         #: What ``complete`` may send (:mod:`dibs.stores.sql.limits`).
         self._limits = SizeLimits(self.dialect, self.url, self.max_artifact_size)
         #: Large artifacts read apart from their rows, once for the threads that want one at a time.
-        self._large = SharedLoads()
+        self._large = LargeReads(self._read_large)
         dispose_in_forked_children(self.engine)
         self._prepare_statements()
         # Nothing is sent to the database before the first operation (see _ensure_ready).
@@ -468,31 +468,16 @@ class SQLStore(Store):
         )
 
     def read(self, key: Key) -> KeyState:
-        for _ in range(16):
-            state = self._with_payload(self._repeatable(lambda cursor: self._read(cursor, key)[0]))
-            if state is not None:
-                return state
-        raise StoreUnavailable(f"{key} kept changing while reading its artifact", key=str(key))
+        return read_settled(
+            key, lambda: self._with_payload(self._repeatable(lambda cursor: self._read(cursor, key)[0]))
+        )
 
     # -- large artifacts, read apart from their rows (dibs.stores.large) -------------------------------
     def _with_payload(self, state: KeyState) -> KeyState | None:
         """``state`` with its artifact's bytes, which its read left out when they are more than
         :data:`~dibs.stores.large.READ_INLINE`; ``None`` when the row holds another artifact by now
         (the caller reads the key again)."""
-        artifact = state.artifact
-        if artifact is None or artifact.payload or artifact.size <= READ_INLINE:
-            return state
-        payload = self._large_payload(state.key, artifact)
-        if payload is None:
-            return None
-        return dataclasses.replace(state, artifact=dataclasses.replace(artifact, payload=payload))
-
-    def _large_payload(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
-        """A large artifact's bytes, read once for every thread of the process that wants them at the
-        same time (the watch hub for its waiters, a waiter's own ask); ``None`` if the row holds another
-        artifact by now."""
-        identity = (key.digest, artifact.fence, artifact.checksum)
-        return self._large.load(identity, lambda: self._read_large(key, artifact))
+        return self._large.state(state)
 
     def _read_large(self, key: Key, artifact: ArtifactRecord) -> bytes | None:
         """Read a large artifact's bytes into one buffer of its size (:class:`~dibs.stores.large.Filling`):
@@ -667,20 +652,20 @@ class SQLStore(Store):
                 f"{key} kept changing while acquiring it; the store is overloaded", key=str(key)
             )
 
+        def whole() -> StoreOutcome | None:
+            outcome = self._repeatable(attempt)
+            if not isinstance(outcome, Present):
+                return outcome
+            # A hit: its bytes, which the read left out when they are large (read again if the row
+            # holds another artifact by now).
+            artifact = self._large.artifact(key, outcome.artifact)
+            if artifact is None:
+                return None
+            return outcome if artifact is outcome.artifact else Present(artifact)
+
         try:
-            for _ in range(16):
-                outcome = self._repeatable(attempt)
-                if not isinstance(outcome, Present):
-                    return outcome
-                # A hit: its bytes, which the read left out when they are large (read again if the
-                # row holds another artifact by now).
-                artifact = outcome.artifact
-                if artifact.payload or artifact.size <= READ_INLINE:
-                    return outcome
-                payload = self._large_payload(key, artifact)
-                if payload is not None:
-                    return Present(dataclasses.replace(artifact, payload=payload))
-            raise StoreUnavailable(f"{key} kept changing while reading its artifact", key=str(key))
+            # mypy joins the union to ``object`` when it solves ``T | None``: the cast names it again.
+            return cast(StoreOutcome, read_settled(key, whole))
         except StoreUnavailable as exc:
             if not getattr(exc, "read_only", False):
                 raise
