@@ -18,7 +18,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
@@ -29,49 +29,20 @@ from dibs.observers.later import Later
 from dibs.observers.measures import METRICS, Measurement
 from dibs.observers.otel import OpenTelemetry, instrument
 from dibs.seam import StoreIO
+from tests.observability.sdk import Telemetry, observed
 
 WORK_SECONDS = 1.0
 COMMON = {"dibs.namespace", "dibs.store", "dibs.frontend"}
 
 
-class Telemetry:
-    def __init__(self) -> None:
-        self.reader = InMemoryMetricReader()
-        self.meters = MeterProvider(metric_readers=[self.reader])
-        self.spans = InMemorySpanExporter()
-        self.tracers = TracerProvider()
-        self.tracers.add_span_processor(SimpleSpanProcessor(self.spans))
-
-    observer: OpenTelemetry
-
-    def points(self, name: str) -> list[Any]:
-        self.observer.flush()  # measurements are recorded off the caller's path, a moment later
-        data = self.reader.get_metrics_data()
-        assert data is not None
-        found = []
-        for resource in data.resource_metrics:
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    if metric.name == name:
-                        found.extend(metric.data.data_points)
-        return found
-
-    def all_points(self) -> dict[str, list[Any]]:
-        return {name: self.points(name) for name in METRICS}
-
-    def finished_spans(self) -> list[ReadableSpan]:
-        self.observer.flush()  # a span's events, ending attributes and end are given a moment later
-        return [span for span in self.spans.get_finished_spans() if span.name == "dibs.reserve"]
-
-
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
-    seen = Telemetry()
-    seen.observer = OpenTelemetry(seen.meters, seen.tracers)
-    with dibs.observe(seen.observer):
+    with observed() as seen:
         yield seen
-    seen.meters.shutdown()
-    seen.tracers.shutdown()
+
+
+def _all_points(telemetry: Telemetry) -> dict[str, list[Any]]:
+    return {name: telemetry.points(name) for name in METRICS}
 
 
 @pytest.fixture
@@ -157,7 +128,7 @@ def test_no_metric_carries_a_key_a_token_or_an_owner(client: dibs.Reservations, 
     race(client, 2)
     client.compute("race", lambda: "never", owner="late")
     seen: set[str] = set()
-    for name, points in telemetry.all_points().items():
+    for name, points in _all_points(telemetry).items():
         for point in points:
             keys = set(point.attributes)
             assert keys <= COMMON | set(METRICS[name].attributes), (name, keys)

@@ -21,54 +21,20 @@ import pytest
 pytest.importorskip("prefect")
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prefect.cache_policies import INPUTS
 from prefect.client.schemas.objects import State
 
 import dibs
-from dibs.observers.otel import OpenTelemetry
 from prefect import flow, task
 from prefect_dibs import DibsLockManager, reserved
+from tests.observability.sdk import Telemetry, observed
 from tests.prefect.support import server_events, wait_until
-
-
-class Telemetry:
-    """The real SDK's in-memory reader and span exporter, fed by dibs's OpenTelemetry observer."""
-
-    def __init__(self) -> None:
-        self.reader = InMemoryMetricReader()
-        self.meters = MeterProvider(metric_readers=[self.reader])
-        self.spans = InMemorySpanExporter()
-        self.tracers = TracerProvider()
-        self.tracers.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.observer = OpenTelemetry(self.meters, self.tracers)
-
-    def sums(self, name: str, by: str) -> dict[str, float]:
-        """The metric's total per value of the attribute ``by``."""
-        self.observer.flush()  # recorded off the callers' path, a moment later
-        data = self.reader.get_metrics_data()
-        totals: dict[str, float] = {}
-        for resource in data.resource_metrics if data is not None else ():
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    if metric.name == name:
-                        for point in metric.data.data_points:
-                            which = str(point.attributes.get(by))
-                            totals[which] = totals.get(which, 0.0) + point.value
-        return totals
 
 
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
-    seen = Telemetry()
-    with dibs.observe(seen.observer):
+    with observed() as seen:
         yield seen
-    seen.meters.shutdown()
-    seen.tracers.shutdown()
 
 
 def test_prefects_own_cache_on_dibs_locks_counts_one_computed_and_two_served(

@@ -177,8 +177,8 @@ def _registered(scheme: str, url: str) -> PayloadStore | None:
     store = store_class.from_url(url)
     if not isinstance(store, PayloadStore):
         raise ConfigurationError(
-            f"payloads={redact_url(url)!r}: {store_class.__qualname__}.from_url returned {store!r}, "
-            "not a dibs.payloads.PayloadStore",
+            f"payloads={redact_url(url)!r}: {store_class.__qualname__}.from_url returned a "
+            f"{type(store).__qualname__}, not a dibs.payloads.PayloadStore",
             setting="payloads",
         )
     return store

@@ -289,8 +289,8 @@ def _open_registered(url: str) -> Store:
         store = store_class.from_url(url)
         if not isinstance(store, Store):
             raise ConfigurationError(
-                f"the store scheme {scheme!r}: {store_class.__qualname__}.from_url returned {store!r}, "
-                "not a dibs.stores.Store"
+                f"the store scheme {scheme!r}: {store_class.__qualname__}.from_url returned a "
+                f"{type(store).__qualname__}, not a dibs.stores.Store"
             )
         return store
     raise ConfigurationError(
