@@ -1,23 +1,29 @@
 """What a namespace's history costs the reads a person makes and the per-key calls (issue 30): every
 figure a ratio against a baseline measured in the same run.
 
-``python -m benchmarks.history [--sizes 1000,10000,100000] [--stores sqlite,postgres]
+``python -m benchmarks.history [--sizes 0,10000,100000,1000000] [--stores sqlite,postgres,redis]
 [--out benchmarks/results/issue30]``
 
-For each store, one table is grown to each size in turn (finished keys, one a day back in time,
-bulk-inserted as copies of a row dibs wrote: the store's API would take minutes per 10^5), and at
-each size it measures:
+For each store, one namespace is grown to each size in turn (finished keys; how depends on the store:
+SQL bulk-inserts copies of a row dibs wrote, the file store writes copies of a record dibs wrote, Redis
+and Azure go through the store's own calls from a pool of threads), and at each size it measures:
 
-* ``top``: one ``dibs top --once`` snapshot (:func:`dibs._cli.top.snapshot`), median of 5; the
-  ratio is against the same snapshot at the first size;
-* ``page``: one ``dibs ls`` page of 100 keys from a cursor in the middle of the namespace, median of
-  5; the ratio against the first size's;
-* ``new key``: ``acquire`` + ``complete`` of a fresh key in the grown namespace, interleaved
-  operation by operation with the same on an empty table of the same database (the baseline): p50 and
-  the ratio of p50s;
-* ``prune``: keys per second of ``prune(0)`` clearing a namespace of 10,000 finished keys in the
-  grown table (one statement per batch), and the same store removing 1,000 keys key by key as it did
-  before (one read and one guarded ``UPDATE`` per key: the baseline), as a ratio.
+* ``top``: one ``dibs top --once`` snapshot (:func:`dibs._cli.top.snapshot`), median of 5 (of 1 when
+  one takes over 5 s: a store that scans); the ratio is against the same snapshot at the smallest
+  size that has keys;
+* ``page``: one ``dibs ls`` page of 100 keys from a cursor in the middle of the namespace, median of 5;
+  the ratio likewise;
+* ``airflow page``: what the Reservations page reads of a store and namespace with no task waiting
+  (:func:`dibs_provider.plugins._keys._page_in`: each status a page at a time until 500 rows);
+* ``ls``: records per second of a streamed ``dibs ls`` (pages of 1,000), over the first 100,000 (or
+  20 s);
+* ``new key``: ``acquire`` + ``complete`` of a fresh key in the grown namespace, interleaved operation
+  by operation with the same on an empty namespace of its own store (the baseline): p50 and the ratio
+  of p50s;
+* ``hit``: ``acquire`` of a finished key (an artifact found), interleaved the same way;
+* ``prune``: keys per second of ``prune(0)`` clearing a namespace of 10,000 finished keys beside the
+  grown one, and the same store removing 1,000 keys one call per key (SQL: a read and a guarded
+  ``UPDATE`` per key, as prune did before; other stores: ``forget``): a ratio.
 
 Nothing here is a threshold: the machine may be busy, so compare ratios of one run, not runs.
 """
@@ -25,163 +31,279 @@ Nothing here is a threshold: the machine may be busy, so compare ratios of one r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
-import os
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 import dibs
+from benchmarks.targets import open_targets
 from dibs._cli.top import snapshot
 from dibs.keys import Key
-from dibs.records import Granted, checksum
-from dibs.stores import AcquireRequest, NewArtifact, pages, transitions
+from dibs.records import Granted, KeyState, checksum
+from dibs.stores import AcquireRequest, NewArtifact, Store, codec, open_store, pages, transitions
+from dibs.stores.filesystem import FileStore
 from dibs.stores.sql import SQLStore
 
 NAMESPACE = "history"
 PRUNED = "history.pruned"
+#: How many records ``ls`` throughput streams at most (the rate, not the whole history, is the point).
+LS_UP_TO = 100_000
+#: How long ``ls`` throughput streams at most: a store that scans re-reads the namespace for each page.
+LS_SECONDS = 20.0
+#: One ``top`` slower than this is not repeated: the store scans, and five scans prove nothing more.
+SLOW = 5.0
+
+Grow = Callable[[str, int, int], None]
 
 
-@contextmanager
-def _urls(store: str) -> Iterator[tuple[str, str]]:
-    """Two URLs on ``store``: the table to grow and an empty one (the baseline); removed afterwards."""
-    if store == "sqlite":
-        with tempfile.TemporaryDirectory() as folder:
-            yield f"sqlite:///{folder}/grown.db", f"sqlite:///{folder}/empty.db"
-        return
-    base = os.environ.get("DIBS_BENCH_POSTGRES_URL") or os.environ.get(
-        "DIBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-    )
-    schemas = [f"dibs_history_{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    engine = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        for schema in schemas:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield f"{base}?schema={schemas[0]}", f"{base}?schema={schemas[1]}"
-    finally:
-        with engine.connect() as conn:
-            for schema in schemas:
-                conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        engine.dispose()
+def _name(i: int) -> str:
+    return f"day-{i:07d}"
 
 
-def _grow(store: SQLStore, namespace: str, start: int, stop: int) -> None:
-    """Finished keys ``start`` to ``stop`` of ``namespace``, copied from one dibs wrote."""
-    client = dibs.Reservations(store, namespace=namespace)
-    client.run("template", lambda: 1)
-    with store.engine.begin() as conn:
-        template = dict(
-            conn.execute(
-                sa.select(store.t).where(store.t.c.namespace == namespace, store.t.c.name == "template")
-            )
-            .mappings()
-            .one()
-        )
-        for chunk in range(start, stop, 10_000):
-            rows = []
-            for i in range(chunk, min(stop, chunk + 10_000)):
-                key = Key(namespace, f"day-{i:07d}")
-                rows.append(
-                    {
-                        **template,
-                        "key_hash": key.digest,
-                        "name": key.name,
-                        "created_at": template["created_at"] - i,
-                    }
+def _template(store: Store, namespace: str) -> KeyState:
+    """A finished key written by dibs itself, whose record the growers copy."""
+    dibs.Reservations(store, namespace=namespace).run("template", lambda: 1)
+    return store.read(Key(namespace, "template"))
+
+
+def _sql_grower(store: SQLStore) -> Grow:
+    """Bulk-inserted copies of the template's row: the store's API would take minutes per 10^5."""
+
+    def grow(namespace: str, start: int, stop: int) -> None:
+        _template(store, namespace)
+        with store.engine.begin() as conn:
+            template = dict(
+                conn.execute(
+                    sa.select(store.t).where(store.t.c.namespace == namespace, store.t.c.name == "template")
                 )
-            conn.execute(sa.insert(store.t), rows)
+                .mappings()
+                .one()
+            )
+            for chunk in range(start, stop, 10_000):
+                rows = []
+                for i in range(chunk, min(stop, chunk + 10_000)):
+                    key = Key(namespace, _name(i))
+                    rows.append(
+                        {
+                            **template,
+                            "key_hash": key.digest,
+                            "name": key.name,
+                            "created_at": template["created_at"] - i,
+                        }
+                    )
+                conn.execute(sa.insert(store.t), rows)
+
+    return grow
+
+
+def _file_grower(store: FileStore) -> Grow:
+    """Copies of the template's record and payload files, written as the store lays them out (without
+    the store's fsyncs, which would make growing 10^5 keys take many minutes)."""
+
+    def grow(namespace: str, start: int, stop: int) -> None:
+        template = _template(store, namespace)
+        assert template.artifact is not None
+        payload = store.artifact_path(template.key, template.artifact.fence).read_bytes()
+        for i in range(start, stop):
+            key = Key(namespace, _name(i))
+            record = store.record_path(key)
+            record.parent.mkdir(parents=True, exist_ok=True)
+            body = store.artifact_path(key, template.artifact.fence)
+            body.parent.mkdir(parents=True, exist_ok=True)
+            body.write_bytes(payload)
+            record.write_bytes(codec.encode(dataclasses.replace(template, key=key)))
+
+    return grow
+
+
+def _api_grower(store: Store, threads: int = 8) -> Grow:
+    """Keys taken through ``acquire`` and ``complete`` from a pool of threads, so that the store keeps
+    whatever it keeps beside the records (Redis's indexes, Azure's metadata) as it does for users."""
+
+    def one(key: Key) -> None:
+        outcome = store.acquire(key, AcquireRequest("history", 60))
+        assert isinstance(outcome, Granted), outcome
+        store.complete(key, outcome.lease.token, NewArtifact("json", b"1", checksum(b"1")))
+
+    def grow(namespace: str, start: int, stop: int) -> None:
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in pool.map(one, (Key(namespace, _name(i)) for i in range(start, stop)), chunksize=256):
+                pass
+
+    return grow
+
+
+def _grower(store: Store) -> Grow:
+    if isinstance(store, SQLStore):
+        return _sql_grower(store)
+    if isinstance(store, FileStore):
+        return _file_grower(store)
+    return _api_grower(store)
+
+
+@contextlib.contextmanager
+def _stores(name: str) -> Iterator[tuple[Store, Store]]:
+    """The store to grow and an empty one of the same kind (the baseline), each on a space of its own
+    (schema, table, prefix, container, folder) removed afterwards."""
+    with open_targets((name,)) as (grown_targets, skipped), open_targets((name,)) as (empty_targets, _):
+        if not grown_targets or not empty_targets:
+            raise SystemExit(f"{name}: {skipped.get(name, 'not available')}")
+        grown, empty = open_store(grown_targets[0].url), open_store(empty_targets[0].url)
+        try:
+            yield grown, empty
+        finally:
+            grown.close()
+            empty.close()
 
 
 def _median(run: Callable[[], object], repeats: int = 5) -> float:
-    times = []
+    times: list[float] = []
     for _ in range(repeats):
         started = time.perf_counter()
         run()
         times.append(time.perf_counter() - started)
+        if times[0] > SLOW:
+            break
     return statistics.median(times)
 
 
-def _new_keys(grown: SQLStore, empty: SQLStore, ops: int) -> tuple[float, float]:
-    """p50 seconds of acquire + complete of a fresh key on each store, interleaved."""
+def _interleaved(grown: Callable[[int], None], empty: Callable[[int], None], ops: int) -> tuple[float, float]:
+    """p50 seconds of one call on each side, taken in turn so that both see the same machine."""
     times: dict[int, list[float]] = {0: [], 1: []}
-    payload = b"1"
     for i in range(ops):
-        for side, store in ((0, grown), (1, empty)):
-            key = Key(NAMESPACE, f"new-{uuid.uuid4().hex}-{i}")
+        for side, call in ((0, grown), (1, empty)):
             started = time.perf_counter()
-            outcome = store.acquire(key, AcquireRequest("bench", 60))
-            assert isinstance(outcome, Granted)
-            store.complete(key, outcome.lease.token, NewArtifact("bytes", payload, checksum(payload)))
+            call(i)
             times[side].append(time.perf_counter() - started)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def _prune_rates(store: SQLStore, size: int) -> tuple[float, float]:
-    """Keys/s of a batched prune of 10,000 keys, and of the key-by-key removal of 1,000 (namespaces of
+def _new_key(store: Store) -> Callable[[int], None]:
+    def call(i: int) -> None:
+        key = Key(NAMESPACE, f"new-{uuid.uuid4().hex}-{i}")
+        outcome = store.acquire(key, AcquireRequest("bench", 60))
+        assert isinstance(outcome, Granted), outcome
+        store.complete(key, outcome.lease.token, NewArtifact("json", b"1", checksum(b"1")))
+
+    return call
+
+
+def _hit(store: Store) -> Callable[[int], None]:
+    key = Key(NAMESPACE, "template")
+
+    def call(_: int) -> None:
+        outcome = store.acquire(key, AcquireRequest("bench", 60))
+        assert not isinstance(outcome, Granted), outcome
+
+    return call
+
+
+def _ls_rate(store: Store) -> float:
+    """Records per second of ``dibs ls`` streaming pages of 1,000, over the first :data:`LS_UP_TO` (or
+    :data:`LS_SECONDS`)."""
+    listed, after = 0, None
+    started = time.perf_counter()
+    while listed < LS_UP_TO and time.perf_counter() - started < LS_SECONDS:
+        page = store.list_page(NAMESPACE, after=after, limit=1000)
+        listed += len(page.states)
+        if page.after is None:
+            break
+        after = page.after
+    return listed / (time.perf_counter() - started)
+
+
+def _airflow_page(store: Store) -> Callable[[], object]:
+    from dibs_provider.plugins._keys import _page_in  # Airflow's import, once, outside the timing
+
+    return lambda: _page_in(store, NAMESPACE, {}, state=None, name=None)
+
+
+def _prune_rates(store: Store, grow: Grow, size: int) -> tuple[float, float]:
+    """Keys/s of ``prune(0)`` of 10,000 keys, and of removing 1,000 one call per key (namespaces of
     their own beside the grown one)."""
     batch, each = f"{PRUNED}.{size}", f"{PRUNED}.{size}.each"
-    _grow(store, batch, 0, 10_000)
+    grow(batch, 0, 10_000)
     started = time.perf_counter()
     batched = store.prune(batch, 0.0)
     batched_rate = batched / (time.perf_counter() - started)
-    _grow(store, each, 0, 1_000)
+    grow(each, 0, 1_000)
     keys = [s.key for s in store.list_page(each, limit=1001).states]
     started = time.perf_counter()
     one_by_one = 0
     for key in keys:
-        one_by_one += store._repair(  # the removal as it was: a read and a guarded UPDATE per key
-            key, lambda s: transitions.prune(s, 0.0) is not None, store._clear_row, "prune"
-        )
+        if isinstance(store, SQLStore):  # the removal as it was: a read and a guarded UPDATE per key
+            one_by_one += store._repair(
+                key, lambda s: transitions.prune(s, 0.0) is not None, store._clear_row, "prune"
+            )
+        else:
+            one_by_one += store.forget(key)
     each_rate = one_by_one / (time.perf_counter() - started)
     return batched_rate, each_rate
 
 
 def measure(store_name: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
     results = []
-    with _urls(store_name) as (grown_url, empty_url):
-        grown, empty = SQLStore(grown_url), SQLStore(empty_url)
+    with _stores(store_name) as (grown, empty):
+        grow = _grower(grown)
+        _template(grown, NAMESPACE)  # the hit's key, on both sides
+        _template(empty, NAMESPACE)
         client = dibs.Reservations(grown, namespace=NAMESPACE)
+        airflow_page = _airflow_page(grown)
         grown_to = 0
         first: dict[str, float] = {}
         for size in sizes:
             started = time.perf_counter()
-            _grow(grown, NAMESPACE, grown_to, size)
+            grow(NAMESPACE, grown_to, size)
             grown_to = size
             grew = time.perf_counter() - started
             top = _median(lambda: snapshot(client))
-            middle = pages.cursor_of(Key(NAMESPACE, f"day-{size // 2:07d}"))
-            page = _median(lambda m=middle: grown.list_page(NAMESPACE, after=m, limit=100))
-            new_key, new_key_empty = _new_keys(grown, empty, ops)
-            batched, each = _prune_rates(grown, size)
-            first = first or {"top": top, "page": page}
+            middle = pages.cursor_of(Key(NAMESPACE, _name(size // 2)))
+            page = _median(lambda: grown.list_page(NAMESPACE, after=middle, limit=100))  # noqa: B023
+            shown = _median(airflow_page, repeats=3)
+            ls_rate = _ls_rate(grown)
+            new_key, new_key_empty = _interleaved(_new_key(grown), _new_key(empty), ops)
+            hit, hit_empty = _interleaved(_hit(grown), _hit(empty), ops)
+            batched, each = _prune_rates(grown, grow, size)
+            if size and not first:  # ratios against the smallest size that has keys to show
+                first = {"top": top, "page": page, "airflow_page": shown}
+            base = first or {"top": top, "page": page, "airflow_page": shown}
             row = {
                 "store": store_name,
                 "keys": size,
                 "grow_s": round(grew, 2),
                 "top_s": round(top, 4),
-                "top_ratio": round(top / first["top"], 2),
+                "top_ratio": round(top / base["top"], 2),
                 "page_s": round(page, 4),
-                "page_ratio": round(page / first["page"], 2),
-                "new_key_p50_ms": round(new_key * 1000, 2),
-                "new_key_empty_p50_ms": round(new_key_empty * 1000, 2),
+                "page_ratio": round(page / base["page"], 2),
+                "airflow_page_s": round(shown, 4),
+                "airflow_page_ratio": round(shown / base["airflow_page"], 2),
+                "ls_records_per_s": round(ls_rate),
+                "new_key_p50_ms": round(new_key * 1000, 3),
+                "new_key_empty_p50_ms": round(new_key_empty * 1000, 3),
                 "new_key_ratio": round(new_key / new_key_empty, 2),
+                "hit_p50_ms": round(hit * 1000, 3),
+                "hit_empty_p50_ms": round(hit_empty * 1000, 3),
+                "hit_ratio": round(hit / hit_empty, 2),
                 "prune_keys_per_s": round(batched),
                 "prune_key_by_key_per_s": round(each),
                 "prune_ratio": round(batched / each, 1),
             }
             print(json.dumps(row), flush=True)
             results.append(row)
-        grown.close()
-        empty.close()
     return results
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms" if seconds < 10 else f"{seconds:,.0f} s"
 
 
 def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
@@ -189,19 +311,22 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
         "# History: cost against a namespace's size (issue 30)",
         "",
         f"`python -m benchmarks.history --sizes {argv['sizes']} --stores {argv['stores']} "
-        f"--ops {argv['ops']}`, "
-        "on the shared 2-core machine. Ratios: `top` and `page` against the first size's, `new key` against "
-        "an empty table of the same database (interleaved), `prune` batched against key by key.",
+        f"--ops {argv['ops']}`, on the shared 2-core machine. Ratios: `top` and the pages against the "
+        "smallest size with keys; `new key` and `hit` against an empty namespace of the same kind of store "
+        "(interleaved); `prune` batched against one call per key.",
         "",
-        "| store | keys | top --once | x first | ls page (100) | x first | new key p50 | x empty "
-        "| prune keys/s | key by key | x |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| store | keys | top --once | x first | ls page (100) | x first | Airflow page | x first "
+        "| ls records/s | new key p50 | x empty | hit p50 | x empty | prune keys/s | one by one | x |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: |",
     ]
     for r in results:
         lines.append(
-            f"| {r['store']} | {r['keys']:,} | {r['top_s'] * 1000:.1f} ms | {r['top_ratio']} | "
-            f"{r['page_s'] * 1000:.1f} ms | {r['page_ratio']} | "
-            f"{r['new_key_p50_ms']} ms | {r['new_key_ratio']} | "
+            f"| {r['store']} | {r['keys']:,} | {_ms(r['top_s'])} | {r['top_ratio']} | "
+            f"{_ms(r['page_s'])} | {r['page_ratio']} | "
+            f"{_ms(r['airflow_page_s'])} | {r['airflow_page_ratio']} | "
+            f"{r['ls_records_per_s']:,} | {r['new_key_p50_ms']} ms | {r['new_key_ratio']} | "
+            f"{r['hit_p50_ms']} ms | {r['hit_ratio']} | "
             f"{r['prune_keys_per_s']:,} | {r['prune_key_by_key_per_s']:,} | {r['prune_ratio']} |"
         )
     return "\n".join(lines) + "\n"
@@ -209,18 +334,19 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.history", description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000,10000,100000")
-    parser.add_argument("--stores", default="sqlite,postgres")
-    parser.add_argument("--ops", type=int, default=50, help="fresh keys per side per size")
+    parser.add_argument("--sizes", default="0,10000,100000")
+    parser.add_argument("--stores", default="sqlite,postgres,redis")
+    parser.add_argument("--ops", type=int, default=50, help="calls per side per size for new key and hit")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/issue30"))
+    parser.add_argument("--name", default="history", help="the result files' name (NAME.json, NAME.md)")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.sizes.split(",")]
     results = []
     for store in args.stores.split(","):
         results += measure(store, sizes, args.ops)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "history.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "history.md").write_text(_markdown(results, vars(args)))
+    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(_markdown(results, vars(args)))
     return 0
 
 
