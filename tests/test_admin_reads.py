@@ -187,3 +187,41 @@ def test_prune_and_reap_remove_by_batches_keeping_every_fence(
     assert client.prune(0.0) == 0 and client.reap() == 0
     held.lease.release()
     store.close()
+
+
+def test_a_store_that_scans_answers_top_from_one_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``top`` on a store without indexes (files) reads the namespace once per refresh, not once per
+    part of the screen, and shows what the five separate reads show."""
+    from dibs.stores.filesystem import FileStore
+
+    store = FileStore(str(tmp_path / "files"))
+    assert store.scans and not SQLStore(f"sqlite:///{tmp_path / 'any.db'}").scans
+    client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
+    for i in range(12):
+        client.run(f"day-{i:02d}", lambda: 1)
+    client.get_or_reserve("held-1", owner="worker")
+    failing = client.get_or_reserve("broken", owner="flaky")
+    assert isinstance(failing, dibs.Acquired)
+    failing.lease.release("ValueError: no rows")
+    separately = {
+        "counts": store.count_states(NAMESPACE),
+        "held": store.leases(NAMESPACE, expired=False, limit=LEASES),
+        "artifacts": store.latest(NAMESPACE, "artifact", limit=RECENT),
+        "failures": store.latest(NAMESPACE, "failure", limit=RECENT),
+    }
+    listings: list[str | None] = []
+    listed = FileStore.list
+
+    def counting(self: FileStore, namespace: str | None = None) -> Any:
+        listings.append(namespace)
+        return listed(self, namespace)
+
+    monkeypatch.setattr(FileStore, "list", counting)
+    doc = snapshot(client)
+    assert listings == [NAMESPACE]
+    assert doc["counts"] == separately["counts"] == {"held": 1, "expired": 0, "done": 12, "failed": 1}
+    assert [row["key"] for row in doc["held"]] == [str(s.key) for s in separately["held"]]
+    assert [row["key"] for row in doc["recent_artifacts"]] == [str(s.key) for s in separately["artifacts"]]
+    assert [row["key"] for row in doc["recent_failures"]] == [str(s.key) for s in separately["failures"]]

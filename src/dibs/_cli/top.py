@@ -39,29 +39,26 @@ LEASES = 50
 def snapshot(client: Reservations, *, all_namespaces: bool = False) -> dict[str, Any]:
     """One reading of the namespace (or of every namespace), as ``--json`` prints it.
 
-    Made of the store's bounded reads (:mod:`dibs.stores.pages`): the counts (each up to
-    :data:`~dibs.stores.pages.COUNT_CAP`), :data:`LEASES` held and expired leases, and the
-    :data:`RECENT` latest artifacts and failures. A store that finds them through indexes (SQL) reads
-    as many records whatever the size of the namespace: ``top`` costs what it shows, not the history."""
+    Made of the store's bounded reads (:meth:`Store.overview <dibs.stores.base.Store.overview>`): the
+    counts (each up to :data:`~dibs.stores.pages.COUNT_CAP`), :data:`LEASES` held and expired leases,
+    and the :data:`RECENT` latest artifacts and failures. A store that finds them through indexes (SQL)
+    reads as many records whatever the size of the namespace: ``top`` costs what it shows, not the
+    history. One that scans reads the namespace once per refresh."""
     store = client.store
     namespace = None if all_namespaces else client.namespace
-    counts = store.count_states(namespace)
-    held = store.leases(namespace, expired=False, limit=LEASES)
-    expired = store.leases(namespace, expired=True, limit=LEASES)
-    artifacts = store.latest(namespace, "artifact", limit=RECENT)
-    failures = store.latest(namespace, "failure", limit=RECENT)
-    read = [*held, *expired, *artifacts, *failures]
+    seen = store.overview(namespace, leases=LEASES, recent=RECENT)
+    read = [*seen.held, *seen.expired, *seen.artifacts, *seen.failures]
     now = max((state.now for state in read), default=time.time())
     return {
         "namespace": namespace,
         "store": store.url,
         "store_now": instant(now),
-        "counts": counts,
+        "counts": seen.counts,
         "counted_up_to": pages.COUNT_CAP,
-        "held": [_lease(s) for s in held],
-        "expired": [_lease(s) for s in expired],
-        "recent_artifacts": _latest(artifacts, lambda s: s.artifact, lambda a: a.created_at, _artifact),
-        "recent_failures": _latest(failures, lambda s: s.failure, lambda f: f.at, _failure),
+        "held": [_lease(s) for s in seen.held],
+        "expired": [_lease(s) for s in seen.expired],
+        "recent_artifacts": _latest(seen.artifacts, lambda s: s.artifact, lambda a: a.created_at, _artifact),
+        "recent_failures": _latest(seen.failures, lambda s: s.failure, lambda f: f.at, _failure),
     }
 
 

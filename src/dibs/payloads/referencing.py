@@ -270,6 +270,15 @@ class ReferencingStore(Store):
     def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
         return self.records.count_states(namespace, up_to=up_to)
 
+    @property
+    def scans(self) -> bool:  # type: ignore[override]  # the record store's, whatever it is
+        return self.records.scans
+
+    def overview(
+        self, namespace: str | None, *, leases: int, recent: int, up_to: int = pages.COUNT_CAP
+    ) -> pages.Overview:
+        return self.records.overview(namespace, leases=leases, recent=recent, up_to=up_to)
+
     def acquire(self, key: Key, request: AcquireRequest) -> StoreOutcome:
         outcome = self.records.acquire(key, request)
         for _ in range(_MAX_MISSES):

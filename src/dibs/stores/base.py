@@ -138,6 +138,11 @@ class Store(Closing):
     scheme: ClassVar[str] = ""
     #: Whose clock judges expiry, for the docs and ``dibs show``.
     clock: ClassVar[str] = "the store service's clock"
+    #: Whether the reads a person makes (:meth:`list_page`, :meth:`latest`, :meth:`leases`,
+    #: :meth:`count_states`) read the whole namespace: ``True`` for a store that keeps no index of its
+    #: own and answers them from :meth:`list` (the defaults below). A store that finds them through
+    #: indexes says ``False``, per instance where that depends on its settings.
+    scans: bool = True
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         """Time the key operations this class defines, for observers (see :mod:`dibs.stores.timing`)."""
@@ -261,6 +266,22 @@ class Store(Closing):
         """How many keys are ``held``, ``expired``, ``done`` and ``failed``, each counted up to
         ``up_to`` (a count of ``up_to`` means at least that many)."""
         return pages.count_of(self.list(namespace), up_to)
+
+    def overview(
+        self, namespace: str | None, *, leases: int, recent: int, up_to: int = pages.COUNT_CAP
+    ) -> pages.Overview:
+        """What ``dibs top`` shows of ``namespace`` (or of all): :meth:`count_states`, ``leases`` held and
+        expired leases (:meth:`leases`) and the ``recent`` newest artifacts and failures (:meth:`latest`).
+        A store that :attr:`scans` answers from one listing rather than five."""
+        if self.scans:
+            return pages.overview_of(self.list(namespace), leases=leases, recent=recent, up_to=up_to)
+        return pages.Overview(
+            counts=self.count_states(namespace, up_to=up_to),
+            held=self.leases(namespace, expired=False, limit=leases),
+            expired=self.leases(namespace, expired=True, limit=leases),
+            artifacts=self.latest(namespace, "artifact", limit=recent),
+            failures=self.latest(namespace, "failure", limit=recent),
+        )
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """The states of several keys, for the watch hub (stores that can read them together override

@@ -10,11 +10,14 @@ the store for what is shown, each bounded by a limit:
 * :meth:`Store.latest <dibs.stores.base.Store.latest>`: the newest artifacts or failures;
 * :meth:`Store.leases <dibs.stores.base.Store.leases>`: the held leases (soonest expiry first) or the
   expired ones nobody took over (latest first);
-* :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: how many keys are in each status.
+* :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: how many keys are in each status;
+* :meth:`Store.overview <dibs.stores.base.Store.overview>`: all of the last three at once, what
+  ``dibs top`` shows.
 
 A store that keeps indexes answers them without a scan (SQL). The functions here are the default every
 other store gets: they stream its :meth:`~dibs.stores.base.Store.list` and filter, so the answer is the
-same and only the cost differs (docs/operations.md says which stores scan).
+same and only the cost differs (docs/operations.md says which stores scan). A store that scans
+(:attr:`Store.scans <dibs.stores.base.Store.scans>`) answers an overview from one listing, not five.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "COUNT_CAP",
     "PAGE",
     "STATES",
+    "Overview",
     "Page",
     "check_limit",
     "check_state",
@@ -43,6 +47,7 @@ __all__ = [
     "cursor_of",
     "latest_of",
     "leases_of",
+    "overview_of",
     "page_of",
     "parse_cursor",
 ]
@@ -69,6 +74,19 @@ class Page:
     states: tuple[KeyState, ...]
     after: str | None
     skipped: int = 0
+
+
+@dataclass(frozen=True)
+class Overview:
+    """A namespace at a glance (``dibs top``): how many keys are in each status (each counted up to a
+    cap), the held leases (soonest expiry first) and the expired ones (latest first), and the newest
+    artifacts and failures (newest first)."""
+
+    counts: dict[str, int]
+    held: list[KeyState]
+    expired: list[KeyState]
+    artifacts: list[KeyState]
+    failures: list[KeyState]
 
 
 def cursor_of(key: Key) -> str:
@@ -165,3 +183,17 @@ def count_of(listing: Iterable[KeyState], up_to: int = COUNT_CAP) -> dict[str, i
         if state.status in counts:
             counts[state.status] += 1
     return {state: min(count, up_to) for state, count in counts.items()}
+
+
+def overview_of(listing: Iterable[KeyState], *, leases: int, recent: int, up_to: int = COUNT_CAP) -> Overview:
+    """An :class:`Overview` out of one pass over a whole listing (the default
+    :meth:`Store.overview <dibs.stores.base.Store.overview>` of a store that scans): a store whose every
+    read is a scan pays for one, not for one per part."""
+    records = list(listing)
+    return Overview(
+        counts=count_of(records, up_to),
+        held=leases_of(records, expired=False, limit=leases),
+        expired=leases_of(records, expired=True, limit=leases),
+        artifacts=latest_of(records, "artifact", recent),
+        failures=latest_of(records, "failure", recent),
+    )

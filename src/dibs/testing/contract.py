@@ -417,6 +417,12 @@ class StoreContract:
         assert [s.key for s in store.leases(ns, expired=True, limit=5)] == [short.key]
         assert store.count_states(ns) == {"held": 1, "expired": 1, "done": 3, "failed": 1}
         assert store.count_states(ns, up_to=2) == {"held": 1, "expired": 1, "done": 2, "failed": 1}
+        seen_at_once = store.overview(ns, leases=5, recent=2, up_to=2)  # what ``dibs top`` reads
+        assert seen_at_once.counts == {"held": 1, "expired": 1, "done": 2, "failed": 1}
+        assert [s.key for s in seen_at_once.held] == [held.key]
+        assert [s.key for s in seen_at_once.expired] == [short.key]
+        assert [s.key for s in seen_at_once.artifacts] == [keys["d3"], keys["d2"]]
+        assert [s.key for s in seen_at_once.failures] == [keys["f1"]]
 
     @pytest.mark.parametrize(
         "name",
