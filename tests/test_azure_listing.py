@@ -21,11 +21,13 @@ import pytest
 
 pytest.importorskip("azure.storage.blob")
 
+from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
 
 import dibs
 from dibs._cli.top import snapshot
+from dibs.errors import ConfigurationError
 from dibs.keys import MAX_NAME_LENGTH, Key
 from dibs.records import (
     ArtifactRecord,
@@ -292,3 +294,45 @@ def test_prune_and_reap_download_only_the_records_they_change(
     transport.clear()
     assert store.count_states(NAMESPACE)["done"] == 290
     assert transport.record_gets == 0  # the tombstones are known from their summaries
+
+
+def test_a_bad_argument_is_refused_before_any_request(counted: tuple[AzureBlobStore, _Counting]) -> None:
+    store, transport = counted
+    transport.clear()
+    with pytest.raises(ConfigurationError, match="state='busy'"):
+        store.list_page(NAMESPACE, state="busy")
+    with pytest.raises(ConfigurationError, match="kind='success'"):
+        store.latest(NAMESPACE, "success", limit=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="limit=0"):
+        store.leases(NAMESPACE, expired=False, limit=0)
+    with pytest.raises(ConfigurationError, match="not a listing cursor"):
+        store.list_page(NAMESPACE, after="nonsense")
+    assert transport.sent == []
+
+
+class _FailFirstListing(_Counting):
+    """The first listing request fails before any response, as a reset connection does: the SDK sends
+    it again without the per-call hooks, so that page arrives without the service's time."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failed = 0
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        if request.method == "GET" and "comp=list" in request.url and not self.failed:
+            self.failed += 1
+            raise ServiceRequestError("connection reset by peer (simulated)")
+        return super().send(request, **kwargs)
+
+
+def test_a_listing_page_without_the_services_time_is_read_record_by_record(azure_url: str) -> None:
+    transport = _FailFirstListing()
+    with AzureBlobStore.from_url(azure_url, transport=transport) as store:
+        live = _live(store)
+        transport.clear()
+        assert store.count_states(NAMESPACE) == {"held": 2, "expired": 0, "done": 1, "failed": 1}
+        assert transport.failed == 1
+        assert transport.record_gets == len(live)  # no time to judge the summaries by: each downloaded
+        transport.clear()
+        assert store.count_states(NAMESPACE) == {"held": 2, "expired": 0, "done": 1, "failed": 1}
+        assert transport.record_gets == 0

@@ -1,7 +1,8 @@
 """The admin reads of :mod:`dibs.stores.pages`, answered from one listing of the record blobs.
 
-The listing gives every record of the namespace as an :class:`Entry`: the record itself when it had to
-be downloaded (its blob carries no summary), else the skeleton its summary makes (see
+The listing (``listed``, called once the arguments are checked, so a bad one costs no request) gives
+every record of the namespace as an :class:`Entry`: the record itself when it had to be downloaded
+(its blob carries no summary), else the skeleton its summary makes (see
 :mod:`dibs.stores.azure.summary`), enough to judge its status and to order it. Each read here picks
 its candidates from the entries and downloads, through ``fetch``, only as many as it shows: a page of
 100 costs at most 100 GETs besides the listing, a count none.
@@ -21,7 +22,7 @@ from dibs.errors import ConfigurationError
 from dibs.records import KeyState
 from dibs.stores import pages, transitions
 
-__all__ = ["Entry", "Fetch", "count", "latest", "leases", "page"]
+__all__ = ["Entry", "Fetch", "Listed", "count", "latest", "leases", "page"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,8 @@ class Entry:
     downloaded: bool
 
 
+#: The listing's entries, in key order, tombstones left out.
+Listed = Callable[[], Sequence[Entry]]
 #: Downloads the records of these blobs (by name), in order; ``None`` for one that is gone or unreadable
 #: (the store logs and counts it).
 Fetch = Callable[[Sequence[str]], list[KeyState | None]]
@@ -63,13 +66,14 @@ def _shown(
 
 
 def page(
-    entries: Sequence[Entry], fetch: Fetch, *, state: str | None, after: str | None, limit: int
+    listed: Listed, fetch: Fetch, *, state: str | None, after: str | None, limit: int
 ) -> tuple[list[KeyState], str | None]:
-    """A page in key order (``entries`` are sorted by key) and the cursor after it, or ``None`` when no
-    further record was listed with the status asked for."""
+    """A page in key order (the entries are sorted by key) and the cursor after it, or ``None`` when
+    no further record was listed with the status asked for."""
     pages.check_state(state)
     pages.check_limit(limit)
     start = pages.parse_cursor(after) if after is not None else None
+    entries = listed()
 
     def fits(s: KeyState) -> bool:
         return state is None or s.status == state
@@ -83,7 +87,7 @@ def page(
     return found, (pages.cursor_of(found[-1].key) if more and len(found) == limit else None)
 
 
-def latest(entries: Sequence[Entry], fetch: Fetch, kind: pages.Kind, limit: int) -> list[KeyState]:
+def latest(listed: Listed, fetch: Fetch, kind: pages.Kind, limit: int) -> list[KeyState]:
     """The ``limit`` records whose artifact (or failure) is newest, newest first."""
     pages.check_limit(limit)
     made: Callable[[KeyState], float | None]
@@ -93,14 +97,14 @@ def latest(entries: Sequence[Entry], fetch: Fetch, kind: pages.Kind, limit: int)
         made = lambda s: None if s.failure is None else s.failure.at  # noqa: E731
     else:
         raise ConfigurationError(f"kind={kind!r}: give 'artifact' or 'failure'")
-    dated = [(at, entry) for entry in entries if (at := made(entry.state)) is not None]
+    dated = [(at, entry) for entry in listed() if (at := made(entry.state)) is not None]
     dated.sort(key=lambda pair: -pair[0])  # stable: ties stay in key order, as pages.latest_of has them
     found, _ = _shown((entry for _, entry in dated), fetch, lambda s: made(s) is not None, limit)
     found.sort(key=lambda s: -(made(s) or 0.0))
     return found
 
 
-def leases(entries: Sequence[Entry], fetch: Fetch, *, expired: bool, limit: int) -> list[KeyState]:
+def leases(listed: Listed, fetch: Fetch, *, expired: bool, limit: int) -> list[KeyState]:
     """The keys held now, soonest expiry first, or (``expired``) those whose lease expired with nobody
     taking over, latest expiry first."""
     pages.check_limit(limit)
@@ -110,12 +114,13 @@ def leases(entries: Sequence[Entry], fetch: Fetch, *, expired: bool, limit: int)
     def expiry(s: KeyState) -> float:
         return sign * (s.lease.expires_at if s.lease is not None else 0.0)
 
-    candidates = sorted((e for e in entries if e.state.status == wanted), key=lambda e: expiry(e.state))
+    candidates = sorted((e for e in listed() if e.state.status == wanted), key=lambda e: expiry(e.state))
     found, _ = _shown(candidates, fetch, lambda s: s.status == wanted and s.lease is not None, limit)
     found.sort(key=expiry)
     return found
 
 
-def count(entries: Iterable[Entry], up_to: int) -> dict[str, int]:
+def count(listed: Listed, up_to: int) -> dict[str, int]:
     """How many records are in each counted status, from the listing alone."""
-    return pages.count_of((entry.state for entry in entries), up_to)
+    pages.check_limit(up_to)
+    return pages.count_of((entry.state for entry in listed()), up_to)

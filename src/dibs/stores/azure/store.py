@@ -449,26 +449,42 @@ class AzureBlobStore(RecordStore):
     ) -> pages.Page:
         """As :meth:`Store.list_page <dibs.stores.base.Store.list_page>`: the listing, then a GET of
         each record on the page (at most ``limit``), whatever the namespace's size."""
-        entries, skipped = self._entries(namespace)
-        found, cursor = reads.page(entries, self._fetcher(skipped), state=state, after=after, limit=limit)
+        skipped: builtins.list[Skipped] = []
+        found, cursor = reads.page(
+            self._listed_entries(namespace, skipped),
+            self._fetcher(skipped),
+            state=state,
+            after=after,
+            limit=limit,
+        )
         return pages.Page(tuple(found), cursor, len(skipped))
 
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         """As :meth:`Store.latest <dibs.stores.base.Store.latest>`: the listing, then ``limit`` GETs."""
-        entries, skipped = self._entries(namespace)
-        return reads.latest(entries, self._fetcher(skipped), kind, limit)
+        skipped: builtins.list[Skipped] = []
+        return reads.latest(self._listed_entries(namespace, skipped), self._fetcher(skipped), kind, limit)
 
     def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
         """As :meth:`Store.leases <dibs.stores.base.Store.leases>`: the listing, then ``limit`` GETs.
         Held and expired are judged on the service's clock at the listing page that named the blob."""
-        entries, skipped = self._entries(namespace)
-        return reads.leases(entries, self._fetcher(skipped), expired=expired, limit=limit)
+        skipped: builtins.list[Skipped] = []
+        return reads.leases(
+            self._listed_entries(namespace, skipped), self._fetcher(skipped), expired=expired, limit=limit
+        )
 
     def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
         """As :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: the listing alone."""
-        pages.check_limit(up_to)
-        entries, _ = self._entries(namespace)
-        return reads.count(entries, up_to)
+        return reads.count(self._listed_entries(namespace, []), up_to)
+
+    def _listed_entries(self, namespace: str | None, skipped: builtins.list[Skipped]) -> reads.Listed:
+        """The listing of :meth:`_entries`, made when called; what it skips goes into ``skipped``."""
+
+        def listed() -> builtins.list[Entry]:
+            entries, unreadable = self._entries(namespace)
+            skipped.extend(unreadable)
+            return entries
+
+        return listed
 
     def _removal_candidates(self, namespace: str | None) -> builtins.list[KeyState]:
         """What ``prune`` and ``reap`` consider: the listing's entries, summaries unread. Each one
