@@ -106,13 +106,19 @@ def reap_each(
     clear_expired: Callable[[Key], bool],
     where: Callable[[Key], str],
     progress: Progress | None = None,
+    *,
+    listing: Iterable[KeyState] | None = None,
 ) -> int:
     """The one way to reap (see :meth:`Store.reap`), for every store: each listed record whose lease
     expired is cleared by ``clear_expired`` (which must check the expiry again, atomically, on the
     store's clock: the holder may have renewed since the listing), and each record that then holds
-    nothing is discarded. A record damaged since it was listed is skipped, named by ``where``."""
+    nothing is discarded. A record damaged since it was listed is skipped, named by ``where``.
+
+    ``listing`` is what to consider instead of ``store.list(namespace)``: states with at least the
+    key, its lease expiry and what it holds (see :meth:`RecordStore._removal_candidates`)."""
     reaped = 0
-    for seen, state in enumerate(builtins.list(store.list(namespace)), 1):
+    considered = store.list(namespace) if listing is None else listing
+    for seen, state in enumerate(builtins.list(considered), 1):
         if progress is not None and seen % PROGRESS_EVERY == 0:
             progress(reaped)
         expired = state.lease is not None and not state.lease.live_at(state.now)
@@ -236,8 +242,9 @@ class Store(Closing):
 
     # -- the reads a person makes (dibs.stores.pages): bounded by what they show ------------------------
     # Apart from the per-call operations above: ``dibs ls``, ``dibs top`` and the Airflow Reservations
-    # page. These defaults stream :meth:`list` and filter (the memory, file, Azure and Redis stores);
-    # a store that can find what is asked for without a scan (SQL, by its indexes) overrides them.
+    # page. These defaults stream :meth:`list` and filter (the memory, file and Redis stores); a store
+    # that can find what is asked for without a scan overrides them (SQL, by its indexes; Azure, from
+    # its listing's metadata).
     def list_page(
         self,
         namespace: str | None,
@@ -361,6 +368,13 @@ class RecordStore(Store):
     def read(self, key: Key) -> KeyState:
         return self._load(key)[0]
 
+    def _removal_candidates(self, namespace: str | None) -> Iterable[KeyState]:
+        """The records ``prune`` and ``reap`` consider: :meth:`list`, unless the store can name its
+        candidates more cheaply (Azure: from the listing's metadata). Each needs only what the removal
+        rules read (key, ``now``, lease expiry, artifact and failure times, attempts): every change is
+        decided again by its own read and compare-and-swap."""
+        return self.list(namespace)
+
     def _update(
         self,
         key: Key,
@@ -411,6 +425,7 @@ class RecordStore(Store):
             lambda key: self._update(key, lambda s: _changed(transitions.reap(s))),
             str,
             progress,
+            listing=self._removal_candidates(namespace),
         )
 
     def discard(self, key: Key) -> bool:
@@ -418,7 +433,7 @@ class RecordStore(Store):
 
     def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
         pruned = 0
-        for seen, state in enumerate(list(self.list(namespace)), 1):
+        for seen, state in enumerate(list(self._removal_candidates(namespace)), 1):
             if progress is not None and seen % PROGRESS_EVERY == 0:
                 progress(pruned)
             if transitions.prunable(state, older_than):

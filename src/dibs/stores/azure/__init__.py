@@ -11,7 +11,8 @@ Why blobs can hold leases
 
 Layout inside the container (``PREFIX`` is optional)::
 
-    PREFIX/records/<sha256 of the key>                 the key's record (dibs.stores.codec JSON)
+    PREFIX/records/<sha256 of the key>                 the key's record (dibs.stores.codec JSON), with a
+                                                       summary of it in its metadata (see below)
     PREFIX/artifacts/<sha256 of the key>-<fence>-<h>   a completed key's payload (h: from its checksum)
 
 Names come from :attr:`dibs.keys.Key.digest` only, never from the key's text, so no key can reach
@@ -38,6 +39,19 @@ Artifacts
     Large payloads are uploaded in parallel blocks and downloaded in parallel ranges into one growing
     buffer, never held whole twice.
 
+Reads of many records
+    A listing of ``records/`` returns each blob's metadata with its name, 5,000 blobs a request, and
+    every record blob carries a summary of its record there (the key's name, lease expiry, artifact
+    and failure times, attempts: :mod:`.summary`), written by the same request as the record. So
+    ``list_page``, ``latest``, ``leases`` and ``count_states`` (``dibs ls``, ``dibs top``, the
+    Airflow Reservations page) list the namespace once, judge each key's status from its summary on
+    the service's clock (the ``Date`` of the listing page that named it), and download only the
+    records they show (:mod:`.reads`); a count downloads none. ``prune`` and ``reap`` pick their
+    candidates the same way and then read and swap each as any write does. Blobs are named by digest,
+    so key order is not blob order: each read lists the whole namespace and sorts it in memory (one
+    listing request per 5,000 keys). A blob without a summary (an older dibs wrote it) is downloaded,
+    as :meth:`~AzureBlobStore.list` downloads every record it shows.
+
 Configuration (``from_url``)::
 
     azure://CONTAINER[/PREFIX]?account_url=https://ACCOUNT.blob.core.windows.net[&OPTIONS]
@@ -59,6 +73,7 @@ there is deliberately no second copy written against ``azure.storage.blob.aio``.
 Modules: :mod:`.settings` (the URL, checked into :class:`AzureSettings`), :mod:`.connection` (the
 SDK client with the first credential found, the request policy, error text without secrets),
 :mod:`.clock` (the service's clock), :mod:`.blobs` (blob helpers the payload store shares),
+:mod:`.summary` (the record summary in metadata), :mod:`.reads` (the admin reads from a listing),
 :mod:`.store` (:class:`AzureBlobStore`) and :mod:`.feed` (the ETag feed).
 """
 

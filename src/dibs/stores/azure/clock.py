@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Exchange", "ServiceClock"]
+__all__ = ["Exchange", "PagedExchanges", "ServiceClock"]
 
 
 class ServiceClock:
@@ -77,3 +77,28 @@ class Exchange:
     def on_response(self, response: Any) -> None:
         self.received = time.monotonic()
         self.date = response.http_response.headers.get("Date")
+
+
+class PagedExchanges:
+    """The hooks of one paged SDK call (a listing): an :class:`Exchange` for each page's request.
+
+    The SDK hands a paged call's hooks to every page's request. :meth:`take`, called once a page has
+    arrived, returns that page's exchange and starts the next page's, so each page is timed by its own
+    response (a listing of many pages takes a while, and each page is judged at its own time).
+    """
+
+    __slots__ = ("_current",)
+
+    def __init__(self) -> None:
+        self._current = Exchange()
+
+    def on_request(self, request: Any) -> None:
+        self._current.on_request(request)
+
+    def on_response(self, response: Any) -> None:
+        self._current.on_response(response)
+
+    def take(self) -> Exchange:
+        """The exchange of the page that has just arrived; the next page starts a new one."""
+        taken, self._current = self._current, Exchange()
+        return taken

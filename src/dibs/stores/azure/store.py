@@ -10,7 +10,8 @@ import email.utils
 import functools
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
 from azure.core import MatchConditions
@@ -25,11 +26,12 @@ from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettin
 from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, ReservationError, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
-from dibs.stores import codec, decoder, redact_url, transitions
-from dibs.stores.azure import blobs
-from dibs.stores.azure.clock import Exchange, ServiceClock
+from dibs.stores import codec, decoder, pages, redact_url, transitions
+from dibs.stores.azure import blobs, reads
+from dibs.stores.azure.clock import Exchange, PagedExchanges, ServiceClock
 from dibs.stores.azure.connection import connect, describe, endpoint_of, no_credential
 from dibs.stores.azure.feed import EtagFeed
+from dibs.stores.azure.reads import Entry
 from dibs.stores.azure.settings import (
     CONNECTION_STRING_ENV,
     DEFAULT_MAX_CONCURRENCY,
@@ -37,6 +39,7 @@ from dibs.stores.azure.settings import (
     DEFAULT_TIMEOUT,
     parse_url,
 )
+from dibs.stores.azure.summary import metadata_of, summary_of
 from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.requests import AcquireRequest, NewArtifact
@@ -60,6 +63,9 @@ class AzureBlobStore(RecordStore):
 
     scheme = "azure"
     clock = "the Blob service's clock (response Date header)"
+    # The admin reads list the records' metadata (one request per 5,000 keys) and download only the
+    # records they return: five such reads cost less than one listing that downloads every record.
+    scans = False
 
     #: How often a read retries when a payload vanished under it (a concurrent ``forget``).
     payload_read_attempts: ClassVar[int] = 3
@@ -271,7 +277,7 @@ class AzureBlobStore(RecordStore):
             condition: dict[str, Any] = {"overwrite": False}  # If-None-Match: *
         else:
             condition = {"overwrite": True, "etag": version, "match_condition": MatchConditions.IfNotModified}
-        metadata = {"dibs_format": codec.FORMAT, "dibs_namespace": key.namespace}
+        metadata = metadata_of(new)  # the summary the admin reads answer from (see .summary)
 
         def upload(create_container: bool = True) -> bool:
             try:
@@ -418,38 +424,154 @@ class AzureBlobStore(RecordStore):
             )
 
     # Listing ------------------------------------------------------------------------------------
+    # Every read of many records starts from one listing of ``records/`` with metadata (5,000 blobs a
+    # request). A blob's summary (see .summary) says its key and status, so only the records a read
+    # shows are downloaded; a blob without one (written by an older dibs) is downloaded as before.
 
     def list(self, namespace: str | None = None) -> Listing:
         """Every key with a record, sorted by key, artifacts without payloads.
 
-        Blobs in ``records/`` that are not dibs records are skipped, logged and counted (see
-        :class:`~dibs.stores.base.Listing`): one foreign blob must not stop ``dibs ls`` or the
-        reaper; reading that key directly raises :class:`CorruptRecord`.
+        Costs the listing and a GET of every record it shows (tombstones, known from their summary,
+        are not downloaded). Blobs in ``records/`` that are not dibs records are skipped, logged and
+        counted (see :class:`~dibs.stores.base.Listing`): one foreign blob must not stop ``dibs ls``
+        or the reaper; reading that key directly raises :class:`CorruptRecord`.
         """
-        prefix = f"{self.prefix}records/"
+        entries, skipped = self._entries(namespace)
+        fetch = self._fetcher(skipped)
+        fetched = iter(fetch([entry.name for entry in entries if not entry.downloaded]))
+        states = [entry.state if entry.downloaded else next(fetched) for entry in entries]
+        return Listing((state for state in states if state is not None), skipped)
 
-        def names() -> list[str]:
-            try:
-                return [
-                    props.name
-                    for props in self._container.list_blobs(name_starts_with=prefix, include=["metadata"])
-                    if namespace is None
-                    or (props.metadata or {}).get("dibs_namespace", namespace) == namespace
-                ]
-            except ResourceNotFoundError:
-                return []
-
-        states: builtins.list[KeyState] = []
+    def list_page(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        """As :meth:`Store.list_page <dibs.stores.base.Store.list_page>`: the listing, then a GET of
+        each record on the page (at most ``limit``), whatever the namespace's size."""
         skipped: builtins.list[Skipped] = []
-        for name in self._call("list the records in", None, names):
+        found, cursor = reads.page(
+            self._listed_entries(namespace, skipped),
+            self._fetcher(skipped),
+            state=state,
+            after=after,
+            limit=limit,
+        )
+        return pages.Page(tuple(found), cursor, len(skipped))
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        """As :meth:`Store.latest <dibs.stores.base.Store.latest>`: the listing, then ``limit`` GETs."""
+        skipped: builtins.list[Skipped] = []
+        return reads.latest(self._listed_entries(namespace, skipped), self._fetcher(skipped), kind, limit)
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        """As :meth:`Store.leases <dibs.stores.base.Store.leases>`: the listing, then ``limit`` GETs.
+        Held and expired are judged on the service's clock at the listing page that named the blob."""
+        skipped: builtins.list[Skipped] = []
+        return reads.leases(
+            self._listed_entries(namespace, skipped), self._fetcher(skipped), expired=expired, limit=limit
+        )
+
+    def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
+        """As :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: the listing alone."""
+        return reads.count(self._listed_entries(namespace, []), up_to)
+
+    def _listed_entries(self, namespace: str | None, skipped: builtins.list[Skipped]) -> reads.Listed:
+        """The listing of :meth:`_entries`, made when called; what it skips goes into ``skipped``."""
+
+        def listed() -> builtins.list[Entry]:
+            entries, unreadable = self._entries(namespace)
+            skipped.extend(unreadable)
+            return entries
+
+        return listed
+
+    def _removal_candidates(self, namespace: str | None) -> builtins.list[KeyState]:
+        """What ``prune`` and ``reap`` consider: the listing's entries, summaries unread. Each one
+        chosen is then read and changed by its own compare-and-swap, which decides again."""
+        entries, _ = self._entries(namespace)
+        return [entry.state for entry in entries]
+
+    def _entries(self, namespace: str | None) -> tuple[builtins.list[Entry], builtins.list[Skipped]]:
+        """The namespace's records (every namespace's when ``None``) in key order, tombstones left
+        out: one listing, and a GET only of blobs without a summary; the unreadable ones skipped."""
+        prefix = f"{self.prefix}records/"
+        listed = self._call("list the records in", None, functools.partial(self._listed, prefix, namespace))
+        entries: builtins.list[Entry] = []
+        unsummarized: builtins.list[str] = []
+        for name, metadata, now in listed:
+            summary = None if now is None else summary_of(metadata, name.removeprefix(prefix))
+            if summary is None or now is None:
+                unsummarized.append(name)
+            else:
+                entries.append(Entry(name, summary.skeleton(now), downloaded=False))
+        skipped: builtins.list[Skipped] = []
+        for name, state in zip(unsummarized, self._fetcher(skipped)(unsummarized), strict=True):
+            if state is not None:
+                entries.append(Entry(name, state, downloaded=True))
+        kept = [
+            entry
+            for entry in entries
+            if (namespace is None or entry.state.key.namespace == namespace)
+            and not transitions.is_tombstone(entry.state)
+        ]
+        kept.sort(key=lambda entry: entry.state.key)
+        return kept, skipped
+
+    def _listed(
+        self, prefix: str, namespace: str | None
+    ) -> builtins.list[tuple[str, dict[str, str], float | None]]:
+        """Each record blob's name and metadata, with the service's time of the page that listed it
+        (``None`` when that page's response left no time, see :meth:`_timed_read`)."""
+        hooks = PagedExchanges()
+        blobs_listed = self._container.list_blobs(
+            name_starts_with=prefix,
+            include=["metadata"],
+            raw_request_hook=hooks.on_request,
+            raw_response_hook=hooks.on_response,
+        )
+        found: builtins.list[tuple[str, dict[str, str], float | None]] = []
+        now: float | None = None
+        try:
+            for page in blobs_listed.by_page():
+                exchange = hooks.take()
+                if exchange.received is not None:
+                    now = self._now(exchange, "a listing of", self._where(prefix))
+                for props in page:
+                    metadata = props.metadata or {}
+                    if namespace is None or metadata.get("dibs_namespace", namespace) == namespace:
+                        found.append((props.name, metadata, now))
+        except ResourceNotFoundError:  # no container yet: no records
+            return []
+        return found
+
+    def _fetcher(self, skipped: builtins.list[Skipped]) -> reads.Fetch:
+        """Downloads the named records (``max_concurrency`` at a time); an unreadable one is skipped
+        into ``skipped`` and comes back as ``None``, as does one that is gone."""
+
+        def one(name: str) -> KeyState | CorruptRecord | None:
             try:
-                state = self._list_entry(name)
+                return self._list_entry(name)
             except CorruptRecord as exc:
-                skip(skipped, self._where(name), exc)
-                continue
-            if state is not None and (namespace is None or state.key.namespace == namespace):
-                states.append(state)
-        return Listing(states, skipped)
+                return exc
+
+        def fetch(names: Sequence[str]) -> builtins.list[KeyState | None]:
+            if len(names) <= 1 or self._max_concurrency <= 1:
+                results = [one(name) for name in names]
+            else:
+                with ThreadPoolExecutor(min(self._max_concurrency, len(names))) as pool:
+                    results = builtins.list(pool.map(one, names))
+            states: builtins.list[KeyState | None] = []
+            for name, result in zip(names, results, strict=True):
+                if isinstance(result, CorruptRecord):
+                    skip(skipped, self._where(name), result)
+                states.append(None if isinstance(result, CorruptRecord) else result)
+            return states
+
+        return fetch
 
     def _list_entry(self, name: str) -> KeyState | None:
         where = self._where(name)

@@ -1,0 +1,338 @@
+"""The Azure store's admin reads come from its blob listing, not a GET of every record (issue 30).
+
+Counted, never timed: every request the SDK sends goes through a counting transport, and a test
+says how many record downloads a read made. ``dibs top``'s snapshot and a ``list_page`` of 10 make
+as many downloads at 2,500 keys as at 250 (each shown record once, plus one listing request per
+5,000 blobs); a record written by an older dibs, whose blob carries no summary, is downloaded and
+shown as it is. Runs against Azurite; the summary's own format is checked offline at the top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("azure.storage.blob")
+
+from azure.core.exceptions import ServiceRequestError
+from azure.core.pipeline.transport import RequestsTransport
+from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
+
+import dibs
+from dibs._cli.top import snapshot
+from dibs.errors import ConfigurationError
+from dibs.keys import MAX_NAME_LENGTH, Key
+from dibs.records import (
+    ArtifactRecord,
+    FailureRecord,
+    Granted,
+    KeyState,
+    LeaseRecord,
+    LeaseToken,
+    checksum,
+)
+from dibs.stores import AcquireRequest, NewArtifact, Store, codec
+from dibs.stores.azure import AzureBlobStore, parse_url
+from dibs.stores.azure.summary import metadata_of, summary_of
+from tests.backends import azure as backend
+
+NAMESPACE = "azure.history"
+#: Metadata is 8 KB per blob, names and values together.
+METADATA_LIMIT = 8 * 1024
+
+
+# --------------------------------------------------------------------------------------------------
+# Offline: the summary's format
+
+
+def _state(name: str, **records: Any) -> KeyState:
+    key = Key(NAMESPACE, name)
+    return KeyState(key, 0.0, fence=3, attempts=records.pop("attempts", 2), **records)
+
+
+@pytest.mark.parametrize(
+    "name", ["x", "   spaced  ", "naïve ✓ 特征", "s3://b/p=1/part-0.parquet", "𝄞" * 1024]
+)
+def test_a_summary_reads_back_the_key_and_the_exact_times(name: str) -> None:
+    at = 1_764_000_000.123456789  # not a round number of anything: repr must round-trip it exactly
+    key = Key(NAMESPACE, name)
+    state = _state(
+        name,
+        lease=LeaseRecord(key, "o", LeaseToken(3, "id"), at, at + 0.1, 60.0, 2),
+        artifact=ArtifactRecord("bytes", b"", 0, checksum(b""), "p", 2, at - 1e-6),
+        failure=FailureRecord(1, "boom", "o", at / 3),
+    )
+    metadata = metadata_of(state)
+    assert all(value.isascii() and value == value.strip() for value in metadata.values())
+    assert sum(len(k) + len(v) for k, v in metadata.items()) < METADATA_LIMIT
+    summary = summary_of(metadata, key.digest)
+    assert summary is not None and summary.key == key and summary.attempts == 2
+    assert (summary.lease_expires_at, summary.artifact_created_at, summary.failure_at) == (
+        at + 0.1,
+        at - 1e-6,
+        at / 3,
+    )
+    for now in (at, at + 1.0):  # held, then expired (the artifact wins then: done)
+        assert summary.skeleton(now).status == dataclasses.replace(state, now=now).status
+
+
+def test_the_longest_name_fits_the_metadata_limit() -> None:
+    state = _state("𝄞" * MAX_NAME_LENGTH)  # four UTF-8 bytes each
+    metadata = metadata_of(state)
+    assert "dibs_name" in metadata
+    assert sum(len(k) + len(v) for k, v in metadata.items()) < METADATA_LIMIT
+
+
+def test_a_summary_that_cannot_be_trusted_is_not_used() -> None:
+    state = _state("a")
+    good = metadata_of(state)
+    assert summary_of(good, state.key.digest) is not None
+    assert summary_of(good, Key(NAMESPACE, "b").digest) is None  # copied to another key's blob
+    assert summary_of({"dibs_format": codec.FORMAT, "dibs_namespace": NAMESPACE}, state.key.digest) is None
+    for field, value in [
+        ("dibs_summary", "2"),
+        ("dibs_name", "%%%"),
+        ("dibs_attempts", "-1"),
+        ("dibs_lease_expires_at", "nan"),
+    ]:
+        assert summary_of({**good, field: value}, state.key.digest) is None, field
+    assert summary_of({k.upper(): v for k, v in good.items()}, state.key.digest) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# Against Azurite: requests counted
+
+
+class _Counting(RequestsTransport):  # type: ignore[misc]
+    """Sends every request, and keeps the method and path of each."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        self.sent.append((request.method, request.url))
+        return super().send(request, **kwargs)
+
+    def clear(self) -> None:
+        self.sent.clear()
+
+    @property
+    def record_gets(self) -> int:
+        """Downloads of record blobs (a listing is a GET of the container, ``comp=list``)."""
+        return sum(1 for method, url in self.sent if method == "GET" and "/records/" in url)
+
+    @property
+    def listings(self) -> int:
+        return sum(1 for method, url in self.sent if method == "GET" and "comp=list" in url)
+
+
+@pytest.fixture
+def azure_url(tmp_path: Path) -> Iterator[str]:
+    with backend.isolated_url(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def raw(azure_url: str) -> Iterator[ContainerClient]:
+    settings = parse_url(azure_url)
+    assert settings.connection_string is not None
+    with BlobServiceClient.from_connection_string(settings.connection_string) as service:
+        yield service.get_container_client(settings.container)
+
+
+@pytest.fixture
+def counted(azure_url: str) -> Iterator[tuple[AzureBlobStore, _Counting]]:
+    transport = _Counting()
+    with AzureBlobStore.from_url(azure_url, transport=transport) as store:
+        yield store, transport
+
+
+def _grow(store: AzureBlobStore, raw: ContainerClient, count: int) -> None:
+    """``count`` finished keys, one a day back in time, written as this dibs writes them (record and
+    metadata) straight into the container: through the store's API it would take a request pair each."""
+    now = time.time()
+
+    def put(i: int) -> None:
+        key = Key(NAMESPACE, f"day-{i:06d}")
+        artifact = ArtifactRecord("bytes", b"", 1, checksum(b"1"), "backfill", 1, now - 86_400.0 * (i + 1))
+        state = KeyState(key, now, fence=1, attempts=1, artifact=artifact)
+        raw.get_blob_client(store.record_name(key)).upload_blob(
+            codec.encode(state),
+            metadata=metadata_of(state),
+            content_settings=ContentSettings(content_type="application/json"),
+        )
+
+    store.acquire(Key(NAMESPACE, "first"), AcquireRequest("setup", 60))  # creates the container
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, range(count)))
+
+
+def _granted(outcome: object) -> LeaseRecord:
+    assert isinstance(outcome, Granted), outcome
+    return outcome.lease
+
+
+def _live(store: AzureBlobStore) -> dict[str, Key]:
+    """Keys in every status, through the store's API: two held, one failed, one fresh artifact."""
+    keys = {name: Key(NAMESPACE, name) for name in ("held-1", "held-2", "broken", "fresh")}
+    for name in ("held-1", "held-2"):
+        store.acquire(keys[name], AcquireRequest("worker", 600))
+    broken = _granted(store.acquire(keys["broken"], AcquireRequest("flaky", 60)))
+    store.release(keys["broken"], broken.token, "ValueError: no rows")
+    fresh = _granted(store.acquire(keys["fresh"], AcquireRequest("worker", 60)))
+    store.complete(keys["fresh"], fresh.token, NewArtifact("bytes", b"v", checksum(b"v")))
+    return keys
+
+
+@pytest.mark.parametrize("keys", [150, 1_500])
+def test_top_and_a_page_download_only_what_they_show_whatever_the_namespace_size(
+    counted: tuple[AzureBlobStore, _Counting], raw: ContainerClient, keys: int
+) -> None:
+    store, transport = counted
+    _grow(store, raw, keys)
+    live = _live(store)
+    client = dibs.Reservations(store, namespace=NAMESPACE)
+
+    transport.clear()
+    doc = snapshot(client)
+    # 2 held + "first" held, 0 expired, the 10 latest artifacts, 1 failure: each downloaded once.
+    assert transport.record_gets == 3 + 10 + 1
+    assert transport.listings == 5 * math.ceil((keys + 5) / 5000)  # counts, 2 lease reads, 2 latest
+    held = [row["key"] for row in doc["held"]]  # soonest expiry first: "first" has a 60 s lease
+    assert held == [str(Key(NAMESPACE, "first")), str(live["held-1"]), str(live["held-2"])]
+    assert doc["recent_artifacts"][0]["key"] == str(live["fresh"])
+    assert doc["recent_failures"][0] == {
+        "key": str(live["broken"]),
+        "owner": "flaky",
+        "failures": 1,
+        "error": "ValueError: no rows",
+        "age_s": doc["recent_failures"][0]["age_s"],
+    }
+    assert doc["counts"] == {"held": 3, "expired": 0, "done": keys + 1, "failed": 1}
+
+    transport.clear()
+    page = store.list_page(NAMESPACE, state="done", limit=10)  # "broken" sorts first
+    assert transport.record_gets == 10
+    assert [s.key.name for s in page.states] == [f"day-{i:06d}" for i in range(10)]
+    assert all(s.artifact is not None and s.artifact.producer == "backfill" for s in page.states)
+    transport.clear()
+    following = store.list_page(NAMESPACE, state="done", after=page.after, limit=10)
+    assert transport.record_gets == 10
+    assert [s.key.name for s in following.states] == [f"day-{i:06d}" for i in range(10, 20)]
+
+
+def test_a_record_without_a_summary_is_downloaded_and_shown_as_it_is(
+    counted: tuple[AzureBlobStore, _Counting], raw: ContainerClient
+) -> None:
+    store, transport = counted
+    _grow(store, raw, 30)
+    live = _live(store)
+    older = [live["held-1"], live["broken"], Key(NAMESPACE, "day-000000"), Key(NAMESPACE, "day-000007")]
+    for key in older:  # as an older dibs wrote them: format and namespace only
+        raw.get_blob_client(store.record_name(key)).set_blob_metadata(
+            {"dibs_format": codec.FORMAT, "dibs_namespace": NAMESPACE}
+        )
+    expected = {
+        "page": Store.list_page(store, NAMESPACE, limit=1000).states,  # the default: every record read
+        "latest": Store.latest(store, NAMESPACE, "artifact", limit=10),
+        "failures": Store.latest(store, NAMESPACE, "failure", limit=10),
+        "held": Store.leases(store, NAMESPACE, expired=False, limit=10),
+        "counts": Store.count_states(store, NAMESPACE),
+    }
+
+    def keys(states: Any) -> list[Key]:
+        return [s.key for s in states]
+
+    transport.clear()
+    assert store.count_states(NAMESPACE) == expected["counts"]
+    assert transport.record_gets == len(older)  # only the blobs without a summary
+
+    transport.clear()
+    held = store.leases(NAMESPACE, expired=False, limit=10)
+    assert keys(held) == keys(expected["held"])
+    assert [s.lease.owner for s in held if s.lease is not None] == ["setup", "worker", "worker"]
+    assert transport.record_gets == len(older) + 2  # those, and held-2 and "first"
+
+    failures = store.latest(NAMESPACE, "failure", limit=10)
+    assert keys(failures) == keys(expected["failures"]) == [live["broken"]]
+    assert failures[0].failure is not None and failures[0].failure.error == "ValueError: no rows"
+    assert keys(store.latest(NAMESPACE, "artifact", limit=10)) == keys(expected["latest"])
+
+    transport.clear()
+    page = store.list_page(NAMESPACE, limit=1000)
+    assert keys(page.states) == keys(expected["page"])
+    assert [s.status for s in page.states] == [s.status for s in expected["page"]]
+    assert transport.record_gets == len(expected["page"])  # each shown once, none twice
+
+
+def test_prune_and_reap_download_only_the_records_they_change(
+    counted: tuple[AzureBlobStore, _Counting], raw: ContainerClient
+) -> None:
+    store, transport = counted
+    _grow(store, raw, 300)
+    short = _granted(store.acquire(Key(NAMESPACE, "short"), AcquireRequest("gone", 0.1)))
+    while store.read(short.key).status != "expired":  # waits on the store's clock; no threshold
+        time.sleep(0.05)
+
+    transport.clear()
+    assert store.reap(NAMESPACE) == 1
+    assert transport.record_gets == 2  # the expired lease: read to clear it, read to discard it
+    gone = store.read(short.key)
+    assert gone.status == "free" and gone.fence == 1  # a tombstone keeps the fence
+
+    transport.clear()
+    assert store.prune(NAMESPACE, older_than=86_400.0 * 290.5) == 10  # day-000290 .. day-000299
+    assert transport.record_gets == 10
+    transport.clear()
+    assert store.count_states(NAMESPACE)["done"] == 290
+    assert transport.record_gets == 0  # the tombstones are known from their summaries
+
+
+def test_a_bad_argument_is_refused_before_any_request(counted: tuple[AzureBlobStore, _Counting]) -> None:
+    store, transport = counted
+    transport.clear()
+    with pytest.raises(ConfigurationError, match="state='busy'"):
+        store.list_page(NAMESPACE, state="busy")
+    with pytest.raises(ConfigurationError, match="kind='success'"):
+        store.latest(NAMESPACE, "success", limit=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="limit=0"):
+        store.leases(NAMESPACE, expired=False, limit=0)
+    with pytest.raises(ConfigurationError, match="not a listing cursor"):
+        store.list_page(NAMESPACE, after="nonsense")
+    assert transport.sent == []
+
+
+class _FailFirstListing(_Counting):
+    """The first listing request fails before any response, as a reset connection does: the SDK sends
+    it again without the per-call hooks, so that page arrives without the service's time."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failed = 0
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        if request.method == "GET" and "comp=list" in request.url and not self.failed:
+            self.failed += 1
+            raise ServiceRequestError("connection reset by peer (simulated)")
+        return super().send(request, **kwargs)
+
+
+def test_a_listing_page_without_the_services_time_is_read_record_by_record(azure_url: str) -> None:
+    transport = _FailFirstListing()
+    with AzureBlobStore.from_url(azure_url, transport=transport) as store:
+        live = _live(store)
+        transport.clear()
+        assert store.count_states(NAMESPACE) == {"held": 2, "expired": 0, "done": 1, "failed": 1}
+        assert transport.failed == 1
+        assert transport.record_gets == len(live)  # no time to judge the summaries by: each downloaded
+        transport.clear()
+        assert store.count_states(NAMESPACE) == {"held": 2, "expired": 0, "done": 1, "failed": 1}
+        assert transport.record_gets == 0
