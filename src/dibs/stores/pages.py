@@ -48,6 +48,7 @@ __all__ = [
     "cursor_of",
     "latest_of",
     "leases_of",
+    "made_at",
     "overview_of",
     "page_of",
     "parse_cursor",
@@ -149,17 +150,21 @@ def _skipped(listing: Iterable[KeyState]) -> int:
     return len(getattr(listing, "skipped", ()))
 
 
+def made_at(kind: Kind) -> Callable[[KeyState], float | None]:
+    """When a record's artifact (``kind="artifact"``) or last failure was made, ``None`` without one:
+    what :meth:`Store.latest <dibs.stores.base.Store.latest>` orders by. Refuses another ``kind``."""
+    if kind == "artifact":
+        return lambda s: None if s.artifact is None else s.artifact.created_at
+    if kind == "failure":
+        return lambda s: None if s.failure is None else s.failure.at
+    raise ConfigurationError(f"kind={kind!r}: give 'artifact' or 'failure'")
+
+
 def latest_of(listing: Iterable[KeyState], kind: Kind, limit: int) -> list[KeyState]:
     """The ``limit`` records whose artifact (or failure) is newest, newest first (the default
     :meth:`Store.latest`)."""
     check_limit(limit)
-    made: Callable[[KeyState], float | None]
-    if kind == "artifact":
-        made = lambda s: None if s.artifact is None else s.artifact.created_at  # noqa: E731
-    elif kind == "failure":
-        made = lambda s: None if s.failure is None else s.failure.at  # noqa: E731
-    else:
-        raise ConfigurationError(f"kind={kind!r}: give 'artifact' or 'failure'")
+    made = made_at(kind)
     dated = ((at, s) for s in listing if (at := made(s)) is not None)
     return [s for _, s in heapq.nlargest(limit, dated, key=lambda pair: pair[0])]
 

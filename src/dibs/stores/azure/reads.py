@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from dibs.errors import ConfigurationError
 from dibs.records import KeyState
 from dibs.stores import pages, transitions
 
@@ -90,13 +89,7 @@ def page(
 def latest(listed: Listed, fetch: Fetch, kind: pages.Kind, limit: int) -> list[KeyState]:
     """The ``limit`` records whose artifact (or failure) is newest, newest first."""
     pages.check_limit(limit)
-    made: Callable[[KeyState], float | None]
-    if kind == "artifact":
-        made = lambda s: None if s.artifact is None else s.artifact.created_at  # noqa: E731
-    elif kind == "failure":
-        made = lambda s: None if s.failure is None else s.failure.at  # noqa: E731
-    else:
-        raise ConfigurationError(f"kind={kind!r}: give 'artifact' or 'failure'")
+    made = pages.made_at(kind)
     dated = [(at, entry) for entry in listed() if (at := made(entry.state)) is not None]
     dated.sort(key=lambda pair: -pair[0])  # stable: ties stay in key order, as pages.latest_of has them
     found, _ = _shown((entry for _, entry in dated), fetch, lambda s: made(s) is not None, limit)
