@@ -21,6 +21,7 @@ and Azure go through the store's own calls from a pool of threads), and at each 
   by operation with the same on an empty namespace of its own store (the baseline): p50 and the ratio
   of p50s;
 * ``hit``: ``acquire`` of a finished key (an artifact found), interleaved the same way;
+* on PostgreSQL, the bytes of WAL a new key writes on each side, the two measured one after the other;
 * ``prune``: keys per second of ``prune(0)`` clearing a namespace of 10,000 finished keys beside the
   grown one, and the same store removing 1,000 keys one call per key (SQL: a read and a guarded
   ``UPDATE`` per key, as prune did before; other stores: ``forget``): a ratio.
@@ -197,6 +198,25 @@ def _new_key(store: Store) -> Callable[[int], None]:
     return call
 
 
+def _wal_per_new_key(store: Store, ops: int) -> float | None:
+    """Bytes of PostgreSQL's WAL per new key (the server's WAL position before and after ``ops`` keys
+    on ``store`` alone; anything else the server writes meanwhile counts too): a new key in a large
+    table touches index pages that a checkpoint has flushed since, each then logged whole once, where
+    a small table's pages are logged whole once per checkpoint."""
+    if not isinstance(store, SQLStore) or store.dialect != "postgresql":
+        return None
+    query = "SELECT pg_current_wal_lsn()::text"
+    with store.engine.connect() as conn:
+        before = conn.exec_driver_sql(query).scalar_one()
+        new_key = _new_key(store)
+        for i in range(ops):
+            new_key(i)
+        written = conn.exec_driver_sql(
+            f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{before}')"
+        ).scalar_one()
+    return round(float(written) / ops)
+
+
 def _hit(store: Store) -> Callable[[int], None]:
     key = Key(NAMESPACE, "template")
 
@@ -272,6 +292,7 @@ def measure(store_name: str, sizes: list[int], ops: int) -> list[dict[str, Any]]
             ls_rate = _ls_rate(grown)
             new_key, new_key_empty = _interleaved(_new_key(grown), _new_key(empty), ops)
             hit, hit_empty = _interleaved(_hit(grown), _hit(empty), ops)
+            wal, wal_empty = _wal_per_new_key(grown, ops), _wal_per_new_key(empty, ops)
             batched, each = _prune_rates(grown, grow, size)
             if size and not first:  # ratios against the smallest size that has keys to show
                 first = {"top": top, "page": page, "airflow_page": shown}
@@ -297,6 +318,8 @@ def measure(store_name: str, sizes: list[int], ops: int) -> list[dict[str, Any]]
                 "prune_key_by_key_per_s": round(each),
                 "prune_ratio": round(batched / each, 1),
             }
+            if wal is not None and wal_empty is not None:
+                row["wal_per_new_key"], row["wal_per_new_key_empty"] = wal, wal_empty
             print(json.dumps(row), flush=True)
             results.append(row)
     return results
@@ -329,6 +352,16 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
             f"{r['hit_p50_ms']} ms | {r['hit_ratio']} | "
             f"{r['prune_keys_per_s']:,} | {r['prune_key_by_key_per_s']:,} | {r['prune_ratio']} |"
         )
+    wal = [r for r in results if "wal_per_new_key" in r]
+    if wal:
+        lines += [
+            "",
+            "PostgreSQL's WAL per new key, bytes (the grown namespace's table, and the empty one's):",
+            "",
+        ]
+        lines += [
+            f"- {r['keys']:,} keys: {r['wal_per_new_key']:,} ({r['wal_per_new_key_empty']:,})" for r in wal
+        ]
     return "\n".join(lines) + "\n"
 
 
