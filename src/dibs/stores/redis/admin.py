@@ -61,6 +61,20 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def _stale(order: Any, state: KeyState) -> bool:
+    """Whether the index entry that ordered ``state`` (see :meth:`IndexedReads._by_name` and
+    :meth:`~IndexedReads._by_score`) says what its record does not: a record of another class, an
+    artifact, failure or lease it does not hold (or at another time)."""
+    at, part = order
+    if len(part) == 1:
+        return bool(class_of(state) != part)
+    if part == "art":
+        return state.artifact is None or bool(state.artifact.created_at != at)
+    if part == "fail":
+        return state.failure is None or bool(state.failure.at != at)
+    return state.lease is None or bool(state.lease.expires_at != at)
+
+
 class IndexedReads:
     """The admin reads and removals of one :class:`RedisStore` whose indexes are complete."""
 
@@ -84,7 +98,8 @@ class IndexedReads:
         return sorted(_text(found) for found in self.client().smembers(self.indexes.registry))
 
     def ready(self) -> bool:
-        return bool(self.client().get(self.indexes.marker) == VERSION.encode())
+        marker: object = self.client().get(self.indexes.marker)
+        return bool(marker == VERSION.encode())
 
     def read(self, keys: Sequence[Key], skipped: builtins.list[Skipped]) -> builtins.list[KeyState | None]:
         """The records of ``keys`` (no payloads), in order; ``None`` for one that cannot be read (skipped,
@@ -137,19 +152,24 @@ class IndexedReads:
         skipped: builtins.list[Skipped],
         size: int,
     ) -> Iterator[KeyState]:
-        """The records ``items`` name (``(order, namespace, name)``, the name prefixed by its class letter
-        when ``order`` is lexicographic: see :meth:`_by_name`), read ``size`` at a time, that ``wanted``
-        keeps; stops once ``limit`` are found. A record whose class is not the one it was listed under
-        (a stale entry) is placed again."""
+        """The records ``items`` name, read ``size`` at a time, that ``wanted`` keeps; stops once
+        ``limit`` are found. A name met twice in a row (a stale entry in a second class) is read once;
+        an entry its record contradicts (:func:`_stale`) is placed again."""
         found = 0
+        previous: tuple[str, str] | None = None
         for batch in chunks(items, size):
-            keys = [Key(namespace, name) for _, namespace, name in batch]
+            entries, keys = [], []
+            for order, namespace, name in batch:
+                if (namespace, name) == previous:
+                    continue
+                previous = (namespace, name)
+                entries.append(order)
+                keys.append(Key(namespace, name))
             stale: builtins.list[Key] = []
-            for (order, _, _), key, state in zip(batch, keys, self.read(keys, skipped), strict=True):
+            for order, key, state in zip(entries, keys, self.read(keys, skipped), strict=True):
                 if state is None:
                     continue
-                listed = order[1] if isinstance(order, tuple) else None
-                if listed is not None and class_of(state) != listed:
+                if _stale(order, state):
                     stale.append(key)
                 if transitions.is_tombstone(state) or not wanted(state):
                     continue
@@ -185,7 +205,7 @@ class IndexedReads:
 
     def _by_score(
         self,
-        keys: Sequence[tuple[str, str]],
+        keys: Sequence[tuple[str, str, str]],
         low: float,
         high: float,
         *,
@@ -193,23 +213,24 @@ class IndexedReads:
         size: int,
         low_open: bool,
     ) -> Iterator[Entry]:
-        """The members of the sorted sets ``keys`` (``(namespace, key)``) scored from ``low`` to ``high``
-        (``low`` left out when ``low_open``), lowest first (``reverse``: highest first), merged."""
+        """The members of the sorted sets ``keys`` (``(namespace, key, kind)``: ``lease``, ``art`` or
+        ``fail``) scored from ``low`` to ``high`` (``low`` left out when ``low_open``), lowest first
+        (``reverse``: highest first), merged. Each item's order is ``(score, kind)``."""
         lo = f"({low!r}" if low_open else ("-inf" if low == -_INF else repr(low))
         hi = "+inf" if high == _INF else repr(high)
 
-        def stream(namespace: str, key: str) -> Iterator[Entry]:
+        def stream(namespace: str, key: str, kind: str) -> Iterator[Entry]:
             def fetch(offset: int) -> builtins.list[Entry]:
                 client = self.client()
                 if reverse:
                     got = client.zrevrangebyscore(key, hi, lo, start=offset, num=size, withscores=True)
                 else:
                     got = client.zrangebyscore(key, lo, hi, start=offset, num=size, withscores=True)
-                return [(float(score), namespace, _text(member)) for member, score in got]
+                return [((float(score), kind), namespace, _text(member)) for member, score in got]
 
             return paged(fetch, size)
 
-        return merged((stream(namespace, key) for namespace, key in keys), reverse=reverse)
+        return merged((stream(*source) for source in keys), reverse=reverse)
 
     # -- the reads ------------------------------------------------------------------------------------
     def list(self, namespace: str) -> tuple[builtins.list[KeyState], builtins.list[Skipped]]:
@@ -237,10 +258,8 @@ class IndexedReads:
         return pages.Page(tuple(found), None, len(skipped))
 
     def latest(self, namespace: str | None, kind: pages.Kind, limit: int) -> builtins.list[KeyState]:
-        keys = [
-            (ns, self.indexes.of(ns).art if kind == "artifact" else self.indexes.of(ns).fail)
-            for ns in self.namespaces(namespace)
-        ]
+        part = "art" if kind == "artifact" else "fail"
+        keys = [(ns, getattr(self.indexes.of(ns), part), part) for ns in self.namespaces(namespace)]
         items = self._by_score(keys, -_INF, _INF, reverse=True, size=limit, low_open=False)
         if kind == "artifact":
             wanted: Callable[[KeyState], bool] = lambda s: s.artifact is not None  # noqa: E731
@@ -252,10 +271,10 @@ class IndexedReads:
         now = self.now()
         names = [(ns, self.indexes.of(ns)) for ns in self.namespaces(namespace)]
         if expired:  # a lease beside an artifact is done once it expires: class h alone
-            keys = [(ns, found.lease_h) for ns, found in names]
+            keys = [(ns, found.lease_h, "lease") for ns, found in names]
             items = self._by_score(keys, -_INF, now, reverse=True, size=limit, low_open=False)
         else:
-            keys = [(ns, key) for ns, found in names for key in (found.lease_h, found.lease_r)]
+            keys = [(ns, key, "lease") for ns, found in names for key in (found.lease_h, found.lease_r)]
             items = self._by_score(keys, now, _INF, reverse=False, size=limit, low_open=True)
         status = "expired" if expired else "held"
         return builtins.list(self._judged(items, lambda s: s.status == status, limit, [], limit))
