@@ -36,7 +36,8 @@ def grow(
 ) -> None:
     """``count`` finished keys in ``namespace``: ``template`` (completed through the store, if it is not
     done yet) and ``count - 1`` copies named ``name.format(i)``, the i-th made ``step * (i + 1)``
-    seconds before the template (one a day, back in time)."""
+    seconds before the template (one a day, back in time; closer together when a day each would go
+    back past half the Unix epoch, since a time before 1970 is no time a record holds)."""
     first = Key(namespace, template)
     state = store.read(first)
     if state.artifact is None:
@@ -48,6 +49,7 @@ def grow(
     stored: dict[bytes, bytes] = client.hgetall(store.record_key(first))  # type: ignore[assignment]
     fields = {field.decode(): value for field, value in stored.items()}
     made = float(fields["artifact_created_at"])
+    step = min(step, made / 2 / max(count, 1))
     indexes = store._indexes.of(namespace)
     for start in range(0, count - 1, BATCH):
         pipe = client.pipeline(transaction=False)

@@ -147,7 +147,9 @@ end
 -- range in key order; KEYS[3] and KEYS[4] the lease expiries of classes 'h' and 'r'; KEYS[5] the
 -- artifacts' creation times; KEYS[6] the failures' times; KEYS[7] the set of namespaces.
 local INDEXED = #KEYS > 1
--- Whether this run wrote the record, and its placement as loaded (set by the guard below).
+-- Whether this run wrote the record, and where the record was placed before its first write (set
+-- by set and unset then, so a run that writes nothing, a hit, spends nothing on the indexes; a new
+-- record starts as a tombstone, placed nowhere).
 local dirty, before = false, nil
 -- The expiry index of each leased class.
 local LEASED = {h = 3, r = 4}
@@ -225,7 +227,9 @@ end
 -- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
 -- be) and read back before set writes it with the lease.
 local function set(rec, ...)
-  dirty = true
+  if not dirty then
+    dirty, before = true, INDEXED and placement(rec)
+  end
   redis.call('HSET', KEYS[1], ...)
   local pairs_ = {...}
   for i = 1, #pairs_, 2 do
@@ -234,7 +238,9 @@ local function set(rec, ...)
 end
 
 local function unset(rec, ...)
-  dirty = true
+  if not dirty then
+    dirty, before = true, INDEXED and placement(rec)
+  end
   redis.call('HDEL', KEYS[1], ...)
   for _, field in ipairs({...}) do
     rec[field] = nil
@@ -296,9 +302,6 @@ local now = store_now()
 local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
 if rec == false then
   return {'corrupt', why}
-end
-if INDEXED then
-  before = placement(rec)
 end
 if UNDER_LEASE and not is_current(rec, ARGV[3], ARGV[4]) then
   return reply('lost', now, rec, false, false)
