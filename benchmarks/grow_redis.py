@@ -49,7 +49,7 @@ def grow(
     store._indexed()  # the marker set (what is there placed), so no read rebuilds at 10^6 keys
     client = store._reach.node_of(store.record_key(first))
     stored: dict[bytes, bytes] = client.hgetall(store.record_key(first))  # type: ignore[assignment]
-    fields: dict[str, Any] = {field.decode(): value for field, value in stored.items()}
+    fields: dict[Any, Any] = {field.decode(): value for field, value in stored.items()}
     made = float(fields["artifact_created_at"])
     step = min(step, made / 2 / max(count, 1))
     indexes = store._indexes.of(namespace)
