@@ -497,6 +497,11 @@ def _every_operation(store: RedisStore) -> None:
     store.release(other, failing.token, "boom")
     assert [state.key for state in store.read_many([key, other])] == [key, other]
     assert sorted(state.key for state in store.list()) == [key, other]
+    # The admin reads, through the indexes (built once here: the marker is absent on a new prefix).
+    assert [s.key for s in store.list_page(None, state="done").states] == [key]
+    assert store.count_states(key.namespace) == {"held": 0, "expired": 0, "done": 1, "failed": 1}
+    assert [s.key for s in store.latest(None, "failure", limit=5)] == [other]
+    assert store.leases(None, expired=True, limit=5) == store.leases(None, expired=False, limit=5) == []
     assert store.forget(key) and store.prune(None, 0) >= 1 and store.reap() >= 0
     _granted(store.acquire(key, AcquireRequest("bob", 60)))
     assert store.force_release(key)
