@@ -798,6 +798,12 @@ class RedisStore(Store):
                     "it names"
                 )
             return f"it is a Redis in {exc.mode} mode, not a standalone server"
+        if topology == "server" and isinstance(exc, redis.exceptions.ClusterCrossSlotError):
+            # A writing script names its record and the namespace's index keys (slots apart unless the
+            # prefix has a hash tag): a cluster node refuses it before it would answer MOVED.
+            return (
+                f"it is a node of a Redis Cluster (it answered {type(exc).__name__}: {exc}); {cluster_form}"
+            )
         if topology == "server" and isinstance(exc, redis.exceptions.AskError):
             return (
                 f"it is a node of a Redis Cluster (it answered {type(exc).__name__}: {exc}); {cluster_form}"
