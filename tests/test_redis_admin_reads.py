@@ -221,3 +221,67 @@ def test_a_cluster_prefix_without_a_hash_tag_scans_and_says_so_once(
     finally:
         store.close()
         delete_prefix([server.client() for server in cluster.servers if server.alive()], prefix)
+
+
+def _indexes_now(store: RedisStore) -> dict[bytes, object]:
+    """Every index key under the store's prefix with what it holds (members and scores, or members)."""
+    raw = _client(store)
+    found: dict[bytes, object] = {}
+    for key in _index_keys(store):
+        kind = raw.type(key)
+        if kind == b"zset":
+            found[key] = raw.zrange(key, 0, -1, withscores=True)
+        elif kind == b"set":
+            found[key] = sorted(raw.smembers(key))
+        else:
+            found[key] = raw.get(key)
+    return found
+
+
+def test_what_the_scripts_keep_step_by_step_is_what_a_rebuild_places(url: str) -> None:
+    """Every write moves a record in the indexes by what changed (the prelude's ``place``): after a run
+    of every kind of write, the indexes equal those a rebuild makes from the records alone."""
+    from dibs.stores.requests import NewArtifact
+
+    store = RedisStore(url)
+    assert store.rebuild_index() == 0  # the marker set first: no read below places anything again
+    ns = NAMESPACE
+
+    def token(key: Key, owner: str = "a", ttl: float = 600.0, **terms: Any) -> Any:
+        granted = store.acquire(key, AcquireRequest(owner, ttl, **terms))
+        return granted.lease.token  # type: ignore[union-attr]
+
+    def done(key: Key, value: bytes = b"v") -> None:
+        store.complete(key, token(key), NewArtifact("pickle", value, "c"))
+
+    k = {name: Key(ns, name) for name in ("done", "refresh", "failed", "stopped", "freed", "gone", "held")}
+    done(k["done"])
+    done(k["refresh"])
+    refresh = token(k["refresh"], "b", max_age=0)  # a lease beside the artifact (class r)
+    store.heartbeat(k["refresh"], refresh, 900)
+    store.release(k["failed"], token(k["failed"]), "boom")
+    store.release(k["stopped"], token(k["stopped"]), "stop", counted=False)
+    store.release(k["freed"], token(k["freed"]))
+    store.release(k["gone"], token(k["gone"]))
+    assert store.discard(k["gone"])
+    held = token(k["held"], ttl=0.0)
+    store.heartbeat(k["held"], held, 600)
+    assert store.forget(k["done"]) and not store.forget(k["gone"])
+    done(k["done"], b"again")
+    store.release(k["done"], token(k["done"], max_age=0), "refresh failed")  # an artifact and a failure
+    assert store.force_release(k["held"])
+    token(k["held"], "c", ttl=0.0)  # expired, nobody took over
+    token(Key("other.ns", "x"))
+    assert store.reap(ns) == 2  # the expired lease, and the freed key
+    assert store.prune(ns, 3600.0) == 0
+    kept = _indexes_now(store)
+
+    raw = _client(store)
+    raw.delete(*_index_keys(store))
+    assert store.rebuild_index() == 8  # every record, tombstones included (placed nowhere)
+    assert _indexes_now(store) == kept
+    classes = sorted(raw.zrange(store._indexes.of(ns).cls, 0, -1))
+    assert classes == [b"ddone", b"ffailed", b"fstopped", b"rrefresh"]
+    assert store.prune(ns, 0.0) == 3  # all but the live lease beside its artifact
+    assert raw.zrange(store._indexes.of(ns).cls, 0, -1) == [b"rrefresh"]
+    store.close()
