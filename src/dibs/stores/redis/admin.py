@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis.exceptions
 
+from dibs.display import printable
 from dibs.errors import CorruptRecord
 from dibs.keys import Key
 from dibs.records import KeyState
@@ -61,6 +62,11 @@ _INF = float("inf")
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _why(reply: Reply) -> str:
+    """Why a script called a record corrupt, printable (it may quote the foreign value)."""
+    return printable(bytes(reply[1]).decode("utf-8", "replace"))
 
 
 def _stale(order: Any, state: KeyState) -> bool:
@@ -123,16 +129,19 @@ class IndexedReads:
                 raise answer
             reply = cast(Reply, answer)
             try:
-                if reply[0] == b"corrupt":
-                    raise store._corrupt(key, record_key, _text(reply[1]))
+                if reply[0] == b"corrupt":  # the reason may quote the foreign value: never raw
+                    raise store._corrupt(key, record_key, _why(reply))
                 states.append(store._state(key, reply))
             except CorruptRecord as exc:
                 skip(skipped, store._where(record_key), exc)
                 states.append(None)
         return states
 
-    def reindex(self, keys: Sequence[Key]) -> None:
-        """Place each of ``keys`` again from its record (the ``reindex`` script, pipelined per node)."""
+    def reindex(self, keys: Sequence[Key], *, strict: bool = True) -> None:
+        """Place each of ``keys`` again from its record (the ``reindex`` script, pipelined per node).
+
+        An error reply (a server over ``maxmemory`` refuses the script's writes) raises, unless not
+        ``strict``: a read that repairs the stale entries it met is answered all the same (logged)."""
         store = self.store
         record_keys = [store.record_key(key) for key in keys]
         for node, indexes in store._reach.group(record_keys):
@@ -143,8 +152,11 @@ class IndexedReads:
                     pipe, record_keys[index], key.namespace, key.name, more=self.indexes.more(key.namespace)
                 )
             for answer in pipe.execute(raise_on_error=False):
-                if isinstance(answer, Exception) and not isinstance(answer, redis.exceptions.ResponseError):
-                    raise answer
+                if isinstance(answer, Exception):
+                    if strict:
+                        raise answer
+                    logger.warning("could not place a stale index entry again: %s", answer)
+                    return
 
     def _judged(
         self,
@@ -181,7 +193,7 @@ class IndexedReads:
                     break
             if stale:
                 logger.info("placing %d stale index entries again (written by an older dibs?)", len(stale))
-                self.reindex(stale)
+                self.reindex(stale, strict=False)
             if found >= limit:
                 return
 
@@ -418,7 +430,7 @@ class IndexedReads:
                 raise answer
             reply = cast(Reply, answer)
             if reply[0] == b"corrupt":
-                skip([], store._where(record_key), store._corrupt(key, record_key, _text(reply[1])))
+                skip([], store._where(record_key), store._corrupt(key, record_key, _why(reply)))
                 continue
             changed += reply[0] == b"changed"
         return changed
