@@ -118,6 +118,7 @@ def test_prune_runs_in_batches_and_keeps_every_fence(
     raw = _client(store)
     pruned = store.record_key(Key(NAMESPACE, "day-000001"))
     assert raw.hget(pruned, "fence") == b"1" and raw.hget(pruned, "attempts") == b"0"  # a tombstone
+    assert sorted(raw.hkeys(pruned)) == [b"attempts", b"fence", b"format", b"name", b"namespace"]
     again = client.get_or_reserve("day-000001", owner="next")
     assert isinstance(again, dibs.Acquired) and again.lease.token == 2
     again.lease.release()

@@ -153,6 +153,16 @@ def _constants(text: str, under_lease: bool) -> str:
         "COMPLETED_FIELDS": _lua_list(COMPLETED_FIELDS),
         "PRESENT_FIELDS": _lua_list(PRESENT_FIELDS),
         "UNDER_LEASE": "true" if under_lease else "false",
+        # What a tombstone no longer holds: the lease, the artifact (its payload apart) and the failure.
+        "CLEARED": _lua_list(
+            (
+                "lease_max_expires_at",
+                *decoder.LEASE_FIELDS,
+                "artifact_compute_seconds",
+                *decoder.ARTIFACT_FIELDS,
+                *decoder.FAILURE_FIELDS,
+            )
+        ),
     }
     return "".join(
         f"local {name} = {value}\n" for name, value in values.items() if re.search(rf"\b{name}\b", text)
