@@ -149,6 +149,9 @@ class RedisStore(Store):
         self._reindex = scripts.reindex
         #: The namespaces' indexes the writing scripts keep (:mod:`.index`), and the reads through them.
         self._indexes = Indexes(self._prefix, self.settings.topology)
+        #: Without indexes (a cluster under an untagged prefix) the admin reads are scans: ``top`` then
+        #: lists once per refresh (:meth:`~dibs.stores.base.Store.overview`).
+        self.scans = not self._indexes.enabled
         self._admin = IndexedReads(self)
         self._index_ready = False  # the marker was seen (or set by this store's backfill)
         self._told_unindexed = False
