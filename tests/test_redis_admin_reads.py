@@ -187,12 +187,12 @@ def test_a_stale_index_entry_is_not_shown_and_is_repaired(url: str, read_counts:
     client.get_or_reserve("held", owner="w")
     keys = store._indexes.of(NAMESPACE)
     raw = _client(store)
-    raw.zadd(keys.cls, {"dghost": 0, "fheld": 0})  # no record; a held key filed as failed
+    raw.zadd(keys.cls, {"dghost": 0, "fheld": 0, "d": 0, "d\x07bell": 0})  # and two that name no key
     raw.zadd(keys.art, {"ghost": 1.0})
     assert [s.key.name for s in store.list_page(NAMESPACE, limit=10).states] == ["done", "held"]
     assert [s.key.name for s in store.list_page(NAMESPACE, state="failed", limit=10).states] == []
     assert [s.key.name for s in store.latest(NAMESPACE, "artifact", limit=5)] == ["done"]
-    assert sorted(raw.zrange(keys.cls, 0, -1)) == [b"ddone", b"hheld"]  # repaired
+    assert sorted(raw.zrange(keys.cls, 0, -1)) == [b"d", b"d\x07bell", b"ddone", b"hheld"]  # repaired
     assert raw.zrange(keys.art, 0, -1) == [b"done"]
     store.close()
 

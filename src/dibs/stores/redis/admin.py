@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import redis.exceptions
 
 from dibs.display import printable
-from dibs.errors import CorruptRecord
+from dibs.errors import CorruptRecord, InvalidKey
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import pages, transitions
@@ -62,6 +62,15 @@ _INF = float("inf")
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _key(namespace: str, name: str) -> Key | None:
+    """The key an index entry names; ``None`` (logged) for one no dibs key has, written by hand."""
+    try:
+        return Key(namespace, name)
+    except InvalidKey as exc:
+        logger.warning("skipping an index entry that names no key (%s): %s", namespace, exc)
+        return None
 
 
 def _why(reply: Reply) -> str:
@@ -177,8 +186,10 @@ class IndexedReads:
                 if (namespace, name) == previous:
                     continue
                 previous = (namespace, name)
-                entries.append(order)
-                keys.append(Key(namespace, name))
+                key = _key(namespace, name)
+                if key is not None:
+                    entries.append(order)
+                    keys.append(key)
             stale: builtins.list[Key] = []
             for order, key, state in zip(entries, keys, self.read(keys, skipped), strict=True):
                 if state is None:
@@ -394,7 +405,7 @@ class IndexedReads:
         spent ~12 µs a key building its call; a run refused with ``NOSCRIPT`` (a restart meanwhile) or
         a moved slot is sent again on its own, through :class:`~dibs.stores.redis.scripts.Script`."""
         store = self.store
-        keys = [Key(namespace, name) for name in names]
+        keys = [key for name in names if (key := _key(namespace, name)) is not None]
         record_keys = [store.record_key(key) for key in keys]
         more = self.indexes.more(namespace)
         extra = (repr(float(older_than)),) if part == "old" else ()
