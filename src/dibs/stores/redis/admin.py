@@ -40,7 +40,6 @@ from dibs.stores.redis.index import (
     CLASSES,
     VERSION,
     Entry,
-    NamespaceKeys,
     chunks,
     class_of,
     merged,
@@ -466,6 +465,3 @@ class IndexedReads:
                 placed += len(keys)
         self.client().set(self.indexes.marker, VERSION)
         return placed
-
-    def namespace_keys(self, namespace: str) -> NamespaceKeys:
-        return self.indexes.of(namespace)
