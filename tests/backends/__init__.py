@@ -15,8 +15,9 @@ PROCESS_BACKENDS = [name for name in BACKENDS if name != "memory"]
 #: tests start, ``tests/redis_topologies.py``). They run the store contract and the model test
 #: (``tests/contract``); what differs between topologies (listing every node, failovers, the URL
 #: forms, the multi-process races) is tested in ``tests/test_redis_topologies.py``, not through
-#: every test of every store (the same store class and scripts run there on the one server).
-TOPOLOGY_BACKENDS = ["redis_cluster", "redis_sentinel"]
+#: every test of every store (the same store class and scripts run there on the one server). A cluster
+#: keeps the namespaces' indexes only under a prefix with a hash tag: ``redis_cluster_tagged``.
+TOPOLOGY_BACKENDS = ["redis_cluster", "redis_cluster_tagged", "redis_sentinel"]
 
 #: Every backend the store contract runs on.
 CONTRACT_BACKENDS = BACKENDS + TOPOLOGY_BACKENDS

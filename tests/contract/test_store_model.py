@@ -30,6 +30,7 @@ EXAMPLES = {
     "azure": 20,
     # The same store and scripts as "redis", routed through a cluster client or a Sentinel's master.
     "redis_cluster": 20,
+    "redis_cluster_tagged": 20,
     "redis_sentinel": 20,
 }
 FULL_EXAMPLES = 100

@@ -242,9 +242,9 @@ class Store(Closing):
 
     # -- the reads a person makes (dibs.stores.pages): bounded by what they show ------------------------
     # Apart from the per-call operations above: ``dibs ls``, ``dibs top`` and the Airflow Reservations
-    # page. These defaults stream :meth:`list` and filter (the memory, file and Redis stores); a store
-    # that can find what is asked for without a scan overrides them (SQL, by its indexes; Azure, from
-    # its listing's metadata).
+    # page. These defaults stream :meth:`list` and filter (the memory and file stores, and Redis on a
+    # cluster without a hash tag); a store that can find what is asked for without a scan overrides
+    # them (SQL and Redis, by their indexes; Azure, from its listing's metadata).
     def list_page(
         self,
         namespace: str | None,

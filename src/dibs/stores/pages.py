@@ -14,11 +14,11 @@ the store for what is shown, each bounded by a limit:
 * :meth:`Store.overview <dibs.stores.base.Store.overview>`: all of the last three at once, what
   ``dibs top`` shows.
 
-A store that keeps indexes answers them without a scan (SQL). The functions here are the default every
-other store gets: they stream its :meth:`~dibs.stores.base.Store.list` and filter, so the answer is the
-same and only the cost differs (docs/scaling.md, "Reading a large namespace", says which stores scan).
-A store that scans (:attr:`Store.scans <dibs.stores.base.Store.scans>`) answers an overview from one
-listing, not five.
+A store that keeps indexes answers them without a scan (SQL, Redis). The functions here are the
+default every other store gets: they stream its :meth:`~dibs.stores.base.Store.list` and filter, so the
+answer is the same and only the cost differs (docs/scaling.md, "Reading a large namespace", says
+which stores scan). A store that scans (:attr:`Store.scans <dibs.stores.base.Store.scans>`) answers
+an overview from one listing, not five.
 """
 
 from __future__ import annotations

@@ -30,15 +30,32 @@ Layout, per key (``digest`` is :attr:`dibs.keys.Key.digest`, never the key's own
   reap publish on. Each process's watch hub follows them all with one pattern subscription
   (:class:`~dibs.stores.redis.feed.PatternFeed`), so waiters wake at once instead of polling.
 
-On a Redis Cluster each script touches one key, its record, so each runs on one slot; its channel
-is published with a classic ``PUBLISH``, which the cluster hands to every node (a script may not
-``SPUBLISH`` outside its key's slot), and the feed's one subscription, on any node, hears them all.
+and, per namespace ``NS``, the indexes that make ``dibs ls``, ``dibs top``, the Airflow Reservations
+page, prune and reap cost what they show or remove rather than the namespace's history (issue 30;
+:mod:`.index` says what each holds, :mod:`.admin` how they are read):
+
+* ``{prefix}idx:NS:cls`` (every listed record, by class, in key order), ``{prefix}idx:NS:lease:h`` and
+  ``lease:r`` (lease expiries), ``{prefix}idx:NS:art`` and ``fail`` (the artifacts' and failures'
+  times): sorted sets the writing scripts keep in the same atomic step as the record (the prelude's
+  ``sync_index``: only what changed, so a heartbeat is one ``ZADD``, a hit nothing);
+* ``{prefix}idx:namespaces`` (a set: the namespaces, for reads of all of them without a SCAN) and
+  ``{prefix}idx:ready`` (the marker that they hold every record; without it the first admin read
+  places what is there, once).
+
+On a Redis Cluster a script may touch only keys of its record's slot: the records and their
+namespace's indexes share one only when the prefix has a hash tag (``prefix={dibs}:``, every key of
+the store in one slot), and then the scripts keep the indexes; under an untagged prefix they keep none
+and the admin reads and removals SCAN every node, as before (logged once). Each script otherwise
+touches its record alone, so it runs on one slot; its channel is published with a classic
+``PUBLISH``, which the cluster hands to every node (a script may not ``SPUBLISH`` outside its key's
+slot), and the feed's one subscription, on any node, hears them all.
 
 Modules: :mod:`.settings` (the URL's options and the client's defaults), :mod:`.topology` (the client
 for one server, a cluster or a Sentinel set, and what each says about its errors), :mod:`.scripts`
 (the Lua scripts, package data under ``lua/`` sharing one prelude), :mod:`.replicas` (``WAIT`` after
-a grant or a complete, for ``min_replicas``), :mod:`.store` (:class:`RedisStore`) and :mod:`.feed` (the
-pub/sub change feed).
+a grant or a complete, for ``min_replicas``), :mod:`.store` (:class:`RedisStore`), :mod:`.feed` (the
+pub/sub change feed), :mod:`.index` (the namespaces' index keys) and :mod:`.admin` (the reads and
+removals through them).
 
 Each script runs by its SHA1 (``EVALSHA``), sent through the client's ``execute_command``
 (:class:`~dibs.stores.redis.scripts.Script`); a server that does not know it (``NOSCRIPT``: after a
@@ -61,8 +78,9 @@ Python reads back exactly the double that Lua compared. Integers are stored and 
 strings (Lua numbers are doubles, exact only up to 2^53): a fence goes up by Lua arithmetic only below
 10^15, with ``HINCRBY`` from there. The scripts check a record with the same rules as the shared
 decoder (:mod:`dibs.stores.decoder`) before writing, so they never change a record Python would refuse;
-``list`` and ``reap`` skip (and count) values under the prefix that are not dibs records. Redis 5 or
-later is needed: it replicates a script by its effects, so a script may read ``TIME`` and then write.
+``list``, the admin reads and ``reap`` skip (and count) values under the prefix that are not dibs
+records. Redis 5 or later is needed: it replicates a script by its effects, so a script may read
+``TIME`` and then write.
 Limits that come with Redis:
 
 * Fencing is only as durable as the data: a server that restarts without persistence forgets leases

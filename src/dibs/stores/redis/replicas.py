@@ -53,13 +53,14 @@ class ReplicaWait:
         record_key: str,
         args: Sequence[str | bytes | int],
         confirm: Callable[[Reply], bool],
+        more: Sequence[str] = (),
     ) -> Reply:
         """``script``'s reply, confirmed by the replicas when ``confirm(reply)``; :class:`Unreplicated`
         when they did not confirm it in time."""
         for attempt in range(2):
             node = self._reach.node_of(record_key)
             try:
-                return self._on_one_connection(node, script, record_key, args, confirm)
+                return self._on_one_connection(node, script, record_key, args, confirm, more=more)
             except redis.exceptions.AskError:  # MOVED or ASK: the slot moves, and the script did not run
                 if attempt:
                     raise
@@ -98,13 +99,15 @@ class ReplicaWait:
         record_key: str,
         args: Sequence[str | bytes | int],
         confirm: Callable[[Reply], bool],
+        *,
+        more: Sequence[str],
     ) -> Reply:
         """The script and its ``WAIT`` on one connection of ``node``'s pool (a ``redis.Redis``, whose
         ``parse_response`` reads each reply as its ``execute_command`` would)."""
         pool = node.connection_pool
         connection: Any = pool.get_connection()
         try:
-            reply = _evalsha(node, connection, script, record_key, args)
+            reply = _evalsha(node, connection, script, record_key, args, more=more)
             if not confirm(reply):
                 return reply
             connection.send_command("WAIT", self.replicas, self._milliseconds)
@@ -123,15 +126,21 @@ class ReplicaWait:
 
 
 def _evalsha(
-    node: Any, connection: Any, script: Script, record_key: str, args: Sequence[str | bytes | int]
+    node: Any,
+    connection: Any,
+    script: Script,
+    record_key: str,
+    args: Sequence[str | bytes | int],
+    *,
+    more: Sequence[str],
 ) -> Reply:
     """The script run on ``connection``, loaded there first if the server does not know it
     (``NOSCRIPT``: it did not run), as :class:`~dibs.stores.redis.scripts.Script` does."""
-    connection.send_command("EVALSHA", script.sha, 1, record_key, *args)
+    connection.send_command("EVALSHA", script.sha, 1 + len(more), record_key, *more, *args)
     try:
         return list(node.parse_response(connection, "EVALSHA"))
     except redis.exceptions.NoScriptError:
         connection.send_command("SCRIPT", "LOAD", script.registered.script)
         node.parse_response(connection, "SCRIPT LOAD")
-        connection.send_command("EVALSHA", script.sha, 1, record_key, *args)
+        connection.send_command("EVALSHA", script.sha, 1 + len(more), record_key, *more, *args)
         return list(node.parse_response(connection, "EVALSHA"))

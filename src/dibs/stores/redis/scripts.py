@@ -38,6 +38,7 @@ __all__ = [
     "GRANTED_FIELDS",
     "PRESENT_FIELDS",
     "UNDER_LEASE",
+    "WRITERS",
     "Reply",
     "Script",
     "Scripts",
@@ -99,7 +100,11 @@ UNDER_LEASE = {
     "release": True,
     "drop": False,
     "read": False,
+    "reindex": False,
 }
+#: The scripts that write a record, and so keep its namespace's indexes (KEYS[2..]) when the store
+#: has them (:mod:`dibs.stores.redis.index`); the read script is given the record's key alone.
+WRITERS = frozenset({"acquire", "heartbeat", "complete", "release", "drop", "reindex"})
 
 
 def _lua_list(names: Sequence[str]) -> str:
@@ -148,6 +153,16 @@ def _constants(text: str, under_lease: bool) -> str:
         "COMPLETED_FIELDS": _lua_list(COMPLETED_FIELDS),
         "PRESENT_FIELDS": _lua_list(PRESENT_FIELDS),
         "UNDER_LEASE": "true" if under_lease else "false",
+        # What a tombstone no longer holds: the lease, the artifact (its payload apart) and the failure.
+        "CLEARED": _lua_list(
+            (
+                "lease_max_expires_at",
+                *decoder.LEASE_FIELDS,
+                "artifact_compute_seconds",
+                *decoder.ARTIFACT_FIELDS,
+                *decoder.FAILURE_FIELDS,
+            )
+        ),
     }
     return "".join(
         f"local {name} = {value}\n" for name, value in values.items() if re.search(rf"\b{name}\b", text)
@@ -186,12 +201,15 @@ class Script:
     def sha(self) -> str:
         return str(self.registered.sha)
 
-    def __call__(self, client: Any, record_key: str | bytes, *args: str | bytes | int) -> Reply:
-        """The script's reply, run by ``client`` on ``record_key`` (its one key) with ``args`` (its ARGV)."""
+    def __call__(
+        self, client: Any, record_key: str | bytes, *args: str | bytes | int, more: Sequence[str] = ()
+    ) -> Reply:
+        """The script's reply, run by ``client`` on ``record_key`` (its first key; ``more``: the index
+        keys that follow it, see :mod:`dibs.stores.redis.index`) with ``args`` (its ARGV)."""
         run: Callable[..., Any] = client.execute_command  # untyped in redis-py
         sha = self.registered.sha
         try:
-            return cast(Reply, run("EVALSHA", sha, 1, record_key, *args))
+            return cast(Reply, run("EVALSHA", sha, 1 + len(more), record_key, *more, *args))
         except redis.exceptions.NoScriptError:
             # Not run: the server does not know the script. Load it and run it again; a second
             # NOSCRIPT (a proxy spreading commands over servers) is the caller's error, not a loop.
@@ -199,11 +217,13 @@ class Script:
                 _load_on_primaries(client, self.registered.script)
             else:
                 client.script_load(self.registered.script)
-            return cast(Reply, run("EVALSHA", sha, 1, record_key, *args))
+            return cast(Reply, run("EVALSHA", sha, 1 + len(more), record_key, *more, *args))
 
-    def queue(self, pipe: Any, record_key: str | bytes, *args: str | bytes | int) -> None:
+    def queue(
+        self, pipe: Any, record_key: str | bytes, *args: str | bytes | int, more: Sequence[str] = ()
+    ) -> None:
         """Add a run to ``pipe`` (one node's pipeline), which loads the script first if it must."""
-        self.registered(keys=[record_key], args=list(args), client=pipe)
+        self.registered(keys=[record_key, *more], args=list(args), client=pipe)
 
 
 def _load_on_primaries(cluster: RedisCluster, text: Any) -> None:
@@ -230,6 +250,7 @@ class Scripts:
     release: Script
     drop: Script
     read: Script
+    reindex: Script
 
     @classmethod
     def load(cls) -> Scripts:

@@ -50,8 +50,10 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "dibs:"
-# Only characters that mean nothing to SCAN's glob MATCH, so a prefix can never select foreign keys.
-_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:/|-]{1,100}")
+# Only characters that mean nothing to SCAN's glob MATCH, so a prefix can never select foreign keys;
+# braces for a Redis Cluster hash tag (``{dibs}:``: every key of the store in one slot, so the
+# scripts may keep the namespaces' indexes there: dibs.stores.redis.index).
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:/|{}-]{1,100}")
 # Connection defaults; the URL's query options override them (redis-py lets the URL win).
 CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": 5.0,
@@ -326,7 +328,7 @@ def _query(
     prefix = prefixes[0] if prefixes else DEFAULT_PREFIX
     if not _PREFIX_RE.fullmatch(prefix):
         raise bad(
-            f"the prefix {prefix!r} is not 1 to 100 of letters, digits and '_.:/|-' (e.g. 'dibs:' or "
-            "'team-a:dibs:')"
+            f"the prefix {prefix!r} is not 1 to 100 of letters, digits and '_.:/|{{}}-' (e.g. 'dibs:', "
+            "'team-a:dibs:', or '{dibs}:' on a Redis Cluster)"
         )
     return kept, prefix, found

@@ -28,7 +28,7 @@ from dibs.records import (
     StoreOutcome,
     new_lease_id,
 )
-from dibs.stores import decoder, redact_url, transitions
+from dibs.stores import decoder, pages, redact_url, transitions
 from dibs.stores.base import (
     PROGRESS_EVERY,
     Listing,
@@ -41,7 +41,9 @@ from dibs.stores.base import (
 )
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.large import READ_INLINE, LargeReads, advise_payload_store, read_settled
+from dibs.stores.redis.admin import IndexedReads
 from dibs.stores.redis.feed import PatternFeed
+from dibs.stores.redis.index import Indexes
 from dibs.stores.redis.replicas import ReplicaWait, Unreplicated
 from dibs.stores.redis.scripts import (
     COMPLETED_FIELDS,
@@ -144,6 +146,15 @@ class RedisStore(Store):
         scripts = Scripts.load()
         self._acquire, self._heartbeat, self._complete = scripts.acquire, scripts.heartbeat, scripts.complete
         self._release, self._drop, self._read = scripts.release, scripts.drop, scripts.read
+        self._reindex = scripts.reindex
+        #: The namespaces' indexes the writing scripts keep (:mod:`.index`), and the reads through them.
+        self._indexes = Indexes(self._prefix, self.settings.topology)
+        #: Without indexes (a cluster under an untagged prefix) the admin reads are scans: ``top`` then
+        #: lists once per refresh (:meth:`~dibs.stores.base.Store.overview`).
+        self.scans = not self._indexes.enabled
+        self._admin = IndexedReads(self)
+        self._index_ready = False  # the marker was seen (or set by this store's backfill)
+        self._told_unindexed = False
         self._replicas = (
             ReplicaWait(self.settings.min_replicas, self.settings.replica_timeout, self._reach)
             if self.settings.min_replicas
@@ -483,30 +494,29 @@ class RedisStore(Store):
         return self._drop_part(key, "result", "forget")
 
     def list(self, namespace: str | None = None) -> Listing:
-        """Every record under the prefix, sorted by key, without payloads.
+        """Every record under the prefix (in ``namespace`` when given), sorted by key, without payloads.
 
-        One SCAN over ``{prefix}rec:*`` on every node that holds keys (each primary of a cluster) plus
-        one pipelined read script per record on the same node: dibs keeps no index, so nothing can
-        fall out of step with the records. A value under the prefix that is not a dibs record is
-        skipped, logged and counted (see :class:`~dibs.stores.base.Listing`).
+        Of one namespace, from its index (:mod:`.index`): what it names is read with pipelined read
+        scripts, and judged on the records. Of every namespace (or without indexes: a cluster whose
+        prefix has no hash tag), one SCAN over ``{prefix}rec:*`` on every node that holds keys (each
+        primary of a cluster) plus one pipelined read script per record on the same node. A value
+        under the prefix that is not a dibs record is skipped, logged and counted (see
+        :class:`~dibs.stores.base.Listing`).
         """
+        if namespace is not None and self._indexed():
+            with self._service("list keys", None):
+                states, skipped = self._admin.list(namespace)
+            return Listing(states, skipped)
+        return self._scanned(namespace)
+
+    def _scanned(self, namespace: str | None) -> Listing:
+        """:meth:`list` by a SCAN of every record under the prefix."""
         states: builtins.list[KeyState] = []
         skipped: builtins.list[Skipped] = []
         for node, batch in self._scan_batches():
-            with self._service("list keys", None):
-                pipe = node.pipeline(transaction=False)
-                for record_key in batch:
-                    self._read.queue(pipe, record_key, "", "", "0")
-                replies = [
-                    self._moved(record_key, reply, ("", "", "0"))
-                    for record_key, reply in zip(batch, pipe.execute(raise_on_error=False), strict=True)
-                ]
-                for reply in replies:
-                    if isinstance(reply, Exception):
-                        raise reply
-            for record_key, reply in zip(batch, replies, strict=True):
+            for record_key, reply in self._scan_read(node, batch):
                 try:
-                    state = self._listed_state(record_key, cast(Reply, reply))
+                    state = self._listed_state(record_key, reply)
                 except CorruptRecord as exc:
                     skip(skipped, self._where(record_key.decode("utf-8", "backslashreplace")), exc)
                     continue
@@ -514,16 +524,129 @@ class RedisStore(Store):
                     states.append(state)
         return Listing(states, skipped)
 
+    def _scan_read(self, node: redis.Redis, batch: Sequence[bytes]) -> builtins.list[tuple[bytes, Reply]]:
+        """The records of a SCAN's batch, read on their node by one pipeline of read scripts."""
+        with self._service("list keys", None):
+            pipe = node.pipeline(transaction=False)
+            for record_key in batch:
+                self._read.queue(pipe, record_key, "", "", "0")
+            replies = [
+                self._moved(record_key, reply, ("", "", "0"))
+                for record_key, reply in zip(batch, pipe.execute(raise_on_error=False), strict=True)
+            ]
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return [(record_key, cast(Reply, reply)) for record_key, reply in zip(batch, replies, strict=True)]
+
+    # -- the reads a person makes, and removal, through the indexes (.index, .admin) -----------------
+    def _indexed(self) -> bool:
+        """Whether the admin reads and removals may go through the indexes: the store keeps them, and
+        they hold every record (the marker; else this builds them once, logging that it does)."""
+        if self._index_ready:
+            return True
+        if not self._indexes.enabled:
+            if not self._told_unindexed:
+                self._told_unindexed = True
+                logger.warning(
+                    "Redis Cluster at %s: the prefix %r has no hash tag, so dibs keeps no index there and "
+                    "'dibs ls', 'dibs top', prune and reap read every record; a prefix with a hash tag "
+                    "(e.g. prefix={dibs}:) puts every key of the store in one slot and makes them "
+                    "cost what they show",
+                    self._url,
+                    self._prefix,
+                )
+            return False
+        with self._service("read the index marker", None):
+            if self._admin.ready():
+                self._index_ready = True
+                return True
+            logger.info(
+                "Redis at %s: building the index of the records under %r (records from before it, or "
+                "the marker %r was removed); once",
+                self._url,
+                self._prefix,
+                self._indexes.marker,
+            )
+            placed = self._admin.backfill()
+        logger.info("Redis at %s: indexed %d records under %r", self._url, placed, self._prefix)
+        self._index_ready = True
+        return True
+
+    def rebuild_index(self) -> int:
+        """Place every record in its namespace's indexes again and mark them complete; returns how many
+        records were placed. For an operator after processes of an older dibs (which write records but
+        not the indexes) wrote to this prefix; deleting ``{prefix}idx:ready`` has the same effect at the
+        next admin read."""
+        if not self._indexes.enabled:
+            self._indexed()  # says why there is nothing to build
+            return 0
+        with self._service("rebuild the index", None):
+            placed = self._admin.backfill()
+        self._index_ready = True
+        return placed
+
+    def list_page(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        pages.check_state(state)
+        pages.check_limit(limit)
+        if not self._indexed():
+            return super().list_page(namespace, state=state, after=after, limit=limit)
+        if after is not None:
+            pages.parse_cursor(after)  # a bad cursor is refused before anything is read
+        with self._service("list keys", None):
+            return self._admin.page(namespace, state, after, limit)
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        pages.check_limit(limit)
+        if kind not in ("artifact", "failure") or not self._indexed():
+            return super().latest(namespace, kind, limit=limit)
+        with self._service("read the latest records", None):
+            return self._admin.latest(namespace, kind, limit)
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        pages.check_limit(limit)
+        if not self._indexed():
+            return super().leases(namespace, expired=expired, limit=limit)
+        with self._service("read the leases", None):
+            return self._admin.leases(namespace, expired, limit)
+
+    def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
+        """Each status counted from the indexes (a few commands a namespace, whatever its size), as
+        they stand: a record the indexes do not know (written by an older dibs) is not counted."""
+        pages.check_limit(up_to)
+        if not self._indexed():
+            return super().count_states(namespace, up_to=up_to)
+        with self._service("count the keys", None):
+            return self._admin.counts(namespace, up_to)
+
     def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
-        # The script checks expiry again on the server's clock: a holder may have renewed.
-        return reap_each(
-            self, namespace, lambda key: self._drop_part(key, "expired", "reap"), self.record_key, progress
-        )
+        """Expired leases and records that hold nothing, from the indexes, a pipeline of drop scripts
+        (``reap``: the expiry judged again on the server's clock, a holder may have renewed) per batch."""
+        if not self._indexed():
+            expired = lambda key: self._drop_part(key, "expired", "reap")  # noqa: E731
+            return reap_each(self, namespace, expired, self.record_key, progress)
+        with self._service("reap", None):
+            return self._admin.remove(namespace, "reap", 0.0, progress)
 
     def discard(self, key: Key) -> bool:
         return self._drop_part(key, "empty", "discard")
 
     def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
+        """The prunable records, from the indexes (the oldest artifacts, failures and leases, and the
+        records that hold nothing), a pipeline of drop scripts (``old``: judged again on the server's
+        clock, as :func:`~dibs.stores.transitions.prunable` says) per batch; without indexes, from a
+        listing, one script per record."""
+        older = _seconds(older_than, "older_than")
+        if self._indexed():
+            with self._service("prune", None):
+                return self._admin.remove(namespace, "old", float(older), progress)
         pruned = 0
         for seen, state in enumerate(self.list(namespace), 1):
             if progress is not None and seen % PROGRESS_EVERY == 0:
@@ -531,7 +654,7 @@ class RedisStore(Store):
             if not transitions.prunable(state, older_than):
                 continue
             try:  # the script judges again, on the server's clock
-                pruned += self._drop_part(state.key, "old", "prune", _seconds(older_than, "older_than"))
+                pruned += self._drop_part(state.key, "old", "prune", older)
             except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
                 skip([], self.record_key(state.key), exc)
         return pruned
@@ -678,6 +801,12 @@ class RedisStore(Store):
                     "it names"
                 )
             return f"it is a Redis in {exc.mode} mode, not a standalone server"
+        if topology == "server" and isinstance(exc, redis.exceptions.ClusterCrossSlotError):
+            # A writing script names its record and the namespace's index keys (slots apart unless the
+            # prefix has a hash tag): a cluster node refuses it before it would answer MOVED.
+            return (
+                f"it is a node of a Redis Cluster (it answered {type(exc).__name__}: {exc}); {cluster_form}"
+            )
         if topology == "server" and isinstance(exc, redis.exceptions.AskError):
             return (
                 f"it is a node of a Redis Cluster (it answered {type(exc).__name__}: {exc}); {cluster_form}"
@@ -723,15 +852,16 @@ class RedisStore(Store):
         A ``try`` rather than :meth:`_service`: the context manager's generator cost ~1 µs of every
         operation (issue 20)."""
         record_key = self.record_key(key)
+        more = () if script is self._read else self._indexes.more(key.namespace)
         try:
-            reply = self._call(script, record_key, args, confirm)
+            reply = self._call(script, record_key, args, confirm, more)
         except _REDIS_ERRORS as exc:
             if not _may_repeat(exc, safe):
                 raise self._failure(exc, action, key) from exc
             if isinstance(exc, Demoted):
                 self._reach.refresh()  # every idle connection to the old master, not this one alone
             try:
-                reply = self._call(script, record_key, args, confirm)
+                reply = self._call(script, record_key, args, confirm, more)
             except _REDIS_ERRORS as again:
                 raise self._failure(again, action, key) from again
         if reply[0] == b"corrupt":
@@ -745,10 +875,12 @@ class RedisStore(Store):
         record_key: str,
         args: Sequence[str | bytes | int],
         confirm: Callable[[Reply], bool] | None,
+        more: Sequence[str] = (),
     ) -> Reply:
+        """One run of ``script`` (``more``: the index keys a writing script keeps, see :mod:`.index`)."""
         if confirm is not None and self._replicas is not None:
-            return self._replicas.run(script, record_key, args, confirm)
-        return script(self._reach.client(), record_key, *args)
+            return self._replicas.run(script, record_key, args, confirm, more)
+        return script(self._reach.client(), record_key, *args, more=more)
 
     def _drop_part(self, key: Key, part: str, action: str, *more: str) -> bool:
         reply = self._run(self._drop, key, action, key.namespace, key.name, self.channel(key), part, *more)

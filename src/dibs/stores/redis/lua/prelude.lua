@@ -140,12 +140,96 @@ local function capped_expiry(now, ttl, max_expires)
   return expires
 end
 
+-- The namespace's indexes (dibs.stores.redis.index), kept by the scripts that write, in the same
+-- atomic step as the record: declared as KEYS[2..7] (one slot on a cluster: the prefix's hash tag),
+-- or absent (one key: a cluster without a hash tag keeps no index). KEYS[2] holds every listed
+-- record (not a tombstone) as its class letter and its name, score 0, so that one class is a
+-- range in key order; KEYS[3] and KEYS[4] the lease expiries of classes 'h' and 'r'; KEYS[5] the
+-- artifacts' creation times; KEYS[6] the failures' times; KEYS[7] the set of namespaces.
+local INDEXED = #KEYS > 1
+-- Whether this run wrote the record, and where the record was placed before its first write (set
+-- by set and unset then, so a run that writes nothing, a hit, spends nothing on the indexes; a new
+-- record starts as a tombstone, placed nowhere).
+local dirty, before = false, nil
+-- The expiry index of each leased class.
+local LEASED = {h = 3, r = 4}
+
+-- Where a record belongs in the indexes: {class, lease expiry, artifact time, failure time}, or
+-- nil for a tombstone (or no record), which is listed nowhere. Classes hold whatever does not
+-- change with time, so a write moves a record and the clock never does: 'h' a lease without an
+-- artifact (held or expired), 'r' a lease beside an artifact (held, or done once it expires),
+-- 'd' an artifact alone (done), 'f' a failure alone (failed), 'n' nothing but attempts (free).
+local function placement(r)
+  if not r then
+    return nil
+  end
+  local class
+  if r.lease_id then
+    class = r.artifact_fence and 'r' or 'h'
+  elseif r.artifact_fence then
+    class = 'd'
+  elseif r.failure_at then
+    class = 'f'
+  elseif r.attempts ~= '0' then
+    class = 'n'
+  else
+    return nil
+  end
+  return {class, r.lease_expires_at or false, r.artifact_created_at or false, r.failure_at or false}
+end
+
+-- Move the record named `name` of `namespace` from placement `old` to `new` in the indexes: only
+-- what differs is written (a heartbeat: one ZADD; a complete: the class, the expiry, the artifact).
+local function place(old, new, name, namespace)
+  local oc, nc = old and old[1], new and new[1]
+  if oc ~= nc then
+    if oc then
+      redis.call('ZREM', KEYS[2], oc .. name)
+    end
+    if nc then
+      redis.call('ZADD', KEYS[2], 0, nc .. name)
+      if not oc then
+        redis.call('SADD', KEYS[7], namespace)
+      end
+    end
+  end
+  local ol, nl = oc and LEASED[oc], nc and LEASED[nc]
+  if ol and ol ~= nl then
+    redis.call('ZREM', KEYS[ol], name)
+  end
+  if nl and (ol ~= nl or old[2] ~= new[2]) then
+    redis.call('ZADD', KEYS[nl], new[2], name)
+  end
+  for i = 3, 4 do
+    local o, n = old and old[i], new and new[i]
+    if o ~= n then
+      if n then
+        redis.call('ZADD', KEYS[i + 2], n, name)
+      else
+        redis.call('ZREM', KEYS[i + 2], name)
+      end
+    end
+  end
+end
+
+-- Bring the indexes in step with `rec` after this run's writes (nothing when it wrote nothing, or
+-- keeps no index). Every reply goes through here: reply, short_reply and written().
+local function sync_index(rec)
+  if dirty and INDEXED then
+    dirty = false
+    place(before, placement(rec), rec.name, rec.namespace)
+  end
+end
+
 -- Every write of a script to the record at KEYS[1] goes through set and unset, which keep `rec`
 -- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
 -- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
 -- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
 -- be) and read back before set writes it with the lease.
 local function set(rec, ...)
+  if not dirty then
+    dirty, before = true, INDEXED and placement(rec)
+  end
   redis.call('HSET', KEYS[1], ...)
   local pairs_ = {...}
   for i = 1, #pairs_, 2 do
@@ -154,6 +238,9 @@ local function set(rec, ...)
 end
 
 local function unset(rec, ...)
+  if not dirty then
+    dirty, before = true, INDEXED and placement(rec)
+  end
   redis.call('HDEL', KEYS[1], ...)
   for _, field in ipairs({...}) do
     rec[field] = nil
@@ -177,6 +264,9 @@ end
 -- step by set and unset; nil when there is none), absent fields as Redis nils. `with_payload`: false,
 -- or the payload_upto limit.
 local function reply(status, now, rec, extra, with_payload)
+  if rec then
+    sync_index(rec)
+  end
   local out = {status, num(now), extra or false}
   for i, field in ipairs(FIELDS) do
     out[i + 3] = (rec and rec[field]) or false
@@ -190,6 +280,7 @@ end
 -- {status, now, extra, values of `names`}: the reply where the caller knows the rest of the record
 -- (a lease it was just granted, an artifact it just stored), so that less is sent and parsed.
 local function short_reply(status, now, rec, extra, names)
+  sync_index(rec)
   local out = {status, num(now), extra or false}
   for i, field in ipairs(names) do
     out[i + 3] = rec[field] or false
@@ -201,6 +292,12 @@ end
 -- KEYS[1], checked to be the one of the key ARGV[1] (namespace) / ARGV[2] (name). A foreign or
 -- damaged value ends the script before anything is written; so does, in a script that acts under a
 -- lease (UNDER_LEASE: ARGV[3] is its fence, ARGV[4] its id), a token that is not the current one.
+-- A removal's reply, {'changed'}, after the indexes follow.
+local function written(rec)
+  sync_index(rec)
+  return {'changed'}
+end
+
 local now = store_now()
 local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
 if rec == false then
