@@ -35,11 +35,13 @@ def grow(
     template: str = "template",
     name: str = "day-{:06d}",
     step: float = DAY,
+    start: int = 0,
 ) -> None:
     """``count`` finished keys in ``namespace``: ``template`` (completed through the store, if it is not
     done yet) and ``count - 1`` copies named ``name.format(i)``, the i-th made ``step * (i + 1)``
     seconds before the template (one a day, back in time; closer together when a day each would go
-    back past half the Unix epoch, since a time before 1970 is no time a record holds)."""
+    back past half the Unix epoch, since a time before 1970 is no time a record holds). With ``start``,
+    only the copies from the ``start``-th on (a namespace grown in steps)."""
     first = Key(namespace, template)
     state = store.read(first)
     if state.artifact is None:
@@ -53,11 +55,11 @@ def grow(
     made = float(fields["artifact_created_at"])
     step = min(step, made / 2 / max(count, 1))
     indexes = store._indexes.of(namespace)
-    for start in range(0, count - 1, BATCH):
+    for first_copy in range(start, count - 1, BATCH):
         pipe = client.pipeline(transaction=False)
         classes: dict[str, float] = {}
         times: dict[str, float] = {}
-        for i in range(start, min(start + BATCH, count - 1)):
+        for i in range(first_copy, min(first_copy + BATCH, count - 1)):
             key = Key(namespace, name.format(i))
             at = made - step * (i + 1)
             pipe.hset(

@@ -6,7 +6,8 @@ figure a ratio against a baseline measured in the same run.
 
 For each store, one namespace is grown to each size in turn (finished keys; how depends on the store:
 SQL bulk-inserts copies of a row dibs wrote, the file store writes copies of a record dibs wrote, Redis
-and Azure go through the store's own calls from a pool of threads), and at each size it measures:
+copies a hash dibs wrote with its index entries (:mod:`benchmarks.grow_redis`), and Azure goes through
+the store's own calls from a pool of threads), and at each size it measures:
 
 * ``top``: one ``dibs top --once`` snapshot (:func:`dibs._cli.top.snapshot`), median of 5 (of 1 when
   one takes over 5 s: a store that scans); the ratio is against the same snapshot at the smallest
@@ -143,9 +144,26 @@ def _api_grower(store: Store, threads: int = 8) -> Grow:
     return grow
 
 
+def _redis_grower(store: Store) -> Grow:
+    """Copies of the template's hash and their index entries (:mod:`benchmarks.grow_redis`)."""
+    from benchmarks.grow_redis import grow as grow_redis
+    from dibs.stores.redis import RedisStore
+
+    assert isinstance(store, RedisStore)
+
+    def grow(namespace: str, start: int, stop: int) -> None:
+        _template(store, namespace)
+        # Keys a second apart, as the SQL growers make them (a day each would reach before 1970).
+        grow_redis(store, namespace, stop + 1, name="day-{:07d}", step=1.0, start=start)
+
+    return grow
+
+
 def _grower(store: Store) -> Grow:
     if isinstance(store, SQLStore):
         return _sql_grower(store)
+    if store.scheme == "redis" and not store.scans:
+        return _redis_grower(store)
     if isinstance(store, FileStore):
         return _file_grower(store)
     return _api_grower(store)
