@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import statistics
 import time
 import uuid
@@ -391,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/issue30"))
     parser.add_argument("--name", default="history", help="the result files' name (NAME.json, NAME.md)")
     args = parser.parse_args(argv)
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every request and response
     sizes = [int(size) for size in args.sizes.split(",")]
     results = []
     for store in args.stores.split(","):
