@@ -7,6 +7,7 @@ many rows as on 500; ``ls --limit`` pages through a namespace with a cursor and 
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -140,34 +141,62 @@ def test_ls_pages_with_a_cursor_and_meets_every_key_once(tmp_path: Path) -> None
     assert bad.returncode != 0 and "is not a listing cursor" in bad.stderr, bad.stderr
 
 
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An isolated URL on each SQL database."""
+    module = importlib.import_module(f"tests.backends.{request.param}")
+    with module.isolated_url(tmp_path) as url:
+        yield url
+
+
 def test_prune_and_reap_remove_by_batches_keeping_every_fence(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sql_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One statement per batch of keys, not one per key; progress told per batch; every pruned key
-    keeps its row and fence (its next holder gets token 2)."""
+    keeps its row and fence (its next holder gets token 2). PostgreSQL decides in the statement
+    (dibs.stores.sql.removal: one per window of keys, no row read); the others read a batch of
+    candidates, then change it."""
     from dibs.stores.sql.store import REMOVAL_BATCH
 
-    url = f"sqlite:///{tmp_path / 'prune.db'}"
-    store = SQLStore(url)
+    store = SQLStore(sql_url)
+    in_sql = store.dialect == "postgresql"
     keys = 2 * REMOVAL_BATCH + 500
     _grow(store, keys)
     statements: list[int] = []
-    change_rows = SQLStore._change_rows
+    read: list[int] = []
+    if in_sql:
+        removal_batch = SQLStore._removal_batch
 
-    def counting(self: SQLStore, change: str, pairs: Any, older_than: float) -> int:
-        changed = change_rows(self, change, pairs, older_than)
-        if not pairs:
+        def batch(self: SQLStore, statement: Any, values: dict[str, Any]) -> dict[str, Any]:
+            done = removal_batch(self, statement, values)
+            statements.append(int(done["changed"]))
+            return done
+
+        monkeypatch.setattr(SQLStore, "_removal_batch", batch)
+        monkeypatch.setattr(SQLStore, "_removal_rows", lambda *a: pytest.fail("PostgreSQL read rows"))
+    else:
+        change_rows, removal_rows = SQLStore._change_rows, SQLStore._removal_rows
+
+        def counting(self: SQLStore, change: str, pairs: Any, older_than: float) -> int:
+            changed = change_rows(self, change, pairs, older_than)
+            if pairs:
+                statements.append(changed)
             return changed
-        statements.append(changed)
-        return changed
 
-    monkeypatch.setattr(SQLStore, "_change_rows", counting)
+        def reading(self: SQLStore, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]]:
+            rows = removal_rows(self, statement, values)
+            read.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(SQLStore, "_change_rows", counting)
+        monkeypatch.setattr(SQLStore, "_removal_rows", reading)
     told: list[int] = []
     client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
     held = client.get_or_reserve("held-now", owner="worker")
     assert isinstance(held, dibs.Acquired)
     assert client.prune(0.0, progress=told.append) == keys  # everything old but the live lease
     assert statements == [REMOVAL_BATCH, REMOVAL_BATCH, 500]
+    assert read == ([] if in_sql else [REMOVAL_BATCH, REMOVAL_BATCH, 500])  # the candidates only
     assert told == [REMOVAL_BATCH, 2 * REMOVAL_BATCH, keys]
     assert store.count_states(NAMESPACE) == {"held": 1, "expired": 0, "done": 0, "failed": 0}
     with store.engine.connect() as conn:  # no row was deleted: each is a tombstone with its fence
@@ -183,7 +212,9 @@ def test_prune_and_reap_remove_by_batches_keeping_every_fence(
     again.lease.release()
     statements.clear()
     assert client.reap() == 1  # the released key, holding nothing, becomes a tombstone
-    assert statements == [1]
+    # PostgreSQL walks every key (three windows; the first holds the released one); the others read
+    # the one candidate and change it.
+    assert statements == ([1, 0, 0] if in_sql else [1])
     assert client.prune(0.0) == 0 and client.reap() == 0
     held.lease.release()
     store.close()
@@ -225,3 +256,26 @@ def test_a_store_that_scans_answers_top_from_one_listing(
     assert [row["key"] for row in doc["held"]] == [str(s.key) for s in separately["held"]]
     assert [row["key"] for row in doc["recent_artifacts"]] == [str(s.key) for s in separately["artifacts"]]
     assert [row["key"] for row in doc["recent_failures"]] == [str(s.key) for s in separately["failures"]]
+
+
+def test_prune_leaves_a_damaged_row_as_it_is(sql_url: str) -> None:
+    """A row dibs cannot read (at another key's address; with half a lease) is not pruned: removal
+    skips what it cannot read, as a listing does, and leaves it to be looked at."""
+    store = SQLStore(sql_url)
+    _grow(store, 3)
+    with store.engine.begin() as conn:
+        template = dict(conn.execute(sa.select(store.t).where(store.t.c.name == "template")).mappings().one())
+        foreign = {**template, "name": "foreign"}  # its key_hash is the template's key's, not its own
+        foreign["key_hash"] = Key(NAMESPACE, "elsewhere").digest
+        half = {**template, "key_hash": Key(NAMESPACE, "half").digest, "name": "half", "owner": "someone"}
+        conn.execute(sa.insert(store.t), [foreign, half])
+
+    def damaged() -> list[Any]:
+        with store.engine.connect() as conn:
+            names = store.t.c.name.in_(["foreign", "half"])
+            return list(conn.execute(sa.select(store.t).where(names).order_by(store.t.c.name)))
+
+    before = damaged()
+    assert store.prune(NAMESPACE, 0.0) == 3  # the template and its two copies
+    assert damaged() == before
+    store.close()

@@ -192,10 +192,12 @@ def test_a_postgres_removal_checks_again_the_row_a_holder_wrote_meanwhile(
         removal.start()
         with psycopg.connect(libpq, autocommit=True) as watcher:
             eventually(
-                lambda: watcher.execute(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-                ).fetchone()[0]
-                > 0,
+                lambda: (
+                    watcher.execute(
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+                    ).fetchone()[0]
+                    > 0
+                ),
                 "the removal to wait for W's row",
             )
         holder.commit()

@@ -5,26 +5,35 @@ is skipped as a listing skips it) and change the chosen ones at the versions rea
 reading and decoding were two thirds of a batch's time (issue 30: ~25 ms and ~45 ms a batch of 1,000,
 against ~40 ms for the ``UPDATE``). Here a batch is one statement::
 
-    WITH batch AS (
-        SELECT key_hash, namespace, name FROM t
-        WHERE <in the namespace, after the cursor> AND <removable> AND <well formed>
-        ORDER BY namespace COLLATE "C", name COLLATE "C" LIMIT :limit
-    ), changed AS (
-        UPDATE t SET <a tombstone> FROM batch
-        WHERE t.key_hash = batch.key_hash AND <removable>
-        RETURNING t.key_hash
+    WITH ahead AS (                 -- the next keys from the cursor, whatever they hold
+        SELECT ctid, namespace, name FROM t
+        WHERE <in the namespace, after the cursor>
+        ORDER BY namespace COLLATE "C", name COLLATE "C" LIMIT (SELECT :limit)
+    ), changed AS (                 -- those removable now become tombstones
+        UPDATE t SET <a tombstone>
+        WHERE ctid = ANY(CAST((SELECT array_agg(ctid) FROM ahead) AS tid[]))
+          AND <removable> AND <well formed>
+        RETURNING key_hash
     )
-    SELECT <rows changed>, <rows in the batch>, <the batch's last namespace and name>
+    SELECT <rows changed>, <rows ahead>, <the last one's namespace and name>
 
-The remover walks the keys' index from a cursor (the last key of the previous batch), as before, and
-stops after a batch shorter than its limit. Why it is as safe as the read-then-write it replaces:
+The remover walks the keys' index from a cursor (the last key of the previous batch), and stops after a
+window shorter than its limit: what a prune costs grows with the keys it walks (tombstones included,
+as before), never with a batch's number. The statement is shaped for its plan, whatever the table's
+statistics (``tests/test_sql_plans.py``): the window holds no condition but the cursor, and its limit
+is a subquery, so that the planner never guesses "a few hundred rows" and reads and sorts the whole
+namespace instead of walking the index; the rows are changed by their place in the table, a TID scan
+where a join on the key was planned as a scan of the table. It is never prepared on the server (see
+:meth:`SQLStore._removal_batch <dibs.stores.sql.store.SQLStore._removal_batch>`).
+
+Why it is as safe as the read-then-write it replaces:
 
 * *removable* is :func:`dibs.stores.transitions.prunable` (or reap's rules) written on the columns,
-  and the ``UPDATE`` checks it again on the row it changes. A row written after the statement's
-  snapshot (a new holder, a renewal, another remover) is locked by the ``UPDATE`` and, in READ
-  COMMITTED, its newest version is checked again (PostgreSQL's re-check of an updated row): a live
-  lease or a tombstone there matches nothing, so the write is left as it is. That re-check on the
-  newest version is what the version compare-and-swap gave before.
+  checked by the ``UPDATE`` on the row it changes. A row written after the statement's snapshot (a
+  new holder, a renewal, another remover) is waited for and followed to its newest version, on which
+  the conditions are checked again (PostgreSQL's re-check of a concurrently updated row in READ
+  COMMITTED): a live lease or a tombstone there matches nothing, and the row is left as the writer
+  left it. That re-check on the newest version is what the version compare-and-swap gave before.
 * *well formed* stands for the decoder's refusal of a damaged row (:mod:`dibs.stores.decoder`), on
   what a typed row can get wrong: the row is at its key's address (the SHA-256 of namespace and
   name, :func:`dibs.keys.address`), its version and fence are in range, its lease, artifact and
@@ -49,6 +58,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import ColumnElement
 
 from dibs.records import MAX_FENCE, MAX_TIMESTAMP
@@ -157,40 +167,56 @@ class SetRemoval:
                 (self.emptied(), admin.tombstone_values()),
                 (self.lapsed(), admin.cleared_lease_values()),
             ]
-        candidate = sa.or_(*(condition for condition, _ in changes))
         where, order = admin.from_cursor(namespace)
         if not after:
             where = where[: 1 if namespace else 0]
-        chosen = (
-            sa.select(t.c.key_hash, t.c.namespace, t.c.name)
-            .where(*where, candidate, self.well_formed())
-            .order_by(*order)
-            .limit(sa.bindparam("p_limit", type_=sa.Integer))
-            .cte("batch")
-        )
+        # The next keys in order, whatever they hold: a walk of the keys' index from the cursor. Its
+        # limit is a subquery, unknown when the statement is planned: told "1,000" on a table never
+        # analysed (whose namespace it then guesses at a few hundred rows), the planner read the whole
+        # namespace and sorted it, for each batch, and joined the batch to the table by a scan. (So
+        # were the removal's conditions here: they made it guess fewer rows still.)
+        limit = sa.select(sa.bindparam("p_limit", type_=sa.Integer)).scalar_subquery()
+        ctid = sa.column("ctid", _Tid(), _selectable=t)
+        ahead = sa.select(ctid.label("ctid"), t.c.namespace, t.c.name).where(*where).order_by(*order)
+        window = ahead.limit(limit).cte("ahead")
+        # The window's rows by their place in the table (``ctid = ANY(...)``: a TID scan, whatever the
+        # statistics; a join on the key was planned as a scan of the table when it looked small). A
+        # row written since the statement's snapshot is followed to its newest version, on which the
+        # conditions are checked again. (Cast: ``= ANY ((SELECT ...))`` would compare with each row.)
+        aggregated = sa.select(sa.func.array_agg(window.c.ctid)).scalar_subquery()
+        places = sa.cast(aggregated, postgresql.ARRAY(_Tid()))
         changed = []
         for i, (condition, values) in enumerate(changes):
             update = (
                 sa.update(t)
-                .where(t.c.key_hash == chosen.c.key_hash, condition)
+                .where(ctid == sa.func.any(places), condition, self.well_formed())
                 .values(**values)
                 .returning(t.c.key_hash)
             )
             changed.append(update.cte(f"changed_{i}"))
         counted = [sa.select(sa.func.count()).select_from(cte).scalar_subquery() for cte in changed]
         total = counted[0] if len(counted) == 1 else counted[0] + counted[1]
-        in_order = [chosen.c.namespace.collate("C").desc(), chosen.c.name.collate("C").desc()]
+        in_order = [window.c.namespace.collate("C").desc(), window.c.name.collate("C").desc()]
         last = [
-            sa.select(chosen.c[name]).order_by(*in_order).limit(1).scalar_subquery()
+            sa.select(window.c[name]).order_by(*in_order).limit(_literal(1)).scalar_subquery()
             for name in ("namespace", "name")
         ]
-        selected = sa.select(sa.func.count()).select_from(chosen).scalar_subquery()
+        selected = sa.select(sa.func.count()).select_from(window).scalar_subquery()
         return sa.select(
             total.label("changed"),
             selected.label("selected"),
             last[0].label("last_namespace"),
             last[1].label("last_name"),
         )
+
+
+class _Tid(sa.types.UserDefinedType[Any]):
+    """PostgreSQL's ``tid``: where a row version is in its table (the system column ``ctid``)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "tid"
 
 
 def _literal(value: float | int) -> Any:
