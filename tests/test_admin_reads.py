@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,3 +280,82 @@ def test_prune_leaves_a_damaged_row_as_it_is(sql_url: str) -> None:
     assert store.prune(NAMESPACE, 0.0) == 3  # the template and its two copies
     assert damaged() == before
     store.close()
+
+
+def _in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``dibs ARGV`` run in this process (so that the store's reads are counted): status, out, err."""
+    from dibs.cli import main
+
+    logger = logging.getLogger("dibs")  # main routes dibs's log to its console: put it back after
+    kept = (list(logger.handlers), logger.level, logger.propagate)
+    capsys.readouterr()
+    try:
+        status = main(list(argv))
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = kept
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_prune_dry_run_reads_the_candidates_page_by_page(
+    counted: tuple[str, list[int]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``prune --dry-run`` asks the store for what prune would clear (Store.prunable_page), never for
+    the namespace: of 3,000 finished keys, one a day back in time (the oldest 2,999 days), the ten
+    older than 2,990 days are the rows it reads, streamed as found."""
+    url, returned = counted
+    store = SQLStore(url)
+    _grow(store, 3000)
+    store.close()
+    monkeypatch.setattr(SQLStore, "list", lambda *args: pytest.fail("the dry run listed the namespace"))
+    returned.clear()
+    argv = ["prune", "--store", url, "-n", NAMESPACE, "--older-than", "2990d", "--dry-run", "--json"]
+    status, out, _err = _in_process(capsys, *argv)
+    doomed = json.loads(out)["would_prune"]
+    assert status == 0 and doomed == [f"{NAMESPACE}/day-{i:06d}" for i in range(2989, 2999)]
+    assert sum(returned) == len(doomed)  # the page's rows: nothing else of the namespace
+    status, out, _err = _in_process(capsys, *argv[:-1])  # the table
+    assert out.splitlines()[-1] == "would prune 10 record(s) older than 2990d 0h (dry run: nothing removed)"
+    assert len(out.splitlines()) == 1 + 10 + 1  # header, the keys, the sum
+    returned.clear()
+    _in_process(capsys, "prune", "--store", url, "-n", NAMESPACE, "--older-than", "0", "--dry-run")
+    assert returned == [1001, 1001, 1000]  # every key a candidate: pages of 1,000 and one to see more
+
+
+def test_a_readable_name_is_looked_up_from_its_prefix(
+    counted: tuple[str, list[int]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``show``, ``forget`` and ``ls PATTERN`` find the keys a name names by pages from just before
+    its prefix, and stop past it: what they read grows with the keys the prefix names, not with the
+    namespace (3,000 keys here)."""
+    url, returned = counted
+    store = SQLStore(url)
+    _grow(store, 3000)
+    client = dibs.Reservations(store, namespace=NAMESPACE)
+    names = ["slow_compute@1/0140aa", "slow_compute@1/0150bb", "slow_compute@2/0160cc", "slow_computer"]
+    for name in names:
+        client.run(name, lambda: 1)
+    store.close()
+    monkeypatch.setattr(SQLStore, "list", lambda *args: pytest.fail("the lookup listed the namespace"))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        returned.clear()
+        return _in_process(capsys, argv[0], "--store", url, "-n", NAMESPACE, *argv[1:])
+
+    status, out, _err = run("show", "slow_compute@2", "--json")
+    assert status == 0 and json.loads(out)["key"] == f"{NAMESPACE}/slow_compute@2/0160cc"
+    # The names after the prefix "slow_compute@2" up to the first past it ("slow_computer"), and the
+    # few a first page of 16 reads beyond: never the namespace.
+    assert sum(returned) <= 16 + 1
+    status, out, err = run("forget", "slow_compute")
+    assert status != 0 and "names 3 keys" in err, err
+    assert sum(returned) <= 16 + 1
+    status, out, _err = run("ls", "slow_compute", "--json")
+    assert [row["key"] for row in json.loads(out)] == names[:3]
+    assert sum(returned) <= 16 + 1
+    status, out, _err = run("ls", "slow_comp*", "--json")
+    assert [row["key"] for row in json.loads(out)] == names
+    assert sum(returned) <= 16 + 1
+    status, out, _err = run("show", "day-00299[8]", "--json")  # a glob whose prefix names nine keys
+    assert status == 0 and json.loads(out)["key"] == f"{NAMESPACE}/day-002998"  # the one of them there
+    assert sum(returned) <= 16 + 1
