@@ -48,8 +48,10 @@ def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[s
     returned: list[int] = []
     admin_rows = SQLStore._admin_rows
 
-    def counting(self: SQLStore, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]]:
-        rows = admin_rows(self, statement, values)
+    def counting(
+        self: SQLStore, statement: Any, values: dict[str, Any], **options: Any
+    ) -> list[dict[str, Any]]:
+        rows = admin_rows(self, statement, values, **options)
         returned.append(len(rows))
         return rows
 

@@ -344,3 +344,22 @@ def test_removal_batches_walk_the_keys_index_on_a_table_never_analysed(store: SQ
         if rows == "filled":
             assert not _scans(plan), f"{name} scans the table: {plan}"
             assert "Tid Scan" in _node_types(plan), f"{name} changes its rows by {plan}"
+
+
+def test_a_dry_run_page_walks_the_keys_in_order_on_a_table_never_analysed(store: SQLStore) -> None:
+    """``dibs prune --dry-run`` (SQLStore.prunable_page) reads its candidates by walking the keys'
+    index from its cursor, whatever the statistics: the conditions once made the planner gather the
+    whole namespace through a bitmap and sort it, for every page. (Run unprepared, like the removal
+    batches: only custom plans are made, for the table as it is; on an empty table any plan will do.)"""
+    _fill(store)
+    admin, keys = store._admin, f"{store.table_name}_keys"
+    one = {"p_namespace": "plans", "p_after_name": "", "p_limit": 1001, "p_older": 0.0}
+    everywhere = {"p_after_namespace": "plans", "p_after_name": "k17", "p_limit": 1001, "p_older": 0.0}
+    for name, statement, values in (
+        ("one namespace", admin.removable(namespace=True, kind="prune", after=False), one),
+        ("one namespace after", admin.removable(namespace=True, kind="prune", after=True), one),
+        ("every namespace", admin.removable(namespace=False, kind="prune", after=True), everywhere),
+    ):
+        plan = _plans(store, statement, values)["custom"]
+        gathered = [n for n in _nodes(plan) if n["Node Type"] in ("Sort", "Bitmap Heap Scan", "Seq Scan")]
+        assert not gathered and keys in _indexes(plan), f"{name}: {plan}"

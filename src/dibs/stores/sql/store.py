@@ -551,9 +551,20 @@ class SQLStore(Store):
         return Listing(states, skipped)
 
     # -- the reads a person makes (dibs.stores.pages, dibs.stores.sql.admin) ------------------------------
-    def _admin_rows(self, statement: Prepared, values: dict[str, Any]) -> builtins.list[dict[str, Any]]:
-        """The rows of an admin read (see :mod:`dibs.stores.sql.admin`), under their column names."""
-        return self._repeatable(lambda cursor: statement.fetch_all(cursor, values))
+    def _admin_rows(
+        self, statement: Prepared, values: dict[str, Any], *, unprepared: bool = False
+    ) -> builtins.list[dict[str, Any]]:
+        """The rows of an admin read (see :mod:`dibs.stores.sql.admin`), under their column names;
+        never prepared on the server when ``unprepared`` (see :meth:`_unprepared`)."""
+        if not unprepared:
+            return self._repeatable(lambda cursor: statement.fetch_all(cursor, values))
+        options = self._unprepared()
+
+        def run(cursor: Any) -> builtins.list[dict[str, Any]]:
+            cursor.execute(statement.sql, statement.parameters(values), **options)
+            return [statement.named(row) for row in cursor.fetchall()]
+
+        return self._repeatable(run)
 
     def _listed(
         self, rows: Iterable[Mapping[str, Any]], skipped: builtins.list[Skipped]
@@ -635,14 +646,14 @@ class SQLStore(Store):
             if start[0] > namespace:
                 return pages.Page((), None)  # every key of the namespace comes before the cursor
             start = start if start[0] == namespace else None  # else: every one comes after it
-        if start is not None:
-            values["p_after_name"] = start[1]
-            if namespace is None:
+        if start is not None or (namespace is not None and self.dialect == "postgresql"):
+            values["p_after_name"] = "" if start is None else start[1]  # PostgreSQL: always a cursor
+            if namespace is None and start is not None:
                 values["p_after_namespace"] = start[0]
         statement = self._admin.removable(
             namespace=namespace is not None, kind="prune", after=start is not None
         )
-        rows = self._admin_rows(statement, values)
+        rows = self._admin_rows(statement, values, unprepared=True)
         more = len(rows) > limit
         skipped: builtins.list[Skipped] = []
         states = [
@@ -1009,19 +1020,22 @@ class SQLStore(Store):
             start = (str(rows[-1]["namespace"]), str(rows[-1]["name"]))
 
     def _removal_batch(self, statement: Prepared, values: dict[str, Any]) -> dict[str, Any]:
-        """One batch of :meth:`_remove_in_sql` (a seam for the tests that count them).
-
-        Never prepared on the server (psycopg prepares a statement after its fifth run on a
-        connection, and PostgreSQL may then keep one generic plan for it): planned at each run, for
-        the table as it is then. A plan kept from a table that was nearly empty (a scan is as good as
-        any index there) would scan the grown table for every batch; a plan costs ~1 ms a batch."""
-        unprepared = {"prepare": False} if self.engine.dialect.driver == "psycopg" else {}
+        """One batch of :meth:`_remove_in_sql` (a seam for the tests that count them), never prepared
+        on the server (see :meth:`_unprepared`)."""
 
         def run(cursor: Any) -> dict[str, Any]:
-            cursor.execute(statement.sql, statement.parameters(values), **unprepared)
+            cursor.execute(statement.sql, statement.parameters(values), **self._unprepared())
             return statement.named(cursor.fetchone())
 
         return self._repeatable(run, after_lost=False)
+
+    def _unprepared(self) -> dict[str, Any]:
+        """psycopg's option to run a statement without preparing it on the server. psycopg prepares a
+        statement after its fifth run on a connection, and PostgreSQL may then keep one generic plan
+        for it; the removal's statements are planned at each run instead, for the table as it is then.
+        A plan kept from a table that was nearly empty (where a scan is as good as any index) would scan
+        the grown table for every batch or page; planning costs ~1 ms a batch."""
+        return {"prepare": False} if self.engine.dialect.driver == "psycopg" else {}
 
     def _removal_rows(self, statement: Prepared, values: dict[str, Any]) -> builtins.list[dict[str, Any]]:
         """One batch of the rows a removal may change (a seam for the tests that pause a remover
