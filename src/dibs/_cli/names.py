@@ -56,8 +56,8 @@ def start(namespace: str, pattern: str) -> str | None:
     """A listing cursor of ``namespace`` just before the first name that could start with ``pattern``'s
     prefix (``None``: from the namespace's first key). The greatest name below a prefix has no end
     (``slow_computd`` followed by ever more of the last code point), so the cursor is that name with
-    one last code point: only names that carry one more of it after that fall in between, and they
-    are read and passed over."""
+    one last code point (U+10FFFF): only a name holding that code point could fall in between, and a
+    key's name is printable (:func:`dibs.keys.validate_name`), which U+10FFFF is not."""
     first = prefix(pattern)
     if not first:
         return None
