@@ -262,8 +262,9 @@ def test_a_store_that_scans_answers_top_from_one_listing(
 
 
 def test_prune_leaves_a_damaged_row_as_it_is(sql_url: str) -> None:
-    """A row dibs cannot read (at another key's address; with half a lease) is not pruned: removal
-    skips what it cannot read, as a listing does, and leaves it to be looked at."""
+    """A row dibs cannot read (at another key's address; with half a lease; with failures counted but
+    none recorded) is not pruned: removal skips what it cannot read, as a listing does, and leaves it
+    to be looked at."""
     store = SQLStore(sql_url)
     _grow(store, 3)
     with store.engine.begin() as conn:
@@ -271,11 +272,13 @@ def test_prune_leaves_a_damaged_row_as_it_is(sql_url: str) -> None:
         foreign = {**template, "name": "foreign"}  # its key_hash is the template's key's, not its own
         foreign["key_hash"] = Key(NAMESPACE, "elsewhere").digest
         half = {**template, "key_hash": Key(NAMESPACE, "half").digest, "name": "half", "owner": "someone"}
-        conn.execute(sa.insert(store.t), [foreign, half])
+        counted = {**template, "key_hash": Key(NAMESPACE, "counted").digest, "name": "counted"}
+        counted["failure_count"] = 2  # failures counted, none recorded
+        conn.execute(sa.insert(store.t), [foreign, half, counted])
 
     def damaged() -> list[Any]:
         with store.engine.connect() as conn:
-            names = store.t.c.name.in_(["foreign", "half"])
+            names = store.t.c.name.in_(["foreign", "half", "counted"])
             return list(conn.execute(sa.select(store.t).where(names).order_by(store.t.c.name)))
 
     before = damaged()

@@ -36,8 +36,9 @@ Why it is as safe as the read-then-write it replaces:
   left it. That re-check on the newest version is what the version compare-and-swap gave before.
 * *well formed* stands for the decoder's refusal of a damaged row (:mod:`dibs.stores.decoder`), on
   what a typed row can get wrong: the row is at its key's address (the SHA-256 of namespace and
-  name, :func:`dibs.keys.address`), its version and fence are in range, its lease, artifact and
-  failure are each wholly there or wholly absent, and the times removal compares are dates. A row
+  name, :func:`dibs.keys.address`), its version, fence and counters are in range, its lease,
+  artifact and failure are each wholly there or wholly absent (a failure count with its failure),
+  their fences agree with the row's, and the times removal compares are dates. A row
   failing one is left as it is, as before (but not named in a warning: nothing is read to name it).
 * a tombstone keeps the fence (see :func:`dibs.stores.transitions.tombstone`): the next holder gets
   fence + 1.
@@ -121,7 +122,12 @@ class SetRemoval:
             c.key_hash == address,
             c.version.between(_literal(1), _literal(MAX_FENCE - 1)),
             c.fence.between(_literal(0), _literal(MAX_FENCE)),
+            c.attempts >= _literal(0),
+            c.failure_count >= _literal(0),
             *whole,
+            sa.or_(c.failure_count == _literal(0), c.failure_at.is_not(None)),  # a count needs its failure
+            sa.or_(c.lease_id.is_(None), c.fence >= _literal(1)),  # a lease's fence is the row's, >= 1
+            sa.or_(c.artifact_fence.is_(None), c.artifact_fence.between(_literal(1), c.fence)),
             *dates,
         )
 
