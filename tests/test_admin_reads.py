@@ -7,7 +7,9 @@ many rows as on 500; ``ls --limit`` pages through a namespace with a cursor and 
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,8 +48,10 @@ def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[s
     returned: list[int] = []
     admin_rows = SQLStore._admin_rows
 
-    def counting(self: SQLStore, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]]:
-        rows = admin_rows(self, statement, values)
+    def counting(
+        self: SQLStore, statement: Any, values: dict[str, Any], **options: Any
+    ) -> list[dict[str, Any]]:
+        rows = admin_rows(self, statement, values, **options)
         returned.append(len(rows))
         return rows
 
@@ -140,34 +144,62 @@ def test_ls_pages_with_a_cursor_and_meets_every_key_once(tmp_path: Path) -> None
     assert bad.returncode != 0 and "is not a listing cursor" in bad.stderr, bad.stderr
 
 
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An isolated URL on each SQL database."""
+    module = importlib.import_module(f"tests.backends.{request.param}")
+    with module.isolated_url(tmp_path) as url:
+        yield url
+
+
 def test_prune_and_reap_remove_by_batches_keeping_every_fence(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sql_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One statement per batch of keys, not one per key; progress told per batch; every pruned key
-    keeps its row and fence (its next holder gets token 2)."""
+    keeps its row and fence (its next holder gets token 2). PostgreSQL decides in the statement
+    (dibs.stores.sql.removal: one per window of keys, no row read); the others read a batch of
+    candidates, then change it."""
     from dibs.stores.sql.store import REMOVAL_BATCH
 
-    url = f"sqlite:///{tmp_path / 'prune.db'}"
-    store = SQLStore(url)
+    store = SQLStore(sql_url)
+    in_sql = store.dialect == "postgresql"
     keys = 2 * REMOVAL_BATCH + 500
     _grow(store, keys)
     statements: list[int] = []
-    change_rows = SQLStore._change_rows
+    read: list[int] = []
+    if in_sql:
+        removal_batch = SQLStore._removal_batch
 
-    def counting(self: SQLStore, change: str, pairs: Any, older_than: float) -> int:
-        changed = change_rows(self, change, pairs, older_than)
-        if not pairs:
+        def batch(self: SQLStore, statement: Any, values: dict[str, Any]) -> dict[str, Any]:
+            done = removal_batch(self, statement, values)
+            statements.append(int(done["changed"]))
+            return done
+
+        monkeypatch.setattr(SQLStore, "_removal_batch", batch)
+        monkeypatch.setattr(SQLStore, "_removal_rows", lambda *a: pytest.fail("PostgreSQL read rows"))
+    else:
+        change_rows, removal_rows = SQLStore._change_rows, SQLStore._removal_rows
+
+        def counting(self: SQLStore, change: str, pairs: Any, older_than: float) -> int:
+            changed = change_rows(self, change, pairs, older_than)
+            if pairs:
+                statements.append(changed)
             return changed
-        statements.append(changed)
-        return changed
 
-    monkeypatch.setattr(SQLStore, "_change_rows", counting)
+        def reading(self: SQLStore, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]]:
+            rows = removal_rows(self, statement, values)
+            read.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(SQLStore, "_change_rows", counting)
+        monkeypatch.setattr(SQLStore, "_removal_rows", reading)
     told: list[int] = []
     client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
     held = client.get_or_reserve("held-now", owner="worker")
     assert isinstance(held, dibs.Acquired)
     assert client.prune(0.0, progress=told.append) == keys  # everything old but the live lease
     assert statements == [REMOVAL_BATCH, REMOVAL_BATCH, 500]
+    assert read == ([] if in_sql else [REMOVAL_BATCH, REMOVAL_BATCH, 500])  # the candidates only
     assert told == [REMOVAL_BATCH, 2 * REMOVAL_BATCH, keys]
     assert store.count_states(NAMESPACE) == {"held": 1, "expired": 0, "done": 0, "failed": 0}
     with store.engine.connect() as conn:  # no row was deleted: each is a tombstone with its fence
@@ -183,7 +215,9 @@ def test_prune_and_reap_remove_by_batches_keeping_every_fence(
     again.lease.release()
     statements.clear()
     assert client.reap() == 1  # the released key, holding nothing, becomes a tombstone
-    assert statements == [1]
+    # PostgreSQL walks every key (three windows; the first holds the released one); the others read
+    # the one candidate and change it.
+    assert statements == ([1, 0, 0] if in_sql else [1])
     assert client.prune(0.0) == 0 and client.reap() == 0
     held.lease.release()
     store.close()
@@ -225,3 +259,108 @@ def test_a_store_that_scans_answers_top_from_one_listing(
     assert [row["key"] for row in doc["held"]] == [str(s.key) for s in separately["held"]]
     assert [row["key"] for row in doc["recent_artifacts"]] == [str(s.key) for s in separately["artifacts"]]
     assert [row["key"] for row in doc["recent_failures"]] == [str(s.key) for s in separately["failures"]]
+
+
+def test_prune_leaves_a_damaged_row_as_it_is(sql_url: str) -> None:
+    """A row dibs cannot read (at another key's address; with half a lease; with failures counted but
+    none recorded) is not pruned: removal skips what it cannot read, as a listing does, and leaves it
+    to be looked at."""
+    store = SQLStore(sql_url)
+    _grow(store, 3)
+    with store.engine.begin() as conn:
+        template = dict(conn.execute(sa.select(store.t).where(store.t.c.name == "template")).mappings().one())
+        foreign = {**template, "name": "foreign"}  # its key_hash is the template's key's, not its own
+        foreign["key_hash"] = Key(NAMESPACE, "elsewhere").digest
+        half = {**template, "key_hash": Key(NAMESPACE, "half").digest, "name": "half", "owner": "someone"}
+        counted = {**template, "key_hash": Key(NAMESPACE, "counted").digest, "name": "counted"}
+        counted["failure_count"] = 2  # failures counted, none recorded
+        conn.execute(sa.insert(store.t), [foreign, half, counted])
+
+    def damaged() -> list[Any]:
+        with store.engine.connect() as conn:
+            names = store.t.c.name.in_(["foreign", "half", "counted"])
+            return list(conn.execute(sa.select(store.t).where(names).order_by(store.t.c.name)))
+
+    before = damaged()
+    assert store.prune(NAMESPACE, 0.0) == 3  # the template and its two copies
+    assert damaged() == before
+    store.close()
+
+
+def _in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``dibs ARGV`` run in this process (so that the store's reads are counted): status, out, err."""
+    from dibs.cli import main
+
+    logger = logging.getLogger("dibs")  # main routes dibs's log to its console: put it back after
+    kept = (list(logger.handlers), logger.level, logger.propagate)
+    capsys.readouterr()
+    try:
+        status = main(list(argv))
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = kept
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_prune_dry_run_reads_the_candidates_page_by_page(
+    counted: tuple[str, list[int]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``prune --dry-run`` asks the store for what prune would clear (Store.prunable_page), never for
+    the namespace: of 3,000 finished keys, one a day back in time (the oldest 2,999 days), the ten
+    older than 2,990 days are the rows it reads, streamed as found."""
+    url, returned = counted
+    store = SQLStore(url)
+    _grow(store, 3000)
+    store.close()
+    monkeypatch.setattr(SQLStore, "list", lambda *args: pytest.fail("the dry run listed the namespace"))
+    returned.clear()
+    argv = ["prune", "--store", url, "-n", NAMESPACE, "--older-than", "2990d", "--dry-run", "--json"]
+    status, out, _err = _in_process(capsys, *argv)
+    doomed = json.loads(out)["would_prune"]
+    assert status == 0 and doomed == [f"{NAMESPACE}/day-{i:06d}" for i in range(2989, 2999)]
+    assert sum(returned) == len(doomed)  # the page's rows: nothing else of the namespace
+    status, out, _err = _in_process(capsys, *argv[:-1])  # the table
+    assert out.splitlines()[-1] == "would prune 10 record(s) older than 2990d 0h (dry run: nothing removed)"
+    assert len(out.splitlines()) == 1 + 10 + 1  # header, the keys, the sum
+    returned.clear()
+    _in_process(capsys, "prune", "--store", url, "-n", NAMESPACE, "--older-than", "0", "--dry-run")
+    assert returned == [1001, 1001, 1000]  # every key a candidate: pages of 1,000 and one to see more
+
+
+def test_a_readable_name_is_looked_up_from_its_prefix(
+    counted: tuple[str, list[int]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``show``, ``forget`` and ``ls PATTERN`` find the keys a name names by pages from just before
+    its prefix, and stop past it: what they read grows with the keys the prefix names, not with the
+    namespace (3,000 keys here)."""
+    url, returned = counted
+    store = SQLStore(url)
+    _grow(store, 3000)
+    client = dibs.Reservations(store, namespace=NAMESPACE)
+    names = ["slow_compute@1/0140aa", "slow_compute@1/0150bb", "slow_compute@2/0160cc", "slow_computer"]
+    for name in names:
+        client.run(name, lambda: 1)
+    store.close()
+    monkeypatch.setattr(SQLStore, "list", lambda *args: pytest.fail("the lookup listed the namespace"))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        returned.clear()
+        return _in_process(capsys, argv[0], "--store", url, "-n", NAMESPACE, *argv[1:])
+
+    status, out, _err = run("show", "slow_compute@2", "--json")
+    assert status == 0 and json.loads(out)["key"] == f"{NAMESPACE}/slow_compute@2/0160cc"
+    # The names after the prefix "slow_compute@2" up to the first past it ("slow_computer"), and the
+    # few a first page of 16 reads beyond: never the namespace.
+    assert sum(returned) <= 16 + 1
+    status, out, err = run("forget", "slow_compute")
+    assert status != 0 and "names 3 keys" in err, err
+    assert sum(returned) <= 16 + 1
+    status, out, _err = run("ls", "slow_compute", "--json")
+    assert [row["key"] for row in json.loads(out)] == names[:3]
+    assert sum(returned) <= 16 + 1
+    status, out, _err = run("ls", "slow_comp*", "--json")
+    assert [row["key"] for row in json.loads(out)] == names
+    assert sum(returned) <= 16 + 1
+    status, out, _err = run("show", "day-00299[8]", "--json")  # a glob whose prefix names nine keys
+    assert status == 0 and json.loads(out)["key"] == f"{NAMESPACE}/day-002998"  # the one of them there
+    assert sum(returned) <= 16 + 1

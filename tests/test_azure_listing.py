@@ -288,6 +288,10 @@ def test_prune_and_reap_download_only_the_records_they_change(
     gone = store.read(short.key)
     assert gone.status == "free" and gone.fence == 1  # a tombstone keeps the fence
 
+    transport.clear()  # the dry run: chosen by the summaries too, and only those shown downloaded
+    doomed = store.prunable_page(NAMESPACE, 86_400.0 * 290.5)
+    assert [s.key.name for s in doomed.states] == [f"day-{i:06d}" for i in range(290, 300)]
+    assert transport.record_gets == 10 and transport.listings == 1 and doomed.after is None
     transport.clear()
     assert store.prune(NAMESPACE, older_than=86_400.0 * 290.5) == 10  # day-000290 .. day-000299
     assert transport.record_gets == 10

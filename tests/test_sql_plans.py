@@ -295,3 +295,71 @@ def test_a_page_of_one_namespace_is_read_in_order_not_gathered_and_sorted(store:
             assert f"{table}_keys" not in _indexes(plan), (
                 f"page of {state} ({kind} plan) walks the keys: {plan}"
             )
+
+
+def _removal_statements(store: SQLStore) -> dict[str, tuple[Prepared, dict[str, Any]]]:
+    """PostgreSQL's removal batches (dibs.stores.sql.removal), with their values."""
+    removal = store._set_removal
+    one = {"p_namespace": "plans", "p_limit": 1000}
+    after = {**one, "p_after_name": "k17"}
+    everywhere = {"p_limit": 1000, "p_after_namespace": "plans", "p_after_name": "k17"}
+    found: dict[str, tuple[Prepared, dict[str, Any]]] = {}
+    for kind in ("prune", "reap"):
+        older = {"p_older": 0.0} if kind == "prune" else {}
+        found[kind] = (removal.batch(kind, namespace=True, after=False), {**one, **older})
+        found[f"{kind} after"] = (removal.batch(kind, namespace=True, after=True), {**after, **older})
+        found[f"{kind} everywhere"] = (
+            removal.batch(kind, namespace=False, after=True),
+            {**everywhere, **older},
+        )
+    return found
+
+
+def _window(plan: dict[str, Any]) -> dict[str, Any]:
+    """The part of a removal batch's plan that chooses its rows (the CTE ``ahead``)."""
+    for child in plan.get("Plans", ()):
+        if child.get("Subplan Name") == "CTE ahead":
+            return dict(child)
+    raise AssertionError(f"no CTE ahead in {plan}")
+
+
+def _node_types(plan: dict[str, Any]) -> set[str]:
+    return {node["Node Type"] for node in _nodes(plan)}
+
+
+@pytest.mark.parametrize("rows", ["empty", "filled"])
+def test_removal_batches_walk_the_keys_index_on_a_table_never_analysed(store: SQLStore, rows: str) -> None:
+    """A prune or reap batch (dibs.stores.sql.removal) chooses its rows by walking the keys' index from
+    its cursor, never a scan of the table, whatever the table's statistics, and changes them by their
+    place in the table (a TID scan). Its statement is never prepared (SQLStore._removal_batch): each
+    run is planned for the table as it is then, so only custom plans are made; on the empty table a
+    scan of its few pages is as good as the TID scan, and only the choice of rows is checked there."""
+    if rows == "filled":
+        _fill(store)
+    keys = f"{store.table_name}_keys"
+    for name, (statement, values) in _removal_statements(store).items():
+        plan = _plans(store, statement, values)["custom"]
+        window = _window(plan)
+        assert not _scans(window) and keys in _indexes(window), f"{name} chooses its rows by {window}"
+        if rows == "filled":
+            assert not _scans(plan), f"{name} scans the table: {plan}"
+            assert "Tid Scan" in _node_types(plan), f"{name} changes its rows by {plan}"
+
+
+def test_a_dry_run_page_walks_the_keys_in_order_on_a_table_never_analysed(store: SQLStore) -> None:
+    """``dibs prune --dry-run`` (SQLStore.prunable_page) reads its candidates by walking the keys'
+    index from its cursor, whatever the statistics: the conditions once made the planner gather the
+    whole namespace through a bitmap and sort it, for every page. (Run unprepared, like the removal
+    batches: only custom plans are made, for the table as it is; on an empty table any plan will do.)"""
+    _fill(store)
+    admin, keys = store._admin, f"{store.table_name}_keys"
+    one = {"p_namespace": "plans", "p_after_name": "", "p_limit": 1001, "p_older": 0.0}
+    everywhere = {"p_after_namespace": "plans", "p_after_name": "k17", "p_limit": 1001, "p_older": 0.0}
+    for name, statement, values in (
+        ("one namespace", admin.removable(namespace=True, kind="prune", after=False), one),
+        ("one namespace after", admin.removable(namespace=True, kind="prune", after=True), one),
+        ("every namespace", admin.removable(namespace=False, kind="prune", after=True), everywhere),
+    ):
+        plan = _plans(store, statement, values)["custom"]
+        gathered = [n for n in _nodes(plan) if n["Node Type"] in ("Sort", "Bitmap Heap Scan", "Seq Scan")]
+        assert not gathered and keys in _indexes(plan), f"{name}: {plan}"

@@ -26,7 +26,7 @@ from dibs.display import duration, printable
 from dibs.keys import Key
 from dibs.payloads import ReferencedArtifact, ReferencingStore
 from dibs.records import ArtifactRecord, KeyState
-from dibs.stores import pages, transitions
+from dibs.stores import pages
 from dibs.stores.base import Listing
 
 __all__ = ["COMMANDS", "administer"]
@@ -84,24 +84,39 @@ def _listed(
     limit: int | None = args.limit
     after: str | None = args.after
     size = pages.PAGE if limit is None else min(pages.PAGE, limit + 1)
+    pattern: str | None = args.name
+    # Within one namespace, from just before the names the pattern can name, in pages that grow
+    # (see names.lookup); across namespaces (--all) every key is read.
+    by_prefix = pattern if namespace is not None else None
+    if by_prefix is not None:
+        begin = names.start(client.namespace, by_prefix)
+        if begin is not None and (after is None or pages.parse_cursor(after) < pages.parse_cursor(begin)):
+            after = begin
+        size = min(size, names.FIRST_PAGE)
     emitted, skipped = 0, 0
     while True:
         page = client.store.list_page(namespace, state=args.state, after=after, limit=size)
         skipped += page.skipped
-        found = [s for s in names.select(page.states, args.name) if args.state or _worth_listing(s)]
+        states, ended = page.states, page.after is None
+        if by_prefix is not None:  # past the prefix: no later name can match
+            kept = tuple(s for s in states if not names.past(s.key.name, by_prefix))
+            states, ended = kept, ended or len(kept) < len(states)
+        found = [s for s in names.select(states, pattern) if args.state or _worth_listing(s)]
         if limit is not None and emitted + len(found) >= limit:
             shown = found[: limit - emitted]
             if shown:
                 emit(shown)
-            ends_here = len(found) == len(shown) and page.after is None
+            ends_here = len(found) == len(shown) and ended
             last = shown[-1].key if shown else None
             return (None if ends_here or last is None else pages.cursor_of(last)), skipped
         if found:
             emit(found)
         emitted += len(found)
-        if page.after is None:
+        if ended:
             return None, skipped
         after = page.after
+        if by_prefix is not None:
+            size = min(2 * size, pages.PAGE if limit is None else max(size, limit + 1))
 
 
 def _show(args: argparse.Namespace, client: Reservations) -> int:
@@ -149,16 +164,7 @@ def _reap(args: argparse.Namespace, client: Reservations) -> int:
 def _prune(args: argparse.Namespace, client: Reservations) -> int:
     older = duration(args.older_than)
     if args.dry_run:
-        listing = client.list(all_namespaces=args.all)
-        doomed = [s for s in listing if transitions.prunable(s, args.older_than)]
-        doomed.sort(key=lambda s: (s.key.namespace, s.key.name))
-        if args.json:
-            print(json.dumps({"would_prune": [str(s.key) for s in doomed]}))
-        else:
-            print_table([_summary(s) for s in doomed], ["namespace", "key", "status", "token", "detail"])
-            print(f"would prune {len(doomed)} record(s) older than {older} (dry run: nothing removed)")
-        _say_skipped(listing)
-        return 0
+        return _dry_run(args, client, older)
     store = client.store
     before = store.freed if isinstance(store, ReferencingStore) else None
     with _progress("pruned") as progress:
@@ -174,6 +180,39 @@ def _prune(args: argparse.Namespace, client: Reservations) -> int:
         )
         return 0
     _say(args, {"pruned": count}, f"pruned {count} record(s) older than {older}")
+    return 0
+
+
+def _dry_run(args: argparse.Namespace, client: Reservations, older: str) -> int:
+    """List what ``prune`` would clear, a page at a time as the store finds it
+    (:meth:`Store.prunable_page <dibs.stores.base.Store.prunable_page>`: the candidates only, not the
+    namespace), printing each page as it is read; remove nothing."""
+    namespace = None if args.all else client.namespace
+    columns = ["namespace", "key", "status", "token", "detail"]
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    after: str | None = None
+    found, skipped = 0, 0
+    if args.json:
+        print('{"would_prune": [', end="")
+    while True:
+        page = client.store.prunable_page(namespace, args.older_than, after=after)
+        skipped += page.skipped
+        if args.json:
+            for state in page.states:
+                print(("" if found == 0 else ", ") + json.dumps(str(state.key)), end="")
+                found += 1
+        elif page.states or (found == 0 and page.after is None):
+            print_table([_summary(s) for s in page.states], columns, width=width, header=found == 0)
+            found += len(page.states)
+        sys.stdout.flush()
+        if page.after is None:
+            break
+        after = page.after
+    if args.json:
+        print("]}")
+    else:
+        print(f"would prune {found} record(s) older than {older} (dry run: nothing removed)")
+    _say_skipped(skipped)
     return 0
 
 

@@ -19,11 +19,17 @@ from dibs.display import printable
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import KeyState
+from dibs.stores import pages
 
-__all__ = ["matches", "resolve", "select"]
+__all__ = ["FIRST_PAGE", "lookup", "matches", "past", "prefix", "resolve", "select", "start"]
 
 #: How many candidates an ambiguous name lists before it says how many more there are.
 _SHOWN = 10
+#: The first page of a lookup: most names name one key. Each further page is twice the last, up to
+#: :data:`dibs.stores.pages.PAGE`, so a lookup reads at most about twice what it matches (plus this).
+FIRST_PAGE = 16
+#: The last code point: a cursor name ending with it comes after every name that does not begin with it.
+_LAST = "\U0010ffff"
 
 
 def matches(name: str, pattern: str) -> bool:
@@ -37,6 +43,56 @@ def matches(name: str, pattern: str) -> bool:
     return name.startswith((pattern + "/", pattern + "@"))
 
 
+def prefix(pattern: str) -> str:
+    """What every name ``pattern`` names starts with: the pattern, or a glob's part before its first
+    ``*``, ``?`` or ``[``."""
+    for i, c in enumerate(pattern):
+        if c in "*?[":
+            return pattern[:i]
+    return pattern
+
+
+def start(namespace: str, pattern: str) -> str | None:
+    """A listing cursor of ``namespace`` just before the first name that could start with ``pattern``'s
+    prefix (``None``: from the namespace's first key). The greatest name below a prefix has no end
+    (``slow_computd`` followed by ever more of the last code point), so the cursor is that name with
+    one last code point (U+10FFFF): only a name holding that code point could fall in between, and a
+    key's name is printable (:func:`dibs.keys.validate_name`), which U+10FFFF is not."""
+    first = prefix(pattern)
+    if not first:
+        return None
+    below = ""
+    if first[-1] > "\x00":
+        code = ord(first[-1]) - 1
+        below = chr(0xD7FF if 0xD800 <= code <= 0xDFFF else code) + _LAST  # never half a surrogate pair
+    return pages.cursor_after(namespace, first[:-1] + below)
+
+
+def past(name: str, pattern: str) -> bool:
+    """Whether ``name``, met in key order from :func:`start`, comes after every name ``pattern``
+    names: it no longer starts with the prefix, and is above it."""
+    first = prefix(pattern)
+    return not name.startswith(first) and name > first
+
+
+def lookup(client: Reservations, pattern: str) -> list[str]:
+    """The names of the client's namespace that ``pattern`` names, in key order, read by pages from
+    :func:`start` until :func:`past` (see the module)."""
+    namespace = client.namespace
+    found: list[str] = []
+    after, size = start(namespace, pattern), FIRST_PAGE
+    while True:
+        page = client.store.list_page(namespace, after=after, limit=size)
+        for state in page.states:
+            if past(state.key.name, pattern):
+                return found
+            if matches(state.key.name, pattern):
+                found.append(state.key.name)
+        if page.after is None:
+            return found
+        after, size = page.after, min(2 * size, pages.PAGE)
+
+
 def resolve(client: Reservations, pattern: str, wanted: str) -> Key:
     """The one key ``pattern`` names in the client's namespace: the key itself if the store has a
     record of that exact name, else the single record whose name it matches. ``wanted`` says what the
@@ -44,7 +100,7 @@ def resolve(client: Reservations, pattern: str, wanted: str) -> Key:
     exact = client.key(pattern)
     if client.status(exact).fence:  # a record of that very name: the key, whatever else it matches
         return exact
-    found = sorted(s.key.name for s in client.list() if matches(s.key.name, pattern))
+    found = lookup(client, pattern)
     if len(found) == 1:
         return client.key(found[0])
     if not found:

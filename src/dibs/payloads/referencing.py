@@ -264,6 +264,16 @@ class ReferencingStore(Store):
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         return self.records.latest(namespace, kind, limit=limit)
 
+    def prunable_page(
+        self,
+        namespace: str | None,
+        older_than: float,
+        *,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        return self.records.prunable_page(namespace, older_than, after=after, limit=limit)
+
     def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
         return self.records.leases(namespace, expired=expired, limit=limit)
 

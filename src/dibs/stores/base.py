@@ -290,6 +290,26 @@ class Store(Closing):
             failures=self.latest(namespace, "failure", limit=recent),
         )
 
+    def prunable_page(
+        self,
+        namespace: str | None,
+        older_than: float,
+        *,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        """Up to ``limit`` records (of ``namespace``, or of all) that :meth:`prune` with ``older_than``
+        would clear now (:func:`~dibs.stores.transitions.prunable`), in key order, after the cursor
+        ``after``: what ``dibs prune --dry-run`` lists, a page at a time. Unreadable records are
+        skipped and counted, as by :meth:`list`."""
+        return pages.page_of(
+            self.list(namespace),
+            state=None,
+            after=after,
+            limit=limit,
+            keep=lambda state: transitions.prunable(state, older_than),
+        )
+
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:
         """The states of several keys, for the watch hub (stores that can read them together override
         this). A key whose record cannot be read is left out: its waiters then ask for themselves, and

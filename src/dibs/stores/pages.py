@@ -12,7 +12,9 @@ the store for what is shown, each bounded by a limit:
   expired ones nobody took over (latest first);
 * :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: how many keys are in each status;
 * :meth:`Store.overview <dibs.stores.base.Store.overview>`: all of the last three at once, what
-  ``dibs top`` shows.
+  ``dibs top`` shows;
+* :meth:`Store.prunable_page <dibs.stores.base.Store.prunable_page>`: the records a prune would clear,
+  in key order, a page at a time (``dibs prune --dry-run``).
 
 A store that keeps indexes answers them without a scan (SQL, Redis). The functions here are the
 default every other store gets: they stream its :meth:`~dibs.stores.base.Store.list` and filter, so the
@@ -45,6 +47,7 @@ __all__ = [
     "check_limit",
     "check_state",
     "count_of",
+    "cursor_after",
     "cursor_of",
     "latest_of",
     "leases_of",
@@ -93,7 +96,13 @@ class Overview:
 
 def cursor_of(key: Key) -> str:
     """An opaque cursor that continues a listing after ``key``: URL-safe text, for a command line."""
-    document = json.dumps([key.namespace, key.name], ensure_ascii=False).encode()
+    return cursor_after(key.namespace, key.name)
+
+
+def cursor_after(namespace: str, name: str) -> str:
+    """:func:`cursor_of` a namespace and name that need not be a key's (the start of a name, which a
+    lookup by prefix begins just before: see :func:`dibs._cli.names.start`)."""
+    document = json.dumps([namespace, name], ensure_ascii=False).encode()
     return base64.urlsafe_b64encode(document).decode().rstrip("=")
 
 
@@ -128,9 +137,17 @@ def _matches(state: KeyState, wanted: str | None) -> bool:
     return wanted is None or state.status == wanted
 
 
-def page_of(listing: Iterable[KeyState], *, state: str | None, after: str | None, limit: int) -> Page:
-    """A page out of a whole listing in key order (the default :meth:`Store.list_page`): reads it to
-    the page's end, and one record further to know whether another page follows."""
+def page_of(
+    listing: Iterable[KeyState],
+    *,
+    state: str | None,
+    after: str | None,
+    limit: int,
+    keep: Callable[[KeyState], bool] | None = None,
+) -> Page:
+    """A page out of a whole listing in key order (the default :meth:`Store.list_page`, and with
+    ``keep``, the records it keeps, :meth:`Store.prunable_page`): reads it to the page's end, and one
+    record further to know whether another page follows."""
     check_state(state)
     check_limit(limit)
     start = parse_cursor(after) if after is not None else None
@@ -138,7 +155,7 @@ def page_of(listing: Iterable[KeyState], *, state: str | None, after: str | None
     for record in listing:
         if start is not None and (record.key.namespace, record.key.name) <= start:
             continue
-        if not _matches(record, state):
+        if not _matches(record, state) or (keep is not None and not keep(record)):
             continue
         if len(found) == limit:
             return Page(tuple(found), cursor_of(found[-1].key), _skipped(listing))

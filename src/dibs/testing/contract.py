@@ -599,13 +599,27 @@ class StoreContract:
         _complete(store, _granted(store.acquire(done, AcquireRequest("alice", 60))), b"x")
         store.release(failed, _granted(store.acquire(failed, AcquireRequest("alice", 60))).token, "boom")
         store.release(freed, _granted(store.acquire(freed, AcquireRequest("alice", 60))).token, None)
+
+        def dry_run(older_than: float) -> list[Key]:  # what prune would clear, a page of one at a time
+            found: list[Key] = []
+            after = None
+            while True:
+                page = store.prunable_page("contract.prune", older_than, after=after, limit=1)
+                found += [state.key for state in page.states]
+                if page.after is None:
+                    return found
+                after = page.after
+
+        assert dry_run(3600.0) == [freed]
         assert store.prune("contract.prune", 3600.0) == 1  # nothing is an hour old: only the empty record
         assert {s.key for s in store.list("contract.prune")} == {held, done, failed}
+        assert dry_run(0.0) == [done, failed]  # in key order
         assert store.prune("contract.prune", 0.0) == 2  # everything is older than now, but the live lease
         assert {s.key for s in store.list("contract.prune")} == {held}
         for key in (done, failed, freed):
             _assert_tombstone(store, key, 1)
         assert store.prune("contract.prune", 0.0) == 0  # tombstones are not counted again
+        assert dry_run(0.0) == []
         assert store.prune("other.namespace", 0.0) == 0
 
     def test_reap_also_clears_records_that_hold_nothing(self, store: Store) -> None:

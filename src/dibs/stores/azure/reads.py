@@ -65,17 +65,24 @@ def _shown(
 
 
 def page(
-    listed: Listed, fetch: Fetch, *, state: str | None, after: str | None, limit: int
+    listed: Listed,
+    fetch: Fetch,
+    *,
+    state: str | None,
+    after: str | None,
+    limit: int,
+    keep: Callable[[KeyState], bool] | None = None,
 ) -> tuple[list[KeyState], str | None]:
     """A page in key order (the entries are sorted by key) and the cursor after it, or ``None`` when
-    no further record was listed with the status asked for."""
+    no further record was listed with the status asked for (and that ``keep`` keeps: the records a
+    prune would clear, for ``dibs prune --dry-run``, chosen by their summaries as prune chooses)."""
     pages.check_state(state)
     pages.check_limit(limit)
     start = pages.parse_cursor(after) if after is not None else None
     entries = listed()
 
     def fits(s: KeyState) -> bool:
-        return state is None or s.status == state
+        return (state is None or s.status == state) and (keep is None or keep(s))
 
     candidates = (
         entry

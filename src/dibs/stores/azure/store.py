@@ -462,6 +462,27 @@ class AzureBlobStore(RecordStore):
         )
         return pages.Page(tuple(found), cursor, len(skipped))
 
+    def prunable_page(
+        self,
+        namespace: str | None,
+        older_than: float,
+        *,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        """As :meth:`Store.prunable_page <dibs.stores.base.Store.prunable_page>`: the listing, the
+        candidates chosen by their summaries (as :meth:`prune` chooses), then a GET of each shown."""
+        skipped: builtins.list[Skipped] = []
+        found, cursor = reads.page(
+            self._listed_entries(namespace, skipped),
+            self._fetcher(skipped),
+            state=None,
+            after=after,
+            limit=limit,
+            keep=lambda state: transitions.prunable(state, older_than),
+        )
+        return pages.Page(tuple(found), cursor, len(skipped))
+
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         """As :meth:`Store.latest <dibs.stores.base.Store.latest>`: the listing, then ``limit`` GETs."""
         skipped: builtins.list[Skipped] = []

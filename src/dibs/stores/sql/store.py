@@ -54,6 +54,7 @@ from dibs.stores.sql.feed import DataVersionFeed, ListenFeed, VersionsFeed
 from dibs.stores.sql.fork import GATE
 from dibs.stores.sql.limits import SizeLimits
 from dibs.stores.sql.pooler import ServerEnd
+from dibs.stores.sql.removal import SetRemoval
 from dibs.stores.sql.schema import (
     ADDED_COLUMNS,
     NOTIFY_CHANNEL,
@@ -422,6 +423,7 @@ class SQLStore(Store):
         self._drop_result, self._clear_row = prepared.drop_result, prepared.clear_row
         self._payload_chunk, self._payload_row = prepared.payload_chunk, prepared.payload_row
         self._admin = AdminReads(self.t, self._now, self.engine.dialect)
+        self._set_removal = SetRemoval(self._admin)
 
     # -- reading ----------------------------------------------------------------------------------
     def _read(self, cursor: Any, key: Key) -> tuple[KeyState, int | None]:
@@ -549,9 +551,20 @@ class SQLStore(Store):
         return Listing(states, skipped)
 
     # -- the reads a person makes (dibs.stores.pages, dibs.stores.sql.admin) ------------------------------
-    def _admin_rows(self, statement: Prepared, values: dict[str, Any]) -> builtins.list[dict[str, Any]]:
-        """The rows of an admin read (see :mod:`dibs.stores.sql.admin`), under their column names."""
-        return self._repeatable(lambda cursor: statement.fetch_all(cursor, values))
+    def _admin_rows(
+        self, statement: Prepared, values: dict[str, Any], *, unprepared: bool = False
+    ) -> builtins.list[dict[str, Any]]:
+        """The rows of an admin read (see :mod:`dibs.stores.sql.admin`), under their column names;
+        never prepared on the server when ``unprepared`` (see :meth:`_unprepared`)."""
+        if not unprepared:
+            return self._repeatable(lambda cursor: statement.fetch_all(cursor, values))
+        options = self._unprepared()
+
+        def run(cursor: Any) -> builtins.list[dict[str, Any]]:
+            cursor.execute(statement.sql, statement.parameters(values), **options)
+            return [statement.named(row) for row in cursor.fetchall()]
+
+        return self._repeatable(run)
 
     def _listed(
         self, rows: Iterable[Mapping[str, Any]], skipped: builtins.list[Skipped]
@@ -609,6 +622,43 @@ class SQLStore(Store):
         more = len(rows) > limit
         skipped: builtins.list[Skipped] = []
         states = self._listed(rows[:limit], skipped)
+        last = rows[limit - 1] if more else None
+        cursor = None if last is None else pages.cursor_of(Key(last["namespace"], last["name"]))
+        return pages.Page(tuple(states), cursor, len(skipped))
+
+    def prunable_page(
+        self,
+        namespace: str | None,
+        older_than: float,
+        *,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        """The rows prune would clear, found as the read-then-write removal finds them (the keys' index
+        from the cursor, :meth:`AdminReads.prunable <dibs.stores.sql.admin.AdminReads.prunable>` in
+        SQL: only candidates come back), each decided on again as it is (:func:`transitions.prunable`,
+        an unreadable row skipped and counted)."""
+        pages.check_limit(limit)
+        self._ensure_ready()
+        values: dict[str, Any] = {**self._admin_values(namespace, limit + 1), "p_older": older_than}
+        start = None if after is None else pages.parse_cursor(after)
+        if start is not None and namespace is not None:  # only the name counts within one namespace
+            if start[0] > namespace:
+                return pages.Page((), None)  # every key of the namespace comes before the cursor
+            start = start if start[0] == namespace else None  # else: every one comes after it
+        if start is not None or (namespace is not None and self.dialect == "postgresql"):
+            values["p_after_name"] = "" if start is None else start[1]  # PostgreSQL: always a cursor
+            if namespace is None and start is not None:
+                values["p_after_namespace"] = start[0]
+        statement = self._admin.removable(
+            namespace=namespace is not None, kind="prune", after=start is not None
+        )
+        rows = self._admin_rows(statement, values, unprepared=True)
+        more = len(rows) > limit
+        skipped: builtins.list[Skipped] = []
+        states = [
+            state for state in self._listed(rows[:limit], skipped) if transitions.prunable(state, older_than)
+        ]
         last = rows[limit - 1] if more else None
         cursor = None if last is None else pages.cursor_of(Key(last["namespace"], last["name"]))
         return pages.Page(tuple(states), cursor, len(skipped))
@@ -881,16 +931,56 @@ class SQLStore(Store):
 
     # -- removal in batches (issue 30) ------------------------------------------------------------
     def _remove(self, namespace: str | None, kind: str, older_than: float, progress: Progress | None) -> int:
-        """Prune or reap by sets: the rows that may change are read in key order, :data:`REMOVAL_BATCH`
-        at a time (through the keys' index, the others filtered out by the database); each is decided
-        on as by one key's removal (:func:`transitions.prunable`, an expired lease, a record holding
-        nothing; an unreadable row is skipped and logged, and left as it is), and the batch is changed
-        by one statement (two for reap: the tombstones, and the expired leases of records that keep an
-        artifact or a failure). Each row changes only at the version read and while the statement's
-        re-check holds (:meth:`AdminReads.at_versions <dibs.stores.sql.admin.AdminReads.at_versions>`):
-        a holder or another remover that wrote it meanwhile wins, and the row is not counted. Removal
-        keeps every row, as a tombstone with its fence (see :meth:`discard`)."""
+        """Prune or reap by sets, :data:`REMOVAL_BATCH` rows at a time in key order (through the keys'
+        index): on PostgreSQL decided and changed by one statement per batch
+        (:mod:`dibs.stores.sql.removal`), elsewhere read, decided on in Python and changed by one
+        statement (:meth:`_remove_read`). Either way a row changes only while it is still removable
+        (a holder or another remover that wrote it meanwhile wins, and the row is not counted), a
+        damaged row is left as it is, and removal keeps every row, as a tombstone with its fence (see
+        :meth:`discard`)."""
         self._ensure_ready()
+        if self.dialect == "postgresql":
+            return self._remove_in_sql(namespace, kind, older_than, progress)
+        return self._remove_read(namespace, kind, older_than, progress)
+
+    def _remove_in_sql(
+        self, namespace: str | None, kind: str, older_than: float, progress: Progress | None
+    ) -> int:
+        """PostgreSQL: one statement per batch, which says how many rows it changed, how many it chose
+        and the last one's key (the next batch's cursor); the last batch is the one that chose fewer
+        than its limit. Not repeated after a lost reply (its outcome is unknown: the next removal
+        finds what is left), only after the server rolled it back."""
+        changed, start = 0, None
+        values: dict[str, Any] = {"p_limit": REMOVAL_BATCH}
+        if kind == "prune":
+            values["p_older"] = older_than
+        if namespace is not None:
+            values["p_namespace"] = namespace
+        while True:
+            if start is not None:
+                values["p_after_name"] = start[1]
+                if namespace is None:
+                    values["p_after_namespace"] = start[0]
+            within, after = namespace is not None, start is not None
+            statement = self._set_removal.batch(kind, namespace=within, after=after)
+            done = self._removal_batch(statement, values)
+            changed += int(done["changed"])
+            if progress is not None:
+                progress(changed)
+            if int(done["selected"]) < REMOVAL_BATCH:
+                return changed
+            start = (str(done["last_namespace"]), str(done["last_name"]))
+
+    def _remove_read(
+        self, namespace: str | None, kind: str, older_than: float, progress: Progress | None
+    ) -> int:
+        """SQLite, MySQL/MariaDB: the rows that may change are read in key order (the others filtered
+        out by the database); each is decided on as by one key's removal (:func:`transitions.prunable`,
+        an expired lease, a record holding nothing; an unreadable row is skipped and logged), and the
+        batch is changed by one statement (two for reap: the tombstones, and the expired leases of
+        records that keep an artifact or a failure), each row only at the version read and while the
+        statement's re-check holds (:meth:`AdminReads.at_versions
+        <dibs.stores.sql.admin.AdminReads.at_versions>`)."""
         admin, changed, start = self._admin, 0, None
         values: dict[str, Any] = {"p_limit": REMOVAL_BATCH, "p_older": older_than}
         if namespace is not None:
@@ -929,6 +1019,24 @@ class SQLStore(Store):
                 return changed
             start = (str(rows[-1]["namespace"]), str(rows[-1]["name"]))
 
+    def _removal_batch(self, statement: Prepared, values: dict[str, Any]) -> dict[str, Any]:
+        """One batch of :meth:`_remove_in_sql` (a seam for the tests that count them), never prepared
+        on the server (see :meth:`_unprepared`)."""
+
+        def run(cursor: Any) -> dict[str, Any]:
+            cursor.execute(statement.sql, statement.parameters(values), **self._unprepared())
+            return statement.named(cursor.fetchone())
+
+        return self._repeatable(run, after_lost=False)
+
+    def _unprepared(self) -> dict[str, Any]:
+        """psycopg's option to run a statement without preparing it on the server. psycopg prepares a
+        statement after its fifth run on a connection, and PostgreSQL may then keep one generic plan
+        for it; the removal's statements are planned at each run instead, for the table as it is then.
+        A plan kept from a table that was nearly empty (where a scan is as good as any index) would scan
+        the grown table for every batch or page; planning costs ~1 ms a batch."""
+        return {"prepare": False} if self.engine.dialect.driver == "psycopg" else {}
+
     def _removal_rows(self, statement: Prepared, values: dict[str, Any]) -> builtins.list[dict[str, Any]]:
         """One batch of the rows a removal may change (a seam for the tests that pause a remover
         between its read and its write)."""
@@ -952,17 +1060,12 @@ class SQLStore(Store):
         if not pairs:
             return 0
         values: dict[str, Any] = {"p_older": older_than} if change == "prune" else {}
-        if self.dialect == "postgresql":  # two arrays: one statement whatever the size
-            statement = self._admin.batch(change, 0)
-            values["p_hashes"] = [digest for digest, _ in pairs]
-            values["p_versions"] = [version for _, version in pairs]
-        else:
-            # Padded to a power of two with its first pair (matched once all the same): a few
-            # statements compiled per store, whatever the batches' sizes.
-            size = 1 << max(0, len(pairs) - 1).bit_length()
-            statement = self._admin.batch(change, size)
-            for i, (digest, version) in enumerate([*pairs, *[pairs[0]] * (size - len(pairs))]):
-                values[f"p_h{i}"], values[f"p_v{i}"] = digest, version
+        # Padded to a power of two with its first pair (matched once all the same): a few statements
+        # compiled per store, whatever the batches' sizes.
+        size = 1 << max(0, len(pairs) - 1).bit_length()
+        statement = self._admin.batch(change, size)
+        for i, (digest, version) in enumerate([*pairs, *[pairs[0]] * (size - len(pairs))]):
+            values[f"p_h{i}"], values[f"p_v{i}"] = digest, version
         return self._repeatable(lambda cursor: statement.execute(cursor, values), after_lost=False)
 
     # -- the watch hub ------------------------------------------------------------------------------
