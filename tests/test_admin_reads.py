@@ -364,3 +364,50 @@ def test_a_readable_name_is_looked_up_from_its_prefix(
     status, out, _err = run("show", "day-00299[8]", "--json")  # a glob whose prefix names nine keys
     assert status == 0 and json.loads(out)["key"] == f"{NAMESPACE}/day-002998"  # the one of them there
     assert sum(returned) <= 16 + 1
+
+
+def test_a_store_that_scans_streams_every_page_from_one_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dibs ls`` and ``prune --dry-run`` on a store without indexes read its listing once, however
+    many pages they print (a page at a time re-read the whole namespace for each: 105 records/s at
+    100,000 keys on files), and give the pages a page at a time gives."""
+    from dibs.stores.filesystem import FileStore
+
+    store = FileStore(str(tmp_path / "files"))
+    client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
+    for i in range(25):
+        client.run(f"day-{i:02d}", lambda: 1)
+    client.get_or_reserve("held-1", owner="worker")
+    one_at_a_time = []
+    after: str | None = None
+    while True:
+        page = store.list_page(NAMESPACE, after=after, limit=7)
+        one_at_a_time.append([s.key for s in page.states])
+        if page.after is None:
+            break
+        after = page.after
+    listings: list[str | None] = []
+    listed = FileStore.list
+
+    def counting(self: FileStore, namespace: str | None = None) -> Any:
+        listings.append(namespace)
+        return listed(self, namespace)
+
+    monkeypatch.setattr(FileStore, "list", counting)
+    streamed = [[s.key for s in page.states] for page in store.list_pages(NAMESPACE, limit=7)]
+    assert streamed == one_at_a_time and len(streamed) == 4
+    assert listings == [NAMESPACE]
+    doomed = [s.key for page in store.prunable_pages(NAMESPACE, 0.0, limit=7) for s in page.states]
+    assert listings == [NAMESPACE, NAMESPACE]
+    assert len(doomed) == 25 and Key(NAMESPACE, "held-1") not in doomed
+
+
+def test_pages_that_grow_read_little_for_a_lookup_that_ends_soon(tmp_path: Path) -> None:
+    """A store that finds pages without a scan is asked for pages from ``first`` doubling to ``limit``."""
+    url = f"sqlite:///{tmp_path / 'grow.db'}"
+    store = SQLStore(url)
+    _grow(store, 100)
+    sizes = [len(page.states) for page in store.list_pages(NAMESPACE, limit=40, first=5)]
+    assert sizes == [5, 10, 20, 40, 25]
+    store.close()

@@ -76,8 +76,8 @@ def _ls(args: argparse.Namespace, client: Reservations) -> int:
 def _listed(
     args: argparse.Namespace, client: Reservations, emit: Callable[[list[KeyState]], None]
 ) -> tuple[str | None, int]:
-    """Read the keys ``args`` asks for from the store a page at a time (:meth:`Store.list_page
-    <dibs.stores.base.Store.list_page>`: what the store finds, not the whole namespace), handing each
+    """Read the keys ``args`` asks for from the store a page at a time (:meth:`Store.list_pages
+    <dibs.stores.base.Store.list_pages>`: what the store finds, not the whole namespace), handing each
     page's keys to ``emit``; stop after ``--limit`` keys. The cursor after the last key emitted when
     more follow (else ``None``), and how many unreadable records were skipped."""
     namespace = None if args.all else client.namespace
@@ -92,10 +92,9 @@ def _listed(
         begin = names.start(client.namespace, by_prefix)
         if begin is not None and (after is None or pages.parse_cursor(after) < pages.parse_cursor(begin)):
             after = begin
-        size = min(size, names.FIRST_PAGE)
     emitted, skipped = 0, 0
-    while True:
-        page = client.store.list_page(namespace, state=args.state, after=after, limit=size)
+    first = names.FIRST_PAGE if by_prefix is not None else None
+    for page in client.store.list_pages(namespace, state=args.state, after=after, limit=size, first=first):
         skipped += page.skipped
         states, ended = page.states, page.after is None
         if by_prefix is not None:  # past the prefix: no later name can match
@@ -113,10 +112,8 @@ def _listed(
             emit(found)
         emitted += len(found)
         if ended:
-            return None, skipped
-        after = page.after
-        if by_prefix is not None:
-            size = min(2 * size, pages.PAGE if limit is None else max(size, limit + 1))
+            break
+    return None, skipped
 
 
 def _show(args: argparse.Namespace, client: Reservations) -> int:
@@ -185,17 +182,15 @@ def _prune(args: argparse.Namespace, client: Reservations) -> int:
 
 def _dry_run(args: argparse.Namespace, client: Reservations, older: str) -> int:
     """List what ``prune`` would clear, a page at a time as the store finds it
-    (:meth:`Store.prunable_page <dibs.stores.base.Store.prunable_page>`: the candidates only, not the
+    (:meth:`Store.prunable_pages <dibs.stores.base.Store.prunable_pages>`: the candidates only, not the
     namespace), printing each page as it is read; remove nothing."""
     namespace = None if args.all else client.namespace
     columns = ["namespace", "key", "status", "token", "detail"]
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    after: str | None = None
     found, skipped = 0, 0
     if args.json:
         print('{"would_prune": [', end="")
-    while True:
-        page = client.store.prunable_page(namespace, args.older_than, after=after)
+    for page in client.store.prunable_pages(namespace, args.older_than):
         skipped += page.skipped
         if args.json:
             for state in page.states:
@@ -205,9 +200,6 @@ def _dry_run(args: argparse.Namespace, client: Reservations, older: str) -> int:
             print_table([_summary(s) for s in page.states], columns, width=width, header=found == 0)
             found += len(page.states)
         sys.stdout.flush()
-        if page.after is None:
-            break
-        after = page.after
     if args.json:
         print("]}")
     else:

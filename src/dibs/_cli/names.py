@@ -80,17 +80,14 @@ def lookup(client: Reservations, pattern: str) -> list[str]:
     :func:`start` until :func:`past` (see the module)."""
     namespace = client.namespace
     found: list[str] = []
-    after, size = start(namespace, pattern), FIRST_PAGE
-    while True:
-        page = client.store.list_page(namespace, after=after, limit=size)
+    after = start(namespace, pattern)
+    for page in client.store.list_pages(namespace, after=after, limit=pages.PAGE, first=FIRST_PAGE):
         for state in page.states:
             if past(state.key.name, pattern):
                 return found
             if matches(state.key.name, pattern):
                 found.append(state.key.name)
-        if page.after is None:
-            return found
-        after, size = page.after, min(2 * size, pages.PAGE)
+    return found
 
 
 def resolve(client: Reservations, pattern: str, wanted: str) -> Key:

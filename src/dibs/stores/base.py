@@ -259,6 +259,28 @@ class Store(Closing):
         listed; unreadable records are skipped and counted, as by :meth:`list`."""
         return pages.page_of(self.list(namespace), state=state, after=after, limit=limit)
 
+    def list_pages(
+        self,
+        namespace: str | None,
+        *,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+        first: int | None = None,
+    ) -> Iterator[pages.Page]:
+        """The pages of :meth:`list_page` one after the other, from ``after`` to the last (``dibs ls``),
+        each of ``limit`` records, or from ``first`` doubling up to ``limit`` (a lookup that may end
+        after a few). A store that :attr:`scans` reads its listing once for all of them, not once a
+        page."""
+        if self.scans:
+            return pages.pages_of(self.list(namespace), state=state, after=after, limit=limit)
+        return pages.successive(
+            lambda cursor, size: self.list_page(namespace, state=state, after=cursor, limit=size),
+            after,
+            limit,
+            first,
+        )
+
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         """The ``limit`` records whose artifact (``kind="artifact"``) or last failure (``"failure"``)
         is newest, newest first."""
@@ -308,6 +330,25 @@ class Store(Closing):
             after=after,
             limit=limit,
             keep=lambda state: transitions.prunable(state, older_than),
+        )
+
+    def prunable_pages(
+        self, namespace: str | None, older_than: float, *, after: str | None = None, limit: int = pages.PAGE
+    ) -> Iterator[pages.Page]:
+        """The pages of :meth:`prunable_page` one after the other (``dibs prune --dry-run``); a store that
+        :attr:`scans` reads its listing once for all of them."""
+        if self.scans:
+            return pages.pages_of(
+                self.list(namespace),
+                state=None,
+                after=after,
+                limit=limit,
+                keep=lambda state: transitions.prunable(state, older_than),
+            )
+        return pages.successive(
+            lambda cursor, size: self.prunable_page(namespace, older_than, after=cursor, limit=size),
+            after,
+            limit,
         )
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:

@@ -29,7 +29,7 @@ import base64
 import binascii
 import heapq
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,7 +54,9 @@ __all__ = [
     "made_at",
     "overview_of",
     "page_of",
+    "pages_of",
     "parse_cursor",
+    "successive",
 ]
 
 #: The statuses a listing can be filtered by (:attr:`KeyState.status <dibs.records.KeyState.status>`).
@@ -161,6 +163,53 @@ def page_of(
             return Page(tuple(found), cursor_of(found[-1].key), _skipped(listing))
         found.append(record)
     return Page(tuple(found), None, _skipped(listing))
+
+
+def pages_of(
+    listing: Iterable[KeyState],
+    *,
+    state: str | None,
+    after: str | None,
+    limit: int,
+    keep: Callable[[KeyState], bool] | None = None,
+) -> Iterator[Page]:
+    """Every page :func:`page_of` would give from ``after`` on, out of one pass over ``listing``: what a
+    store that scans streams for ``dibs ls`` and ``prune --dry-run`` (:meth:`Store.list_pages
+    <dibs.stores.base.Store.list_pages>`), where a page at a time would read the whole listing for each page.
+    The records skipped as unreadable are counted on the first page."""
+    check_state(state)
+    check_limit(limit)
+    start = parse_cursor(after) if after is not None else None
+    skipped = _skipped(listing)
+    found: list[KeyState] = []
+    for record in listing:
+        if start is not None and (record.key.namespace, record.key.name) <= start:
+            continue
+        if not _matches(record, state) or (keep is not None and not keep(record)):
+            continue
+        if len(found) == limit:
+            yield Page(tuple(found), cursor_of(found[-1].key), skipped)
+            found, skipped = [], 0
+        found.append(record)
+    yield Page(tuple(found), None, skipped)
+
+
+def successive(
+    read: Callable[[str | None, int], Page], after: str | None, limit: int, first: int | None = None
+) -> Iterator[Page]:
+    """The pages ``read(cursor, size)`` gives, each from the cursor the one before returned, starting
+    after ``after`` and ending with the one that has no cursor (the default :meth:`Store.list_pages
+    <dibs.stores.base.Store.list_pages>` of a store that finds each page without a scan). Each holds
+    ``limit`` records, or from ``first`` doubling up to ``limit``: a lookup that may end soon reads
+    little before it does."""
+    check_limit(limit)
+    size = limit if first is None else min(first, limit)
+    while True:
+        page = read(after, size)
+        yield page
+        if page.after is None:
+            return
+        after, size = page.after, min(2 * size, limit)
 
 
 def _skipped(listing: Iterable[KeyState]) -> int:
