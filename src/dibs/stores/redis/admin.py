@@ -27,8 +27,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
-import redis.exceptions
-
 from dibs.display import printable
 from dibs.errors import CorruptRecord, InvalidKey
 from dibs.keys import Key
@@ -397,52 +395,39 @@ class IndexedReads:
             low = b"(" + got[-1]
 
     def _drop_batch(self, namespace: str, names: Sequence[str], part: str, older_than: float) -> int:
-        """One pipeline of drop scripts (``part``) on ``names``; how many changed. A record that cannot
-        be read is skipped and logged, and left as it is.
+        """One ``drop_many`` script (``part``: ``old`` or ``reap``) on ``names``; how many changed. A
+        record that cannot be read is skipped and logged, and left as it is.
 
-        Each run is a bare ``EVALSHA`` (the script loaded on the node first): redis-py's script object
-        spent ~12 µs a key building its call; a run refused with ``NOSCRIPT`` (a restart meanwhile) or
-        a moved slot is sent again on its own, through :class:`~dibs.stores.redis.scripts.Script`."""
+        One call judges the whole batch: every key of the namespace, records and indexes, is in one
+        slot wherever the indexes are kept, and one script per record cost ~45 µs of server time and
+        ~21 µs of this process's CPU a key (its call set up, sent, parsed), most of it per call. The
+        script runs through :class:`~dibs.stores.redis.scripts.Script` (loaded on ``NOSCRIPT``; a
+        cluster's client follows a moved slot)."""
         store = self.store
         keys = [key for name in names if (key := _key(namespace, name)) is not None]
+        if not keys:
+            return 0
         record_keys = [store.record_key(key) for key in keys]
-        more = self.indexes.more(namespace)
-        extra = (repr(float(older_than)),) if part == "old" else ()
-        drop = store._drop
-        replies: builtins.list[object] = [None] * len(keys)
-        for node, indexes in store._reach.group(record_keys):
-            node.script_load(drop.registered.script)
-            pipe = node.pipeline(transaction=False)
-            run: Callable[..., Any] = pipe.execute_command  # untyped in redis-py
-            for index in indexes:
-                key = keys[index]
-                run(
-                    "EVALSHA",
-                    drop.sha,
-                    1 + len(more),
-                    record_keys[index],
-                    *more,
-                    key.namespace,
-                    key.name,
-                    store.channel(key),
-                    part,
-                    *extra,
-                )
-            for index, answer in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
-                replies[index] = answer
+        more = (*self.indexes.more(namespace), *record_keys[1:])
+        seconds = repr(float(older_than)) if part == "old" else "0"
+        reply = store._drop_many(
+            store._reach.client(),
+            record_keys[0],
+            namespace,
+            part,
+            seconds,
+            store._record_start,
+            store._channel_start,
+            *(key.name for key in keys),
+            more=more,
+        )
         changed = 0
-        for key, record_key, answered in zip(keys, record_keys, replies, strict=True):
-            answer = answered
-            if isinstance(answer, redis.exceptions.AskError | redis.exceptions.NoScriptError):
-                args = (key.namespace, key.name, store.channel(key), part, *extra)
-                answer = drop(store._reach.client(), record_key, *args, more=more)
-            if isinstance(answer, Exception):
-                raise answer
-            reply = cast(Reply, answer)
-            if reply[0] == b"corrupt":
-                skip([], store._where(record_key), store._corrupt(key, record_key, _why(reply)))
+        for key, record_key, answer in zip(keys, record_keys, reply, strict=True):
+            if isinstance(answer, bytes):  # why the value at the key is not a dibs record
+                why = printable(answer.decode("utf-8", "replace"))
+                skip([], store._where(record_key), store._corrupt(key, record_key, why))
                 continue
-            changed += reply[0] == b"changed"
+            changed += answer
         return changed
 
     # -- backfill --------------------------------------------------------------------------------------
