@@ -9,9 +9,11 @@ the records they name with pipelined read scripts (one pipeline per node, as ``r
 * the held leases walk the expiry sets up from the server's clock, the expired ones down from it;
 * the latest artifacts and failures walk ``art`` and ``fail`` from the newest;
 * the counts are ``ZCOUNT`` and ``ZLEXCOUNT`` of those sets: a few commands, whatever the size;
-* prune and reap take their candidates from the same sets (the oldest first) and run the drop script
-  on them, a pipeline per :data:`REMOVAL_BATCH`: the script judges each record again on the server's
-  clock (a holder may have renewed, another remover been first), and leaves a tombstone with its fence.
+* prune and reap take their candidates from the same sets (the oldest first) and run the
+  ``drop_many`` script on them, one call per :data:`REMOVAL_BATCH` (every key of the namespace is in
+  one slot wherever there are indexes): the script judges each record again on the server's clock (a
+  holder may have renewed, another remover been first), by the same rules as the drop script of one
+  key, and leaves a tombstone with its fence.
 
 An index entry whose record no longer matches it (a record written by an older dibs, or changed by
 hand) is skipped: every answer is judged on the records read, never on the index alone (but the
@@ -52,8 +54,11 @@ __all__ = ["REMOVAL_BATCH", "IndexedReads"]
 
 logger = logging.getLogger(__name__)
 
-#: Records one pipeline of prune or reap judges and changes.
-REMOVAL_BATCH = 1000
+#: Records one ``drop_many`` call of prune or reap judges and changes (candidates read at a time). The
+#: call is one atomic step, ~30 µs of server time a record, so the server answers nobody else for
+#: ~6 ms; measured on 20,000 keys, 100 to 1,000 a call made no difference to the rate beyond the
+#: noise of a busy machine (the per-call cost, ~20 µs, is spread over the batch either way).
+REMOVAL_BATCH = 200
 _INF = float("inf")
 
 
@@ -326,8 +331,8 @@ class IndexedReads:
 
     # -- removal ---------------------------------------------------------------------------------------
     def remove(self, namespace: str | None, part: str, older_than: float, progress: Progress | None) -> int:
-        """Prune (``part="old"``) or reap (``"reap"``) from the indexes' candidates, a pipeline of drop
-        scripts per :data:`REMOVAL_BATCH`; returns how many records changed.
+        """Prune (``part="old"``) or reap (``"reap"``) from the indexes' candidates, a ``drop_many``
+        call per :data:`REMOVAL_BATCH`; returns how many records changed.
 
         Each set is walked from its oldest entry with a cursor (a score, and the names already met at
         that score): a changed record leaves every index, one the script left as it was (a renewed
@@ -348,8 +353,8 @@ class IndexedReads:
             sources = [self._below(key, limit, strict=part == "old") for key in scored]
             sources.append(self._class(found.cls, "n"))
             with ThreadPoolExecutor(2, thread_name_prefix="dibs-remove") as pool:
-                # Two batches in flight: the server runs one while this process packs the next (each
-                # takes about as long). The next candidates never depend on what a batch changed.
+                # Two batches in flight: the server runs one while this process reads and packs the
+                # next. The next candidates never depend on what a batch changed.
                 flight: deque[Future[int]] = deque()
                 for source in sources:
                     for names in source:
