@@ -204,7 +204,8 @@ local function place(old, new, name, namespace)
     redis.call('ZADD', KEYS[nl], new[2], name)
   end
   for i = 3, 4 do
-    local o, n = old and old[i], new and new[i]
+    -- false for no time, whether or not there is a placement (nil ~= false: a needless ZREM)
+    local o, n = old and old[i] or false, new and new[i] or false
     if o ~= n then
       if n then
         redis.call('ZADD', KEYS[i + 2], n, name)
