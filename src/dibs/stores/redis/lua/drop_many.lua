@@ -17,6 +17,7 @@ local out = {}
 for i = 6, #ARGV do
   local n = i - 5
   record_key = n == 1 and KEYS[1] or KEYS[n + 6]
+  dirty, before = false, nil -- this record's writes not begun (drop_record syncs each it makes)
   local rec, why = load_record(record_key, namespace, ARGV[i])
   if rec == false then
     out[n] = why
