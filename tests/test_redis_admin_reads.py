@@ -1,8 +1,9 @@
 """The Redis store's admin reads and removals go through its per-namespace indexes (issue 30).
 
 Counted, never timed: the records each read fetches are counted by wrapping the one method that reads
-them (:meth:`IndexedReads.read <dibs.stores.redis.admin.IndexedReads.read>`), the drop pipelines by
-wrapping the one that sends them, and a whole listing (the SCAN) is made to fail. The namespaces are
+them (:meth:`IndexedReads.read <dibs.stores.redis.admin.IndexedReads.read>`), the drop batches by
+wrapping the one that sends them, or by the script calls a server of the test's own counts (``INFO
+commandstats``), and a whole listing (the SCAN) is made to fail. The namespaces are
 grown with :func:`benchmarks.grow_redis.grow` (hash copies and their index entries).
 """
 
@@ -94,10 +95,10 @@ def test_top_reads_a_bounded_number_of_records_whatever_the_namespace_size(
 def test_prune_runs_in_batches_and_keeps_every_fence(
     url: str, read_counts: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One pipeline of drop scripts per batch, not one call per key; progress told per batch; every
+    """One drop_many script per batch, not one call per key; progress told per batch; every
     pruned key keeps its fence (its next holder gets token 2); a live lease is never pruned."""
     store = RedisStore(url)
-    keys = 2 * REMOVAL_BATCH + 500
+    keys = 2 * REMOVAL_BATCH + REMOVAL_BATCH // 2
     grow(store, NAMESPACE, keys)
     pipelines: list[int] = []
     drop_batch = IndexedReads._drop_batch
@@ -112,7 +113,7 @@ def test_prune_runs_in_batches_and_keeps_every_fence(
     held = client.get_or_reserve("held-now", owner="worker")
     assert isinstance(held, dibs.Acquired)
     assert client.prune(0.0, progress=told.append) == keys  # everything old but the live lease
-    assert pipelines == [REMOVAL_BATCH, REMOVAL_BATCH, 500]  # the live lease is no candidate
+    assert pipelines == [REMOVAL_BATCH, REMOVAL_BATCH, REMOVAL_BATCH // 2]  # the live lease is no candidate
     assert told == [REMOVAL_BATCH, 2 * REMOVAL_BATCH, keys]
     assert store.count_states(NAMESPACE) == {"held": 1, "expired": 0, "done": 0, "failed": 0}
     assert [s.key.name for s in store.list(NAMESPACE)] == ["held-now"]
@@ -287,3 +288,162 @@ def test_what_the_scripts_keep_step_by_step_is_what_a_rebuild_places(url: str) -
     assert store.prune(ns, 0.0) == 3  # all but the live lease beside its artifact
     assert raw.zrange(store._indexes.of(ns).cls, 0, -1) == [b"rrefresh"]
     store.close()
+
+
+# -- prune and reap: one drop_many script per batch ----------------------------------------------------
+
+
+@pytest.fixture
+def own_url(tmp_path: Path) -> Iterator[str]:
+    """A store URL on a ``redis-server`` of the test's own: its ``INFO commandstats`` counts this
+    test's script calls alone (on the shared server a neighbouring worker's would count too)."""
+    from tests.components import free_port
+    from tests.redis_topologies import RedisServer, missing, wait_until
+    from tests.services import unavailable
+
+    why = missing()
+    if why is not None:
+        unavailable(f"this test counts a server's script calls, on a server of its own: {why}")
+    port = free_port()
+    config = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path / "own"), "--save", ""]
+    server = RedisServer("redis-own", tmp_path / "own", port, config).start()
+    try:
+        wait_until(server.answers, "the test's own Redis to answer", [server])
+        yield f"redis://127.0.0.1:{port}/0?prefix=dibs-test:"
+    finally:
+        server.stop()
+
+
+def _script_calls(store: RedisStore) -> int:
+    """Every ``EVALSHA`` the store's server has run (``INFO commandstats``)."""
+    stats = _client(store).info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _ready(store: RedisStore) -> None:
+    """The marker set and drop_many loaded, so that counted calls are prune's own (no backfill, no
+    run refused with ``NOSCRIPT`` and sent again)."""
+    store.count_states(NAMESPACE)
+    _client(store).script_load(store._drop_many.registered.script)
+
+
+def test_a_prune_runs_one_script_call_per_batch_and_keeps_every_fence(own_url: str) -> None:
+    """N prunable keys cost ceil(N / REMOVAL_BATCH) script calls, counted by the server; each key
+    left a tombstone with its fence (its next holder gets the next token), in every batch."""
+    store = RedisStore(own_url)
+    keys = 2 * REMOVAL_BATCH + 37
+    grow(store, NAMESPACE, keys)
+    _ready(store)
+    told: list[int] = []
+    before = _script_calls(store)
+    assert store.prune(NAMESPACE, 0.0, progress=told.append) == keys
+    assert _script_calls(store) - before == -(-keys // REMOVAL_BATCH) == 3
+    assert told == [REMOVAL_BATCH, 2 * REMOVAL_BATCH, keys]  # progress told per batch
+    assert store.count_states(NAMESPACE) == {"held": 0, "expired": 0, "done": 0, "failed": 0}
+    raw = _client(store)
+    for name in ("template", "day-000000", f"day-{REMOVAL_BATCH:06d}", f"day-{keys - 2:06d}"):
+        record = store.record_key(Key(NAMESPACE, name))
+        assert sorted(raw.hkeys(record)) == [b"attempts", b"fence", b"format", b"name", b"namespace"]
+        granted = store.acquire(Key(NAMESPACE, name), AcquireRequest("next", 60))
+        assert granted.lease.token.fence == 2  # type: ignore[union-attr]
+    before = _script_calls(store)
+    assert store.prune(NAMESPACE, 0.0) == 0  # live leases now: no candidate, no call
+    assert _script_calls(store) == before
+    store.close()
+
+
+def test_a_mixed_batch_changes_only_the_prunable_records(
+    own_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One script call judges a batch whose candidates are partly not prunable, as the indexes may
+    say by the time it runs (here their entries written by hand): a lease renewed since, and a
+    foreign or damaged value under the prefix. Only the prunable records change; the lease is held
+    as it was; the foreign values are skipped, logged, and left byte for byte."""
+    store = RedisStore(own_url)
+    grow(store, NAMESPACE, 10)
+    _ready(store)
+    raw = _client(store)
+    art = store._indexes.of(NAMESPACE).art
+    held = store.acquire(Key(NAMESPACE, "held"), AcquireRequest("worker", 600))
+    foreign = store.record_key(Key(NAMESPACE, "foreign"))
+    damaged = store.record_key(Key(NAMESPACE, "damaged"))
+    raw.set(foreign, b"not a hash")
+    raw.hset(
+        damaged,
+        mapping={
+            "format": "dibs.redis/1",
+            "namespace": NAMESPACE,
+            "name": "damaged",
+            "fence": "x",
+            "attempts": "1",
+        },
+    )
+    # All three among the oldest artifacts, so the one batch of candidates holds them and the ten.
+    raw.zadd(art, {"held": 1.0, "foreign": 2.0, "damaged": 3.0})
+    held_before, damaged_before = raw.hgetall(store.record_key(Key(NAMESPACE, "held"))), raw.hgetall(damaged)
+    before = _script_calls(store)
+    with caplog.at_level(logging.WARNING, logger="dibs.stores.base"):
+        assert store.prune(NAMESPACE, 0.0) == 10
+    assert _script_calls(store) - before == 1
+    skipped = [r.getMessage() for r in caplog.records if "skipping an unreadable record" in r.getMessage()]
+    assert len(skipped) == 2
+    assert any("not a hash" in m for m in skipped) and any("fence" in m for m in skipped)
+    assert raw.get(foreign) == b"not a hash" and raw.hgetall(damaged) == damaged_before
+    assert raw.hgetall(store.record_key(Key(NAMESPACE, "held"))) == held_before
+    state = store.read(Key(NAMESPACE, "held"))
+    assert state.status == "held" and state.lease is not None
+    assert state.lease.token == held.lease.token  # type: ignore[union-attr]
+    assert store.count_states(NAMESPACE) == {"held": 1, "expired": 0, "done": 0, "failed": 0}
+    store.close()
+
+
+def test_reap_runs_one_script_call_per_batch_and_publishes_each_expiry(own_url: str) -> None:
+    """Reap through drop_many: one call for the expired leases of a batch; each cleared lease is
+    published on its key's channel ('expired', what waiters wake on), a live one is not touched."""
+    store = RedisStore(own_url)
+    expired = [Key(NAMESPACE, f"gone-{i}") for i in range(5)]
+    for key in expired:
+        store.acquire(key, AcquireRequest("a", 0.0))
+    live = Key(NAMESPACE, "live")
+    store.acquire(live, AcquireRequest("b", 600))
+    _ready(store)
+    raw = _client(store)
+    listener = raw.pubsub()
+    listener.psubscribe(f"{store.prefix}chan:*")
+    assert listener.get_message(timeout=5)["type"] == "psubscribe"
+    before = _script_calls(store)
+    assert store.reap(NAMESPACE) == 5
+    assert _script_calls(store) - before == 1
+    heard = []
+    while (message := listener.get_message(timeout=1)) is not None:
+        heard.append((message["channel"], message["data"]))
+    listener.close()
+    assert sorted(heard) == sorted((store.channel(key).encode(), b"expired") for key in expired)
+    assert {store.read(key).status for key in expired} == {"free"} and store.read(live).status == "held"
+    store.close()
+
+
+def test_prune_on_a_cluster_under_a_hash_tag_runs_batches(caplog: pytest.LogCaptureFixture) -> None:
+    """On a Redis Cluster whose prefix has a hash tag, every key of a namespace is in one slot: prune
+    takes the batched script there too (not the scan), and keeps the fences."""
+    from tests.redis_topologies import delete_prefix, missing, shared_cluster, unique_prefix
+
+    if missing() is not None:
+        pytest.skip(f"the Redis Cluster tests start their own cluster, but {missing()}")
+    cluster = shared_cluster()
+    prefix = "{" + unique_prefix().rstrip(":") + "}:"
+    store = RedisStore(cluster.url(prefix))
+    try:
+        assert store._indexes.enabled
+        keys = REMOVAL_BATCH + 3
+        grow(store, NAMESPACE, keys)
+        node = store._reach.node_of(store._indexes.marker)
+        node.script_load(store._drop_many.registered.script)
+        before = int(node.info("commandstats")["cmdstat_evalsha"]["calls"])
+        assert store.prune(NAMESPACE, 0.0) == keys
+        assert int(node.info("commandstats")["cmdstat_evalsha"]["calls"]) - before == 2
+        granted = store.acquire(Key(NAMESPACE, "day-000005"), AcquireRequest("next", 60))
+        assert granted.lease.token.fence == 2  # type: ignore[union-attr]
+    finally:
+        store.close()
+        delete_prefix([server.client() for server in cluster.servers if server.alive()], prefix)

@@ -7,10 +7,13 @@ Each script Redis runs is three parts, in this order:
    completed key), which of them are integers, counters, times or non-empty text,
    and the limits of :mod:`dibs.records`; so the Lua side cannot drift from the decoder;
 2. ``lua/prelude.lua``, shared by every script: the functions (load and check a record, compare
-   fences, build the reply) and the guard every script starts with, written once: read the server's
-   clock, load the key's record (a foreign or damaged value answers ``{'corrupt', why}`` before
-   anything is written) and, in a script that acts under a lease (:data:`UNDER_LEASE`), answer
-   ``lost`` unless the caller's token is the current one;
+   fences, keep the indexes, build the reply), then the shared parts the script names in
+   :data:`PARTS` (``lua/dropping.lua``: the removal rules, one record at a time, for both ``drop``
+   and ``drop_many``, so the rules are written once), then ``lua/guard.lua``, the guard every script
+   but ``drop_many`` starts with, written once: read the server's clock, load the key's record (a
+   foreign or damaged value answers ``{'corrupt', why}`` before anything is written) and, in a script
+   that acts under a lease (:data:`UNDER_LEASE`), answer ``lost`` unless the caller's token is the
+   current one. ``drop_many`` loads and judges many records, each with the same ``load_record``;
 3. the script's own body, ``lua/NAME.lua``, whose header comment gives its KEYS, ARGV and reply.
 """
 
@@ -36,8 +39,10 @@ __all__ = [
     "FIELDS",
     "FORMAT",
     "GRANTED_FIELDS",
+    "PARTS",
     "PRESENT_FIELDS",
     "UNDER_LEASE",
+    "UNGUARDED",
     "WRITERS",
     "Reply",
     "Script",
@@ -99,12 +104,17 @@ UNDER_LEASE = {
     "complete": True,
     "release": True,
     "drop": False,
+    "drop_many": False,
     "read": False,
     "reindex": False,
 }
+#: The shared parts (``lua/NAME.lua``) a script takes between the prelude and the guard.
+PARTS: dict[str, tuple[str, ...]] = {"drop": ("dropping",), "drop_many": ("dropping",)}
+#: The scripts that start without the guard: they load their records themselves.
+UNGUARDED = frozenset({"drop_many"})
 #: The scripts that write a record, and so keep its namespace's indexes (KEYS[2..]) when the store
 #: has them (:mod:`dibs.stores.redis.index`); the read script is given the record's key alone.
-WRITERS = frozenset({"acquire", "heartbeat", "complete", "release", "drop", "reindex"})
+WRITERS = frozenset({"acquire", "heartbeat", "complete", "release", "drop", "drop_many", "reindex"})
 
 
 def _lua_list(names: Sequence[str]) -> str:
@@ -175,8 +185,10 @@ def _package_text(name: str) -> str:
 
 @functools.cache
 def source(name: str) -> str:
-    """The whole text of script ``name`` as Redis runs it: constants, prelude, body."""
-    text = _package_text("prelude") + _package_text(name)
+    """The whole text of script ``name`` as Redis runs it: constants, prelude, shared parts, guard,
+    body."""
+    parts = ("prelude", *PARTS.get(name, ()), *(() if name in UNGUARDED else ("guard",)), name)
+    text = "".join(_package_text(part) for part in parts)
     return _constants(text, UNDER_LEASE[name]) + text
 
 
@@ -249,6 +261,7 @@ class Scripts:
     complete: Script
     release: Script
     drop: Script
+    drop_many: Script
     read: Script
     reindex: Script
 

@@ -135,6 +135,8 @@ class RedisStore(Store):
         self._url = redact_url(url)
         self.settings = parse_url(url, self._url)
         self._prefix, self.max_artifact_size = self.settings.prefix, self.settings.max_size
+        #: What every record key and every channel starts with (then the key's digest).
+        self._record_start, self._channel_start = f"{self._prefix}rec:", f"{self._prefix}chan:"
         self._value_limit: int | None = None  # read from the server on the first complete
         try:
             self._reach = reach(self.settings)
@@ -146,7 +148,7 @@ class RedisStore(Store):
         scripts = Scripts.load()
         self._acquire, self._heartbeat, self._complete = scripts.acquire, scripts.heartbeat, scripts.complete
         self._release, self._drop, self._read = scripts.release, scripts.drop, scripts.read
-        self._reindex = scripts.reindex
+        self._reindex, self._drop_many = scripts.reindex, scripts.drop_many
         #: The namespaces' indexes the writing scripts keep (:mod:`.index`), and the reads through them.
         self._indexes = Indexes(self._prefix, self.settings.topology)
         #: Without indexes (a cluster under an untagged prefix) the admin reads are scans: ``top`` then
@@ -181,11 +183,11 @@ class RedisStore(Store):
 
     def record_key(self, key: Key) -> str:
         """The Redis key of ``key``'s record hash (for operators and tests)."""
-        return f"{self._prefix}rec:{key.digest}"
+        return f"{self._record_start}{key.digest}"
 
     def channel(self, key: Key) -> str:
         """The pub/sub channel on which changes to ``key`` that can end a wait are published."""
-        return f"{self._prefix}chan:{key.digest}"
+        return f"{self._channel_start}{key.digest}"
 
     # -- operations ---------------------------------------------------------------------------------
 

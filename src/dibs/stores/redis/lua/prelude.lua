@@ -1,7 +1,8 @@
 -- The start of every dibs script: dibs.stores.redis.scripts puts the constants it generates from
 -- Python (FORMAT, FIELDS and the field GROUPS, the fields of the short replies, the limits and
--- field rules, and UNDER_LEASE for this script) above this prelude, and the script's own body
--- below it.
+-- field rules, and UNDER_LEASE for this script) above this prelude, and below it the shared parts
+-- the script names (dropping.lua), the guard (guard.lua: every script but drop_many, which loads
+-- many records) and the script's own body.
 --
 -- Nothing is written before load_record has accepted the record, so a foreign or damaged value at
 -- a dibs key is reported (as {'corrupt', why}) and never changed.
@@ -147,6 +148,8 @@ end
 -- range in key order; KEYS[3] and KEYS[4] the lease expiries of classes 'h' and 'r'; KEYS[5] the
 -- artifacts' creation times; KEYS[6] the failures' times; KEYS[7] the set of namespaces.
 local INDEXED = #KEYS > 1
+-- The record the writes below go to: KEYS[1], or, in drop_many, each of its records in turn.
+local record_key = KEYS[1]
 -- Whether this run wrote the record, and where the record was placed before its first write (set
 -- by set and unset then, so a run that writes nothing, a hit, spends nothing on the indexes; a new
 -- record starts as a tombstone, placed nowhere).
@@ -201,7 +204,8 @@ local function place(old, new, name, namespace)
     redis.call('ZADD', KEYS[nl], new[2], name)
   end
   for i = 3, 4 do
-    local o, n = old and old[i], new and new[i]
+    -- false for no time, whether or not there is a placement (nil ~= false: a needless ZREM)
+    local o, n = old and old[i] or false, new and new[i] or false
     if o ~= n then
       if n then
         redis.call('ZADD', KEYS[i + 2], n, name)
@@ -221,7 +225,7 @@ local function sync_index(rec)
   end
 end
 
--- Every write of a script to the record at KEYS[1] goes through set and unset, which keep `rec`
+-- Every write of a script to its record (record_key) goes through set and unset, which keep `rec`
 -- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
 -- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
 -- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
@@ -230,7 +234,7 @@ local function set(rec, ...)
   if not dirty then
     dirty, before = true, INDEXED and placement(rec)
   end
-  redis.call('HSET', KEYS[1], ...)
+  redis.call('HSET', record_key, ...)
   local pairs_ = {...}
   for i = 1, #pairs_, 2 do
     rec[pairs_[i]] = pairs_[i + 1]
@@ -241,7 +245,7 @@ local function unset(rec, ...)
   if not dirty then
     dirty, before = true, INDEXED and placement(rec)
   end
-  redis.call('HDEL', KEYS[1], ...)
+  redis.call('HDEL', record_key, ...)
   for _, field in ipairs({...}) do
     rec[field] = nil
   end
@@ -254,10 +258,10 @@ end
 -- The artifact's payload, or false when it is longer than `limit` bytes (a number; true: any
 -- length): a large one is read apart, by the read script without a limit (dibs.stores.large).
 local function payload_upto(limit)
-  if limit ~= true and redis.call('HSTRLEN', KEYS[1], 'artifact_payload') > limit then
+  if limit ~= true and redis.call('HSTRLEN', record_key, 'artifact_payload') > limit then
     return false
   end
-  return redis.call('HGET', KEYS[1], 'artifact_payload')
+  return redis.call('HGET', record_key, 'artifact_payload')
 end
 
 -- {status, now, extra, FIELDS...[, payload]}: the record after this script's writes (`rec`, kept in
@@ -288,21 +292,8 @@ local function short_reply(status, now, rec, extra, names)
   return out
 end
 
--- The guard every script starts with, written once here: the server's time, then the record at
--- KEYS[1], checked to be the one of the key ARGV[1] (namespace) / ARGV[2] (name). A foreign or
--- damaged value ends the script before anything is written; so does, in a script that acts under a
--- lease (UNDER_LEASE: ARGV[3] is its fence, ARGV[4] its id), a token that is not the current one.
 -- A removal's reply, {'changed'}, after the indexes follow.
 local function written(rec)
   sync_index(rec)
   return {'changed'}
-end
-
-local now = store_now()
-local rec, why = load_record(KEYS[1], ARGV[1], ARGV[2])
-if rec == false then
-  return {'corrupt', why}
-end
-if UNDER_LEASE and not is_current(rec, ARGV[3], ARGV[4]) then
-  return reply('lost', now, rec, false, false)
 end
