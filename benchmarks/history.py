@@ -131,9 +131,9 @@ def _file_grower(store: FileStore) -> Grow:
 
 def _azure_grower(store: Store, threads: int = 8) -> Grow:
     """Copies of the template's record blob, written by the store's own record write (so each carries
-    the summary its listing reads) from a pool of threads (within the SDK's 10 connections): one request a key, where the store's calls
-    make four. The copies' artifacts name payload blobs that are not there: nothing here reads them
-    (a listing reads no payload; the hit is the template's own)."""
+    the summary its listing reads) from a pool of threads (within the SDK's 10 connections): one
+    request a key, where the store's calls make four. The copies' artifacts name payload blobs that are
+    not there: nothing here reads them (a listing reads no payload; the hit is the template's own)."""
     from dibs.stores.azure import AzureBlobStore
 
     assert isinstance(store, AzureBlobStore)
