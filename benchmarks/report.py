@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -980,15 +981,104 @@ def write(results: dict[str, Any], out: Path, log: Callable[[str], None]) -> Non
     }
     for name, section in sections.items():
         data = results["benchmarks"].get(name)
+        later = _later_run(out, name)
+        if later is not None:
+            data = later["benchmarks"][name]
         if data is None:
             continue
         if "error" in data:
             lines += [f"## {name}: FAILED", "", "```", data["error"].rstrip(), "```", ""]
             continue
-        lines += section(data)
+        shown = section(data)
+        if later is not None:  # after the section's heading: where its figures come from
+            shown[1:1] = ["", _later_note(later, name)]
+        lines += shown
+    lines += _history_section(out / HISTORY)
     (out / "RESULTS.md").write_text("\n".join(lines))
     if _ok(results, "handoff"):
         _plot(results, out / "handoff.png", log)
+
+
+#: Where a later run of one benchmark alone (``python -m benchmarks --only NAME --out DIR``) is kept:
+#: its section of RESULTS.md is taken from there, and says so.
+LATER = Path("issue30")
+#: The namespace-history benchmark's results (``python -m benchmarks.history``), not part of a full run.
+HISTORY = LATER / "history.json"
+
+
+def _later_run(out: Path, name: str) -> dict[str, Any] | None:
+    path = out / LATER / f"{name}.json"
+    if not path.is_file():
+        return None
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc if name in doc.get("benchmarks", {}) else None
+
+
+def _later_note(doc: dict[str, Any], name: str) -> str:
+    stores = ",".join(doc.get("stores", {}))
+    return (
+        f"*This section's figures come from a later run of this benchmark alone, {doc.get('started', '?')} "
+        f"(`python -m benchmarks --only {name} --stores {stores}`, "
+        f"[{LATER}/{name}.json]({LATER}/{name}.json)); the rest of the page from the full run above.*"
+    )
+
+
+#: The history benchmark's goals (issue 30): the reads a person makes at any size, a new key's cost
+#: against an empty namespace, removal on the stores that serve many keys.
+_HISTORY_GOALS = {"top_s": 1.0, "airflow_page_s": 1.0, "new_key_ratio": 1.3, "prune_keys_per_s": 20_000}
+
+
+def _history_section(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    rows: list[dict[str, Any]] = json.loads(path.read_text())
+
+    def mark(row: dict[str, Any], field: str) -> str:
+        value, goal = row[field], _HISTORY_GOALS[field]
+        if field == "prune_keys_per_s":
+            if row["store"] not in ("postgres", "redis"):
+                return f"{value:,}"
+            return f"{value:,} {'✅' if value >= goal else '❌'}"
+        text = f"{value * 1000:,.1f} ms" if field.endswith("_s") else f"{value}x"
+        return f"{text} {'✅' if value <= goal else '❌'}"
+
+    lines = [
+        "## 11. History: a namespace of a million keys",
+        "",
+        "`python -m benchmarks.history` (not part of `benchmarks/run`; "
+        "[issue30/history.md](issue30/history.md) has every column and how it was run). One namespace of "
+        "each store grown to each size in finished keys. Goals (issue 30): `dibs top --once` and the "
+        "Airflow Reservations page's read ≤ 1 s at any size, a new key's reserve + complete ≤ 1.3x its "
+        "cost on an empty namespace, `prune` ≥ 20,000 keys/s on PostgreSQL and Redis. The memory and "
+        "file stores scan (one listing per read).",
+        "",
+    ]
+    lines += _table(
+        [
+            "store",
+            "keys",
+            "top --once",
+            "Airflow page",
+            "new key vs empty",
+            "hit vs empty",
+            "ls records/s",
+            "prune keys/s",
+        ],
+        [
+            [
+                _SHORT.get(r["store"], r["store"]),
+                f"{r['keys']:,}",
+                mark(r, "top_s"),
+                mark(r, "airflow_page_s"),
+                mark(r, "new_key_ratio"),
+                f"{r['hit_ratio']}x",
+                f"{r['ls_records_per_s']:,}",
+                mark(r, "prune_keys_per_s"),
+            ]
+            for r in rows
+        ],
+    )
+    return lines
 
 
 def _plot(results: dict[str, Any], path: Path, log: Callable[[str], None]) -> None:

@@ -490,6 +490,29 @@ def test_the_documented_acl_runs_every_operation_and_the_feed(
         stores(f"redis://{user}:{password}@127.0.0.1:{acl_server.port}/0?prefix=other:").read(key)
 
 
+def test_a_user_without_the_index_commands_is_refused_before_anything_is_written(
+    acl_server: RedisServer, prefix: str, stores: Any
+) -> None:
+    """Upgrading with the ACL documented before the indexes (no ZADD, ZREM, SADD): Redis refuses a
+    script's command only when the script reaches it, keeping what it wrote before, so the record got
+    its lease and the caller an error: a key held that nobody holds, until its ttl. The scripts ask
+    first: the call is a ConfigurationError naming the commands, and the record is untouched."""
+    user, password = f"u{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = _documented_acl(prefix, user, password)[3:]
+    old_rules = [rule for rule in rules if rule.lower() not in ("+zadd", "+zrem", "+sadd")]
+    assert len(old_rules) == len(rules) - 3, rules
+    with contextlib.closing(acl_server.client()) as admin:
+        admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *old_rules)
+    store = stores(f"redis://{user}:{password}@127.0.0.1:{acl_server.port}/0?prefix={prefix}")
+    key = Key("topology.acl", "upgraded")
+    with pytest.raises(ConfigurationError, match=r"(?i)zadd.*\+zadd \+zrem \+sadd"):
+        store.acquire(key, AcquireRequest("alice", 60))
+    with contextlib.closing(acl_server.client()) as admin:
+        assert admin.exists(store.record_key(key)) == 0  # no lease was written
+    full = stores(f"redis://127.0.0.1:{acl_server.port}/0?prefix={prefix}")
+    assert isinstance(full.acquire(key, AcquireRequest("bob", 60)), Granted)  # nobody holds it
+
+
 def _every_operation(store: RedisStore) -> None:
     key, other = Key("topology.acl", "k"), Key("topology.acl", "other")
     lease = _granted(store.acquire(key, AcquireRequest("alice", 60)))

@@ -175,7 +175,11 @@ def _admin_statements(store: SQLStore) -> dict[str, tuple[Prepared, dict[str, An
     after = {**one, "p_after_name": "k17"}
     everywhere = {"p_limit": 11, "p_after_namespace": "plans", "p_after_name": "k17"}
     found: dict[str, tuple[Prepared, dict[str, Any], str]] = {
-        "page": (admin.page(namespace=True, state=None, after=False), one, f"{table}_keys"),
+        "page": (
+            admin.page(namespace=True, state=None, after=False),
+            {**one, "p_after_name": ""},
+            f"{table}_keys",
+        ),
         "page after": (admin.page(namespace=True, state=None, after=True), after, f"{table}_keys"),
         "page everywhere": (admin.page(namespace=False, state=None, after=True), everywhere, f"{table}_keys"),
         "held": (admin.leases(namespace=True, expired=False), one, f"{table}_leases"),
@@ -197,6 +201,10 @@ def test_admin_reads_use_their_indexes_on_a_table_never_analysed(store: SQLStore
     for name, (statement, values, index) in _admin_statements(store).items():
         for kind, plan in _plans(store, statement, values).items():
             used = _indexes(plan)
+            if name in ("page", "page after", "page of done", "page of free") and (
+                kind == "generic" or rows == "empty"
+            ):
+                continue  # run unprepared (SQLStore.list_page): planned at each run for the table then
             if rows == "empty" and kind == "custom" and name == "page everywhere":
                 # An empty table, read whole for the values at hand: made again at every call, it
                 # is never kept for a filled table (the generic plan, which is, must use the index).
@@ -269,21 +277,21 @@ def test_a_page_of_one_namespace_is_read_in_order_not_gathered_and_sorted(store:
     admin, table = store._admin, store.table_name
     # Free keys (released without a failure) have no index: guessed rare, they may be gathered and
     # sorted, which reads what walking the keys would when there are none (docs/scaling.md).
-    assert admin.walks_across(namespace=True, state="free")
+    assert admin.walks("free")
     for state in (None, "done"):
-        assert admin.walks_across(namespace=True, state=state)
-        statement = admin.page(namespace=False, state=state, after=True)
-        values = {"p_limit": 11, "p_after_namespace": "plans", "p_after_name": ""}
+        assert admin.walks(state)
+        statement = admin.page(namespace=True, state=state, after=False)
+        values = {"p_limit": 11, "p_namespace": "plans", "p_after_name": ""}
         for kind, plan in _plans(store, statement, values).items():
-            if rows == "empty" and kind == "custom":
-                continue  # made again at every call (see the test above); the generic plan is kept
+            if kind == "generic" or rows == "empty":
+                continue  # run unprepared, so planned for the table as it is at each run
             nodes = _nodes(plan)
             assert not [n for n in nodes if n["Node Type"] in ("Sort", "Bitmap Heap Scan", "Seq Scan")], (
                 f"page of {state} ({kind} plan) is not read in order: {plan}"
             )
             assert f"{table}_keys" in _indexes(plan), plan
     for state, index in (("held", "leases"), ("expired", "leases"), ("failed", "failures")):
-        assert not admin.walks_across(namespace=True, state=state)
+        assert not admin.walks(state)
         statement = admin.page(namespace=True, state=state, after=False)
         for kind, plan in _plans(store, statement, {"p_namespace": "plans", "p_limit": 11}).items():
             conditions = [

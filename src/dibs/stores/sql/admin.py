@@ -120,30 +120,43 @@ class AdminReads:
         return statement
 
     # -- the reads --------------------------------------------------------------------------------
-    def walks_across(self, *, namespace: bool, state: str | None) -> bool:
-        """Whether a page of one namespace is read as a page of all of them from the cursor ``(namespace,
-        name)``, the caller stopping where the next namespace begins.
+    def walks(self, state: str | None) -> bool:
+        """Whether a page of one namespace of ``state`` walks the keys' index as a range from the cursor
+        ``(p_namespace, p_after_name)`` up to the namespace's end (see :meth:`_walk`): on PostgreSQL,
+        for the statuses found by walking the keys' index (every key, ``done``, ``free``).
 
-        So it is on PostgreSQL for the statuses found by walking the keys' index (every key, ``done``,
-        ``free``). On a table never analysed (autovacuum off, or new), the planner guesses that a
-        namespace holds 0.5 % of the rows and reads them all through a bitmap, then sorts them:
-        216 ms for a page of 501 at 200,000 keys, 1 s at 1,000,000, though the index gives them in
-        order. A row value compared with the cursor is guessed at a third of the table, so the walk in
-        order, stopped by the ``LIMIT``, is the plan taken with or without statistics. The statuses
-        that have an index of their own (:data:`_ON_THEIR_INDEX`) are read through it instead."""
-        return namespace and self.dialect.name == "postgresql" and state not in _ON_THEIR_INDEX
+        On a table never analysed (autovacuum off, or new), the planner guessed that a namespace holds
+        0.5 % of the rows and read them all through a bitmap, then sorted them: 216 ms for a page of
+        501 at 200,000 keys, 1 s at 1,000,000, though the index gives them in order. The statuses that
+        have an index of their own (:data:`_ON_THEIR_INDEX`) are read through it instead."""
+        return self.dialect.name == "postgresql" and state not in _ON_THEIR_INDEX
 
     def page(self, *, namespace: bool, state: str | None, after: bool) -> Prepared:
         """Keys in order (``namespace, name``) after ``p_after_namespace, p_after_name`` when
         ``after``; ``p_limit`` rows (the caller asks one more than a page, to know if another follows).
-        See :meth:`walks_across` for a namespace's page that is asked for as one of all namespaces."""
+        A page of one namespace that :meth:`walks` takes ``p_after_name`` always (``""`` for the first)."""
 
         def build() -> sa.Select[Any]:
             if state in _ON_THEIR_INDEX and namespace:
                 return self._on_their_index(state, after)
+            if namespace and self.walks(state):
+                return self._walk(state)
             return self._in_key_order(namespace, after, self.status(state))
 
         return self._prepared(("page", namespace, state, after), build)
+
+    def _walk(self, state: str | None) -> sa.Select[Any]:
+        """The rows of ``state`` in one namespace after ``p_after_name``, as a range of the keys' index
+        (the row value after the cursor, the namespace up to this one) with a limit the planner cannot
+        see (a subquery): a third of the table guessed from the cursor, and an unknown limit, make the
+        walk in order the plan taken whatever the statistics, stopped where the page fills or the
+        namespace ends (as ``prune --dry-run``'s pages: :meth:`removable`). Run unprepared, so that no
+        plan made while the table was nearly empty (a scan) is kept for it grown."""
+        in_order, by_name = self._keyed()
+        start = sa.tuple_(sa.bindparam("p_namespace"), sa.bindparam("p_after_name"))
+        where = [sa.tuple_(in_order, by_name) > start, in_order <= sa.bindparam("p_namespace")]
+        limit = sa.select(sa.bindparam("p_limit", type_=sa.Integer)).scalar_subquery()
+        return self._select(*where, self.status(state)).order_by(in_order, by_name).limit(limit)
 
     def _on_their_index(self, state: str, after: bool) -> sa.Select[Any]:
         """A page of a status that a partial index holds apart (leases; failures) in one namespace: the

@@ -606,19 +606,10 @@ class SQLStore(Store):
             if namespace is None:
                 values["p_after_namespace"] = start[0]
         statement = self._admin.page(namespace=namespace is not None, state=state, after=start is not None)
-        if namespace is not None and self._admin.walks_across(namespace=True, state=state):
-            # Read as a page of every namespace from (namespace, name), cut where the next one begins.
-            statement = self._admin.page(namespace=False, state=state, after=True)
-            values = {
-                "p_limit": limit + 1,
-                "p_after_namespace": namespace,
-                "p_after_name": values.get("p_after_name", ""),
-            }
-        rows = self._admin_rows(statement, values)
-        if namespace is not None:
-            rows = [
-                row for row in rows if row["namespace"] == namespace
-            ]  # in order: the next ones at the end
+        walked = namespace is not None and self._admin.walks(state)
+        if walked:
+            values["p_after_name"] = values.get("p_after_name", "")  # a range from the first name on
+        rows = self._admin_rows(statement, values, unprepared=walked)  # planned for the table as it is
         more = len(rows) > limit
         skipped: builtins.list[Skipped] = []
         states = self._listed(rows[:limit], skipped)

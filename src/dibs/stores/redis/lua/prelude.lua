@@ -225,6 +225,34 @@ local function sync_index(rec)
   end
 end
 
+-- Whether this user may keep the indexes, asked once a run before its first write. Redis checks a
+-- script's commands one at a time and keeps what ran before a refused one: a user whose ACL predates
+-- the indexes (no ZADD, ZREM, SADD: docs/deploy-redis.md before they came) had its record written,
+-- a lease granted, and then the call refused, so nobody held what the store said was held. Asked
+-- first, a refusal is a NOPERM error (dibs: a ConfigurationError naming the ACL) and nothing is
+-- written. Redis 7 answers without running anything (redis.acl_check_cmd); Redis 6 adds the
+-- namespace to the registry, which a write of one of its records keeps anyway.
+local rights_checked = false
+local function check_index_rights()
+  rights_checked = true
+  local refused = nil
+  if redis.acl_check_cmd then
+    for _, probe in ipairs({{'ZADD', KEYS[2], '0', '-'}, {'ZREM', KEYS[2], '-'}, {'SADD', KEYS[7], '-'}}) do
+      if not redis.acl_check_cmd(unpack(probe)) then
+        refused = probe[1]
+        break
+      end
+    end
+  elseif redis.pcall('SADD', KEYS[7], ARGV[1])['err'] then
+    refused = 'SADD'
+  end
+  if refused then
+    error({err = 'NOPERM this user may not run ' .. refused .. ' on the indexes (' .. KEYS[2] .. ', '
+      .. KEYS[7] .. ') that dibs keeps beside the records since the admin reads use them: grant '
+      .. '+zadd +zrem +sadd (docs/deploy-redis.md gives the whole ACL); nothing was written'})
+  end
+end
+
 -- Every write of a script to its record (record_key) goes through set and unset, which keep `rec`
 -- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
 -- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
@@ -232,6 +260,9 @@ end
 -- be) and read back before set writes it with the lease.
 local function set(rec, ...)
   if not dirty then
+    if INDEXED and not rights_checked then
+      check_index_rights()
+    end
     dirty, before = true, INDEXED and placement(rec)
   end
   redis.call('HSET', record_key, ...)
@@ -243,6 +274,9 @@ end
 
 local function unset(rec, ...)
   if not dirty then
+    if INDEXED and not rights_checked then
+      check_index_rights()
+    end
     dirty, before = true, INDEXED and placement(rec)
   end
   redis.call('HDEL', record_key, ...)
