@@ -1019,7 +1019,8 @@ def _later_note(doc: dict[str, Any], name: str) -> str:
     return (
         f"*This section's figures come from a later run of this benchmark alone, {doc.get('started', '?')} "
         f"(`python -m benchmarks --only {name} --stores {stores}`, "
-        f"[{LATER}/{name}.json]({LATER}/{name}.json)); the rest of the page from the full run above.*"
+        f"[{LATER}/{name}.json]({LATER}/{name}.json)); the Goals table and the rest of the page: the full "
+        "run above.*"
     )
 
 
