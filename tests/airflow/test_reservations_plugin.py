@@ -125,8 +125,8 @@ def test_the_page_reads_a_bounded_number_of_records_whatever_the_namespace_size(
     returned: list[int] = []
     admin_rows = SQLStore._admin_rows
 
-    def counting(self: SQLStore, statement: Any, values: dict[str, Any]) -> Any:
-        rows = admin_rows(self, statement, values)
+    def counting(self: SQLStore, statement: Any, values: dict[str, Any], **options: Any) -> Any:
+        rows = admin_rows(self, statement, values, **options)
         returned.append(len(rows))
         return rows
 
