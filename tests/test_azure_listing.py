@@ -192,7 +192,7 @@ def _live(store: AzureBlobStore) -> dict[str, Key]:
     return keys
 
 
-@pytest.mark.parametrize("keys", [150, 1_500])
+@pytest.mark.parametrize("keys", [100, 1_000])
 def test_top_and_a_page_download_only_what_they_show_whatever_the_namespace_size(
     counted: tuple[AzureBlobStore, _Counting], raw: ContainerClient, keys: int
 ) -> None:
