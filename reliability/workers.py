@@ -278,6 +278,11 @@ def _pause_points(worker: Worker, store: Any) -> list[str]:
     if callable(getattr(store, name, None)):
         setattr(store, name, pausing("after read", getattr(store, name)))
         installed.append(f"after read ({name})")
+    # Redis (issue 30) finds prune's and reap's candidates in its indexes, then drops them a batch per
+    # script (judged again there): the pause goes between the two.
+    if callable(getattr(store, "_drop_many", None)):
+        store._drop_many = pausing("after list", store._drop_many, before=True)
+        installed.append("after list (_drop_many)")
     # The SQL stores' prune and reap read a batch of rows with their versions, then change the batch
     # with one statement guarded by them (issue 30): the same step, a batch at a time.
     if callable(getattr(store, "_removal_rows", None)):
