@@ -17,12 +17,15 @@ from tests.services import unavailable
 
 
 @contextmanager
-def isolated_url(tmp_path: Path) -> Iterator[str]:
+def isolated_url(tmp_path: Path, *, tagged: bool = False) -> Iterator[str]:
+    """With ``tagged``, the prefix carries a hash tag (``{dibs-test-...}:``): every key in one slot."""
     why = missing()
     if why is not None:
         unavailable(f"the Redis Cluster tests start their own cluster, but {why}")
     cluster = shared_cluster()
     prefix = unique_prefix()
+    if tagged:
+        prefix = "{" + prefix.rstrip(":") + "}:"
     try:
         yield cluster.url(prefix)
     finally:

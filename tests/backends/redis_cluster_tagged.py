@@ -5,29 +5,14 @@ runs the same contract without them (the scan)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.redis_topologies import delete_prefix, missing, shared_cluster, unique_prefix
-from tests.services import unavailable
+from tests.backends import redis_cluster
 
 
 @contextmanager
 def isolated_url(tmp_path: Path) -> Iterator[str]:
-    why = missing()
-    if why is not None:
-        unavailable(f"the Redis Cluster tests start their own cluster, but {why}")
-    cluster = shared_cluster()
-    prefix = "{" + unique_prefix().rstrip(":") + "}:"
-    try:
-        yield cluster.url(prefix)
-    finally:
-        clients = [server.client() for server in cluster.servers if server.alive()]
-        try:
-            delete_prefix(clients, prefix)
-        finally:
-            for client in clients:
-                with contextlib.suppress(Exception):
-                    client.close()
+    with redis_cluster.isolated_url(tmp_path, tagged=True) as url:
+        yield url
