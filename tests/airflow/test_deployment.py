@@ -44,7 +44,11 @@ from tests.components import Components, free_port, run_at_once
 from tests.postgres_servers import ThrowawayPostgres
 from tests.services import full_size, services_required, unavailable
 
-pytestmark = pytest.mark.slow
+#: Three scenarios on one deployment of four Airflow components (the deployment's start alone took 61 s
+#: of a loaded CI machine, the scenarios 228 s): past pytest-timeout's 300 s for setup, call and
+#: teardown together. Each wait is bounded on its own (tests/components.py's BOUND), naming what it
+#: waited for; this bound only catches a hang between them.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
