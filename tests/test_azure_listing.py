@@ -38,7 +38,7 @@ from dibs.records import (
     LeaseToken,
     checksum,
 )
-from dibs.stores import AcquireRequest, NewArtifact, Store, codec
+from dibs.stores import AcquireRequest, NewArtifact, Store, codec, pages
 from dibs.stores.azure import AzureBlobStore, parse_url
 from dibs.stores.azure.summary import metadata_of, summary_of
 from tests.backends import azure as backend
@@ -241,7 +241,9 @@ def test_a_record_without_a_summary_is_downloaded_and_shown_as_it_is(
             {"dibs_format": codec.FORMAT, "dibs_namespace": NAMESPACE}
         )
     expected = {
-        "page": Store.list_page(store, NAMESPACE, limit=1000).states,  # the default: every record read
+        "page": Store.page(
+            store, pages.Query(NAMESPACE, limit=1000)
+        ).states,  # the default: every record read
         "latest": Store.latest(store, NAMESPACE, "artifact", limit=10),
         "failures": Store.latest(store, NAMESPACE, "failure", limit=10),
         "held": Store.leases(store, NAMESPACE, expired=False, limit=10),

@@ -249,15 +249,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = command("run")
     run.add_argument("--key", "-k", required=True, help="the cache key of this computation")
-    run.add_argument(
-        "--ttl", type=_seconds(zero=False), default=60.0, help="lease ttl in seconds (default: %(default)s)"
-    )
-    run.add_argument(
-        "--timeout",
-        type=_seconds(zero=True),
-        default=None,
-        help="give up waiting after this many seconds (exit 75)",
-    )
+    _add_seconds(run, "--ttl", "lease ttl in seconds", zero=False, default=60.0)
+    _add_seconds(run, "--timeout", "give up waiting after this many seconds (exit 75)", zero=True)
     run.add_argument("--owner", help="a stable logical identity (a retry with the same owner re-enters)")
     run.add_argument(
         "--refresh",
@@ -271,22 +264,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="a stored output older than this (store clock) counts as missing, e.g. 12h or 7d",
     )
-    run.add_argument(
+    _add_seconds(
+        run,
         "--kill-after",
-        type=_seconds(zero=True),
+        "after forwarding a stop signal, kill COMMAND if it is still running this much later",
+        zero=True,
         default=10.0,
         metavar="SECONDS",
-        help="after forwarding a stop signal, kill COMMAND if it is still running this much later "
-        "(default: %(default)s)",
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
 
     key_help = "the key's name (in --namespace)"
     wait = command("wait")
     wait.add_argument("key", help=key_help)
-    wait.add_argument(
-        "--timeout", type=_seconds(zero=True), default=None, help="give up after this many seconds (exit 75)"
-    )
+    _add_seconds(wait, "--timeout", "give up after this many seconds (exit 75)", zero=True)
 
     listing = command("ls")
     listing.add_argument(
@@ -305,12 +296,7 @@ def _parser() -> argparse.ArgumentParser:
     watch_top = command("top")
     watch_top.add_argument("--all", action="store_true", help="every namespace")
     watch_top.add_argument("--once", action="store_true", help="print once and exit")
-    watch_top.add_argument(
-        "--interval",
-        type=_seconds(zero=False),
-        default=2.0,
-        help="seconds between refreshes on a terminal (default: %(default)s)",
-    )
+    _add_seconds(watch_top, "--interval", "seconds between refreshes on a terminal", zero=False, default=2.0)
 
     key_help = "the key, or its readable form (NAME, NAME@VERSION, NAME/DIGEST-START) if that names one key"
     command("show").add_argument("key", help=key_help)
@@ -347,6 +333,21 @@ def _count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of keys, at least 1, not {text!r}")
     return value
+
+
+def _add_seconds(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    help: str,
+    *,
+    zero: bool,
+    default: float | None = None,
+    **more: Any,
+) -> None:
+    """Add a number-of-seconds option (:func:`_seconds`, greater than 0 or with ``zero`` at least 0);
+    one with a default says it at the end of its help, as every option of the CLI does."""
+    said = help if default is None else f"{help} (default: %(default)s)"
+    parser.add_argument(flag, type=_seconds(zero=zero), default=default, help=said, **more)
 
 
 def _seconds(*, zero: bool) -> Any:

@@ -251,28 +251,11 @@ class ReferencingStore(Store):
         return self.records.list(namespace)  # listings carry no payloads: references stay as they are
 
     # The reads a person makes: records as listed, references as they are (no payload is read).
-    def list_page(
-        self,
-        namespace: str | None,
-        *,
-        state: str | None = None,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        return self.records.list_page(namespace, state=state, after=after, limit=limit)
+    def page(self, query: pages.Query) -> pages.Page:
+        return self.records.page(query)
 
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         return self.records.latest(namespace, kind, limit=limit)
-
-    def prunable_page(
-        self,
-        namespace: str | None,
-        older_than: float,
-        *,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        return self.records.prunable_page(namespace, older_than, after=after, limit=limit)
 
     def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
         return self.records.leases(namespace, expired=expired, limit=limit)

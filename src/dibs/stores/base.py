@@ -244,7 +244,8 @@ class Store(Closing):
     # Apart from the per-call operations above: ``dibs ls``, ``dibs top`` and the Airflow Reservations
     # page. These defaults stream :meth:`list` and filter (the memory and file stores, and Redis on a
     # cluster without a hash tag); a store that can find what is asked for without a scan overrides
-    # them (SQL and Redis, by their indexes; Azure, from its listing's metadata).
+    # them (SQL and Redis, by their indexes; Azure, from its listing's metadata). The two paged reads
+    # keep their public signatures here only: a store overrides the one hook both come to, :meth:`page`.
     def list_page(
         self,
         namespace: str | None,
@@ -257,7 +258,27 @@ class Store(Closing):
         :attr:`~dibs.records.KeyState.status` is ``state`` when given, starting after the cursor
         ``after`` (a previous page's :attr:`~dibs.stores.pages.Page.after`). Tombstones are never
         listed; unreadable records are skipped and counted, as by :meth:`list`."""
-        return pages.page_of(self.list(namespace), state=state, after=after, limit=limit)
+        return self.page(pages.Query(namespace, state=state, after=after, limit=limit))
+
+    def prunable_page(
+        self,
+        namespace: str | None,
+        older_than: float,
+        *,
+        after: str | None = None,
+        limit: int = pages.PAGE,
+    ) -> pages.Page:
+        """Up to ``limit`` records (of ``namespace``, or of all) that :meth:`prune` with ``older_than``
+        would clear now (:func:`~dibs.stores.transitions.prunable`), in key order, after the cursor
+        ``after``: what ``dibs prune --dry-run`` lists, a page at a time. Unreadable records are
+        skipped and counted, as by :meth:`list`."""
+        return self.page(pages.Query(namespace, after=after, limit=limit, older_than=older_than))
+
+    def page(self, query: pages.Query) -> pages.Page:
+        """The page ``query`` asks for (:meth:`list_page`, or with its ``older_than``,
+        :meth:`prunable_page`): what a store that finds pages without a scan overrides. The query is
+        already checked. The default streams :meth:`list` and keeps what the query keeps."""
+        return pages.page_of(self.list(query.namespace), query)
 
     def list_pages(
         self,
@@ -272,14 +293,19 @@ class Store(Closing):
         each of ``limit`` records, or from ``first`` doubling up to ``limit`` (a lookup that may end
         after a few). A store that :attr:`scans` reads its listing once for all of them, not once a
         page."""
+        return self._pages(pages.Query(namespace, state=state, after=after, limit=limit), first)
+
+    def prunable_pages(
+        self, namespace: str | None, older_than: float, *, after: str | None = None, limit: int = pages.PAGE
+    ) -> Iterator[pages.Page]:
+        """The pages of :meth:`prunable_page` one after the other (``dibs prune --dry-run``); a store that
+        :attr:`scans` reads its listing once for all of them."""
+        return self._pages(pages.Query(namespace, after=after, limit=limit, older_than=older_than))
+
+    def _pages(self, query: pages.Query, first: int | None = None) -> Iterator[pages.Page]:
         if self.scans:
-            return pages.pages_of(self.list(namespace), state=state, after=after, limit=limit)
-        return pages.successive(
-            lambda cursor, size: self.list_page(namespace, state=state, after=cursor, limit=size),
-            after,
-            limit,
-            first,
-        )
+            return pages.pages_of(self.list(query.namespace), query)
+        return pages.successive(self.page, query, first)
 
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         """The ``limit`` records whose artifact (``kind="artifact"``) or last failure (``"failure"``)
@@ -310,45 +336,6 @@ class Store(Closing):
             expired=self.leases(namespace, expired=True, limit=leases),
             artifacts=self.latest(namespace, "artifact", limit=recent),
             failures=self.latest(namespace, "failure", limit=recent),
-        )
-
-    def prunable_page(
-        self,
-        namespace: str | None,
-        older_than: float,
-        *,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        """Up to ``limit`` records (of ``namespace``, or of all) that :meth:`prune` with ``older_than``
-        would clear now (:func:`~dibs.stores.transitions.prunable`), in key order, after the cursor
-        ``after``: what ``dibs prune --dry-run`` lists, a page at a time. Unreadable records are
-        skipped and counted, as by :meth:`list`."""
-        return pages.page_of(
-            self.list(namespace),
-            state=None,
-            after=after,
-            limit=limit,
-            keep=lambda state: transitions.prunable(state, older_than),
-        )
-
-    def prunable_pages(
-        self, namespace: str | None, older_than: float, *, after: str | None = None, limit: int = pages.PAGE
-    ) -> Iterator[pages.Page]:
-        """The pages of :meth:`prunable_page` one after the other (``dibs prune --dry-run``); a store that
-        :attr:`scans` reads its listing once for all of them."""
-        if self.scans:
-            return pages.pages_of(
-                self.list(namespace),
-                state=None,
-                after=after,
-                limit=limit,
-                keep=lambda state: transitions.prunable(state, older_than),
-            )
-        return pages.successive(
-            lambda cursor, size: self.prunable_page(namespace, older_than, after=cursor, limit=size),
-            after,
-            limit,
         )
 
     def read_many(self, keys: Sequence[Key]) -> builtins.list[KeyState]:

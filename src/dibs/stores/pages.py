@@ -30,12 +30,13 @@ import binascii
 import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
 from dibs.records import KeyState
+from dibs.stores import transitions
 
 __all__ = [
     "COUNTED",
@@ -44,6 +45,7 @@ __all__ = [
     "STATES",
     "Overview",
     "Page",
+    "Query",
     "check_limit",
     "check_state",
     "count_of",
@@ -96,6 +98,45 @@ class Overview:
     failures: list[KeyState]
 
 
+@dataclass(frozen=True)
+class Query:
+    """A page of a listing as asked for: of ``namespace`` (or of all), only the records whose status is
+    ``state`` (when given) and, with ``older_than``, only those a prune ``older_than`` seconds would
+    clear now (:func:`~dibs.stores.transitions.prunable`), in key order after the cursor ``after``, at
+    most ``limit`` of them.
+
+    :meth:`Store.list_page <dibs.stores.base.Store.list_page>` and :meth:`Store.prunable_page
+    <dibs.stores.base.Store.prunable_page>` keep the public signatures, in one place, and build it;
+    every store answers both in one hook, :meth:`Store.page <dibs.stores.base.Store.page>`. It is
+    checked once, here: a bad status, limit or cursor is refused before any store reads anything."""
+
+    namespace: str | None
+    state: str | None = None
+    after: str | None = None
+    limit: int = PAGE
+    older_than: float | None = None
+
+    def __post_init__(self) -> None:
+        check_state(self.state)
+        check_limit(self.limit)
+        self.start  # noqa: B018  # a bad cursor is refused here, not at the first page's end
+
+    @property
+    def start(self) -> tuple[str, str] | None:
+        """The (namespace, name) the page starts after, ``None`` from the first key."""
+        return None if self.after is None else parse_cursor(self.after)
+
+    def keeps(self, record: KeyState) -> bool:
+        """Whether ``record`` belongs on the page (wherever it stands in key order)."""
+        if self.state is not None and record.status != self.state:
+            return False
+        return self.older_than is None or transitions.prunable(record, self.older_than)
+
+    def then(self, after: str | None, limit: int) -> Query:
+        """The same query for the page that starts after ``after``, of ``limit`` records."""
+        return replace(self, after=after, limit=limit)
+
+
 def cursor_of(key: Key) -> str:
     """An opaque cursor that continues a listing after ``key``: URL-safe text, for a command line."""
     return cursor_after(key.namespace, key.name)
@@ -135,77 +176,45 @@ def check_limit(limit: int) -> None:
         raise ConfigurationError(f"limit={limit!r} must be a whole number of records, at least 1")
 
 
-def _matches(state: KeyState, wanted: str | None) -> bool:
-    return wanted is None or state.status == wanted
+def page_of(listing: Iterable[KeyState], query: Query) -> Page:
+    """A page out of a whole listing in key order (the default :meth:`Store.page
+    <dibs.stores.base.Store.page>`): the first of :func:`pages_of`, which reads the listing to the
+    page's end, and one record further to know whether another page follows."""
+    return next(pages_of(listing, query))
 
 
-def page_of(
-    listing: Iterable[KeyState],
-    *,
-    state: str | None,
-    after: str | None,
-    limit: int,
-    keep: Callable[[KeyState], bool] | None = None,
-) -> Page:
-    """A page out of a whole listing in key order (the default :meth:`Store.list_page`, and with
-    ``keep``, the records it keeps, :meth:`Store.prunable_page`): reads it to the page's end, and one
-    record further to know whether another page follows."""
-    check_state(state)
-    check_limit(limit)
-    start = parse_cursor(after) if after is not None else None
-    found: list[KeyState] = []
-    for record in listing:
-        if start is not None and (record.key.namespace, record.key.name) <= start:
-            continue
-        if not _matches(record, state) or (keep is not None and not keep(record)):
-            continue
-        if len(found) == limit:
-            return Page(tuple(found), cursor_of(found[-1].key), _skipped(listing))
-        found.append(record)
-    return Page(tuple(found), None, _skipped(listing))
-
-
-def pages_of(
-    listing: Iterable[KeyState],
-    *,
-    state: str | None,
-    after: str | None,
-    limit: int,
-    keep: Callable[[KeyState], bool] | None = None,
-) -> Iterator[Page]:
-    """Every page :func:`page_of` would give from ``after`` on, out of one pass over ``listing``: what a
+def pages_of(listing: Iterable[KeyState], query: Query) -> Iterator[Page]:
+    """Every page the query asks for from its cursor on, out of one pass over ``listing``: what a
     store that scans streams for ``dibs ls`` and ``prune --dry-run`` (:meth:`Store.list_pages
-    <dibs.stores.base.Store.list_pages>`), where a page at a time would read the whole listing for each page.
-    The records skipped as unreadable are counted on the first page."""
-    check_state(state)
-    check_limit(limit)
-    start = parse_cursor(after) if after is not None else None
-    skipped = _skipped(listing)
+    <dibs.stores.base.Store.list_pages>`), where a page at a time would read the whole listing for each
+    page. A page is given once one record more is found (or the listing ends), so the next page's
+    cursor is known. The records skipped as unreadable are counted on the first page."""
+    start = query.start
     found: list[KeyState] = []
+    given = 0
     for record in listing:
         if start is not None and (record.key.namespace, record.key.name) <= start:
             continue
-        if not _matches(record, state) or (keep is not None and not keep(record)):
+        if not query.keeps(record):
             continue
-        if len(found) == limit:
-            yield Page(tuple(found), cursor_of(found[-1].key), skipped)
-            found, skipped = [], 0
+        if len(found) == query.limit:
+            yield Page(tuple(found), cursor_of(found[-1].key), 0 if given else _skipped(listing))
+            found, given = [], given + 1
         found.append(record)
-    yield Page(tuple(found), None, skipped)
+    yield Page(tuple(found), None, 0 if given else _skipped(listing))
 
 
-def successive(
-    read: Callable[[str | None, int], Page], after: str | None, limit: int, first: int | None = None
-) -> Iterator[Page]:
-    """The pages ``read(cursor, size)`` gives, each from the cursor the one before returned, starting
-    after ``after`` and ending with the one that has no cursor (the default :meth:`Store.list_pages
+def successive(read: Callable[[Query], Page], query: Query, first: int | None = None) -> Iterator[Page]:
+    """The pages ``read`` gives, each asked for from the cursor the one before returned, starting with
+    ``query`` and ending with the one that has no cursor (the default :meth:`Store.list_pages
     <dibs.stores.base.Store.list_pages>` of a store that finds each page without a scan). Each holds
-    ``limit`` records, or from ``first`` doubling up to ``limit``: a lookup that may end soon reads
+    the query's limit of records, or from ``first`` doubling up to it: a lookup that may end soon reads
     little before it does."""
-    check_limit(limit)
+    limit = query.limit
     size = limit if first is None else min(first, limit)
+    after = query.after
     while True:
-        page = read(after, size)
+        page = read(query.then(after, size))
         yield page
         if page.after is None:
             return

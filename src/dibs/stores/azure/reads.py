@@ -64,33 +64,19 @@ def _shown(
     return found, pending is not None
 
 
-def page(
-    listed: Listed,
-    fetch: Fetch,
-    *,
-    state: str | None,
-    after: str | None,
-    limit: int,
-    keep: Callable[[KeyState], bool] | None = None,
-) -> tuple[list[KeyState], str | None]:
+def page(listed: Listed, fetch: Fetch, query: pages.Query) -> tuple[list[KeyState], str | None]:
     """A page in key order (the entries are sorted by key) and the cursor after it, or ``None`` when
-    no further record was listed with the status asked for (and that ``keep`` keeps: the records a
-    prune would clear, for ``dibs prune --dry-run``, chosen by their summaries as prune chooses)."""
-    pages.check_state(state)
-    pages.check_limit(limit)
-    start = pages.parse_cursor(after) if after is not None else None
-    entries = listed()
-
-    def fits(s: KeyState) -> bool:
-        return (state is None or s.status == state) and (keep is None or keep(s))
-
+    no further record was listed that the query keeps (with its ``older_than``: the records a prune
+    would clear, for ``dibs prune --dry-run``, chosen by their summaries as prune chooses)."""
+    start = query.start
     candidates = (
         entry
-        for entry in entries
-        if (start is None or (entry.state.key.namespace, entry.state.key.name) > start) and fits(entry.state)
+        for entry in listed()
+        if (start is None or (entry.state.key.namespace, entry.state.key.name) > start)
+        and query.keeps(entry.state)
     )
-    found, more = _shown(candidates, fetch, fits, limit)
-    return found, (pages.cursor_of(found[-1].key) if more and len(found) == limit else None)
+    found, more = _shown(candidates, fetch, query.keeps, query.limit)
+    return found, (pages.cursor_of(found[-1].key) if more and len(found) == query.limit else None)
 
 
 def latest(listed: Listed, fetch: Fetch, kind: pages.Kind, limit: int) -> list[KeyState]:

@@ -442,44 +442,13 @@ class AzureBlobStore(RecordStore):
         states = [entry.state if entry.downloaded else next(fetched) for entry in entries]
         return Listing((state for state in states if state is not None), skipped)
 
-    def list_page(
-        self,
-        namespace: str | None,
-        *,
-        state: str | None = None,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        """As :meth:`Store.list_page <dibs.stores.base.Store.list_page>`: the listing, then a GET of
-        each record on the page (at most ``limit``), whatever the namespace's size."""
+    def page(self, query: pages.Query) -> pages.Page:
+        """As :meth:`Store.page <dibs.stores.base.Store.page>`: the listing, the candidates chosen by
+        their summaries (as :meth:`prune` chooses, for a prunable page), then a GET of each record on
+        the page (at most its limit), whatever the namespace's size."""
         skipped: builtins.list[Skipped] = []
         found, cursor = reads.page(
-            self._listed_entries(namespace, skipped),
-            self._fetcher(skipped),
-            state=state,
-            after=after,
-            limit=limit,
-        )
-        return pages.Page(tuple(found), cursor, len(skipped))
-
-    def prunable_page(
-        self,
-        namespace: str | None,
-        older_than: float,
-        *,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        """As :meth:`Store.prunable_page <dibs.stores.base.Store.prunable_page>`: the listing, the
-        candidates chosen by their summaries (as :meth:`prune` chooses), then a GET of each shown."""
-        skipped: builtins.list[Skipped] = []
-        found, cursor = reads.page(
-            self._listed_entries(namespace, skipped),
-            self._fetcher(skipped),
-            state=None,
-            after=after,
-            limit=limit,
-            keep=lambda state: transitions.prunable(state, older_than),
+            self._listed_entries(query.namespace, skipped), self._fetcher(skipped), query
         )
         return pages.Page(tuple(found), cursor, len(skipped))
 

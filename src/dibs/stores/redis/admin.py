@@ -267,8 +267,10 @@ class IndexedReads:
         states = builtins.list(self._judged(items, lambda _: True, 1 << 62, skipped, CHUNK))
         return states, skipped
 
-    def page(self, namespace: str | None, state: str | None, after: str | None, limit: int) -> pages.Page:
-        start = pages.parse_cursor(after) if after is not None else None
+    def page(self, query: pages.Query) -> pages.Page:
+        """A page of :meth:`Store.list_page <dibs.stores.base.Store.list_page>` (a status or all, no
+        ``older_than``), walked through the status's classes from the cursor."""
+        namespace, state, limit, start = query.namespace, query.state, query.limit, query.start
         skipped: builtins.list[Skipped] = []
         found: builtins.list[KeyState] = []
         size = min(limit + 1, CHUNK)
@@ -277,8 +279,7 @@ class IndexedReads:
                 continue
             from_name = start[1] if start is not None and ns == start[0] else None
             items = self._by_name(ns, CLASSES[state], from_name, size)
-            wanted = (lambda s: s.status == state) if state is not None else (lambda _: True)
-            found.extend(self._judged(items, wanted, limit + 1 - len(found), skipped, size))
+            found.extend(self._judged(items, query.keeps, limit + 1 - len(found), skipped, size))
             if len(found) > limit:
                 page = found[:limit]
                 return pages.Page(tuple(page), pages.cursor_of(page[-1].key), len(skipped))

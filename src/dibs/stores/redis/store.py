@@ -588,22 +588,13 @@ class RedisStore(Store):
         self._index_ready = True
         return placed
 
-    def list_page(
-        self,
-        namespace: str | None,
-        *,
-        state: str | None = None,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        pages.check_state(state)
-        pages.check_limit(limit)
-        if not self._indexed():
-            return super().list_page(namespace, state=state, after=after, limit=limit)
-        if after is not None:
-            pages.parse_cursor(after)  # a bad cursor is refused before anything is read
+    def page(self, query: pages.Query) -> pages.Page:
+        """A page of a status from the indexes; a prunable page (which no index orders) as every store
+        that scans finds it."""
+        if query.older_than is not None or not self._indexed():
+            return super().page(query)
         with self._service("list keys", None):
-            return self._admin.page(namespace, state, after, limit)
+            return self._admin.page(query)
 
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         pages.check_limit(limit)

@@ -578,79 +578,51 @@ class SQLStore(Store):
                 skip(skipped, self._where(row["key_hash"]), exc)
         return states
 
-    def _admin_values(self, namespace: str | None, limit: int) -> dict[str, Any]:
-        values: dict[str, Any] = {"p_limit": limit}
+    def _admin_values(
+        self, namespace: str | None, limit: int, start: tuple[str, str] | None = None, **more: Any
+    ) -> dict[str, Any]:
+        """The parameters of an admin statement: ``p_limit``, the namespace when it reads one, the cursor
+        ``start`` when it reads from one (its name; its namespace too across namespaces), and ``more``."""
+        values: dict[str, Any] = {"p_limit": limit, **more}
         if namespace is not None:
             values["p_namespace"] = namespace
-        return values
-
-    def list_page(
-        self,
-        namespace: str | None,
-        *,
-        state: str | None = None,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        pages.check_state(state)
-        pages.check_limit(limit)
-        self._ensure_ready()  # the statements name the columns the table has
-        values = self._admin_values(namespace, limit + 1)
-        start = None if after is None else pages.parse_cursor(after)
-        if start is not None and namespace is not None:  # only the name counts within one namespace
-            if start[0] > namespace:
-                return pages.Page((), None)  # every key of the namespace comes before the cursor
-            start = start if start[0] == namespace else None  # else: every one comes after it
         if start is not None:
             values["p_after_name"] = start[1]
             if namespace is None:
                 values["p_after_namespace"] = start[0]
-        statement = self._admin.page(namespace=namespace is not None, state=state, after=start is not None)
-        walked = namespace is not None and self._admin.walks(state)
-        if walked:
-            values["p_after_name"] = values.get("p_after_name", "")  # a range from the first name on
-        rows = self._admin_rows(statement, values, unprepared=walked)  # planned for the table as it is
-        more = len(rows) > limit
-        skipped: builtins.list[Skipped] = []
-        states = self._listed(rows[:limit], skipped)
-        last = rows[limit - 1] if more else None
-        cursor = None if last is None else pages.cursor_of(Key(last["namespace"], last["name"]))
-        return pages.Page(tuple(states), cursor, len(skipped))
+        return values
 
-    def prunable_page(
-        self,
-        namespace: str | None,
-        older_than: float,
-        *,
-        after: str | None = None,
-        limit: int = pages.PAGE,
-    ) -> pages.Page:
-        """The rows prune would clear, found as the read-then-write removal finds them (the keys' index
-        from the cursor, :meth:`AdminReads.prunable <dibs.stores.sql.admin.AdminReads.prunable>` in
-        SQL: only candidates come back), each decided on again as it is (:func:`transitions.prunable`,
-        an unreadable row skipped and counted)."""
-        pages.check_limit(limit)
-        self._ensure_ready()
-        values: dict[str, Any] = {**self._admin_values(namespace, limit + 1), "p_older": older_than}
-        start = None if after is None else pages.parse_cursor(after)
+    def page(self, query: pages.Query) -> pages.Page:
+        """A page in key order through the keys' index from the cursor: of a status
+        (:meth:`AdminReads.page <dibs.stores.sql.admin.AdminReads.page>`), or, with the query's
+        ``older_than``, the rows prune would clear, found as the read-then-write removal finds them
+        (:meth:`AdminReads.removable <dibs.stores.sql.admin.AdminReads.removable>` in SQL: only
+        candidates come back), each decided on again as it is (:func:`transitions.prunable`). An
+        unreadable row is skipped and counted."""
+        self._ensure_ready()  # the statements name the columns the table has
+        namespace, start, limit, older = query.namespace, query.start, query.limit, query.older_than
         if start is not None and namespace is not None:  # only the name counts within one namespace
             if start[0] > namespace:
                 return pages.Page((), None)  # every key of the namespace comes before the cursor
             start = start if start[0] == namespace else None  # else: every one comes after it
-        if start is not None or (namespace is not None and self.dialect == "postgresql"):
-            values["p_after_name"] = "" if start is None else start[1]  # PostgreSQL: always a cursor
-            if namespace is None and start is not None:
-                values["p_after_namespace"] = start[0]
-        statement = self._admin.removable(
-            namespace=namespace is not None, kind="prune", after=start is not None
+        within, after = namespace is not None, start is not None
+        if older is None:
+            statement = self._admin.page(namespace=within, state=query.state, after=after)
+            ranged = unprepared = within and self._admin.walks(query.state)  # planned for the table as it is
+        else:
+            statement = self._admin.removable(namespace=within, kind="prune", after=after)
+            ranged, unprepared = within and self.dialect == "postgresql", True
+        if ranged and start is None:  # a range of one namespace from its first name on
+            start = (namespace or "", "")
+        more = {} if older is None else {"p_older": older}
+        rows = self._admin_rows(
+            statement, self._admin_values(namespace, limit + 1, start, **more), unprepared=unprepared
         )
-        rows = self._admin_rows(statement, values, unprepared=True)
-        more = len(rows) > limit
         skipped: builtins.list[Skipped] = []
-        states = [
-            state for state in self._listed(rows[:limit], skipped) if transitions.prunable(state, older_than)
-        ]
-        last = rows[limit - 1] if more else None
+        states = self._listed(rows[:limit], skipped)
+        if older is not None:
+            states = [state for state in states if transitions.prunable(state, older)]
+        last = rows[limit - 1] if len(rows) > limit else None
         cursor = None if last is None else pages.cursor_of(Key(last["namespace"], last["name"]))
         return pages.Page(tuple(states), cursor, len(skipped))
 
@@ -942,19 +914,11 @@ class SQLStore(Store):
         than its limit. Not repeated after a lost reply (its outcome is unknown: the next removal
         finds what is left), only after the server rolled it back."""
         changed, start = 0, None
-        values: dict[str, Any] = {"p_limit": REMOVAL_BATCH}
-        if kind == "prune":
-            values["p_older"] = older_than
-        if namespace is not None:
-            values["p_namespace"] = namespace
+        more = {"p_older": older_than} if kind == "prune" else {}
         while True:
-            if start is not None:
-                values["p_after_name"] = start[1]
-                if namespace is None:
-                    values["p_after_namespace"] = start[0]
             within, after = namespace is not None, start is not None
             statement = self._set_removal.batch(kind, namespace=within, after=after)
-            done = self._removal_batch(statement, values)
+            done = self._removal_batch(statement, self._admin_values(namespace, REMOVAL_BATCH, start, **more))
             changed += int(done["changed"])
             if progress is not None:
                 progress(changed)
@@ -973,15 +937,9 @@ class SQLStore(Store):
         statement's re-check holds (:meth:`AdminReads.at_versions
         <dibs.stores.sql.admin.AdminReads.at_versions>`)."""
         admin, changed, start = self._admin, 0, None
-        values: dict[str, Any] = {"p_limit": REMOVAL_BATCH, "p_older": older_than}
-        if namespace is not None:
-            values["p_namespace"] = namespace
         while True:
-            if start is not None:
-                values["p_after_name"] = start[1]
-                if namespace is None:
-                    values["p_after_namespace"] = start[0]
             statement = admin.removable(namespace=namespace is not None, kind=kind, after=start is not None)
+            values = self._admin_values(namespace, REMOVAL_BATCH, start, p_older=older_than)
             rows = self._removal_rows(statement, values)
             cleared: builtins.list[tuple[str, int]] = []
             leases: builtins.list[tuple[str, int]] = []

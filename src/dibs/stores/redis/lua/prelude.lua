@@ -258,13 +258,19 @@ end
 -- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
 -- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
 -- be) and read back before set writes it with the lease.
-local function set(rec, ...)
+-- Before a script's first write to its record: the index rights are checked (once), and where the
+-- record stood in the indexes is kept (`before`), for the indexes to be moved once at the end.
+local function writing(rec)
   if not dirty then
     if INDEXED and not rights_checked then
       check_index_rights()
     end
     dirty, before = true, INDEXED and placement(rec)
   end
+end
+
+local function set(rec, ...)
+  writing(rec)
   redis.call('HSET', record_key, ...)
   local pairs_ = {...}
   for i = 1, #pairs_, 2 do
@@ -273,12 +279,7 @@ local function set(rec, ...)
 end
 
 local function unset(rec, ...)
-  if not dirty then
-    if INDEXED and not rights_checked then
-      check_index_rights()
-    end
-    dirty, before = true, INDEXED and placement(rec)
-  end
+  writing(rec)
   redis.call('HDEL', record_key, ...)
   for _, field in ipairs({...}) do
     rec[field] = nil
