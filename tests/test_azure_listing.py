@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ from dibs.stores import AcquireRequest, NewArtifact, Store, codec, pages
 from dibs.stores.azure import AzureBlobStore, parse_url
 from dibs.stores.azure.summary import metadata_of, summary_of
 from tests.backends import azure as backend
+from tests.cli_harness import PATIENCE
 
 NAMESPACE = "azure.history"
 #: Metadata is 8 KB per blob, names and values together.
@@ -300,6 +302,65 @@ def test_prune_and_reap_download_only_the_records_they_change(
     transport.clear()
     assert store.count_states(NAMESPACE)["done"] == 290
     assert transport.record_gets == 0  # the tombstones are known from their summaries
+
+
+class _Overlapping(RequestsTransport):  # type: ignore[misc]
+    """Holds each conditional record write (a ``PUT`` with ``If-Match``: a swap) until ``width`` of
+    them are in flight at once, and keeps the most that ever were. A remover that changes one record
+    at a time never gets there: its first write is let go after :data:`PATIENCE`, and the rest pass."""
+
+    def __init__(self, width: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.width = width
+        self.most = 0
+        self.swaps = 0
+        self._in_flight = 0
+        self._gate = threading.Condition()
+        self._open = False
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        if request.method != "PUT" or "/records/" not in request.url or "If-Match" not in request.headers:
+            return super().send(request, **kwargs)
+        with self._gate:
+            self._in_flight += 1
+            self.swaps += 1
+            self.most = max(self.most, self._in_flight)
+            self._gate.notify_all()
+            if not self._open:  # waited once (time enough for concurrent swaps to arrive): never again
+                self._gate.wait_for(lambda: self.most >= self.width, PATIENCE)
+                self._open = True
+        try:
+            return super().send(request, **kwargs)
+        finally:
+            with self._gate:
+                self._in_flight -= 1
+
+
+@pytest.mark.parametrize("action", ["prune", "reap"])
+def test_prune_and_reap_swap_max_concurrency_records_at_once(
+    azure_url: str, raw: ContainerClient, action: str
+) -> None:
+    """Removal changes its records ``max_concurrency`` at a time (counted in flight, not timed): each
+    still its own read and ETag swap, so every one is changed once and a tombstone keeps its fence."""
+    transport = _Overlapping(3)
+    with AzureBlobStore.from_url(f"{azure_url}&max_concurrency=3", transport=transport) as store:
+        if action == "prune":
+            _grow(store, raw, 12)  # twelve old artifacts beside "first", held
+            removed = store.prune(NAMESPACE, 3600.0)
+            changed = [Key(NAMESPACE, f"day-{i:06d}") for i in range(12)]
+        else:
+            changed = [Key(NAMESPACE, f"gone-{i:02d}") for i in range(12)]
+            for key in changed:
+                store.acquire(key, AcquireRequest("gone", 0.1))
+            while store.read(changed[-1]).status != "expired":  # on the store's clock; no threshold
+                time.sleep(0.05)
+            removed = store.reap(NAMESPACE)
+        assert removed == 12
+        assert transport.most == 3  # as many as max_concurrency in flight together, and no more
+        assert transport.swaps == (12 if action == "prune" else 24)  # reap: clear the lease, discard
+        for key in changed:
+            state = store.read(key)
+            assert (state.status, state.fence, state.attempts) == ("free", 1, 0), state
 
 
 def test_a_bad_argument_is_refused_before_any_request(counted: tuple[AzureBlobStore, _Counting]) -> None:

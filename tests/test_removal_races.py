@@ -321,7 +321,9 @@ def _read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-@pytest.mark.parametrize("backend_url", ["sqlite", "postgres", "mysql", "redis", "file"], indirect=True)
+@pytest.mark.parametrize(
+    "backend_url", ["sqlite", "postgres", "mysql", "redis", "file", "azure"], indirect=True
+)
 def test_two_removers_never_remove_a_live_lease(
     backend_url: str, opened: Callable[[str], Store], tmp_path: Path
 ) -> None:

@@ -100,6 +100,46 @@ def skip(skipped: list[Skipped], where: str, error: CorruptRecord) -> None:
     skipped.append(Skipped(where, str(error)))
 
 
+#: Runs a change on each of some records (up to :data:`PROGRESS_EVERY`) and returns each one's answer,
+#: in order: one after another by default; a store whose time is its round trips runs several at once
+#: (Azure: :meth:`RecordStore._each`).
+Each = Callable[[Callable[[KeyState], int], Sequence[KeyState]], Iterable[int]]
+
+
+def _one_by_one(change: Callable[[KeyState], int], states: Sequence[KeyState]) -> list[int]:
+    return [change(state) for state in states]
+
+
+def change_each(
+    considered: Iterable[KeyState],
+    chosen: Callable[[KeyState], bool],
+    change: Callable[[KeyState], int],
+    where: Callable[[Key], str],
+    *,
+    progress: Progress | None = None,
+    each: Each = _one_by_one,
+) -> int:
+    """The one loop of a removal that goes key by key: of each :data:`PROGRESS_EVERY` records
+    ``considered``, the ``chosen`` ones are changed by ``change`` (which decides again, atomically, and
+    returns how many records it changed), through ``each``; then ``progress`` is told the count so
+    far. A record damaged since it was listed is skipped, named by ``where``, as by list."""
+
+    def one(state: KeyState) -> int:
+        try:
+            return change(state)
+        except CorruptRecord as exc:
+            skip([], where(state.key), exc)
+            return 0
+
+    changed = 0
+    states = builtins.list(considered)
+    for start in range(0, len(states), PROGRESS_EVERY):
+        changed += sum(each(one, [s for s in states[start : start + PROGRESS_EVERY] if chosen(s)]))
+        if progress is not None:
+            progress(changed)
+    return changed
+
+
 def reap_each(
     store: Store,
     namespace: str | None,
@@ -108,28 +148,31 @@ def reap_each(
     progress: Progress | None = None,
     *,
     listing: Iterable[KeyState] | None = None,
+    each: Each = _one_by_one,
 ) -> int:
     """The one way to reap (see :meth:`Store.reap`), for every store: each listed record whose lease
     expired is cleared by ``clear_expired`` (which must check the expiry again, atomically, on the
     store's clock: the holder may have renewed since the listing), and each record that then holds
-    nothing is discarded. A record damaged since it was listed is skipped, named by ``where``.
+    nothing is discarded, both steps of a record in turn, through ``each`` (see :func:`change_each`).
 
     ``listing`` is what to consider instead of ``store.list(namespace)``: states with at least the
     key, its lease expiry and what it holds (see :meth:`RecordStore._removal_candidates`)."""
-    reaped = 0
-    considered = store.list(namespace) if listing is None else listing
-    for seen, state in enumerate(builtins.list(considered), 1):
-        if progress is not None and seen % PROGRESS_EVERY == 0:
-            progress(reaped)
-        expired = state.lease is not None and not state.lease.live_at(state.now)
-        if not (expired or transitions.holds_nothing(state)):
-            continue
-        try:
-            cleared = expired and clear_expired(state.key)
-            reaped += int(store.discard(state.key) or cleared)
-        except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
-            skip([], where(state.key), exc)
-    return reaped
+
+    def expired(state: KeyState) -> bool:
+        return state.lease is not None and not state.lease.live_at(state.now)
+
+    def reap(state: KeyState) -> int:
+        cleared = expired(state) and clear_expired(state.key)
+        return int(store.discard(state.key) or cleared)
+
+    return change_each(
+        store.list(namespace) if listing is None else listing,
+        lambda state: expired(state) or transitions.holds_nothing(state),
+        reap,
+        where,
+        progress=progress,
+        each=each,
+    )
 
 
 #: What runs when any store closes, with the store: the process's runtime adds its own (it stops
@@ -474,22 +517,27 @@ class RecordStore(Store):
             str,
             progress,
             listing=self._removal_candidates(namespace),
+            each=self._each,
         )
 
     def discard(self, key: Key) -> bool:
         return self._update(key, lambda state: _changed(transitions.discard(state)))
 
     def prune(self, namespace: str | None, older_than: float, *, progress: Progress | None = None) -> int:
-        pruned = 0
-        for seen, state in enumerate(list(self._removal_candidates(namespace)), 1):
-            if progress is not None and seen % PROGRESS_EVERY == 0:
-                progress(pruned)
-            if transitions.prunable(state, older_than):
-                try:
-                    pruned += self._update(state.key, lambda s: _changed(transitions.prune(s, older_than)))
-                except CorruptRecord as exc:  # damaged since it was listed: skipped, as by list
-                    skip([], str(state.key), exc)
-        return pruned
+        return change_each(
+            self._removal_candidates(namespace),
+            lambda state: transitions.prunable(state, older_than),
+            lambda state: self._update(state.key, lambda s: _changed(transitions.prune(s, older_than))),
+            str,
+            progress=progress,
+            each=self._each,
+        )
+
+    def _each(self, change: Callable[[KeyState], int], states: Sequence[KeyState]) -> Iterable[int]:
+        """How ``prune`` and ``reap`` change their chosen records (see :data:`Each`): one after
+        another, each its own read and compare-and-swap. A store whose time is round trips to a
+        service runs several at once (Azure); each change is the same one either way."""
+        return _one_by_one(change, states)
 
 
 def _changed(new_state: KeyState | None) -> tuple[bool, KeyState | None]:

@@ -47,7 +47,9 @@ Reads of many records
     Airflow Reservations page) list the namespace once, judge each key's status from its summary on
     the service's clock (the ``Date`` of the listing page that named it), and download only the
     records they show (:mod:`.reads`); a count downloads none. ``prune`` and ``reap`` pick their
-    candidates the same way and then read and swap each as any write does. Blobs are named by digest,
+    candidates the same way and then read and swap each as any write does, ``max_concurrency`` of
+    them at a time (each its own read and ETag swap: one after another, a removal spent its time
+    waiting for the service). Blobs are named by digest,
     so key order is not blob order: each read lists the whole namespace and sorts it in memory (one
     listing request per 5,000 keys). A blob without a summary (an older dibs wrote it) is downloaded,
     as :meth:`~AzureBlobStore.list` downloads every record it shows.
@@ -62,7 +64,8 @@ environment variable; else ``DefaultAzureCredential`` when ``azure-identity`` is
 identity, workload identity, Azure CLI login, ...). Explicit credentials in the URL win over the
 environment. Percent-encode values that contain ``&``, ``+``, ``%`` or ``#`` (SAS tokens always do).
 Options: ``timeout=`` (seconds per request, default 30), ``retries=`` (retries of a failed request,
-default 3), ``max_concurrency=`` (parallel transfers for large artifacts, default 4). The container is
+default 3), ``max_concurrency=`` (parallel transfers for large artifacts, records downloaded or
+changed at once by the reads of many records, ``prune`` and ``reap``; default 4). The container is
 created on first write if it does not exist. Secrets never appear in :attr:`url`, logs or errors.
 
 Waiters are woken by the process's watch hub, which follows the watched records' ETags with one
