@@ -470,6 +470,24 @@ class AzureBlobStore(RecordStore):
         """As :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: the listing alone."""
         return reads.count(self._listed_entries(namespace, []), up_to)
 
+    def overview(
+        self, namespace: str | None, *, leases: int, recent: int, up_to: int = pages.COUNT_CAP
+    ) -> pages.Overview:
+        """As :meth:`Store.overview <dibs.stores.base.Store.overview>` (``dibs top``): its five reads
+        from one listing, then a GET of each record shown. The listing is the read's cost (every record
+        blob of the container, 5,000 a request): made once, not once a read (47 s for ``top`` at 10,000
+        keys on Azurite with five)."""
+        skipped: builtins.list[Skipped] = []
+        entries = self._listed_entries(namespace, skipped)()
+        listed, fetch = (lambda: entries), self._fetcher(skipped)
+        return pages.Overview(
+            counts=reads.count(listed, up_to),
+            held=reads.leases(listed, fetch, expired=False, limit=leases),
+            expired=reads.leases(listed, fetch, expired=True, limit=leases),
+            artifacts=reads.latest(listed, fetch, "artifact", recent),
+            failures=reads.latest(listed, fetch, "failure", recent),
+        )
+
     def _listed_entries(self, namespace: str | None, skipped: builtins.list[Skipped]) -> reads.Listed:
         """The listing of :meth:`_entries`, made when called; what it skips goes into ``skipped``."""
 
