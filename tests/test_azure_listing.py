@@ -1,10 +1,11 @@
 """The Azure store's admin reads come from its blob listing, not a GET of every record (issue 30).
 
 Counted, never timed: every request the SDK sends goes through a counting transport, and a test
-says how many record downloads a read made. ``dibs top``'s snapshot (one listing for its five reads) and a ``list_page`` of 10 make
-as many downloads at 2,500 keys as at 250 (each shown record once, plus one listing request per
-5,000 blobs); a record written by an older dibs, whose blob carries no summary, is downloaded and
-shown as it is. Runs against Azurite; the summary's own format is checked offline at the top.
+says how many record downloads a read made. ``dibs top``'s snapshot (one listing for its five
+reads) and a ``list_page`` of 10 make as many downloads at 2,500 keys as at 250 (each shown record
+once, plus one listing request per 5,000 blobs); a record written by an older dibs, whose blob
+carries no summary, is downloaded and shown as it is. Runs against Azurite; the summary's own format
+is checked offline at the top.
 """
 
 from __future__ import annotations
