@@ -411,3 +411,65 @@ def test_pages_that_grow_read_little_for_a_lookup_that_ends_soon(tmp_path: Path)
     sizes = [len(page.states) for page in store.list_pages(NAMESPACE, limit=40, first=5)]
     assert sizes == [5, 10, 20, 40, 25]
     store.close()
+
+
+def test_a_store_written_before_the_page_hook_is_read_through_its_own_overrides(tmp_path: Path) -> None:
+    """A store that overrides ``list_page`` and ``prunable_page`` itself (the hooks before
+    :meth:`Store.page`), built on the page helpers' keywords, is read through its overrides by
+    ``list_pages``, ``prunable_pages`` and a payload-referencing store around it, not by a scan."""
+    from dibs.payloads import ReferencingStore, open_payload_store
+    from dibs.stores import pages
+    from dibs.stores.memory import MemoryStore
+
+    class Legacy(MemoryStore):
+        calls: list[str]
+
+        @property
+        def scans(self) -> bool:  # finds its pages itself
+            return False
+
+        def list_page(
+            self,
+            namespace: str | None,
+            *,
+            state: str | None = None,
+            after: str | None = None,
+            limit: int = 100,
+        ) -> pages.Page:
+            self.calls.append("list_page")
+            return pages.page_of(self.list(namespace), state=state, after=after, limit=limit)
+
+        def prunable_page(
+            self, namespace: str | None, older_than: float, *, after: str | None = None, limit: int = 100
+        ) -> pages.Page:
+            self.calls.append("prunable_page")
+            return pages.page_of(
+                self.list(namespace), after=after, limit=limit, keep=lambda s: s.status == "done"
+            )
+
+    store = Legacy()
+    store.calls = []
+    client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
+    for i in range(9):
+        client.run(f"day-{i}", lambda: 1)
+    client.get_or_reserve("held", owner="worker")
+
+    listed = [s.key.name for page in store.list_pages(NAMESPACE, state="done", limit=4) for s in page.states]
+    assert listed == [f"day-{i}" for i in range(9)] and store.calls == ["list_page"] * 3
+    store.calls.clear()
+    doomed = [s.key.name for page in store.prunable_pages(NAMESPACE, 0.0, limit=5) for s in page.states]
+    assert doomed == [f"day-{i}" for i in range(9)] and store.calls == ["prunable_page"] * 2
+    store.calls.clear()
+    wrapped = ReferencingStore(store, open_payload_store((tmp_path / "payloads").as_uri()))
+    held = wrapped.list_page(NAMESPACE, state="held")
+    assert [s.key.name for s in held.states] == ["held"] and store.calls == ["list_page"]
+
+
+def test_a_page_of_what_prune_would_clear_takes_no_state() -> None:
+    """Prune chooses by age and by what a record holds, not by status: a query asking for both is
+    refused, naming both, before any store reads anything."""
+    from dibs.errors import ConfigurationError
+    from dibs.stores import pages
+
+    with pytest.raises(ConfigurationError, match=r"older_than=60\.0.*state='done'"):
+        pages.Query("ns", state="done", older_than=60.0)

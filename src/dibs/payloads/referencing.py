@@ -252,7 +252,7 @@ class ReferencingStore(Store):
 
     # The reads a person makes: records as listed, references as they are (no payload is read).
     def page(self, query: pages.Query) -> pages.Page:
-        return self.records.page(query)
+        return self.records.read_page(query)
 
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         return self.records.latest(namespace, kind, limit=limit)

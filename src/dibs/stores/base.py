@@ -348,7 +348,15 @@ class Store(Closing):
     def _pages(self, query: pages.Query, first: int | None = None) -> Iterator[pages.Page]:
         if self.scans:
             return pages.pages_of(self.list(query.namespace), query)
-        return pages.successive(self.page, query, first)
+        return pages.successive(self.read_page, query, first)
+
+    def read_page(self, query: pages.Query) -> pages.Page:
+        """The page ``query`` asks for, through :meth:`list_page` or :meth:`prunable_page`: a store
+        written before :meth:`page` that overrides those itself is read through its own overrides
+        (a store that overrides :meth:`page` comes to it either way)."""
+        if query.older_than is None:
+            return self.list_page(query.namespace, state=query.state, after=query.after, limit=query.limit)
+        return self.prunable_page(query.namespace, query.older_than, after=query.after, limit=query.limit)
 
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         """The ``limit`` records whose artifact (``kind="artifact"``) or last failure (``"failure"``)

@@ -119,6 +119,11 @@ class Query:
     def __post_init__(self) -> None:
         check_state(self.state)
         check_limit(self.limit)
+        if self.state is not None and self.older_than is not None:  # prune chooses by age, not status
+            raise ConfigurationError(
+                f"a page of the records a prune would clear (older_than={self.older_than!r}) takes no "
+                f"state (got state={self.state!r}): prune chooses by age and what a record holds"
+            )
         self.start  # noqa: B018  # a bad cursor is refused here, not at the first page's end
 
     @property
@@ -176,26 +181,48 @@ def check_limit(limit: int) -> None:
         raise ConfigurationError(f"limit={limit!r} must be a whole number of records, at least 1")
 
 
-def page_of(listing: Iterable[KeyState], query: Query) -> Page:
+def page_of(
+    listing: Iterable[KeyState],
+    query: Query | None = None,
+    *,
+    state: str | None = None,
+    after: str | None = None,
+    limit: int = PAGE,
+    keep: Callable[[KeyState], bool] | None = None,
+) -> Page:
     """A page out of a whole listing in key order (the default :meth:`Store.page
     <dibs.stores.base.Store.page>`): the first of :func:`pages_of`, which reads the listing to the
-    page's end, and one record further to know whether another page follows."""
-    return next(pages_of(listing, query))
+    page's end, and one record further to know whether another page follows. Without a ``query``,
+    its parts as keywords (see :func:`pages_of`)."""
+    return next(pages_of(listing, query, state=state, after=after, limit=limit, keep=keep))
 
 
-def pages_of(listing: Iterable[KeyState], query: Query) -> Iterator[Page]:
+def pages_of(
+    listing: Iterable[KeyState],
+    query: Query | None = None,
+    *,
+    state: str | None = None,
+    after: str | None = None,
+    limit: int = PAGE,
+    keep: Callable[[KeyState], bool] | None = None,
+) -> Iterator[Page]:
     """Every page the query asks for from its cursor on, out of one pass over ``listing``: what a
     store that scans streams for ``dibs ls`` and ``prune --dry-run`` (:meth:`Store.list_pages
     <dibs.stores.base.Store.list_pages>`), where a page at a time would read the whole listing for each
     page. A page is given once one record more is found (or the listing ends), so the next page's
-    cursor is known. The records skipped as unreadable are counted on the first page."""
+    cursor is known. The records skipped as unreadable are counted on the first page.
+
+    Without a ``query``, its parts as keywords (``state``, ``after``, ``limit``), as a store written
+    before :class:`Query` calls it; ``keep``, with or without one, is a further filter."""
+    if query is None:
+        query = Query(None, state=state, after=after, limit=limit)
     start = query.start
     found: list[KeyState] = []
     given = 0
     for record in listing:
         if start is not None and (record.key.namespace, record.key.name) <= start:
             continue
-        if not query.keeps(record):
+        if not query.keeps(record) or (keep is not None and not keep(record)):
             continue
         if len(found) == query.limit:
             yield Page(tuple(found), cursor_of(found[-1].key), 0 if given else _skipped(listing))
