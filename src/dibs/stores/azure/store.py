@@ -11,7 +11,7 @@ import functools
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, ClassVar, TypeVar
 
 from azure.core import MatchConditions
@@ -477,6 +477,8 @@ class AzureBlobStore(RecordStore):
         from one listing, then a GET of each record shown. The listing is the read's cost (every record
         blob of the container, 5,000 a request): made once, not once a read (47 s for ``top`` at 10,000
         keys on Azurite with five)."""
+        for limit in (leases, recent, up_to):  # refused before the listing, as by the five reads
+            pages.check_limit(limit)
         skipped: builtins.list[Skipped] = []
         entries = self._listed_entries(namespace, skipped)()
         listed, fetch = (lambda: entries), self._fetcher(skipped)
@@ -590,13 +592,19 @@ class AzureBlobStore(RecordStore):
         the time is the service's, so threads overlap it). The SDK has no batch for these: a blob
         batch deletes blobs or sets their tier, it writes none and reads none.
 
-        When one raises, the calls not yet started are cancelled and its error raised: a service
-        that stopped answering must not be asked again for every item left."""
+        As soon as one raises, the calls not yet started are cancelled, those running are waited for,
+        and its error is raised: a service that stopped answering must not be asked again for every
+        item left (waiting for the results in order would learn of an error only when it came up)."""
         if len(items) <= 1 or self._max_concurrency <= 1:
             return [call(item) for item in items]
         pool = ThreadPoolExecutor(min(self._max_concurrency, len(items)))
         try:
-            return builtins.list(pool.map(call, items))
+            futures = [pool.submit(call, item) for item in items]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            for future in futures:
+                if future.done() and not future.cancelled() and (error := future.exception()) is not None:
+                    raise error
+            return [future.result() for future in futures]
         finally:
             pool.shutdown(cancel_futures=True)
 
