@@ -46,6 +46,7 @@ local fence
 if #rec.fence <= 15 then
   fence = num(tonumber(rec.fence) + 1)
 else
+  writing(rec)  -- the index rights checked, and the placement kept, before this first write
   redis.call('HINCRBY', KEYS[1], 'fence', 1)
   fence = redis.call('HGET', KEYS[1], 'fence')
 end

@@ -151,7 +151,7 @@ local INDEXED = #KEYS > 1
 -- The record the writes below go to: KEYS[1], or, in drop_many, each of its records in turn.
 local record_key = KEYS[1]
 -- Whether this run wrote the record, and where the record was placed before its first write (set
--- by set and unset then, so a run that writes nothing, a hit, spends nothing on the indexes; a new
+-- by writing() then, so a run that writes nothing, a hit, spends nothing on the indexes; a new
 -- record starts as a tombstone, placed nowhere).
 local dirty, before = false, nil
 -- The expiry index of each leased class.
@@ -253,11 +253,6 @@ local function check_index_rights()
   end
 end
 
--- Every write of a script to its record (record_key) goes through set and unset, which keep `rec`
--- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
--- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
--- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
--- be) and read back before set writes it with the lease.
 -- Before a script's first write to its record: the index rights are checked (once), and where the
 -- record stood in the indexes is kept (`before`), for the indexes to be moved once at the end.
 local function writing(rec)
@@ -269,6 +264,11 @@ local function writing(rec)
   end
 end
 
+-- Every write of a script to its record (record_key) goes through set and unset, which keep `rec`
+-- (the record as loaded) equal to what the hash holds, so a reply is built from `rec` without
+-- reading the record a second time. set takes field, value pairs, all strings. A fence of 10^15
+-- or more is incremented with HINCRBY (exact on a decimal string, where Lua's doubles would not
+-- be) and read back before set writes it with the lease.
 local function set(rec, ...)
   writing(rec)
   redis.call('HSET', record_key, ...)
