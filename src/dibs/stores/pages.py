@@ -31,7 +31,7 @@ import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from dibs.errors import ConfigurationError
 from dibs.keys import Key
@@ -181,20 +181,12 @@ def check_limit(limit: int) -> None:
         raise ConfigurationError(f"limit={limit!r} must be a whole number of records, at least 1")
 
 
-def page_of(
-    listing: Iterable[KeyState],
-    query: Query | None = None,
-    *,
-    state: str | None = None,
-    after: str | None = None,
-    limit: int = PAGE,
-    keep: Callable[[KeyState], bool] | None = None,
-) -> Page:
+def page_of(listing: Iterable[KeyState], query: Query | None = None, **parts: Any) -> Page:
     """A page out of a whole listing in key order (the default :meth:`Store.page
     <dibs.stores.base.Store.page>`): the first of :func:`pages_of`, which reads the listing to the
-    page's end, and one record further to know whether another page follows. Without a ``query``,
-    its parts as keywords (see :func:`pages_of`)."""
-    return next(pages_of(listing, query, state=state, after=after, limit=limit, keep=keep))
+    page's end, and one record further to know whether another page follows. ``parts``: the
+    keywords of :func:`pages_of` (a query's parts, and ``keep``)."""
+    return next(pages_of(listing, query, **parts))
 
 
 def pages_of(
