@@ -353,7 +353,9 @@ def test_prune_and_reap_swap_max_concurrency_records_at_once(
             changed = [Key(NAMESPACE, f"gone-{i:02d}") for i in range(12)]
             for key in changed:
                 store.acquire(key, AcquireRequest("gone", 0.1))
-            while store.read(changed[-1]).status != "expired":  # on the store's clock; no threshold
+            deadline = time.monotonic() + PATIENCE  # on the store's clock; the bound only names a hang
+            while store.read(changed[-1]).status != "expired":
+                assert time.monotonic() < deadline, "a 0.1 s lease never expired on the service's clock"
                 time.sleep(0.05)
             removed = store.reap(NAMESPACE)
         assert removed == 12

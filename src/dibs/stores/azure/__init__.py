@@ -43,15 +43,17 @@ Reads of many records
     A listing of ``records/`` returns each blob's metadata with its name, 5,000 blobs a request, and
     every record blob carries a summary of its record there (the key's name, lease expiry, artifact
     and failure times, attempts: :mod:`.summary`), written by the same request as the record. So
-    ``list_page``, ``latest``, ``leases`` and ``count_states`` (``dibs ls``, ``dibs top``, the
-    Airflow Reservations page) list the namespace once, judge each key's status from its summary on
+    ``list_page``, ``latest``, ``leases`` and ``count_states`` (``dibs ls``, the Airflow Reservations
+    page; ``dibs top`` makes one listing for all four) list the records once, judge each key's status
+    from its summary on
     the service's clock (the ``Date`` of the listing page that named it), and download only the
     records they show (:mod:`.reads`); a count downloads none. ``prune`` and ``reap`` pick their
     candidates the same way and then read and swap each as any write does, ``max_concurrency`` of
     them at a time (each its own read and ETag swap: one after another, a removal spent its time
-    waiting for the service). Blobs are named by digest,
-    so key order is not blob order: each read lists the whole namespace and sorts it in memory (one
-    listing request per 5,000 keys). A blob without a summary (an older dibs wrote it) is downloaded,
+    waiting for the service). Blobs are named by the key's digest, so key order is not blob order and
+    no prefix picks a namespace: each read lists every namespace's records under the store's prefix
+    and sorts the namespace's in memory (one listing request per 5,000 blobs; a prefix per team or
+    pipeline keeps histories apart). A blob without a summary (an older dibs wrote it) is downloaded,
     as :meth:`~AzureBlobStore.list` downloads every record it shows.
 
 Configuration (``from_url``)::
