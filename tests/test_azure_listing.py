@@ -11,6 +11,7 @@ is checked offline at the top.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import threading
 import time
@@ -23,6 +24,7 @@ import pytest
 
 pytest.importorskip("azure.storage.blob")
 
+import requests
 from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
@@ -364,6 +366,43 @@ def test_prune_and_reap_swap_max_concurrency_records_at_once(
         for key in changed:
             state = store.read(key)
             assert (state.status, state.fence, state.attempts) == ("free", 1, 0), state
+
+
+def test_a_removal_wider_than_requests_pool_reuses_its_connections(
+    azure_url: str, raw: ContainerClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``max_concurrency`` above requests' 10 connections a host, the swaps in flight together
+    each keep a connection, and every one is kept for the next request: none is discarded (urllib3
+    warns "Connection pool is full" for each it drops, and opens a new one, a TLS handshake on Azure,
+    for the next). Each swap is held, its response in hand and its connection checked out, until
+    ``width`` of them are: counted, not timed."""
+    width = 16
+    gate = threading.Condition()
+    in_flight, most, opened = 0, 0, False
+    send = requests.adapters.HTTPAdapter.send
+
+    def held_send(adapter: requests.adapters.HTTPAdapter, request: Any, **kwargs: Any) -> Any:
+        nonlocal in_flight, most, opened
+        response = send(adapter, request, **kwargs)  # the body unread: the connection stays out
+        if request.method == "PUT" and "/records/" in request.url and "If-Match" in request.headers:
+            with gate:
+                in_flight += 1
+                most = max(most, in_flight)
+                gate.notify_all()
+                if not opened:
+                    gate.wait_for(lambda: most >= width, PATIENCE)
+                    opened = True
+                in_flight -= 1
+        return response
+
+    with AzureBlobStore.from_url(f"{azure_url}&max_concurrency={width}") as store:
+        _grow(store, raw, 2 * width)
+        monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", held_send)
+        caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
+        assert store.prune(NAMESPACE, 3600.0) == 2 * width
+    assert most == width
+    discarded = [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
+    assert discarded == []
 
 
 def test_a_bad_argument_is_refused_before_any_request(counted: tuple[AzureBlobStore, _Counting]) -> None:

@@ -67,7 +67,9 @@ identity, workload identity, Azure CLI login, ...). Explicit credentials in the 
 environment. Percent-encode values that contain ``&``, ``+``, ``%`` or ``#`` (SAS tokens always do).
 Options: ``timeout=`` (seconds per request, default 30), ``retries=`` (retries of a failed request,
 default 3), ``max_concurrency=`` (parallel transfers for large artifacts, records downloaded or
-changed at once by the reads of many records, ``prune`` and ``reap``; default 4). The container is
+changed at once by the reads of many records, ``prune`` and ``reap``; default 4, at most 64: above
+requests' 10 connections a host, the client keeps as many as that, so none is opened and dropped
+per request). The container is
 created on first write if it does not exist. Secrets never appear in :attr:`url`, logs or errors.
 
 Waiters are woken by the process's watch hub, which follows the watched records' ETags with one

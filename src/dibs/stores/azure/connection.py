@@ -11,20 +11,34 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+import requests
 from azure.core.credentials import AzureSasCredential
 from azure.core.exceptions import AzureError, ClientAuthenticationError
 from azure.storage.blob import BlobServiceClient, LinearRetry
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from dibs.backoff import Backoff
 from dibs.errors import ConfigurationError
 from dibs.stores import redact_url
 from dibs.stores.azure.settings import CONNECTION_STRING_ENV, EXAMPLE_URL, AzureSettings
 
-__all__ = ["Connection", "client_defaults", "connect", "describe", "endpoint_of", "no_credential", "scrub"]
+__all__ = [
+    "Connection",
+    "client_defaults",
+    "connect",
+    "describe",
+    "endpoint_of",
+    "no_credential",
+    "pooled_session",
+    "scrub",
+]
 
 #: Payloads up to this size go in one request; larger ones in parallel blocks/ranges of ``CHUNK``.
 SINGLE_TRANSFER = 8 * 1024 * 1024
 CHUNK = 4 * 1024 * 1024
+#: The connections requests keeps per host unless told otherwise (``requests.adapters.DEFAULT_POOLSIZE``).
+SDK_POOL_SIZE = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +72,11 @@ def connect(
     credential selection.
     """
     environ = os.environ if environ is None else environ
-    options = {**client_defaults(settings), **(client_options or {})}
+    given = dict(client_options or {})
+    defaults = client_defaults(settings)
+    if "transport" in given:  # the caller's transport brings its own session (and its pool)
+        defaults.pop("session", None)
+    options = {**defaults, **given}
     where = f"azure://{settings.container}"
 
     def from_connection_string(value: str, source: str) -> BlobServiceClient:
@@ -152,7 +170,7 @@ def client_defaults(settings: AzureSettings) -> dict[str, Any]:
     # The SDK's default retry waits 15 s, 18 s, 24 s: far longer than a heartbeat interval. A store
     # makes one attempt (see dibs.stores.base); these few quick retries only ride out a dropped
     # connection, and the caller's own policy handles longer outages.
-    return {
+    defaults: dict[str, Any] = {
         "retry_policy": _QuickRetry(retry_total=settings.retries),
         "connection_timeout": min(settings.timeout, 10.0),
         "read_timeout": settings.timeout,
@@ -161,6 +179,34 @@ def client_defaults(settings: AzureSettings) -> dict[str, Any]:
         "max_single_get_size": CHUNK,
         "max_chunk_get_size": CHUNK,
     }
+    if settings.max_concurrency > SDK_POOL_SIZE:
+        defaults["session"] = pooled_session(settings.max_concurrency)
+    return defaults
+
+
+def pooled_session(size: int) -> requests.Session:
+    """A requests session that keeps ``size`` connections per host, for the SDK's transport (which
+    owns it, and closes it with the client).
+
+    The SDK's own session keeps requests' 10: with ``max_concurrency`` above that, the removals and
+    downloads running at once would open a new connection (a TLS handshake on Azure) for every request
+    beyond the tenth, and urllib3 would discard it afterwards with a warning ("Connection pool is full,
+    discarding connection"); the SDK's documentation of ``max_concurrency`` says to size the pool.
+    Everything else is as the SDK mounts it: its adapter, retries left to its pipeline.
+    """
+    adapter_type: type[HTTPAdapter] = HTTPAdapter
+    try:  # the SDK's adapter (larger socket blocks for payloads); private, so not relied upon
+        from azure.core.pipeline.transport._bigger_block_size_http_adapters import BiggerBlockSizeHTTPAdapter
+
+        adapter_type = BiggerBlockSizeHTTPAdapter
+    except ImportError:  # pragma: no cover - an SDK that moved it: requests' own serves the same
+        pass
+    session = requests.Session()
+    no_retries = Retry(total=False, redirect=False, raise_on_status=False)
+    adapter = adapter_type(pool_maxsize=size, max_retries=no_retries)
+    for scheme in ("http://", "https://"):
+        session.mount(scheme, adapter)
+    return session
 
 
 def scrub(text: str, secrets: tuple[str, ...]) -> str:
