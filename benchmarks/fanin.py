@@ -801,7 +801,7 @@ def _line(store: str, layout: str, row: dict[str, Any]) -> str:
     latency, lag = row["latency_ms"], row["lag_worst_ms"]
     return (
         f"fanin {store} {layout} N={row['waiters']}: "
-        f"p50 {latency['median']:.1f} ms, p99 {latency['p99']:.1f} ms "
+        f"p50 {latency['median']:.1f} ms, p90 {latency['p90']:.1f} ms, p99 {latency['p99']:.1f} ms "
         f"(floor {row['floor_ms']['median']:.1f} ms"
         + (f", {row['p50_vs_notify']:.0f}x the store's notification" if row.get("p50_vs_notify") else "")
         + f"), errors {row['errors']}, lag {lag_text(lag['wait'])}/"

@@ -778,7 +778,7 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
         f"N waiters in one event loop of one waiting process ({data.get('api_label', '-')}), on one key or "
         "on N keys; the benchmark process holds the keys and completes them 50-250 ms after every waiter "
         "is parked (subscribed to the process's watch hub, its first reads done). Hand-off: from the "
-        "`complete` call of a waiter's key to the waiter returning (ms, p50 / p99 over all waiters and "
+        "`complete` call of a waiter's key to the waiter returning (ms, p50 / p90 / p99 over all waiters and "
         "rounds), against N=1 with the same code and against the loop's own floor (N bare coroutines "
         "woken from another thread by one `call_soon_threadsafe`, what the hub does per loop). Lag: the "
         "worst oversleep of a 5 ms ticker in the same loop while waiting / handing off (setting up the N "
@@ -820,7 +820,7 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
                     _SHORT.get(store, store),
                     "1 key" if count == "1" else layout,
                     count,
-                    f"{_num(latency['median'], 1)} / {_num(latency['p99'], 1)}",
+                    " / ".join(_num(latency[q], 1) if q in latency else "-" for q in ("median", "p90", "p99")),
                     f"{_num(row['p50_vs_n1'], 1)}x",
                     f"{_num(row['floor_ms']['median'], 2)}",
                     "-" if row.get("p50_vs_notify") is None else f"{_num(row['p50_vs_notify'], 0)}x",
@@ -840,7 +840,7 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
         "store",
         "keys",
         "N",
-        "hand-off ms p50 / p99",
+        "hand-off ms p50 / p90 / p99",
         "p50 vs N=1",
         "floor p50 ms",
         "p50 vs notification",

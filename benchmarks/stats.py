@@ -24,10 +24,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """A sample's size, median, 99th percentile, mean and extremes (in the sample's unit)."""
+    """A sample's size, median, 90th and 99th percentiles, mean and extremes (in the sample's unit)."""
 
     n: int
     median: float
+    p90: float
     p99: float
     mean: float
     minimum: float
@@ -37,6 +38,7 @@ class Summary:
         return {
             "n": self.n,
             "median": self.median * scale,
+            "p90": self.p90 * scale,
             "p99": self.p99 * scale,
             "mean": self.mean * scale,
             "min": self.minimum * scale,
@@ -46,10 +48,11 @@ class Summary:
 
 def summarize(values: Sequence[float]) -> Summary:
     if not values:
-        return Summary(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+        return Summary(0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
     return Summary(
         n=len(values),
         median=statistics.median(values),
+        p90=percentile(values, 90),
         p99=percentile(values, 99),
         mean=statistics.fmean(values),
         minimum=min(values),
