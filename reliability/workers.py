@@ -27,6 +27,7 @@ from typing import Any, SupportsIndex
 
 import dibs
 from dibs.backoff import Backoff
+from dibs.stores.base import RecordStore
 from reliability.history import LogCapture, Recorder, RecordingStore, now
 
 __all__ = ["expected_value", "main", "run"]
@@ -271,6 +272,13 @@ def _pause_points(worker: Worker, store: Any) -> list[str]:
     else:
         store.list = pausing("after list", store.list)
         installed.append("after list")
+    # A record store that names prune's and reap's candidates without list() (Azure: from its
+    # listing's summaries, issue 30) pauses between naming them and changing them, as list() does.
+    own = getattr(type(store), "_removal_candidates", None)
+    if own is not None and own is not RecordStore._removal_candidates:
+        listed = "after listing the records" if payloads is not None else "after list"
+        store._removal_candidates = pausing(listed, store._removal_candidates)
+        installed.append(f"{listed} (_removal_candidates)")
     # The SQL stores' repairs read with _read and then run a versioned statement; the record stores
     # (file, Azure) read with _load and then compare-and-swap. Redis's _read is a script that lists
     # and reads, not a step before a conditional write, so it is left alone.
