@@ -234,6 +234,27 @@ def test_top_and_a_page_download_only_what_they_show_whatever_the_namespace_size
     assert [s.key.name for s in following.states] == [f"day-{i:06d}" for i in range(10, 20)]
 
 
+def test_top_downloads_a_record_it_shows_twice_once(
+    counted: tuple[AzureBlobStore, _Counting], raw: ContainerClient
+) -> None:
+    """A key being refreshed is held and holds the newest artifact: ``top`` shows it in both lists
+    from one download (its five reads share what the snapshot downloaded)."""
+    store, transport = counted
+    _grow(store, raw, 20)
+    key = Key(NAMESPACE, "refreshing")
+    first = _granted(store.acquire(key, AcquireRequest("worker", 600)))
+    store.complete(key, first.token, NewArtifact("bytes", b"v1", checksum(b"v1")))
+    again = _granted(store.acquire(key, AcquireRequest("refresher", 600, max_age=0)))
+
+    transport.clear()
+    overview = store.overview(NAMESPACE, leases=5, recent=5)
+    held = [(s.key.name, s.lease.token if s.lease else None) for s in overview.held]
+    assert held[1:] == [("refreshing", again.token)] and held[0][0] == "first"  # _grow's 60 s lease
+    assert overview.artifacts[0].key == key  # the newest artifact, the one the refresh replaces
+    downloaded = [url for method, url in transport.sent if method == "GET" and "/records/" in url]
+    assert len(downloaded) == len(set(downloaded)) == 6  # 2 held, 4 other artifacts: no key twice
+
+
 def test_a_record_without_a_summary_is_downloaded_and_shown_as_it_is(
     counted: tuple[AzureBlobStore, _Counting], raw: ContainerClient
 ) -> None:

@@ -481,7 +481,8 @@ class AzureBlobStore(RecordStore):
             pages.check_limit(limit)
         skipped: builtins.list[Skipped] = []
         entries = self._listed_entries(namespace, skipped)()
-        listed, fetch = (lambda: entries), self._fetcher(skipped)
+        # A key may be shown twice (held by a refresh, and among the latest artifacts): one download.
+        listed, fetch = (lambda: entries), self._fetcher(skipped, memo={})
         return pages.Overview(
             counts=reads.count(listed, up_to),
             held=reads.leases(listed, fetch, expired=False, limit=leases),
@@ -559,9 +560,13 @@ class AzureBlobStore(RecordStore):
             return []
         return found
 
-    def _fetcher(self, skipped: builtins.list[Skipped]) -> reads.Fetch:
+    def _fetcher(
+        self, skipped: builtins.list[Skipped], memo: dict[str, KeyState | CorruptRecord | None] | None = None
+    ) -> reads.Fetch:
         """Downloads the named records (``max_concurrency`` at a time); an unreadable one is skipped
-        into ``skipped`` and comes back as ``None``, as does one that is gone."""
+        into ``skipped`` and comes back as ``None``, as does one that is gone. With a ``memo`` (the
+        reads of one snapshot), a record already downloaded is not downloaded again."""
+        memo = {} if memo is None else memo
 
         def one(name: str) -> KeyState | CorruptRecord | None:
             try:
@@ -570,13 +575,13 @@ class AzureBlobStore(RecordStore):
                 return exc
 
         def fetch(names: Sequence[str]) -> builtins.list[KeyState | None]:
-            results = self._concurrently(one, names)
-            states: builtins.list[KeyState | None] = []
-            for name, result in zip(names, results, strict=True):
+            missing = list(dict.fromkeys(name for name in names if name not in memo))
+            for name, result in zip(missing, self._concurrently(one, missing), strict=True):
+                memo[name] = result
                 if isinstance(result, CorruptRecord):
                     skip(skipped, self._where(name), result)
-                states.append(None if isinstance(result, CorruptRecord) else result)
-            return states
+            found = (memo[name] for name in names)
+            return [None if isinstance(state, CorruptRecord) else state for state in found]
 
         return fetch
 
