@@ -771,6 +771,10 @@ def _first_reservation_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The hand-off quantiles the fan-in shows (results written before the p90 was kept show "-" for it).
+_QUANTILES = ("median", "p90", "p99")
+
+
 def _fanin_section(data: dict[str, Any]) -> list[str]:
     lines = [
         "## 7. Fan-in: many waiters in one event loop",
@@ -820,7 +824,7 @@ def _fanin_section(data: dict[str, Any]) -> list[str]:
                     _SHORT.get(store, store),
                     "1 key" if count == "1" else layout,
                     count,
-                    " / ".join(_num(latency[q], 1) if q in latency else "-" for q in ("median", "p90", "p99")),
+                    " / ".join(_num(latency[q], 1) if q in latency else "-" for q in _QUANTILES),
                     f"{_num(row['p50_vs_n1'], 1)}x",
                     f"{_num(row['floor_ms']['median'], 2)}",
                     "-" if row.get("p50_vs_notify") is None else f"{_num(row['p50_vs_notify'], 0)}x",
