@@ -24,7 +24,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import pytest
@@ -33,6 +33,7 @@ from dibs.stores import AcquireRequest, NewArtifact
 
 pytest.importorskip("azure.storage.blob")
 
+import requests
 from azure.core.exceptions import ResourceExistsError, ServiceRequestError, ServiceResponseError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient
@@ -43,6 +44,7 @@ from dibs.keys import Key
 from dibs.records import Granted, Held, LeaseRecord, Present, checksum
 from dibs.stores import open_store
 from dibs.stores.azure import CONNECTION_STRING_ENV, AzureBlobStore, ServiceClock, connect, parse_url
+from dibs.stores.azure import connection as azure_connection
 from dibs.stores.azure.connection import client_defaults
 from dibs.testing.contract import opened_stores
 from tests import azurite
@@ -186,6 +188,47 @@ def test_credentials_are_taken_in_the_documented_order() -> None:
     pytest.importorskip("azure.identity")
     # Constructing DefaultAzureCredential contacts nothing; no token is requested in this test.
     assert _source(f"azure://cache?account_url={ACCOUNT_URL}", {}) == "DefaultAzureCredential"
+
+
+class _RecordingClient(BlobServiceClient):  # type: ignore[misc]
+    """The SDK's client, keeping the options each one was built with (no request is sent)."""
+
+    built: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.built.append(kwargs)
+        super().__init__(*args, **kwargs)
+
+
+def _built_with(monkeypatch: pytest.MonkeyPatch, url: str, **client_options: Any) -> dict[str, Any]:
+    """The options ``connect`` gave the SDK's client for ``url`` (closed at once)."""
+    monkeypatch.setattr(azure_connection, "BlobServiceClient", _RecordingClient)
+    _RecordingClient.built.clear()
+    connect(parse_url(url), {}, client_options).service.close()
+    (options,) = _RecordingClient.built
+    return options
+
+
+def _pool_size(session: requests.Session) -> int:
+    return int(session.get_adapter(ACCOUNT_URL).poolmanager.connection_pool_kw["maxsize"])
+
+
+def test_a_max_concurrency_above_requests_pool_gets_a_pool_that_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above requests' 10 connections a host, the client keeps ``max_concurrency`` and 10 more (the
+    rest of what it carries meanwhile), so a removal at full width does not drop connections; the
+    session follows ``use_env_settings`` as the SDK's own does; a caller's transport or session wins."""
+    url = f"azure://cache?account_url={ACCOUNT_URL}&account_key={SECRET_KEY}"
+    assert "session" not in _built_with(monkeypatch, url)  # the default (4): the SDK's own session
+    assert "session" not in _built_with(monkeypatch, f"{url}&max_concurrency=10")
+    wide = _built_with(monkeypatch, f"{url}&max_concurrency=16")["session"]
+    assert _pool_size(wide) == 26 and wide.trust_env
+    assert not _built_with(monkeypatch, f"{url}&max_concurrency=16", use_env_settings=False)[
+        "session"
+    ].trust_env
+    transport = RequestsTransport()
+    assert "session" not in _built_with(monkeypatch, f"{url}&max_concurrency=16", transport=transport)
+    own = requests.Session()
+    assert _built_with(monkeypatch, f"{url}&max_concurrency=16", session=own)["session"] is own
 
 
 def test_an_environment_connection_string_for_another_account_is_refused() -> None:

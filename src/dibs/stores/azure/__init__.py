@@ -68,8 +68,8 @@ environment. Percent-encode values that contain ``&``, ``+``, ``%`` or ``#`` (SA
 Options: ``timeout=`` (seconds per request, default 30), ``retries=`` (retries of a failed request,
 default 3), ``max_concurrency=`` (parallel transfers for large artifacts, records downloaded or
 changed at once by the reads of many records, ``prune`` and ``reap``; default 4, at most 64: above
-requests' 10 connections a host, the client keeps as many as that, so none is opened and dropped
-per request). The container is
+requests' 10 connections a host, the client keeps that many and 10 more, so the connections of a
+removal at full width are kept for the next requests instead of dropped). The container is
 created on first write if it does not exist. Secrets never appear in :attr:`url`, logs or errors.
 
 Waiters are woken by the process's watch hub, which follows the watched records' ETags with one

@@ -15,7 +15,7 @@ import requests
 from azure.core.credentials import AzureSasCredential
 from azure.core.exceptions import AzureError, ClientAuthenticationError
 from azure.storage.blob import BlobServiceClient, LinearRetry
-from requests.adapters import HTTPAdapter
+from requests.adapters import DEFAULT_POOLSIZE, HTTPAdapter
 from urllib3.util.retry import Retry
 
 from dibs.backoff import Backoff
@@ -37,8 +37,8 @@ __all__ = [
 #: Payloads up to this size go in one request; larger ones in parallel blocks/ranges of ``CHUNK``.
 SINGLE_TRANSFER = 8 * 1024 * 1024
 CHUNK = 4 * 1024 * 1024
-#: The connections requests keeps per host unless told otherwise (``requests.adapters.DEFAULT_POOLSIZE``).
-SDK_POOL_SIZE = 10
+#: The connections requests keeps per host unless told otherwise, the SDK's session included.
+SDK_POOL_SIZE = DEFAULT_POOLSIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +68,18 @@ def connect(
     """Build the service client with the first credential found (order in :mod:`dibs.stores.azure`).
 
     ``client_options`` go to the SDK client as they are (``transport=``, ``proxies=``, ...), over
-    dibs' defaults. Only constructs clients: no request is sent, so this also serves to test
+    dibs' defaults; a caller's ``transport`` or ``session`` keeps its own connection pool (see
+    :func:`pooled_session`). Only constructs clients: no request is sent, so this also serves to test
     credential selection.
     """
     environ = os.environ if environ is None else environ
     given = dict(client_options or {})
-    defaults = client_defaults(settings)
-    if "transport" in given:  # the caller's transport brings its own session (and its pool)
-        defaults.pop("session", None)
-    options = {**defaults, **given}
+    options = {**client_defaults(settings), **given}
+    if given.keys() & {"transport", "session", "session_owner"}:
+        if "session" not in given:  # the caller's transport, or its own session: not dibs' pool
+            options.pop("session", None)
+    elif "session" in options:  # as the SDK sets up the session it makes itself
+        options["session"].trust_env = bool(given.get("use_env_settings", True))
     where = f"azure://{settings.container}"
 
     def from_connection_string(value: str, source: str) -> BlobServiceClient:
@@ -167,6 +170,8 @@ class _QuickRetry(LinearRetry):
 
 
 def client_defaults(settings: AzureSettings) -> dict[str, Any]:
+    """dibs' options for the SDK client of ``settings``; with a ``max_concurrency`` above requests'
+    pool, a ``session`` (:func:`pooled_session`) that the client takes over and closes."""
     # The SDK's default retry waits 15 s, 18 s, 24 s: far longer than a heartbeat interval. A store
     # makes one attempt (see dibs.stores.base); these few quick retries only ride out a dropped
     # connection, and the caller's own policy handles longer outages.
@@ -180,7 +185,7 @@ def client_defaults(settings: AzureSettings) -> dict[str, Any]:
         "max_chunk_get_size": CHUNK,
     }
     if settings.max_concurrency > SDK_POOL_SIZE:
-        defaults["session"] = pooled_session(settings.max_concurrency)
+        defaults["session"] = pooled_session(settings.max_concurrency + SDK_POOL_SIZE)
     return defaults
 
 
@@ -192,6 +197,8 @@ def pooled_session(size: int) -> requests.Session:
     downloads running at once would open a new connection (a TLS handshake on Azure) for every request
     beyond the tenth, and urllib3 would discard it afterwards with a warning ("Connection pool is full,
     discarding connection"); the SDK's documentation of ``max_concurrency`` says to size the pool.
+    :func:`client_defaults` asks for ``max_concurrency`` connections and requests' 10 besides, for what
+    the same client carries meanwhile (the watch hub's looks, heartbeats, other threads' calls).
     Everything else is as the SDK mounts it: its adapter, retries left to its pipeline.
     """
     adapter_type: type[HTTPAdapter] = HTTPAdapter

@@ -474,9 +474,9 @@ class AzureBlobStore(RecordStore):
         self, namespace: str | None, *, leases: int, recent: int, up_to: int = pages.COUNT_CAP
     ) -> pages.Overview:
         """As :meth:`Store.overview <dibs.stores.base.Store.overview>` (``dibs top``): its five reads
-        from one listing, then a GET of each record shown. The listing is the read's cost (every record
-        blob of the container, 5,000 a request): made once, not once a read (47 s for ``top`` at 10,000
-        keys on Azurite with five)."""
+        from one listing, then a GET of each record shown (once, if two lists show it). The listing is
+        the read's cost (every record blob of the container, 5,000 a request): made once, not once a
+        read (47 s for ``top`` at 10,000 keys on Azurite with five)."""
         for limit in (leases, recent, up_to):  # refused before the listing, as by the five reads
             pages.check_limit(limit)
         skipped: builtins.list[Skipped] = []
@@ -564,8 +564,9 @@ class AzureBlobStore(RecordStore):
         self, skipped: builtins.list[Skipped], memo: dict[str, KeyState | CorruptRecord | None] | None = None
     ) -> reads.Fetch:
         """Downloads the named records (``max_concurrency`` at a time); an unreadable one is skipped
-        into ``skipped`` and comes back as ``None``, as does one that is gone. With a ``memo`` (the
-        reads of one snapshot), a record already downloaded is not downloaded again."""
+        into ``skipped`` and comes back as ``None``, as does one that is gone. A record this fetcher
+        downloaded once is not downloaded again; reads that share a ``memo`` (the five of one
+        snapshot) share what they downloaded."""
         memo = {} if memo is None else memo
 
         def one(name: str) -> KeyState | CorruptRecord | None:
