@@ -305,8 +305,11 @@ def _remove(worker: Worker) -> None:
     of a key (an operator freeing a stuck key for good), and with a payload store ``collect``. Each
     is recorded by the recording store (its kind, key or namespace, outcome); a failed one is
     recorded and the remover goes on. With a payload store, what each removal's collection removed
-    is recorded too (``collected``: copies and bytes). With ``in_order`` (a list of kinds), those
-    removals, once each and in that order, instead of random ones until ``stop_mono``."""
+    is recorded too (``collected``: copies and bytes). The kinds are dealt from a shuffled deck
+    holding each as many times as its weight, and the first deck is dealt whole even past
+    ``stop_mono``: every remover makes every kind of removal at least once however slow the machine
+    (at random, a slow run could miss one, and the scenario's check that each kind ran would fail).
+    With ``in_order`` (a list of kinds), those removals, once each and in that order, instead."""
     _wait_until(worker.spec.get("start_mono"))
     assert worker.client is not None
     client = worker.client
@@ -316,10 +319,21 @@ def _remove(worker: Worker) -> None:
     stop = float(worker.spec["stop_mono"]) if not planned else math.inf
     keys = list(worker.spec["keys"])
     weights = dict(worker.spec.get("removals", {"prune": 1, "reap": 1, "forget": 1, "force_release": 1}))
-    kinds = list(weights)
     low, high = worker.spec.get("gap", (0.02, 0.2))
-    while planned or time.monotonic() < stop:
-        kind = planned.pop(0) if planned else worker.rng.choices(kinds, [weights[k] for k in kinds])[0]
+
+    def dealt() -> list[str]:
+        deck = [kind for kind, weight in weights.items() for _ in range(int(weight))]
+        worker.rng.shuffle(deck)
+        return deck
+
+    deck = [] if planned else dealt()
+    owed = len(deck)  # the first deck's removals, made whatever the time
+    while planned or owed > 0 or time.monotonic() < stop:
+        if planned:
+            kind = planned.pop(0)
+        else:
+            deck = deck or dealt()
+            kind, owed = deck.pop(), owed - 1
         key = worker.rng.choice(keys)
         before = getattr(inner, "freed", None)
         try:
