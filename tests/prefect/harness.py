@@ -23,7 +23,10 @@ def prefect_api() -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    # Prefect counts its wait in 0.1 s sleeps, not by the clock. Each xdist worker starts its own
+    # server; beside two busy loops and another suite on 2 cores, 120 of those ran out before the
+    # server answered (scripts/matrix, prefect-oldest). Only a server that never starts waits this out.
+    with prefect_test_harness(server_startup_timeout=600):
         url = PREFECT_API_URL.value()
         assert url, "the Prefect test harness did not set an API URL"
         yield url
