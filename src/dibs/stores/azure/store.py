@@ -481,8 +481,9 @@ class AzureBlobStore(RecordStore):
             pages.check_limit(limit)
         skipped: builtins.list[Skipped] = []
         entries = self._listed_entries(namespace, skipped)()
-        # A key may be shown twice (held by a refresh, and among the latest artifacts): one download.
-        listed, fetch = (lambda: entries), self._fetcher(skipped, memo={})
+        # One fetcher for the five reads: a key shown twice (held by a refresh, and among the latest
+        # artifacts) is downloaded once.
+        listed, fetch = (lambda: entries), self._fetcher(skipped)
         return pages.Overview(
             counts=reads.count(listed, up_to),
             held=reads.leases(listed, fetch, expired=False, limit=leases),
@@ -560,14 +561,11 @@ class AzureBlobStore(RecordStore):
             return []
         return found
 
-    def _fetcher(
-        self, skipped: builtins.list[Skipped], memo: dict[str, KeyState | CorruptRecord | None] | None = None
-    ) -> reads.Fetch:
+    def _fetcher(self, skipped: builtins.list[Skipped]) -> reads.Fetch:
         """Downloads the named records (``max_concurrency`` at a time); an unreadable one is skipped
         into ``skipped`` and comes back as ``None``, as does one that is gone. A record this fetcher
-        downloaded once is not downloaded again; reads that share a ``memo`` (the five of one
-        snapshot) share what they downloaded."""
-        memo = {} if memo is None else memo
+        downloaded once is not downloaded again (the five reads of one snapshot share a fetcher)."""
+        memo: dict[str, KeyState | CorruptRecord | None] = {}
 
         def one(name: str) -> KeyState | CorruptRecord | None:
             try:
