@@ -7,7 +7,9 @@ coordinating, as in the seeds' orchestrator + remote pairing.
 
 :meth:`Lease.keep_alive` runs heartbeats in a background thread while the work runs. The thread stops
 when the ``with`` block ends (not when the process ends), and if the lease is lost it tells the work
-through :attr:`KeepAlive.lost`, :meth:`KeepAlive.check` and an optional callback. The thread is only
+through :attr:`KeepAlive.lost`, :meth:`KeepAlive.check` and an optional callback; heartbeats that
+fail (the store away, or answering with an error) are retried, and fail the lease once they have
+failed for a whole ttl, when another may take the key. The thread is only
 started when the first heartbeat is due (see :class:`_Launcher`), so work that ends within one
 interval costs no thread at all.
 """
@@ -489,6 +491,7 @@ class KeepAlive:
 
     def _run(self) -> None:
         last_success = self._entered
+        failed_before = False  # an unexpected error's traceback is logged once in a row, not each retry
         wait = max(0.0, self._entered + self.interval - time.monotonic())
         due = self._entered + self.interval
         while not self._stop.wait(wait):
@@ -498,31 +501,48 @@ class KeepAlive:
             except LeaseLost as exc:
                 self._declare_lost(exc)
                 return
-            except StoreUnavailable as exc:
+            except Exception as exc:  # an outage, or an error a store did not expect
+                # Anything else (a store's own bug, its table dropped under it) is retried as an outage
+                # is: raised out of this thread, it would end the heartbeats and tell the holder
+                # nothing, while its work went on as if the lease were kept.
                 silent_for = time.monotonic() - last_success
                 if silent_for >= self.lease.record.ttl:
-                    self._declare_lost(
-                        LeaseLost(
-                            f"lost the lease on {self.lease.key}: the store was unreachable for "
-                            f"{silent_for:.1f}s, longer than the ttl ({exc})",
-                            key=str(self.lease.key),
-                            token=self.lease.token,
-                            reason="unreachable",
-                        )
-                    )
+                    self._declare_lost(self._unkept(exc, silent_for))
                     return
-                log.warning("heartbeat of %s failed, retrying: %s", self.lease.key, exc)
-                if self.on_failed is not None:
+                outage = isinstance(exc, StoreUnavailable)
+                log.warning(
+                    "heartbeat of %s failed, retrying: %s",
+                    self.lease.key,
+                    exc if outage else repr(exc),
+                    exc_info=not outage and not failed_before,
+                )
+                failed_before = True
+                if isinstance(exc, StoreUnavailable) and self.on_failed is not None:
                     self.on_failed(exc)
                 wait = max(self.interval / 4, 0.01)
                 due = time.monotonic() + wait
                 continue
+            failed_before = False
             last_success = time.monotonic()
             self.beats += 1
             if self.on_beat is not None:
                 self.on_beat(late)
             wait = self.interval
             due = time.monotonic() + wait
+
+    def _unkept(self, exc: Exception, silent_for: float) -> LeaseLost:
+        """The :class:`LeaseLost` of heartbeats that failed for a whole ttl: ``unreachable`` when the
+        store was away, ``heartbeat_failed`` when it answered with an error."""
+        if isinstance(exc, StoreUnavailable):
+            why, reason = f"the store was unreachable for {silent_for:.1f}s", "unreachable"
+        else:
+            why, reason = f"its heartbeats failed for {silent_for:.1f}s", "heartbeat_failed"
+        return LeaseLost(
+            f"lost the lease on {self.lease.key}: {why}, longer than the ttl ({exc})",
+            key=str(self.lease.key),
+            token=self.lease.token,
+            reason=reason,
+        )
 
     def _declare_lost(self, error: LeaseLost) -> None:
         self.error = error

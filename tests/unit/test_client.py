@@ -151,6 +151,34 @@ def test_keep_alive_reports_a_lost_lease_to_the_work(client: dibs.Reservations) 
             keeper.check()
 
 
+def test_keep_alive_fails_the_lease_when_its_heartbeats_keep_raising_an_unexpected_error(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error that is not an outage (a store's bug, its table dropped under it) used to end the
+    heartbeat thread with an unhandled exception: the work went on as if the lease were kept and was
+    never told. It is retried as an outage is, and fails the lease once it has lasted a whole ttl."""
+    client = dibs.Reservations(MemoryStore(clock=clock), namespace="unit", ttl=0.3)
+    got = client.get_or_reserve("k", owner="alice")
+    assert isinstance(got, dibs.Acquired)
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("relation dibs_reservations does not exist")
+
+    monkeypatch.setattr(client.store, "heartbeat", broken)
+    crashed: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+    told: list[dibs.LeaseLost] = []
+    keeping = got.lease.keep_alive(interval=0.05, on_lost=told.append)
+    with caplog.at_level("WARNING", logger="dibs"), keeping as keeper:
+        assert keeper.lost.wait(30)
+        with pytest.raises(dibs.LeaseLost, match=r"heartbeats failed for .*than the ttl.*does not exist"):
+            keeper.check()
+    assert crashed == []
+    assert [error.fields["reason"] for error in told] == ["heartbeat_failed"]
+    tracebacks = [r for r in caplog.records if "heartbeat of" in r.getMessage() and r.exc_info]
+    assert len(tracebacks) == 1  # the first failure in a row says where; its retries only that they failed
+
+
 def test_wait_times_out_naming_the_holder(client: dibs.Reservations) -> None:
     client.get_or_reserve("k", owner="slowpoke")
     with pytest.raises(dibs.WaitTimeout, match="held by 'slowpoke'"):
