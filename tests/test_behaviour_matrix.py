@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -285,6 +286,7 @@ class Stage:
         self.held: dibs.Lease | None = None
         self.next: dibs.Lease | None = None
         self.dying: dibs.KeepAlive | None = None
+        self.locks: Any = None  # the reenter scenario's other manager (a DibsLockManager)
         name = scenario.name
         if name in {"hit", "refresh", "max_age"}:
             got = self.client.get_or_reserve(KEY, owner=OTHER)
@@ -302,7 +304,8 @@ class Stage:
         elif name == "reenter":  # the lock's holder took it through another manager (another process)
             from prefect_dibs import DibsLockManager
 
-            assert DibsLockManager(url, namespace="default").acquire_lock(KEY, holder=LOCK_HOLDER)
+            self.locks = DibsLockManager(url, namespace="default")
+            assert self.locks.acquire_lock(KEY, holder=LOCK_HOLDER)
         elif name == "holder_changes":  # short: a waiter that only asks at its expiry is not slow
             self.held = self._hold(ttl=2.0)
         elif name == "holder_dies":
@@ -356,7 +359,24 @@ class Stage:
 
     def close(self) -> None:
         self._die()
+        if self.locks is not None:  # its heartbeats would outlive the test, and the test's schema
+            self.locks.release_all()
         self.client.close()
+
+
+def _heartbeat_threads() -> set[object]:
+    """The leases' heartbeat threads running, and the keepers whose thread is still to start (the
+    launcher starts it when the first heartbeat is due, a third of a ttl after it began)."""
+    from dibs.lease import _LAUNCHER
+
+    with _LAUNCHER._condition:
+        pending: set[object] = set(_LAUNCHER._due)
+    running = {
+        thread
+        for thread in threading.enumerate()
+        if thread.name.startswith("dibs-heartbeat-") and thread.name != "dibs-heartbeat-launcher"
+    }
+    return pending | running
 
 
 def _age(client: dibs.Reservations) -> float:
@@ -430,6 +450,7 @@ def _play(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    running_before = _heartbeat_threads()
     stage = Stage(url, scenario, monkeypatch)
     heard: list[dibs.Event] = []
 
@@ -451,6 +472,9 @@ def _play(
                     frontend(stage.target(), _work(scenario), scenario.call, tmp_path)
     finally:
         stage.close()
+    # Every lease's heartbeats end with the call that took it (a thread left heartbeating keeps a
+    # lease alive that nobody works under, and outlives its store).
+    assert _heartbeat_threads() - running_before == set()
     assert tuple(event.name for event in heard) == expected
     finished = heard[-1]
     assert isinstance(finished, dibs.Finished) and finished.outcome == scenario.outcome
