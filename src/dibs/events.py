@@ -225,11 +225,13 @@ class HeartbeatFailed(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LostLease(Event):
-    """The lease is no longer this call's (taken over, or the store unreachable for a whole ttl)."""
+    """The lease is no longer this call's (taken over, or the store unreachable, or answering its
+    heartbeats with an error, for a whole ttl)."""
 
     token: int
     error: str
-    #: ``taken_over``, ``completed``, ``max_lease_age``, ``released`` or ``unreachable``.
+    #: ``taken_over``, ``completed``, ``max_lease_age``, ``released``, ``rolled_back``,
+    #: ``unreachable`` or ``heartbeat_failed``.
     reason: str = "unknown"
 
 

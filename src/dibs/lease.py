@@ -310,7 +310,9 @@ class Lease:
         """A context manager that heartbeats every ``interval`` seconds (default: the client's interval
         for this lease's ttl). A given ``interval`` follows the settings' rules (at least
         :data:`~dibs.settings.MIN_HEARTBEAT_INTERVAL`). ``on_failed`` hears each heartbeat that failed
-        and is retried; ``on_beat`` each one that succeeded, with how late it ran (seconds)."""
+        for an outage (:class:`StoreUnavailable`) and is retried; any other error is retried as well,
+        and logged (with its traceback once), not passed to it; ``on_beat`` hears each one that
+        succeeded, with how late it ran (seconds)."""
         if interval is not None:
             interval = validate_timings(heartbeat_interval=interval)[1]
         interval = interval or self._client.settings.heartbeat_for(self._record.ttl)
@@ -428,11 +430,19 @@ class Keeping:
             log.warning("lease on %s was already lost when its block ended", self.lease.key)
 
 
+def _described(exc: Exception) -> str:
+    """A heartbeat's error for a person: an outage by its message (it names the store), anything else
+    with its type too (a bare ``KeyError()`` says nothing)."""
+    return str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
+
+
 class KeepAlive:
     """Background heartbeats for one lease while a block of work runs.
 
-    Transient store errors are retried every ``interval / 4`` until the lease would have expired; only
-    then (or on a definite :class:`LeaseLost`) is the lease declared lost.
+    A heartbeat that fails, whatever the error but :class:`LeaseLost`, is retried every
+    ``interval / 4`` until the lease would have expired; only then (or on a definite
+    :class:`LeaseLost`) is the lease declared lost: reason ``unreachable`` for an outage
+    (:class:`StoreUnavailable`), ``heartbeat_failed`` for an error the store did not expect.
     """
 
     def __init__(
@@ -491,7 +501,7 @@ class KeepAlive:
 
     def _run(self) -> None:
         last_success = self._entered
-        failed_before = False  # an unexpected error's traceback is logged once in a row, not each retry
+        traced = False  # an unexpected error's traceback is logged once in a row of them, not each retry
         wait = max(0.0, self._entered + self.interval - time.monotonic())
         due = self._entered + self.interval
         while not self._stop.wait(wait):
@@ -505,24 +515,22 @@ class KeepAlive:
                 # Anything else (a store's own bug, its table dropped under it) is retried as an outage
                 # is: raised out of this thread, it would end the heartbeats and tell the holder
                 # nothing, while its work went on as if the lease were kept.
+                outage = isinstance(exc, StoreUnavailable)
                 silent_for = time.monotonic() - last_success
-                if silent_for >= self.lease.record.ttl:
+                lost = silent_for >= self.lease.record.ttl
+                if not outage and not traced:  # where it came from, once for a run of such errors
+                    log.warning("heartbeat of %s raised an unexpected error", self.lease.key, exc_info=exc)
+                traced = not outage
+                if lost:
                     self._declare_lost(self._unkept(exc, silent_for))
                     return
-                outage = isinstance(exc, StoreUnavailable)
-                log.warning(
-                    "heartbeat of %s failed, retrying: %s",
-                    self.lease.key,
-                    exc if outage else repr(exc),
-                    exc_info=not outage and not failed_before,
-                )
-                failed_before = True
+                log.warning("heartbeat of %s failed, retrying: %s", self.lease.key, _described(exc))
                 if isinstance(exc, StoreUnavailable) and self.on_failed is not None:
                     self.on_failed(exc)
                 wait = max(self.interval / 4, 0.01)
                 due = time.monotonic() + wait
                 continue
-            failed_before = False
+            traced = False
             last_success = time.monotonic()
             self.beats += 1
             if self.on_beat is not None:
@@ -537,12 +545,14 @@ class KeepAlive:
             why, reason = f"the store was unreachable for {silent_for:.1f}s", "unreachable"
         else:
             why, reason = f"its heartbeats failed for {silent_for:.1f}s", "heartbeat_failed"
-        return LeaseLost(
-            f"lost the lease on {self.lease.key}: {why}, longer than the ttl ({exc})",
+        lost = LeaseLost(
+            f"lost the lease on {self.lease.key}: {why}, longer than the ttl ({_described(exc)})",
             key=str(self.lease.key),
             token=self.lease.token,
             reason=reason,
         )
+        lost.__cause__ = exc
+        return lost
 
     def _declare_lost(self, error: LeaseLost) -> None:
         self.error = error
