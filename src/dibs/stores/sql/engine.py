@@ -308,6 +308,9 @@ def make_engine(
         # No transaction is ever left open, so there is nothing to reset when a connection goes back
         # to the pool; the default reset would cost PyMySQL a ROLLBACK round trip per operation.
         kwargs.setdefault("pool_reset_on_return", None)
+    # An error's text reaches logs, events and spans: without this it carries the statement's
+    # parameters, among them the lease id a holder proves itself with.
+    kwargs.setdefault("hide_parameters", True)
     backend = url.get_backend_name()
     try:
         if backend == "sqlite":
