@@ -421,7 +421,10 @@ def _no_paths_outside(cases: Cases) -> None:
             cases.violation("no path traversal", None, f"unexpected file in the store folder: {relative}")
     if target.name == "azure":
         container = cases.store._container  # type: ignore[attr-defined]
-        pattern = re.compile(r"rel/(records/[0-9a-f]{64}|artifacts/[0-9a-f]{64}-\d+-[0-9a-f]{32})")
+        pattern = re.compile(
+            r"rel/(records/[0-9a-f]{64}|artifacts/[0-9a-f]{64}-\d+-[0-9a-f]{32}"
+            r"|index/(ready|live/[0-9a-f]{32}/[0-9a-f]{64}|made/[af]/[0-9a-f]{32}/\d{17}-[0-9a-f]{64}))"
+        )
         for props in container.list_blobs():
             if not pattern.fullmatch(props.name):
                 cases.violation("no path traversal", None, f"unexpected blob name: {props.name}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
 
 import dibs
-from dibs._cli.top import snapshot
+from dibs._cli.top import render, snapshot
 from dibs.errors import ConfigurationError
 from dibs.keys import MAX_NAME_LENGTH, Key
 from dibs.records import (
@@ -44,6 +43,7 @@ from dibs.records import (
 )
 from dibs.stores import AcquireRequest, NewArtifact, Store, codec, pages
 from dibs.stores.azure import AzureBlobStore, parse_url
+from dibs.stores.azure.indexed import OVERVIEW_COUNTED_BLOBS
 from dibs.stores.azure.summary import metadata_of, summary_of
 from tests.backends import azure as backend
 from tests.cli_harness import PATIENCE
@@ -204,13 +204,18 @@ def test_top_and_a_page_download_only_what_they_show_whatever_the_namespace_size
     store, transport = counted
     _grow(store, raw, keys)
     live = _live(store)
+    store.rebuild_index()  # the grown records were written straight into the container, unindexed
     client = dibs.Reservations(store, namespace=NAMESPACE)
 
     transport.clear()
     doc = snapshot(client)
     # 2 held + "first" held, 0 expired, the 10 latest artifacts, 1 failure: each downloaded once.
     assert transport.record_gets == 3 + 10 + 1
-    assert transport.listings == math.ceil((keys + 5) / 5000)  # one listing for all five reads
+    # One listing each: the live leases, the newest artifacts, the newest failures, and the first
+    # page of record blobs for the counts, asked for OVERVIEW_COUNTED_BLOBS at most.
+    assert transport.listings == 4
+    (counting,) = [url for method, url in transport.sent if "comp=list" in url and "records" in url]
+    assert f"maxresults={OVERVIEW_COUNTED_BLOBS}" in counting
     held = [row["key"] for row in doc["held"]]  # soonest expiry first: "first" has a 60 s lease
     assert held == [str(Key(NAMESPACE, "first")), str(live["held-1"]), str(live["held-2"])]
     assert doc["recent_artifacts"][0]["key"] == str(live["fresh"])
@@ -221,7 +226,14 @@ def test_top_and_a_page_download_only_what_they_show_whatever_the_namespace_size
         "error": "ValueError: no rows",
         "age_s": doc["recent_failures"][0]["age_s"],
     }
-    assert doc["counts"] == {"held": 3, "expired": 0, "done": keys + 1, "failed": 1}
+    if keys + 5 <= OVERVIEW_COUNTED_BLOBS:  # every record blob counted: exact
+        assert doc["counts"] == {"held": 3, "expired": 0, "done": keys + 1, "failed": 1}
+        assert doc["at_least"] == []
+    else:  # held and expired exact (the index), done and failed among the first page: lower bounds
+        assert {s: doc["counts"][s] for s in ("held", "expired")} == {"held": 3, "expired": 0}
+        assert 0 < doc["counts"]["done"] <= OVERVIEW_COUNTED_BLOBS
+        assert doc["at_least"] == ["done", "failed"]
+        assert f"done {doc['counts']['done']}+" in render(doc, 120)
 
     transport.clear()
     page = store.list_page(NAMESPACE, state="done", limit=10)  # "broken" sorts first
@@ -268,6 +280,7 @@ def test_a_record_without_a_summary_is_downloaded_and_shown_as_it_is(
         raw.get_blob_client(store.record_name(key)).set_blob_metadata(
             {"dibs_format": codec.FORMAT, "dibs_namespace": NAMESPACE}
         )
+    store.rebuild_index()  # reads those four to index them
     expected = {
         "page": Store.page(
             store, pages.Query(NAMESPACE, limit=1000)
@@ -289,7 +302,7 @@ def test_a_record_without_a_summary_is_downloaded_and_shown_as_it_is(
     held = store.leases(NAMESPACE, expired=False, limit=10)
     assert keys(held) == keys(expected["held"])
     assert [s.lease.owner for s in held if s.lease is not None] == ["setup", "worker", "worker"]
-    assert transport.record_gets == len(older) + 2  # those, and held-2 and "first"
+    assert transport.record_gets == 3  # the held keys, found through the index, summary or not
 
     failures = store.latest(NAMESPACE, "failure", limit=10)
     assert keys(failures) == keys(expected["failures"]) == [live["broken"]]
@@ -314,7 +327,9 @@ def test_prune_and_reap_download_only_the_records_they_change(
 
     transport.clear()
     assert store.reap(NAMESPACE) == 1
-    assert transport.record_gets == 2  # the expired lease: read to clear it, read to discard it
+    # The expired lease: read to clear it, read to discard it; then the sweep of the index reads the
+    # one key it names, "first", held, so its blob stays.
+    assert transport.record_gets == 3
     gone = store.read(short.key)
     assert gone.status == "free" and gone.fence == 1  # a tombstone keeps the fence
 

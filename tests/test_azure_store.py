@@ -46,6 +46,7 @@ from dibs.stores import open_store
 from dibs.stores.azure import CONNECTION_STRING_ENV, AzureBlobStore, ServiceClock, connect, parse_url
 from dibs.stores.azure import connection as azure_connection
 from dibs.stores.azure.connection import client_defaults
+from dibs.stores.azure.index import Layout
 from dibs.testing.contract import opened_stores
 from tests import azurite
 from tests.backends import azure as backend
@@ -461,9 +462,14 @@ def test_blob_names_come_from_the_key_digest_only(store: AzureBlobStore, raw: Co
     key = Key("azure.names", "../../../etc/passwd")
     _complete(store, _granted(store.acquire(key, AcquireRequest("alice", 60))), b"x")
     names = sorted(b.name for b in raw.list_blobs())
-    assert names == sorted([store.record_name(key), store.artifact_name(key, store.read(key).artifact)])  # type: ignore[arg-type]
+    artifact = store.read(key).artifact
+    assert artifact is not None
+    layout = Layout(store.prefix)  # the index's names (.index), and its marker, written with the container
+    made = layout.made("artifact", key, artifact.created_at)
+    assert names == sorted([store.record_name(key), store.artifact_name(key, artifact), made, layout.ready])
     for name in names:
-        assert name.startswith("dibs/test/") and key.digest in name and "passwd" not in name
+        assert name.startswith("dibs/test/") and "passwd" not in name and "azure.names" not in name
+        assert key.digest in name or name == layout.ready  # the index names its namespace by a digest
 
 
 def test_now_is_the_services_time_not_this_machines(

@@ -40,7 +40,9 @@ def snapshot(client: Reservations, *, all_namespaces: bool = False) -> dict[str,
     """One reading of the namespace (or of every namespace), as ``--json`` prints it.
 
     Made of the store's bounded reads (:meth:`Store.overview <dibs.stores.base.Store.overview>`): the
-    counts (each up to :data:`~dibs.stores.pages.COUNT_CAP`), :data:`LEASES` held and expired leases,
+    counts (each up to :data:`~dibs.stores.pages.COUNT_CAP`; those in ``at_least`` are lower bounds,
+    see :attr:`Overview.at_least <dibs.stores.pages.Overview.at_least>`), :data:`LEASES` held and
+    expired leases,
     and the :data:`RECENT` latest artifacts and failures. A store that finds them through indexes (SQL)
     reads as many records whatever the size of the namespace: ``top`` costs what it shows, not the
     history. One that scans reads the namespace once per refresh."""
@@ -55,6 +57,7 @@ def snapshot(client: Reservations, *, all_namespaces: bool = False) -> dict[str,
         "store_now": instant(now),
         "counts": seen.counts,
         "counted_up_to": pages.COUNT_CAP,
+        "at_least": sorted(seen.at_least),
         "held": [_lease(s) for s in seen.held],
         "expired": [_lease(s) for s in seen.expired],
         "recent_artifacts": _latest(seen.artifacts, lambda s: s.artifact, lambda a: a.created_at, _artifact),
@@ -113,7 +116,10 @@ def render(doc: dict[str, Any], width: int | None) -> str:
     counts = doc["counts"]
     print(f"dibs top: {printable(where)} on {doc['store']} at {doc['store_now']} (store clock)", file=out)
     cap = doc.get("counted_up_to")
-    shown = (f"{count}+" if count == cap else str(count) for count in counts.values())
+    at_least = set(doc.get("at_least", ()))
+    shown = (
+        f"{count}+" if count == cap or status in at_least else str(count) for status, count in counts.items()
+    )
     print("  ".join(f"{status} {count}" for status, count in zip(counts, shown, strict=True)), file=out)
     sections = (
         ("HELD", doc["held"], ["key", "holder", "token", "held", "expires in"], _held_row),

@@ -96,6 +96,9 @@ class Overview:
     expired: list[KeyState]
     artifacts: list[KeyState]
     failures: list[KeyState]
+    #: The statuses whose count is a lower bound short of the cap: a store whose listing cannot count
+    #: every key in the time ``top`` has (Azure: done and failed, past its first listing page).
+    at_least: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

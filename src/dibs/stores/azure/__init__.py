@@ -14,6 +14,9 @@ Layout inside the container (``PREFIX`` is optional)::
     PREFIX/records/<sha256 of the key>                 the key's record (dibs.stores.codec JSON), with a
                                                        summary of it in its metadata (see below)
     PREFIX/artifacts/<sha256 of the key>-<fence>-<h>   a completed key's payload (h: from its checksum)
+    PREFIX/index/...                                   empty blobs whose names index the records: the
+                                                       keys holding a lease, the artifacts and failures
+                                                       by time (see below, and .index)
 
 Names come from :attr:`dibs.keys.Key.digest` only, never from the key's text, so no key can reach
 outside the prefix. A record blob is never deleted: ``forget``, ``prune``, ``reap`` and ``discard``
@@ -40,14 +43,28 @@ Artifacts
     buffer, never held whole twice.
 
 Reads of many records
-    A listing of ``records/`` returns each blob's metadata with its name, 5,000 blobs a request, and
-    every record blob carries a summary of its record there (the key's name, lease expiry, artifact
-    and failure times, attempts: :mod:`.summary`), written by the same request as the record. So
-    ``list_page``, ``latest``, ``leases`` and ``count_states`` (``dibs ls``, the Airflow Reservations
-    page; ``dibs top`` makes one listing for all four) list the records once, judge each key's status
-    from its summary on
-    the service's clock (the ``Date`` of the listing page that named it), and download only the
-    records they show (:mod:`.reads`); a count downloads none. ``prune`` and ``reap`` pick their
+    Of one namespace, the held and expired leases and the newest artifacts and failures (``dibs
+    top``, ``dibs ls --state held``, the Reservations page's first rows) are found through the index
+    (:mod:`.index`, read by :mod:`.indexed`): a listing of the namespace's ``index/live/`` blobs and a
+    page of its ``index/made/`` blobs, newest first, then a download of each record they name, which
+    decides. Their cost follows the live work, not the history; a write that takes or ends a lease, or
+    makes an artifact or a failure, writes or removes an index blob beside its record (one request
+    more to take a key, two to complete it, sent beside requests it makes anyway where they are
+    independent). ``dibs top``'s counts of held and expired keys come from the index too; its counts
+    of done and failed keys from the first page of the record listing (1,000 blobs): past it they are
+    lower bounds (``done 812+``), as nothing short of listing every record blob counts them.
+    ``reap`` sweeps the ``live`` blobs a killed process left behind. A store written before the index
+    (or by an older dibs) is indexed once, by the first such read
+    (:meth:`~AzureBlobStore.rebuild_index`); until then, and for a read of every namespace (the index
+    is kept per namespace), the reads list the records as below.
+
+    Everything else lists ``records/``, which returns each blob's metadata with its name, 5,000 blobs a
+    request: every record blob carries a summary of its record there (the key's name, lease expiry,
+    artifact and failure times, attempts: :mod:`.summary`), written by the same request as the record.
+    So ``list_page`` in key order, ``count_states``, and every read of all namespaces list the records
+    once, judge each key's status from its summary on the service's clock (the ``Date`` of the
+    listing page that named it), and download only the records they show (:mod:`.reads`); a count
+    downloads none. ``prune`` and ``reap`` pick their
     candidates the same way and then read and swap each as any write does, ``max_concurrency`` of
     them at a time (each its own read and ETag swap: one after another, a removal spent its time
     waiting for the service). Blobs are named by the key's digest, so key order is not blob order and
@@ -81,7 +98,8 @@ Modules: :mod:`.settings` (the URL, checked into :class:`AzureSettings`), :mod:`
 SDK client with the first credential found, the request policy, error text without secrets),
 :mod:`.clock` (the service's clock), :mod:`.blobs` (blob helpers the payload store shares),
 :mod:`.summary` (the record summary in metadata), :mod:`.reads` (the admin reads from a listing),
-:mod:`.store` (:class:`AzureBlobStore`) and :mod:`.feed` (the ETag feed).
+:mod:`.index` (the index's names and rules), :mod:`.indexed` (the reads through it), :mod:`.store`
+(:class:`AzureBlobStore`) and :mod:`.feed` (the ETag feed).
 """
 
 from dibs.stores.azure.clock import ServiceClock

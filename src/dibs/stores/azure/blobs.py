@@ -34,8 +34,8 @@ def is_missing_container(exc: BaseException) -> bool:
     )
 
 
-def create_container(container: ContainerClient) -> None:
-    """Create the container (someone else creating it first is fine).
+def create_container(container: ContainerClient) -> bool:
+    """Create the container (someone else creating it first is fine); whether this call created it.
 
     A container deleted a moment ago cannot be created again for a while on Azure (409
     ``ContainerBeingDeleted``): that error is raised, it passes.
@@ -45,9 +45,11 @@ def create_container(container: ContainerClient) -> None:
     except ResourceExistsError as exc:
         if str(getattr(exc, "error_code", "")) != "ContainerAlreadyExists":
             raise
+        return False
+    return True
 
 
-def with_container(write: Callable[[], T], create: Callable[[], None]) -> T:
+def with_container(write: Callable[[], T], create: Callable[[], object]) -> T:
     """Run ``write``; when the container does not exist yet, ``create`` it and run ``write`` once more
     (a container is created on the first write). Missing again after that, it is reported rather than
     created in a loop."""

@@ -19,6 +19,7 @@ from azure.core.exceptions import (
     AzureError,
     ClientAuthenticationError,
     HttpResponseError,
+    ResourceExistsError,
     ResourceNotFoundError,
 )
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
@@ -27,10 +28,11 @@ from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, Reservatio
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
 from dibs.stores import codec, decoder, pages, redact_url, transitions
-from dibs.stores.azure import blobs, reads
+from dibs.stores.azure import blobs, index, reads
 from dibs.stores.azure.clock import Exchange, PagedExchanges, ServiceClock
 from dibs.stores.azure.connection import connect, describe, endpoint_of, no_credential
 from dibs.stores.azure.feed import EtagFeed
+from dibs.stores.azure.indexed import IndexedReads
 from dibs.stores.azure.reads import Entry
 from dibs.stores.azure.settings import (
     CONNECTION_STRING_ENV,
@@ -40,7 +42,7 @@ from dibs.stores.azure.settings import (
     parse_url,
 )
 from dibs.stores.azure.summary import metadata_of, summary_of
-from dibs.stores.base import Listing, Loaded, RecordStore, Skipped, skip
+from dibs.stores.base import Listing, Loaded, Progress, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed
 from dibs.stores.requests import AcquireRequest, NewArtifact
 
@@ -100,6 +102,10 @@ class AzureBlobStore(RecordStore):
         self._owned_credential = owned_credential
         self._endpoint = endpoint_of(service)
         self._clock = ServiceClock()
+        self._index = index.Layout(prefix)
+        self._index_ready = False  # index/ready was seen (or written by this store's rebuild)
+        self._index_failed = False  # this process could not build the index: read by listing
+        self._indexed_reads = IndexedReads(self)
         self._closed = False
 
     @classmethod
@@ -252,16 +258,48 @@ class AzureBlobStore(RecordStore):
     # Writing ------------------------------------------------------------------------------------
 
     def _ensure_container(self) -> None:
-        """Create the container (see :func:`~dibs.stores.azure.blobs.create_container`)."""
-        self._call(
-            f"create container {self.container!r}",
-            None,
-            functools.partial(blobs.create_container, self._container),
-        )
+        """Create the container (see :func:`~dibs.stores.azure.blobs.create_container`). A container
+        this call created holds no record yet, so its index is complete from the start: ``index/ready``
+        is written with it, and no read ever has to build it (one someone else created may hold what
+        an older dibs wrote: the first read finds out)."""
+        create = functools.partial(blobs.create_container, self._container)
+        if not self._call(f"create container {self.container!r}", None, create):
+            return
+        marker = self._container.get_blob_client(self._index.ready)
+
+        def mark() -> None:
+            with contextlib.suppress(ResourceNotFoundError):  # gone again: the write that follows says so
+                marker.upload_blob(index.VERSION.encode(), overwrite=True)
+
+        self._call("write the index marker in", None, mark)
 
     def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool | Loaded:
+        """Swap the record, keeping the index true around it (the rules are in :mod:`.index`): the
+        index blobs the new record needs are written first, those the old one needed after."""
+        change = index.changes(self._index, old, new)
+        before: builtins.list[Callable[[], str | None]] = []
+        if change.ends_lease:
+            before.append(functools.partial(self._live_etag, key))
+        if change.takes_lease:
+            before.append(functools.partial(self._put_index, key, self._index.live(key)))
+        before.extend(functools.partial(self._put_index, key, name) for name in change.made_before)
+        # Independent requests, sent together: a completion's ETag read and its artifact's index blob
+        # cost one round trip, not two.
+        answers = self._concurrently(lambda call: call(), before)
+        ended_marker = answers[0] if change.ends_lease else None
         swapped = self._write(key, version, new)
-        if swapped is True and old.artifact is not None:
+        if swapped is not True:
+            if isinstance(swapped, tuple):  # lost to another write: drop what only this one needed
+                needed = index.made_names(self._index, swapped[0])
+                for name in change.made_before:
+                    if name not in needed:
+                        self._drop_index(key, name)
+            return swapped
+        if ended_marker is not None:
+            self._drop_index(key, self._index.live(key), ended_marker)
+        for name in change.stale_after:
+            self._drop_index(key, name)
+        if old.artifact is not None:
             kept = new.artifact
             if kept is None or self.artifact_name(key, kept) != self.artifact_name(key, old.artifact):
                 # The record no longer names this payload. Records are never deleted (removal writes
@@ -312,6 +350,133 @@ class AzureBlobStore(RecordStore):
         if current == data:
             return True  # the record holds exactly what we meant to write
         return self._decode(key, current, now), etag
+
+    # The index (see .index) ---------------------------------------------------------------------
+
+    def _put_index(self, key: Key | None, name: str, *, overwrite: bool = True) -> None:
+        """Write the (empty) index blob ``name``: overwritten, which gives a ``live`` blob a new ETag;
+        or create-only, when one already there will do (the rebuild)."""
+        blob = self._container.get_blob_client(name)
+
+        def put() -> None:
+            try:
+                blob.upload_blob(b"", overwrite=overwrite)
+            except ResourceExistsError:
+                if overwrite:
+                    raise
+
+        self._call("write the index of", key, lambda: blobs.with_container(put, self._ensure_container))
+
+    def _live_etag(self, key: Key) -> str | None:
+        """The ETag of ``key``'s ``live`` blob (``None``: there is none), read before a write that ends
+        its lease: the delete after it is made conditional on it."""
+        blob = self._container.get_blob_client(self._index.live(key))
+
+        def head() -> str | None:
+            try:
+                return str(blob.get_blob_properties().etag)
+            except ResourceNotFoundError:
+                return None
+
+        return self._call("read the index of", key, head)
+
+    def _drop_index(self, key: Key | None, name: str, etag: str | None = None) -> None:
+        """Delete an index blob a landed write made stale (``If-Match`` ``etag`` when given: refused
+        when a new holder rewrote it). A failure is logged, never raised: the write it follows has
+        landed, and an index blob left behind only costs its readers a download."""
+
+        def delete() -> None:
+            condition: dict[str, Any] = {}
+            if etag is not None:
+                condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+            try:
+                self._container.delete_blob(name, **condition)
+            except ResourceNotFoundError:
+                pass
+            except HttpResponseError as exc:
+                if not blobs.is_conflict(exc):  # 412: the key has a new holder, whose blob it is now
+                    raise
+
+        try:
+            self._call("remove an index blob of", key, delete)
+        except ReservationError as exc:
+            logger.warning("could not delete index blob %s (%s); it is harmless", self._where(name), exc)
+
+    def _indexed(self) -> bool:
+        """Whether the reads may go through the index: ``index/ready`` exists, or this call rebuilt the
+        index (once: a store written before the index, or whose marker was removed)."""
+        if self._index_ready:
+            return True
+        blob = self._container.get_blob_client(self._index.ready)
+
+        def ready() -> bool:
+            try:
+                return blob.download_blob().readall() == index.VERSION.encode()
+            except ResourceNotFoundError:
+                return False
+
+        if self._call("read the index marker in", None, ready):
+            self._index_ready = True
+            return True
+        if self._index_failed:
+            return False
+        logger.info("Azure Blob store %s: building the index of its records (once)", self.url)
+        try:
+            placed = self.rebuild_index()
+        except ReservationError as exc:
+            # A reader that may not write (a read-and-list SAS, a Reader role) still reads, by the
+            # listing: this process does not try again.
+            self._index_failed = True
+            logger.warning(
+                "Azure Blob store %s: could not build the index of its records (%s); 'dibs top' and "
+                "the other reads list every record blob until a process that may write builds it",
+                self.url,
+                exc,
+            )
+            return False
+        logger.info("Azure Blob store %s: indexed %d records", self.url, placed)
+        return self._index_ready
+
+    def rebuild_index(self) -> int:
+        """Write the index blobs of every record that needs them, then ``index/ready``; returns how
+        many records were read. For an operator after processes of an older dibs (which write records
+        but no index blobs) wrote to this store; the first read that finds no ``index/ready`` runs it.
+        A container that does not exist yet holds nothing to index, and is not created. The index
+        blobs already there are listed first and not written again."""
+        entries, _ = self._entries(None)
+        there = {blob.name for page in self._indexed_reads.listing(self._index.root, 5000) for blob in page}
+        wanted: builtins.list[tuple[Key, str, bool]] = []
+        for entry in entries:
+            key = entry.state.key
+            if entry.state.lease is not None:  # create-only: a holder's own blob keeps its ETag
+                wanted.append((key, self._index.live(key), False))
+            wanted.extend((key, name, True) for name in sorted(index.made_names(self._index, entry.state)))
+        missing = [item for item in wanted if item[1] not in there]
+        self._concurrently(lambda item: self._put_index(item[0], item[1], overwrite=item[2]), missing)
+        blob = self._container.get_blob_client(self._index.ready)
+
+        def mark() -> bool:
+            try:
+                blob.upload_blob(index.VERSION.encode(), overwrite=True)
+            except ResourceNotFoundError as exc:
+                if blobs.is_missing_container(exc):
+                    return False
+                raise
+            return True
+
+        self._index_ready = self._call("write the index marker in", None, mark)
+        return len(entries)
+
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
+        """As :meth:`Store.reap <dibs.stores.base.Store.reap>`, then the ``live`` blobs left behind are
+        swept (:meth:`.indexed.IndexedReads.sweep`): the index names the held and expired leases, and
+        little else."""
+        reaped = super().reap(namespace, progress=progress)
+        try:
+            self._indexed_reads.sweep(namespace)
+        except ReservationError as exc:  # the reaping has landed: report that, and log this
+            logger.warning("Azure Blob store %s: could not sweep the index (%s); reap again", self.url, exc)
+        return reaped
 
     # Artifacts ----------------------------------------------------------------------------------
 
@@ -448,23 +613,40 @@ class AzureBlobStore(RecordStore):
         their summaries (as :meth:`prune` chooses, for a prunable page), then a GET of each record on
         the page (at most its limit), whatever the namespace's size."""
         skipped: builtins.list[Skipped] = []
-        found, cursor = reads.page(
-            self._listed_entries(query.namespace, skipped), self._fetcher(skipped), query
-        )
+        fetch = self._fetcher(skipped)
+        listed = self._listed_entries(query.namespace, skipped)
+        if (
+            query.state in ("held", "expired")
+            and query.older_than is None
+            and self._through_index(query.namespace)
+        ):
+            namespace = query.namespace
+            assert namespace is not None  # _through_index
+            listed = functools.partial(self._indexed_reads.live, namespace, fetch)
+        found, cursor = reads.page(listed, fetch, query)
         return pages.Page(tuple(found), cursor, len(skipped))
 
     def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
         """As :meth:`Store.latest <dibs.stores.base.Store.latest>`: the listing, then ``limit`` GETs."""
         skipped: builtins.list[Skipped] = []
+        pages.check_limit(limit)
+        pages.made_at(kind)  # refuses a bad kind before any request
+        if self._through_index(namespace):
+            assert namespace is not None
+            return self._indexed_reads.latest(namespace, kind, limit, self._fetcher(skipped))
         return reads.latest(self._listed_entries(namespace, skipped), self._fetcher(skipped), kind, limit)
 
     def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
         """As :meth:`Store.leases <dibs.stores.base.Store.leases>`: the listing, then ``limit`` GETs.
         Held and expired are judged on the service's clock at the listing page that named the blob."""
         skipped: builtins.list[Skipped] = []
-        return reads.leases(
-            self._listed_entries(namespace, skipped), self._fetcher(skipped), expired=expired, limit=limit
-        )
+        fetch = self._fetcher(skipped)
+        listed = self._listed_entries(namespace, skipped)
+        pages.check_limit(limit)
+        if self._through_index(namespace):
+            assert namespace is not None
+            listed = functools.partial(self._indexed_reads.live, namespace, fetch)
+        return reads.leases(listed, fetch, expired=expired, limit=limit)
 
     def count_states(self, namespace: str | None, *, up_to: int = pages.COUNT_CAP) -> dict[str, int]:
         """As :meth:`Store.count_states <dibs.stores.base.Store.count_states>`: the listing alone."""
@@ -479,6 +661,9 @@ class AzureBlobStore(RecordStore):
         read (47 s for ``top`` at 10,000 keys on Azurite with five)."""
         for limit in (leases, recent, up_to):  # refused before the listing, as by the five reads
             pages.check_limit(limit)
+        if self._through_index(namespace):
+            assert namespace is not None
+            return self._indexed_reads.overview(namespace, leases=leases, recent=recent, up_to=up_to)
         skipped: builtins.list[Skipped] = []
         entries = self._listed_entries(namespace, skipped)()
         # One fetcher for the five reads: a key shown twice (held by a refresh, and among the latest
@@ -491,6 +676,11 @@ class AzureBlobStore(RecordStore):
             artifacts=reads.latest(listed, fetch, "artifact", recent),
             failures=reads.latest(listed, fetch, "failure", recent),
         )
+
+    def _through_index(self, namespace: str | None) -> bool:
+        """Whether a read of ``namespace`` goes through the index: it is one namespace (the index is
+        kept per namespace; a read of all of them lists the records), and the index is complete."""
+        return namespace is not None and self._indexed()
 
     def _listed_entries(self, namespace: str | None, skipped: builtins.list[Skipped]) -> reads.Listed:
         """The listing of :meth:`_entries`, made when called; what it skips goes into ``skipped``."""
@@ -511,8 +701,17 @@ class AzureBlobStore(RecordStore):
     def _entries(self, namespace: str | None) -> tuple[builtins.list[Entry], builtins.list[Skipped]]:
         """The namespace's records (every namespace's when ``None``) in key order, tombstones left
         out: one listing, and a GET only of blobs without a summary; the unreadable ones skipped."""
+        entries, skipped, _ = self._entries_among(namespace)
+        return entries, skipped
+
+    def _entries_among(
+        self, namespace: str | None, first: int | None = None
+    ) -> tuple[builtins.list[Entry], builtins.list[Skipped], bool]:
+        """As :meth:`_entries`, among the ``first`` record blobs of the listing only (one request),
+        and whether those were all of them."""
         prefix = f"{self.prefix}records/"
-        listed = self._call("list the records in", None, functools.partial(self._listed, prefix, namespace))
+        listing = functools.partial(self._listed, prefix, namespace, first)
+        listed, complete = self._call("list the records in", None, listing)
         entries: builtins.list[Entry] = []
         unsummarized: builtins.list[str] = []
         for name, metadata, now in listed:
@@ -532,24 +731,27 @@ class AzureBlobStore(RecordStore):
             and not transitions.is_tombstone(entry.state)
         ]
         kept.sort(key=lambda entry: entry.state.key)
-        return kept, skipped
+        return kept, skipped, complete
 
     def _listed(
-        self, prefix: str, namespace: str | None
-    ) -> builtins.list[tuple[str, dict[str, str], float | None]]:
+        self, prefix: str, namespace: str | None, first: int | None = None
+    ) -> tuple[builtins.list[tuple[str, dict[str, str], float | None]], bool]:
         """Each record blob's name and metadata, with the service's time of the page that listed it
-        (``None`` when that page's response left no time, see :meth:`_timed_read`)."""
+        (``None`` when that page's response left no time, see :meth:`_timed_read`); with ``first``,
+        of the first page of that many blobs only. And whether the listing reached its end."""
         hooks = PagedExchanges()
         blobs_listed = self._container.list_blobs(
             name_starts_with=prefix,
             include=["metadata"],
+            results_per_page=first,
             raw_request_hook=hooks.on_request,
             raw_response_hook=hooks.on_response,
         )
         found: builtins.list[tuple[str, dict[str, str], float | None]] = []
         now: float | None = None
+        listed_pages = blobs_listed.by_page()
         try:
-            for page in blobs_listed.by_page():
+            for page in listed_pages:
                 exchange = hooks.take()
                 if exchange.received is not None:
                     now = self._now(exchange, "a listing of", self._where(prefix))
@@ -557,9 +759,11 @@ class AzureBlobStore(RecordStore):
                     metadata = props.metadata or {}
                     if namespace is None or metadata.get("dibs_namespace", namespace) == namespace:
                         found.append((props.name, metadata, now))
+                if first is not None:
+                    return found, getattr(listed_pages, "continuation_token", None) is None
         except ResourceNotFoundError:  # no container yet: no records
-            return []
-        return found
+            return [], True
+        return found, True
 
     def _fetcher(self, skipped: builtins.list[Skipped]) -> reads.Fetch:
         """Downloads the named records (``max_concurrency`` at a time); an unreadable one is skipped

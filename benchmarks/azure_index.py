@@ -1,0 +1,211 @@
+"""What the Azure store's index buys the reads a person makes, and what it costs a new key (issue 30).
+
+``python -m benchmarks.azure_index [--sizes 100,10000] [--ops 20] [--out benchmarks/results/issue30]``
+(``--sizes 100,10000,100000`` is the full run: about an hour on Azurite, most of it growing.)
+
+One namespace on Azurite is grown to each size in turn (finished keys, each written by the store's own
+swap, so each gets its record and its index blob as a user's completion does; 3 held keys and a
+failure beside them), and at each size:
+
+* ``top``: one ``dibs top --once`` snapshot through the index, median of 5, against the same snapshot
+  read as before the index (one listing of every record blob: :class:`Listed`), median of 5, or of 1
+  when one takes over 5 s; the ratio is listing / index;
+* ``held page``: ``dibs ls --state held`` (a page of 100) the same two ways;
+* ``airflow page``: what the Reservations page reads with no task waiting (each status a page at a
+  time until 500 rows: the held and expired ones through the index, the done ones by the listing);
+* ``new key``: ``acquire`` + ``complete`` of a fresh key with the index kept, interleaved call by call
+  with the same on a store that writes no index (:class:`Unindexed`, the write path as it was): the
+  index's cost on the hot path, p50 and the ratio;
+* ``rebuild``: the once-only indexing of a store written before the index (``rebuild_index``), at the
+  sizes up to 10,000.
+
+Nothing here is a threshold: the machine may be busy, so compare ratios of one run, not runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import dibs
+from benchmarks.history import _airflow_page, _interleaved, _median, _name, _new_key
+from benchmarks.targets import open_targets
+from dibs._cli.top import snapshot
+from dibs.keys import Key
+from dibs.records import ArtifactRecord, Granted, KeyState, checksum
+from dibs.stores import AcquireRequest, transitions
+from dibs.stores.azure import AzureBlobStore
+from dibs.stores.base import Loaded
+
+NAMESPACE = "history"  # the name _airflow_page reads
+#: The largest size the rebuild is timed at (it writes an index blob per finished key).
+REBUILD_UP_TO = 10_000
+
+
+class Listed(AzureBlobStore):
+    """The reads as they were before the index: one listing of every record blob."""
+
+    def _through_index(self, namespace: str | None) -> bool:
+        return False
+
+
+class Unindexed(AzureBlobStore):
+    """The record write as it was before the index: the swap alone (and the stale payload's delete)."""
+
+    def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool | Loaded:
+        swapped = self._write(key, version, new)
+        if swapped is True and old.artifact is not None and new.artifact != old.artifact:
+            self._delete_quietly(key, self.artifact_name(key, old.artifact))
+        return swapped
+
+
+def _grow(store: AzureBlobStore, start: int, stop: int, threads: int = 8) -> None:
+    """Finished keys, a minute apart back in time, each written by the store's swap (record + index)."""
+    now = time.time()
+
+    def one(i: int) -> None:
+        key = Key(NAMESPACE, _name(i))
+        made = now - 60.0 * (i + 1)
+        artifact = ArtifactRecord("json", b"", 1, checksum(b"1"), "history", 1, made)
+        state = KeyState(key, made, fence=1, attempts=1, artifact=artifact)
+        assert store._swap(key, None, state, transitions.empty(key, made)) is True
+
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(one, range(start, stop), chunksize=64):
+            pass
+
+
+def _live_work(store: AzureBlobStore) -> None:
+    for name in ("held-1", "held-2", "held-3"):
+        store.acquire(Key(NAMESPACE, name), AcquireRequest("worker", 3600))
+    broken = store.acquire(Key(NAMESPACE, "broken"), AcquireRequest("flaky", 60))
+    assert isinstance(broken, Granted)
+    store.release(broken.lease.key, broken.lease.token, "ValueError: no rows")
+
+
+def _rebuild(store: AzureBlobStore) -> float:
+    """The once-only indexing of a store an older dibs wrote: its index blobs are deleted (in batches
+    of 256, outside the timing), then the rebuild lists the records and writes them all again."""
+    names = [blob.name for blob in store._container.list_blobs(name_starts_with=store._index.root)]
+    for start in range(0, len(names), 256):
+        store._container.delete_blobs(*names[start : start + 256])
+    store._index_ready = False
+    started = time.perf_counter()
+    store.rebuild_index()
+    return time.perf_counter() - started
+
+
+def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
+    results = []
+    with (
+        AzureBlobStore.from_url(url) as store,
+        Listed.from_url(url) as listed,
+        Unindexed.from_url(url) as unindexed,
+    ):
+        _live_work(store)
+        indexed_client = dibs.Reservations(store, namespace=NAMESPACE)
+        listed_client = dibs.Reservations(listed, namespace=NAMESPACE)
+        airflow_page = _airflow_page(store)
+        grown_to = 0
+        for size in sizes:
+            started = time.perf_counter()
+            _grow(store, grown_to, size)
+            grown_to = size
+            grew = time.perf_counter() - started
+            store.overview(NAMESPACE, leases=1, recent=1)  # the index marker, outside the timing
+            top = _median(lambda: snapshot(indexed_client))
+            top_listed = _median(lambda: snapshot(listed_client))
+            doc = snapshot(indexed_client)
+            held = _median(lambda: store.list_page(NAMESPACE, state="held", limit=100))
+            held_listed = _median(lambda: listed.list_page(NAMESPACE, state="held", limit=100))
+            shown = _median(airflow_page, repeats=3)
+            new_key, new_key_unindexed = _interleaved(_new_key(store), _new_key(unindexed), ops)
+            rebuild = _rebuild(store) if size <= REBUILD_UP_TO else None
+            results.append(
+                {
+                    "keys": size,
+                    "grow_s": round(grew, 1),
+                    "top_s": round(top, 4),
+                    "top_listed_s": round(top_listed, 4),
+                    "top_ratio": round(top_listed / top, 1),
+                    "top_counts": doc["counts"],
+                    "top_at_least": doc["at_least"],
+                    "held_page_s": round(held, 4),
+                    "held_page_listed_s": round(held_listed, 4),
+                    "held_page_ratio": round(held_listed / held, 1),
+                    "airflow_page_s": round(shown, 4),
+                    "new_key_p50_ms": round(new_key * 1000, 1),
+                    "new_key_unindexed_p50_ms": round(new_key_unindexed * 1000, 1),
+                    "new_key_ratio": round(new_key / new_key_unindexed, 2),
+                    "rebuild_s": None if rebuild is None else round(rebuild, 1),
+                }
+            )
+            print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:,.1f} ms" if seconds < 10 else f"{seconds:,.0f} s"
+
+
+def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
+    lines = [
+        "# Azure: the reads a person makes, through the index and by the listing (issue 30)",
+        "",
+        f"`python -m benchmarks.azure_index --sizes {argv['sizes']} --ops {argv['ops']}`, on Azurite, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}. Ratios: the listing against the index "
+        "(how many times slower the read was before the index); `new key` with the index kept against "
+        "the write path without it, interleaved.",
+        "",
+        "| keys | top --once | by listing | x | held page (100) | by listing | x | Airflow page "
+        "| new key p50 | without index | x | rebuild | top's counts |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in results:
+        counts = ", ".join(
+            f"{status} {count}{'+' if status in r['top_at_least'] else ''}"
+            for status, count in r["top_counts"].items()
+        )
+        lines.append(
+            f"| {r['keys']:,} | {_ms(r['top_s'])} | {_ms(r['top_listed_s'])} | {r['top_ratio']} | "
+            f"{_ms(r['held_page_s'])} | {_ms(r['held_page_listed_s'])} | {r['held_page_ratio']} | "
+            f"{_ms(r['airflow_page_s'])} | {r['new_key_p50_ms']} ms | {r['new_key_unindexed_p50_ms']} ms | "
+            f"{r['new_key_ratio']} | {_ms(r['rebuild_s'])} | {counts} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.azure_index", description=__doc__)
+    parser.add_argument("--sizes", default="100,10000")
+    parser.add_argument("--ops", type=int, default=20, help="calls per side for new key")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/issue30"))
+    parser.add_argument("--name", default="azure-index", help="the result files' name (NAME.json, NAME.md)")
+    args = parser.parse_args(argv)
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every request and response
+    sizes = [int(size) for size in args.sizes.split(",")]
+    with open_targets(("azure",)) as (targets, skipped):
+        if not targets:
+            print(f"Azure is not available here: {skipped.get('azure')}")
+            return 1
+        results = measure(targets[0].url, sizes, args.ops)
+    args.out.mkdir(parents=True, exist_ok=True)
+    shown = {"sizes": args.sizes, "ops": args.ops}
+    (args.out / f"{args.name}.json").write_text(
+        json.dumps({"argv": shown, "results": results}, indent=2) + "\n"
+    )
+    (args.out / f"{args.name}.md").write_text(_markdown(results, shown))
+    print(_markdown(results, shown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,525 @@
+"""The Azure store's index (:mod:`dibs.stores.azure.index`): a record that holds a lease always has its
+``live`` blob, one with an artifact or a failure its ``made`` blob, whatever the interleaving of
+holders; what is left behind is swept; reads through it see what a listing of every record would.
+
+Runs against Azurite. The interleavings that matter are played deterministically, by running a second
+store's call inside the first one's (between its record write and its index write); then several
+processes race on a few keys, one killed with SIGKILL while it holds one, and the index is checked
+against the records once they stop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import random
+import signal
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("azure.storage.blob")
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.blob import (
+    BlobServiceClient,
+    ContainerClient,
+    ContainerSasPermissions,
+    generate_container_sas,
+)
+
+from dibs.errors import LeaseLost, StoreUnavailable
+from dibs.keys import Key
+from dibs.records import Granted, Held, KeyState, LeaseRecord, Present, checksum
+from dibs.stores import AcquireRequest, NewArtifact, Store, pages
+from dibs.stores.azure import AzureBlobStore, parse_url
+from dibs.stores.azure.index import Layout, micros
+from dibs.testing.contract import opened_stores
+from tests.backends import azure as backend
+
+NAMESPACE = "azure.index"
+SPAWN = multiprocessing.get_context("spawn")
+#: How long the racing processes may take before the test gives up on them (not a measurement).
+GENEROUS = 180.0
+
+
+@pytest.fixture
+def azure_url(tmp_path: Path) -> Iterator[str]:
+    with backend.isolated_url(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def open_azure(azure_url: str) -> Iterator[Callable[[], AzureBlobStore]]:
+    with opened_stores(lambda: AzureBlobStore.from_url(azure_url)) as opener:
+        yield opener
+
+
+@pytest.fixture
+def raw(azure_url: str) -> Iterator[ContainerClient]:
+    settings = parse_url(azure_url)
+    assert settings.connection_string is not None
+    with BlobServiceClient.from_connection_string(settings.connection_string) as service:
+        yield service.get_container_client(settings.container)
+
+
+def _granted(outcome: object) -> LeaseRecord:
+    assert isinstance(outcome, Granted), outcome
+    return outcome.lease
+
+
+def _index_blobs(raw: ContainerClient, store: AzureBlobStore) -> set[str]:
+    try:
+        return {blob.name for blob in raw.list_blobs(name_starts_with=f"{store.prefix}index/")}
+    except ResourceNotFoundError:  # no container yet
+        return set()
+
+
+def _needed(store: AzureBlobStore, state: KeyState) -> set[str]:
+    """The index blobs a record needs (the rules of .index)."""
+    layout = Layout(store.prefix)
+    names = set()
+    if state.lease is not None:
+        names.add(layout.live(state.key))
+    if state.artifact is not None:
+        names.add(layout.made("artifact", state.key, state.artifact.created_at))
+    if state.failure is not None:
+        names.add(layout.made("failure", state.key, state.failure.at))
+    return names
+
+
+def _payload(data: bytes) -> NewArtifact:
+    return NewArtifact("bytes", data, checksum(data))
+
+
+# --------------------------------------------------------------------------------------------------
+# The blobs each write leaves
+
+
+def test_each_write_leaves_the_index_blobs_its_record_needs_and_no_other(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    store = open_azure()
+    key = Key(NAMESPACE, "daily")
+
+    def index_now() -> set[str]:
+        return _index_blobs(raw, store) - {Layout(store.prefix).ready}
+
+    lease = _granted(store.acquire(key, AcquireRequest("first", 60)))
+    assert index_now() == _needed(store, store.read(key)) == {Layout(store.prefix).live(key)}
+    live = next(iter(raw.list_blobs(name_starts_with=f"{store.prefix}index/live/")))
+    store.heartbeat(key, lease.token, 120)  # the same lease: its blob is not written again
+    again = next(iter(raw.list_blobs(name_starts_with=f"{store.prefix}index/live/")))
+    assert again.etag == live.etag
+
+    store.release(key, lease.token, "ValueError: bad rows")  # a failure, no lease
+    failed = store.read(key)
+    assert failed.failure is not None and failed.lease is None
+    assert index_now() == _needed(store, failed)
+
+    second = _granted(store.acquire(key, AcquireRequest("second", 60)))
+    store.release(key, second.token, "ValueError: bad rows again")  # a newer failure replaces it
+    assert index_now() == _needed(store, store.read(key))
+
+    third = _granted(store.acquire(key, AcquireRequest("third", 60)))
+    store.complete(key, third.token, _payload(b"rows"))  # an artifact; the failure stays recorded
+    done = store.read(key)
+    assert done.artifact is not None and done.failure is not None
+    assert index_now() == _needed(store, done) and len(index_now()) == 2
+
+    assert store.forget(key)  # nothing to show any more: no index blob either
+    assert index_now() == set()
+
+
+def test_a_holder_that_ends_its_lease_late_does_not_remove_the_next_holders_blob(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """The release lands, then (before the releasing call deletes the ``live`` blob) another process
+    takes the key: the delete is refused, and the new lease stays in the index."""
+    first, second = open_azure(), open_azure()
+    key = Key(NAMESPACE, "handed-on")
+    lease = _granted(first.acquire(key, AcquireRequest("first", 60)))
+    taken: list[LeaseRecord] = []
+    drop = first._drop_index
+
+    def late_drop(key_: Key | None, name: str, etag: str | None = None) -> None:
+        if not taken:
+            taken.append(_granted(second.acquire(key, AcquireRequest("second", 60))))
+        drop(key_, name, etag)
+
+    first._drop_index = late_drop  # type: ignore[method-assign]
+    first.release(key, lease.token)
+    assert taken and first.read(key).lease is not None
+    assert Layout(first.prefix).live(key) in _index_blobs(raw, first)
+    (held,) = second.leases(NAMESPACE, expired=False, limit=10)
+    assert held.lease is not None and held.lease.token == taken[0].token
+
+
+def test_racing_takers_leave_one_blob_that_the_winners_end_removes(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """Two processes read the free key and both write its ``live`` blob; the first to swap wins. The
+    loser's write came last, so the blob's ETag is the loser's: the winner's end must still remove it
+    (an ETag remembered at the take would not match, and the blob would be left for every reader)."""
+    winner, loser = open_azure(), open_azure()
+    key = Key(NAMESPACE, "contended")
+    write = winner._write
+
+    def write_after_the_loser(key_: Key, version: object, new: KeyState) -> Any:
+        if new.lease is not None and version is None:
+            loser._put_index(key_, Layout(loser.prefix).live(key_))  # the loser's blob, written last
+        return write(key_, version, new)
+
+    winner._write = write_after_the_loser  # type: ignore[method-assign]
+    lease = _granted(winner.acquire(key, AcquireRequest("winner", 60)))
+    assert isinstance(loser.acquire(key, AcquireRequest("loser", 60)), Held)
+    winner.complete(key, lease.token, _payload(b"x"))
+    live = {name for name in _index_blobs(raw, winner) if "/live/" in name}
+    assert live == set()
+
+
+def test_a_failed_index_write_fails_the_take_and_leaves_the_record_as_it_was(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    store = open_azure()
+    key = Key(NAMESPACE, "no-index")
+    store.read(key)
+    before = store.read(key)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise StoreUnavailable("the index could not be written (a test)")
+
+    store._put_index = refuse  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable, match="index"):
+        store.acquire(key, AcquireRequest("nobody", 60))
+    assert store.read(key).lease is None and store.read(key).fence == before.fence
+
+
+# --------------------------------------------------------------------------------------------------
+# Reads through the index agree with a listing of every record
+
+
+def _states_by_listing(store: AzureBlobStore) -> dict[str, Any]:
+    """What the reads answer when they read every record (the base class's way)."""
+    return {
+        "held": Store.leases(store, NAMESPACE, expired=False, limit=100),
+        "expired": Store.leases(store, NAMESPACE, expired=True, limit=100),
+        "artifacts": Store.latest(store, NAMESPACE, "artifact", limit=100),
+        "failures": Store.latest(store, NAMESPACE, "failure", limit=100),
+    }
+
+
+def _keys(states: list[KeyState]) -> list[Key]:
+    return [state.key for state in states]
+
+
+def test_reads_through_the_index_match_a_listing_of_every_record(
+    open_azure: Callable[[], AzureBlobStore],
+) -> None:
+    store = open_azure()
+    rng = random.Random(7)
+    for i in range(30):
+        key = Key(NAMESPACE, f"k-{i:02d}")
+        lease = _granted(store.acquire(key, AcquireRequest(f"w-{i}", 0.2 if i % 5 == 0 else 600)))
+        roll = rng.random()
+        if i % 5 == 0:
+            continue  # expires
+        if roll < 0.4:
+            store.complete(key, lease.token, _payload(str(i).encode()))
+        elif roll < 0.6:
+            store.release(key, lease.token, f"RuntimeError: {i}")
+        elif roll < 0.7:
+            store.release(key, lease.token)
+    other = Key("azure.index.other", "k-00")  # another namespace: never in this one's answers
+    store.complete(other, _granted(store.acquire(other, AcquireRequest("x", 60))).token, _payload(b"o"))
+    deadline = time.monotonic() + GENEROUS  # the short leases run out on the store's clock
+    while len(Store.leases(store, NAMESPACE, expired=True, limit=100)) < 6:
+        assert time.monotonic() < deadline, "the 0.2 s leases did not expire"
+        time.sleep(0.05)
+    expected = _states_by_listing(store)
+    assert _keys(store.leases(NAMESPACE, expired=False, limit=100)) == _keys(expected["held"])
+    assert _keys(store.leases(NAMESPACE, expired=True, limit=100)) == _keys(expected["expired"])
+    assert _keys(store.latest(NAMESPACE, "artifact", limit=100)) == _keys(expected["artifacts"])
+    assert _keys(store.latest(NAMESPACE, "failure", limit=100)) == _keys(expected["failures"])
+    assert _keys(store.latest(NAMESPACE, "artifact", limit=3)) == _keys(expected["artifacts"])[:3]
+    assert len(expected["held"]) > 2
+    page = store.list_page(NAMESPACE, state="held", limit=2)
+    assert _keys(list(page.states)) == sorted(_keys(expected["held"]))[:2]
+    assert page.after is not None
+    following = store.list_page(NAMESPACE, state="held", after=page.after, limit=100)
+    assert _keys(list(page.states) + list(following.states)) == sorted(_keys(expected["held"]))
+    seen = store.overview(NAMESPACE, leases=100, recent=100)
+    counts = Store.count_states(store, NAMESPACE)
+    assert seen.counts == counts and seen.at_least == frozenset()  # 32 record blobs: all counted
+
+
+def test_stale_index_blobs_are_passed_over_by_reads_and_swept_by_reap(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """Index blobs whose record no longer needs them (a process killed between its two writes, as
+    here by hand): the reads show the records as they are, and reap removes the stale ``live`` blob."""
+    store = open_azure()
+    layout = Layout(store.prefix)
+    done, free = Key(NAMESPACE, "done"), Key(NAMESPACE, "free")
+    store.complete(done, _granted(store.acquire(done, AcquireRequest("w", 60))).token, _payload(b"d"))
+    store.release(free, _granted(store.acquire(free, AcquireRequest("w", 60))).token)
+    made = store.read(done).artifact
+    assert made is not None
+    stale = [
+        layout.live(done),
+        layout.live(free),
+        layout.made("artifact", done, made.created_at + 1.0),  # newer than the record's own
+        layout.made("failure", free, made.created_at),
+    ]
+    for name in stale:
+        raw.get_blob_client(name).upload_blob(b"", overwrite=True)
+
+    assert store.leases(NAMESPACE, expired=False, limit=10) == []
+    assert store.leases(NAMESPACE, expired=True, limit=10) == []
+    (latest,) = store.latest(NAMESPACE, "artifact", limit=10)
+    assert latest.key == done and latest.artifact is not None
+    assert micros(latest.artifact.created_at) == micros(made.created_at)
+    assert store.latest(NAMESPACE, "failure", limit=10) == []
+
+    etag = raw.get_blob_client(store.record_name(done)).get_blob_properties().etag
+    store.reap(NAMESPACE)
+    left = _index_blobs(raw, store)
+    assert layout.live(done) not in left and layout.live(free) not in left
+    # The sweep rewrote the record (a new ETag: a taker that read it before must swap again), unchanged.
+    assert raw.get_blob_client(store.record_name(done)).get_blob_properties().etag != etag
+    assert store.read(done).artifact == made
+
+
+def test_a_store_written_without_the_index_is_indexed_by_its_first_read(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = open_azure()
+    keys = {name: Key(NAMESPACE, name) for name in ("held", "done", "failed")}
+    store.acquire(keys["held"], AcquireRequest("w", 600))
+    store.complete(
+        keys["done"], _granted(store.acquire(keys["done"], AcquireRequest("w", 60))).token, _payload(b"d")
+    )
+    store.release(
+        keys["failed"], _granted(store.acquire(keys["failed"], AcquireRequest("w", 60))).token, "Err: x"
+    )
+    for name in _index_blobs(raw, store):  # as an older dibs left the store: records only
+        raw.delete_blob(name)
+
+    reader = open_azure()
+    with caplog.at_level("INFO", logger="dibs.stores.azure.store"):
+        seen = reader.overview(NAMESPACE, leases=10, recent=10)
+    assert "building the index" in caplog.text
+    assert _keys(seen.held) == [keys["held"]]
+    assert _keys(seen.artifacts) == [keys["done"]] and _keys(seen.failures) == [keys["failed"]]
+    assert Layout(store.prefix).ready in _index_blobs(raw, store)
+    for key in keys.values():
+        assert _needed(store, store.read(key)) <= _index_blobs(raw, store)
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="dibs.stores.azure.store"):
+        assert _keys(open_azure().leases(NAMESPACE, expired=False, limit=10)) == [keys["held"]]
+    assert "building the index" not in caplog.text  # once, for every process after it
+
+
+def test_reads_of_every_namespace_still_list_the_records(open_azure: Callable[[], AzureBlobStore]) -> None:
+    """The index is kept per namespace: a read of all of them lists the records, as before."""
+    store = open_azure()
+    a, b = Key("azure.index.a", "k"), Key("azure.index.b", "k")
+    store.acquire(a, AcquireRequest("w", 600))
+    store.complete(b, _granted(store.acquire(b, AcquireRequest("w", 60))).token, _payload(b"b"))
+    seen = store.overview(None, leases=10, recent=10)
+    assert _keys(seen.held) == [a] and _keys(seen.artifacts) == [b] and seen.at_least == frozenset()
+
+
+def test_a_sweep_between_a_takers_two_writes_does_not_leave_its_lease_out(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """A taker wrote the ``live`` blob and has not swapped its record yet when ``reap`` sweeps: the blob
+    looks stale (the record holds no lease), but the sweep's rewrite of the record makes the taker's
+    swap fail, and its next attempt writes the blob again."""
+    taker, reaper = open_azure(), open_azure()
+    key = Key(NAMESPACE, "taken-during-a-sweep")
+    first = _granted(taker.acquire(key, AcquireRequest("a", 60)))
+    taker.release(key, first.token)  # a record that holds no lease
+    write = taker._write
+    swept: list[int] = []
+
+    def sweep_first(key_: Key, version: object, new: KeyState) -> Any:
+        if new.lease is not None and not swept:
+            swept.append(reaper._indexed_reads.sweep(NAMESPACE))
+        return write(key_, version, new)
+
+    taker._write = sweep_first  # type: ignore[method-assign]
+    _granted(taker.acquire(key, AcquireRequest("b", 60)))
+    assert swept == [1]  # the sweep did delete the blob it found...
+    assert taker.read(key).lease is not None
+    assert Layout(taker.prefix).live(key) in _index_blobs(raw, taker)  # ...and the taker wrote it again
+
+
+def test_a_reap_whose_sweep_fails_still_reports_what_it_reaped(
+    open_azure: Callable[[], AzureBlobStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    store = open_azure()
+    key = Key(NAMESPACE, "short")
+    store.acquire(key, AcquireRequest("w", 0.2))
+    deadline = time.monotonic() + GENEROUS
+    while store.read(key).status != "expired":
+        assert time.monotonic() < deadline, "the 0.2 s lease did not expire"
+        time.sleep(0.05)
+
+    def refuse(*args: Any, **kwargs: Any) -> int:
+        raise StoreUnavailable("the listing failed (a test)")
+
+    store._indexed_reads.sweep = refuse  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="dibs.stores.azure.store"):
+        assert store.reap(NAMESPACE) == 1
+    assert "could not sweep the index" in caplog.text
+    assert store.read(key).status == "free"
+
+
+def _complete_at(store: AzureBlobStore, key: Key, at: float) -> None:
+    """A key completed at exactly ``at`` on the store's clock (the service's time, pinned)."""
+    real = store._now
+    store._now = lambda *args, **kwargs: at  # type: ignore[method-assign]
+    try:
+        lease = _granted(store.acquire(key, AcquireRequest("w", 3600)))
+        store.complete(key, lease.token, _payload(key.name.encode()))
+    finally:
+        store._now = real  # type: ignore[method-assign]
+
+
+def test_latest_breaks_ties_and_orders_within_a_microsecond_as_a_listing_does(
+    open_azure: Callable[[], AzureBlobStore],
+) -> None:
+    """The service's clock may give several completions the same time (it never leaves the second of
+    the ``Date`` header), and a blob's name holds whole microseconds: four keys made at the same
+    instant come in key order, and four made within one microsecond in the order of their times."""
+    store = open_azure()
+    # Times of this size keep a tenth of a microsecond apart (at today's, a float's step is 0.24 µs).
+    same = [Key(NAMESPACE, f"same-{i}") for i in range(4)]
+    for key in reversed(same):
+        _complete_at(store, key, 1_000_100.0)
+    base = micros(1_000_000.0) / 1_000_000
+    within = [Key(NAMESPACE, f"within-{i}") for i in range(4)]
+    for i, key in enumerate(within):
+        _complete_at(store, key, base + (i + 1) * 1e-7)
+    everything = _keys(Store.latest(store, NAMESPACE, "artifact", limit=8))
+    assert everything == [*same, *reversed(within)]  # what a listing of every record answers
+    for limit in (1, 2, 5, 8):
+        assert _keys(store.latest(NAMESPACE, "artifact", limit=limit)) == everything[:limit]
+
+
+def test_a_reader_that_may_not_write_reads_by_the_listing(
+    azure_url: str,
+    open_azure: Callable[[], AzureBlobStore],
+    raw: ContainerClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read-and-list SAS (a dashboard's) cannot build a missing index: it reads by listing instead."""
+    writer = open_azure()
+    key = Key(NAMESPACE, "held")
+    writer.acquire(key, AcquireRequest("w", 600))
+    raw.delete_blob(Layout(writer.prefix).ready)  # as a store an older dibs wrote
+    settings = parse_url(azure_url)
+    assert settings.connection_string is not None
+    with BlobServiceClient.from_connection_string(settings.connection_string) as service:
+        sas = generate_container_sas(
+            service.account_name,
+            settings.container,
+            account_key=service.credential.account_key,
+            permission=ContainerSasPermissions(read=True, list=True),
+            expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1),
+        )
+        account_url = service.url.rstrip("/")
+    query = urllib.parse.urlencode({"account_url": account_url, "sas_token": sas})
+    with (
+        AzureBlobStore.from_url(
+            f"azure://{settings.container}/{writer.prefix.rstrip('/')}?{query}"
+        ) as reader,
+        caplog.at_level("WARNING", logger="dibs.stores.azure.store"),
+    ):
+        assert _keys(reader.leases(NAMESPACE, expired=False, limit=10)) == [key]
+        assert _keys(reader.overview(NAMESPACE, leases=10, recent=10).held) == [key]
+    assert caplog.text.count("could not build the index") == 1  # once per process, then by listing
+    assert Layout(writer.prefix).ready not in _index_blobs(raw, writer)
+
+
+# --------------------------------------------------------------------------------------------------
+# Processes racing, one killed while it holds a key
+
+
+def _churn(url: str, worker: int, keys: list[str], rounds: int, seed: int) -> None:
+    """Take, complete, fail, release, forget and abandon a few keys at random, ``rounds`` times."""
+    rng = random.Random(seed)
+    with AzureBlobStore.from_url(url) as store:
+        for _ in range(rounds):
+            key = Key(NAMESPACE, rng.choice(keys))
+            try:
+                outcome = store.acquire(key, AcquireRequest(f"worker-{worker}", rng.choice([0.3, 30.0])))
+            except StoreUnavailable:
+                continue  # heavy contention on one key: another round
+            if isinstance(outcome, Present) and rng.random() < 0.5:
+                store.forget(key)
+                continue
+            if not isinstance(outcome, Granted):
+                continue
+            token, roll = outcome.lease.token, rng.random()
+            try:
+                if roll < 0.4:
+                    store.complete(key, token, _payload(f"{worker}".encode()))
+                elif roll < 0.6:
+                    store.release(key, token, f"RuntimeError: worker {worker}")
+                elif roll < 0.8:
+                    store.release(key, token)
+                # else: abandoned, its lease runs out
+            except LeaseLost:
+                pass  # a short lease taken over meanwhile
+
+
+def _hold_until_killed(url: str, key: str, ready: Any) -> None:
+    with AzureBlobStore.from_url(url) as store:
+        _granted(store.acquire(Key(NAMESPACE, key), AcquireRequest("doomed", 0.5)))
+        ready.set()
+        time.sleep(GENEROUS)
+
+
+def test_racing_processes_keep_every_record_in_the_index(azure_url: str, raw: ContainerClient) -> None:
+    keys = [f"partition-{i}" for i in range(4)]
+    ready = SPAWN.Event()
+    doomed = SPAWN.Process(target=_hold_until_killed, args=(azure_url, "killed", ready))
+    doomed.start()
+    assert ready.wait(GENEROUS), "the holder to kill did not take its key"
+    assert doomed.pid is not None
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.join(GENEROUS)
+    workers = [SPAWN.Process(target=_churn, args=(azure_url, w, keys, 40, w)) for w in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(GENEROUS)
+        if worker.is_alive():
+            worker.kill()
+    assert [worker.exitcode for worker in workers] == [0] * len(workers)
+
+    with AzureBlobStore.from_url(azure_url) as store:
+        every = [Key(NAMESPACE, name) for name in [*keys, "killed"]]
+        states = {key: store.read(key) for key in every}
+        blobs = _index_blobs(raw, store)
+        for key, state in states.items():  # nothing a record needs is missing
+            assert _needed(store, state) <= blobs, (key, state)
+        assert states[Key(NAMESPACE, "killed")].status == "expired"
+        shown = {s.key for s in store.leases(NAMESPACE, expired=True, limit=100)}
+        assert shown == {key for key, state in states.items() if state.status == "expired"}
+
+        store.reap(NAMESPACE)  # clears the expired leases and sweeps what the races left
+        states = {key: store.read(key) for key in every}
+        live = {name for name in _index_blobs(raw, store) if "/live/" in name}
+        assert live == {Layout(store.prefix).live(k) for k, s in states.items() if s.lease is not None}
+        newest = [s for s in states.values() if s.artifact is not None]
+        newest.sort(key=lambda s: -pages.made_at("artifact")(s))  # type: ignore[operator]
+        assert _keys(store.latest(NAMESPACE, "artifact", limit=10)) == _keys(newest)
