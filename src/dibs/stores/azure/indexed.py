@@ -178,7 +178,7 @@ class IndexedReads:
         )
         if not complete:  # a lower bound either way: the larger of the page's and the lists' own
             for status, shown in (("done", artifacts), ("failed", failures)):
-                counts[status] = max(counts[status], sum(1 for s in shown if s.status == status))
+                counts[status] = min(up_to, max(counts[status], sum(1 for s in shown if s.status == status)))
         for status, count in pages.count_of((entry.state for entry in live), up_to).items():
             if status in ("held", "expired"):
                 counts[status] = count
