@@ -139,10 +139,38 @@ def test_the_page_reads_a_bounded_number_of_records_whatever_the_namespace_size(
     _fill(source, settings, [_waiter("held-1", "r2")], state=None, name=None, key=None)
     assert source.error is None and source.truncated and len(source.rows) == MAX_ROWS
     assert source.rows[0].name == "held-1" and len(source.rows[0].waiters) == 1
-    assert sum(returned) == 1 + (MAX_ROWS + 2)  # the held page, and one page of done (one more to know)
+    # The held page, and the newest done keys: as many as the page lacks, and one more to know.
+    assert sum(returned) == 1 + MAX_ROWS
     returned.clear()
     _fill(source, settings, [], state="failed", name=None, key=None)
     assert source.rows == [] and sum(returned) == 0
+
+
+def test_the_page_shows_the_newest_done_keys_and_under_a_name_filter_the_first_by_name(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its rows, the page shows the keys that finished last, not the first by name; a name
+    filter searches in key order."""
+    from dibs_provider.plugins import _keys
+
+    monkeypatch.setattr(_keys, "MAX_ROWS", 3)
+    url = f"sqlite:///{tmp_path / 'newest.db'}"
+    client = dibs.Reservations(url)
+    for i in range(8):  # day-0 finished first, day-7 last
+        client.run(f"day-{i}", lambda: 1)
+    client.get_or_reserve("day-2", owner="etl/r1/t/-1", refresh=True)  # done before, computed again
+    client.close()
+    settings = settings_from_connection(
+        Connection(conn_id="dibs_default", conn_type="dibs", extra=json.dumps({"store_url": url}))
+    )
+    source = Source(["dibs_default"], settings.display_url, settings.namespace)
+    _fill(source, settings, [], state="done", name=None, key=None)
+    assert source.truncated and [r.name for r in source.rows] == ["day-4", "day-5", "day-6"]
+    _fill(source, settings, [], state=None, name=None, key=None)
+    assert source.truncated and [r.name for r in source.rows] == ["day-2", "day-5", "day-6"]
+    assert source.rows[0].status == "held"
+    _fill(source, settings, [], state="done", name="day-", key=None)
+    assert source.truncated and [r.name for r in source.rows] == ["day-0", "day-1", "day-3"]
 
 
 def test_the_task_link_opens_the_page_at_its_key() -> None:

@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import Store, hide_secrets, url_secrets
+from dibs.stores.pages import Kind
 from dibs_provider.hooks.dibs import (
     CONN_TYPE,
     DEFAULT_CONN_ID,
@@ -323,14 +324,32 @@ def _fill(
     source.rows = rows[:MAX_ROWS]
 
 
+#: The statuses the page fills, without a name filter, with the newest records of the kind
+#: :meth:`Store.latest <dibs.stores.base.Store.latest>` reads, not with the first in key order. Not
+#: ``failed``: a failure stays beside the artifact a later attempt stores, so the newest failures may
+#: all be of done keys, and reading past them would read the namespace's history.
+NEWEST: dict[str, Kind] = {"done": "artifact"}
+
+
 def _page_in(
     store: Store, namespace: str, found: dict[str, KeyRow], *, state: str | None, name: str | None
 ) -> None:
-    """Add to ``found`` the keys of each status in the page's order (only ``state`` when given), a page
-    at a time, until one more than :data:`MAX_ROWS` match the filters (the page then says there are
-    more)."""
+    """Add to ``found`` the keys of each status in the page's order (only ``state`` when given) until
+    one more than :data:`MAX_ROWS` match the filters (the page then says there are more).
+
+    Done keys, a namespace's history, come newest first (:meth:`Store.latest
+    <dibs.stores.base.Store.latest>`): what a person looks for among a year of finished keys is what
+    finished lately, and it is a read every store with an index answers without a scan (Azure's key
+    order is the listing of every record blob). The other statuses come a page at a time in key
+    order (:meth:`Store.list_page <dibs.stores.base.Store.list_page>`), as do done keys under a name
+    filter, which is a search: the name is matched as the pages come."""
     matching = sum(1 for row in found.values() if _matches(row, state, name, None))
     for status in [state] if state else STATES:
+        if matching > MAX_ROWS:
+            return
+        if status in NEWEST and name is None:
+            matching += _newest_in(store, namespace, found, status, wanted=MAX_ROWS + 1 - matching)
+            continue
         after: str | None = None
         while matching <= MAX_ROWS:
             page = store.list_page(namespace, state=status, after=after, limit=MAX_ROWS + 1)
@@ -342,3 +361,20 @@ def _page_in(
             if page.after is None:
                 break
             after = page.after
+
+
+def _newest_in(store: Store, namespace: str, found: dict[str, KeyRow], status: str, *, wanted: int) -> int:
+    """Add to ``found`` the ``wanted`` keys of ``status`` whose artifact is newest; returns
+    how many were added. A record with an artifact may be held (computed again), so a read that comes
+    back full with too few is asked again for twice as many: bounded by the held keys, as every other
+    record with an artifact is done."""
+    limit, added = wanted, 0
+    while True:
+        newest = store.latest(namespace, NEWEST[status], limit=limit)
+        for record in newest:
+            if record.status == status and record.key.name not in found:
+                found[record.key.name] = KeyRow.of(record, ())
+                added += 1
+        if added >= wanted or len(newest) < limit:
+            return added
+        limit *= 2
