@@ -55,6 +55,7 @@ from dibs.keys import Key
 from dibs.records import Granted, KeyState, checksum
 from dibs.stores import AcquireRequest, NewArtifact, Store, codec, open_store, pages, transitions
 from dibs.stores.filesystem import FileStore
+from dibs.stores.name_index import Layout
 from dibs.stores.sql import SQLStore
 
 NAMESPACE = "history"
@@ -110,8 +111,10 @@ def _sql_grower(store: SQLStore) -> Grow:
 
 
 def _file_grower(store: FileStore) -> Grow:
-    """Copies of the template's record and payload files, written as the store lays them out (without
-    the store's fsyncs, which would make growing 10^5 keys take many minutes)."""
+    """Copies of the template's record and payload files, and the index file of each artifact, written
+    as the store lays them out (without the store's fsyncs, which would make growing 10^5 keys take
+    many minutes); a second apart, as the SQL growers make them."""
+    layout = Layout("")
 
     def grow(namespace: str, start: int, stop: int) -> None:
         template = _template(store, namespace)
@@ -119,12 +122,16 @@ def _file_grower(store: FileStore) -> Grow:
         payload = store.artifact_path(template.key, template.artifact.fence).read_bytes()
         for i in range(start, stop):
             key = Key(namespace, _name(i))
+            artifact = dataclasses.replace(template.artifact, created_at=template.artifact.created_at - i)
             record = store.record_path(key)
             record.parent.mkdir(parents=True, exist_ok=True)
             body = store.artifact_path(key, template.artifact.fence)
             body.parent.mkdir(parents=True, exist_ok=True)
             body.write_bytes(payload)
-            record.write_bytes(codec.encode(dataclasses.replace(template, key=key)))
+            made = store.root / layout.made("artifact", key, artifact.created_at)
+            made.parent.mkdir(parents=True, exist_ok=True)
+            made.touch()
+            record.write_bytes(codec.encode(dataclasses.replace(template, key=key, artifact=artifact)))
 
     return grow
 

@@ -398,8 +398,12 @@ def _fuzzed_keys(cases: Cases) -> None:
 #: leaves that ``.<name>.<random>.tmp`` behind, as the file store documents: named from the digest
 #: like every other file, so no path traversal.
 _FILE_NAME = r"(dibs-store\.json|[0-9a-f]{64}(\.json|\.lock|-\d+\.bin))"
+#: The index's folders and files (dibs.stores.file_index): digests of namespaces and keys, times.
+_INDEX_NAMES = (
+    r"index|live|made|a|f|ready|\.ready\.[0-9a-f]{16}\.tmp|[0-9a-f]{32}|[0-9a-f]{64}|\d{17}-[0-9a-f]{64}"
+)
 _STORE_NAMES = re.compile(
-    rf"(records|artifacts|locks|[0-9a-f]{{2}}|{_FILE_NAME}|\.{_FILE_NAME}\.[0-9a-f]{{16}}\.tmp)"
+    rf"(records|artifacts|locks|[0-9a-f]{{2}}|{_FILE_NAME}|\.{_FILE_NAME}\.[0-9a-f]{{16}}\.tmp|{_INDEX_NAMES})"
 )
 
 

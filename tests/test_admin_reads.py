@@ -226,11 +226,12 @@ def test_prune_and_reap_remove_by_batches_keeping_every_fence(
 def test_a_store_that_scans_answers_top_from_one_listing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``top`` on a store without indexes (files) reads the namespace once per refresh, not once per
-    part of the screen, and shows what the five separate reads show."""
-    from dibs.stores.filesystem import FileStore
+    """``top`` on a store without indexes (memory; files before their index is built) reads the
+    namespace once per refresh, not once per part of the screen, and shows what the five separate
+    reads show."""
+    from dibs.stores.memory import MemoryStore
 
-    store = FileStore(str(tmp_path / "files"))
+    store = MemoryStore()
     assert store.scans and not SQLStore(f"sqlite:///{tmp_path / 'any.db'}").scans
     client = dibs.Reservations(store, namespace=NAMESPACE, ttl=600)
     for i in range(12):
@@ -246,13 +247,13 @@ def test_a_store_that_scans_answers_top_from_one_listing(
         "failures": store.latest(NAMESPACE, "failure", limit=RECENT),
     }
     listings: list[str | None] = []
-    listed = FileStore.list
+    listed = MemoryStore.list
 
-    def counting(self: FileStore, namespace: str | None = None) -> Any:
+    def counting(self: MemoryStore, namespace: str | None = None) -> Any:
         listings.append(namespace)
         return listed(self, namespace)
 
-    monkeypatch.setattr(FileStore, "list", counting)
+    monkeypatch.setattr(MemoryStore, "list", counting)
     doc = snapshot(client)
     assert listings == [NAMESPACE]
     assert doc["counts"] == separately["counts"] == {"held": 1, "expired": 0, "done": 12, "failed": 1}

@@ -7,6 +7,9 @@ the key itself, so no key can traverse a directory)::
     <root>/records/ab/<digest>.json              one record per key (:mod:`dibs.stores.codec`)
     <root>/artifacts/ab/<digest>-<fence>.bin     the payload of the artifact written under <fence>
     <root>/locks/ab/<digest>.lock                empty; flocked while the key's record is replaced
+    <root>/index/...                             empty files whose names say which keys hold a lease
+                                                 and which artifacts and failures are newest
+                                                 (:mod:`dibs.stores.file_index`)
 
 How a change is made atomic (see :meth:`FileStore._swap`):
 
@@ -41,11 +44,13 @@ Limits (the contract's Time section assumes a store with its own clock; a direct
 * A write waits (briefly sleeping) for another process's critical section, at most ``lock_timeout``
   seconds; this is the one wait inside this store, the equivalent of a database's row lock.
 * A crash can leave hidden ``.*.tmp`` files or a payload file no record references; they are harmless
-  (never read) and can be removed while the store is idle.
+  (never read) and can be removed while the store is idle. It can also leave an index file no record
+  needs: reads pass it by, ``reap`` removes it.
 * Only regular files are ever opened, without blocking and without following a symbolic link, and at
   most 1 MiB of a record (a payload: its recorded size) is read: a FIFO, a directory or a huge sparse
   file put where a record, lock or payload belongs is reported (``CorruptRecord``; skipped by ``list``
-  and ``reap``) instead of hanging a caller or filling its memory.
+  and ``reap``) instead of hanging a caller or filling its memory. Under ``index/`` a FIFO, a link or a
+  file where a folder belongs fails the write that needs that name (``StoreUnavailable``, naming it).
 """
 
 from __future__ import annotations
@@ -53,7 +58,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -63,7 +67,7 @@ import stat
 import sys
 import time
 import urllib.parse
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from dibs.backoff import Backoff, Retrying
@@ -71,9 +75,11 @@ from dibs.config import validate_seconds
 from dibs.errors import ConfigurationError, CorruptRecord, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import KeyState
-from dibs.stores import codec, decoder, redact_url, url_userinfo
-from dibs.stores.base import Listing, RecordStore, Skipped, skip
+from dibs.stores import codec, decoder, pages, redact_url, url_userinfo
+from dibs.stores.base import Listing, Progress, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed, check_watch_interval
+from dibs.stores.file_index import FileIndex
+from dibs.stores.regular_files import MARKER_BYTES, SAFE_OPEN, NotRegular, fsync_dir, kind_of, read_regular
 from dibs.stores.transitions import empty
 
 #: The pauses between two tries at a contended record lock: 1 ms, doubling, at most 50 ms apart.
@@ -142,6 +148,7 @@ class FileStore(RecordStore):
         self._watch_interval = check_watch_interval(
             validate_seconds("watch_interval", watch_interval) or WATCH_INTERVAL
         )
+        self._index = FileIndex(self._root)
         self._create_layout()
 
     # -- URLs -------------------------------------------------------------------------------------
@@ -242,8 +249,10 @@ class FileStore(RecordStore):
         """Write ``new`` if the record still holds the bytes :meth:`_load` saw.
 
         The slow part (writing and fsyncing the temporary files) happens before the lock; under it are
-        only a small read and one or two renames. The payload is renamed in before the record, so a
-        record never references a payload that is not there.
+        only a small read, the index files the new record needs, and one or two renames. The payload
+        and the index files come before the record, so a record never references a payload that is
+        not there and is never missing from the index; index files it no longer needs are removed
+        after it, still under the lock (:mod:`dibs.stores.file_index`).
         """
         assert isinstance(version, _Version)
         record = self.record_path(key)
@@ -262,17 +271,20 @@ class FileStore(RecordStore):
             with self._locked(key):
                 if _read_record(record, key) != version.raw:
                     return False
+                index = self._index.plan(old, new)
+                with _translating("index", record):
+                    self._index.add(index.before)
                 with _translating("publish", record):
                     if payload_target is not None:
                         os.replace(staged[0], payload_target)
-                        _fsync_dir(payload_target.parent)
+                        fsync_dir(payload_target.parent)
                     os.replace(staged[-1], record)
+                    fsync_dir(record.parent)  # on disk before an index file it needed goes
                 staged.clear()
+                self._index.remove(index.after)  # still under the lock: the next holder's come after
         finally:
             for leftover in staged:
                 leftover.unlink(missing_ok=True)
-        with _translating("publish", record):
-            _fsync_dir(record.parent)
         if drop:
             assert version.artifact_fence is not None
             self._drop_payload(key, version.artifact_fence)
@@ -311,6 +323,143 @@ class FileStore(RecordStore):
                 states.append(state)
         return Listing(states, skipped)
 
+    # -- The reads a person makes, through the index (dibs.stores.file_index) ----------------------
+
+    def _through_index(self, namespace: str | None) -> bool:
+        """Whether a read of ``namespace`` goes through the index: one namespace (the index is kept
+        per namespace), and the index complete. Otherwise the read scans, as the defaults do."""
+        if namespace is None:
+            return False
+        with _translating("read", self._index.ready_path):
+            return self._index.is_ready()
+
+    def _reader(self, skipped: builtins.list[Skipped]) -> Callable[[str], KeyState | None]:
+        """Reads a record by its key's digest; one that cannot be read is skipped into ``skipped``."""
+
+        def read(digest: str) -> KeyState | None:
+            path = self._root / "records" / digest[:2] / f"{digest}.json"
+            try:
+                return self._list_one(path)
+            except CorruptRecord as exc:
+                skip(skipped, str(path), exc)
+                return None
+
+        return read
+
+    def _live(self, namespace: str) -> Listing:
+        """The namespace's records that hold a lease, in key order, found through the index."""
+        skipped: builtins.list[Skipped] = []
+        with _translating("list", self._root / "index"):
+            states = self._index.live(namespace, self._reader(skipped))
+        return Listing(states, skipped)
+
+    def _live_query(self, query: pages.Query) -> bool:
+        held = query.state in ("held", "expired") and query.older_than is None
+        return held and self._through_index(query.namespace)
+
+    def page(self, query: pages.Query) -> pages.Page:
+        """As :meth:`Store.page <dibs.stores.base.Store.page>`; a page of held or expired keys of one
+        namespace reads the records the index names (the keys holding a lease), not every record."""
+        if self._live_query(query):
+            assert query.namespace is not None
+            return pages.page_of(self._live(query.namespace), query)
+        return super().page(query)
+
+    def _pages(self, query: pages.Query, first: int | None = None) -> Iterator[pages.Page]:
+        if self._live_query(query):
+            assert query.namespace is not None
+            return pages.pages_of(self._live(query.namespace), query)
+        return super()._pages(query, first)
+
+    def leases(self, namespace: str | None, *, expired: bool, limit: int) -> builtins.list[KeyState]:
+        """As :meth:`Store.leases <dibs.stores.base.Store.leases>`, through the index when it can."""
+        pages.check_limit(limit)
+        if self._through_index(namespace):
+            assert namespace is not None
+            return pages.leases_of(self._live(namespace), expired=expired, limit=limit)
+        return super().leases(namespace, expired=expired, limit=limit)
+
+    def latest(self, namespace: str | None, kind: pages.Kind, *, limit: int) -> builtins.list[KeyState]:
+        """As :meth:`Store.latest <dibs.stores.base.Store.latest>`, through the index when it can: the
+        newest ``made`` names first, a record read for each shown."""
+        pages.check_limit(limit)
+        pages.made_at(kind)  # refuses a bad kind before anything is read
+        if self._through_index(namespace):
+            assert namespace is not None
+            with _translating("list", self._root / "index"):
+                return self._index.latest(namespace, kind, limit, self._reader([]))
+        return super().latest(namespace, kind, limit=limit)
+
+    def overview(
+        self, namespace: str | None, *, leases: int, recent: int, up_to: int = pages.COUNT_CAP
+    ) -> pages.Overview:
+        """As :meth:`Store.overview <dibs.stores.base.Store.overview>` (``dibs top``), through the index
+        when it can (:meth:`FileIndex.overview <dibs.stores.file_index.FileIndex.overview>`): it reads
+        the records it shows and the index's names, not every record of the store."""
+        for limit in (leases, recent, up_to):
+            pages.check_limit(limit)
+        if self._through_index(namespace):
+            assert namespace is not None
+            with _translating("list", self._root / "index"):
+                return self._index.overview(
+                    namespace, self._reader([]), leases=leases, recent=recent, up_to=up_to
+                )
+        return super().overview(namespace, leases=leases, recent=recent, up_to=up_to)
+
+    def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
+        """As :meth:`Store.reap <dibs.stores.base.Store.reap>`; then the index. A store without one (an
+        older dibs created it) is indexed whole (:meth:`rebuild_index`). Otherwise the records of
+        ``namespace`` get the index files they lack (written by a process of an older dibs during an
+        upgrade), and the files no record needs (a killed process's) are removed, each under its key's
+        lock once its record, read again, does not need it. The index's part never fails the reap
+        (its changes have landed): it is logged."""
+        reaped = super().reap(namespace, progress=progress)
+        try:
+            if not self._index.is_ready():
+                self.rebuild_index()
+                return reaped
+            with _translating("index", self._root / "index"):
+                added = self._index.ensure(self.list(namespace))
+            swept = self._sweep(namespace)
+            if added or swept:
+                log.info("index of %s: %d files added, %d left over removed", self._root, added, swept)
+        except (OSError, ConfigurationError, StoreUnavailable, CorruptRecord) as exc:
+            log.warning("reap could not bring the index of %s up to date: %s", self._root, exc)
+        return reaped
+
+    def _sweep(self, namespace: str | None) -> int:
+        """Remove the index files no record needs (see :meth:`reap`); returns how many."""
+        swept = 0
+        read = self._reader([])
+        with _translating("list", self._root / "index"):
+            leftovers = builtins.list(self._index.leftovers(namespace, read))
+        for path, digest in leftovers:
+            lock = self._root / "locks" / digest[:2] / f"{digest}.lock"
+            try:
+                with self._locked_at(lock, None):
+                    if not self._index.needed(path, read(digest)):
+                        path.unlink(missing_ok=True)
+                        swept += 1
+            except (OSError, ConfigurationError, StoreUnavailable, CorruptRecord) as exc:
+                log.warning("could not remove the left-over index file %s: %s", path, exc)
+        return swept
+
+    def rebuild_index(self) -> int:
+        """Index every record (index files already there are kept), then mark the index complete;
+        returns how many index files were created. For a store written before the index, or by
+        processes of an older dibs (upgrade them first): ``reap`` does it when the index is missing.
+        Run it as the user the store's processes run as (or with their group and umask), as the
+        files it creates must be theirs to remove."""
+        records = (state for path in self._record_files() if (state := self._list_quietly(path)) is not None)
+        with _translating("index", self._root / "index"):
+            return self._index.rebuild(records, self._stage)
+
+    def _list_quietly(self, path: Path) -> KeyState | None:
+        try:
+            return self._list_one(path)
+        except CorruptRecord:
+            return None  # reported by the reads that list; nothing to index
+
     def change_feed(self) -> ChangeFeed:
         """One poller per process that ``stat``\\s every watched record file: no lock, no file kept open."""
         return _StatFeed(self, self._watch_interval)
@@ -322,7 +471,8 @@ class FileStore(RecordStore):
     # -- Files ------------------------------------------------------------------------------------
 
     def _create_layout(self) -> None:
-        """Create the root (its parent must exist), the top directories and the marker, race-free.
+        """Create the root (its parent must exist), the top directories and the marker, race-free; the
+        process that creates ``records/`` marks the index complete (there is no record to index).
 
         Only the root itself is created, never its parents: a mistyped mount point must fail here
         instead of silently becoming a directory private to this machine.
@@ -340,10 +490,16 @@ class FileStore(RecordStore):
                     f"the file store path {root} exists and is not a directory; point the URL at a directory",
                     path=str(root),
                 )
+            fresh = False
             for directory in (root, root / "records", root / "artifacts", root / "locks"):
-                with contextlib.suppress(FileExistsError):
+                try:
                     directory.mkdir()
+                except FileExistsError:
+                    continue
+                fresh = fresh or directory.name == "records"
             self._write_marker(root / MARKER)
+            if fresh:  # no record yet: every one will be written with its index files
+                self._index.mark_ready(self._stage)
 
     def _write_marker(self, marker: Path) -> None:
         """Write the marker with ``link`` so that of several racing creators one wins, whole, and the
@@ -358,8 +514,8 @@ class FileStore(RecordStore):
                 temp.unlink()
         try:
             with _translating("read", marker, config=True):
-                found = json.loads(_read_regular(marker, MARKER_BYTES) or b"").get("format")
-        except (ValueError, AttributeError, RecursionError, _NotRegular):
+                found = json.loads(read_regular(marker, MARKER_BYTES) or b"").get("format")
+        except (ValueError, AttributeError, RecursionError, NotRegular):
             found = None
         if found != LAYOUT_FORMAT:
             raise ConfigurationError(
@@ -389,20 +545,24 @@ class FileStore(RecordStore):
             os.close(fd)
         return temp
 
+    def _locked(self, key: Key) -> contextlib.AbstractContextManager[None]:
+        """Hold the key's exclusive flock."""
+        return self._locked_at(self.lock_path(key), key)
+
     @contextlib.contextmanager
-    def _locked(self, key: Key) -> Iterator[None]:
-        """Hold the key's exclusive flock. ``LOCK_UN`` before closing, so that a descriptor inherited
-        by a forked child cannot keep the lock alive."""
-        path = self.lock_path(key)
+    def _locked_at(self, path: Path, key: Key | None) -> Iterator[None]:
+        """Hold the exclusive flock of the lock file ``path`` (of ``key``, when known: for errors).
+        ``LOCK_UN`` before closing, so that a descriptor inherited by a forked child cannot keep the
+        lock alive."""
         with _translating("lock", path):
             with contextlib.suppress(FileExistsError):
                 path.parent.mkdir()
             # O_RDONLY is enough for flock, so read-only access to an existing lock file suffices.
             # O_NONBLOCK: a FIFO planted here must not block the open; it is refused below.
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | _SAFE_OPEN, 0o666)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | SAFE_OPEN, 0o666)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise decoder.corrupt(key, str(path), f"the lock file is {_kind(os.fstat(fd).st_mode)}")
+                raise decoder.corrupt(key, str(path), f"the lock file is {kind_of(os.fstat(fd).st_mode)}")
             self._flock(fd, path)
             try:
                 yield
@@ -493,65 +653,12 @@ def _options(query: str, shown: str) -> dict[str, float]:
     return options
 
 
-#: ``O_NONBLOCK``: opening a FIFO planted where a file belongs returns at once instead of waiting for
-#: a writer (it is then refused as not a regular file); ``O_NOFOLLOW``: a symbolic link is refused.
-_SAFE_OPEN = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-#: The marker is a few dozen bytes; more is not ours.
-MARKER_BYTES = 4096
-
-
-class _NotRegular(OSError):
-    """Something other than a regular file (directory, FIFO, socket, device) where a file belongs."""
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _read_regular(path: Path, limit: int) -> bytes | None:
-    """At most ``limit + 1`` bytes of the regular file at ``path``, ``None`` if it does not exist.
-
-    Only ever opens a regular file, without blocking and without following a link, so that a FIFO, a
-    device or a directory put where a file belongs can neither hang a reader nor be read; and never
-    reads more than ``limit + 1`` bytes, so a huge (say, sparse) file cannot fill the memory. Raises
-    :class:`_NotRegular` saying what is there instead; the caller decides what that means.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _SAFE_OPEN)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _NotRegular(errno.ELOOP, "a symbolic link") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _NotRegular(errno.EINVAL, _kind(info.st_mode))
-        chunks, size = [], 0
-        while size <= limit and (chunk := os.read(fd, min(limit + 1 - size, 1 << 20))):
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _read_record(path: Path, key: Key | None) -> bytes | None:
     """A record file's bytes (``None``: no record); anything but a small regular file is corrupt."""
     with _translating("read", path):
         try:
-            data = _read_regular(path, decoder.MAX_RECORD_BYTES)
-        except _NotRegular as exc:
+            data = read_regular(path, decoder.MAX_RECORD_BYTES)
+        except NotRegular as exc:
             raise decoder.corrupt(key, str(path), f"it is {exc.strerror}, not a file") from None
     if data is not None and len(data) > decoder.MAX_RECORD_BYTES:
         raise decoder.corrupt(key, str(path), f"it is more than {decoder.MAX_RECORD_BYTES} bytes")
@@ -564,23 +671,10 @@ def _read_payload(path: Path, size: int) -> bytes | None:
     ``dibs forget`` can still repair the key."""
     with _translating("read", path):
         try:
-            return _read_regular(path, size)
-        except _NotRegular as exc:
+            return read_regular(path, size)
+        except NotRegular as exc:
             log.warning("the payload of an artifact, %s, is %s; it cannot be read", path, exc.strerror)
             return b""
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable. Some file systems cannot fsync a directory; they are
-    then as durable as they can be, and atomicity (the rename) does not depend on it."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
