@@ -50,7 +50,7 @@ from pathlib import Path
 
 from dibs.records import KeyState
 from dibs.stores import name_index, pages
-from dibs.stores.name_index import Layout, Made, is_digest, micros
+from dibs.stores.name_index import MADE_NAME, Layout, is_digest, micros
 from dibs.stores.regular_files import MARKER_BYTES, NotRegular, create_empty, fsync_dir, kind_of, read_regular
 
 __all__ = ["FORMAT", "FileIndex", "IndexWrite"]
@@ -234,24 +234,34 @@ class FileIndex:
         found.sort(key=lambda state: state.key)
         return found
 
-    def made(self, kind: pages.Kind, namespace: str) -> list[Made]:
-        """The namespace's ``made`` files of ``kind``, newest first (name order)."""
-        folder = self._path(self.layout.made_prefix(kind, namespace))
-        parsed = (self.layout.parse_made(name) for name in self._names(folder))
-        return sorted((made for made in parsed if made is not None), key=lambda made: made.name)
+    def made(self, kind: pages.Kind, namespace: str) -> list[str]:
+        """The names of the namespace's ``made`` files of ``kind``, newest first (name order; parsed
+        only when read: a namespace's history is many names)."""
+        return sorted(self._names(self._path(self.layout.made_prefix(kind, namespace))))
 
-    def latest(self, namespace: str, kind: pages.Kind, limit: int, read: ReadDigest) -> list[KeyState]:
+    def latest(
+        self,
+        namespace: str,
+        kind: pages.Kind,
+        limit: int,
+        read: ReadDigest,
+        names: list[str] | None = None,
+    ) -> list[KeyState]:
         """The ``limit`` newest artifacts (or failures) of the namespace, newest first, ties in key
-        order (as :func:`~dibs.stores.pages.latest_of` has them): the ``made`` files newest first, each
-        record read and kept only when it still holds what its name says (a file left over is passed
-        by). A name holds whole microseconds, so every file of the last microsecond kept is read
-        before the exact times and keys decide."""
+        order (as :func:`~dibs.stores.pages.latest_of` has them): the ``made`` files newest first
+        (``names``: as :meth:`made` listed them, when the caller has), each record read and kept only
+        when it still holds what its name says (a file left over is passed by). A name holds whole
+        microseconds, so every file of the last microsecond kept is read before the exact times and
+        keys decide."""
         pages.check_limit(limit)
         made_at = pages.made_at(kind)
         found: list[KeyState] = []
         shown: set[str] = set()
         last: int | None = None
-        for made in self.made(kind, namespace):
+        for name in self.made(kind, namespace) if names is None else names:
+            made = self.layout.parse_made(name)
+            if made is None:
+                continue
             if last is not None and made.at < last:
                 break
             if made.digest in shown:
@@ -277,8 +287,9 @@ class FileIndex:
         A file left over by a killed process counts until ``reap`` removes it."""
         live = self.live(namespace, read)
         counts = pages.count_of(live, up_to)
-        with_artifact = {made.digest for made in self.made("artifact", namespace)}
-        with_failure = {made.digest for made in self.made("failure", namespace)}
+        artifacts, failures = self.made("artifact", namespace), self.made("failure", namespace)
+        with_artifact = _digests(artifacts)
+        with_failure = _digests(failures)
         held = {state.key.digest for state in live if state.status == "held"}
         leased = {state.key.digest for state in live}
         counts["done"] = min(up_to, len(with_artifact - held))
@@ -287,8 +298,8 @@ class FileIndex:
             counts=counts,
             held=pages.leases_of(live, expired=False, limit=leases),
             expired=pages.leases_of(live, expired=True, limit=leases),
-            artifacts=self.latest(namespace, "artifact", recent, read),
-            failures=self.latest(namespace, "failure", recent, read),
+            artifacts=self.latest(namespace, "artifact", recent, read, artifacts),
+            failures=self.latest(namespace, "failure", recent, read, failures),
         )
 
     # -- what is left over ---------------------------------------------------------------------------
@@ -316,6 +327,11 @@ class FileIndex:
         if self.layout.parse_live(relative) is not None:
             return state.lease is not None
         return relative in name_index.made_names(self.layout, state)
+
+
+def _digests(names: list[str]) -> set[str]:
+    """The key digests ``made`` names hold (other names left out)."""
+    return {name[18:] for name in names if MADE_NAME.fullmatch(name)}
 
 
 def _below(root: Path, folder: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 
 from dibs.keys import Key
@@ -25,6 +26,7 @@ from dibs.stores import pages
 
 __all__ = [
     "KINDS",
+    "MADE_NAME",
     "VERSION",
     "Changes",
     "Layout",
@@ -41,6 +43,9 @@ VERSION = "1"
 #: The index's two time orders, by what :func:`dibs.stores.pages.made_at` reads.
 KINDS: tuple[pages.Kind, ...] = ("artifact", "failure")
 _KIND_LETTER = {"artifact": "a", "failure": "f"}
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+#: The last part of a ``made`` name: the inverted time and the key's digest.
+MADE_NAME = re.compile(r"\d{17}-[0-9a-f]{64}")
 #: Times up to 10**11 s (the year 5138) fit the inverted time's 17 digits.
 _INVERT = 10**17
 
@@ -102,7 +107,7 @@ class Layout:
 
 def is_digest(text: str) -> bool:
     """Whether ``text`` is a key digest as index names hold it (64 lowercase hex digits)."""
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+    return _DIGEST.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
