@@ -1008,6 +1008,9 @@ def write(results: dict[str, Any], out: Path, log: Callable[[str], None]) -> Non
 LATER = Path("issue30")
 #: The namespace-history benchmark's results (``python -m benchmarks.history``), not part of a full run.
 HISTORY = LATER / "history.json"
+#: Later runs of it for one store (``--stores file --name history-files``), whose rows replace that
+#: store's in :data:`HISTORY`'s table: the file store since its index.
+HISTORY_LATER = {"file": LATER / "history-files.json"}
 
 
 def _later_run(out: Path, name: str) -> dict[str, Any] | None:
@@ -1037,6 +1040,11 @@ def _history_section(path: Path) -> list[str]:
     if not path.is_file():
         return []
     rows: list[dict[str, Any]] = json.loads(path.read_text())
+    later = {store: p for store, p in HISTORY_LATER.items() if (path.parent.parent / p).is_file()}
+    for store, later_path in later.items():  # in place of the store's rows (at the end if none)
+        at = next((i for i, row in enumerate(rows) if row["store"] == store), len(rows))
+        kept = [row for row in rows if row["store"] != store]
+        rows = kept[:at] + json.loads((path.parent.parent / later_path).read_text()) + kept[at:]
 
     def mark(row: dict[str, Any], field: str) -> str:
         value, goal = row[field], _HISTORY_GOALS[field]
@@ -1054,8 +1062,13 @@ def _history_section(path: Path) -> list[str]:
         "[issue30/history.md](issue30/history.md) has every column and how it was run). One namespace of "
         "each store grown to each size in finished keys. Goals (issue 30): `dibs top --once` and the "
         "Airflow Reservations page's read ≤ 1 s at any size, a new key's reserve + complete ≤ 1.3x its "
-        "cost on an empty namespace, `prune` ≥ 20,000 keys/s on PostgreSQL and Redis. The memory and "
-        "file stores scan (one listing per read).",
+        "cost on an empty namespace, `prune` ≥ 20,000 keys/s on PostgreSQL and Redis. The memory store "
+        "scans (one listing per read); the file store finds `top`'s and the page's records through its "
+        "index."
+        + "".join(
+            f" The {_SHORT.get(store, store)} rows: a later run of that store alone, [{md}]({md})."
+            for store, md in ((store, p.with_suffix(".md")) for store, p in later.items())
+        ),
         "",
     ]
     lines += _table(
