@@ -20,13 +20,12 @@ import fnmatch
 import json
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import quote, urlsplit
 
 from dibs.keys import Key
 from dibs.records import KeyState
 from dibs.stores import Store, hide_secrets, url_secrets
-from dibs.stores.pages import Kind
 from dibs_provider.hooks.dibs import (
     CONN_TYPE,
     DEFAULT_CONN_ID,
@@ -328,7 +327,7 @@ def _fill(
 #: :meth:`Store.latest <dibs.stores.base.Store.latest>` reads, not with the first in key order. Not
 #: ``failed``: a failure stays beside the artifact a later attempt stores, so the newest failures may
 #: all be of done keys, and reading past them would read the namespace's history.
-NEWEST: dict[str, Kind] = {"done": "artifact"}
+NEWEST: dict[str, Literal["artifact", "failure"]] = {"done": "artifact"}
 
 
 def _page_in(
