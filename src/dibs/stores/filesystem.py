@@ -201,13 +201,20 @@ class FileStore(RecordStore):
     # -- Where things are (public so that operators and tests can look) -----------------------------
 
     def record_path(self, key: Key) -> Path:
-        return self._root / "records" / key.digest[:2] / f"{key.digest}.json"
+        return self._record_file(key.digest)
+
+    def _record_file(self, digest: str) -> Path:
+        """The record file of the key whose digest is ``digest`` (the index names keys by digest)."""
+        return self._root / "records" / digest[:2] / f"{digest}.json"
 
     def artifact_path(self, key: Key, fence: int) -> Path:
         return self._root / "artifacts" / key.digest[:2] / f"{key.digest}-{fence}.bin"
 
     def lock_path(self, key: Key) -> Path:
-        return self._root / "locks" / key.digest[:2] / f"{key.digest}.lock"
+        return self._lock_file(key.digest)
+
+    def _lock_file(self, digest: str) -> Path:
+        return self._root / "locks" / digest[:2] / f"{digest}.lock"
 
     # -- The compare-and-swap ---------------------------------------------------------------------
 
@@ -337,7 +344,7 @@ class FileStore(RecordStore):
         """Reads a record by its key's digest; one that cannot be read is skipped into ``skipped``."""
 
         def read(digest: str) -> KeyState | None:
-            path = self._root / "records" / digest[:2] / f"{digest}.json"
+            path = self._record_file(digest)
             try:
                 return self._list_one(path)
             except CorruptRecord as exc:
@@ -434,9 +441,8 @@ class FileStore(RecordStore):
         with _translating("list", self._root / "index"):
             leftovers = builtins.list(self._index.leftovers(namespace, read))
         for path, digest in leftovers:
-            lock = self._root / "locks" / digest[:2] / f"{digest}.lock"
             try:
-                with self._locked_at(lock, None):
+                with self._locked_at(self._lock_file(digest), None):
                     if not self._index.needed(path, read(digest)):
                         path.unlink(missing_ok=True)
                         swept += 1
