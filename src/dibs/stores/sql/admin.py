@@ -192,7 +192,8 @@ class AdminReads:
         return self._prepared(("leases", namespace, expired), build)
 
     def latest(self, *, namespace: bool, kind: str) -> Prepared:
-        """The newest artifacts (``kind="artifact"``) or failures, newest first."""
+        """The newest artifacts (``kind="artifact"``) or failures, newest first: their index
+        (``namespace, created_at`` or ``namespace, failure_at``) walked backwards from the newest."""
 
         def build() -> sa.Select[Any]:
             c = self.t.c
@@ -200,9 +201,25 @@ class AdminReads:
                 present, made = c.serializer.is_not(None), c.created_at
             else:
                 present, made = c.failure_at.is_not(None), c.failure_at
+            if namespace and self.dialect.name == "postgresql":
+                return self._newest_first(present, made)
             return self._limited(self._select(*self._in(namespace), present).order_by(made.desc()))
 
         return self._prepared(("latest", namespace, kind), build)
+
+    def _newest_first(self, present: ColumnElement[bool], made: ColumnElement[Any]) -> sa.Select[Any]:
+        """PostgreSQL's newest rows of one namespace, as a range of their index and a limit the planner
+        cannot see (as :meth:`_walk`). On a table never analysed it guessed 89 finished rows in the
+        namespace from an equality, gathered every one of them through a bitmap and sorted them: 58 ms
+        at 100,000 keys for 16 rows, growing with the history. The range (the row value up to this
+        namespace's end, the namespace from this one on) is guessed a large part of the table, so the
+        walk that stops at the limit is the plan taken whatever the statistics. The namespace is
+        compared without ``COLLATE``, as the index holds it; the two bounds are equality in it."""
+        c = self.t.c
+        end = sa.tuple_(sa.bindparam("p_namespace"), sa.literal_column("'Infinity'", sa.Double))
+        where = [sa.tuple_(c.namespace, made) <= end, c.namespace >= sa.bindparam("p_namespace"), present]
+        limit = sa.select(sa.bindparam("p_limit", type_=sa.Integer)).scalar_subquery()
+        return self._select(*where).order_by(c.namespace.desc(), made.desc()).limit(limit)
 
     def counts(self, *, namespace: bool) -> Prepared:
         """How many rows are in each of :data:`~dibs.stores.pages.COUNTED`, each counted up to
