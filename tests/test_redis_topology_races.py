@@ -119,13 +119,15 @@ def test_a_sentinel_failover_during_grants_never_repeats_a_token(tmp_path: Path)
     with SentinelSet.start(tmp_path / "servers") as group:
         url = group.url(unique_prefix(), min_replicas=1, replica_timeout=0.5)
         with _racers(workers.grant_through_failover, url, keys, folder, processes):
-            # Fail over once the workers are well into the keys, while they are still taking them.
+            # Fail over once the workers are well into the keys (each stops at its first third until
+            # the failover starts), while they are still taking them.
             eventually(
                 lambda: len(workers.read_lines(folder / "grants.jsonl")) >= key_count // 3,
                 "a third of the keys to be granted",
                 PATIENCE,
             )
             failed_over_at = time.time()
+            (folder / workers.FAILING_OVER).touch()  # the workers take the other keys now
             group.failover(natural=full_size())  # full size: the Sentinels' own 8-10 s split brain
             eventually(
                 lambda: all((folder / f"results-{w}.jsonl").exists() for w in range(processes)),

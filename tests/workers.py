@@ -130,16 +130,34 @@ def race_and_stay(url: str, keys: list[str], folder: str, worker: int) -> None:
     client.close()
 
 
+#: The file the failover test writes as it starts the failover (see :func:`grant_through_failover`).
+FAILING_OVER = "failing-over"
+
+
+def _await_file(path: Path, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
 def grant_through_failover(url: str, keys: list[str], folder: str, worker: int) -> None:
     """Take every key (``acquire``: a hit, or the lease, waiting while another holds it), logging each
     lease granted with its token before computing under it, and retrying whatever the store could
-    not answer (a failover: ``StoreUnavailable``), as a caller's own retry policy would."""
+    not answer (a failover: ``StoreUnavailable``), as a caller's own retry policy would.
+
+    Past the first third of the keys, each worker waits for the test's ``failing-over`` file, written
+    as the failover starts: without it, 40 keys were all taken before the test got to fail the master
+    over, and no grant was left to race it."""
     out = Path(folder)
     client = dibs.Reservations(url, namespace="failover", ttl=30)
     _go(out, worker)
     results: dict[str, Any] = {}
     unavailable = 0
-    for key in keys:
+    for index, key in enumerate(keys):
+        if index == len(keys) // 3:
+            _await_file(out / FAILING_OVER)
         while key not in results:
             try:
                 got = client.acquire(key, owner=f"worker-{worker}", timeout=120)
