@@ -469,6 +469,36 @@ class StoreContract:
         finally:
             feed.close()
 
+    def test_the_change_feed_reports_each_of_many_watched_keys(
+        self,
+        open_isolated_store: Callable[[], Store],
+    ) -> None:
+        """More keys watched at once than a feed asks about one by one (the Azure feed lists them then),
+        each ended by another client: completed, or released with a failure. Every one is reported.
+        (A lease taken over needs no report: its waiters look again when the lease they saw expires.)"""
+        store, other = open_isolated_store(), open_isolated_store()
+        feed = other.change_feed()
+        if feed is None:
+            pytest.skip("this store offers no change feed: its waiters poll (Store.change_feed)")
+        keys = [Key("contract.feed", f"k{i:02}") for i in range(24)]
+        leases = {key: _granted(store.acquire(key, AcquireRequest("alice", 60))) for key in keys}
+        watched = {key.digest: key for key in keys}
+        feed.open()
+        try:
+            feed.changes(watched, 0.0)  # a polling feed reports newly watched keys once
+            for key in keys[::2]:
+                _complete(store, leases[key], key.name.encode())
+            for key in keys[1::2]:
+                store.release(key, leases[key].token, "ValueError: no rows")
+            reported: set[str] = set()
+            deadline = time.monotonic() + 30
+            while not set(watched) <= reported and time.monotonic() < deadline:
+                reported.update(feed.changes(watched, 0.5))
+            missed = sorted(watched[digest].name for digest in set(watched) - reported)
+            assert not missed, f"the feed never reported {missed}"
+        finally:
+            feed.close()
+
     def test_read_many_reads_what_read_reads(self, store: Store) -> None:
         keys = [Key("contract.many", f"k{i}") for i in range(5)]
         _complete(store, _granted(store.acquire(keys[0], AcquireRequest("alice", 60))), b"zero")
