@@ -16,6 +16,7 @@ its ``live`` blobs cannot be trusted to exist, and the feed lists ``records/`` a
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Protocol, TypeVar
 
@@ -26,9 +27,11 @@ from dibs.keys import Key
 from dibs.stores.feeds import PollingFeed
 from dibs.stores.name_index import Layout
 
-__all__ = ["Call", "EtagFeed"]
+__all__ = ["INDEX_RECHECK", "Call", "EtagFeed"]
 
 T = TypeVar("T")
+#: Seconds between two looks for ``index/ready`` while it is missing.
+INDEX_RECHECK = 30.0
 
 
 class Call(Protocol):
@@ -68,6 +71,7 @@ class EtagFeed(PollingFeed):
         self._records_prefix = f"{prefix}records/"
         self._layout = layout
         self._indexed = indexed
+        self._index_seen, self._index_recheck_at = False, 0.0
         self._call = call
 
     def tokens(self, keys: Iterable[Key]) -> Mapping[str, Hashable]:
@@ -75,9 +79,17 @@ class EtagFeed(PollingFeed):
         if len(watched) <= self.LIST_ABOVE:
             return self._call("follow the records in", None, lambda: self._heads(watched))
         namespaces = {key.namespace for key in watched}
-        if len(namespaces) < len(watched) and self._indexed():
+        if len(namespaces) < len(watched) and self._index_complete():
             return self._call("follow the index in", None, lambda: self._live(watched, namespaces))
         return self._call("follow the records in", None, lambda: self._records(watched))
+
+    def _index_complete(self) -> bool:
+        """Whether the index is complete: asked of the store at most every :data:`INDEX_RECHECK`
+        seconds until it is (a poll must not cost an extra request on a store an older dibs wrote)."""
+        if not self._index_seen and time.monotonic() >= self._index_recheck_at:
+            self._index_seen = self._indexed()
+            self._index_recheck_at = time.monotonic() + INDEX_RECHECK
+        return self._index_seen
 
     def _heads(self, watched: list[Key]) -> dict[str, Hashable]:
         """Each record's ETag, one ``HEAD`` each."""
