@@ -530,9 +530,10 @@ def test_many_watched_keys_are_followed_through_their_namespaces_live_blobs(
     open_azure: Callable[[], AzureBlobStore], raw: ContainerClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With more keys watched than it asks about one by one, the change feed lists the watched
-    namespaces' ``live`` blobs, never ``records/``: a poll costs the keys being waited on, not the
-    store's history (issue 30). A key's token changes when its lease ends, not at a heartbeat."""
-    store, watcher = open_azure(), open_azure()
+    namespaces' ``live`` blobs, never ``records/``: a look costs the keys being waited on, not the
+    store's history (issue 30). A key's token changes when its lease ends or a new holder takes it,
+    not at a heartbeat; a key with no ``live`` blob is followed by its record."""
+    store, watcher, newcomer = open_azure(), open_azure(), open_azure()
     for i in range(30):  # history: finished keys nobody waits on
         key = Key(NAMESPACE, f"old-{i}")
         store.complete(key, _granted(store.acquire(key, AcquireRequest("w", 60))).token, _payload(b"o"))
@@ -552,14 +553,20 @@ def test_many_watched_keys_are_followed_through_their_namespaces_live_blobs(
     assert set(before) == {key.digest for key in held}
     assert listed == [Layout(store.prefix).live_prefix(NAMESPACE)]
 
-    done, beating = held[0], held[1]
+    done, beating, retaken, legacy = held[:4]
+    # A key an older dibs holds: no live blob (deleted here as if never written). Its record is asked.
+    raw.delete_blob(Layout(store.prefix).live(legacy))
+    legacy_token = dict(feed.tokens(held))[legacy.digest]
     store.complete(done, leases[done].token, _payload(b"d"))
     store.heartbeat(beating, leases[beating].token, 600)
+    # Completed, then taken again at once by another client (a refresh), between two looks.
+    store.complete(retaken, leases[retaken].token, _payload(b"r"))
+    _granted(newcomer.acquire(retaken, AcquireRequest("n", 600, max_age=0)))
+    store.complete(legacy, leases[legacy].token, _payload(b"l"))
     after = dict(feed.tokens(held))
-    assert done.digest not in after  # its lease ended: the live blob is gone
-    assert {digest: after[digest] for digest in before if digest != done.digest} == {
-        digest: token for digest, token in before.items() if digest != done.digest
-    }
+    changed = {digest for digest in before if after.get(digest) != before[digest]}
+    assert changed == {done.digest, retaken.digest, legacy.digest}, "a token changed, or did not, wrongly"
+    assert after[legacy.digest] != legacy_token
     assert all(prefix is not None and "/records/" not in f"/{prefix}" for prefix in listed), listed
 
     # Before the index is complete its live blobs cannot be trusted to exist: the records are listed.
@@ -576,28 +583,48 @@ def test_many_watched_keys_are_followed_through_their_namespaces_live_blobs(
 
 def test_waiters_on_many_keys_are_woken_when_each_holder_finishes(
     open_azure: Callable[[], AzureBlobStore],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Twenty waiters in one process, each on its own key (the feed lists the ``live`` blobs): each
-    is handed the artifact its holder stored. The leases last 600 s, so a waiter that the feed failed
-    to wake would still be waiting when the test gives up."""
+    """Twenty waiters in one process, each on its own key, followed through the ``live`` blobs: each
+    is handed the artifact its holder stored. The leases last 600 s, and the feed must neither fail
+    nor be reopened (a reopened feed reads every key again, which would hand the artifacts over
+    without it)."""
     from dibs.runtime import runtime
 
+    looks: list[int] = []
+    live = EtagFeed._live
+
+    def counted(feed: EtagFeed, watched: list[Key]) -> Any:
+        looks.append(len(watched))
+        return live(feed, watched)
+
+    monkeypatch.setattr(EtagFeed, "_live", counted)
     store, watcher = open_azure(), open_azure()
     keys = [Key(NAMESPACE, f"waited-{i:02}") for i in range(20)]
     leases = {key: _granted(store.acquire(key, AcquireRequest("w", 600))) for key in keys}
     subscriptions = {key: runtime().subscribe(watcher, key) for key in keys}
     try:
-        for key in keys:
-            subscriptions[key].wait(0.01)
-        for key in keys:
-            store.complete(key, leases[key].token, _payload(key.name.encode()))
-        for key, subscription in subscriptions.items():
-            state = None
-            deadline = time.monotonic() + 30
-            while (state is None or state.artifact is None) and time.monotonic() < deadline:
-                state = subscription.wait(1.0) or state
-            assert state is not None and state.artifact is not None, f"the waiter on {key} was never woken"
-            assert state.artifact.verified_payload(key) == key.name.encode()
+        with caplog.at_level("WARNING", logger="dibs.hub"):
+            for key, subscription in subscriptions.items():  # each waiter has seen the key held
+                state, deadline = None, time.monotonic() + 30
+                while (state is None or state.lease is None) and time.monotonic() < deadline:
+                    state = subscription.wait(1.0) or state
+                assert state is not None and state.lease is not None, f"{key} was never offered held"
+            seen = len(looks)
+            for key in keys:
+                store.complete(key, leases[key].token, _payload(key.name.encode()))
+            for key, subscription in subscriptions.items():
+                state = None
+                deadline = time.monotonic() + 30
+                while (state is None or state.artifact is None) and time.monotonic() < deadline:
+                    state = subscription.wait(1.0) or state
+                assert state is not None and state.artifact is not None, (
+                    f"the waiter on {key} was never woken"
+                )
+                assert state.artifact.verified_payload(key) == key.name.encode()
+        assert len(looks) > seen and max(looks) == len(keys), looks
+        assert "lost the change feed" not in caplog.text
     finally:
         for subscription in subscriptions.values():
             subscription.close()

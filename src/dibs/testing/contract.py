@@ -474,8 +474,9 @@ class StoreContract:
         open_isolated_store: Callable[[], Store],
     ) -> None:
         """More keys watched at once than a feed asks about one by one (the Azure feed lists them then),
-        each ended by another client: completed, or released with a failure. Every one is reported.
-        (A lease taken over needs no report: its waiters look again when the lease they saw expires.)"""
+        each ended by another client: completed; released with a failure; or completed and taken
+        again at once (a refresh) before the feed looks. Every one is reported. (A lease taken over
+        once expired needs no report: its waiters look again when the lease they saw expires.)"""
         store, other = open_isolated_store(), open_isolated_store()
         feed = other.change_feed()
         if feed is None:
@@ -486,10 +487,13 @@ class StoreContract:
         feed.open()
         try:
             feed.changes(watched, 0.0)  # a polling feed reports newly watched keys once
-            for key in keys[::2]:
+            for key in keys[::3]:
                 _complete(store, leases[key], key.name.encode())
-            for key in keys[1::2]:
+            for key in keys[1::3]:
                 store.release(key, leases[key].token, "ValueError: no rows")
+            for key in keys[2::3]:
+                _complete(store, leases[key], key.name.encode())
+                _granted(other.acquire(key, AcquireRequest("bob", 60, max_age=0)))
             reported: set[str] = set()
             deadline = time.monotonic() + 30
             while not set(watched) <= reported and time.monotonic() < deadline:
