@@ -38,6 +38,7 @@ from dibs.keys import Key
 from dibs.records import Granted, Held, KeyState, LeaseRecord, Present, checksum
 from dibs.stores import AcquireRequest, NewArtifact, Store, pages
 from dibs.stores.azure import AzureBlobStore, parse_url
+from dibs.stores.azure.feed import EtagFeed
 from dibs.stores.azure.index import Layout, micros
 from dibs.testing.contract import opened_stores
 from tests.backends import azure as backend
@@ -523,3 +524,107 @@ def test_racing_processes_keep_every_record_in_the_index(azure_url: str, raw: Co
         newest = [s for s in states.values() if s.artifact is not None]
         newest.sort(key=lambda s: -pages.made_at("artifact")(s))  # type: ignore[operator]
         assert _keys(store.latest(NAMESPACE, "artifact", limit=10)) == _keys(newest)
+
+
+def test_many_watched_keys_are_followed_through_their_namespaces_live_blobs(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more keys watched than it asks about one by one, the change feed lists the watched
+    namespaces' ``live`` blobs, never ``records/``: a look costs the keys being waited on, not the
+    store's history (issue 30). A key's token changes when its lease ends or a new holder takes it,
+    not at a heartbeat; a key with no ``live`` blob is followed by its record."""
+    store, watcher, newcomer = open_azure(), open_azure(), open_azure()
+    for i in range(30):  # history: finished keys nobody waits on
+        key = Key(NAMESPACE, f"old-{i}")
+        store.complete(key, _granted(store.acquire(key, AcquireRequest("w", 60))).token, _payload(b"o"))
+    held = [Key(NAMESPACE, f"held-{i:02}") for i in range(20)]
+    leases = {key: _granted(store.acquire(key, AcquireRequest("w", 600))) for key in held}
+    feed = watcher.change_feed()
+    assert isinstance(feed, EtagFeed)
+    listed: list[str | None] = []
+    list_blobs = watcher._container.list_blobs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        listed.append(kwargs.get("name_starts_with"))
+        return list_blobs(*args, **kwargs)
+
+    monkeypatch.setattr(watcher._container, "list_blobs", counted)
+    before = dict(feed.tokens(held))
+    assert set(before) == {key.digest for key in held}
+    assert listed == [Layout(store.prefix).live_prefix(NAMESPACE)]
+
+    done, beating, retaken, legacy = held[:4]
+    # A key an older dibs holds: no live blob (deleted here as if never written). Its record is asked.
+    raw.delete_blob(Layout(store.prefix).live(legacy))
+    legacy_token = dict(feed.tokens(held))[legacy.digest]
+    store.complete(done, leases[done].token, _payload(b"d"))
+    store.heartbeat(beating, leases[beating].token, 600)
+    # Completed, then taken again at once by another client (a refresh), between two looks.
+    store.complete(retaken, leases[retaken].token, _payload(b"r"))
+    _granted(newcomer.acquire(retaken, AcquireRequest("n", 600, max_age=0)))
+    store.complete(legacy, leases[legacy].token, _payload(b"l"))
+    after = dict(feed.tokens(held))
+    changed = {digest for digest in before if after.get(digest) != before[digest]}
+    assert changed == {done.digest, retaken.digest, legacy.digest}, "a token changed, or did not, wrongly"
+    assert after[legacy.digest] != legacy_token
+    assert all(prefix is not None and "/records/" not in f"/{prefix}" for prefix in listed), listed
+
+    # Before the index is complete its live blobs cannot be trusted to exist: the records are listed.
+    raw.delete_blob(Layout(store.prefix).ready)
+    unindexed = open_azure()
+    monkeypatch.setattr(unindexed._container, "list_blobs", counted)
+    listed.clear()
+    old_feed = unindexed.change_feed()
+    assert isinstance(old_feed, EtagFeed)
+    tokens = dict(old_feed.tokens(held))
+    assert done.digest in tokens and len(tokens) == len(held)  # every record's ETag
+    assert listed == [f"{store.prefix}records/"]
+
+
+def test_waiters_on_many_keys_are_woken_when_each_holder_finishes(
+    open_azure: Callable[[], AzureBlobStore],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Twenty waiters in one process, each on its own key, followed through the ``live`` blobs: each
+    is handed the artifact its holder stored. The leases last 600 s, and the feed must neither fail
+    nor be reopened (a reopened feed reads every key again, which would hand the artifacts over
+    without it)."""
+    from dibs.runtime import runtime
+
+    looks: list[int] = []
+    live = EtagFeed._live
+
+    def counted(feed: EtagFeed, watched: list[Key]) -> Any:
+        looks.append(len(watched))
+        return live(feed, watched)
+
+    monkeypatch.setattr(EtagFeed, "_live", counted)
+    store, watcher = open_azure(), open_azure()
+    keys = [Key(NAMESPACE, f"waited-{i:02}") for i in range(20)]
+    leases = {key: _granted(store.acquire(key, AcquireRequest("w", 600))) for key in keys}
+    subscriptions = {key: runtime().subscribe(watcher, key) for key in keys}
+    try:
+        with caplog.at_level("WARNING", logger="dibs.hub"):
+            for key, subscription in subscriptions.items():  # each waiter has seen the key held
+                state, deadline = None, time.monotonic() + 30
+                while (state is None or state.lease is None) and time.monotonic() < deadline:
+                    state = subscription.wait(1.0) or state
+                assert state is not None and state.lease is not None, f"{key} was never offered held"
+            seen = len(looks)
+            for key in keys:
+                store.complete(key, leases[key].token, _payload(key.name.encode()))
+            for key, subscription in subscriptions.items():
+                state = None
+                deadline = time.monotonic() + 30
+                while (state is None or state.artifact is None) and time.monotonic() < deadline:
+                    state = subscription.wait(1.0) or state
+                assert state is not None and state.artifact is not None, (
+                    f"the waiter on {key} was never woken"
+                )
+                assert state.artifact.verified_payload(key) == key.name.encode()
+        assert len(looks) > seen and max(looks) == len(keys), looks
+        assert "lost the change feed" not in caplog.text
+    finally:
+        for subscription in subscriptions.values():
+            subscription.close()

@@ -90,9 +90,11 @@ removal at full width are kept for the next requests instead of dropped). The co
 created on first write if it does not exist. Secrets never appear in :attr:`url`, logs or errors.
 
 Waiters are woken by the process's watch hub, which follows the watched records' ETags with one
-poller (:class:`~dibs.stores.azure.feed.EtagFeed`): a ``HEAD`` per record for a few keys, one listing
-of ``records/`` for many. Async callers run these same operations in the runtime's I/O executor;
-there is deliberately no second copy written against ``azure.storage.blob.aio``.
+poller (:class:`~dibs.stores.azure.feed.EtagFeed`): a ``HEAD`` per record for a few keys; for many,
+one listing of each watched namespace's ``live`` index blobs (the keys holding a lease there), so a
+poll costs what is being waited on, not the store's history. Async callers run these same operations
+in the runtime's I/O executor; there is deliberately no second copy written against
+``azure.storage.blob.aio``.
 
 Modules: :mod:`.settings` (the URL, checked into :class:`AzureSettings`), :mod:`.connection` (the
 SDK client with the first credential found, the request policy, error text without secrets),

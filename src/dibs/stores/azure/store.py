@@ -405,18 +405,7 @@ class AzureBlobStore(RecordStore):
     def _indexed(self) -> bool:
         """Whether the reads may go through the index: ``index/ready`` exists, or this call rebuilt the
         index (once: a store written before the index, or whose marker was removed)."""
-        if self._index_ready:
-            return True
-        blob = self._container.get_blob_client(self._index.ready)
-
-        def ready() -> bool:
-            try:
-                return blob.download_blob().readall() == index.VERSION.encode()
-            except ResourceNotFoundError:
-                return False
-
-        if self._call("read the index marker in", None, ready):
-            self._index_ready = True
+        if self._index_marked():
             return True
         if self._index_failed:
             return False
@@ -435,6 +424,23 @@ class AzureBlobStore(RecordStore):
             )
             return False
         logger.info("Azure Blob store %s: indexed %d records", self.url, placed)
+        return self._index_ready
+
+    def _index_marked(self) -> bool:
+        """Whether ``index/ready`` exists (asked until it does), never building the index: what the
+        change feed asks from its poller, which must not start a rebuild."""
+        if self._index_ready:
+            return True
+        blob = self._container.get_blob_client(self._index.ready)
+
+        def ready() -> bool:
+            try:
+                return blob.download_blob().readall() == index.VERSION.encode()
+            except ResourceNotFoundError:
+                return False
+
+        if self._call("read the index marker in", None, ready):
+            self._index_ready = True
         return self._index_ready
 
     def rebuild_index(self) -> int:
@@ -841,7 +847,14 @@ class AzureBlobStore(RecordStore):
     # Lifecycle ----------------------------------------------------------------------------------
 
     def change_feed(self) -> ChangeFeed:
-        return EtagFeed(self._container, self.record_name, self.prefix, self._call)
+        return EtagFeed(
+            self._container,
+            record_name=self.record_name,
+            prefix=self.prefix,
+            layout=self._index,
+            indexed=self._index_marked,
+            call=self._call,
+        )
 
     def close(self) -> None:
         if self._closed:
