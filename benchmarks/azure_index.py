@@ -17,7 +17,14 @@ failure beside them), and at each size:
   with the same on a store that writes no index (:class:`Unindexed`, the write path as it was): the
   index's cost on the hot path, p50 and the ratio;
 * ``rebuild``: the once-only indexing of a store written before the index (``rebuild_index``), at the
-  sizes up to 10,000.
+  sizes up to 10,000;
+* ``GET``: what one request for one record blob costs the emulator at this size (the SDK's download of
+  a record, median of :data:`GETS` taken one after the other, and the same GETs :data:`CONCURRENT` at a
+  time, per GET), beside how many records the page downloads (counted): the page is that many GETs
+  and a few listings, so its time is their product. Azurite finds a blob by filtering every blob of
+  the account (its LokiJS collection is indexed on the account first), so a GET costs more the more
+  blobs it holds, and, one Node process doing that work, GETs at once cost what they cost one after
+  the other. On Azure a GET is a round trip whatever the container holds.
 
 Nothing here is a threshold: the machine may be busy, so compare ratios of one run, not runs.
 """
@@ -28,7 +35,9 @@ import argparse
 import json
 import logging
 import platform
+import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,6 +55,8 @@ from dibs.stores.base import Loaded
 NAMESPACE = "history"  # the name _airflow_page reads
 #: The largest size the rebuild is timed at (it writes an index blob per finished key).
 REBUILD_UP_TO = 10_000
+#: Record GETs timed at each size, one after the other and then this many at a time.
+GETS, CONCURRENT = 50, 8
 
 
 class Listed(AzureBlobStore):
@@ -101,6 +112,41 @@ def _rebuild(store: AzureBlobStore) -> float:
     return time.perf_counter() - started
 
 
+def _record_get(store: AzureBlobStore, size: int) -> tuple[float, float]:
+    """Seconds per GET of a grown key's record blob: the median of :data:`GETS` one after the other,
+    and the mean per GET of the same :data:`CONCURRENT` at a time."""
+    blobs = [
+        store._container.get_blob_client(store.record_name(Key(NAMESPACE, _name(i))))
+        for i in range(0, size, max(1, size // GETS))
+    ][:GETS]
+    times = []
+    for blob in blobs:
+        started = time.perf_counter()
+        blob.download_blob().readall()
+        times.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        list(pool.map(lambda blob: blob.download_blob().readall(), blobs))
+    return statistics.median(times), (time.perf_counter() - started) / len(blobs)
+
+
+def _downloads(store: AzureBlobStore, read: Callable[[], object]) -> int:
+    """How many record blobs ``read`` downloads (the store's one download of a record, counted)."""
+    counted = [0]
+    download = store._list_entry
+
+    def counting(name: str) -> KeyState | None:
+        counted[0] += 1
+        return download(name)
+
+    store._list_entry = counting  # type: ignore[method-assign]
+    try:
+        read()
+    finally:
+        del store._list_entry
+    return counted[0]
+
+
 def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
     results = []
     with (
@@ -125,6 +171,8 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
             held = _median(lambda: store.list_page(NAMESPACE, state="held", limit=100))
             held_listed = _median(lambda: listed.list_page(NAMESPACE, state="held", limit=100))
             shown = _median(airflow_page, repeats=3)
+            page_gets = _downloads(store, airflow_page)
+            get, get_concurrent = _record_get(store, size)
             new_key, new_key_unindexed = _interleaved(_new_key(store), _new_key(unindexed), ops)
             rebuild = _rebuild(store) if size <= REBUILD_UP_TO else None
             results.append(
@@ -140,6 +188,9 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
                     "held_page_listed_s": round(held_listed, 4),
                     "held_page_ratio": round(held_listed / held, 1),
                     "airflow_page_s": round(shown, 4),
+                    "airflow_page_gets": page_gets,
+                    "record_get_ms": round(get * 1000, 2),
+                    "record_get_concurrent_ms": round(get_concurrent * 1000, 2),
                     "new_key_p50_ms": round(new_key * 1000, 1),
                     "new_key_unindexed_p50_ms": round(new_key_unindexed * 1000, 1),
                     "new_key_ratio": round(new_key / new_key_unindexed, 2),
@@ -163,11 +214,14 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
         f"`python -m benchmarks.azure_index --sizes {argv['sizes']} --ops {argv['ops']}`, on Azurite, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}. Ratios: the listing against the index "
         "(how many times slower the read was before the index); `new key` with the index kept against "
-        "the write path without it, interleaved.",
+        "the write path without it, interleaved. `its GETs`: the records the page downloads (counted); "
+        f"`one GET`: one record's GET at that size, median of {GETS} one after the other; `at once`: the "
+        f"same GETs {CONCURRENT} at a time, per GET.",
         "",
         "| keys | top --once | by listing | x | held page (100) | by listing | x | Airflow page "
-        "| new key p50 | without index | x | rebuild | top's counts |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| its GETs | one GET | at once | new key p50 | without index | x | rebuild | top's counts |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | --- |",
     ]
     for r in results:
         counts = ", ".join(
@@ -177,7 +231,9 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
         lines.append(
             f"| {r['keys']:,} | {_ms(r['top_s'])} | {_ms(r['top_listed_s'])} | {r['top_ratio']} | "
             f"{_ms(r['held_page_s'])} | {_ms(r['held_page_listed_s'])} | {r['held_page_ratio']} | "
-            f"{_ms(r['airflow_page_s'])} | {r['new_key_p50_ms']} ms | {r['new_key_unindexed_p50_ms']} ms | "
+            f"{_ms(r['airflow_page_s'])} | {r.get('airflow_page_gets', '-')} | "
+            f"{r.get('record_get_ms', '-')} ms | {r.get('record_get_concurrent_ms', '-')} ms | "
+            f"{r['new_key_p50_ms']} ms | {r['new_key_unindexed_p50_ms']} ms | "
             f"{r['new_key_ratio']} | {_ms(r['rebuild_s'])} | {counts} |"
         )
     return "\n".join(lines) + "\n"
