@@ -4,7 +4,7 @@
 (``--sizes 100,10000,100000`` is the full run: about an hour on Azurite, most of it growing.)
 
 One namespace on Azurite is grown to each size in turn (finished keys, each written by the store's own
-swap, so each gets its record and its index blob as a user's completion does; 3 held keys and a
+swap, so each gets its record and its index blob as a user's completion does; 20 held keys and a
 failure beside them), and at each size:
 
 * ``top``: one ``dibs top --once`` snapshot through the index, median of 5, against the same snapshot
@@ -18,6 +18,9 @@ failure beside them), and at each size:
   index's cost on the hot path, p50 and the ratio;
 * ``rebuild``: the once-only indexing of a store written before the index (``rebuild_index``), at the
   sizes up to 10,000;
+* ``feed look``: one look of the change feed at 20 watched held keys (what a triggerer with 20
+  deferred tasks pays every 50 ms to 1 s), through the namespace's ``live`` blobs, against the same
+  look by the listing of every record blob (as before the index: :class:`ListedFeed`), median of 5;
 * ``GET``: what one request for one record blob costs the emulator at this size (the SDK's download of
   a record, median of :data:`GETS` taken one after the other, and the same GETs :data:`CONCURRENT` at a
   time, per GET), beside how many records the page downloads (counted): the page is that many GETs
@@ -50,11 +53,14 @@ from dibs.keys import Key
 from dibs.records import ArtifactRecord, Granted, KeyState, checksum
 from dibs.stores import AcquireRequest, transitions
 from dibs.stores.azure import AzureBlobStore
+from dibs.stores.azure.feed import EtagFeed
 from dibs.stores.base import Loaded
 
 NAMESPACE = "history"  # the name _airflow_page reads
 #: The largest size the rebuild is timed at (it writes an index blob per finished key).
 REBUILD_UP_TO = 10_000
+#: Keys held while the reads are timed, and watched by the change feed's look.
+WATCHED = 20
 #: Record GETs timed at each size, one after the other and then this many at a time.
 GETS, CONCURRENT = 50, 8
 
@@ -93,8 +99,8 @@ def _grow(store: AzureBlobStore, start: int, stop: int, threads: int = 8) -> Non
 
 
 def _live_work(store: AzureBlobStore) -> None:
-    for name in ("held-1", "held-2", "held-3"):
-        store.acquire(Key(NAMESPACE, name), AcquireRequest("worker", 3600))
+    for i in range(1, WATCHED + 1):
+        store.acquire(Key(NAMESPACE, f"held-{i}"), AcquireRequest("worker", 3600))
     broken = store.acquire(Key(NAMESPACE, "broken"), AcquireRequest("flaky", 60))
     assert isinstance(broken, Granted)
     store.release(broken.lease.key, broken.lease.token, "ValueError: no rows")
@@ -110,6 +116,32 @@ def _rebuild(store: AzureBlobStore) -> float:
     started = time.perf_counter()
     store.rebuild_index()
     return time.perf_counter() - started
+
+
+class ListedFeed(EtagFeed):
+    """The change feed as it was before the index: many keys followed by listing every record blob."""
+
+    def _index_complete(self) -> bool:
+        return False
+
+
+def _feed_looks(store: AzureBlobStore) -> tuple[float, float]:
+    """Seconds of one look at the held keys (20: :func:`_live_work`), through the index and by the
+    listing of every record."""
+    held = [Key(NAMESPACE, f"held-{i}") for i in range(1, WATCHED + 1)]
+    feeds = []
+    for kind in (EtagFeed, ListedFeed):
+        feed = kind(
+            store._container,
+            record_name=store.record_name,
+            prefix=store.prefix,
+            layout=store._index,
+            indexed=store._index_marked,
+            call=store._call,
+        )
+        assert len(feed.tokens(held)) == len(held)  # every one seen (and the marker read, untimed)
+        feeds.append(feed)
+    return _median(lambda: feeds[0].tokens(held)), _median(lambda: feeds[1].tokens(held))
 
 
 def _record_get(store: AzureBlobStore, size: int) -> tuple[float, float]:
@@ -172,6 +204,7 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
             held_listed = _median(lambda: listed.list_page(NAMESPACE, state="held", limit=100))
             shown = _median(airflow_page, repeats=3)
             page_gets = _downloads(store, airflow_page)
+            look, look_listed = _feed_looks(store)
             get, get_concurrent = _record_get(store, size)
             new_key, new_key_unindexed = _interleaved(_new_key(store), _new_key(unindexed), ops)
             rebuild = _rebuild(store) if size <= REBUILD_UP_TO else None
@@ -189,6 +222,9 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
                     "held_page_ratio": round(held_listed / held, 1),
                     "airflow_page_s": round(shown, 4),
                     "airflow_page_gets": page_gets,
+                    "feed_look_s": round(look, 4),
+                    "feed_look_listed_s": round(look_listed, 4),
+                    "feed_look_ratio": round(look_listed / look, 1),
                     "record_get_ms": round(get * 1000, 2),
                     "record_get_concurrent_ms": round(get_concurrent * 1000, 2),
                     "new_key_p50_ms": round(new_key * 1000, 1),
@@ -219,9 +255,10 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
         f"same GETs {CONCURRENT} at a time, per GET.",
         "",
         "| keys | top --once | by listing | x | held page (100) | by listing | x | Airflow page "
-        "| its GETs | one GET | at once | new key p50 | without index | x | rebuild | top's counts |",
+        "| its GETs | one GET | at once | feed look (20 keys) | by listing | x "
+        "| new key p50 | without index | x | rebuild | top's counts |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | --- |",
+        "| ---: | ---: | ---: | --- |",
     ]
     for r in results:
         counts = ", ".join(
@@ -233,6 +270,8 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
             f"{_ms(r['held_page_s'])} | {_ms(r['held_page_listed_s'])} | {r['held_page_ratio']} | "
             f"{_ms(r['airflow_page_s'])} | {r.get('airflow_page_gets', '-')} | "
             f"{r.get('record_get_ms', '-')} ms | {r.get('record_get_concurrent_ms', '-')} ms | "
+            f"{_ms(r.get('feed_look_s'))} | {_ms(r.get('feed_look_listed_s'))} | "
+            f"{r.get('feed_look_ratio', '-')} | "
             f"{r['new_key_p50_ms']} ms | {r['new_key_unindexed_p50_ms']} ms | "
             f"{r['new_key_ratio']} | {_ms(r['rebuild_s'])} | {counts} |"
         )
