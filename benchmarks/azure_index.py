@@ -258,7 +258,7 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
         "| its GETs | one GET | at once | feed look (20 keys) | by listing | x "
         "| new key p50 | without index | x | rebuild | top's counts |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | --- |",
+        "| ---: | ---: | ---: | ---: | --- |",
     ]
     for r in results:
         counts = ", ".join(
