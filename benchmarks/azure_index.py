@@ -24,10 +24,9 @@ failure beside them), and at each size:
 * ``GET``: what one request for one record blob costs the emulator at this size (the SDK's download of
   a record, median of :data:`GETS` taken one after the other, and the same GETs :data:`CONCURRENT` at a
   time, per GET), beside how many records the page downloads (counted): the page is that many GETs
-  and a few listings, so its time is their product. Azurite finds a blob by filtering every blob of
-  the account (its LokiJS collection is indexed on the account first), so a GET costs more the more
-  blobs it holds, and, one Node process doing that work, GETs at once cost what they cost one after
-  the other. On Azure a GET is a round trip whatever the container holds.
+  and a few listings, so its time is their product. On Azurite a GET costs more the more blobs it
+  holds and, one Node process doing that work, GETs at once cost about what they cost one after the
+  other. On Azure a GET is a round trip whatever the container holds.
 
 Nothing here is a threshold: the machine may be busy, so compare ratios of one run, not runs.
 """
