@@ -20,7 +20,7 @@ failure beside them), and at each size:
   sizes up to 10,000;
 * ``feed look``: one look of the change feed at 20 watched held keys (what a triggerer with 20
   deferred tasks pays every 50 ms to 1 s), through the namespace's ``live`` blobs, against the same
-  look by the listing of every record blob (as before the index: :class:`ListedFeed`), median of 5;
+  look by the listing of every record blob (as before the index), median of 5;
 * ``GET``: what one request for one record blob costs the emulator at this size (the SDK's download of
   a record, median of :data:`GETS` taken one after the other, and the same GETs :data:`CONCURRENT` at a
   time, per GET), beside how many records the page downloads (counted): the page is that many GETs
@@ -117,30 +117,16 @@ def _rebuild(store: AzureBlobStore) -> float:
     return time.perf_counter() - started
 
 
-class ListedFeed(EtagFeed):
-    """The change feed as it was before the index: many keys followed by listing every record blob."""
-
-    def _index_complete(self) -> bool:
-        return False
-
-
 def _feed_looks(store: AzureBlobStore) -> tuple[float, float]:
     """Seconds of one look at the held keys (20: :func:`_live_work`), through the index and by the
-    listing of every record."""
+    listing of every record (the feed as it was before the index: told the index is incomplete)."""
     held = [Key(NAMESPACE, f"held-{i}") for i in range(1, WATCHED + 1)]
-    feeds = []
-    for kind in (EtagFeed, ListedFeed):
-        feed = kind(
-            store._container,
-            record_name=store.record_name,
-            prefix=store.prefix,
-            layout=store._index,
-            indexed=store._index_marked,
-            call=store._call,
-        )
+    indexed, listed = store.change_feed(), store.change_feed()
+    assert isinstance(indexed, EtagFeed) and isinstance(listed, EtagFeed)
+    listed._index_complete = lambda: False  # type: ignore[method-assign]
+    for feed in (indexed, listed):
         assert len(feed.tokens(held)) == len(held)  # every one seen (and the marker read, untimed)
-        feeds.append(feed)
-    return _median(lambda: feeds[0].tokens(held)), _median(lambda: feeds[1].tokens(held))
+    return _median(lambda: indexed.tokens(held)), _median(lambda: listed.tokens(held))
 
 
 def _record_get(store: AzureBlobStore, size: int) -> tuple[float, float]:

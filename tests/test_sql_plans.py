@@ -50,12 +50,20 @@ def _table(store: SQLStore) -> str:
 
 
 def _fill(store: SQLStore) -> None:
+    """:data:`ROWS` free keys in one namespace, never analysed."""
+    _insert_never_analysed(
+        store,
+        "key_hash, namespace, name, version, fence, attempts, failure_count",
+        "md5(i::text) || md5(i::text), 'plans', 'k' || i, 1, 1, 0, 0",
+    )
+
+
+def _insert_never_analysed(store: SQLStore, columns: str, values: str) -> None:
+    """:data:`ROWS` rows of ``values`` (SQL of ``i``, 1 to :data:`ROWS`) into ``columns``; the table
+    must never have been analysed after it."""
     with store.engine.begin() as conn:
         conn.exec_driver_sql(
-            f"INSERT INTO {_table(store)} "
-            "(key_hash, namespace, name, version, fence, attempts, failure_count) "
-            f"SELECT md5(i::text) || md5(i::text), 'plans', 'k' || i, 1, 1, 0, 0 "
-            f"FROM generate_series(1, {ROWS}) AS i"
+            f"INSERT INTO {_table(store)} ({columns}) SELECT {values} FROM generate_series(1, {ROWS}) AS i"
         )
         analysed = conn.exec_driver_sql(
             "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables "
@@ -376,21 +384,14 @@ def test_a_dry_run_page_walks_the_keys_in_order_on_a_table_never_analysed(store:
 def _fill_finished(store: SQLStore) -> None:
     """:data:`ROWS` keys in one namespace, each done (an artifact made at its own time) and every
     tenth failed before, as a year of daily partitions leaves them; never analysed."""
-    with store.engine.begin() as conn:
-        conn.exec_driver_sql(
-            f"INSERT INTO {_table(store)} "
-            "(key_hash, namespace, name, version, fence, attempts, failure_count, serializer, payload,"
-            " size, checksum, created_at, failure_at) "
-            "SELECT md5(i::text) || md5(i::text), 'plans', 'k' || i, 1, 1, 1,"
-            " CASE WHEN mod(i, 10) = 0 THEN 1 ELSE 0 END, 'json', '\\x31'::bytea, 1, 'sha256:0',"
-            " 1.0e9 + i, CASE WHEN mod(i, 10) = 0 THEN 1.0e9 + i - 0.5 END "
-            f"FROM generate_series(1, {ROWS}) AS i"
-        )
-        analysed = conn.exec_driver_sql(
-            "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables "
-            f"WHERE relid = '{_table(store)}'::regclass"
-        ).one()
-    assert analysed == (None, None), "the table must never have been analysed"
+    _insert_never_analysed(
+        store,
+        "key_hash, namespace, name, version, fence, attempts, failure_count, serializer, payload, size,"
+        " checksum, created_at, failure_at",
+        "md5(i::text) || md5(i::text), 'plans', 'k' || i, 1, 1, 1,"
+        " CASE WHEN mod(i, 10) = 0 THEN 1 ELSE 0 END, 'json', '\\x31'::bytea, 1, 'sha256:0',"
+        " 1.0e9 + i, CASE WHEN mod(i, 10) = 0 THEN 1.0e9 + i - 0.5 END",
+    )
 
 
 @pytest.mark.parametrize("kind", ["artifact", "failure"])
