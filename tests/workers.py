@@ -108,7 +108,15 @@ def _go(folder: Path, worker: int) -> None:
     """Say this worker is ready, then wait for the test's ``go`` (a file): the racers start together
     however long each took to start."""
     (folder / f"ready-{worker}").touch()
-    while not (folder / "go").exists():
+    _await_file(folder / "go")
+
+
+def _await_file(path: Path, timeout: float = 300.0) -> None:
+    """Wait until the test writes ``path`` (looking every 5 ms, so that racers start together)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
         time.sleep(0.005)
 
 
@@ -132,14 +140,6 @@ def race_and_stay(url: str, keys: list[str], folder: str, worker: int) -> None:
 
 #: The file the failover test writes as it starts the failover (see :func:`grant_through_failover`).
 FAILING_OVER = "failing-over"
-
-
-def _await_file(path: Path, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.01)
 
 
 def grant_through_failover(url: str, keys: list[str], folder: str, worker: int) -> None:
