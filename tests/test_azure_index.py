@@ -10,7 +10,10 @@ against the records once they stop.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import datetime
+import json
 import multiprocessing
 import os
 import random
@@ -451,6 +454,201 @@ def test_a_reader_that_may_not_write_reads_by_the_listing(
 
 
 # --------------------------------------------------------------------------------------------------
+# Record copies on the artifacts' ``made`` blobs (.copies): the record itself, or none
+
+
+def _copy_on(raw: ContainerClient, name: str) -> bytes | None:
+    """The record a ``made`` blob copies, as bytes (``None``: no copy, or no blob)."""
+    try:
+        metadata = raw.get_blob_client(name).get_blob_properties().metadata
+    except ResourceNotFoundError:
+        return None
+    encoded = metadata.get("dibs_record")
+    return None if encoded is None else base64.urlsafe_b64decode(encoded)
+
+
+def _record_bytes(raw: ContainerClient, store: AzureBlobStore, key: Key) -> bytes:
+    return bytes(raw.get_blob_client(store.record_name(key)).download_blob().readall())
+
+
+def _copies(raw: ContainerClient, store: AzureBlobStore) -> dict[str, bytes]:
+    """Every copy in the store's ``made`` blobs, by blob name."""
+    found = {}
+    for blob in raw.list_blobs(name_starts_with=f"{store.prefix}index/made/", include=["metadata"]):
+        if (encoded := (blob.metadata or {}).get("dibs_record")) is not None:
+            found[blob.name] = base64.urlsafe_b64decode(encoded)
+    return found
+
+
+def _assert_every_copy_is_its_record(raw: ContainerClient, store: AzureBlobStore) -> int:
+    """Each copy is its key's record byte for byte, on the artifact's own blob; returns how many."""
+    layout = Layout(store.prefix)
+    copied = _copies(raw, store)
+    for name, data in copied.items():
+        made = layout.parse_made(name)
+        assert made is not None and "/made/a/" in name, name
+        state = store.read(Key(NAMESPACE, json.loads(data)["name"]))
+        assert data == _record_bytes(raw, store, state.key), name
+        assert state.artifact is not None and state.lease is None
+        assert layout.made("artifact", state.key, state.artifact.created_at) == name
+    return len(copied)
+
+
+def _downloads(store: AzureBlobStore) -> list[str]:
+    """The records ``store``'s reads download from now on (their blob names)."""
+    downloaded: list[str] = []
+    download = store._list_entry
+
+    def counted(name: str) -> KeyState | None:
+        downloaded.append(name)
+        return download(name)
+
+    store._list_entry = counted  # type: ignore[method-assign]
+    return downloaded
+
+
+def test_a_done_keys_made_blob_copies_its_record_only_while_it_is_that_record(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    store = open_azure()
+    layout = Layout(store.prefix)
+    key = Key(NAMESPACE, "copied")
+
+    def blob_of(state: KeyState) -> str:
+        assert state.artifact is not None
+        return layout.made("artifact", key, state.artifact.created_at)
+
+    store.complete(key, _granted(store.acquire(key, AcquireRequest("first", 60))).token, _payload(b"1"))
+    first = store.read(key)
+    assert _copy_on(raw, blob_of(first)) == _record_bytes(raw, store, key)
+
+    refresh = _granted(store.acquire(key, AcquireRequest("refresh", 60, max_age=0)))
+    assert _copy_on(raw, blob_of(first)) is None  # held again: never shown as done
+    (shown,) = store.latest(NAMESPACE, "artifact", limit=5)
+    assert shown.status == "held"
+    store.release(key, refresh.token, "RuntimeError: the refresh failed")  # the artifact stays
+    failed = store.read(key)
+    assert failed.failure is not None and blob_of(failed) == blob_of(first)
+    assert _copy_on(raw, blob_of(failed)) == _record_bytes(raw, store, key)  # with its failure
+
+    again = _granted(store.acquire(key, AcquireRequest("again", 60, max_age=0)))
+    store.complete(key, again.token, _payload(b"2"))
+    second = store.read(key)
+    assert blob_of(second) != blob_of(first)
+    assert _copy_on(raw, blob_of(second)) == _record_bytes(raw, store, key)
+    assert _assert_every_copy_is_its_record(raw, store) == 1  # the first artifact's blob is gone
+
+    downloaded = _downloads(store)
+    (latest,) = store.latest(NAMESPACE, "artifact", limit=5)
+    assert second.artifact is not None  # the admin reads leave payloads out
+    assert downloaded == [] and latest.key == key
+    assert latest.artifact == dataclasses.replace(second.artifact, payload=b"")
+    assert latest.failure == second.failure and latest.fence == second.fence
+    assert store.forget(key)
+    assert _copies(raw, store) == {} and store.latest(NAMESPACE, "artifact", limit=5) == []
+
+
+def test_the_newest_done_keys_are_read_from_their_copies_as_from_their_records(
+    open_azure: Callable[[], AzureBlobStore],
+) -> None:
+    store = open_azure()
+    for i in range(12):
+        key = Key(NAMESPACE, f"k-{i:02d}")
+        lease = _granted(store.acquire(key, AcquireRequest(f"w-{i}", 60)))
+        if i % 4 == 3:
+            store.release(key, lease.token, f"RuntimeError: {i}")  # a failure: no artifact, no copy
+        else:
+            data = str(i).encode()
+            store.complete(key, lease.token, NewArtifact("bytes", data, checksum(data), float(i)))
+    refreshed = Key(NAMESPACE, "k-00")  # being computed again: downloaded, shown as held
+    _granted(store.acquire(refreshed, AcquireRequest("refresh", 60, max_age=0)))
+    downloaded = _downloads(store)
+    through_copies = store.latest(NAMESPACE, "artifact", limit=20)
+    assert downloaded == [store.record_name(refreshed)]
+    expected = Store.latest(store, NAMESPACE, "artifact", limit=20)  # every record, downloaded
+    assert len(through_copies) == 9
+    assert [dataclasses.replace(s, now=0.0) for s in through_copies] == [
+        dataclasses.replace(s, now=0.0) for s in expected
+    ]
+    assert [s.status for s in through_copies].count("held") == 1
+    assert all(abs(s.now - expected[0].now) < 60 for s in through_copies)  # the listing's own time
+
+
+def test_a_copy_set_late_is_refused_once_the_record_has_changed(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """The completion lands; before its writer copies the record, another process takes the key for a
+    refresh (removing the copy first). The late copy is refused: the key is shown held, not done."""
+    first, second = open_azure(), open_azure()
+    key = Key(NAMESPACE, "copied-late")
+    lease = _granted(first.acquire(key, AcquireRequest("first", 60)))
+    copy = first._copy
+    taken: list[LeaseRecord] = []
+
+    def late_copy(key_: Key, name: str, metadata: dict[str, str], etag: str) -> None:
+        taken.append(_granted(second.acquire(key, AcquireRequest("second", 60, max_age=0))))
+        copy(key_, name, metadata, etag)
+
+    first._copy = late_copy  # type: ignore[method-assign]
+    first.complete(key, lease.token, _payload(b"x"))
+    assert taken and _copies(raw, first) == {}
+    (shown,) = first.latest(NAMESPACE, "artifact", limit=5)
+    assert shown.status == "held" and shown.lease is not None and shown.lease.token == taken[0].token
+
+
+def test_a_writer_killed_between_its_steps_leaves_no_copy_and_the_record_is_read(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """Killed (here: stopped by hand) after its record write but before the copy, or after removing the
+    copy but before its record write: the blob is left without a copy, and reads download the record."""
+    store = open_azure()
+    layout = Layout(store.prefix)
+    unset, removed = Key(NAMESPACE, "never-copied"), Key(NAMESPACE, "copy-removed")
+
+    store._copy = lambda *args: None  # type: ignore[method-assign,assignment]
+    store.complete(unset, _granted(store.acquire(unset, AcquireRequest("w", 60))).token, _payload(b"u"))
+    del store._copy
+    store.complete(removed, _granted(store.acquire(removed, AcquireRequest("w", 60))).token, _payload(b"r"))
+    before = _record_bytes(raw, store, removed)
+
+    def killed(*args: Any) -> Any:
+        raise StoreUnavailable("killed before its record write (a test)")
+
+    store._write = killed  # type: ignore[method-assign,assignment]
+    with pytest.raises(StoreUnavailable, match="killed"):
+        store.forget(removed)
+    del store._write
+    assert _record_bytes(raw, store, removed) == before and _copies(raw, store) == {}
+    downloaded = _downloads(store)
+    shown = store.latest(NAMESPACE, "artifact", limit=5)
+    assert sorted(downloaded) == sorted(store.record_name(k) for k in (unset, removed))
+    assert sorted(_keys(shown)) == sorted([unset, removed]) and {s.status for s in shown} == {"done"}
+    assert all(
+        layout.made("artifact", s.key, s.artifact.created_at) in _index_blobs(raw, store)
+        for s in shown
+        if s.artifact is not None
+    )
+
+
+def test_a_record_too_long_for_the_metadata_gets_no_copy_and_is_downloaded(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """A failure message of 2,000 characters outside ASCII (escaped in the record's JSON) makes a record
+    longer than a blob's 8 KB of metadata: it is left without a copy, and shown all the same."""
+    store = open_azure()
+    key = Key(NAMESPACE, "long-failure")
+    failed = _granted(store.acquire(key, AcquireRequest("w", 60)))
+    store.release(key, failed.token, "ValueError: " + "\u00e9\u2603" * 1000)
+    store.complete(key, _granted(store.acquire(key, AcquireRequest("w", 60))).token, _payload(b"v"))
+    assert len(_record_bytes(raw, store, key)) > 8192 and _copies(raw, store) == {}
+    downloaded = _downloads(store)
+    (shown,) = store.latest(NAMESPACE, "artifact", limit=5)
+    assert downloaded == [store.record_name(key)]
+    stored = store.read(key).failure
+    assert shown.failure is not None and stored is not None and shown.failure.error == stored.error
+
+
+# --------------------------------------------------------------------------------------------------
 # Processes racing, one killed while it holds a key
 
 
@@ -461,7 +659,9 @@ def _churn(url: str, worker: int, keys: list[str], rounds: int, seed: int) -> No
         for _ in range(rounds):
             key = Key(NAMESPACE, rng.choice(keys))
             try:
-                outcome = store.acquire(key, AcquireRequest(f"worker-{worker}", rng.choice([0.3, 30.0])))
+                refresh = 0.0 if rng.random() < 0.25 else None  # a done key taken again: its copy removed
+                ttl = rng.choice([0.3, 30.0])
+                outcome = store.acquire(key, AcquireRequest(f"worker-{worker}", ttl, max_age=refresh))
             except StoreUnavailable:
                 continue  # heavy contention on one key: another round
             if isinstance(outcome, Present) and rng.random() < 0.5:
@@ -516,6 +716,7 @@ def test_racing_processes_keep_every_record_in_the_index(azure_url: str, raw: Co
         blobs = _index_blobs(raw, store)
         for key, state in states.items():  # nothing a record needs is missing
             assert _needed(store, state) <= blobs, (key, state)
+        _assert_every_copy_is_its_record(raw, store)
         assert states[Key(NAMESPACE, "killed")].status == "expired"
         shown = {s.key for s in store.leases(NAMESPACE, expired=True, limit=100)}
         assert shown == {key for key, state in states.items() if state.status == "expired"}
@@ -527,6 +728,7 @@ def test_racing_processes_keep_every_record_in_the_index(azure_url: str, raw: Co
         newest = [s for s in states.values() if s.artifact is not None]
         newest.sort(key=lambda s: -pages.made_at("artifact")(s))  # type: ignore[operator]
         assert _keys(store.latest(NAMESPACE, "artifact", limit=10)) == _keys(newest)
+        _assert_every_copy_is_its_record(raw, store)
 
 
 def test_many_watched_keys_are_followed_through_their_namespaces_live_blobs(

@@ -43,20 +43,23 @@ Artifacts
     buffer, never held whole twice.
 
 Reads of many records
-    Of one namespace, the held and expired leases and the newest artifacts and failures (``dibs
-    top``, ``dibs ls --state held``, the Reservations page's first rows) are found through the index
+    Of one namespace, the held and expired leases and the newest artifacts and failures (``dibs top``,
+    ``dibs ls --state held``, the Reservations page's first rows) are found through the index
     (:mod:`.index`, read by :mod:`.indexed`): a listing of the namespace's ``index/live/`` blobs and a
     page of its ``index/made/`` blobs, newest first, then a download of each record they name, which
-    decides. Their cost follows the live work, not the history; a write that takes or ends a lease, or
-    makes an artifact or a failure, writes or removes an index blob beside its record (one request
-    more to take a key, two to complete it, sent beside requests it makes anyway where they are
-    independent). ``dibs top``'s counts of held and expired keys come from the index too; its counts
-    of done and failed keys from the first page of the record listing (1,000 blobs): past it they are
-    lower bounds (``done 812+``), as nothing short of listing every record blob counts them.
-    ``reap`` sweeps the ``live`` blobs a killed process left behind. A store written before the index
-    (or by an older dibs) is indexed once, by the first such read
-    (:meth:`~AzureBlobStore.rebuild_index`); until then, and for a read of every namespace (the index
-    is kept per namespace), the reads list the records as below.
+    decides; a done key's record is read from the copy its ``made`` blob carries (:mod:`.copies`: set
+    after the write that makes the record, removed before any write that changes it), so the newest done
+    keys, the Reservations page's rows, cost one listing and no download each. Their cost follows the
+    live work, not the history; a write that takes or ends a lease, or makes an artifact or a failure,
+    writes or removes an index blob beside its record (one request more to take a key, three more to
+    complete it in two round trips: requests that do not depend on each other are sent together; a
+    refresh's take of a done key one more, the copy's removal). ``dibs top``'s counts of held and
+    expired keys come from the index too; its counts of done and failed keys from the first page of the
+    record listing (1,000 blobs): past it they are lower bounds (``done 812+``), as nothing short of
+    listing every record blob counts them. ``reap`` sweeps the ``live`` blobs a killed process left
+    behind. A store written before the index (or by an older dibs) is indexed once, by the first such
+    read (:meth:`~AzureBlobStore.rebuild_index`); until then, and for a read of every namespace (the
+    index is kept per namespace), the reads list the records as below.
 
     Everything else lists ``records/``, which returns each blob's metadata with its name, 5,000 blobs a
     request: every record blob carries a summary of its record there (the key's name, lease expiry,

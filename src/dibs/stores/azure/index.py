@@ -12,7 +12,10 @@ made of names (under the store's prefix)::
 
 ``<ns>`` is a digest of the namespace, so one namespace is one prefix; ``<inverted time>`` is
 ``10**17`` minus the time in microseconds, zero-padded, so name order is newest first. The blobs are
-empty: a name is all a reader needs to find the record, and the record decides.
+empty: a name is all a reader needs to find the record, and the record decides. An artifact's
+``made`` blob may also carry a copy of its record in its metadata, which a listing returns with the
+name, so the newest done keys cost no download each; a copy exists only while it is the record, byte
+for byte (the steps that keep it so are in :mod:`.copies`).
 
 The rules that keep it true
     A record is always written *after* the index blob that names it, and an index blob is removed only

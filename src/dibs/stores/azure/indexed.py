@@ -1,11 +1,13 @@
 """The Azure store's reads through its index (:mod:`.index`): the leases from the ``live`` blobs, the
 newest artifacts and failures from the ``made`` blobs, each record they name downloaded and trusted
-over its index blob; and the sweep of the ``live`` blobs left behind.
+over its index blob (or, for a done key, read from the copy of it its ``made`` blob carries:
+:mod:`.copies`); and the sweep of the ``live`` blobs left behind.
 
 They cost what they show: a listing of the namespace's ``live`` blobs and a download of each (the
-keys held or expired now), and a page of ``made`` blobs per ``limit`` newest records. Only ``dibs
-top``'s counts of finished keys still list record blobs, the first page of them (see
-:meth:`IndexedReads.overview`).
+keys held or expired now), and a page of ``made`` blobs per ``limit`` newest records, with a download
+only of those without a copy (a key being computed again, a failure, a writer killed between its
+steps). Only ``dibs top``'s counts of finished keys still list record blobs, the first page of them
+(see :meth:`IndexedReads.overview`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from azure.storage.blob import BlobProperties
 from dibs.errors import CorruptRecord
 from dibs.records import KeyState
 from dibs.stores import pages
-from dibs.stores.azure import index, reads
+from dibs.stores.azure import copies, index, reads
+from dibs.stores.azure.clock import PagedExchanges
 from dibs.stores.azure.reads import Entry
 from dibs.stores.base import Skipped
 
@@ -89,9 +92,10 @@ class IndexedReads:
     ) -> builtins.list[KeyState]:
         """The ``limit`` newest artifacts (or failures) of the namespace, newest first, ties in key
         order (as :func:`~dibs.stores.pages.latest_of` has them): the ``made`` blobs in name order, a
-        page of ``limit`` at a time, each record downloaded and kept only when it still holds what its
-        blob names (a stale blob is passed over). A name holds whole microseconds, so the blobs of the
-        last microsecond taken are all read before the exact times and keys decide the order."""
+        page of ``limit`` at a time, each record read from the blob's copy or else downloaded, and kept
+        only when it still holds what its blob names (a stale blob is passed over). A name holds
+        whole microseconds, so the blobs of the last microsecond taken are all read before the exact
+        times and keys decide the order."""
         pages.check_limit(limit)
         made = pages.made_at(kind)
         found: builtins.list[KeyState] = []
@@ -101,16 +105,21 @@ class IndexedReads:
         # that its microsecond is over, with no further request.
         per_page = min(limit + 1, _LISTING_PAGE)
         done = False
-        for page in self.listing(self._layout.made_prefix(kind, namespace), per_page):
-            entries = [m for blob in page if (m := self._layout.parse_made(blob.name)) is not None]
+        for page, now in self._made_pages(self._layout.made_prefix(kind, namespace), per_page):
+            entries = [
+                (m, self._copied(blob, m, now))
+                for blob in page
+                if (m := self._layout.parse_made(blob.name)) is not None
+            ]
             while entries and not done:
                 if last is None:  # as many as are missing (more only when some turn out stale)
                     batch, entries = entries[: limit - len(found)], entries[limit - len(found) :]
                 else:  # the rest of the last microsecond kept; an older name ends the read
                     batch = list(itertools.takewhile(functools.partial(_not_older, last), entries))
                     done, entries = len(batch) < len(entries), []
-                states = fetch([self.record_of(m.digest) for m in batch])
-                for entry, state in zip(batch, states, strict=True):
+                fetched = iter(fetch([self.record_of(m.digest) for m, copy in batch if copy is None]))
+                for entry, copy in batch:
+                    state = copy if copy is not None else next(fetched)
                     at = None if state is None else made(state)
                     if state is None or at is None or entry.digest in shown or index.micros(at) != entry.at:
                         continue
@@ -124,6 +133,39 @@ class IndexedReads:
                 break
         found.sort(key=lambda state: (-(made(state) or 0.0), state.key.namespace, state.key.name))
         return found[:limit]
+
+    def _made_pages(
+        self, prefix: str, per_page: int
+    ) -> Iterator[tuple[builtins.list[BlobProperties], float | None]]:
+        """As :meth:`listing`, with each blob's metadata (the record copies of :mod:`.copies`) and the
+        service's time of the page that listed it (``None`` when its response left none)."""
+        hooks = PagedExchanges()
+        listed = self._store._container.list_blobs(
+            name_starts_with=prefix,
+            include=["metadata"],
+            results_per_page=per_page,
+            raw_request_hook=hooks.on_request,
+            raw_response_hook=hooks.on_response,
+        ).by_page()
+
+        def next_page() -> tuple[builtins.list[BlobProperties], float | None] | None:
+            try:
+                page = builtins.list(next(listed))
+            except (StopIteration, ResourceNotFoundError):  # the end, or no container yet
+                return None
+            exchange = hooks.take()
+            if exchange.received is None:
+                return page, None
+            return page, self._store._now(exchange, "a listing of", self._store._where(prefix))
+
+        while (answer := self._store._call("list the index in", None, next_page)) is not None:
+            yield answer
+
+    def _copied(self, blob: BlobProperties, made: index.Made, now: float | None) -> KeyState | None:
+        """The record a listed ``made`` blob copies, when it has a copy to trust (see :mod:`.copies`)."""
+        if now is None:
+            return None
+        return copies.record_in(blob.metadata, made.digest, now, where=self._store._where(blob.name))
 
     def sweep(self, namespace: str | None) -> int:
         """Delete the ``live`` blobs whose record holds no lease (left by a process killed between its
@@ -192,5 +234,5 @@ class IndexedReads:
         )
 
 
-def _not_older(microsecond: int, made: index.Made) -> bool:
-    return made.at >= microsecond
+def _not_older(microsecond: int, entry: tuple[index.Made, KeyState | None]) -> bool:
+    return entry[0].at >= microsecond

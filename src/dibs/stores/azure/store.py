@@ -28,7 +28,7 @@ from dibs.errors import ConfigurationError, CorruptRecord, LeaseLost, Reservatio
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
 from dibs.stores import codec, decoder, pages, redact_url, transitions
-from dibs.stores.azure import blobs, index, reads
+from dibs.stores.azure import blobs, copies, index, reads
 from dibs.stores.azure.clock import Exchange, PagedExchanges, ServiceClock
 from dibs.stores.azure.connection import connect, describe, endpoint_of, no_credential
 from dibs.stores.azure.feed import EtagFeed
@@ -275,18 +275,29 @@ class AzureBlobStore(RecordStore):
 
     def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool | Loaded:
         """Swap the record, keeping the index true around it (the rules are in :mod:`.index`): the
-        index blobs the new record needs are written first, those the old one needed after."""
+        index blobs the new record needs are written first, those the old one needed after; and the
+        copies of :mod:`.copies`, removed from the old record's ``made`` blob before, set on the new
+        one's after."""
         change = index.changes(self._index, old, new)
-        before: builtins.list[Callable[[], str | None]] = []
+        copy = copies.copy_metadata(new)
+        copy_name = None if copy is None else self._made_artifact(new)
+        uncopied = self._made_artifact(old) if copies.may_have_copy(old) else None
+        if uncopied is None and copy_name is not None and copy_name not in change.made_before:
+            uncopied = copy_name  # its copy was removed when the lease was taken: this learns its ETag
+        before: dict[str, Callable[[], str | None]] = {}
         if change.ends_lease:
-            before.append(functools.partial(self._live_etag, key))
+            before["live"] = functools.partial(self._live_etag, key)
         if change.takes_lease:
-            before.append(functools.partial(self._put_index, key, self._index.live(key)))
-        before.extend(functools.partial(self._put_index, key, name) for name in change.made_before)
+            before[self._index.live(key)] = functools.partial(self._put_index, key, self._index.live(key))
+        for name in change.made_before:
+            before[name] = functools.partial(self._put_index, key, name)
+        if uncopied is not None:
+            before[uncopied] = functools.partial(self._uncopy, key, uncopied)
         # Independent requests, sent together: a completion's ETag read and its artifact's index blob
         # cost one round trip, not two.
-        answers = self._concurrently(lambda call: call(), before)
-        ended_marker = answers[0] if change.ends_lease else None
+        answers = dict(
+            zip(before, self._concurrently(lambda call: call(), builtins.list(before.values())), strict=True)
+        )
         swapped = self._write(key, version, new)
         if swapped is not True:
             if isinstance(swapped, tuple):  # lost to another write: drop what only this one needed
@@ -295,8 +306,12 @@ class AzureBlobStore(RecordStore):
                     if name not in needed:
                         self._drop_index(key, name)
             return swapped
-        if ended_marker is not None:
-            self._drop_index(key, self._index.live(key), ended_marker)
+        after: builtins.list[Callable[[], None]] = []
+        if (ended_marker := answers.get("live")) is not None:
+            after.append(functools.partial(self._drop_index, key, self._index.live(key), ended_marker))
+        if copy is not None and copy_name is not None and (seen := answers.get(copy_name)) is not None:
+            after.append(functools.partial(self._copy, key, copy_name, copy, seen))
+        self._concurrently(lambda call: call(), after)  # neither raises: one round trip for both
         for name in change.stale_after:
             self._drop_index(key, name)
         if old.artifact is not None:
@@ -307,6 +322,10 @@ class AzureBlobStore(RecordStore):
                 # it again: deleting it cannot hurt anyone, however late this call runs.
                 self._delete_quietly(key, self.artifact_name(key, old.artifact))
         return swapped
+
+    def _made_artifact(self, state: KeyState) -> str:
+        assert state.artifact is not None
+        return self._index.made("artifact", state.key, state.artifact.created_at)
 
     def _write(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
         name = self.record_name(key)
@@ -353,19 +372,61 @@ class AzureBlobStore(RecordStore):
 
     # The index (see .index) ---------------------------------------------------------------------
 
-    def _put_index(self, key: Key | None, name: str, *, overwrite: bool = True) -> None:
+    def _put_index(self, key: Key | None, name: str, *, overwrite: bool = True) -> str | None:
         """Write the (empty) index blob ``name``: overwritten, which gives a ``live`` blob a new ETag;
-        or create-only, when one already there will do (the rebuild)."""
+        or create-only, when one already there will do (the rebuild). Returns the written blob's
+        ETag (``None``: create-only found one)."""
+        blob = self._container.get_blob_client(name)
+
+        def put() -> str | None:
+            try:
+                return str(blob.upload_blob(b"", overwrite=overwrite)["etag"])
+            except ResourceExistsError:
+                if overwrite:
+                    raise
+                return None
+
+        return self._call(
+            "write the index of", key, lambda: blobs.with_container(put, self._ensure_container)
+        )
+
+    def _uncopy(self, key: Key, name: str) -> str | None:
+        """Remove the record copy from the ``made`` blob ``name`` (see :mod:`.copies`), before a write
+        that changes the record it may copy; returns the blob's new ETag, ``None`` when there is no
+        such blob (an older dibs's record, indexed by nobody yet). Raised like any write before the
+        record's: the record is then left as it was."""
+        blob = self._container.get_blob_client(name)
+
+        def clear() -> str | None:
+            try:
+                return str(blob.set_blob_metadata({})["etag"])
+            except ResourceNotFoundError:
+                return None
+
+        return self._call("write the index of", key, clear)
+
+    def _copy(self, key: Key, name: str, metadata: dict[str, str], etag: str) -> None:
+        """Set a copy of the record just written on its ``made`` blob, ``If-Match`` the ETag this writer
+        saw before its write (refused when another writer removed the copy since: the record changed).
+        A failure is logged, never raised: the write has landed, and a blob without a copy only costs
+        its readers a download."""
         blob = self._container.get_blob_client(name)
 
         def put() -> None:
             try:
-                blob.upload_blob(b"", overwrite=overwrite)
-            except ResourceExistsError:
-                if overwrite:
+                blob.set_blob_metadata(metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
+            except ResourceNotFoundError:
+                pass  # removed since: the artifact was replaced or forgotten
+            except HttpResponseError as exc:
+                if not blobs.is_conflict(exc):  # 412: another writer changed the record since
                     raise
 
-        self._call("write the index of", key, lambda: blobs.with_container(put, self._ensure_container))
+        try:
+            self._call("write the index of", key, put)
+        except ReservationError as exc:
+            logger.info(
+                "could not copy the record of %s onto its index blob (%s); it is read instead", key, exc
+            )
 
     def _live_etag(self, key: Key) -> str | None:
         """The ETag of ``key``'s ``live`` blob (``None``: there is none), read before a write that ends

@@ -1,0 +1,89 @@
+"""The copy of its record that an artifact's ``made`` index blob carries in its metadata, so the newest
+done keys (the Reservations page, ``dibs top``) come from one listing instead of a GET per key.
+
+Why a copy can be trusted
+    The index's rule is that the record decides, and a copy is only ever the record itself, byte for
+    byte (:func:`dibs.stores.codec.encode`). It is kept so by two steps around every record write
+    (:meth:`AzureBlobStore._swap <dibs.stores.azure.AzureBlobStore._swap>`):
+
+    - **before** a write from a record that may have a copy (an artifact, no lease), the copy is
+      removed: the ``made`` blob's metadata is emptied, which gives the blob a new ETag;
+    - **after** a write that lands a record with an artifact and no lease, the copy is set on its
+      ``made`` blob *only if* the blob's ETag is still the one this writer saw before its write (its
+      own removal, or its own creation of the blob). Any other writer that read this record since
+      removed the copy first, which changed the ETag, so the late copy is refused.
+
+    A copy therefore exists only while the record is exactly what it holds. A process killed between
+    the steps leaves a blob with no copy, never a wrong one, and a blob with no copy is read as before
+    (its record downloaded). So are the blobs :meth:`~dibs.stores.azure.AzureBlobStore.rebuild_index`
+    writes: a writer that removed a copy before the rebuild created the blob would not have fenced a
+    copy set by the rebuild, so the rebuild sets none, and such a key gains its copy at its next
+    completion. A record that holds a lease never has a copy: its ``made`` blob had its
+    copy removed before the lease was taken, so a key being computed again is never shown as done.
+
+    The steps cost one request per completion, sent after the record is written together with the
+    ``live`` blob's delete (no round trip more), and one per write from a done key (a refresh taking
+    it, ``forget``, ``prune``), sent together with that write's other index requests.
+
+Format ``1`` (metadata, ASCII as HTTP headers need)::
+
+    dibs_copy      "1"
+    dibs_record    the record as :func:`~dibs.stores.codec.encode` writes it, URL-safe base64
+
+A record too long for Azure's 8 KB of metadata per blob (a key name and a failure message near their
+limits) gets no copy and is downloaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+
+from dibs.errors import CorruptRecord
+from dibs.records import KeyState
+from dibs.stores import codec
+
+__all__ = ["COPY_FORMAT", "MAX_COPY", "copy_metadata", "may_have_copy", "record_in"]
+
+#: The copy's format, in ``dibs_copy``; a reader ignores a copy of any other (and downloads).
+COPY_FORMAT = "1"
+#: The longest encoded record copied. Azure allows 8 KB of metadata per blob, names and values.
+MAX_COPY = 7800
+
+_COPY = "dibs_copy"
+_RECORD = "dibs_record"
+
+
+def may_have_copy(state: KeyState) -> bool:
+    """Whether ``state``'s ``made`` artifact blob may carry a copy of it: it has an artifact and holds no
+    lease (a copy is set only on such a record)."""
+    return state.artifact is not None and state.lease is None
+
+
+def copy_metadata(state: KeyState) -> dict[str, str] | None:
+    """The metadata that copies ``state`` onto its artifact's ``made`` blob; ``None`` when it may not
+    have a copy, or is too long for one."""
+    if not may_have_copy(state):
+        return None
+    encoded = base64.urlsafe_b64encode(codec.encode(state)).decode("ascii")
+    if len(encoded) > MAX_COPY:
+        return None
+    return {_COPY: COPY_FORMAT, _RECORD: encoded}
+
+
+def record_in(metadata: Mapping[str, str] | None, digest: str, now: float, *, where: str) -> KeyState | None:
+    """The record a ``made`` blob's metadata copies, read at ``now`` (the service's time of the listing
+    page that carried it); ``None`` when it has no copy to trust (none, another format, or one that
+    does not decode to a record of this key without a lease): the caller then downloads the record."""
+    if not metadata:
+        return None
+    found = {name.lower(): value for name, value in metadata.items()}
+    if found.get(_COPY) != COPY_FORMAT or _RECORD not in found:
+        return None
+    try:
+        data = base64.urlsafe_b64decode(found[_RECORD].encode("ascii"))
+        state = codec.decode(data, None, now, where=where, digest=digest)
+    except (ValueError, binascii.Error, CorruptRecord):
+        return None
+    return state if may_have_copy(state) else None
