@@ -12,7 +12,10 @@ failure beside them), and at each size:
   when one takes over 5 s; the ratio is listing / index;
 * ``held page``: ``dibs ls --state held`` (a page of 100) the same two ways;
 * ``airflow page``: what the Reservations page reads with no task waiting (each status a page at a
-  time until 500 rows: the held and expired ones through the index, the done ones by the listing);
+  time until 500 rows: the held and expired ones through the ``live`` blobs, the done ones newest
+  first from the ``made`` blobs and the record copies they carry, :mod:`dibs.stores.azure.copies`),
+  median of 3, against the same page with every record it shows downloaded (:class:`Uncopied`, the
+  reads as they were before the copies), and the records each downloads (counted);
 * ``new key``: ``acquire`` + ``complete`` of a fresh key with the index kept, interleaved call by call
   with the same on a store that writes no index (:class:`Unindexed`, the write path as it was): the
   index's cost on the hot path, p50 and the ratio;
@@ -34,6 +37,7 @@ Nothing here is a threshold: the machine may be busy, so compare ratios of one r
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import platform
@@ -44,6 +48,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from azure.storage.blob import BlobProperties
+
 import dibs
 from benchmarks.history import _airflow_page, _interleaved, _median, _name, _new_key
 from benchmarks.targets import open_targets
@@ -51,13 +57,16 @@ from dibs._cli.top import snapshot
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, Granted, KeyState, checksum
 from dibs.stores import AcquireRequest, transitions
-from dibs.stores.azure import AzureBlobStore
+from dibs.stores.azure import AzureBlobStore, copies, index
 from dibs.stores.azure.feed import EtagFeed
+from dibs.stores.azure.indexed import IndexedReads
 from dibs.stores.base import Loaded
 
 NAMESPACE = "history"  # the name _airflow_page reads
 #: The largest size the rebuild is timed at (it writes an index blob per finished key).
 REBUILD_UP_TO = 10_000
+#: The newest keys given their record copies back after a rebuild: more than a page shows.
+_COPIED_AGAIN = 1000
 #: Keys held while the reads are timed, and watched by the change feed's look.
 WATCHED = 20
 #: Record GETs timed at each size, one after the other and then this many at a time.
@@ -69,6 +78,19 @@ class Listed(AzureBlobStore):
 
     def _through_index(self, namespace: str | None) -> bool:
         return False
+
+
+class _NoCopies(IndexedReads):
+    def _copied(self, blob: BlobProperties, made: index.Made, now: float | None) -> KeyState | None:
+        return None
+
+
+class Uncopied(AzureBlobStore):
+    """The reads through the index as they were before the record copies: each record shown downloaded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._indexed_reads = _NoCopies(self)
 
 
 class Unindexed(AzureBlobStore):
@@ -105,16 +127,40 @@ def _live_work(store: AzureBlobStore) -> None:
     store.release(broken.lease.key, broken.lease.token, "ValueError: no rows")
 
 
-def _rebuild(store: AzureBlobStore) -> float:
+def _rebuild(store: AzureBlobStore, size: int) -> float:
     """The once-only indexing of a store an older dibs wrote: its index blobs are deleted (in batches
-    of 256, outside the timing), then the rebuild lists the records and writes them all again."""
+    of 256, outside the timing), then the rebuild lists the records and writes them all again.
+
+    A rebuild sets no record copy (:mod:`dibs.stores.azure.copies`), so the newest done keys then get
+    theirs back as a completion sets one (outside the timing): the next size's reads see the store as
+    its completions left it, not as a rebuild did."""
     names = [blob.name for blob in store._container.list_blobs(name_starts_with=store._index.root)]
     for start in range(0, len(names), 256):
         store._container.delete_blobs(*names[start : start + 256], raise_on_any_failure=False)
     store._index_ready = False
     started = time.perf_counter()
     store.rebuild_index()
-    return time.perf_counter() - started
+    took = time.perf_counter() - started
+
+    newest = itertools.islice(
+        store._container.list_blobs(name_starts_with=store._index.made_prefix("artifact", NAMESPACE)),
+        _COPIED_AGAIN,
+    )
+
+    def copy_again(name: str) -> None:
+        made = store._index.parse_made(name)
+        assert made is not None
+        state = store._list_entry(store._indexed_reads.record_of(made.digest))
+        metadata = None if state is None else copies.copy_metadata(state)
+        if state is None or metadata is None or store._made_artifact(state) != name:
+            return
+        etag = store._uncopy(state.key, name)
+        assert etag is not None
+        store._copy(state.key, name, metadata, etag)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(copy_again, [blob.name for blob in newest]))
+    return took
 
 
 def _feed_looks(store: AzureBlobStore) -> tuple[float, float]:
@@ -170,11 +216,12 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
         AzureBlobStore.from_url(url) as store,
         Listed.from_url(url) as listed,
         Unindexed.from_url(url) as unindexed,
+        Uncopied.from_url(url) as uncopied,
     ):
         _live_work(store)
         indexed_client = dibs.Reservations(store, namespace=NAMESPACE)
         listed_client = dibs.Reservations(listed, namespace=NAMESPACE)
-        airflow_page = _airflow_page(store)
+        airflow_page, downloading_page = _airflow_page(store), _airflow_page(uncopied)
         grown_to = 0
         for size in sizes:
             started = time.perf_counter()
@@ -187,12 +234,15 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
             doc = snapshot(indexed_client)
             held = _median(lambda: store.list_page(NAMESPACE, state="held", limit=100))
             held_listed = _median(lambda: listed.list_page(NAMESPACE, state="held", limit=100))
+            uncopied.overview(NAMESPACE, leases=1, recent=1)
             shown = _median(airflow_page, repeats=3)
+            shown_downloading = _median(downloading_page, repeats=3)
             page_gets = _downloads(store, airflow_page)
+            page_gets_downloading = _downloads(uncopied, downloading_page)
             look, look_listed = _feed_looks(store)
             get, get_concurrent = _record_get(store, size)
             new_key, new_key_unindexed = _interleaved(_new_key(store), _new_key(unindexed), ops)
-            rebuild = _rebuild(store) if size <= REBUILD_UP_TO else None
+            rebuild = _rebuild(store, size) if size <= REBUILD_UP_TO else None
             results.append(
                 {
                     "keys": size,
@@ -207,6 +257,9 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
                     "held_page_ratio": round(held_listed / held, 1),
                     "airflow_page_s": round(shown, 4),
                     "airflow_page_gets": page_gets,
+                    "airflow_page_uncopied_s": round(shown_downloading, 4),
+                    "airflow_page_uncopied_gets": page_gets_downloading,
+                    "airflow_page_ratio": round(shown_downloading / shown, 1),
                     "feed_look_s": round(look, 4),
                     "feed_look_listed_s": round(look_listed, 4),
                     "feed_look_ratio": round(look_listed / look, 1),
@@ -235,15 +288,16 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
         f"`python -m benchmarks.azure_index --sizes {argv['sizes']} --ops {argv['ops']}`, on Azurite, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}. Ratios: the listing against the index "
         "(how many times slower the read was before the index); `new key` with the index kept against "
-        "the write path without it, interleaved. `its GETs`: the records the page downloads (counted); "
+        "the write path without it, interleaved. `Airflow page`: with the record copies, against every "
+        "record it shows downloaded (`downloading`); `GETs`: the records each downloads (counted); "
         f"`one GET`: one record's GET at that size, median of {GETS} one after the other; `at once`: the "
         f"same GETs {CONCURRENT} at a time, per GET.",
         "",
         "| keys | top --once | by listing | x | held page (100) | by listing | x | Airflow page "
-        "| its GETs | one GET | at once | feed look (20 keys) | by listing | x "
+        "| GETs | downloading | GETs | x | one GET | at once | feed look (20 keys) | by listing | x "
         "| new key p50 | without index | x | rebuild | top's counts |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | ---: | --- |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in results:
         counts = ", ".join(
@@ -254,6 +308,8 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
             f"| {r['keys']:,} | {_ms(r['top_s'])} | {_ms(r['top_listed_s'])} | {r['top_ratio']} | "
             f"{_ms(r['held_page_s'])} | {_ms(r['held_page_listed_s'])} | {r['held_page_ratio']} | "
             f"{_ms(r['airflow_page_s'])} | {r.get('airflow_page_gets', '-')} | "
+            f"{_ms(r.get('airflow_page_uncopied_s'))} | {r.get('airflow_page_uncopied_gets', '-')} | "
+            f"{r.get('airflow_page_ratio', '-')} | "
             f"{r.get('record_get_ms', '-')} ms | {r.get('record_get_concurrent_ms', '-')} ms | "
             f"{_ms(r.get('feed_look_s'))} | {_ms(r.get('feed_look_listed_s'))} | "
             f"{r.get('feed_look_ratio', '-')} | "
