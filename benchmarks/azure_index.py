@@ -37,7 +37,6 @@ Nothing here is a threshold: the machine may be busy, so compare ratios of one r
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import platform
@@ -57,16 +56,15 @@ from dibs._cli.top import snapshot
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, Granted, KeyState, checksum
 from dibs.stores import AcquireRequest, transitions
-from dibs.stores.azure import AzureBlobStore, copies, index
+from dibs.stores.azure import AzureBlobStore, index
 from dibs.stores.azure.feed import EtagFeed
 from dibs.stores.azure.indexed import IndexedReads
+from dibs.stores.azure.store import Echo
 from dibs.stores.base import Loaded
 
 NAMESPACE = "history"  # the name _airflow_page reads
 #: The largest size the rebuild is timed at (it writes an index blob per finished key).
 REBUILD_UP_TO = 10_000
-#: The newest keys given their record copies back after a rebuild: more than a page shows.
-_COPIED_AGAIN = 1000
 #: Keys held while the reads are timed, and watched by the change feed's look.
 WATCHED = 20
 #: Record GETs timed at each size, one after the other and then this many at a time.
@@ -98,6 +96,8 @@ class Unindexed(AzureBlobStore):
 
     def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool | Loaded:
         swapped = self._write(key, version, new)
+        if swapped is Echo.SAME:
+            swapped = True
         if swapped is True and old.artifact is not None and new.artifact != old.artifact:
             self._delete_quietly(key, self.artifact_name(key, old.artifact))
         return swapped
@@ -127,40 +127,19 @@ def _live_work(store: AzureBlobStore) -> None:
     store.release(broken.lease.key, broken.lease.token, "ValueError: no rows")
 
 
-def _rebuild(store: AzureBlobStore, size: int) -> float:
+def _rebuild(store: AzureBlobStore) -> float:
     """The once-only indexing of a store an older dibs wrote: its index blobs are deleted (in batches
     of 256, outside the timing), then the rebuild lists the records and writes them all again.
-
-    A rebuild sets no record copy (:mod:`dibs.stores.azure.copies`), so the newest done keys then get
-    theirs back as a completion sets one (outside the timing): the next size's reads see the store as
-    its completions left it, not as a rebuild did."""
+    It gives the newest done keys of the namespace their record copies again
+    (:data:`~dibs.stores.azure.store.REBUILD_COPIES`, :mod:`dibs.stores.azure.copies`), so the next
+    size's reads find them as the completions left them."""
     names = [blob.name for blob in store._container.list_blobs(name_starts_with=store._index.root)]
     for start in range(0, len(names), 256):
         store._container.delete_blobs(*names[start : start + 256], raise_on_any_failure=False)
     store._index_ready = False
     started = time.perf_counter()
     store.rebuild_index()
-    took = time.perf_counter() - started
-
-    newest = itertools.islice(
-        store._container.list_blobs(name_starts_with=store._index.made_prefix("artifact", NAMESPACE)),
-        _COPIED_AGAIN,
-    )
-
-    def copy_again(name: str) -> None:
-        made = store._index.parse_made(name)
-        assert made is not None
-        state = store._list_entry(store._indexed_reads.record_of(made.digest))
-        metadata = None if state is None else copies.copy_metadata(state)
-        if state is None or metadata is None or store._made_artifact(state) != name:
-            return
-        etag = store._uncopy(state.key, name)
-        assert etag is not None
-        store._copy(state.key, name, metadata, etag)
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(copy_again, [blob.name for blob in newest]))
-    return took
+    return time.perf_counter() - started
 
 
 def _feed_looks(store: AzureBlobStore) -> tuple[float, float]:
@@ -242,7 +221,7 @@ def measure(url: str, sizes: list[int], ops: int) -> list[dict[str, Any]]:
             look, look_listed = _feed_looks(store)
             get, get_concurrent = _record_get(store, size)
             new_key, new_key_unindexed = _interleaved(_new_key(store), _new_key(unindexed), ops)
-            rebuild = _rebuild(store, size) if size <= REBUILD_UP_TO else None
+            rebuild = _rebuild(store) if size <= REBUILD_UP_TO else None
             results.append(
                 {
                     "keys": size,

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from dibs.keys import Key
 from dibs.records import Granted, Held, KeyState, LeaseRecord, Present, checksum
 from dibs.stores import AcquireRequest, NewArtifact, Store, pages
 from dibs.stores.azure import AzureBlobStore, parse_url
+from dibs.stores.azure import store as azure_store
 from dibs.stores.azure.feed import EtagFeed
 from dibs.stores.azure.index import Layout, micros
 from dibs.testing.contract import opened_stores
@@ -323,6 +325,7 @@ def test_a_store_written_without_the_index_is_indexed_by_its_first_read(
     assert Layout(store.prefix).ready in _index_blobs(raw, store)
     for key in keys.values():
         assert _needed(store, store.read(key)) <= _index_blobs(raw, store)
+    assert _assert_every_copy_is_its_record(raw, store) == 1  # the done key's, set by the rebuild
 
     caplog.clear()
     with caplog.at_level("INFO", logger="dibs.stores.azure.store"):
@@ -487,7 +490,8 @@ def _assert_every_copy_is_its_record(raw: ContainerClient, store: AzureBlobStore
     for name, data in copied.items():
         made = layout.parse_made(name)
         assert made is not None and "/made/a/" in name, name
-        state = store.read(Key(NAMESPACE, json.loads(data)["name"]))
+        doc = json.loads(data)
+        state = store.read(Key(doc["namespace"], doc["name"]))
         assert data == _record_bytes(raw, store, state.key), name
         assert state.artifact is not None and state.lease is None
         assert layout.made("artifact", state.key, state.artifact.created_at) == name
@@ -596,6 +600,52 @@ def test_a_copy_set_late_is_refused_once_the_record_has_changed(
     assert shown.status == "held" and shown.lease is not None and shown.lease.token == taken[0].token
 
 
+def test_a_write_found_landed_by_its_bytes_sets_no_copy(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """Two force-releases of a refresh's lease read the same record and make the same change. The
+    first lands and copies; a refresh then reads that record, removes the copy and stalls before its
+    swap; the second force-release removes the copy again, is refused, and finds its own bytes. Its
+    write counts as landed, but it may not copy: the stalled refresh's swap would leave the copy on a
+    held record (found in review, 2026-12-03)."""
+    first, second, refresher = open_azure(), open_azure(), open_azure()
+    key = Key(NAMESPACE, "released-twice")
+    first.complete(key, _granted(first.acquire(key, AcquireRequest("w", 60))).token, _payload(b"a"))
+    _granted(first.acquire(key, AcquireRequest("refresh-1", 60, max_age=0)))
+    stalled, go = threading.Event(), threading.Event()
+    refreshed: list[object] = []
+    write = refresher._write
+
+    def stall(key_: Key, version: object, new: KeyState) -> Any:
+        stalled.set()
+        assert go.wait(GENEROUS)
+        return write(key_, version, new)
+
+    refresher._write = stall  # type: ignore[method-assign]
+    refresh = threading.Thread(
+        target=lambda: refreshed.append(refresher.acquire(key, AcquireRequest("refresh-2", 60, max_age=0)))
+    )
+    uncopy = second._uncopy
+    raced: list[bool] = []
+
+    def late_uncopy(key_: Key, name: str) -> str | None:
+        if not raced:
+            raced.append(first.force_release(key))  # lands and copies
+            refresh.start()  # reads that record, removes its copy, stalls before its swap
+            assert stalled.wait(GENEROUS)
+        return uncopy(key_, name)
+
+    second._uncopy = late_uncopy  # type: ignore[method-assign]
+    assert second.force_release(key)  # its bytes, found after the refusal
+    go.set()
+    refresh.join(GENEROUS)
+    assert raced == [True] and isinstance(refreshed[0], Granted)
+    assert first.read(key).status == "held"
+    assert _copies(raw, first) == {}
+    (shown,) = first.latest(NAMESPACE, "artifact", limit=5)
+    assert shown.status == "held"
+
+
 def test_a_writer_killed_between_its_steps_leaves_no_copy_and_the_record_is_read(
     open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
 ) -> None:
@@ -628,6 +678,60 @@ def test_a_writer_killed_between_its_steps_leaves_no_copy_and_the_record_is_read
         for s in shown
         if s.artifact is not None
     )
+
+
+def test_a_rebuild_copies_the_newest_done_keys_of_each_namespace(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_azure()
+    other = "azure.index.other"
+    for namespace in (NAMESPACE, other):
+        for i in range(4):
+            _complete_at(store, Key(namespace, f"day-{i}"), 1_000_000.0 + i)
+    for name in _index_blobs(raw, store):  # as an older dibs left the store: records only
+        raw.delete_blob(name)
+    monkeypatch.setattr(azure_store, "REBUILD_COPIES", 2)
+    store.rebuild_index()
+    _assert_every_copy_is_its_record(raw, store)
+    copied = {
+        json.loads(data)["namespace"] + "/" + json.loads(data)["name"]
+        for data in _copies(raw, store).values()
+    }
+    assert copied == {f"{ns}/day-{i}" for ns in (NAMESPACE, other) for i in (2, 3)}  # the newest two each
+
+
+def test_a_copy_given_again_is_fenced_against_a_writer_that_read_the_record_before(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
+) -> None:
+    """A process reads the done record and removes its copy, then (before its swap) a rebuild gives the
+    key its copy again: the rebuild's unchanged rewrite makes that swap fail, the process reads again
+    and removes the copy before it takes the key. Without the rewrite, the copy would outlive the
+    record it copies (a held key shown as done)."""
+    store, other = open_azure(), open_azure()
+    key = Key(NAMESPACE, "rebuilt")
+    store.complete(key, _granted(store.acquire(key, AcquireRequest("w", 60))).token, _payload(b"r"))
+    for name in _copies(raw, store):
+        raw.get_blob_client(name).set_blob_metadata({})  # as a rebuild finds it, before the copy
+    write = other._write
+    copied: list[bool] = []
+
+    def rebuild_first(key_: Key, version: object, new: KeyState) -> Any:
+        if not copied:
+            copied.append(store._copy_again(key))
+        return write(key_, version, new)
+
+    other._write = rebuild_first  # type: ignore[method-assign]
+    refresh = _granted(other.acquire(key, AcquireRequest("refresh", 60, max_age=0)))
+    del other._write
+    assert copied == [True]  # set, then removed by the refresh's second attempt
+    assert _copies(raw, store) == {}
+    (shown,) = store.latest(NAMESPACE, "artifact", limit=5)
+    assert shown.status == "held"
+    assert store._copy_again(key) is False  # held: nothing to copy
+    other.release(key, refresh.token)  # done again: the release sets the copy itself
+    assert _assert_every_copy_is_its_record(raw, store) == 1
+    assert store._copy_again(key) is True
+    assert _assert_every_copy_is_its_record(raw, store) == 1
 
 
 def test_a_record_too_long_for_the_metadata_gets_no_copy_and_is_downloaded(

@@ -51,15 +51,15 @@ Reads of many records
     after the write that makes the record, removed before any write that changes it), so the newest done
     keys, the Reservations page's rows, cost one listing and no download each. Their cost follows the
     live work, not the history; a write that takes or ends a lease, or makes an artifact or a failure,
-    writes or removes an index blob beside its record (one request more to take a key, three more to
-    complete it in two round trips: requests that do not depend on each other are sent together; a
-    refresh's take of a done key one more, the copy's removal). ``dibs top``'s counts of held and
-    expired keys come from the index too; its counts of done and failed keys from the first page of the
-    record listing (1,000 blobs): past it they are lower bounds (``done 812+``), as nothing short of
-    listing every record blob counts them. ``reap`` sweeps the ``live`` blobs a killed process left
-    behind. A store written before the index (or by an older dibs) is indexed once, by the first such
-    read (:meth:`~AzureBlobStore.rebuild_index`); until then, and for a read of every namespace (the
-    index is kept per namespace), the reads list the records as below.
+    writes or removes an index blob beside its record (one request more to take a key; four more to
+    complete it, in two round trips, as requests that do not depend on each other are sent together; one
+    more, the copy's removal, for a write from a done key: a refresh's take, ``forget``, ``prune``).
+    ``dibs top``'s counts of held and expired keys come from the index too; its counts of done and
+    failed keys from the first page of the record listing (1,000 blobs): past it they are lower bounds
+    (``done 812+``), as nothing short of listing every record blob counts them. ``reap`` sweeps the
+    ``live`` blobs a killed process left behind. A store written before the index (or by an older dibs)
+    is indexed once, by the first such read (:meth:`~AzureBlobStore.rebuild_index`); until then, and for
+    a read of every namespace (the index is kept per namespace), the reads list the records as below.
 
     Everything else lists ``records/``, which returns each blob's metadata with its name, 5,000 blobs a
     request: every record blob carries a summary of its record there (the key's name, lease expiry,

@@ -13,17 +13,29 @@ Why a copy can be trusted
       own removal, or its own creation of the blob). Any other writer that read this record since
       removed the copy first, which changed the ETag, so the late copy is refused.
 
-    A copy therefore exists only while the record is exactly what it holds. A process killed between
-    the steps leaves a blob with no copy, never a wrong one, and a blob with no copy is read as before
-    (its record downloaded). So are the blobs :meth:`~dibs.stores.azure.AzureBlobStore.rebuild_index`
-    writes: a writer that removed a copy before the rebuild created the blob would not have fenced a
-    copy set by the rebuild, so the rebuild sets none, and such a key gains its copy at its next
-    completion. A record that holds a lease never has a copy: its ``made`` blob had its
-    copy removed before the lease was taken, so a key being computed again is never shown as done.
+    Only a write confirmed as this writer's own sets a copy. A write refused and then found to have
+    left the record with exactly its bytes (``Echo.SAME``: its own attempt landed before a retry, or
+    another writer made the same change, as two reapers do) counts as landed, but sets none: a third
+    writer may have read the other's record and removed its copy before this writer's removal.
 
-    The steps cost one request per completion, sent after the record is written together with the
-    ``live`` blob's delete (no round trip more), and one per write from a done key (a refresh taking
-    it, ``forget``, ``prune``), sent together with that write's other index requests.
+    A copy therefore exists only while the record is exactly what it holds. A record that holds a
+    lease never has one (its ``made`` blob's copy was removed before the lease was taken), so a key
+    being computed again is never shown as done. A process killed between the steps leaves a blob
+    with no copy, never a wrong one, and a blob with no copy is read as before (its record
+    downloaded).
+
+    A copy set outside a write of the record (``AzureBlobStore._copy_again``, what
+    :meth:`~dibs.stores.azure.AzureBlobStore.rebuild_index` does for the newest done keys of each
+    namespace) makes a write of its own: it removes the copy, rewrites the record unchanged (an ETag
+    swap, so a writer that read the record before, and may have removed a copy before the blob even
+    existed, fails its own swap and reads again), then sets the copy ``If-Match`` as above.
+
+What the steps cost
+    A completion: the copy, one request sent after the record's write together with the ``live``
+    blob's delete (no round trip more). ``forget`` and ``prune`` of a done key, and a refresh taking
+    one: the copy's removal before the write (for ``forget`` and ``prune``, a round trip more). The
+    release or reap of a refresh's lease, which leaves the artifact: a removal before (to learn the
+    ETag) and the copy after, each sent beside the write's other index requests.
 
 Format ``1`` (metadata, ASCII as HTTP headers need)::
 

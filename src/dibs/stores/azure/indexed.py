@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import BlobProperties
 
-from dibs.errors import CorruptRecord
+from dibs.errors import CorruptRecord, StoreUnavailable
 from dibs.records import KeyState
 from dibs.stores import pages
 from dibs.stores.azure import copies, index, reads
@@ -156,7 +156,10 @@ class IndexedReads:
             exchange = hooks.take()
             if exchange.received is None:
                 return page, None
-            return page, self._store._now(exchange, "a listing of", self._store._where(prefix))
+            try:
+                return page, self._store._now(exchange, "a listing of", self._store._where(prefix))
+            except StoreUnavailable:  # no usable Date: its records are downloaded, and judged by theirs
+                return page, None
 
         while (answer := self._store._call("list the index in", None, next_page)) is not None:
             yield answer

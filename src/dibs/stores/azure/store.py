@@ -7,6 +7,7 @@ import builtins
 import contextlib
 import dataclasses
 import email.utils
+import enum
 import functools
 import hashlib
 import logging
@@ -59,6 +60,20 @@ MAX_RECORD_BYTES = decoder.MAX_RECORD_BYTES
 _READS_FOR_A_TIME = 3
 
 ARTIFACT_FORMAT = "dibs.artifact/1"
+
+
+class Echo(enum.Enum):
+    """What :meth:`AzureBlobStore._write` returns when its write was refused and the record then held
+    exactly the bytes it meant to write: its own earlier attempt landed (a response lost, the request
+    retried), or another writer made the same change. Either way the record is as asked, but the
+    write may not be this writer's (see :mod:`.copies`)."""
+
+    SAME = "same bytes"
+
+
+#: The newest done keys of each namespace a rebuild of the index gives their record copies
+#: (:mod:`.copies`): a Reservations page's worth. Older ones are downloaded when shown.
+REBUILD_COPIES = 500
 
 
 class AzureBlobStore(RecordStore):
@@ -298,7 +313,13 @@ class AzureBlobStore(RecordStore):
         answers = dict(
             zip(before, self._concurrently(lambda call: call(), builtins.list(before.values())), strict=True)
         )
-        swapped = self._write(key, version, new)
+        swapped: bool | Loaded | Echo = self._write(key, version, new)
+        # Landed. A copy is set only on this writer's own confirmed write: bytes found equal after a
+        # refusal may be another writer's, who made the same change (two reapers, a release and a
+        # force-release), and a third writer may have removed the copy since that one wrote.
+        confirmed = swapped is True
+        if swapped is Echo.SAME:
+            swapped = True
         if swapped is not True:
             if isinstance(swapped, tuple):  # lost to another write: drop what only this one needed
                 needed = index.made_names(self._index, swapped[0])
@@ -306,10 +327,15 @@ class AzureBlobStore(RecordStore):
                     if name not in needed:
                         self._drop_index(key, name)
             return swapped
-        after: builtins.list[Callable[[], None]] = []
+        after: builtins.list[Callable[[], object]] = []
         if (ended_marker := answers.get("live")) is not None:
             after.append(functools.partial(self._drop_index, key, self._index.live(key), ended_marker))
-        if copy is not None and copy_name is not None and (seen := answers.get(copy_name)) is not None:
+        if (
+            confirmed
+            and copy is not None
+            and copy_name is not None
+            and (seen := answers.get(copy_name)) is not None
+        ):
             after.append(functools.partial(self._copy, key, copy_name, copy, seen))
         self._concurrently(lambda call: call(), after)  # neither raises: one round trip for both
         for name in change.stale_after:
@@ -327,7 +353,7 @@ class AzureBlobStore(RecordStore):
         assert state.artifact is not None
         return self._index.made("artifact", state.key, state.artifact.created_at)
 
-    def _write(self, key: Key, version: object, new: KeyState) -> bool | Loaded:
+    def _write(self, key: Key, version: object, new: KeyState) -> bool | Loaded | Echo:
         name = self.record_name(key)
         data = codec.encode(new)
         blob = self._container.get_blob_client(name)
@@ -367,7 +393,7 @@ class AzureBlobStore(RecordStore):
         # RecordStore._update for its next attempt, so settling this costs no extra request.
         current, etag, now = self._read_raw(key)
         if current == data:
-            return True  # the record holds exactly what we meant to write
+            return Echo.SAME  # the record holds exactly what we meant to write: landed, unconfirmed
         return self._decode(key, current, now), etag
 
     # The index (see .index) ---------------------------------------------------------------------
@@ -405,28 +431,54 @@ class AzureBlobStore(RecordStore):
 
         return self._call("write the index of", key, clear)
 
-    def _copy(self, key: Key, name: str, metadata: dict[str, str], etag: str) -> None:
-        """Set a copy of the record just written on its ``made`` blob, ``If-Match`` the ETag this writer
-        saw before its write (refused when another writer removed the copy since: the record changed).
-        A failure is logged, never raised: the write has landed, and a blob without a copy only costs
-        its readers a download."""
-        blob = self._container.get_blob_client(name)
-
-        def put() -> None:
-            try:
-                blob.set_blob_metadata(metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
-            except ResourceNotFoundError:
-                pass  # removed since: the artifact was replaced or forgotten
-            except HttpResponseError as exc:
-                if not blobs.is_conflict(exc):  # 412: another writer changed the record since
-                    raise
-
+    def _copy_again(self, key: Key) -> bool:
+        """Give ``key``'s ``made`` blob the copy of its record outside a write of its own (a rebuild):
+        the record is read, its blob's copy removed (its new ETag kept), the record rewritten
+        unchanged (an ETag swap, as the sweep makes: a writer that read it before now fails its own
+        swap and reads again), then the copy set ``If-Match`` the kept ETag (refused when a writer
+        that read the record since removed the copy first). Returns whether the copy was set; a
+        failure is logged, never raised: without its copy the record is downloaded when shown."""
         try:
-            self._call("write the index of", key, put)
+            state, version = self._load(key)
+            metadata = copies.copy_metadata(state)
+            if metadata is None or version is None:
+                return False  # not done (any more), or too long to copy
+            name = self._made_artifact(state)
+            etag = self._uncopy(key, name)
+            if etag is None or self._write(key, version, state) is not True:
+                return False  # no blob to copy onto, or the record changed since it was read
         except ReservationError as exc:
             logger.info(
                 "could not copy the record of %s onto its index blob (%s); it is read instead", key, exc
             )
+            return False
+        return self._copy(key, name, metadata, etag)
+
+    def _copy(self, key: Key, name: str, metadata: dict[str, str], etag: str) -> bool:
+        """Set a copy of the record just written on its ``made`` blob, ``If-Match`` the ETag this writer
+        saw before its write (refused when another writer removed the copy since: the record changed).
+        A failure is logged, never raised: the write has landed, and a blob without a copy only costs
+        its readers a download. Returns whether the copy was set."""
+        blob = self._container.get_blob_client(name)
+
+        def put() -> bool:
+            try:
+                blob.set_blob_metadata(metadata, etag=etag, match_condition=MatchConditions.IfNotModified)
+            except ResourceNotFoundError:
+                return False  # removed since: the artifact was replaced or forgotten
+            except HttpResponseError as exc:
+                if not blobs.is_conflict(exc):  # 412: another writer changed the record since
+                    raise
+                return False
+            return True
+
+        try:
+            return self._call("write the index of", key, put)
+        except ReservationError as exc:
+            logger.info(
+                "could not copy the record of %s onto its index blob (%s); it is read instead", key, exc
+            )
+            return False
 
     def _live_etag(self, key: Key) -> str | None:
         """The ETag of ``key``'s ``live`` blob (``None``: there is none), read before a write that ends
@@ -509,7 +561,9 @@ class AzureBlobStore(RecordStore):
         many records were read. For an operator after processes of an older dibs (which write records
         but no index blobs) wrote to this store; the first read that finds no ``index/ready`` runs it.
         A container that does not exist yet holds nothing to index, and is not created. The index
-        blobs already there are listed first and not written again."""
+        blobs already there are listed first and not written again. The newest
+        :data:`REBUILD_COPIES` done keys of each namespace are given their record copies
+        (:meth:`_copy_again`), so the Reservations page reads them from one listing at once."""
         entries, _ = self._entries(None)
         there = {blob.name for page in self._indexed_reads.listing(self._index.root, 5000) for blob in page}
         wanted: builtins.list[tuple[Key, str, bool]] = []
@@ -520,6 +574,7 @@ class AzureBlobStore(RecordStore):
             wanted.extend((key, name, True) for name in sorted(index.made_names(self._index, entry.state)))
         missing = [item for item in wanted if item[1] not in there]
         self._concurrently(lambda item: self._put_index(item[0], item[1], overwrite=item[2]), missing)
+        self._concurrently(self._copy_again, _newest_done(entries, REBUILD_COPIES))
         blob = self._container.get_blob_client(self._index.ready)
 
         def mark() -> bool:
@@ -928,3 +983,17 @@ class AzureBlobStore(RecordStore):
                     closable.close()
                 except Exception as exc:  # closing must not mask the caller's own error
                     logger.debug("error while closing %s: %s", type(closable).__name__, exc)
+
+
+def _newest_done(entries: Iterable[Entry], per_namespace: int) -> builtins.list[Key]:
+    """The keys of the ``per_namespace`` newest artifacts of each namespace among the records that
+    may carry a copy (:func:`.copies.may_have_copy`), as the listing's summaries tell."""
+    by_namespace: dict[str, builtins.list[KeyState]] = {}
+    for entry in entries:
+        if copies.may_have_copy(entry.state):
+            by_namespace.setdefault(entry.state.key.namespace, []).append(entry.state)
+    newest: builtins.list[Key] = []
+    for states in by_namespace.values():
+        states.sort(key=lambda state: -(state.artifact.created_at if state.artifact is not None else 0.0))
+        newest.extend(state.key for state in states[:per_namespace])
+    return newest
