@@ -757,7 +757,8 @@ def test_a_record_too_long_for_the_metadata_gets_no_copy_and_is_downloaded(
 
 
 def _churn(url: str, worker: int, keys: list[str], rounds: int, seed: int) -> None:
-    """Take, complete, fail, release, forget and abandon a few keys at random, ``rounds`` times."""
+    """Take, refresh, complete, fail, release, forget, force-release and abandon a few keys at random,
+    ``rounds`` times."""
     rng = random.Random(seed)
     with AzureBlobStore.from_url(url) as store:
         for _ in range(rounds):
@@ -770,6 +771,11 @@ def _churn(url: str, worker: int, keys: list[str], rounds: int, seed: int) -> No
                 continue  # heavy contention on one key: another round
             if isinstance(outcome, Present) and rng.random() < 0.5:
                 store.forget(key)
+                continue
+            if isinstance(outcome, Held) and rng.random() < 0.2:
+                # An operator's repair racing the holder and the other repairs: the same change made
+                # twice is how a write finds its own bytes after a refusal (no copy for it: .copies).
+                store.force_release(key)
                 continue
             if not isinstance(outcome, Granted):
                 continue
