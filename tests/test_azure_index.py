@@ -700,6 +700,32 @@ def test_a_rebuild_copies_the_newest_done_keys_of_each_namespace(
     assert copied == {f"{ns}/day-{i}" for ns in (NAMESPACE, other) for i in (2, 3)}  # the newest two each
 
 
+def test_a_rebuild_that_cannot_copy_still_completes_the_index(
+    open_azure: Callable[[], AzureBlobStore], raw: ContainerClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The copies come after ``index/ready``: an error stops them (once, logged), not the index."""
+    store = open_azure()
+    for i in range(3):
+        _complete_at(store, Key(NAMESPACE, f"day-{i}"), 1_000_000.0 + i)
+    for name in _index_blobs(raw, store):
+        raw.delete_blob(name)
+    calls: list[str] = []
+
+    def down(key: Key, name: str) -> str | None:
+        calls.append(name)
+        raise StoreUnavailable("the service went away (a test)")
+
+    store._uncopy = down  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="dibs.stores.azure.store"):
+        assert store.rebuild_index() == 3
+    assert Layout(store.prefix).ready in _index_blobs(raw, store) and store._index_ready
+    assert _copies(raw, store) == {} and 1 <= len(calls) <= 3
+    assert "could not copy the newest records" in caplog.text
+    assert _keys(store.latest(NAMESPACE, "artifact", limit=5)) == [
+        Key(NAMESPACE, f"day-{i}") for i in (2, 1, 0)
+    ]
+
+
 def test_a_copy_given_again_is_fenced_against_a_writer_that_read_the_record_before(
     open_azure: Callable[[], AzureBlobStore], raw: ContainerClient
 ) -> None:

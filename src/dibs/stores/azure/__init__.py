@@ -53,13 +53,16 @@ Reads of many records
     live work, not the history; a write that takes or ends a lease, or makes an artifact or a failure,
     writes or removes an index blob beside its record (one request more to take a key; four more to
     complete it, in two round trips, as requests that do not depend on each other are sent together; one
-    more, the copy's removal, for a write from a done key: a refresh's take, ``forget``, ``prune``).
-    ``dibs top``'s counts of held and expired keys come from the index too; its counts of done and
-    failed keys from the first page of the record listing (1,000 blobs): past it they are lower bounds
-    (``done 812+``), as nothing short of listing every record blob counts them. ``reap`` sweeps the
-    ``live`` blobs a killed process left behind. A store written before the index (or by an older dibs)
-    is indexed once, by the first such read (:meth:`~AzureBlobStore.rebuild_index`); until then, and for
-    a read of every namespace (the index is kept per namespace), the reads list the records as below.
+    more, the copy's removal, for a write from a done key: a refresh's take, ``forget``, ``prune``; two
+    more, in no round trip more, when a refresh's lease ends and leaves the artifact). ``dibs top``'s
+    counts of held and expired keys come from the index too; its counts of done and failed keys from the
+    first page of the record listing (1,000 blobs): past it they are lower bounds (``done 812+``), as
+    nothing short of listing every record blob counts them. ``reap`` sweeps the ``live`` blobs a killed
+    process left behind. A store written before the index (or by an older dibs) is indexed once, by the
+    first such read (:meth:`~AzureBlobStore.rebuild_index`, which then copies the newest done records of
+    each namespace onto their index blobs, rewriting each record with its content unchanged); until
+    then, and for a read of every namespace (the index is kept per namespace), the reads list the
+    records as below.
 
     Everything else lists ``records/``, which returns each blob's metadata with its name, 5,000 blobs a
     request: every record blob carries a summary of its record there (the key's name, lease expiry,

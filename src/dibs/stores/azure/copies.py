@@ -26,16 +26,19 @@ Why a copy can be trusted
 
     A copy set outside a write of the record (``AzureBlobStore._copy_again``, what
     :meth:`~dibs.stores.azure.AzureBlobStore.rebuild_index` does for the newest done keys of each
-    namespace) makes a write of its own: it removes the copy, rewrites the record unchanged (an ETag
-    swap, so a writer that read the record before, and may have removed a copy before the blob even
-    existed, fails its own swap and reads again), then sets the copy ``If-Match`` as above.
+    namespace) makes a write of its own: it removes the copy, rewrites the record with its content
+    unchanged (an ETag swap, so a writer that read the record before, and may have removed a copy
+    before the blob even existed, fails its own swap and reads again; the rewrite also writes the
+    record's metadata summary anew), then sets the copy ``If-Match`` as above.
 
 What the steps cost
     A completion: the copy, one request sent after the record's write together with the ``live``
     blob's delete (no round trip more). ``forget`` and ``prune`` of a done key, and a refresh taking
     one: the copy's removal before the write (for ``forget`` and ``prune``, a round trip more). The
     release or reap of a refresh's lease, which leaves the artifact: a removal before (to learn the
-    ETag) and the copy after, each sent beside the write's other index requests.
+    ETag) and the copy after, each sent beside the write's other index requests. A rebuild: four
+    requests for each of the newest done keys it copies (the record read, the removal, the rewrite,
+    the copy).
 
 Format ``1`` (metadata, ASCII as HTTP headers need)::
 

@@ -35,11 +35,12 @@ The rules that keep it true
     or failure deletes the old one's blob after its swap.
 
 Records written before the index (or by an older dibs)
-    A store is read through the index once ``index/ready`` exists. The first read that finds it
-    missing lists the records once (as every read did before), writes the index blobs of those that
-    need them, then writes ``index/ready`` (:meth:`~dibs.stores.azure.AzureBlobStore.rebuild_index`
-    does it on demand). Processes of an older dibs write records without index blobs: upgrade them
-    all, then rebuild the index.
+    A store is read through the index once ``index/ready`` exists. The first read that finds it missing
+    lists the records once (as every read did before), writes the index blobs of those that need them,
+    then writes ``index/ready`` (:meth:`~dibs.stores.azure.AzureBlobStore.rebuild_index` does it on
+    demand), then gives the newest done keys of each namespace their copies, rewriting each of those
+    records with its content unchanged (:mod:`.copies`). Processes of an older dibs write records
+    without index blobs: upgrade them all, then rebuild the index.
 """
 
 from __future__ import annotations

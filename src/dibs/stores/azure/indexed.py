@@ -26,6 +26,7 @@ from dibs.errors import CorruptRecord, StoreUnavailable
 from dibs.records import KeyState
 from dibs.stores import pages
 from dibs.stores.azure import copies, index, reads
+from dibs.stores.azure.blobs import Echo
 from dibs.stores.azure.clock import PagedExchanges
 from dibs.stores.azure.reads import Entry
 from dibs.stores.base import Skipped
@@ -192,7 +193,7 @@ class IndexedReads:
                 state, version = self._store._load(listed.key)
                 if state.lease is not None or version is None:
                     continue
-                if self._store._write(state.key, version, state) is True:
+                if self._store._write(state.key, version, state) in (True, Echo.SAME):  # written
                     self._store._drop_index(state.key, blob.name, str(blob.etag))
                     swept += 1
         return swept

@@ -7,7 +7,6 @@ import builtins
 import contextlib
 import dataclasses
 import email.utils
-import enum
 import functools
 import hashlib
 import logging
@@ -30,6 +29,7 @@ from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
 from dibs.stores import codec, decoder, pages, redact_url, transitions
 from dibs.stores.azure import blobs, copies, index, reads
+from dibs.stores.azure.blobs import Echo
 from dibs.stores.azure.clock import Exchange, PagedExchanges, ServiceClock
 from dibs.stores.azure.connection import connect, describe, endpoint_of, no_credential
 from dibs.stores.azure.feed import EtagFeed
@@ -60,15 +60,6 @@ MAX_RECORD_BYTES = decoder.MAX_RECORD_BYTES
 _READS_FOR_A_TIME = 3
 
 ARTIFACT_FORMAT = "dibs.artifact/1"
-
-
-class Echo(enum.Enum):
-    """What :meth:`AzureBlobStore._write` returns when its write was refused and the record then held
-    exactly the bytes it meant to write: its own earlier attempt landed (a response lost, the request
-    retried), or another writer made the same change. Either way the record is as asked, but the
-    write may not be this writer's (see :mod:`.copies`)."""
-
-    SAME = "same bytes"
 
 
 #: The newest done keys of each namespace a rebuild of the index gives their record copies
@@ -436,22 +427,17 @@ class AzureBlobStore(RecordStore):
         the record is read, its blob's copy removed (its new ETag kept), the record rewritten
         unchanged (an ETag swap, as the sweep makes: a writer that read it before now fails its own
         swap and reads again), then the copy set ``If-Match`` the kept ETag (refused when a writer
-        that read the record since removed the copy first). Returns whether the copy was set; a
-        failure is logged, never raised: without its copy the record is downloaded when shown."""
-        try:
-            state, version = self._load(key)
-            metadata = copies.copy_metadata(state)
-            if metadata is None or version is None:
-                return False  # not done (any more), or too long to copy
-            name = self._made_artifact(state)
-            etag = self._uncopy(key, name)
-            if etag is None or self._write(key, version, state) is not True:
-                return False  # no blob to copy onto, or the record changed since it was read
-        except ReservationError as exc:
-            logger.info(
-                "could not copy the record of %s onto its index blob (%s); it is read instead", key, exc
-            )
-            return False
+        that read the record since removed the copy first). Returns whether the copy was set. The
+        rewrite keeps the record's content; its metadata summary is written anew (:mod:`.summary`),
+        as every write of it does. A service error is raised (the rebuild stops copying)."""
+        state, version = self._load(key)
+        metadata = copies.copy_metadata(state)
+        if metadata is None or version is None:
+            return False  # not done (any more), or too long to copy
+        name = self._made_artifact(state)
+        etag = self._uncopy(key, name)
+        if etag is None or self._write(key, version, state) is not True:
+            return False  # no blob to copy onto, or the record changed since it was read
         return self._copy(key, name, metadata, etag)
 
     def _copy(self, key: Key, name: str, metadata: dict[str, str], etag: str) -> bool:
@@ -561,9 +547,10 @@ class AzureBlobStore(RecordStore):
         many records were read. For an operator after processes of an older dibs (which write records
         but no index blobs) wrote to this store; the first read that finds no ``index/ready`` runs it.
         A container that does not exist yet holds nothing to index, and is not created. The index
-        blobs already there are listed first and not written again. The newest
-        :data:`REBUILD_COPIES` done keys of each namespace are given their record copies
-        (:meth:`_copy_again`), so the Reservations page reads them from one listing at once."""
+        blobs already there are listed first and not written again. Once the marker is written, the
+        newest :data:`REBUILD_COPIES` done keys of each namespace are given their record copies
+        (:meth:`_copy_again`: four requests each), so the Reservations page reads them from one
+        listing at once; the first error ends that (logged: the index is complete without them)."""
         entries, _ = self._entries(None)
         there = {blob.name for page in self._indexed_reads.listing(self._index.root, 5000) for blob in page}
         wanted: builtins.list[tuple[Key, str, bool]] = []
@@ -574,7 +561,6 @@ class AzureBlobStore(RecordStore):
             wanted.extend((key, name, True) for name in sorted(index.made_names(self._index, entry.state)))
         missing = [item for item in wanted if item[1] not in there]
         self._concurrently(lambda item: self._put_index(item[0], item[1], overwrite=item[2]), missing)
-        self._concurrently(self._copy_again, _newest_done(entries, REBUILD_COPIES))
         blob = self._container.get_blob_client(self._index.ready)
 
         def mark() -> bool:
@@ -587,6 +573,16 @@ class AzureBlobStore(RecordStore):
             return True
 
         self._index_ready = self._call("write the index marker in", None, mark)
+        if self._index_ready:  # the index is complete without them: copies only spare downloads
+            try:
+                self._concurrently(self._copy_again, _newest_done(entries, REBUILD_COPIES))
+            except ReservationError as exc:
+                logger.warning(
+                    "Azure Blob store %s: could not copy the newest records onto their index blobs "
+                    "(%s); the Reservations page downloads them until they are completed again",
+                    self.url,
+                    exc,
+                )
         return len(entries)
 
     def reap(self, namespace: str | None = None, *, progress: Progress | None = None) -> int:
