@@ -57,7 +57,7 @@ from dibs.keys import Key
 from dibs.records import ArtifactRecord, Granted, KeyState, checksum
 from dibs.stores import AcquireRequest, transitions
 from dibs.stores.azure import AzureBlobStore, index
-from dibs.stores.azure.blobs import Echo
+from dibs.stores.azure.copies import Echo
 from dibs.stores.azure.feed import EtagFeed
 from dibs.stores.azure.indexed import IndexedReads
 from dibs.stores.base import Loaded

@@ -142,7 +142,7 @@ def _azure_grower(store: Store, threads: int = 8) -> Grow:
     request a key, where the store's calls make four. The copies' artifacts name payload blobs that are
     not there: nothing here reads them (a listing reads no payload; the hit is the template's own)."""
     from dibs.stores.azure import AzureBlobStore
-    from dibs.stores.azure.blobs import Echo
+    from dibs.stores.azure.copies import Echo
 
     assert isinstance(store, AzureBlobStore)
 

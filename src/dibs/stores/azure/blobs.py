@@ -4,7 +4,6 @@ through: the caller translates them, in its own words, at one boundary."""
 
 from __future__ import annotations
 
-import enum
 import io
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -13,7 +12,6 @@ from azure.core.exceptions import HttpResponseError, ResourceExistsError, Resour
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 __all__ = [
-    "Echo",
     "create_container",
     "is_conflict",
     "is_missing_container",
@@ -23,15 +21,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class Echo(enum.Enum):
-    """What the Azure record store's conditional write returns when it was refused and the record then
-    held exactly the bytes it meant to write: its own earlier attempt landed (a response lost, the
-    request retried), or another writer made the same change. Either way the record is as asked, but
-    the write may not be this writer's (see :mod:`dibs.stores.azure.copies`)."""
-
-    SAME = "same bytes"
 
 
 def is_conflict(exc: BaseException) -> bool:

@@ -53,13 +53,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 from collections.abc import Mapping
 
 from dibs.errors import CorruptRecord
 from dibs.records import KeyState
 from dibs.stores import codec
 
-__all__ = ["COPY_FORMAT", "MAX_COPY", "copy_metadata", "may_have_copy", "record_in"]
+__all__ = ["COPY_FORMAT", "MAX_COPY", "Echo", "copy_metadata", "may_have_copy", "record_in"]
 
 #: The copy's format, in ``dibs_copy``; a reader ignores a copy of any other (and downloads).
 COPY_FORMAT = "1"
@@ -68,6 +69,15 @@ MAX_COPY = 7800
 
 _COPY = "dibs_copy"
 _RECORD = "dibs_record"
+
+
+class Echo(enum.Enum):
+    """What the Azure record store's conditional write returns when it was refused and the record then
+    held exactly the bytes it meant to write: its own earlier attempt landed (a response lost, the
+    request retried), or another writer made the same change. Either way the record is as asked, but
+    the write may not be this writer's (it sets no copy)."""
+
+    SAME = "same bytes"
 
 
 def may_have_copy(state: KeyState) -> bool:

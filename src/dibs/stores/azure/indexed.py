@@ -17,7 +17,7 @@ import functools
 import itertools
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import BlobProperties
@@ -26,8 +26,8 @@ from dibs.errors import CorruptRecord, StoreUnavailable
 from dibs.records import KeyState
 from dibs.stores import pages
 from dibs.stores.azure import copies, index, reads
-from dibs.stores.azure.blobs import Echo
 from dibs.stores.azure.clock import PagedExchanges
+from dibs.stores.azure.copies import Echo
 from dibs.stores.azure.reads import Entry
 from dibs.stores.base import Skipped
 
@@ -51,11 +51,21 @@ class IndexedReads:
         self._store = store
         self._layout = index.Layout(store.prefix)
 
-    def listing(self, prefix: str, per_page: int) -> Iterator[builtins.list[BlobProperties]]:
+    def listing(
+        self, prefix: str, per_page: int, *, hooks: PagedExchanges | None = None
+    ) -> Iterator[builtins.list[BlobProperties]]:
         """The index blobs under ``prefix`` in name order, a listing page at a time (each fetched only
-        when the caller asks for it)."""
+        when the caller asks for it). With ``hooks``, with each blob's metadata, and each page's
+        exchange in ``hooks`` when it is yielded (see :meth:`_made_pages`)."""
+        extra: dict[str, Any] = {}
+        if hooks is not None:
+            extra = {
+                "include": ["metadata"],
+                "raw_request_hook": hooks.on_request,
+                "raw_response_hook": hooks.on_response,
+            }
         listed = self._store._container.list_blobs(
-            name_starts_with=prefix, results_per_page=per_page
+            name_starts_with=prefix, results_per_page=per_page, **extra
         ).by_page()
 
         def next_page() -> builtins.list[BlobProperties] | None:
@@ -139,31 +149,17 @@ class IndexedReads:
         self, prefix: str, per_page: int
     ) -> Iterator[tuple[builtins.list[BlobProperties], float | None]]:
         """As :meth:`listing`, with each blob's metadata (the record copies of :mod:`.copies`) and the
-        service's time of the page that listed it (``None`` when its response left none)."""
+        service's time of the page that listed it (``None`` when its response left none to read)."""
         hooks = PagedExchanges()
-        listed = self._store._container.list_blobs(
-            name_starts_with=prefix,
-            include=["metadata"],
-            results_per_page=per_page,
-            raw_request_hook=hooks.on_request,
-            raw_response_hook=hooks.on_response,
-        ).by_page()
-
-        def next_page() -> tuple[builtins.list[BlobProperties], float | None] | None:
-            try:
-                page = builtins.list(next(listed))
-            except (StopIteration, ResourceNotFoundError):  # the end, or no container yet
-                return None
-            exchange = hooks.take()
-            if exchange.received is None:
-                return page, None
-            try:
-                return page, self._store._now(exchange, "a listing of", self._store._where(prefix))
-            except StoreUnavailable:  # no usable Date: its records are downloaded, and judged by theirs
-                return page, None
-
-        while (answer := self._store._call("list the index in", None, next_page)) is not None:
-            yield answer
+        for page in self.listing(prefix, per_page, hooks=hooks):
+            exchange = hooks.take()  # the page just listed: the next is asked for when we resume
+            now = None
+            if exchange.received is not None:
+                try:
+                    now = self._store._now(exchange, "a listing of", self._store._where(prefix))
+                except StoreUnavailable:  # no usable Date: its records are downloaded instead
+                    now = None
+            yield page, now
 
     def _copied(self, blob: BlobProperties, made: index.Made, now: float | None) -> KeyState | None:
         """The record a listed ``made`` blob copies, when it has a copy to trust (see :mod:`.copies`)."""

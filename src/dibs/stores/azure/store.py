@@ -29,9 +29,9 @@ from dibs.keys import Key
 from dibs.records import ArtifactRecord, KeyState, LeaseToken, Present, StoreOutcome
 from dibs.stores import codec, decoder, pages, redact_url, transitions
 from dibs.stores.azure import blobs, copies, index, reads
-from dibs.stores.azure.blobs import Echo
 from dibs.stores.azure.clock import Exchange, PagedExchanges, ServiceClock
 from dibs.stores.azure.connection import connect, describe, endpoint_of, no_credential
+from dibs.stores.azure.copies import Echo
 from dibs.stores.azure.feed import EtagFeed
 from dibs.stores.azure.indexed import IndexedReads
 from dibs.stores.azure.reads import Entry
