@@ -282,6 +282,29 @@ def test_a_store_directory_removed_in_use_is_unavailable(tmp_path: Path) -> None
         list(store.list())
 
 
+@pytest.mark.parametrize("away", ["removed", "a bare mount point"])
+def test_a_held_key_is_not_read_as_new_while_the_store_directory_is_away(tmp_path: Path, away: str) -> None:
+    """A record missing because its whole directory is gone is an outage, not a new key: read as
+    "nobody holds it", a waiter would stop waiting on a key that is held (seen while a share was
+    put back, between its mount point's removal and its return)."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    assert isinstance(store.acquire(KEY, AcquireRequest("holder", 60)), Granted)
+    root.rename(tmp_path / "elsewhere")
+    if away == "a bare mount point":
+        root.mkdir()
+    with pytest.raises(StoreUnavailable, match=r"records directory .* is missing"):
+        store.read(KEY)
+    with pytest.raises(StoreUnavailable, match=r"records directory .* is missing"):
+        store.read_many([KEY])
+    if root.exists():
+        root.rmdir()
+    (tmp_path / "elsewhere").rename(root)
+    lease = store.read(KEY).lease
+    assert lease is not None and lease.owner == "holder"
+    assert store.read(Key(KEY.namespace, "never-reserved")).lease is None
+
+
 # -- Real processes ---------------------------------------------------------------------------------
 
 

@@ -231,6 +231,7 @@ class FileStore(RecordStore):
         for _ in range(self.max_swap_attempts):
             now = time.time()
             if raw is None:
+                self._check_mounted(path)
                 return empty(key, now), _Version(None)
             state = codec.decode(raw, key, now, where=str(path))
             if state.artifact is None:
@@ -251,6 +252,21 @@ class FileStore(RecordStore):
             key=str(key),
             path=str(path),
         )
+
+    def _check_mounted(self, path: Path) -> None:
+        """Raise :class:`StoreUnavailable` if the store's ``records`` directory is gone.
+
+        A missing record file means a new key only while the directory that holds every record is
+        there. A share being unmounted or remounted shows the bare mount point, or nothing, for a
+        moment: believing "no record" then would tell a waiter that nobody holds a key that is held.
+        One ``stat`` per missing record, which only new keys pay.
+        """
+        if not (self._root / "records").is_dir():
+            raise StoreUnavailable(
+                f"cannot read {path}: the store's records directory {self._root / 'records'} is missing "
+                "(was the store directory removed or unmounted while in use?)",
+                path=str(path),
+            )
 
     def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool:
         """Write ``new`` if the record still holds the bytes :meth:`_load` saw.
