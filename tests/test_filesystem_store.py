@@ -16,13 +16,14 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dibs.errors import ArtifactCorrupted, ConfigurationError, CorruptRecord, LeaseLost, StoreUnavailable
 from dibs.keys import Key
 from dibs.records import Granted, Held, Present, checksum
-from dibs.stores import AcquireRequest, NewArtifact, open_store
+from dibs.stores import AcquireRequest, NewArtifact, filesystem, open_store
 from dibs.stores.filesystem import MARKER, FileStore
 
 KEY = Key("team.features", "daily-report")
@@ -293,9 +294,9 @@ def test_a_held_key_is_not_read_as_new_while_the_store_directory_is_away(tmp_pat
     root.rename(tmp_path / "elsewhere")
     if away == "a bare mount point":
         root.mkdir()
-    with pytest.raises(StoreUnavailable, match=r"records directory .* is missing"):
+    with pytest.raises(StoreUnavailable, match="removed or unmounted"):
         store.read(KEY)
-    with pytest.raises(StoreUnavailable, match=r"records directory .* is missing"):
+    with pytest.raises(StoreUnavailable, match="removed or unmounted"):
         store.read_many([KEY])
     if root.exists():
         root.rmdir()
@@ -303,6 +304,28 @@ def test_a_held_key_is_not_read_as_new_while_the_store_directory_is_away(tmp_pat
     lease = store.read(KEY).lease
     assert lease is not None and lease.owner == "holder"
     assert store.read(Key(KEY.namespace, "never-reserved")).lease is None
+
+
+def test_a_store_directory_away_only_while_a_record_is_looked_up_still_shows_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder gone during the lookup and back before anything else could look: the lookup is in
+    the folder held open before it, so the held key is still read as held."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    assert isinstance(store.acquire(KEY, AcquireRequest("holder", 60)), Granted)
+    real_read = filesystem._read_record
+
+    def read_while_away(*args: Any, **kwargs: Any) -> bytes | None:
+        root.rename(tmp_path / "elsewhere")
+        try:
+            return real_read(*args, **kwargs)
+        finally:
+            (tmp_path / "elsewhere").rename(root)
+
+    monkeypatch.setattr(filesystem, "_read_record", read_while_away)
+    lease = store.read(KEY).lease
+    assert lease is not None and lease.owner == "holder"
 
 
 # -- Real processes ---------------------------------------------------------------------------------

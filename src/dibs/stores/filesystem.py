@@ -79,7 +79,15 @@ from dibs.stores import codec, decoder, pages, redact_url, url_userinfo
 from dibs.stores.base import Listing, Progress, RecordStore, Skipped, skip
 from dibs.stores.feeds import ChangeFeed, PollingFeed, check_watch_interval
 from dibs.stores.file_index import FileIndex
-from dibs.stores.regular_files import MARKER_BYTES, SAFE_OPEN, NotRegular, fsync_dir, kind_of, read_regular
+from dibs.stores.regular_files import (
+    MARKER_BYTES,
+    SAFE_OPEN,
+    NotRegular,
+    fsync_dir,
+    kind_of,
+    open_dir,
+    read_regular,
+)
 from dibs.stores.transitions import empty
 
 #: The pauses between two tries at a contended record lock: 1 ms, doubling, at most 50 ms apart.
@@ -227,11 +235,10 @@ class FileStore(RecordStore):
         can still repair the key.
         """
         path = self.record_path(key)
-        raw = _read_record(path, key)
+        raw = self._read_own_record(key)
         for _ in range(self.max_swap_attempts):
             now = time.time()
             if raw is None:
-                self._check_mounted(path)
                 return empty(key, now), _Version(None)
             state = codec.decode(raw, key, now, where=str(path))
             if state.artifact is None:
@@ -242,7 +249,7 @@ class FileStore(RecordStore):
             if payload is not None:
                 artifact = dataclasses.replace(state.artifact, payload=payload)
                 return dataclasses.replace(state, artifact=artifact), version
-            again = _read_record(path, key)
+            again = self._read_own_record(key)
             if again == raw:
                 log.warning("the payload of %s is missing (%s); its record was kept", key, payload_path)
                 return state, version
@@ -253,20 +260,20 @@ class FileStore(RecordStore):
             path=str(path),
         )
 
-    def _check_mounted(self, path: Path) -> None:
-        """Raise :class:`StoreUnavailable` if the store's ``records`` directory is gone.
+    def _read_own_record(self, key: Key) -> bytes | None:
+        """The key's record file's bytes (``None``: no record), looked up in the store's ``records``
+        folder held open.
 
-        A missing record file means a new key only while the directory that holds every record is
-        there. A share being unmounted or remounted shows the bare mount point, or nothing, for a
-        moment: believing "no record" then would tell a waiter that nobody holds a key that is held.
-        One ``stat`` per missing record, which only new keys pay.
+        A missing record means a new key only if the folder that holds every record is there while
+        it is looked up. A share being unmounted or put back shows a bare mount point, or nothing, for
+        a moment: "no record" then would tell a waiter that nobody holds a key that is held. Holding
+        the folder open first makes its absence an outage (:class:`StoreUnavailable`), and a folder
+        renamed away during the lookup is still the one looked in. One more ``open`` per read.
         """
-        if not (self._root / "records").is_dir():
-            raise StoreUnavailable(
-                f"cannot read {path}: the store's records directory {self._root / 'records'} is missing "
-                "(was the store directory removed or unmounted while in use?)",
-                path=str(path),
-            )
+        records = self._root / "records"
+        relative = self.record_path(key).relative_to(records)
+        with _translating("read", records), open_dir(records) as folder:
+            return _read_record(relative, key, dir_fd=folder, shown=records / relative)
 
     def _swap(self, key: Key, version: object, new: KeyState, old: KeyState) -> bool:
         """Write ``new`` if the record still holds the bytes :meth:`_load` saw.
@@ -675,15 +682,19 @@ def _options(query: str, shown: str) -> dict[str, float]:
     return options
 
 
-def _read_record(path: Path, key: Key | None) -> bytes | None:
-    """A record file's bytes (``None``: no record); anything but a small regular file is corrupt."""
-    with _translating("read", path):
+def _read_record(
+    path: Path, key: Key | None, *, dir_fd: int | None = None, shown: Path | None = None
+) -> bytes | None:
+    """A record file's bytes (``None``: no record); anything but a small regular file is corrupt.
+    ``path`` is relative to the open folder ``dir_fd`` when given; ``shown`` is its full path."""
+    where = shown if shown is not None else path
+    with _translating("read", where):
         try:
-            data = read_regular(path, decoder.MAX_RECORD_BYTES)
+            data = read_regular(path, decoder.MAX_RECORD_BYTES, dir_fd=dir_fd)
         except NotRegular as exc:
-            raise decoder.corrupt(key, str(path), f"it is {exc.strerror}, not a file") from None
+            raise decoder.corrupt(key, str(where), f"it is {exc.strerror}, not a file") from None
     if data is not None and len(data) > decoder.MAX_RECORD_BYTES:
-        raise decoder.corrupt(key, str(path), f"it is more than {decoder.MAX_RECORD_BYTES} bytes")
+        raise decoder.corrupt(key, str(where), f"it is more than {decoder.MAX_RECORD_BYTES} bytes")
     return data
 
 

@@ -6,12 +6,23 @@ followed (``O_NOFOLLOW``), and a huge (say, sparse) file is never read whole. Ea
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["MARKER_BYTES", "SAFE_OPEN", "NotRegular", "create_empty", "fsync_dir", "kind_of", "read_regular"]
+__all__ = [
+    "MARKER_BYTES",
+    "SAFE_OPEN",
+    "NotRegular",
+    "create_empty",
+    "fsync_dir",
+    "kind_of",
+    "open_dir",
+    "read_regular",
+]
 
 #: ``O_NONBLOCK``: opening a FIFO planted where a file belongs returns at once instead of waiting for
 #: a writer (it is then refused as not a regular file); ``O_NOFOLLOW``: a symbolic link is refused.
@@ -37,8 +48,9 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def read_regular(path: Path, limit: int) -> bytes | None:
-    """At most ``limit + 1`` bytes of the regular file at ``path``, ``None`` if it does not exist.
+def read_regular(path: Path | str, limit: int, *, dir_fd: int | None = None) -> bytes | None:
+    """At most ``limit + 1`` bytes of the regular file at ``path`` (relative to the open directory
+    ``dir_fd`` when given), ``None`` if it does not exist.
 
     Only ever opens a regular file, without blocking and without following a link, so that a FIFO, a
     device or a directory put where a file belongs can neither hang a reader nor be read; and never
@@ -46,7 +58,7 @@ def read_regular(path: Path, limit: int) -> bytes | None:
     :class:`NotRegular` saying what is there instead; the caller decides what that means.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | SAFE_OPEN)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | SAFE_OPEN, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -62,6 +74,18 @@ def read_regular(path: Path, limit: int) -> bytes | None:
             chunks.append(chunk)
             size += len(chunk)
         return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def open_dir(path: Path) -> Iterator[int]:
+    """The directory ``path`` held open (``FileNotFoundError`` if it is not there), for reads relative
+    to it: what they find missing is missing from that directory, even if it is renamed away (a share
+    unmounted, a store folder moved) while they look."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
     finally:
         os.close(fd)
 
