@@ -31,6 +31,14 @@ failure beside them), and at each size:
   holds and, one Node process doing that work, GETs at once cost about what they cost one after the
   other. On Azure a GET is a round trip whatever the container holds.
 
+Azurite keeps its blobs' metadata in memory (LokiJS) unless told otherwise, and there each request
+costs more the more blobs it holds (a GET 4 ms at 100 keys, 30 ms at 10,000), so growing it to 100,000
+keys takes hours. ``--azurite-db mysql://root@127.0.0.1:3306/azurite_blob`` has the emulator keep its
+metadata in that MySQL/MariaDB database instead (Azurite's ``AZURITE_DB``: blobs found by an index on
+their names, as on Azure a request costs the same whatever the container holds); the database is
+created, or emptied when it exists, so name one that only the emulator uses. The full run
+(``--sizes 100,10000,100000 --azurite-db ...``) takes about 45 minutes on a 2-core machine.
+
 Nothing here is a threshold: the machine may be busy, so compare ratios of one run, not runs.
 """
 
@@ -39,9 +47,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
+import re
 import statistics
 import time
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,7 +66,7 @@ from benchmarks.targets import open_targets
 from dibs._cli.top import snapshot
 from dibs.keys import Key
 from dibs.records import ArtifactRecord, Granted, KeyState, checksum
-from dibs.stores import AcquireRequest, transitions
+from dibs.stores import AcquireRequest, redact_url, transitions
 from dibs.stores.azure import AzureBlobStore, index
 from dibs.stores.azure.copies import Echo
 from dibs.stores.azure.feed import EtagFeed
@@ -264,7 +275,8 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
     lines = [
         "# Azure: the reads a person makes, through the index and by the listing (issue 30)",
         "",
-        f"`python -m benchmarks.azure_index --sizes {argv['sizes']} --ops {argv['ops']}`, on Azurite, "
+        f"`python -m benchmarks.azure_index --sizes {argv['sizes']} --ops {argv['ops']}`, on Azurite, its "
+        f"blobs' metadata {argv.get('metadata', 'in memory (LokiJS)')}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}. Ratios: the listing against the index "
         "(how many times slower the read was before the index); `new key` with the index kept against "
         "the write path without it, interleaved. `Airflow page`: with the record copies, against every "
@@ -298,22 +310,76 @@ def _markdown(results: list[dict[str, Any]], argv: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: What ``--azurite-db`` takes: every part named, so that this script and the emulator (which reads the
+#: URL itself) reach the same server as the same user.
+_AZURITE_DB = re.compile(
+    r"mysql://(?P<user>[^:@/]+)(?::(?P<password>[^@/]*))?@(?P<host>[^:/]+):(?P<port>\d+)/(?P<db>\w+)"
+)
+
+
+def _empty_database(url: str) -> None:
+    """Create the MySQL/MariaDB database ``url`` names for Azurite's metadata, dropping it first when it
+    exists: the emulator's tables must start empty (each run's container is new, but its blobs' rows
+    would stay), and Azurite creates its tables but not the database."""
+    import pymysql
+    from tests.azurite import CONNECTION_STRING_ENV  # as benchmarks/targets.py: only when it is needed
+
+    if os.environ.get(CONNECTION_STRING_ENV):
+        raise SystemExit(
+            f"--azurite-db: {CONNECTION_STRING_ENV} is set, so the benchmark would use that running "
+            "emulator and the database would not be its metadata; unset it to have one started"
+        )
+    found = _AZURITE_DB.fullmatch(url)
+    if found is None or not found["db"].isascii():
+        raise SystemExit(
+            f"--azurite-db {redact_url(url)!r}: expected mysql://USER[:PASSWORD]@HOST:PORT/DATABASE, the "
+            "database named by ASCII letters, digits and underscores "
+            "(e.g. mysql://root@127.0.0.1:3306/azurite_blob)"
+        )
+    connection = pymysql.connect(
+        host=found["host"],
+        port=int(found["port"]),
+        user=urllib.parse.unquote(found["user"]),
+        password=urllib.parse.unquote(found["password"] or ""),
+    )
+    with connection, connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS `{found['db']}`")
+        cursor.execute(f"CREATE DATABASE `{found['db']}`")
+
+
+def _metadata_store(url: str | None) -> str:
+    """Where the emulator kept its metadata, as the results say it (a database's name, no password)."""
+    if not url:
+        return "in memory (LokiJS)"
+    found = _AZURITE_DB.fullmatch(url)
+    return f"in MySQL/MariaDB (database {found['db'] if found else '?'}, AZURITE_DB)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.azure_index", description=__doc__)
     parser.add_argument("--sizes", default="100,10000")
     parser.add_argument("--ops", type=int, default=20, help="calls per side for new key")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/issue30"))
     parser.add_argument("--name", default="azure-index", help="the result files' name (NAME.json, NAME.md)")
+    parser.add_argument(
+        "--azurite-db",
+        metavar="URL",
+        help="keep the emulator's metadata in this MySQL/MariaDB database (created, or emptied when it "
+        "exists), e.g. mysql://root@127.0.0.1:3306/azurite_blob; default: in memory",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every request and response
     sizes = [int(size) for size in args.sizes.split(",")]
+    if args.azurite_db:
+        _empty_database(args.azurite_db)
+        os.environ["AZURITE_DB"] = args.azurite_db  # read by the emulator tests/azurite.py starts
     with open_targets(("azure",)) as (targets, skipped):
         if not targets:
             print(f"Azure is not available here: {skipped.get('azure')}")
             return 1
         results = measure(targets[0].url, sizes, args.ops)
     args.out.mkdir(parents=True, exist_ok=True)
-    shown = {"sizes": args.sizes, "ops": args.ops}
+    shown = {"sizes": args.sizes, "ops": args.ops, "metadata": _metadata_store(args.azurite_db)}
     (args.out / f"{args.name}.json").write_text(
         json.dumps({"argv": shown, "results": results}, indent=2) + "\n"
     )
