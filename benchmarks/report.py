@@ -170,6 +170,17 @@ def _observing_goals(row: Callable[..., None], observing: dict[str, Any]) -> Non
     measured = {
         store: data for store, data in observing.items() if isinstance(data, dict) and "ratio" in data
     }
+    if not any("metrics" in data["ratio"] for data in measured.values()):  # results from before issue 33
+        row(
+            "8",
+            "`run` observed through the OpenTelemetry SDK, vs unobserved (median)",
+            f"≤ {METRICS_GOAL:.2f}x",
+            {
+                store: f"{_num(data['ratio']['otel'])}x{_mark(data['ratio']['otel'] <= METRICS_GOAL)}"
+                for store, data in measured.items()
+            },
+        )
+        return
     row(
         "8",
         "`run` with dibs's metrics through the OpenTelemetry SDK (no spans), vs unobserved (median)",
@@ -361,53 +372,59 @@ def _overhead_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The runs of benchmark 8, in the table's order: the key in the results, its column, its ratio's name.
+_OBSERVING_RUNS = (
+    ("observed", "observed µs", "observed"),
+    ("metrics", "metrics only µs", "metrics"),
+    ("otel", "OpenTelemetry µs", "otel"),
+    ("otel_later", "span not active µs", "not active"),
+    ("bare_span", "bare span µs", "bare span"),
+)
+
+
 def _observing_section(data: dict[str, Any]) -> list[str]:
+    """Benchmark 8's table, with the columns its results have: results from before issue 33 have no
+    metrics-only run and no span share, and are shown as they were then, not with empty columns."""
+    measured = [
+        data[store]
+        for store in (*ALL_STORES, *EXTRA_STORES)
+        if store in data and isinstance(data[store], dict)
+    ]
+    newer = any("metrics" in each["ratio"] for each in measured)  # as _observing_goals decides
+    runs = [run for run in _OBSERVING_RUNS if newer or run[0] != "metrics"]
     lines = [
         "## 8. The overhead of observing",
         "",
         "`Reservations.run` on a fresh key (reserve + complete), per operation (µs, median and p99): nobody "
         "listening (the baseline), a process observer that does nothing (every event built and every "
-        "store operation timed), the OpenTelemetry observer on the real SDK with metrics only, with "
-        "metrics and spans, and the same with "
+        "store operation timed), the OpenTelemetry observer on the real SDK"
+        + (" with metrics only, with metrics and spans," if newer else ",")
+        + " and the same with "
         "`active_span=False` (its span not the active one while the work runs, made entirely off the "
         "caller's path), and the SDK's bare span alone (started and ended around the call, the floor of "
         "an active span). Ratios: medians against the unobserved runs measured alongside.",
         "",
     ]
     rows = []
-    for store in (*ALL_STORES, *EXTRA_STORES):
-        if store not in data or not isinstance(data[store], dict):
-            continue
-        us, ratio = data[store]["us"], data[store]["ratio"]
-        share = data[store].get("span_share")  # none in older results
-        rows.append(
-            [
-                data[store]["label"],
-                *(
-                    f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}" if kind in us else "-"
-                    for kind in ("unobserved", "observed", "metrics", "otel", "otel_later", "bare_span")
-                ),
-                " / ".join(
-                    "-" if ratio.get(kind) is None else f"{ratio[kind]:.3f}x"
-                    for kind in ("observed", "metrics", "otel", "otel_later", "bare_span")
-                ),
-                "-" if share is None else f"{share:+.1%}",
-            ]
-        )
-    lines += _table(
-        [
-            "store",
-            "unobserved µs p50/p99",
-            "observed µs",
-            "metrics only µs",
-            "OpenTelemetry µs",
-            "span not active µs",
-            "bare span µs",
-            "ratio observed / metrics / otel / not active / bare span",
-            "dibs's span share",
-        ],
-        rows,
-    )
+    for each in measured:
+        us, ratio = each["us"], each["ratio"]
+        row = [
+            each["label"],
+            *(
+                f"{us[kind]['median']:.0f} / {us[kind]['p99']:.0f}" if kind in us else "-"
+                for kind in ("unobserved", *(run[0] for run in runs))
+            ),
+            " / ".join("-" if ratio.get(run[0]) is None else f"{ratio[run[0]]:.3f}x" for run in runs),
+        ]
+        if newer:
+            share = each.get("span_share")
+            row.append("-" if share is None else f"{share:+.1%}")
+        rows.append(row)
+    header = ["store", "unobserved µs p50/p99", *(run[1] for run in runs)]
+    header.append("ratio " + " / ".join(run[2] for run in runs))
+    if newer:
+        header.append("dibs's span share")
+    lines += _table(header, rows)
     return lines
 
 
@@ -461,10 +478,12 @@ def _topologies_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _payloads_section(data: dict[str, Any]) -> list[str]:
+def _payloads_section(data: dict[str, Any], later_path: Path) -> list[str]:
+    """Benchmark 9, and the later full run of ``python -m benchmarks.payloads --full`` (PAYLOADS.md,
+    which says what else the machine ran then) when there is one: it has the BLAKE3 rows."""
     from benchmarks import payloads
 
-    return [
+    lines = [
         "## 9. Large-artifact hand-off (payload stores)",
         "",
         payloads.METHOD,
@@ -472,6 +491,18 @@ def _payloads_section(data: dict[str, Any]) -> list[str]:
         *payloads.table(data["stores"]),
         "",
     ]
+    if later_path.is_file():
+        later = json.loads(later_path.read_text())
+        lines += [
+            f"A later run, {later.get('started', '?')} (`python -m benchmarks.payloads --full`, "
+            f"[{PAYLOADS_REPORT}]({PAYLOADS_REPORT}), "
+            "which says how loaded the machine was), with the folder store naming its payloads by BLAKE3 "
+            "as well (`?digest=blake3`, the `blake3` extra):",
+            "",
+            *payloads.table(later["stores"]),
+            "",
+        ]
+    return lines
 
 
 def _handoff_section(data: dict[str, Any], settings: dict[str, Any]) -> list[str]:
@@ -981,7 +1012,7 @@ def write(results: dict[str, Any], out: Path, log: Callable[[str], None]) -> Non
         "startup": _startup_section,
         "fanin": _fanin_section,
         "observing": _observing_section,
-        "payloads": _payloads_section,
+        "payloads": lambda data: _payloads_section(data, out / PAYLOADS_LATER),
     }
     for name, section in sections.items():
         data = results["benchmarks"].get(name)
@@ -1006,11 +1037,21 @@ def write(results: dict[str, Any], out: Path, log: Callable[[str], None]) -> Non
 #: Where a later run of one benchmark alone (``python -m benchmarks --only NAME --out DIR``) is kept:
 #: its section of RESULTS.md is taken from there, and says so.
 LATER = Path("issue30")
+#: The later full run of the payload benchmark (``python -m benchmarks.payloads --full``).
+PAYLOADS_LATER = Path("payloads.json")
+PAYLOADS_REPORT = "PAYLOADS.md"  # what that run wrote beside it
 #: The namespace-history benchmark's results (``python -m benchmarks.history``), not part of a full run.
 HISTORY = LATER / "history.json"
 #: Later runs of it for one store (``--stores file --name history-files``), whose rows replace that
 #: store's in :data:`HISTORY`'s table: the file store since its index.
 HISTORY_LATER = {"file": LATER / "history-files.json"}
+#: ``prune`` on PostgreSQL and Redis measured again with nothing else running.
+HISTORY_QUIET = LATER / "history-quiet.json"
+#: ``python -m benchmarks.azure_index`` runs shown in the history section, in this order: the newest
+#: with the emulator's metadata in memory, and the one with it in MariaDB (to 100,000 keys).
+AZURE_RUNS = (LATER / "azure-copies.json", LATER / "azure-sql-metadata.json")
+#: The Azure runs before the record copies, linked from the section.
+AZURE_EARLIER = ("history-azure.md", "azure-index.md", "azure-page.md", "azure-feed.md")
 
 
 def _later_run(out: Path, name: str) -> dict[str, Any] | None:
@@ -1034,6 +1075,8 @@ def _later_note(doc: dict[str, Any], name: str) -> str:
 #: The history benchmark's goals (issue 30): the reads a person makes at any size, a new key's cost
 #: against an empty namespace, removal on the stores that serve many keys.
 _HISTORY_GOALS = {"top_s": 1.0, "airflow_page_s": 1.0, "new_key_ratio": 1.3, "prune_keys_per_s": 20_000}
+#: The stores the prune goal names.
+_PRUNE_GOAL_STORES = frozenset({"postgres", "redis"})
 
 
 def _history_section(path: Path) -> list[str]:
@@ -1049,7 +1092,7 @@ def _history_section(path: Path) -> list[str]:
     def mark(row: dict[str, Any], field: str) -> str:
         value, goal = row[field], _HISTORY_GOALS[field]
         if field == "prune_keys_per_s":
-            if row["store"] not in ("postgres", "redis"):
+            if row["store"] not in _PRUNE_GOAL_STORES:
                 return f"{value:,}"
             return f"{value:,} {'✅' if value >= goal else '❌'}"
         text = f"{value * 1000:,.1f} ms" if field.endswith("_s") else f"{value}x"
@@ -1068,6 +1111,12 @@ def _history_section(path: Path) -> list[str]:
         + "".join(
             f" The {_SHORT.get(store, store)} rows: a later run of that store alone, [{md}]({md})."
             for store, md in ((store, p.with_suffix(".md")) for store, p in later.items())
+        )
+        + (
+            " The Azurite rows: from before the Azure store's index (the table below the next paragraph "
+            "has it)."
+            if any(row["store"] == "azure" for row in rows)
+            else ""
         ),
         "",
     ]
@@ -1096,7 +1145,113 @@ def _history_section(path: Path) -> list[str]:
             for r in rows
         ],
     )
+    lines += _quiet_prune_lines(path.parent.parent / HISTORY_QUIET)
+    lines += _azure_history_lines(path.parent.parent)
     return lines
+
+
+def _quiet_prune_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    rows: list[dict[str, Any]] = sorted(json.loads(path.read_text()), key=lambda row: row["keys"])
+    stores = list(dict.fromkeys(row["store"] for row in rows))
+    speeds = [
+        f"{_SHORT.get(store, store)} "
+        + ", ".join(
+            f"{row['prune_keys_per_s']:,} at {row['keys']:,} keys" for row in rows if row["store"] == store
+        )
+        for store in stores
+    ]
+    goal = _HISTORY_GOALS["prune_keys_per_s"]
+    slowest = min(row["prune_keys_per_s"] for row in rows if row["store"] in _PRUNE_GOAL_STORES)
+    verdict = (
+        f"the goal of {goal:,} holds at every size there"
+        if slowest >= goal
+        else f"below the goal of {goal:,} at {slowest:,}"
+    )
+    md = path.with_suffix(".md").relative_to(path.parent.parent)
+    return [
+        f"`prune` on a quiet machine ([{md}]({md}), nothing else running), keys/s: {'; '.join(speeds)}: "
+        f"{verdict}. The marks in the table are from the runs above, on a loaded machine.",
+        "",
+    ]
+
+
+def _azure_history_lines(out: Path) -> list[str]:
+    """Azure through its index and the record copies (``python -m benchmarks.azure_index``): Azurite's
+    requests slow with the blobs it holds when it keeps its metadata in memory, so the largest size is
+    measured with its metadata in MariaDB."""
+    runs = [(p, json.loads((out / p).read_text())) for p in AZURE_RUNS if (out / p).is_file()]
+    if not runs:
+        return []
+
+    def mark(value: float, goal: float) -> str:
+        return f"{value * 1000:,.0f} ms {'✅' if value <= goal else '❌'}"
+
+    rows = []
+    in_a_database = False
+    for path, doc in runs:
+        metadata = doc["argv"].get("metadata", "in memory (LokiJS)").split(" (")[0]
+        in_a_database = in_a_database or metadata != "in memory"
+        first = doc["results"][0]
+        for r in doc["results"]:
+            grown = r["new_key_p50_ms"] / first["new_key_p50_ms"]
+            rows.append(
+                [
+                    f"{r['keys']:,}",
+                    f"[{metadata}]({path.with_suffix('.md')})",
+                    mark(r["top_s"], _HISTORY_GOALS["top_s"]),
+                    f"{r['top_listed_s'] * 1000:,.0f} ms",
+                    mark(r["airflow_page_s"], _HISTORY_GOALS["airflow_page_s"]),
+                    str(r.get("airflow_page_gets", "-")),
+                    f"{r['airflow_page_uncopied_s'] * 1000:,.0f} ms "
+                    f"({r.get('airflow_page_uncopied_gets', '-')})",
+                    f"{r['record_get_ms']} ms",
+                    f"{r['feed_look_s'] * 1000:,.0f} ms ({r['feed_look_listed_s'] * 1000:,.0f} ms)",
+                    f"{r['new_key_p50_ms']:,.0f} ms, {grown:.2f}x "
+                    f"{'✅' if grown <= _HISTORY_GOALS['new_key_ratio'] else '❌'}",
+                    f"{r['new_key_ratio']}x",
+                ]
+            )
+    return [
+        "Azure (Azurite, the emulator), through the store's index and the record copies its artifacts' index "
+        "blobs carry (`python -m benchmarks.azure_index`: each file has every column and how it was run). "
+        "Azurite keeps its blobs' metadata in memory unless told otherwise, and there every request costs "
+        "more the more blobs it holds (`one GET`)"
+        + (
+            "; with it in MySQL/MariaDB (`--azurite-db`), found by an index on the blobs' names, the "
+            "largest size could be grown in minutes"
+            if in_a_database
+            else ""
+        )
+        + ". The page's GETs: the records it downloads (the live leases' records, read once for its held "
+        "and once for its expired rows, the failure's, and any done key's without a copy; the newest done "
+        "keys come from the copies), against the same page downloading every row. Feed look: one look of "
+        "the change feed at 20 watched keys (by the listing of every record blob, as before the index). A "
+        "new key: its reserve + complete, against the same at the run's first size (the goal: ≤ 1.3x), "
+        "and against the write path without the index, interleaved (the index's cost on the hot path; the "
+        "emulator answers requests sent together one after another). "
+        "Before the copies: "
+        + ", ".join(f"[{LATER}/{name}]({LATER}/{name})" for name in AZURE_EARLIER)
+        + ".",
+        "",
+        *_table(
+            [
+                "keys",
+                "Azurite's metadata",
+                "top --once",
+                "by listing",
+                "Airflow page",
+                "GETs",
+                "downloading every row (GETs)",
+                "one GET",
+                "feed look (by listing)",
+                "new key p50, vs the first size",
+                "new key vs no index",
+            ],
+            rows,
+        ),
+    ]
 
 
 def _plot(results: dict[str, Any], path: Path, log: Callable[[str], None]) -> None:
