@@ -14,9 +14,11 @@ Layout inside the container (``PREFIX`` is optional)::
     PREFIX/records/<sha256 of the key>                 the key's record (dibs.stores.codec JSON), with a
                                                        summary of it in its metadata (see below)
     PREFIX/artifacts/<sha256 of the key>-<fence>-<h>   a completed key's payload (h: from its checksum)
-    PREFIX/index/...                                   empty blobs whose names index the records: the
-                                                       keys holding a lease, the artifacts and failures
-                                                       by time (see below, and .index)
+    PREFIX/index/...                                   blobs without content whose names index the
+                                                       records: the keys holding a lease, the artifacts
+                                                       and failures by time (see below, and .index); an
+                                                       artifact's carries a copy of its record in its
+                                                       metadata (.copies)
 
 Names come from :attr:`dibs.keys.Key.digest` only, never from the key's text, so no key can reach
 outside the prefix. A record blob is never deleted: ``forget``, ``prune``, ``reap`` and ``discard``
