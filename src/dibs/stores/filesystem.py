@@ -38,6 +38,10 @@ Limits (the contract's Time section assumes a store with its own clock; a direct
   leave a tombstone record (a few hundred bytes) that keeps the fence, so it keeps rising and no
   payload name is ever reused; deleting a lock file while processes run would let two of them lock
   different inodes. Deleting the whole directory while no process uses it resets the store.
+* While ``records/`` is missing (the directory removed, or a share unmounted to its bare mount point)
+  every read is an outage (:class:`StoreUnavailable`), which waiters ride out, never a new key: a
+  record is looked up in that folder held open, so even a folder renamed away during the lookup is
+  the one looked in.
 * Processes of several users can share a store only if every file and directory it creates is
   writable by all of them: give them a common group and a umask of 002 (or a setgid directory with
   default ACLs).
@@ -271,7 +275,7 @@ class FileStore(RecordStore):
         renamed away during the lookup is still the one looked in. One more ``open`` per read.
         """
         records = self._root / "records"
-        relative = self.record_path(key).relative_to(records)
+        relative = Path(key.digest[:2]) / f"{key.digest}.json"  # as _record_file names it
         with _translating("read", records), open_dir(records) as folder:
             return _read_record(relative, key, dir_fd=folder, shown=records / relative)
 

@@ -82,7 +82,8 @@ def read_regular(path: Path | str, limit: int, *, dir_fd: int | None = None) -> 
 def open_dir(path: Path) -> Iterator[int]:
     """The directory ``path`` held open (``FileNotFoundError`` if it is not there), for reads relative
     to it: what they find missing is missing from that directory, even if it is renamed away (a share
-    unmounted, a store folder moved) while they look."""
+    unmounted, a store folder moved) while they look. A symbolic link to a directory is followed here,
+    as a store's own folders may be links an operator made; the files read through it never are."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         yield fd
