@@ -275,7 +275,7 @@ class FileStore(RecordStore):
         renamed away during the lookup is still the one looked in. One more ``open`` per read.
         """
         records = self._root / "records"
-        relative = Path(key.digest[:2]) / f"{key.digest}.json"  # as _record_file names it
+        relative = self._record_file(key.digest).relative_to(records)
         with _translating("read", records), open_dir(records) as folder:
             return _read_record(relative, key, dir_fd=folder, shown=records / relative)
 
